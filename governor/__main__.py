@@ -1,0 +1,6 @@
+"""`python -m governor`."""
+
+from governor.cli import main
+
+if __name__ == "__main__":
+    main()

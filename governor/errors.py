@@ -1,0 +1,121 @@
+"""One exception hierarchy; every class carries its exit code (design.md, "Errors and exit codes").
+
+Messages are built from fields (cgroup, file, value, errno; or policy file and field path) so
+that the coordinates are never lost. The CLI prints ``governor: <message>`` and ``hint: <hint>``.
+"""
+
+from __future__ import annotations
+
+import errno as errno_mod
+import os
+
+EXIT_USAGE = 2
+EXIT_POLICY = 65  # EX_DATAERR
+EXIT_NOINPUT = 66  # EX_NOINPUT
+EXIT_UNAVAILABLE = 69  # EX_UNAVAILABLE
+EXIT_OSERR = 71  # EX_OSERR
+EXIT_NOPERM = 77  # EX_NOPERM
+EXIT_NOT_EXECUTABLE = 126
+EXIT_NOT_FOUND = 127
+
+
+class GovernorError(Exception):
+    """Base of every expected failure. ``str()`` is the one-line message."""
+
+    exit_code: int = 1
+
+    def __init__(self, message: str, *, hint: str | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        self.hint = hint
+
+    def __str__(self) -> str:
+        return self.message
+
+
+class UsageError(GovernorError):
+    exit_code = EXIT_USAGE
+
+
+class PolicyError(GovernorError):
+    """A policy that does not parse or validate; carries the file and the field path."""
+
+    exit_code = EXIT_POLICY
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        file: str | None = None,
+        field: str | None = None,
+        hint: str | None = None,
+    ) -> None:
+        where = ", ".join(p for p in (file, field) if p)
+        super().__init__(f"{message} ({where})" if where else message, hint=hint)
+        self.reason = message
+        self.file = file
+        self.field = field
+
+
+class PolicyNotFound(PolicyError):
+    exit_code = EXIT_NOINPUT
+
+
+class HostError(GovernorError):
+    """The host cannot do what was asked: no cgroup2, controller missing, CPUs offline..."""
+
+    exit_code = EXIT_UNAVAILABLE
+
+    def __init__(
+        self, message: str, *, hint: str | None = None, missing: tuple[str, ...] = ()
+    ) -> None:
+        super().__init__(message, hint=hint)
+        self.missing = missing
+
+
+class _OsFailure(GovernorError):
+    """A failed kernel/file operation with its coordinates."""
+
+    def __init__(
+        self,
+        action: str,
+        *,
+        cgroup: str | None = None,
+        file: str | None = None,
+        value: str | None = None,
+        errno: int | None = None,
+        hint: str | None = None,
+    ) -> None:
+        parts = []
+        if cgroup is not None:
+            parts.append(f"cgroup {cgroup}")
+        if file is not None:
+            parts.append(f"file {file}")
+        if value is not None:
+            parts.append(f"value {value!r}")
+        if errno is not None:
+            name = errno_mod.errorcode.get(errno, str(errno))
+            parts.append(f"{name}: {os.strerror(errno)}")
+        where = f" ({', '.join(parts)})" if parts else ""
+        super().__init__(f"{action}{where}", hint=hint)
+        self.action = action
+        self.cgroup = cgroup
+        self.file = file
+        self.value = value
+        self.errno = errno
+
+
+class BackendError(_OsFailure):
+    exit_code = EXIT_OSERR
+
+
+class PermissionDenied(_OsFailure):
+    exit_code = EXIT_NOPERM
+
+
+class LaunchError(GovernorError):
+    """The engine could not be started (127 not found, 126 not executable)."""
+
+    def __init__(self, message: str, *, exit_code: int, hint: str | None = None) -> None:
+        super().__init__(message, hint=hint)
+        self.exit_code = exit_code

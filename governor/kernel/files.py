@@ -1,0 +1,56 @@
+"""Kernel file names, spelled once and in kernel spelling (Documentation/admin-guide/cgroup-v2.rst)."""
+
+from __future__ import annotations
+
+# core interface files
+CGROUP_PROCS = "cgroup.procs"
+CGROUP_THREADS = "cgroup.threads"
+CGROUP_CONTROLLERS = "cgroup.controllers"
+CGROUP_SUBTREE_CONTROL = "cgroup.subtree_control"
+CGROUP_EVENTS = "cgroup.events"
+CGROUP_KILL = "cgroup.kill"  # 5.14+
+CGROUP_FREEZE = "cgroup.freeze"  # 5.2+
+CGROUP_TYPE = "cgroup.type"
+
+# memory controller
+MEMORY_MIN = "memory.min"
+MEMORY_LOW = "memory.low"
+MEMORY_HIGH = "memory.high"
+MEMORY_MAX = "memory.max"
+MEMORY_SWAP_MAX = "memory.swap.max"
+MEMORY_OOM_GROUP = "memory.oom.group"
+MEMORY_CURRENT = "memory.current"
+MEMORY_PEAK = "memory.peak"  # 5.19+
+MEMORY_EVENTS = "memory.events"
+MEMORY_EVENTS_LOCAL = "memory.events.local"
+MEMORY_STAT = "memory.stat"
+MEMORY_RECLAIM = "memory.reclaim"  # 5.19+
+MEMORY_PRESSURE = "memory.pressure"
+
+# cpu / cpuset
+CPU_WEIGHT = "cpu.weight"
+CPU_MAX = "cpu.max"
+CPU_STAT = "cpu.stat"
+CPU_PRESSURE = "cpu.pressure"
+CPUSET_CPUS = "cpuset.cpus"
+CPUSET_MEMS = "cpuset.mems"
+CPUSET_CPUS_EFFECTIVE = "cpuset.cpus.effective"
+
+# io / pids
+IO_WEIGHT = "io.weight"
+IO_PRESSURE = "io.pressure"
+PIDS_MAX = "pids.max"
+PIDS_CURRENT = "pids.current"
+
+# controllers, in the order runc writes them at runtime: pids -> memory -> io -> cpu -> cpuset
+CONTROLLER_ORDER: tuple[str, ...] = ("pids", "memory", "io", "cpu", "cpuset")
+
+
+def controller_of(filename: str) -> str | None:
+    """The controller that owns an interface file (``memory.high`` -> ``memory``), or None for core files."""
+    prefix = filename.split(".", 1)[0]
+    return None if prefix == "cgroup" else prefix
+
+
+# the v1-only knob the seed article asks for; rejected by the policy loader with v2 equivalents
+V1_OOM_KILL_DISABLE = "memory.oom_kill_disable"

@@ -1,0 +1,336 @@
+"""compile(policy, host) -> Plan. Pure: no files, no environment, no clock.
+
+Every command (check, plan, apply, launch, install) goes through this one function, so what
+``governor plan`` prints is exactly what ``launch`` writes.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+from governor.errors import HostError, PolicyError
+from governor.kernel import files as kf
+from governor.kernel.parse import format_cpulist
+from governor.plan.host import HostFacts
+from governor.plan.model import (
+    CgroupWrite,
+    EnableControllers,
+    EngineSpec,
+    LaunchSpec,
+    Plan,
+    PrefetchSpec,
+    WatchRule,
+    WatchTrigger,
+)
+from governor.policy import values as v
+from governor.policy.model import Policy
+
+LEAF = "engine"  # processes live only in leaves (no internal processes rule)
+
+# memlock = "model": the model's size plus room for the engine's own small locked buffers
+MEMLOCK_MODEL_MARGIN = 64 << 20
+# memory.min = "model": the model's file pages plus a margin for the engine's hot anon pages
+MEMORY_MIN_MODEL_MARGIN = 64 << 20
+
+# Memory files in the order they are written: oom.group first so that a limit that takes
+# effect at once already kills the group together; protection before limits.
+_MEMORY_ORDER = ("oom_group", "swap_max", "min", "low", "high", "max")
+_MEMORY_FILE = {
+    "min": kf.MEMORY_MIN,
+    "low": kf.MEMORY_LOW,
+    "high": kf.MEMORY_HIGH,
+    "max": kf.MEMORY_MAX,
+    "swap_max": kf.MEMORY_SWAP_MAX,
+    "oom_group": kf.MEMORY_OOM_GROUP,
+}
+
+
+@dataclass(frozen=True)
+class Workload:
+    """What is known about the engine to launch (from its argv and a stat of its model)."""
+
+    model_bytes: int | None = None
+
+
+def compile_plan(
+    policy: Policy,
+    host: HostFacts,
+    *,
+    workload: Workload | None = None,
+    allow_missing: frozenset[str] = frozenset(),
+    source: str | None = None,
+) -> Plan:
+    """Resolve a policy against one host. Raises HostError (69) listing every problem, or
+    PolicyError (65) when the policy contradicts itself once resolved on this host."""
+    workload = workload or Workload()
+    if host.cgroup_mount is None:
+        raise HostError(
+            "no cgroup2 hierarchy is mounted (/proc/self/mountinfo)",
+            hint="mount -t cgroup2 none /sys/fs/cgroup, or boot with systemd.unified_cgroup_hierarchy=1",
+        )
+    notes: list[str] = []
+    writes: list[CgroupWrite] = []
+    group = f"{policy.slice}/{policy.name}"
+
+    def add(file: str, value: str, reason: str) -> None:
+        writes.append(
+            CgroupWrite(
+                cgroup=group,
+                file=file,
+                value=value,
+                reason=reason,
+                controller=kf.controller_of(file),
+            )
+        )
+
+    # -- pids
+    if policy.pids.max is not None:
+        add(kf.PIDS_MAX, str(policy.pids.max), "pids.max")
+
+    # -- memory
+    mem = policy.memory
+    resolved: dict[str, int | None] = {}
+    for key in _MEMORY_ORDER:
+        if key == "oom_group":
+            if mem.oom_group is not None:
+                add(kf.MEMORY_OOM_GROUP, "1" if mem.oom_group else "0", "memory.oom_group")
+            continue
+        size: v.Size | None = getattr(mem, key)
+        if size is None:
+            continue
+        nbytes = _resolve_memory(size, key, host, workload, notes)
+        resolved[key] = nbytes
+        value = "max" if nbytes is None else str(_page_floor(nbytes, host.page_size))
+        add(_MEMORY_FILE[key], value, f"memory.{key}")
+    _check_memory_order(resolved, source)
+
+    # -- io
+    if policy.io.weight is not None:
+        add(kf.IO_WEIGHT, f"default {policy.io.weight}", "io.weight")
+
+    # -- cpu
+    if policy.cpu.weight is not None:
+        add(kf.CPU_WEIGHT, str(policy.cpu.weight), "cpu.weight")
+    if policy.cpu.max is not None:
+        add(kf.CPU_MAX, policy.cpu.max.kernel_value(), "cpu.max")
+
+    # -- cpuset
+    problems: list[str] = []
+    affinity: tuple[int, ...] | None = None
+    if policy.cpu.cpus is not None:
+        affinity = _resolve_cpus(policy.cpu.cpus, host, problems, notes)
+        if affinity and policy.cpu.cpus.kind != "all":
+            add(kf.CPUSET_CPUS, format_cpulist(affinity), "cpu.cpus")
+
+    # -- controllers: every one the writes need, checked along the whole path
+    asked = {w.controller for w in writes}
+    if policy.cpu.cpus is not None and policy.cpu.cpus.kind != "all":
+        asked.add("cpuset")  # even when the CPU list itself was refused above
+    needed = tuple(c for c in kf.CONTROLLER_ORDER if c in asked)
+    missing = _missing_controllers(needed, host)
+    degraded: list[str] = []
+    for ctrl, where in missing.items():
+        if ctrl in allow_missing:
+            for w in writes:
+                if w.controller == ctrl:
+                    degraded.append(
+                        f"{w.file} = {w.value} NOT in force ({ctrl} controller missing)"
+                    )
+        else:
+            problems.append(f"controller {ctrl} is not available ({where})")
+    if policy.pressure and not host.psi and "psi" not in allow_missing:
+        problems.append(f"PSI is not available ({host.psi_detail}); [[pressure]] rules need it")
+    elif policy.pressure and not host.psi:
+        degraded.append("[[pressure]] rules NOT in force (PSI missing)")
+    if problems:
+        raise HostError(
+            "cannot enforce the policy on this host: " + "; ".join(problems),
+            hint=_host_hint(host, missing, allow_missing),
+            missing=tuple(missing),
+        )
+    writes = [w for w in writes if w.controller not in missing]
+    controllers = tuple(c for c in needed if c not in missing)
+
+    create = (policy.slice, group, f"{group}/{LEAF}")
+    enable = (
+        (
+            EnableControllers(cgroup="", controllers=controllers),
+            EnableControllers(cgroup=policy.slice, controllers=controllers),
+        )
+        if controllers
+        else ()
+    )
+    return Plan(
+        policy=policy.name,
+        source=source,
+        cgroup_root=host.cgroup_mount,
+        slice=policy.slice,
+        group=group,
+        leaf=f"{group}/{LEAF}",
+        create=create,
+        enable=enable,
+        writes=tuple(writes),
+        controllers=controllers,
+        launch=_launch_spec(policy, affinity, workload),
+        engine=EngineSpec(
+            kind=policy.engine.kind,
+            max_context_tokens=policy.engine.max_context_tokens,
+            threads=policy.engine.threads,
+        ),
+        prefetch=PrefetchSpec(files=policy.prefetch.files, mode=policy.prefetch.mode),
+        watch=tuple(
+            WatchRule(
+                index=i,
+                trigger=WatchTrigger(
+                    resource=r.when.resource,
+                    kind=r.when.kind,
+                    stall_us=r.when.stall.us,
+                    window_us=r.when.window.us,
+                    file=f"{r.when.resource}.pressure",
+                ),
+                hold_s=r.for_.seconds if r.for_ else None,
+                cooldown_s=r.cooldown.seconds if r.cooldown else None,
+                actions=tuple(str(a) for a in r.do),
+            )
+            for i, r in enumerate(policy.pressure)
+        ),
+        notes=tuple(notes),
+        degraded=tuple(degraded),
+    )
+
+
+def _page_floor(nbytes: int, page_size: int) -> int:
+    # memory.{min,low,high,max,swap.max}: page_counter_memparse() stores bytes / PAGE_SIZE,
+    # so the file reads back rounded down to a page multiple (mm/page_counter.c)
+    return nbytes // page_size * page_size
+
+
+def _resolve_memory(
+    size: v.Size, key: str, host: HostFacts, workload: Workload, notes: list[str]
+) -> int | None:
+    if size.kind == "model":
+        if workload.model_bytes is None:
+            raise PolicyError(
+                'memory.min = "model" needs the model file; give the engine command line',
+                field=f"memory.{key}",
+                hint="governor launch --policy P -- ENGINE -m MODEL ..., or a size like 1.2GiB",
+            )
+        protect = workload.model_bytes + MEMORY_MIN_MODEL_MARGIN
+        notes.append(
+            f"memory.{key} = model -> {v.human_bytes(protect)} (model"
+            f" {v.human_bytes(workload.model_bytes)} + {v.human_bytes(MEMORY_MIN_MODEL_MARGIN)})"
+        )
+        return protect
+    nbytes = size.resolve(host.mem_total)
+    if size.kind == "percent" and nbytes is not None:
+        notes.append(
+            f"memory.{key} = {size} of MemTotal {v.human_bytes(host.mem_total)}"
+            f" -> {v.human_bytes(nbytes)}"
+        )
+    return nbytes
+
+
+def _check_memory_order(resolved: dict[str, int | None], source: str | None) -> None:
+    order = [k for k in ("min", "low", "high", "max") if k in resolved]
+    for i, lo in enumerate(order):
+        for hi in order[i + 1 :]:
+            a, b = resolved[lo], resolved[hi]
+            if b is not None and (a is None or a > b):
+                raise PolicyError(
+                    f"memory.{lo} ({_fmt(a)}) is above memory.{hi} ({_fmt(b)}) on this host",
+                    file=source,
+                    field="memory",
+                    hint="min <= low <= high <= max must hold once percentages are resolved",
+                )
+
+
+def _fmt(n: int | None) -> str:
+    return "max" if n is None else v.human_bytes(n)
+
+
+def _resolve_cpus(
+    spec: v.CpuSpec, host: HostFacts, problems: list[str], notes: list[str]
+) -> tuple[int, ...]:
+    online = set(host.cpus_online)
+    if spec.kind == "all":
+        return host.cpus_online
+    if spec.kind in ("big", "little"):
+        if host.core_types is None:
+            problems.append(
+                f'cpu.cpus = "{spec.kind}" but this host has no distinct core types'
+                " (all CPUs report the same capacity/frequency)"
+            )
+            return ()
+        cpus = host.core_types.big if spec.kind == "big" else host.core_types.little
+        notes.append(
+            f"cpu.cpus = {spec.kind} -> {format_cpulist(cpus)} (from {host.core_types.source})"
+        )
+        return cpus
+    offline = [c for c in spec.cpus if c not in online]
+    if offline:
+        problems.append(
+            f"cpu.cpus names CPU {format_cpulist(offline)} which is not online"
+            f" (online: {format_cpulist(host.cpus_online)})"
+        )
+        return ()
+    return spec.cpus
+
+
+def _missing_controllers(needed: tuple[str, ...], host: HostFacts) -> dict[str, str]:
+    """Controller -> where it is missing (file), for every needed controller not usable."""
+    mount = host.cgroup_mount or "?"
+    missing: dict[str, str] = {}
+    for ctrl in needed:
+        if ctrl not in host.controllers:
+            held = " (held by cgroup v1)" if ctrl in host.v1_controllers else ""
+            missing[ctrl] = f"{mount}/{kf.CGROUP_CONTROLLERS}{held}"
+            continue
+        for level in host.path:
+            if ctrl not in level.controllers:
+                missing[ctrl] = f"{mount}/{level.path}/{kf.CGROUP_CONTROLLERS}"
+                break
+    return missing
+
+
+def _host_hint(host: HostFacts, missing: dict[str, str], allow: frozenset[str]) -> str:
+    todo = sorted(set(missing) - allow)
+    parts = []
+    if host.cgroup_layout == "hybrid" and any(c in host.v1_controllers for c in todo):
+        parts.append(
+            "boot with systemd.unified_cgroup_hierarchy=1 to move controllers to cgroup v2"
+        )
+    if todo:
+        parts.append(f"or run degraded with --allow-missing {','.join(todo)}")
+    if not host.psi:
+        parts.append("add psi=1 to the kernel command line for [[pressure]] rules")
+    parts.append("`governor doctor` explains what this host supports")
+    return "; ".join(parts)
+
+
+def _launch_spec(
+    policy: Policy, affinity: tuple[int, ...] | None, workload: Workload
+) -> LaunchSpec:
+    proc = policy.process
+    memlock: int | Literal["model"] | None = None
+    if proc.memlock is not None:
+        if proc.memlock.kind == "unlimited":
+            memlock = -1
+        elif proc.memlock.kind == "model":
+            memlock = (
+                "model"
+                if workload.model_bytes is None
+                else workload.model_bytes + MEMLOCK_MODEL_MARGIN
+            )
+        else:
+            memlock = proc.memlock.bytes
+    return LaunchSpec(
+        user=proc.user,
+        group=proc.group,
+        oom_score_adj=proc.oom_score_adj,
+        nice=proc.nice,
+        memlock=memlock,
+        env=dict(proc.env),
+        affinity=affinity,
+        on_governor_exit=proc.on_governor_exit,
+    )

@@ -1,0 +1,67 @@
+"""Human-readable renderings of a Plan (the JSON form is ``Plan.model_dump_json``)."""
+
+from __future__ import annotations
+
+from governor.plan.model import Plan
+
+
+def plan_table(plan: Plan) -> str:
+    lines = [
+        f"policy   {plan.policy}" + (f"  ({plan.source})" if plan.source else ""),
+        f"cgroup   {plan.cgroup_root}/{plan.group}   (processes in .../{plan.leaf.rsplit('/', 1)[-1]})",
+    ]
+    if plan.enable:
+        ctrl = " ".join(f"+{c}" for c in plan.controllers)
+        where = ", ".join(e.cgroup or "<root>" for e in plan.enable)
+        lines.append(f"enable   {ctrl}  in subtree_control of {where}")
+    lines.append("")
+    if plan.writes:
+        width = max(len(w.file) for w in plan.writes)
+        vwidth = max(len(w.value) for w in plan.writes)
+        lines.append(f"  {'file':<{width}}  {'value':<{vwidth}}  from")
+        for w in plan.writes:
+            lines.append(f"  {w.file:<{width}}  {w.value:<{vwidth}}  {w.reason}")
+    else:
+        lines.append("  (no cgroup limits)")
+    launch = plan.launch
+    proc = []
+    if launch.affinity is not None:
+        from governor.kernel.parse import format_cpulist
+
+        proc.append(f"affinity={format_cpulist(launch.affinity)}")
+    for key in ("user", "group", "oom_score_adj", "nice"):
+        val = getattr(launch, key)
+        if val is not None:
+            proc.append(f"{key}={val}")
+    if launch.memlock is not None:
+        proc.append(f"memlock={'unlimited' if launch.memlock == -1 else launch.memlock}")
+    if launch.env:
+        proc.append("env=" + ",".join(sorted(launch.env)))
+    proc.append(f"on_governor_exit={launch.on_governor_exit}")
+    lines += ["", "process  " + " ".join(proc)]
+    if plan.engine.kind != "generic" or plan.engine.max_context_tokens:
+        eng = [f"kind={plan.engine.kind}"]
+        if plan.engine.max_context_tokens:
+            eng.append(f"max_context_tokens={plan.engine.max_context_tokens}")
+        if plan.engine.threads:
+            eng.append(f"threads={plan.engine.threads}")
+        lines.append("engine   " + " ".join(eng))
+    files = (
+        plan.prefetch.files
+        if isinstance(plan.prefetch.files, str)
+        else ",".join(plan.prefetch.files)
+    )
+    lines.append(f"prefetch mode={plan.prefetch.mode} files={files}")
+    for rule in plan.watch:
+        t = rule.trigger
+        extra = ""
+        if rule.hold_s:
+            extra += f" for {rule.hold_s:g}s"
+        if rule.cooldown_s:
+            extra += f" cooldown {rule.cooldown_s:g}s"
+        lines.append(f"watch    {t.file} '{t.trigger_text()}'{extra} -> {', '.join(rule.actions)}")
+    for note in plan.notes:
+        lines.append(f"note     {note}")
+    for d in plan.degraded:
+        lines.append(f"DEGRADED {d}")
+    return "\n".join(lines) + "\n"

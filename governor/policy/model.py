@@ -1,0 +1,256 @@
+"""The policy language: strict, frozen pydantic models. Unknown keys are rejected, nothing is
+coerced ("true" is not a bool, "1G" is not an int). Value syntax lives in ``values.py``; the JSON
+Schema (``governor schema``) shows the syntax users write."""
+
+from __future__ import annotations
+
+import re
+from typing import Annotated, Any, Literal
+
+from pydantic import (
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    PlainSerializer,
+    StrictBool,
+    StrictInt,
+    StrictStr,
+    WithJsonSchema,
+    field_validator,
+    model_validator,
+)
+
+from governor.policy import values as v
+
+NAME_RE = re.compile(r"^[a-z0-9][a-z0-9_-]{0,62}$")
+
+_SIZE_SCHEMA: dict[str, Any] = {
+    "anyOf": [
+        {"type": "integer", "minimum": 0, "description": "bytes"},
+        {
+            "type": "string",
+            "pattern": r"^\s*([0-9]+(\.[0-9]+)?\s*(B|K|KiB|M|MiB|G|GiB|T|TiB)?|[0-9]+(\.[0-9]+)?\s*%|max)\s*$",
+            "description": "size ('1.5GiB', '800M'), share of MemTotal ('70%') or 'max'",
+        },
+    ]
+}
+
+
+def _size_field(
+    allow: frozenset[v.SizeKind], schema: dict[str, Any]
+) -> tuple[BeforeValidator, WithJsonSchema, PlainSerializer]:
+    return (
+        BeforeValidator(lambda x: v.parse_size(x, allow=allow)),
+        WithJsonSchema(schema),
+        PlainSerializer(lambda s: int(s.amount) if s.kind == "bytes" else str(s), return_type=Any),
+    )
+
+
+MemorySize = Annotated[v.Size, *_size_field(frozenset({"bytes", "percent", "max"}), _SIZE_SCHEMA)]
+_PROTECT_SCHEMA = {
+    "anyOf": [*_SIZE_SCHEMA["anyOf"], {"const": "model", "description": "model file size + margin"}]
+}
+ProtectSize = Annotated[
+    v.Size, *_size_field(frozenset({"bytes", "percent", "max", "model"}), _PROTECT_SCHEMA)
+]
+_MEMLOCK_SCHEMA = {
+    "anyOf": [
+        *_SIZE_SCHEMA["anyOf"][:1],
+        {"type": "string", "description": "size ('2GiB'), 'model' or 'unlimited'"},
+    ]
+}
+MemlockSize = Annotated[
+    v.Size, *_size_field(frozenset({"bytes", "model", "unlimited"}), _MEMLOCK_SCHEMA)
+]
+Duration = Annotated[
+    v.Duration,
+    BeforeValidator(v.parse_duration),
+    WithJsonSchema({"type": "string", "pattern": r"^[0-9]+(\.[0-9]+)?(us|ms|s|m|h)$"}),
+    PlainSerializer(str, return_type=str),
+]
+Cpus = Annotated[
+    v.CpuSpec,
+    BeforeValidator(v.parse_cpus),
+    WithJsonSchema(
+        {"type": "string", "description": "'0-3,6', 'big', 'little' or 'all'"},
+    ),
+    PlainSerializer(str, return_type=str),
+]
+CpuMax = Annotated[
+    v.CpuMax,
+    BeforeValidator(v.parse_cpu_max),
+    WithJsonSchema({"type": "string", "pattern": r"^([0-9]+(\.[0-9]+)?%|max)$"}),
+    PlainSerializer(str, return_type=str),
+]
+Trigger = Annotated[
+    v.PsiTrigger,
+    BeforeValidator(v.parse_trigger),
+    WithJsonSchema(
+        {
+            "type": "string",
+            "description": "'<memory|cpu|io> <some|full> <stall>/<window>', e.g. 'memory some 150ms/2s'",
+        }
+    ),
+    PlainSerializer(str, return_type=str),
+]
+ActionStr = Annotated[
+    v.Action,
+    BeforeValidator(v.parse_action),
+    WithJsonSchema(
+        {
+            "type": "string",
+            "description": "log | signal SIG | reclaim SIZE | set FILE VALUE|±N% | freeze DURATION"
+            " | thaw | kill | exec ARGV... | restart",
+        }
+    ),
+    PlainSerializer(str, return_type=str),
+]
+Weight = Annotated[StrictInt, Field(ge=1, le=10000)]
+
+
+class _Section(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid", strict=True)
+
+
+class MemorySection(_Section):
+    min: ProtectSize | None = None
+    low: ProtectSize | None = None
+    high: MemorySize | None = None
+    max: MemorySize | None = None
+    swap_max: MemorySize | None = None
+    oom_group: StrictBool | None = None
+
+    @model_validator(mode="after")
+    def _ordered(self) -> MemorySection:
+        """min <= low <= high <= max wherever two values are comparable without the host."""
+        order = [("min", self.min), ("low", self.low), ("high", self.high), ("max", self.max)]
+        known = [(n, s) for n, s in order if s is not None and s.kind != "model"]
+        for i, (lname, lo) in enumerate(known):
+            for hname, hi in known[i + 1 :]:
+                if _definitely_greater(lo, hi):
+                    raise ValueError(f"memory.{lname} ({lo}) is above memory.{hname} ({hi})")
+        return self
+
+
+def _definitely_greater(a: v.Size, b: v.Size) -> bool:
+    if b.kind == "max":
+        return False
+    if a.kind == "max":
+        return True
+    return a.kind == b.kind and a.amount > b.amount
+
+
+class CpuSection(_Section):
+    cpus: Cpus | None = None
+    weight: Weight | None = None
+    max: CpuMax | None = None
+
+
+class IoSection(_Section):
+    weight: Weight | None = None
+
+
+def _pids_max(value: object) -> int | str:
+    if value == "max" or (isinstance(value, int) and not isinstance(value, bool) and value >= 1):
+        return value
+    raise ValueError(f"expected a positive integer or 'max', got {value!r}")
+
+
+def _prefetch_files(value: object) -> str | tuple[str, ...]:
+    if value == "auto":
+        return "auto"
+    if isinstance(value, list | tuple) and all(isinstance(f, str) and f for f in value):
+        return tuple(value)
+    raise ValueError(f"expected 'auto' or a list of paths/globs, got {value!r}")
+
+
+class PidsSection(_Section):
+    max: (
+        Annotated[
+            int | Literal["max"],
+            BeforeValidator(_pids_max),
+            WithJsonSchema({"anyOf": [{"type": "integer", "minimum": 1}, {"const": "max"}]}),
+        ]
+        | None
+    ) = None
+
+
+class ProcessSection(_Section):
+    user: StrictStr | None = None
+    group: StrictStr | None = None
+    oom_score_adj: Annotated[StrictInt, Field(ge=-1000, le=1000)] | None = None
+    nice: Annotated[StrictInt, Field(ge=-20, le=19)] | None = None
+    memlock: MemlockSize | None = None
+    env: dict[StrictStr, StrictStr] = Field(default_factory=dict)
+    on_governor_exit: Literal["kill", "keep"] = "kill"
+
+    @field_validator("env")
+    @classmethod
+    def _env_names(cls, env: dict[str, str]) -> dict[str, str]:
+        for key in env:
+            if not re.match(r"^[A-Za-z_][A-Za-z0-9_]*$", key):
+                raise ValueError(f"invalid environment variable name {key!r}")
+        return env
+
+
+class EngineSection(_Section):
+    kind: Literal["llama.cpp", "generic"] = "generic"
+    max_context_tokens: Annotated[StrictInt, Field(ge=1)] | None = None
+    threads: Annotated[StrictInt, Field(ge=1)] | None = None
+
+
+class PrefetchSection(_Section):
+    files: Annotated[
+        Literal["auto"] | tuple[str, ...],
+        BeforeValidator(_prefetch_files),
+        WithJsonSchema(
+            {"anyOf": [{"const": "auto"}, {"type": "array", "items": {"type": "string"}}]}
+        ),
+    ] = "auto"
+    mode: Literal["none", "advise", "populate", "lock"] = "none"
+
+
+class PressureRule(_Section):
+    model_config = ConfigDict(frozen=True, extra="forbid", strict=True, populate_by_name=True)
+
+    when: Trigger
+    for_: Duration | None = Field(default=None, alias="for")
+    do: Annotated[tuple[ActionStr, ...], Field(min_length=1, strict=False)]
+    cooldown: Duration | None = None
+
+
+class Policy(_Section):
+    name: StrictStr
+    description: StrictStr = ""
+    extends: StrictStr | None = None
+    slice: StrictStr = "governor.slice"
+    memory: MemorySection = Field(default_factory=MemorySection)
+    cpu: CpuSection = Field(default_factory=CpuSection)
+    io: IoSection = Field(default_factory=IoSection)
+    pids: PidsSection = Field(default_factory=PidsSection)
+    process: ProcessSection = Field(default_factory=ProcessSection)
+    engine: EngineSection = Field(default_factory=EngineSection)
+    prefetch: PrefetchSection = Field(default_factory=PrefetchSection)
+    pressure: Annotated[tuple[PressureRule, ...], Field(strict=False)] = ()
+
+    @field_validator("name")
+    @classmethod
+    def _name(cls, name: str) -> str:
+        if not NAME_RE.match(name):
+            raise ValueError(
+                f"invalid policy name {name!r}: lower-case letters, digits, '_' and '-',"
+                " starting with a letter or digit, at most 63 characters"
+            )
+        return name
+
+    @field_validator("slice")
+    @classmethod
+    def _slice(cls, name: str) -> str:
+        if "/" in name or ".." in name:
+            raise ValueError(f"invalid slice {name!r}: no '/' and no '..'")
+        if not name.endswith(".slice") or name == ".slice":
+            raise ValueError(f"invalid slice {name!r}: must end in '.slice'")
+        if not re.match(r"^[A-Za-z0-9:_.\\-]+$", name):
+            raise ValueError(f"invalid slice {name!r}: only letters, digits and ':_.-\\'")
+        return name

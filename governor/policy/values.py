@@ -1,0 +1,413 @@
+"""Pure parsers for the policy language's value syntax: sizes, durations, CPU specs, PSI
+triggers and action strings. Text in, typed values out; ValueError with a short reason on bad
+input (the loader adds the file and field path)."""
+
+from __future__ import annotations
+
+import re
+import shlex
+import signal
+from dataclasses import dataclass
+from decimal import Decimal, InvalidOperation
+from typing import Literal
+
+# ---------------------------------------------------------------- sizes
+
+# Binary multipliers, as the kernel's memparse() and systemd read "K/M/G/T".
+_BINARY = {
+    "": 1,
+    "B": 1,
+    "K": 1 << 10,
+    "KiB": 1 << 10,
+    "M": 1 << 20,
+    "MiB": 1 << 20,
+    "G": 1 << 30,
+    "GiB": 1 << 30,
+    "T": 1 << 40,
+    "TiB": 1 << 40,
+}
+# "MB" is ambiguous (10^6 for disk vendors, 2^20 for the kernel): refuse rather than guess.
+_AMBIGUOUS = {"KB", "kB", "MB", "GB", "TB", "k", "m", "g", "t"}
+_SIZE_RE = re.compile(r"^\s*(?P<num>[0-9]+(?:\.[0-9]+)?)\s*(?P<unit>[A-Za-z]*)\s*$")
+_PERCENT_RE = re.compile(r"^\s*(?P<num>[0-9]+(?:\.[0-9]+)?)\s*%\s*$")
+
+SizeKind = Literal["bytes", "percent", "max", "model", "unlimited"]
+
+
+@dataclass(frozen=True)
+class Size:
+    """A size as written in a policy: bytes, a share of MemTotal, "max", "model" or "unlimited"."""
+
+    kind: SizeKind
+    amount: Decimal = Decimal(0)  # bytes for "bytes", percent (0-100) for "percent"
+
+    @property
+    def bytes(self) -> int:
+        if self.kind != "bytes":
+            raise ValueError(f"{self} is not a byte count")
+        return int(self.amount)
+
+    def resolve(self, mem_total: int) -> int | None:
+        """Bytes on a host with ``mem_total`` bytes; None for "max"/"unlimited"."""
+        if self.kind == "bytes":
+            return int(self.amount)
+        if self.kind == "percent":
+            return int(Decimal(mem_total) * self.amount / 100)
+        if self.kind in ("max", "unlimited"):
+            return None
+        raise ValueError(f"{self} needs the model's size to resolve")
+
+    def __str__(self) -> str:
+        if self.kind == "bytes":
+            return format_bytes(int(self.amount))
+        if self.kind == "percent":
+            return f"{self.amount.normalize():f}%"
+        return self.kind
+
+
+def format_bytes(n: int) -> str:
+    """Shortest exact binary spelling: 1610612736 -> "1.5GiB", 4096 -> "4KiB", 1000 -> "1000"."""
+    for unit, mult in (("TiB", 1 << 40), ("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if n >= mult:
+            q = Decimal(n) / mult
+            if q == q.quantize(Decimal("0.01")):
+                return f"{q.normalize():f}{unit}"
+    return str(n)
+
+
+def human_bytes(n: int) -> str:
+    """Approximate, for messages: 1234567890 -> "1.15GiB"."""
+    for unit, mult in (("TiB", 1 << 40), ("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if n >= mult:
+            return f"{n / mult:.2f}".rstrip("0").rstrip(".") + unit
+    return f"{n}B"
+
+
+def parse_size(
+    value: object,
+    *,
+    allow: frozenset[SizeKind] = frozenset({"bytes", "percent", "max"}),
+) -> Size:
+    """Parse an int (bytes) or a size string ("1.5GiB", "800M", "70%", "max")."""
+    if isinstance(value, bool):
+        raise ValueError("expected a size, got a boolean")
+    if isinstance(value, int):
+        if value < 0:
+            raise ValueError(f"size must not be negative, got {value}")
+        return _checked(Size("bytes", Decimal(value)), allow, value)
+    if isinstance(value, Size):
+        return _checked(value, allow, value)
+    if not isinstance(value, str):
+        raise ValueError(f"expected a size (int bytes or string like '1.5GiB'), got {value!r}")
+    text = value.strip()
+    if text in ("max", "model", "unlimited"):
+        return _checked(Size(text), allow, value)  # type: ignore[arg-type]  # narrowed by `in`
+    if m := _PERCENT_RE.match(text):
+        pct = Decimal(m["num"])
+        if not 0 < pct <= 100:
+            raise ValueError(f"percent must be in (0, 100], got {value!r}")
+        return _checked(Size("percent", pct), allow, value)
+    if text.startswith("-"):
+        raise ValueError(f"size must not be negative, got {value!r}")
+    m = _SIZE_RE.match(text)
+    if not m:
+        raise ValueError(f"cannot parse size {value!r} (examples: 1.5GiB, 800M, 70%, max)")
+    unit = m["unit"]
+    if unit in _AMBIGUOUS:
+        raise ValueError(f"ambiguous unit {unit!r} in {value!r}: use binary K/M/G (KiB/MiB/GiB)")
+    if unit not in _BINARY:
+        raise ValueError(f"unknown size unit {unit!r} in {value!r} (use B, K, M, G, T or KiB..TiB)")
+    try:
+        amount = Decimal(m["num"]) * _BINARY[unit]
+    except InvalidOperation as err:  # pragma: no cover - the regex admits only decimals
+        raise ValueError(f"cannot parse size {value!r}") from err
+    # "1.1GiB" is not a whole number of bytes: round down (limits are page-rounded anyway)
+    return _checked(Size("bytes", Decimal(int(amount))), allow, value)
+
+
+def _checked(size: Size, allow: frozenset[SizeKind], raw: object) -> Size:
+    if size.kind not in allow:
+        allowed = ", ".join(sorted(allow))
+        raise ValueError(f"{raw!r} is not allowed here (allowed kinds: {allowed})")
+    return size
+
+
+# ---------------------------------------------------------------- durations
+
+_DURATION_RE = re.compile(r"^\s*(?P<num>[0-9]+(?:\.[0-9]+)?)\s*(?P<unit>us|ms|s|m|h)\s*$")
+_DURATION_US = {"us": 1, "ms": 1000, "s": 1_000_000, "m": 60_000_000, "h": 3_600_000_000}
+
+
+@dataclass(frozen=True)
+class Duration:
+    us: int
+
+    @property
+    def seconds(self) -> float:
+        return self.us / 1_000_000
+
+    def __str__(self) -> str:
+        for unit in ("h", "m", "s", "ms"):
+            mult = _DURATION_US[unit]
+            if self.us % mult == 0 and self.us >= mult:
+                return f"{self.us // mult}{unit}"
+        return f"{self.us}us"
+
+
+def parse_duration(value: object) -> Duration:
+    """ "150ms", "2s", "1.5s", "1m" -> Duration. Units are required (no bare numbers)."""
+    if isinstance(value, Duration):
+        return value
+    if not isinstance(value, str):
+        raise ValueError(f"expected a duration string like '150ms' or '2s', got {value!r}")
+    m = _DURATION_RE.match(value)
+    if not m:
+        raise ValueError(f"cannot parse duration {value!r} (examples: 500ms, 2s, 1m)")
+    us = Decimal(m["num"]) * _DURATION_US[m["unit"]]
+    if us != us.to_integral_value():
+        raise ValueError(f"duration {value!r} is finer than a microsecond")
+    if us <= 0:
+        raise ValueError(f"duration {value!r} must be positive")
+    return Duration(int(us))
+
+
+# ---------------------------------------------------------------- CPUs
+
+_CPULIST_RE = re.compile(r"^\d+(-\d+)?(,\d+(-\d+)?)*$")
+
+
+@dataclass(frozen=True)
+class CpuSpec:
+    """ "big", "little", "all" or an explicit list of CPU numbers."""
+
+    kind: Literal["list", "big", "little", "all"]
+    cpus: tuple[int, ...] = ()
+
+    def __str__(self) -> str:
+        if self.kind != "list":
+            return self.kind
+        from governor.kernel.parse import format_cpulist
+
+        return format_cpulist(self.cpus)
+
+
+def parse_cpus(value: object) -> CpuSpec:
+    if isinstance(value, CpuSpec):
+        return value
+    if not isinstance(value, str):
+        raise ValueError(f"expected a CPU list like '4-7' or 'big'/'little'/'all', got {value!r}")
+    text = value.strip()
+    if text in ("big", "little", "all"):
+        return CpuSpec(text)  # type: ignore[arg-type]  # narrowed by `in`
+    if not _CPULIST_RE.match(text):
+        raise ValueError(f"cannot parse CPU list {value!r} (examples: '0-3,6', 'big', 'all')")
+    cpus: set[int] = set()
+    for part in text.split(","):
+        lo, _, hi = part.partition("-")
+        a, b = int(lo), int(hi or lo)
+        if b < a:
+            raise ValueError(f"descending CPU range {part!r} in {value!r}")
+        cpus.update(range(a, b + 1))
+    return CpuSpec("list", tuple(sorted(cpus)))
+
+
+@dataclass(frozen=True)
+class CpuMax:
+    """cpu.max as a share of one CPU: "350%" -> quota 350000 per 100000 us period."""
+
+    percent: Decimal | None  # None = "max"
+
+    def kernel_value(self, period_us: int = 100_000) -> str:
+        if self.percent is None:
+            return f"max {period_us}"
+        quota = int(self.percent * period_us / 100)
+        return f"{quota} {period_us}"
+
+    def __str__(self) -> str:
+        return "max" if self.percent is None else f"{self.percent.normalize():f}%"
+
+
+# cpu.max quota must be >= 1000 us (kernel: cpu.cfs_quota_us minimum 1 ms)
+CPU_MAX_MIN_QUOTA_US = 1000
+
+
+def parse_cpu_max(value: object) -> CpuMax:
+    if isinstance(value, CpuMax):
+        return value
+    if value == "max":
+        return CpuMax(None)
+    if not isinstance(value, str) or not (m := _PERCENT_RE.match(value)):
+        raise ValueError(f"expected a share of one CPU like '350%' or 'max', got {value!r}")
+    pct = Decimal(m["num"])
+    if pct * 100_000 / 100 < CPU_MAX_MIN_QUOTA_US:
+        raise ValueError(f"cpu max {value!r} is below the kernel's 1 ms quota minimum (1%)")
+    return CpuMax(pct)
+
+
+# ---------------------------------------------------------------- PSI triggers
+
+# Kernel limits for PSI trigger windows (Documentation/accounting/psi.rst).
+PSI_WINDOW_MIN_US = 500_000
+PSI_WINDOW_MAX_US = 10_000_000
+_TRIGGER_RE = re.compile(
+    r"^\s*(?P<res>memory|cpu|io)\s+(?P<kind>some|full)\s+(?P<stall>\S+)\s*/\s*(?P<window>\S+)\s*$"
+)
+
+
+@dataclass(frozen=True)
+class PsiTrigger:
+    resource: Literal["memory", "cpu", "io"]
+    kind: Literal["some", "full"]
+    stall: Duration
+    window: Duration
+
+    def __str__(self) -> str:
+        return f"{self.resource} {self.kind} {self.stall}/{self.window}"
+
+
+def parse_trigger(value: object) -> PsiTrigger:
+    """ "memory some 150ms/2s" -> PsiTrigger. Window 500ms..10s, 0 < stall <= window."""
+    if isinstance(value, PsiTrigger):
+        return value
+    if not isinstance(value, str):
+        raise ValueError(f"expected a trigger like 'memory some 150ms/2s', got {value!r}")
+    m = _TRIGGER_RE.match(value)
+    if not m:
+        raise ValueError(
+            f"cannot parse trigger {value!r} (form: '<memory|cpu|io> <some|full> <stall>/<window>',"
+            " e.g. 'memory some 150ms/2s')"
+        )
+    stall, window = parse_duration(m["stall"]), parse_duration(m["window"])
+    if not PSI_WINDOW_MIN_US <= window.us <= PSI_WINDOW_MAX_US:
+        raise ValueError(f"trigger window {window} is outside the kernel's 500ms..10s ({value!r})")
+    if stall.us > window.us:
+        raise ValueError(f"trigger stall {stall} is longer than its window {window} ({value!r})")
+    if m["res"] == "cpu" and m["kind"] == "full":
+        # cpu "full" exists since 5.13 at the system level only; it is always 0 for cgroups
+        raise ValueError(
+            f"'cpu full' is not a meaningful cgroup trigger ({value!r}); use 'cpu some'"
+        )
+    return PsiTrigger(m["res"], m["kind"], stall, window)  # type: ignore[arg-type]  # regex
+
+
+# ---------------------------------------------------------------- actions
+
+# files an action may `set`, with whether relative (+/-N%) changes are meaningful
+SETTABLE_FILES = (
+    "memory.min",
+    "memory.low",
+    "memory.high",
+    "memory.max",
+    "memory.swap.max",
+    "cpu.weight",
+    "cpu.max",
+)
+_REL_RE = re.compile(r"^(?P<sign>[+-])(?P<num>[0-9]+(?:\.[0-9]+)?)%$")
+
+
+@dataclass(frozen=True)
+class Action:
+    """One parsed action; ``str()`` gives the canonical spelling."""
+
+    verb: Literal["log", "signal", "reclaim", "set", "freeze", "thaw", "kill", "exec", "restart"]
+    signal: str | None = None  # "SIGUSR1"
+    size: Size | None = None  # reclaim amount / set absolute memory value
+    file: str | None = None  # set: the file
+    value: str | None = None  # set: absolute value as the kernel takes it
+    relative_percent: Decimal | None = None  # set: +10 / -10
+    duration: Duration | None = None  # freeze
+    argv: tuple[str, ...] = ()  # exec
+
+    def __str__(self) -> str:
+        if self.verb == "signal":
+            return f"signal {self.signal}"
+        if self.verb == "reclaim":
+            return f"reclaim {self.size}"
+        if self.verb == "set":
+            if self.relative_percent is not None:
+                sign = "+" if self.relative_percent > 0 else "-"
+                return f"set {self.file} {sign}{abs(self.relative_percent).normalize():f}%"
+            return f"set {self.file} {self.value}"
+        if self.verb == "freeze":
+            return f"freeze {self.duration}"
+        if self.verb == "exec":
+            return "exec " + shlex.join(self.argv)
+        return self.verb
+
+
+# Signals an action may send; SIGSTOP/SIGCONT are refused: use freeze/thaw (cgroup.freeze) instead.
+_FORBIDDEN_SIGNALS = {"SIGSTOP", "SIGCONT"}
+
+
+def parse_signal(name: str) -> str:
+    canon = name if name.startswith("SIG") else f"SIG{name}"
+    if canon in _FORBIDDEN_SIGNALS:
+        raise ValueError(f"{canon} is not allowed; use 'freeze <duration>' / 'thaw'")
+    valid = {s.name for s in signal.Signals}
+    if canon not in valid or canon.startswith("SIG_"):
+        raise ValueError(f"unknown signal {name!r}")
+    return canon
+
+
+def parse_action(value: object) -> Action:
+    if isinstance(value, Action):
+        return value
+    if not isinstance(value, str) or not value.strip():
+        raise ValueError(f"expected an action string like 'reclaim 64M', got {value!r}")
+    verb, _, rest = value.strip().partition(" ")
+    rest = rest.strip()
+    if verb in ("log", "thaw", "kill", "restart"):
+        if rest:
+            raise ValueError(f"action {verb!r} takes no argument, got {value!r}")
+        return Action(verb)  # type: ignore[arg-type]  # narrowed by `in`
+    if verb == "signal":
+        if not rest or " " in rest:
+            raise ValueError(f"expected 'signal <NAME>', e.g. 'signal SIGUSR1', got {value!r}")
+        return Action("signal", signal=parse_signal(rest))
+    if verb == "reclaim":
+        size = parse_size(rest, allow=frozenset({"bytes"}))
+        if size.bytes == 0:
+            raise ValueError(f"reclaim amount must be positive, got {value!r}")
+        return Action("reclaim", size=size)
+    if verb == "freeze":
+        if not rest:
+            raise ValueError(
+                f"freeze needs a duration so it thaws by itself, e.g. 'freeze 5s', got {value!r}"
+            )
+        return Action("freeze", duration=parse_duration(rest))
+    if verb == "set":
+        return _parse_set(value, rest)
+    if verb == "exec":
+        try:
+            argv = tuple(shlex.split(rest))
+        except ValueError as err:
+            raise ValueError(f"cannot split exec command {value!r}: {err}") from err
+        if not argv:
+            raise ValueError(f"exec needs a command, got {value!r}")
+        return Action("exec", argv=argv)
+    known = "log, signal, reclaim, set, freeze, thaw, kill, exec, restart"
+    raise ValueError(f"unknown action {verb!r} in {value!r} (known: {known})")
+
+
+def _parse_set(raw: str, rest: str) -> Action:
+    parts = rest.split()
+    if len(parts) != 2:
+        raise ValueError(f"expected 'set <file> <value|+N%|-N%>', got {raw!r}")
+    file, arg = parts
+    if file not in SETTABLE_FILES:
+        raise ValueError(f"cannot set {file!r} (settable: {', '.join(SETTABLE_FILES)})")
+    if m := _REL_RE.match(arg):
+        if file == "cpu.max":
+            raise ValueError(f"relative changes of cpu.max are not supported, got {raw!r}")
+        pct = Decimal(m["num"])
+        if pct == 0 or (pct >= 100 and m["sign"] == "-"):
+            raise ValueError(f"relative change must be non-zero and above -100%, got {raw!r}")
+        return Action("set", file=file, relative_percent=pct if m["sign"] == "+" else -pct)
+    if file == "cpu.weight":
+        if not arg.isdigit() or not 1 <= int(arg) <= 10000:
+            raise ValueError(f"cpu.weight must be 1..10000, got {raw!r}")
+        return Action("set", file=file, value=arg)
+    if file == "cpu.max":
+        return Action("set", file=file, value=str(parse_cpu_max(arg)))
+    size = parse_size(arg, allow=frozenset({"bytes", "max"}))
+    return Action("set", file=file, size=size, value=str(size))
