@@ -1,0 +1,282 @@
+"""Pure diagnosis of HostFacts: one Finding per topic, each with the kernel's reason and a fix.
+
+No I/O: ``probe()`` gathered everything. ``governor doctor`` renders these; the compiler makes
+its own fail-closed decisions from the same facts.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict
+
+from governor.kernel.files import (
+    CGROUP_CONTROLLERS,
+    CGROUP_FREEZE,
+    CGROUP_KILL,
+    CGROUP_SUBTREE_CONTROL,
+    CONTROLLER_ORDER,
+    MEMORY_PEAK,
+    MEMORY_RECLAIM,
+)
+from governor.kernel.parse import format_cpulist
+from governor.plan.host import HostFacts
+
+Level = Literal["ok", "warn", "error"]
+
+DEFAULT_NEEDS: frozenset[str] = frozenset({"memory", "cpu", "cpuset", "io", "pids"})
+
+# kernel feature gates (Documentation/admin-guide/cgroup-v2.rst, madvise(2), clone(2))
+CGROUP_FREEZE_MIN = (5, 2)  # cgroup.freeze: the "freeze" pressure action
+CGROUP_KILL_MIN = (5, 14)  # cgroup.kill: race-free kill of the whole engine tree
+MEMORY_PEAK_MIN = (5, 19)  # memory.peak: high-water mark reported by status
+MEMORY_RECLAIM_MIN = (5, 19)  # memory.reclaim: the "reclaim 64M" pressure action
+MADV_POPULATE_READ_MIN = (5, 14)  # MADV_POPULATE_READ: prefetch mode "populate"
+CLONE_INTO_CGROUP_MIN = (5, 7)  # clone3(CLONE_INTO_CGROUP): start the engine inside its leaf
+
+# systemd gates (systemd.resource-control(5))
+ALLOWED_CPUS_MIN_SYSTEMD = 244  # AllowedCPUs=: cpuset for the systemd backend
+
+UNIFIED_FIX = "boot with systemd.unified_cgroup_hierarchy=1 (and cgroup_no_v1=all)"
+PSI_FIX = "add psi=1 to the kernel command line (CONFIG_PSI_DEFAULT_DISABLED kernels)"
+
+_KCONFIG: dict[str, str] = {
+    "memory": "CONFIG_MEMCG",
+    "cpu": "CONFIG_CGROUP_SCHED",
+    "cpuset": "CONFIG_CPUSETS",
+    "io": "CONFIG_BLK_CGROUP",
+    "pids": "CONFIG_CGROUP_PIDS",
+    "hugetlb": "CONFIG_CGROUP_HUGETLB",
+}
+
+_KERNEL_FEATURES: tuple[tuple[str, tuple[int, int], str, str], ...] = (
+    ("kernel.cgroup_freeze", CGROUP_FREEZE_MIN, CGROUP_FREEZE, "the freeze action is unavailable"),
+    ("kernel.clone_into_cgroup", CLONE_INTO_CGROUP_MIN, "clone3(CLONE_INTO_CGROUP)",
+     "the launcher falls back to fork + write cgroup.procs"),
+    ("kernel.cgroup_kill", CGROUP_KILL_MIN, CGROUP_KILL,
+     "kill falls back to signalling each pid (racy against forks)"),
+    ("kernel.madv_populate_read", MADV_POPULATE_READ_MIN, "MADV_POPULATE_READ",
+     "prefetch falls back to read loops"),
+    ("kernel.memory_peak", MEMORY_PEAK_MIN, MEMORY_PEAK, "peak usage is not reported"),
+    ("kernel.memory_reclaim", MEMORY_RECLAIM_MIN, MEMORY_RECLAIM,
+     "the reclaim action is unavailable"),
+)  # fmt: skip
+
+
+class Finding(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    level: Level
+    topic: str
+    message: str
+    fix: str | None = None
+
+
+def _ok(topic: str, message: str) -> Finding:
+    return Finding(level="ok", topic=topic, message=message)
+
+
+def _version(v: tuple[int, int]) -> str:
+    return f"{v[0]}.{v[1]}"
+
+
+def _cgroup2(host: HostFacts) -> Finding:
+    topic = "cgroup2"
+    if host.cgroup_layout == "unified":
+        return _ok(topic, f"cgroup2 is mounted at {host.cgroup_mount} (unified hierarchy)")
+    if host.cgroup_layout == "hybrid":
+        held = ", ".join(sorted(host.v1_controllers)) or "none"
+        return Finding(
+            level="warn",
+            topic=topic,
+            message=f"hybrid hierarchy: cgroup2 at {host.cgroup_mount}, "
+            f"controllers bound to cgroup v1: {held}",
+            fix=UNIFIED_FIX,
+        )
+    if host.cgroup_layout == "legacy":
+        return Finding(
+            level="error",
+            topic=topic,
+            message="only cgroup v1 is mounted; governor needs cgroup2",
+            fix=UNIFIED_FIX,
+        )
+    return Finding(
+        level="error",
+        topic=topic,
+        message="no cgroup hierarchy is mounted",
+        fix="mount -t cgroup2 none /sys/fs/cgroup (systemd does this when PID 1)",
+    )
+
+
+def _delegation_fix(host: HostFacts, cgroup: str) -> str:
+    unit = cgroup.rsplit("/", 1)[-1]
+    if host.pid1 != "systemd":
+        return f"make {cgroup} writable by governor or let governor create it"
+    if unit.endswith((".service", ".scope")):
+        return f"set Delegate=yes on {unit} so systemd leaves its subtree to governor"
+    return (
+        f"systemd manages {unit}: use the systemd backend, or run governor in a service/scope "
+        "with Delegate=yes and put the engine below it"
+    )
+
+
+def _controller(host: HostFacts, name: str) -> Finding:
+    topic = f"controller.{name}"
+    mount = host.cgroup_mount
+    if name not in host.controllers:
+        if name in host.v1_controllers:
+            return Finding(
+                level="error",
+                topic=topic,
+                message=f"{name} is held by cgroup v1, so cgroup2 cannot use it",
+                fix=UNIFIED_FIX,
+            )
+        if mount is None:
+            return Finding(
+                level="error",
+                topic=topic,
+                message=f"{name} is unavailable: no cgroup2 hierarchy",
+                fix=UNIFIED_FIX if host.cgroup_layout == "legacy" else None,
+            )
+        kconfig = _KCONFIG.get(name)
+        built = f"rebuild the kernel with {kconfig}" if kconfig else "rebuild the kernel with it"
+        fix = (
+            "add cgroup_enable=memory to the kernel command line (Raspberry Pi kernels boot "
+            f"with cgroup_disable=memory), else {built}"
+            if name == "memory"
+            else f"remove cgroup_disable={name} from the kernel command line, else {built}"
+        )
+        return Finding(
+            level="error",
+            topic=topic,
+            message=f"{name} is not in {mount}/{CGROUP_CONTROLLERS}",
+            fix=fix,
+        )
+    for level in host.path:
+        if name not in level.subtree_control:
+            file = f"{mount}/{level.path}/{CGROUP_SUBTREE_CONTROL}"
+            return Finding(
+                level="warn",
+                topic=topic,
+                message=f"{name} is available but {file} does not enable it; governor writes "
+                f"+{name} there top-down, which fails without write access to {level.path}",
+                fix=_delegation_fix(host, level.path),
+            )
+    if name in host.subtree_control:
+        return _ok(topic, f"{name} is available and enabled in {mount}/{CGROUP_SUBTREE_CONTROL}")
+    return _ok(
+        topic,
+        f"{name} is available; not yet enabled in {mount}/{CGROUP_SUBTREE_CONTROL}, "
+        "governor enables it top-down",
+    )
+
+
+def _psi(host: HostFacts) -> Finding:
+    if host.psi:
+        return _ok("psi", f"PSI is available ({host.psi_detail})")
+    return Finding(
+        level="warn",
+        topic="psi",
+        message=f"PSI is unavailable ({host.psi_detail}); pressure rules cannot arm triggers",
+        fix=PSI_FIX,
+    )
+
+
+def _core_types(host: HostFacts) -> Finding:
+    ct = host.core_types
+    if ct is None:
+        return _ok("cpus.core_types", "cpus = big/little unavailable: all CPUs alike")
+    return _ok(
+        "cpus.core_types",
+        f"big.LITTLE from {ct.source}: little {format_cpulist(ct.little)}, "
+        f"big {format_cpulist(ct.big)}",
+    )
+
+
+def _cpus_online(host: HostFacts) -> Finding:
+    offline = sorted(set(host.cpus_possible) - set(host.cpus_online))
+    if not offline:
+        return _ok("cpus.online", f"all CPUs online: {format_cpulist(host.cpus_online)}")
+    return Finding(
+        level="warn",
+        topic="cpus.online",
+        message=f"CPUs {format_cpulist(offline)} are offline; "
+        f"online: {format_cpulist(host.cpus_online)}",
+        fix="echo 1 > /sys/devices/system/cpu/cpuN/online, or drop them from cpus",
+    )
+
+
+def _kernel_features(host: HostFacts) -> list[Finding]:
+    have = host.kernel_version
+    out: list[Finding] = []
+    for topic, minimum, feature, without in _KERNEL_FEATURES:
+        if have >= minimum:
+            out.append(_ok(topic, f"{feature} (kernel {_version(minimum)}+) is available"))
+        else:
+            out.append(
+                Finding(
+                    level="warn",
+                    topic=topic,
+                    message=f"{feature} needs kernel {_version(minimum)}+, this is "
+                    f"{host.kernel_release}: {without}",
+                    fix=f"upgrade to kernel {_version(minimum)} or newer",
+                )
+            )
+    return out
+
+
+def _systemd(host: HostFacts) -> Finding:
+    topic = "systemd"
+    if host.pid1 == "":
+        return Finding(
+            level="warn",
+            topic=topic,
+            message="PID 1 is hidden (/proc mounted with hidepid=); cannot tell whether "
+            "systemd manages cgroups",
+            fix=None,
+        )
+    if host.pid1 != "systemd":
+        return _ok(topic, f"PID 1 is {host.pid1}, not systemd: the cgroupfs backend applies")
+    version = host.systemd_version
+    if version is None:
+        return Finding(
+            level="warn",
+            topic=topic,
+            message="systemd is PID 1 but its version is unknown",
+            fix="check `systemctl --version`",
+        )
+    if version < ALLOWED_CPUS_MIN_SYSTEMD:
+        return Finding(
+            level="warn",
+            topic=topic,
+            message=f"systemd {version} is PID 1; AllowedCPUs= needs "
+            f"{ALLOWED_CPUS_MIN_SYSTEMD}+, so the systemd backend cannot pin CPUs",
+            fix="use the cgroupfs backend for cpus, or upgrade systemd",
+        )
+    return _ok(topic, f"systemd {version} is PID 1")
+
+
+def _privileges(host: HostFacts) -> Finding:
+    if host.euid == 0:
+        return _ok("privileges", "running as root")
+    return Finding(
+        level="warn",
+        topic="privileges",
+        message=f"not root (euid {host.euid}): governor can only use a delegated cgroup subtree",
+        fix="run as root, or under systemd-run --user --scope -p Delegate=yes",
+    )
+
+
+def _ordered(names: frozenset[str]) -> list[str]:
+    known = [n for n in CONTROLLER_ORDER if n in names]
+    return known + sorted(names - set(known))
+
+
+def diagnose(host: HostFacts, *, needs: frozenset[str] = DEFAULT_NEEDS) -> list[Finding]:
+    """One Finding per topic, in a stable order: cgroups, controllers, PSI, CPUs, kernel, users."""
+    findings = [_cgroup2(host)]
+    findings += [_controller(host, name) for name in _ordered(needs)]
+    findings += [_psi(host), _core_types(host), _cpus_online(host)]
+    findings += _kernel_features(host)
+    findings += [_systemd(host), _privileges(host)]
+    return findings
