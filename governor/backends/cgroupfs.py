@@ -1,0 +1,395 @@
+"""Apply, observe and remove a Plan by writing cgroupfs directly, with rollback.
+
+``apply`` records every directory it created, every controller it added and every file's
+previous value in an :class:`Applied`, so a failure part-way restores the tree as it was and a
+later process can roll back from a JSON state file. Kernel I/O goes through
+:class:`~governor.kernel.cgroupfs.CgroupFs` only; this module decides what to write, in which
+order, and how to undo it.
+"""
+
+from __future__ import annotations
+
+import errno
+import fcntl
+import os
+import signal
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager, suppress
+from functools import partial
+
+import structlog
+from pydantic import BaseModel, ConfigDict
+
+from governor.errors import BackendError, GovernorError, HostError
+from governor.kernel import files
+from governor.kernel.cgroupfs import CgroupFs
+from governor.kernel.parse import parse_cpulist
+from governor.plan.model import CgroupWrite, Plan
+
+log = structlog.get_logger(__name__)
+
+# cgroup.kill SIGKILLs the subtree at once; the processes still have to exit and release their
+# memory before cgroup.events says "populated 0" (a D-state task can take a while)
+REMOVE_TIMEOUT_S = 5.0
+REMOVE_POLL_S = 0.02
+# files whose value is a CPU/node list: "1,2" and "1-2" are the same set
+_LIST_FILES = frozenset({files.CPUSET_CPUS, files.CPUSET_MEMS})
+
+
+class _Frozen(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+
+class WriteRecord(_Frozen):
+    """One file the backend wrote, with what it held before (the value rollback restores)."""
+
+    cgroup: str
+    file: str
+    previous: str
+    value: str
+
+
+class EnableRecord(_Frozen):
+    """Controllers the backend ADDED to ``<cgroup>/cgroup.subtree_control`` (not ones on before)."""
+
+    cgroup: str
+    controllers: tuple[str, ...]
+
+
+class Applied(_Frozen):
+    """What ``apply`` changed, in the order it changed it; JSON round-trips for a state file."""
+
+    policy: str
+    cgroup_root: str
+    created: tuple[str, ...] = ()  # directories created, top-down
+    enabled: tuple[EnableRecord, ...] = ()
+    writes: tuple[WriteRecord, ...] = ()
+
+
+class Observation(_Frozen):
+    write: CgroupWrite
+    live: str | None  # None: the file (or the cgroup) does not exist
+    matches: bool
+
+
+class Removed(_Frozen):
+    killed: bool  # the group was populated and had to be killed
+    removed: tuple[str, ...]  # directories removed, bottom-up
+    kept: tuple[str, ...] = ()  # the slice, when something else still lives in it
+
+
+def _restorable(file: str, text: str) -> str:
+    """The value to write back so the file holds ``text`` again."""
+    if file == files.IO_WEIGHT:
+        # io.weight reads "default 100\n8:0 200\n" but takes one line per write; the backend
+        # only ever writes the default line, so that is the line to restore
+        for line in text.splitlines():
+            if line.startswith("default"):
+                return line.strip()
+    return text.strip()
+
+
+def _same(file: str, live: str, planned: str) -> bool:
+    if file in _LIST_FILES:
+        try:
+            return parse_cpulist(live) == parse_cpulist(planned)
+        except ValueError:
+            return False
+    if file == files.IO_WEIGHT:
+        return _restorable(file, live) == planned.strip()
+    return live.strip() == planned.strip()
+
+
+def _ancestors_and_self(cgroup: str) -> list[str]:
+    parts = cgroup.split("/")
+    return ["/".join(parts[: i + 1]) for i in range(len(parts))]
+
+
+class CgroupfsBackend:
+    """The cgroupfs backend: ``apply`` / ``observe`` / ``remove`` / ``rollback`` / ``lock``."""
+
+    def __init__(
+        self,
+        fs: CgroupFs,
+        *,
+        kill_pid: Callable[[int, int], None] = os.kill,
+        sleep: Callable[[float], None] = time.sleep,
+        clock: Callable[[], float] = time.monotonic,
+        remove_timeout_s: float = REMOVE_TIMEOUT_S,
+    ) -> None:
+        self.fs = fs
+        self._kill_pid = kill_pid
+        self._sleep = sleep
+        self._clock = clock
+        self._remove_timeout_s = remove_timeout_s
+
+    # --- apply ---------------------------------------------------------------------------------
+
+    def check_controllers(self, plan: Plan) -> None:
+        """Fail closed (exit 69) unless the root offers every controller the plan needs."""
+        available = self.fs.controllers("")
+        missing = tuple(c for c in plan.controllers if c not in available)
+        if missing:
+            where = self.fs.path("") / files.CGROUP_CONTROLLERS
+            raise HostError(
+                f"controller{'s' if len(missing) > 1 else ''} {', '.join(missing)} not available"
+                f" (not in {where})",
+                hint="the kernel does not offer it at the cgroup2 root (not built in, turned off"
+                " with cgroup_disable=, or held by a cgroup v1 hierarchy); or run without that"
+                " limit: --allow-missing " + ",".join(missing),
+                missing=missing,
+            )
+
+    def apply(self, plan: Plan) -> Applied:
+        """Create, enable and write the plan; on any failure restore everything and re-raise."""
+        self.check_controllers(plan)
+        created: list[str] = []
+        enabled: list[EnableRecord] = []
+        writes: list[WriteRecord] = []
+        try:
+            for cgroup in plan.create:
+                if self.fs.mkdir(cgroup):
+                    created.append(cgroup)
+                    log.info("cgroup.mkdir", cgroup=cgroup)
+            for step in plan.enable:
+                current = self.fs.subtree_control(step.cgroup)
+                missing = tuple(c for c in step.controllers if c not in current)
+                if not missing:
+                    continue
+                self.fs.enable(step.cgroup, missing)
+                enabled.append(EnableRecord(cgroup=step.cgroup, controllers=missing))
+                log.info("cgroup.enable", cgroup=step.cgroup, controllers=list(missing))
+            for w in plan.writes:
+                previous = _restorable(w.file, self.fs.read(w.cgroup, w.file))
+                self.fs.write(w.cgroup, w.file, w.value)
+                writes.append(
+                    WriteRecord(cgroup=w.cgroup, file=w.file, previous=previous, value=w.value)
+                )
+                log.info(
+                    "cgroup.write", cgroup=w.cgroup, file=w.file, value=w.value, previous=previous
+                )
+        except BaseException:
+            # BaseException too: a ^C half-way must not leave a half-configured tree behind
+            partial = Applied(
+                policy=plan.policy,
+                cgroup_root=plan.cgroup_root,
+                created=tuple(created),
+                enabled=tuple(enabled),
+                writes=tuple(writes),
+            )
+            self._restore(partial)
+            raise
+        return Applied(
+            policy=plan.policy,
+            cgroup_root=plan.cgroup_root,
+            created=tuple(created),
+            enabled=tuple(enabled),
+            writes=tuple(writes),
+        )
+
+    # --- rollback ------------------------------------------------------------------------------
+
+    def rollback(self, applied: Applied) -> None:
+        """Undo ``applied``; tries every step, then raises the first failure (if any)."""
+        failures = self._restore(applied)
+        if failures:
+            raise failures[0]
+
+    def _restore(self, applied: Applied) -> list[Exception]:
+        """Undo in reverse: previous values, then created dirs bottom-up, then added controllers.
+
+        Directories go before controllers because an ancestor cannot drop a controller that a
+        child still has in its own subtree_control (EBUSY on older kernels). Writes into
+        directories about to be removed are not restored; they go with the directory. Steps
+        whose cgroup no longer exists are skipped, so rolling back twice is harmless.
+        Failures are logged as ``rollback.failed`` and returned, never raised here.
+        """
+        created = set(applied.created)
+        failures: list[Exception] = []
+        log.info(
+            "rollback.start",
+            policy=applied.policy,
+            writes=len(applied.writes),
+            enabled=len(applied.enabled),
+            created=len(applied.created),
+        )
+
+        def attempt(step: str, cgroup: str, action: Callable[[], None], **fields: object) -> None:
+            if not self.fs.exists(cgroup):
+                return
+            try:
+                action()
+            except Exception as err:
+                failures.append(err)
+                log.error("rollback.failed", step=step, cgroup=cgroup, error=str(err), **fields)
+
+        for rec in reversed(applied.writes):
+            if rec.cgroup in created:
+                continue
+            attempt(
+                "write",
+                rec.cgroup,
+                partial(self.fs.write, rec.cgroup, rec.file, rec.previous),
+                file=rec.file,
+                value=rec.previous,
+            )
+        for cgroup in reversed(applied.created):
+            attempt("rmdir", cgroup, partial(self.fs.rmdir, cgroup))
+        for en in reversed(applied.enabled):
+            if en.cgroup in created:
+                continue
+            attempt(
+                "disable",
+                en.cgroup,
+                partial(self.fs.disable, en.cgroup, en.controllers),
+                controllers=list(en.controllers),
+            )
+        log.info("rollback.done", policy=applied.policy, failed=len(failures))
+        return failures
+
+    # --- observe -------------------------------------------------------------------------------
+
+    def observe(self, plan: Plan) -> list[Observation]:
+        """Each planned write next to the live value; ``None`` when the file is missing."""
+        out: list[Observation] = []
+        for w in plan.writes:
+            try:
+                live: str | None = self.fs.read(w.cgroup, w.file)
+            except BackendError as err:
+                if err.errno != errno.ENOENT:
+                    raise
+                live = None
+            matches = live is not None and _same(w.file, live, w.value)
+            out.append(
+                Observation(write=w, live=None if live is None else live.strip(), matches=matches)
+            )
+        return out
+
+    # --- remove --------------------------------------------------------------------------------
+
+    def _subtree(self, cgroup: str) -> list[str]:
+        """``cgroup`` and its descendants, parents before children."""
+        out = [cgroup]
+        for child in self.fs.children(cgroup):
+            out.extend(self._subtree(child))
+        return out
+
+    def _populated(self, cgroup: str) -> bool:
+        return self.fs.events(cgroup).get("populated", 0) != 0
+
+    def _kill_subtree(self, group: str) -> bool:
+        """cgroup.kill (True), or SIGKILL each pid where the kernel has none (< 5.14, False)."""
+        try:
+            self.fs.kill(group)
+            log.info("cgroup.kill", cgroup=group)
+            return True
+        except BackendError as err:
+            if err.errno != errno.ENOENT or not self.fs.exists(group):
+                raise
+        for cgroup in self._subtree(group):
+            for pid in self.fs.procs(cgroup):
+                # ESRCH: it exited between reading cgroup.procs and the kill
+                with suppress(ProcessLookupError):
+                    self._kill_pid(pid, signal.SIGKILL)
+        log.info("cgroup.kill", cgroup=group, fallback="sigkill")
+        return False
+
+    def _wait_empty(self, group: str, *, fallback: bool) -> None:
+        deadline = self._clock() + self._remove_timeout_s
+        while self._populated(group):
+            if self._clock() >= deadline:
+                raise BackendError(
+                    f"cgroup still populated {self._remove_timeout_s:g}s after kill",
+                    cgroup=group,
+                    file=files.CGROUP_EVENTS,
+                    hint="a process may be stuck in uninterruptible sleep (D state)",
+                )
+            if fallback:
+                # without cgroup.kill a fork can slip past the first round of SIGKILLs
+                self._kill_subtree(group)
+            self._sleep(REMOVE_POLL_S)
+
+    def remove(self, plan: Plan) -> Removed:
+        """Kill what runs in the group, remove group and leaf, and the slice if it is empty.
+
+        Idempotent: parts already gone are skipped. Controllers enabled on ancestors stay
+        enabled (other cgroups may rely on them).
+        """
+        killed = False
+        removed: list[str] = []
+        kept: list[str] = []
+        if self.fs.exists(plan.group):
+            if self._populated(plan.group):
+                killed = True
+                used_cgroup_kill = self._kill_subtree(plan.group)
+                self._wait_empty(plan.group, fallback=not used_cgroup_kill)
+            for cgroup in reversed(self._subtree(plan.group)):
+                if self._rmdir_if_exists(cgroup):
+                    removed.append(cgroup)
+        slice_ = plan.slice
+        # only a slice this plan would create; never systemd's system.slice or the root
+        if slice_ and slice_ in plan.create and self.fs.exists(slice_):
+            if self.fs.children(slice_) or self.fs.procs(slice_):
+                kept.append(slice_)
+            else:
+                try:
+                    if self._rmdir_if_exists(slice_):
+                        removed.append(slice_)
+                except BackendError as err:
+                    if err.errno != errno.EBUSY:
+                        raise
+                    kept.append(slice_)  # another policy started in it meanwhile
+        log.info("cgroup.removed", group=plan.group, removed=removed, kept=kept, killed=killed)
+        return Removed(killed=killed, removed=tuple(removed), kept=tuple(kept))
+
+    def _rmdir_if_exists(self, cgroup: str) -> bool:
+        try:
+            self.fs.rmdir(cgroup)
+        except BackendError as err:
+            if err.errno == errno.ENOENT:
+                return False
+            raise
+        return True
+
+    # --- lock ----------------------------------------------------------------------------------
+
+    @contextmanager
+    def lock(self, plan: Plan) -> Iterator[None]:
+        """Hold ``flock(LOCK_EX)`` on the group directory: one running launch per policy.
+
+        Creates the group (and its parents) when needed; on exit removes the directories it
+        created if they are empty again (e.g. after a failed apply rolled back).
+        """
+        created: list[str] = []
+        for cgroup in _ancestors_and_self(plan.group):
+            if self.fs.mkdir(cgroup):
+                created.append(cgroup)
+        fd = self.fs.open_dir(plan.group)
+        try:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                raise HostError(
+                    f"policy {plan.policy} is already running in {plan.group}",
+                    hint="stop the other launch or use a different policy name",
+                ) from None
+            except OSError as err:
+                raise BackendError(
+                    "cannot lock cgroup directory", cgroup=plan.group, errno=err.errno
+                ) from err
+            log.debug("cgroup.locked", cgroup=plan.group)
+            yield
+        finally:
+            os.close(fd)
+            for cgroup in reversed(created):
+                self._remove_if_empty(cgroup)
+
+    def _remove_if_empty(self, cgroup: str) -> None:
+        try:
+            if not self.fs.exists(cgroup) or self.fs.children(cgroup) or self.fs.procs(cgroup):
+                return
+            self.fs.rmdir(cgroup)
+        except GovernorError as err:
+            # a concurrent launch may be using it; leaving an empty dir is harmless
+            log.warning("cgroup.cleanup_skipped", cgroup=cgroup, error=str(err))

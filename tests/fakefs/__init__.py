@@ -1,0 +1,1 @@
+"""Tests on fake cgroup trees: tmp directories that behave enough like cgroupfs."""
