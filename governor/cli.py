@@ -91,7 +91,7 @@ def check(policy: PolicyArg, allow_missing: AllowMissing = "") -> None:
     degraded = f", {len(plan.degraded)} limit(s) NOT in force" if plan.degraded else ""
     typer.echo(f"{policy}: ok ({len(plan.writes)} cgroup writes{degraded})")
     for d in plan.degraded:
-        typer.echo(f"  DEGRADED {d}")
+        typer.echo(f"  NOT in force: {d}")
 
 
 @app.command()
@@ -110,6 +110,54 @@ def plan(
         from governor.plan.render import plan_table
 
         typer.echo(plan_table(compiled), nl=False)
+
+
+@app.command(context_settings={"allow_interspersed_args": False})
+def launch(
+    policy: Annotated[Path, typer.Option("--policy", "-p", help="policy TOML file")],
+    engine: Annotated[
+        list[str],
+        typer.Argument(help="the engine command after --, passed through byte for byte"),
+    ],
+    report: Annotated[
+        Path | None, typer.Option("--report", help="write a JSON summary of the run here")
+    ] = None,
+    keep: Annotated[
+        bool, typer.Option("--keep", help="leave the slice (and any stragglers) after exit")
+    ] = False,
+    allow_missing: AllowMissing = "",
+) -> None:
+    """Run an engine inside the policy's cgroup; exit with its status (128+N on signal N)."""
+    from governor import api
+
+    code = api.launch(
+        policy,
+        tuple(engine),
+        _opts(allow_missing),
+        api.LaunchOptions(report=report, keep=keep),
+    )
+    raise typer.Exit(code)
+
+
+@app.command()
+def apply(policy: PolicyArg, allow_missing: AllowMissing = "") -> None:
+    """Create the policy's slice with its limits, without starting anything."""
+    from governor import api
+
+    plan = api.apply(policy, _opts(allow_missing))
+    typer.echo(
+        f"applied {plan.policy}: {plan.cgroup_root}/{plan.group} ({len(plan.writes)} writes)"
+    )
+
+
+@app.command()
+def remove(policy: PolicyArg) -> None:
+    """Kill whatever runs in the policy's cgroup and remove it."""
+    from governor import api
+
+    removed = api.remove(policy, _opts())
+    what = ", ".join(removed.removed) or "nothing (already gone)"
+    typer.echo(f"removed {what}" + (" (killed its processes)" if removed.killed else ""))
 
 
 @app.command()

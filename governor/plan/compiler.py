@@ -134,15 +134,13 @@ def compile_plan(
         if ctrl in allow_missing:
             for w in writes:
                 if w.controller == ctrl:
-                    degraded.append(
-                        f"{w.file} = {w.value} NOT in force ({ctrl} controller missing)"
-                    )
+                    degraded.append(f"{w.file} = {w.value} ({ctrl} controller missing)")
         else:
             problems.append(f"controller {ctrl} is not available ({where})")
     if policy.pressure and not host.psi and "psi" not in allow_missing:
         problems.append(f"PSI is not available ({host.psi_detail}); [[pressure]] rules need it")
     elif policy.pressure and not host.psi:
-        degraded.append("[[pressure]] rules NOT in force (PSI missing)")
+        degraded.append("[[pressure]] rules (PSI missing)")
     if problems:
         raise HostError(
             "cannot enforce the policy on this host: " + "; ".join(problems),

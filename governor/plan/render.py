@@ -63,5 +63,31 @@ def plan_table(plan: Plan) -> str:
     for note in plan.notes:
         lines.append(f"note     {note}")
     for d in plan.degraded:
-        lines.append(f"DEGRADED {d}")
+        lines.append(f"NOT in force: {d}")
     return "\n".join(lines) + "\n"
+
+
+def enforcement(plan: Plan) -> tuple[list[str], list[str]]:
+    """What a launch of this plan enforces, and what it does not, in operator words."""
+    on = [f"{w.file}={w.value}" for w in plan.writes]
+    launch = plan.launch
+    if launch.affinity is not None:
+        from governor.kernel.parse import format_cpulist
+
+        on.append(f"affinity={format_cpulist(launch.affinity)}")
+    if launch.oom_score_adj is not None:
+        on.append(f"oom_score_adj={launch.oom_score_adj}")
+    if launch.nice is not None:
+        on.append(f"nice={launch.nice}")
+    if launch.memlock is not None:
+        on.append(f"RLIMIT_MEMLOCK={'unlimited' if launch.memlock == -1 else launch.memlock}")
+    if launch.user is not None:
+        on.append(f"user={launch.user}")
+    on.append(f"on_governor_exit={launch.on_governor_exit}")
+    off = list(plan.degraded)
+    if plan.watch:
+        # the pressure monitor (PSI triggers -> actions) is not part of this build yet
+        off.append(f"{len(plan.watch)} [[pressure]] rule(s): validated, not yet acted on")
+    if plan.prefetch.mode != "none":
+        off.append(f"prefetch.mode={plan.prefetch.mode}: not yet performed")
+    return on, off

@@ -1,0 +1,302 @@
+"""`governor launch` against a real cgroup v2 kernel (kernel tier, in the guest).
+
+Each test writes a policy whose slice is the test's scratch slice, runs the governor as a
+subprocess (as users do) and asserts on the kernel's files and on the process's exit status."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from tests.helpers import cgroups
+from tests.helpers.cgroups import ScratchSlice
+
+ALL = ("memory", "cpu", "cpuset", "io", "pids")
+HELPERS = Path(__file__).resolve().parents[1] / "helpers"
+REPO = Path(__file__).resolve().parents[2]
+
+
+def _policy(tmp_path: Path, slice_: ScratchSlice, body: str, name: str = "eng") -> Path:
+    path = tmp_path / f"{name}.toml"
+    path.write_text(f'name = "{name}"\nslice = "{slice_.name}"\n' + textwrap.dedent(body))
+    return path
+
+
+def _governor(*args: str) -> list[str]:
+    return [sys.executable, "-m", "governor", *args]
+
+
+def _run(*args: str, timeout: float = 240) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        _governor(*args), capture_output=True, text=True, timeout=timeout, cwd=REPO, check=False
+    )
+
+
+def _leftovers(slice_: ScratchSlice) -> list[str]:
+    if not slice_.path.exists():
+        return []
+    return [str(p.relative_to(slice_.root)) for p in cgroups.subtree_dirs(slice_.path)]
+
+
+@pytest.mark.kernel(controllers=ALL, root=True)
+def test_launch_enables_controllers_itself_and_limits_read_back(
+    tmp_path: Path, scratch_slice: ScratchSlice, empty_root_subtree: Path
+) -> None:
+    policy = _policy(
+        tmp_path,
+        scratch_slice,
+        """
+        [memory]
+        min = "16M"
+        high = "100000000"
+        max = "200M"
+        swap_max = "0"
+        oom_group = true
+        [cpu]
+        cpus = "1-2"
+        weight = 300
+        max = "150%"
+        [pids]
+        max = 64
+        """,
+    )
+    assert cgroups.read(empty_root_subtree / "cgroup.subtree_control") == ""
+    res = _run("launch", "--policy", str(policy), "--keep", "--", "true")
+    assert res.returncode == 0, res.stderr
+    group = scratch_slice.path / "eng"
+    assert cgroups.read(group / "memory.min") == str(16 << 20)
+    assert cgroups.read(group / "memory.high") == str(100000000 // 4096 * 4096)
+    assert cgroups.read(group / "memory.max") == str(200 << 20)
+    assert cgroups.read(group / "memory.swap.max") == "0"
+    assert cgroups.read(group / "memory.oom.group") == "1"
+    assert cgroups.read(group / "cpuset.cpus") == "1-2"
+    assert cgroups.read(group / "cpu.weight") == "300"
+    assert cgroups.read(group / "cpu.max") == "150000 100000"
+    assert cgroups.read(group / "pids.max") == "64"
+    enabled = set(cgroups.read(empty_root_subtree / "cgroup.subtree_control").split())
+    assert {"memory", "cpu", "cpuset", "pids"} <= enabled
+    # `governor remove` takes it all away again
+    res = _run("remove", str(policy))
+    assert res.returncode == 0, res.stderr
+    assert _leftovers(scratch_slice) == []
+
+
+@pytest.mark.kernel(controllers=ALL, root=True)
+def test_oom_group_kills_the_engine_tree_and_only_it(
+    tmp_path: Path, scratch_slice: ScratchSlice, spawn: cgroups.Spawn
+) -> None:
+    policy = _policy(
+        tmp_path,
+        scratch_slice,
+        """
+        [memory]
+        max = "64M"
+        swap_max = "0"
+        oom_group = true
+        """,
+    )
+    bystander = spawn(["sleep", "600"])
+    report = tmp_path / "report.json"
+    res = _run(
+        "launch",
+        "--policy",
+        str(policy),
+        "--report",
+        str(report),
+        "--",
+        sys.executable,
+        str(HELPERS / "hog.py"),
+        "--mib",
+        "200",
+        "--children",
+        "2",
+    )
+    assert res.returncode == 137, res.stderr
+    data = json.loads(report.read_text())
+    assert data["oom_kill"] >= 1
+    assert data["oom_group_kill"] >= 1
+    assert data["signal"] == signal.SIGKILL
+    assert data["memory_peak"] >= 60 << 20
+    assert bystander.poll() is None, "a process outside the slice was killed"
+    assert _leftovers(scratch_slice) == []
+
+
+@pytest.mark.kernel(controllers=ALL, root=True)
+def test_engine_sees_pinned_cpus_oom_score_adj_and_user(
+    tmp_path: Path, scratch_slice: ScratchSlice
+) -> None:
+    policy = _policy(
+        tmp_path,
+        scratch_slice,
+        """
+        [cpu]
+        cpus = "1,3"
+        [process]
+        user = "nobody"
+        oom_score_adj = 321
+        nice = 5
+        """,
+    )
+    script = (
+        "grep Cpus_allowed_list /proc/self/status; cat /proc/self/oom_score_adj; id -u;"
+        " cut -d' ' -f19 /proc/self/stat; cat /proc/self/cgroup"
+    )
+    res = _run("launch", "--policy", str(policy), "--", "/bin/sh", "-c", script)
+    assert res.returncode == 0, res.stderr
+    lines = res.stdout.split("\n")
+    assert lines[0].split() == ["Cpus_allowed_list:", "1,3"]
+    assert lines[1] == "321"
+    assert lines[2] == str(65534)
+    assert lines[3] == "5"
+    assert lines[4] == f"0::/{scratch_slice.name}/eng/engine"
+    assert _leftovers(scratch_slice) == []
+
+
+@pytest.mark.kernel(controllers=ALL, root=True)
+@pytest.mark.parametrize(
+    ("argv", "expected"),
+    [
+        (["/bin/true"], 0),
+        (["/bin/sh", "-c", "exit 3"], 3),
+        (["/etc/hostname"], 126),
+        (["/nonexistent/engine"], 127),
+        (["/bin/sh", "-c", "kill -TERM $$"], 128 + signal.SIGTERM),
+        (["/bin/sh", "-c", "kill -KILL $$"], 128 + signal.SIGKILL),
+    ],
+)
+def test_exit_status_passes_through_and_nothing_is_left(
+    tmp_path: Path, scratch_slice: ScratchSlice, argv: list[str], expected: int
+) -> None:
+    policy = _policy(tmp_path, scratch_slice, "[pids]\nmax = 32\n")
+    res = _run("launch", "--policy", str(policy), "--", *argv)
+    assert res.returncode == expected, res.stderr
+    if expected in (126, 127):
+        assert res.stderr.startswith("governor: engine")
+        assert "Traceback" not in res.stderr
+    assert _leftovers(scratch_slice) == []
+
+
+@pytest.mark.kernel(controllers=ALL, root=True)
+def test_sigterm_to_governor_reaches_engine(tmp_path: Path, scratch_slice: ScratchSlice) -> None:
+    policy = _policy(tmp_path, scratch_slice, "[pids]\nmax = 32\n")
+    ready = tmp_path / "ready"
+    engine = (
+        "import signal, sys, time, pathlib\n"
+        "signal.signal(signal.SIGTERM, lambda *a: sys.exit(42))\n"
+        f"pathlib.Path({str(ready)!r}).write_text('x')\n"
+        "time.sleep(600)\n"
+    )
+    gov = subprocess.Popen(
+        _governor("launch", "--policy", str(policy), "--", sys.executable, "-c", engine),
+        cwd=REPO,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    cgroups.wait_for(lambda: ready.exists() or None, 120, "engine ready")
+    gov.send_signal(signal.SIGTERM)
+    _, err = gov.communicate(timeout=120)
+    assert gov.returncode == 42, err
+    assert _leftovers(scratch_slice) == []
+
+
+@pytest.mark.kernel(controllers=ALL, root=True)
+def test_governor_sigkill_takes_the_engine_tree_down(
+    tmp_path: Path, scratch_slice: ScratchSlice
+) -> None:
+    policy = _policy(tmp_path, scratch_slice, "[pids]\nmax = 32\n")
+    pids_file = tmp_path / "pids"
+    # the engine forks a grandchild in a new session: only cgroup.kill reaches it
+    script = f"setsid sleep 600 & echo $$ $! > {pids_file}; sleep 600"
+    gov = subprocess.Popen(
+        _governor("launch", "--policy", str(policy), "--", "/bin/sh", "-c", script),
+        cwd=REPO,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    cgroups.wait_for(
+        lambda: (pids_file.exists() and pids_file.read_text().strip()) or None,
+        120,
+        "engine started",
+    )
+    engine_pids = [int(p) for p in pids_file.read_text().split()]
+    gov.kill()
+    gov.wait(timeout=30)
+
+    def gone() -> bool | None:
+        return all(not Path(f"/proc/{p}").exists() for p in engine_pids) or None
+
+    cgroups.wait_for(gone, 60, "engine tree killed after the governor died")
+    cgroups.wait_for(lambda: (not _leftovers(scratch_slice)) or None, 60, "cgroups removed")
+
+
+@pytest.mark.kernel(controllers=ALL, root=True)
+def test_second_launch_of_a_running_policy_fails_clearly(
+    tmp_path: Path, scratch_slice: ScratchSlice
+) -> None:
+    policy = _policy(tmp_path, scratch_slice, "[pids]\nmax = 32\n")
+    ready = tmp_path / "ready"
+    first = subprocess.Popen(
+        _governor(
+            "launch", "--policy", str(policy), "--", "/bin/sh", "-c", f"touch {ready}; sleep 600"
+        ),
+        cwd=REPO,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        cgroups.wait_for(lambda: ready.exists() or None, 120, "first engine running")
+        res = _run("launch", "--policy", str(policy), "--", "/bin/true")
+        assert res.returncode == 69, res.stderr
+        assert "already running" in res.stderr
+        # the first launch is untouched
+        assert first.poll() is None
+        assert cgroups.pids(scratch_slice.path / "eng" / "engine")
+    finally:
+        first.send_signal(signal.SIGTERM)
+        first.communicate(timeout=120)
+    assert first.returncode == 128 + signal.SIGTERM
+    assert _leftovers(scratch_slice) == []
+
+
+@pytest.mark.kernel(controllers=ALL, root=True)
+def test_missing_controller_fails_closed_and_leaves_nothing(
+    tmp_path: Path, scratch_slice: ScratchSlice, enabled_root_subtree: Path
+) -> None:
+    # a delegated subtree that offers only cpu and pids: memory is not available there
+    top = scratch_slice.create()
+    cgroups.write(top / "cgroup.subtree_control", "+cpu +pids")
+    sub = scratch_slice.child("delegated")
+    assert set(cgroups.read(sub / "cgroup.controllers").split()) == {"cpu", "pids"}
+    policy = tmp_path / "p.toml"
+    policy.write_text('name = "eng"\n[memory]\nmax = "100M"\n[pids]\nmax = 10\n')
+    before = sorted(os.listdir(sub))
+    res = _run("--cgroup-root", str(sub), "launch", "--policy", str(policy), "--", "/bin/true")
+    assert res.returncode == 69, res.stderr
+    assert "memory" in res.stderr.splitlines()[0]
+    assert "Traceback" not in res.stderr
+    assert sorted(os.listdir(sub)) == before
+    # --allow-missing runs it degraded and says so
+    res = _run(
+        "--cgroup-root",
+        str(sub),
+        "launch",
+        "--allow-missing",
+        "memory",
+        "--policy",
+        str(policy),
+        "--",
+        "/bin/true",
+    )
+    assert res.returncode == 0, res.stderr
+    assert "NOT enforced: memory.max = 104857600 (memory controller missing)" in res.stderr
+    assert sorted(os.listdir(sub)) == before
