@@ -40,8 +40,10 @@ def main() -> int:
         for off in range(0, size, PAGE):  # fault every page in, as a mmap load does
             checksum ^= weights[off]
     load_ms = (time.monotonic() - t0) * 1000
-    print(f"load_tensors: model size = {size / 2**20:.2f} MiB, loaded in {load_ms:.1f} ms",
-          file=sys.stderr)
+    print(
+        f"load_tensors: model size = {size / 2**20:.2f} MiB, loaded in {load_ms:.1f} ms",
+        file=sys.stderr,
+    )
 
     n = a.ctx_size if a.n_predict is None else min(a.n_predict, a.ctx_size)
     kv: list[bytearray] = []
@@ -53,8 +55,11 @@ def main() -> int:
         if a.ms_per_token:
             time.sleep(a.ms_per_token / 1000)
         if (i + 1) % 256 == 0:
-            print(f"toy: {i + 1} tokens, kv {len(kv) * a.kv_kib_per_token / 1024:.0f} MiB",
-                  file=sys.stderr, flush=True)
+            print(
+                f"toy: {i + 1} tokens, kv {len(kv) * a.kv_kib_per_token / 1024:.0f} MiB",
+                file=sys.stderr,
+                flush=True,
+            )
     eval_ms = (time.monotonic() - t1) * 1000
     per = eval_ms / max(n, 1)
     print(

@@ -99,7 +99,9 @@ def compile_plan(
         size: v.Size | None = getattr(mem, key)
         if size is None:
             continue
-        nbytes = _resolve_memory(size, key, host, workload, notes)
+        nbytes = _resolve_memory(
+            size, key, host=host, workload=workload, notes=notes, source=source
+        )
         resolved[key] = nbytes
         value = "max" if nbytes is None else str(_page_floor(nbytes, host.page_size))
         add(_MEMORY_FILE[key], value, f"memory.{key}")
@@ -205,12 +207,19 @@ def _page_floor(nbytes: int, page_size: int) -> int:
 
 
 def _resolve_memory(
-    size: v.Size, key: str, host: HostFacts, workload: Workload, notes: list[str]
+    size: v.Size,
+    key: str,
+    *,
+    host: HostFacts,
+    workload: Workload,
+    notes: list[str],
+    source: str | None,
 ) -> int | None:
     if size.kind == "model":
         if workload.model_bytes is None:
             raise PolicyError(
-                'memory.min = "model" needs the model file; give the engine command line',
+                f'memory.{key} = "model" needs the model file; give the engine command line',
+                file=source,
                 field=f"memory.{key}",
                 hint="governor launch --policy P -- ENGINE -m MODEL ..., or a size like 1.2GiB",
             )

@@ -79,6 +79,7 @@ def _load_chain(path: Path, *, euid: int, stack: tuple[Path, ...]) -> tuple[Raw,
         )
     base, base_prov = _load_chain(parent, euid=euid, stack=chain)
     base.pop("name", None)
+    base_prov.pop(("name",), None)  # never inherited: a missing name is the child's fault
     merged = _merge(base, raw)
     base_prov.update(prov)
     return merged, base_prov
@@ -120,6 +121,8 @@ def _parse_toml(text: str, source: str) -> Raw:
         return tomllib.loads(text)
     except tomllib.TOMLDecodeError as err:
         raise PolicyError(f"TOML syntax error: {err}", file=source) from err
+    except RecursionError as err:  # tomllib recurses per nesting level
+        raise PolicyError("TOML nested too deeply", file=source) from err
 
 
 def _record(raw: Raw, prov: Provenance, prefix: tuple[str, ...], source: str) -> None:
@@ -176,6 +179,14 @@ def _field_path(loc: tuple[int | str, ...]) -> str:
 
 def _translate(err: ValidationError, prov: Provenance, default_source: str) -> PolicyError:
     errors = err.errors(include_url=False)
+    # a bad item also fails its container's constraints (e.g. a list "too short" once the item
+    # is dropped): report distinct problems, not follow-on errors at a parent location
+    locs = [tuple(e["loc"]) for e in errors]
+    errors = [
+        e
+        for e in errors
+        if not any(o != tuple(e["loc"]) and o[: len(e["loc"])] == tuple(e["loc"]) for o in locs)
+    ] or errors
     first = errors[0]
     # policy keys never contain '-' or '['; pydantic's validator/union labels always do
     loc = tuple(p for p in first["loc"] if not (isinstance(p, str) and ("-" in p or "[" in p)))

@@ -189,7 +189,7 @@ class ProcessSection(_Section):
     @classmethod
     def _env_names(cls, env: dict[str, str]) -> dict[str, str]:
         for key in env:
-            if not re.match(r"^[A-Za-z_][A-Za-z0-9_]*$", key):
+            if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", key):
                 raise ValueError(f"invalid environment variable name {key!r}")
         return env
 
@@ -237,7 +237,7 @@ class Policy(_Section):
     @field_validator("name")
     @classmethod
     def _name(cls, name: str) -> str:
-        if not NAME_RE.match(name):
+        if not NAME_RE.fullmatch(name):
             raise ValueError(
                 f"invalid policy name {name!r}: lower-case letters, digits, '_' and '-',"
                 " starting with a letter or digit, at most 63 characters"
@@ -251,6 +251,6 @@ class Policy(_Section):
             raise ValueError(f"invalid slice {name!r}: no '/' and no '..'")
         if not name.endswith(".slice") or name == ".slice":
             raise ValueError(f"invalid slice {name!r}: must end in '.slice'")
-        if not re.match(r"^[A-Za-z0-9:_.\\-]+$", name):
+        if not re.fullmatch(r"[A-Za-z0-9:_.\\-]+", name):
             raise ValueError(f"invalid slice {name!r}: only letters, digits and ':_.-\\'")
         return name

@@ -173,7 +173,9 @@ def parse_duration(value: object) -> Duration:
 
 # ---------------------------------------------------------------- CPUs
 
-_CPULIST_RE = re.compile(r"^\d+(-\d+)?(,\d+(-\d+)?)*$")
+_CPULIST_RE = re.compile(r"[0-9]+(-[0-9]+)?(,[0-9]+(-[0-9]+)?)*")
+# CONFIG_NR_CPUS tops out at 8192 on arm64/x86_64 distribution kernels
+MAX_CPU = 8191
 
 
 @dataclass(frozen=True)
@@ -199,7 +201,7 @@ def parse_cpus(value: object) -> CpuSpec:
     text = value.strip()
     if text in ("big", "little", "all"):
         return CpuSpec(text)  # type: ignore[arg-type]  # narrowed by `in`
-    if not _CPULIST_RE.match(text):
+    if not _CPULIST_RE.fullmatch(text):
         raise ValueError(f"cannot parse CPU list {value!r} (examples: '0-3,6', 'big', 'all')")
     cpus: set[int] = set()
     for part in text.split(","):
@@ -207,6 +209,8 @@ def parse_cpus(value: object) -> CpuSpec:
         a, b = int(lo), int(hi or lo)
         if b < a:
             raise ValueError(f"descending CPU range {part!r} in {value!r}")
+        if b > MAX_CPU:
+            raise ValueError(f"CPU {b} in {value!r} is beyond any kernel's limit ({MAX_CPU})")
         cpus.update(range(a, b + 1))
     return CpuSpec("list", tuple(sorted(cpus)))
 

@@ -291,11 +291,6 @@ def test_debug_shows_the_traceback(capsys: pytest.CaptureFixture[str]) -> None:
     assert "Traceback" not in err
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="BUG: deeply nested TOML makes tomllib raise RecursionError; the CLI prints a traceback"
-    " instead of `governor: ...` and exit 65",
-)
 def test_deeply_nested_toml_gives_exit_65_without_traceback(
     capsys: pytest.CaptureFixture[str], tmp_path: Path
 ) -> None:

@@ -311,11 +311,6 @@ def test_memory_min_model_above_memory_max_is_a_policy_error() -> None:
         )
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="BUG: compiler's 'model' PolicyError hard-codes 'memory.min' in the message (says"
-    " memory.min for memory.low)",
-)
 def test_memory_low_model_without_a_workload_names_memory_low() -> None:
     with pytest.raises(PolicyError) as info:
         _compile("name = 'ml'\n[memory]\nlow = 'model'\n")
@@ -323,11 +318,6 @@ def test_memory_low_model_without_a_workload_names_memory_low() -> None:
     assert "memory.min" not in info.value.reason
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="BUG: compiler raises the 'model needs a workload' PolicyError without file=source, so"
-    " `governor check` prints no policy file for it",
-)
 def test_memory_model_error_names_the_policy_file() -> None:
     with pytest.raises(PolicyError) as info:
         _compile("name = 'mm'\n[memory]\nmin = 'model'\n")

@@ -170,11 +170,6 @@ def test_oom_kill_disable_is_rejected_with_the_v2_equivalents(name: str) -> None
     assert "memory.min" in err.hint
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="BUG: a single bad action also produces pydantic's 'too_short' error for `do`, so the"
-    " message claims '(and 1 more problem)' when there is only one",
-)
 def test_single_bad_action_reports_exactly_one_problem() -> None:
     err = _load_error(BAD / "action-sigstop.toml")
     assert "more problem" not in str(err)
@@ -260,22 +255,12 @@ def test_load_text_refuses_extends() -> None:
     assert info.value.file == "inline"
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="BUG: NAME_RE is matched with re.match and '$', which also matches before a trailing"
-    ' newline: name = "chat\\n" is accepted and becomes a cgroup directory name',
-)
 def test_policy_name_with_trailing_newline_is_rejected() -> None:
     with pytest.raises(PolicyError) as info:
         load_text('name = "chat\\n"')
     assert info.value.field == "name"
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="BUG: the env-name regex uses '$', so an environment variable name ending in a newline"
-    " ('FOO\\n') is accepted",
-)
 def test_env_variable_name_with_trailing_newline_is_rejected() -> None:
     with pytest.raises(PolicyError) as info:
         load_text('name = "x"\n[process.env]\n"FOO\\n" = "1"\n')
@@ -396,11 +381,6 @@ def test_name_is_not_inherited() -> None:
     assert "required key missing" in str(err)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="BUG: loader keeps the parent's provenance for 'name' after popping it, so a child"
-    " without a name is blamed on the parent file (extends/base.toml)",
-)
 def test_missing_name_in_a_child_points_at_the_child() -> None:
     err = _load_error(EXTENDS / "noname-child.toml")
     assert isinstance(err, PolicyError)
@@ -536,11 +516,6 @@ def test_garbage_toml_gives_only_a_policy_error(text: str) -> None:
         assert "\n" not in str(err)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="BUG: deeply nested TOML arrays make tomllib raise RecursionError, which the loader"
-    " does not translate: a traceback instead of exit 65",
-)
 def test_deeply_nested_toml_gives_a_policy_error() -> None:
     with pytest.raises(PolicyError):
         load_text("name = " + "[" * 5000 + "]" * 5000)
