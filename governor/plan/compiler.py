@@ -308,7 +308,7 @@ def _host_hint(host: HostFacts, missing: dict[str, str], allow: frozenset[str]) 
             "boot with systemd.unified_cgroup_hierarchy=1 to move controllers to cgroup v2"
         )
     if todo:
-        parts.append(f"or run degraded with --allow-missing {','.join(todo)}")
+        parts.append(f"{'or ' if parts else ''}run degraded with --allow-missing {','.join(todo)}")
     if not host.psi:
         parts.append("add psi=1 to the kernel command line for [[pressure]] rules")
     parts.append("`governor doctor` explains what this host supports")

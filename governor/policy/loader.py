@@ -98,6 +98,10 @@ def _read(path: Path, *, euid: int) -> str:
         raise PolicyNotFound(
             "policy path is a directory", file=str(path), hint="give the path to a .toml file"
         )
+    if not stat.S_ISREG(st.st_mode):  # /dev/zero or a FIFO would hang or eat memory
+        raise PolicyError(
+            "policy path is not a regular file", file=str(path), hint="give a .toml file"
+        )
     if euid == 0 and st.st_mode & stat.S_IWOTH:
         raise PermissionDenied(
             "refusing a policy file writable by others while running as root",
@@ -217,6 +221,8 @@ def _message(error: Any) -> str:
         return f"expected a string, got {error['input']!r}"
     if kind == "missing":
         return "required key missing"
+    if kind in ("model_type", "model_attributes_type", "dict_type"):
+        return f"expected a table, got {error['input']!r}"
     msg = str(error["msg"])
     if "input" in error and not isinstance(error["input"], dict | list):
         msg += f", got {error['input']!r}"
