@@ -1,0 +1,96 @@
+"""bench/launch: what does `governor launch -- true` add over running `true`?
+
+Runs, in the same process and interleaved round by round so that machine noise hits every
+candidate alike:
+  - `true` directly (the floor),
+  - `python -c pass` with the governor's interpreter (the interpreter floor),
+  - `governor launch --policy P -- true` (P: a minimal policy in a fresh tmp dir),
+  - `systemd-run --scope -q true` when PID 1 is systemd (run this in the systemd guest:
+    `cd tests && python -m vm.run --guest systemd -- .venv/bin/python bench/launch.py`),
+  - `cgexec -g pids:<cg> true` when cgexec (cgroup-tools) is installed.
+Prints the median wall time of each and the ratios. Not a test: nothing asserts on time.
+
+    python bench/launch.py [--runs N] [--allow-missing memory,cpu,...]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+POLICY = """name = "bench-launch"
+slice = "bench.slice"
+[process]
+oom_score_adj = 100
+"""
+
+
+def _time(argv: list[str]) -> float:
+    t0 = time.perf_counter()
+    subprocess.run(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, check=True)
+    return time.perf_counter() - t0
+
+
+def _pid1() -> str:
+    try:
+        return Path("/proc/1/comm").read_text().strip()
+    except OSError:
+        return ""
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
+    p.add_argument("--runs", type=int, default=15)
+    p.add_argument("--allow-missing", default="", help="passed to governor launch")
+    a = p.parse_args()
+
+    tmp = Path(tempfile.mkdtemp(prefix="bench-launch."))
+    policy = tmp / "p.toml"
+    policy.write_text(POLICY)
+    gov = [sys.executable, "-m", "governor", "launch", "--policy", str(policy)]
+    if a.allow_missing:
+        gov += ["--allow-missing", a.allow_missing]
+    true = shutil.which("true") or "/bin/true"
+    cands: dict[str, list[str]] = {
+        "true": [true],
+        "python -c pass": [sys.executable, "-c", "pass"],
+        "governor launch -- true": [*gov, "--", true],
+    }
+    if _pid1() == "systemd" and shutil.which("systemd-run"):
+        cands["systemd-run --scope true"] = ["systemd-run", "--scope", "-q", true]
+    if shutil.which("cgexec"):
+        cands["cgexec -g pids:/ true"] = ["cgexec", "-g", "pids:/", true]
+    _time(cands["governor launch -- true"])  # warm the page cache of the imports once
+    times: dict[str, list[float]] = {k: [] for k in cands}
+    for _ in range(a.runs):
+        for name, argv in cands.items():
+            times[name].append(_time(argv))
+    med = {k: statistics.median(v) for k, v in times.items()}
+    base = med["true"]
+    print(
+        f"bench/launch: {a.runs} runs each, medians (host {os.uname().nodename}, PID 1 {_pid1()})"
+    )
+    for name, t in med.items():
+        print(f"  {name:<28} {t * 1000:8.1f} ms   ({t / base:6.1f}x true)")
+    added = med["governor launch -- true"] - base
+    print(
+        f"  governor adds {added * 1000:.1f} ms over `true`"
+        f" ({(med['governor launch -- true'] - med['python -c pass']) * 1000:.1f} ms over the"
+        " bare interpreter)"
+    )
+    if "systemd-run --scope true" in med:
+        ratio = med["governor launch -- true"] / med["systemd-run --scope true"]
+        print(f"  governor / systemd-run --scope = {ratio:.2f}")
+    shutil.rmtree(tmp, ignore_errors=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
