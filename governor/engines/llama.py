@@ -32,6 +32,12 @@ _VALUE_OPTS = {
     "-ctv": "cache_type_v",
     "--cache-type-v": "cache_type_v",
 }
+# other options that take a value: skipped so that e.g. `-p "-c"` is not read as -c
+_SKIP_VALUE_OPTS = frozenset(
+    "-p --prompt -f --file -n --n-predict -s --seed --temp --top-k --top-p -ngl --n-gpu-layers"
+    " -lv --verbosity -tb --threads-batch -fit --chat-template -sys --system-prompt"
+    " --grammar --grammar-file -r --reverse-prompt --lora --mmproj -md --model-draft".split()
+)
 _FLAG_OPTS = {
     "--mlock": "mlock",
     "--no-mmap": "no_mmap",
@@ -90,6 +96,8 @@ def parse_llama_argv(argv: tuple[str, ...] | list[str]) -> EngineArgs:
             i += 1
         elif word in _FLAG_OPTS:
             flags.add(_FLAG_OPTS[word])
+        elif word in _SKIP_VALUE_OPTS:
+            i += 1
         i += 1
     return EngineArgs(
         argv=tuple(argv),

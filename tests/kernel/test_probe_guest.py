@@ -1,0 +1,68 @@
+"""probe() and the npu-chat plan against a real cgroup v2 kernel (kernel tier, in the guest)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from helpers import cgroups
+from helpers.cgroups import ScratchSlice
+
+from governor.backends.cgroupfs import CgroupfsBackend
+from governor.kernel.cgroupfs import CgroupFs
+from governor.plan.compiler import compile_plan
+from governor.plan.host import CoreTypes, probe
+from governor.policy.loader import load
+
+CORE = ("cpuset", "cpu", "io", "memory", "pids")
+REPO = Path(__file__).resolve().parents[2]
+
+pytestmark = pytest.mark.kernel(controllers=CORE, root=True, psi=True)
+
+
+def test_probe_reports_unified_cgroup2_with_controllers_and_psi() -> None:
+    host = probe()
+    assert host.cgroup_layout == "unified"
+    assert host.cgroup_mount == "/sys/fs/cgroup"
+    assert set(CORE) <= host.controllers
+    assert host.psi is True
+    assert host.kernel_version >= (5, 14)
+    assert len(host.cpus_online) >= 2
+    assert host.euid == 0
+
+
+def test_npu_chat_plan_writes_read_back_as_planned(
+    scratch_slice: ScratchSlice, empty_root_subtree: Path
+) -> None:
+    policy = load(REPO / "policies" / "npu-chat.toml").model_copy(
+        update={"slice": scratch_slice.name}
+    )
+    host = probe(target=f"{scratch_slice.name}/{policy.name}")
+    # the guest's vCPUs are all alike: give it the RK3588's two clusters on 4 CPUs so that
+    # cpus = "big" resolves (the real board reads them from cpu_capacity)
+    online = host.cpus_online
+    host = host.model_copy(
+        update={
+            "core_types": CoreTypes(
+                little=online[: len(online) // 2],
+                big=online[len(online) // 2 :],
+                source="cpu_capacity",
+            )
+        }
+    )
+    plan = compile_plan(policy, host)
+    fs = CgroupFs(Path(plan.cgroup_root))
+    backend = CgroupfsBackend(fs)
+    backend.apply(plan)
+    try:
+        for w in plan.writes:
+            live = cgroups.read(Path(plan.cgroup_root) / w.cgroup / w.file)
+            assert live == w.value, f"{w.file}: planned {w.value!r}, kernel reads {live!r}"
+        assert all(obs.matches for obs in backend.observe(plan))
+        high = next(w for w in plan.writes if w.file == "memory.high")
+        assert int(high.value) % host.page_size == 0
+        cpus = next(w for w in plan.writes if w.file == "cpuset.cpus")
+        assert cpus.value == cgroups.read(Path(plan.cgroup_root) / plan.group / "cpuset.cpus")
+    finally:
+        backend.remove(plan)
+    assert not (scratch_slice.path / policy.name).exists()
