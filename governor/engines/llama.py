@@ -34,9 +34,37 @@ _VALUE_OPTS = {
 }
 # other options that take a value: skipped so that e.g. `-p "-c"` is not read as -c
 _SKIP_VALUE_OPTS = frozenset(
-    "-p --prompt -f --file -n --n-predict -s --seed --temp --top-k --top-p -ngl --n-gpu-layers"
-    " -lv --verbosity -tb --threads-batch -fit --chat-template -sys --system-prompt"
-    " --grammar --grammar-file -r --reverse-prompt --lora --mmproj -md --model-draft".split()
+    [
+        "-p",
+        "--prompt",
+        "-f",
+        "--file",
+        "-n",
+        "--n-predict",
+        "-s",
+        "--seed",
+        "--temp",
+        "--top-k",
+        "--top-p",
+        "-ngl",
+        "--n-gpu-layers",
+        "-lv",
+        "--verbosity",
+        "-tb",
+        "--threads-batch",
+        "-fit",
+        "--chat-template",
+        "-sys",
+        "--system-prompt",
+        "--grammar",
+        "--grammar-file",
+        "-r",
+        "--reverse-prompt",
+        "--lora",
+        "--mmproj",
+        "-md",
+        "--model-draft",
+    ]
 )
 _FLAG_OPTS = {
     "--mlock": "mlock",
