@@ -16,6 +16,7 @@ Prints the median wall time of each and the ratios. Not a test: nothing asserts 
 from __future__ import annotations
 
 import argparse
+import ctypes
 import os
 import shutil
 import statistics
@@ -36,6 +37,86 @@ def _time(argv: list[str]) -> float:
     t0 = time.perf_counter()
     subprocess.run(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, check=True)
     return time.perf_counter() - t0
+
+
+# clone3(2): syscall 435 on x86_64 and arm64; CLONE_INTO_CGROUP since 5.7
+SYS_CLONE3 = 435
+CLONE_INTO_CGROUP = 0x200000000
+
+
+class _CloneArgs(ctypes.Structure):
+    _fields_ = [  # ctypes wants a plain list here
+        (name, ctypes.c_uint64)
+        for name in (
+            "flags", "pidfd", "child_tid", "parent_tid", "exit_signal", "stack",
+            "stack_size", "tls", "set_tid", "set_tid_size", "cgroup",
+        )
+    ]  # fmt: skip
+
+
+def _join_fork_procs(cg: Path) -> float:
+    """fork; the child writes itself into cgroup.procs (what the launcher does)."""
+    t0 = time.perf_counter()
+    pid = os.fork()
+    if pid == 0:
+        fd = os.open(cg / "cgroup.procs", os.O_WRONLY)
+        os.write(fd, str(os.getpid()).encode())
+        os._exit(0)
+    os.waitpid(pid, 0)
+    return time.perf_counter() - t0
+
+
+def _join_clone3(cg_fd: int, libc: ctypes.CDLL) -> float:
+    """clone3(CLONE_INTO_CGROUP): the child starts inside the cgroup."""
+    args = _CloneArgs(flags=CLONE_INTO_CGROUP, exit_signal=17, cgroup=cg_fd)  # SIGCHLD
+    t0 = time.perf_counter()
+    pid = libc.syscall(SYS_CLONE3, ctypes.byref(args), ctypes.sizeof(args))
+    if pid == 0:
+        os._exit(0)
+    if pid < 0:
+        raise OSError(ctypes.get_errno(), "clone3")
+    os.waitpid(pid, 0)
+    return time.perf_counter() - t0
+
+
+def bench_join(runs: int) -> None:
+    """Child creation + joining a cgroup: fork + cgroup.procs write vs clone3 into the cgroup."""
+    from governor.plan.host import probe
+
+    mount = probe().cgroup_mount
+    if mount is None:
+        print("  join: no cgroup2 mount, skipped")
+        return
+    cg = Path(mount) / f"bench-join-{os.getpid()}"
+    cg.mkdir()
+    libc = ctypes.CDLL(None, use_errno=True)
+    fd = os.open(cg, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        fork_t = [_join_fork_procs(cg) for _ in range(runs)]
+        plain_t = []
+        for _ in range(runs):
+            t0 = time.perf_counter()
+            pid = os.fork()
+            if pid == 0:
+                os._exit(0)
+            os.waitpid(pid, 0)
+            plain_t.append(time.perf_counter() - t0)
+        try:
+            clone_t = [_join_clone3(fd, libc) for _ in range(runs)]
+        except OSError as err:
+            print(f"  join: clone3(CLONE_INTO_CGROUP) unavailable: {err}")
+            clone_t = []
+    finally:
+        os.close(fd)
+        cg.rmdir()
+    base = statistics.median(plain_t)
+    print(f"  join ({runs} children, {mount}):")
+    print(f"    fork, no cgroup               {base * 1000:7.2f} ms")
+    fp = statistics.median(fork_t)
+    print(f"    fork + write cgroup.procs     {fp * 1000:7.2f} ms  ({fp / base:.2f}x)")
+    if clone_t:
+        cl = statistics.median(clone_t)
+        print(f"    clone3(CLONE_INTO_CGROUP)     {cl * 1000:7.2f} ms  ({cl / base:.2f}x)")
 
 
 def _pid1() -> str:
@@ -89,6 +170,7 @@ def main() -> int:
         ratio = med["governor launch -- true"] / med["systemd-run --scope true"]
         print(f"  governor / systemd-run --scope = {ratio:.2f}")
     shutil.rmtree(tmp, ignore_errors=True)
+    bench_join(max(a.runs * 4, 40))
     return 0
 
 
