@@ -1,0 +1,233 @@
+"""Deploying with systemd, for real (systemd >= 252 as PID 1 in the qemu guest):
+
+- `governor install` -> `systemctl start governor@<policy>` with a small engine: the limits read
+  back through BOTH `systemctl show` and cgroupfs match the plan, the governor sits in
+  <unit>/supervisor and the engine in <unit>/engine (with memory.oom.group there); `systemctl
+  stop` cleans up; `governor uninstall` leaves /etc as it was (file lists compared);
+- a bad policy makes the service fail once with 65 and not restart;
+- a transient-scope launch (--backend systemd, D-Bus via pystemd) and a cgroupfs launch of the
+  same policy produce the same cgroup values.
+
+Runs in the systemd guest: flock /tmp/governor-guest.lock scripts/test --tier systemd -k deploy
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from helpers import cgroups
+from helpers.units import systemctl_show
+
+from governor.backends import dropin
+from governor.plan.compiler import compile_plan
+from governor.plan.host import probe
+from governor.plan.model import Plan
+from governor.policy.loader import load
+
+pytestmark = pytest.mark.systemd(min_version=252)
+
+REPO = Path(__file__).resolve().parents[2]
+GOVERNOR = [sys.executable, "-m", "governor"]
+TIMEOUT = 300
+WATCHED = (Path("/etc/systemd/system"), Path("/etc/governor"))
+
+POLICY = """\
+name = "{name}"
+slice = "governor.slice"
+[memory]
+min = "16M"
+high = "200M"
+max = "256M"
+swap_max = "0"
+oom_group = true
+[cpu]
+cpus = "1"
+weight = 150
+max = "150%"
+[io]
+weight = 60
+[pids]
+max = 64
+[process]
+oom_score_adj = 200
+"""
+
+# the engine: prints where it runs and the limits of its cgroup and its parent, then waits
+DUMP = """
+import json, os, sys, time
+cg = open("/proc/self/cgroup").read().split("::", 1)[1].strip()
+root = "/sys/fs/cgroup"
+def files(path):
+    out = {}
+    for f in ("pids.max", "memory.min", "memory.high", "memory.max", "memory.swap.max",
+              "memory.oom.group", "cpu.weight", "cpu.max", "cpuset.cpus", "io.weight"):
+        try:
+            out[f] = open(f"{root}{path}/{f}").read().strip()
+        except OSError:
+            out[f] = None
+    return out
+parent = cg.rsplit("/", 1)[0]
+json.dump({"cgroup": cg, "leaf": files(cg), "parent": files(parent)}, open(sys.argv[1], "w"))
+time.sleep(float(sys.argv[2]))
+"""
+
+
+def _run(*argv: str, check: bool = True) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        list(argv), capture_output=True, text=True, timeout=TIMEOUT, check=check, cwd=REPO
+    )
+
+
+def _tree() -> dict[str, str]:
+    out: dict[str, str] = {}
+    for base in WATCHED:
+        if base.exists():
+            for p in sorted(base.rglob("*")):
+                out[str(p)] = p.read_text() if p.is_file() and not p.is_symlink() else "<dir>"
+    return out
+
+
+def _plan(policy_file: Path) -> Plan:
+    return compile_plan(load(policy_file), probe("/"), source=str(policy_file))
+
+
+@pytest.fixture
+def policy(tmp_path: Path) -> Iterator[Path]:
+    name = f"gt-{uuid.uuid4().hex[:8]}"  # a dash: the slice name must escape it
+    path = tmp_path / f"{name}.toml"
+    path.write_text(POLICY.format(name=name))
+    yield path
+    unit = dropin.service_unit(name)
+    _run("systemctl", "stop", unit, check=False)
+    _run("systemctl", "reset-failed", unit, check=False)
+    _run(*GOVERNOR, "uninstall", name, check=False)
+
+
+def _kernel_values(plan: Plan) -> dict[str, str]:
+    """file -> value as the plan writes it (cpuset lists compared as written)."""
+    return {w.file: w.value for w in plan.writes}
+
+
+def test_installed_service_runs_the_engine_under_the_plan_and_uninstall_restores_etc(
+    policy: Path, cgroup2_root: Path, tmp_path: Path
+) -> None:
+    before = _tree()
+    name = policy.stem
+    out = tmp_path / "dump.json"
+    engine = [sys.executable, "-c", DUMP, str(out), "600"]
+    inst = _run(*GOVERNOR, "install", str(policy), "--", *engine)
+    assert "governor@" in inst.stdout, inst.stdout + inst.stderr
+    again = _run(*GOVERNOR, "install", str(policy), "--", *engine)
+    assert "0 file(s) changed" in again.stdout  # idempotent
+
+    unit = dropin.service_unit(name)
+    plan = _plan(policy)
+    slice_unit = dropin.policy_slice(plan.slice, name)
+    slice_dir = cgroup2_root / dropin.slice_cgroup(slice_unit)
+    unit_dir = cgroup2_root / dropin.service_cgroup(plan)
+
+    start = _run("systemctl", "start", unit, check=False)  # Type=notify: returns on READY=1
+    assert start.returncode == 0, start.stderr + _run("journalctl", "-u", unit, "-n", "60").stdout
+    state = systemctl_show(unit, "ActiveState", "MainPID", "ControlGroup")
+    assert state["ActiveState"] == "active"
+    assert state["ControlGroup"] == f"/{dropin.service_cgroup(plan)}"
+    main_pid = int(state["MainPID"])
+    assert main_pid in cgroups.pids(unit_dir / "supervisor")
+    assert cgroups.pids(unit_dir) == []  # no internal processes
+    cgroups.wait_for(lambda: out.exists() and out.stat().st_size > 0, TIMEOUT, "engine dump")
+    dump = json.loads(out.read_text())
+    assert dump["cgroup"] == f"/{dropin.service_cgroup(plan)}/engine"
+    assert dump["leaf"]["memory.oom.group"] == "1"
+
+    # the plan's limits, through cgroupfs on the policy slice...
+    want = _kernel_values(plan)
+    for file, value in want.items():
+        if file == "memory.oom.group":
+            continue
+        live = cgroups.read(slice_dir / file)
+        if file == "io.weight":
+            live = live.splitlines()[0]
+        assert live == value, (file, live, value)
+    # ...and through systemd's own view of the slice
+    props = systemctl_show(
+        slice_unit, "MemoryMin", "MemoryHigh", "MemoryMax", "MemorySwapMax", "TasksMax",
+        "CPUWeight", "CPUQuotaPerSecUSec", "AllowedCPUs", "IOWeight",
+    )  # fmt: skip
+    assert props["MemoryMin"] == want["memory.min"]
+    assert props["MemoryHigh"] == want["memory.high"]
+    assert props["MemoryMax"] == want["memory.max"]
+    assert props["MemorySwapMax"] == want["memory.swap.max"]
+    assert props["TasksMax"] == want["pids.max"]
+    assert props["CPUWeight"] == want["cpu.weight"]
+    assert props["CPUQuotaPerSecUSec"] == "1.500000s"
+    assert props["AllowedCPUs"] == want["cpuset.cpus"]
+    assert props["IOWeight"] == want["io.weight"].split()[1]
+    svc = systemctl_show(unit, "OOMScoreAdjust", "Delegate", "Type", "OOMPolicy")
+    assert svc == {"OOMScoreAdjust": "200", "Delegate": "yes", "Type": "notify",
+                   "OOMPolicy": "continue"}  # fmt: skip
+
+    stop = _run("systemctl", "stop", unit, check=False)
+    assert stop.returncode == 0, stop.stderr
+    cgroups.wait_for(lambda: not unit_dir.exists(), TIMEOUT, f"{unit_dir} to be removed")
+    assert systemctl_show(unit, "ActiveState")["ActiveState"] == "inactive"
+
+    _run(*GOVERNOR, "uninstall", str(policy))
+    _run("systemctl", "stop", slice_unit, check=False)
+    assert _tree() == before
+
+
+def test_a_bad_policy_fails_the_service_once_with_65_and_no_restart(policy: Path) -> None:
+    name = policy.stem
+    _run(*GOVERNOR, "install", str(policy), "--", "/bin/sleep", "600")
+    policy.write_text(policy.read_text() + "\n[memory]\nbogus = 1\n")  # now invalid
+    unit = dropin.service_unit(name)
+    start = _run("systemctl", "start", unit, check=False)
+    assert start.returncode != 0
+    time.sleep(3)  # RestartSec is 100ms: a restart loop would have shown by now
+    state = systemctl_show(unit, "ActiveState", "Result", "ExecMainStatus", "NRestarts")
+    assert state["ExecMainStatus"] == "65", state
+    assert state["NRestarts"] == "0", state
+    assert state["ActiveState"] == "failed", state
+
+
+def test_transient_scope_and_cgroupfs_launch_write_the_same_values(
+    tmp_path: Path, cgroup2_root: Path
+) -> None:
+    name = f"gs-{uuid.uuid4().hex[:8]}"
+    slice_unit = f"gtest{uuid.uuid4().hex[:8]}.slice"
+    path = tmp_path / f"{name}.toml"
+    path.write_text(POLICY.format(name=name).replace("governor.slice", slice_unit))
+    dumps = {}
+    try:
+        for backend in ("cgroupfs", "systemd"):
+            out = tmp_path / f"{backend}.json"
+            run = _run(
+                *GOVERNOR, "launch", "--backend", backend, "--policy", str(path), "--",
+                sys.executable, "-c", DUMP, str(out), "0",
+                check=False,
+            )  # fmt: skip
+            assert run.returncode == 0, run.stderr
+            dumps[backend] = json.loads(out.read_text())
+    finally:
+        _run("systemctl", "stop", slice_unit, check=False)
+    fs, sd = dumps["cgroupfs"], dumps["systemd"]
+    assert fs["cgroup"] == f"/{slice_unit}/{name}/engine"
+    assert sd["cgroup"] == f"/{slice_unit}/governor-{dropin.escape(name)}.scope/engine"
+    for file in fs["parent"]:
+        if file == "memory.oom.group":
+            # cgroupfs: on <slice>/<name>; systemd: on the engine leaf (the scope holds the
+            # supervising governor too)
+            assert fs["parent"][file] == sd["leaf"][file] == "1"
+            continue
+        assert fs["parent"][file] == sd["parent"][file], file
+    assert fs["parent"]["memory.max"] == str(256 << 20)
+    assert not (cgroup2_root / slice_unit / name).exists()
+    assert os.path.exists(cgroup2_root)
