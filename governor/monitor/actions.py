@@ -1,0 +1,326 @@
+"""Actions of a fired rule, through the one door to cgroupfs (CgroupFs) and os.kill.
+
+Each action logs ONE structured event, ``action.done`` (or ``action.failed``), with the rule,
+the verb and the values before and after. Failures are logged and reported, never raised: the
+monitor must keep watching and the engine must keep running.
+
+Bounds: ``set memory.X`` never goes above the plan's memory.max (the live one when the plan has
+none) and never below memory.min (cgroup-v2.rst: memory.high below memory.min would reclaim
+protected memory; memory.max below usage triggers OOM). Values are page-floored the way the
+kernel stores them (mm/page_counter.c).
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import signal as signal_mod
+import subprocess
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from decimal import Decimal
+from typing import Any
+
+import structlog
+
+from governor.errors import BackendError, GovernorError
+from governor.kernel import files as kf
+from governor.kernel.cgroupfs import CgroupFs
+from governor.kernel.parse import format_max, parse_flat_keyed, parse_max
+from governor.plan.model import Plan
+from governor.policy.values import Action, parse_cpu_max
+
+log = structlog.get_logger(__name__)
+
+EXEC_TIMEOUT_S = 10.0  # an exec action's command is killed after this
+EXEC_OUTPUT_MAX = 4096  # bytes of stdout/stderr kept in the log
+FREEZE_WAIT_S = 5.0  # how long to wait for cgroup.events "frozen 1"
+CPU_WEIGHT_MIN, CPU_WEIGHT_MAX = 1, 10000  # cgroup-v2.rst "cpu.weight"
+_MEMORY_BOUNDED = (kf.MEMORY_MIN, kf.MEMORY_LOW, kf.MEMORY_HIGH, kf.MEMORY_MAX)
+
+
+@dataclass(frozen=True)
+class Context:
+    """What the action knows about why it runs (also the exec action's environment)."""
+
+    rule: int
+    when: str
+    value: float | int | None = None
+    active_s: float = 0.0
+
+    def env(self, cgroup: str) -> dict[str, str]:
+        return {
+            "GOVERNOR_RULE": str(self.rule),
+            "GOVERNOR_WHEN": self.when,
+            "GOVERNOR_VALUE": "" if self.value is None else str(self.value),
+            "GOVERNOR_ACTIVE_S": f"{self.active_s:.3f}",
+            "GOVERNOR_CGROUP": cgroup,
+        }
+
+
+@dataclass
+class Result:
+    action: str
+    ok: bool
+    before: Any = None
+    after: Any = None
+    detail: str | None = None
+
+    def as_dict(self) -> dict[str, Any]:
+        return {k: v for k, v in vars(self).items() if v is not None}
+
+
+@dataclass
+class Executor:
+    fs: CgroupFs
+    plan: Plan
+    engine_pids: Callable[[], Sequence[int]]
+    clock: Callable[[], float] = time.monotonic
+    run: Callable[..., subprocess.CompletedProcess[bytes]] = subprocess.run
+    kill: Callable[[int, int], None] = os.kill
+    page_size: int = os.sysconf("SC_PAGE_SIZE")
+    thaw_at: float | None = None  # pending automatic thaw (the loop's timer)
+    frozen_by_us: bool = False
+    unsupported: set[str] = field(default_factory=set)
+
+    @property
+    def group(self) -> str:
+        return self.plan.group
+
+    # ------------------------------------------------------------------ dispatch
+
+    def execute(self, action: Action, ctx: Context) -> Result:
+        handler = getattr(self, f"_do_{action.verb}")
+        try:
+            res: Result = handler(action, ctx)
+        except GovernorError as err:
+            res = Result(str(action), ok=False, detail=str(err))
+        except (OSError, subprocess.SubprocessError, ValueError) as err:
+            res = Result(str(action), ok=False, detail=f"{type(err).__name__}: {err}")
+        event = "action.done" if res.ok else "action.failed"
+        (log.info if res.ok else log.warning)(
+            event, rule=ctx.rule, when=ctx.when, cgroup=self.group, **res.as_dict()
+        )
+        return res
+
+    def on_timer(self, now: float) -> Result | None:
+        """The automatic thaw of a timed freeze, once its time has come."""
+        if self.thaw_at is None or now < self.thaw_at:
+            return None
+        self.thaw_at = None
+        return self.execute(Action("thaw"), Context(rule=-1, when="freeze expired"))
+
+    # ------------------------------------------------------------------ verbs
+
+    def _do_log(self, action: Action, ctx: Context) -> Result:
+        return Result("log", ok=True, detail=f"value={ctx.value} active_s={ctx.active_s:.2f}")
+
+    def _do_signal(self, action: Action, ctx: Context) -> Result:
+        assert action.signal is not None
+        sig = signal_mod.Signals[action.signal]
+        pids = list(self.engine_pids())
+        sent = []
+        for pid in pids:
+            try:
+                self.kill(pid, sig)
+                sent.append(pid)
+            except ProcessLookupError:
+                continue
+        return Result(
+            str(action),
+            ok=bool(sent),
+            after={"pids": sent},
+            detail=None if sent else "no engine process",
+        )
+
+    def _do_reclaim(self, action: Action, ctx: Context) -> Result:
+        assert action.size is not None
+        before = self._current()
+        try:
+            self.fs.write(self.group, kf.MEMORY_RECLAIM, str(action.size.bytes))
+            detail = None
+        except BackendError as err:
+            # memory.reclaim returns EAGAIN when it reclaimed less than asked (cgroup-v2.rst)
+            if err.errno != errno.EAGAIN:
+                raise
+            detail = "EAGAIN: reclaimed less than asked"
+        return Result(str(action), ok=True, before=before, after=self._current(), detail=detail)
+
+    def _do_set(self, action: Action, ctx: Context) -> Result:
+        assert action.file is not None
+        file = action.file
+        before_text = self.fs.read(self.group, file).strip()
+        value = self._target(action, before_text)
+        if value == before_text:
+            return Result(str(action), ok=True, before=before_text, after=value, detail="at bound")
+        self.fs.write(self.group, file, value)
+        after = self.fs.read(self.group, file).strip()
+        return Result(str(action), ok=True, before=before_text, after=after)
+
+    def _do_freeze(self, action: Action, ctx: Context) -> Result:
+        assert action.duration is not None
+        before = self._frozen()
+        self.fs.freeze(self.group, True)
+        t0 = self.clock()
+        frozen = self._wait_frozen(True)
+        self.frozen_by_us = True
+        self.thaw_at = self.clock() + action.duration.seconds
+        return Result(
+            str(action),
+            ok=frozen,
+            before={"frozen": before},
+            after={"frozen": int(frozen), "wait_s": round(self.clock() - t0, 3)},
+            detail=None if frozen else f"cgroup.events not 'frozen 1' after {FREEZE_WAIT_S}s",
+        )
+
+    def _do_thaw(self, action: Action, ctx: Context) -> Result:
+        before = self._frozen()
+        self.fs.freeze(self.group, False)
+        self.thaw_at = None
+        self.frozen_by_us = False
+        thawed = self._wait_frozen(False)
+        return Result(
+            "thaw", ok=thawed, before={"frozen": before}, after={"frozen": int(not thawed)}
+        )
+
+    def _do_kill(self, action: Action, ctx: Context) -> Result:
+        before = self._procs()
+        self.fs.kill(self.group)
+        if self.frozen_by_us:  # SIGKILL reaches frozen tasks, but thaw so they can exit
+            self.fs.freeze(self.group, False)
+            self.thaw_at = None
+            self.frozen_by_us = False
+        return Result("kill", ok=True, before={"procs": before})
+
+    def _do_exec(self, action: Action, ctx: Context) -> Result:
+        env = dict(os.environ)
+        env.update(ctx.env(f"{self.plan.cgroup_root}/{self.group}"))
+        try:
+            done = self.run(
+                list(action.argv),
+                env=env,
+                stdin=subprocess.DEVNULL,
+                capture_output=True,
+                timeout=EXEC_TIMEOUT_S,
+                check=False,
+            )
+        except subprocess.TimeoutExpired as err:
+            return Result(
+                str(action),
+                ok=False,
+                detail=f"killed after {EXEC_TIMEOUT_S:g}s",
+                after={"stdout": _cut(err.stdout)},
+            )
+        return Result(
+            str(action),
+            ok=done.returncode == 0,
+            after={
+                "exit": done.returncode,
+                "stdout": _cut(done.stdout),
+                "stderr": _cut(done.stderr),
+            },
+        )
+
+    def _do_restart(self, action: Action, ctx: Context) -> Result:
+        # relaunching needs the supervisor to adopt a new pid; not built yet (say so once)
+        self.unsupported.add("restart")
+        return Result("restart", ok=False, detail="restart is not implemented yet; nothing done")
+
+    # ------------------------------------------------------------------ helpers
+
+    def _target(self, action: Action, before_text: str) -> str:
+        """The value to write for ``set``, within bounds."""
+        file = action.file
+        assert file is not None
+        if file == kf.CPU_WEIGHT:
+            weight = int(before_text)
+            if action.relative_percent is not None:
+                weight = int(weight * (1 + action.relative_percent / Decimal(100)))
+            elif action.value:
+                weight = int(action.value)
+            return str(min(max(weight, CPU_WEIGHT_MIN), CPU_WEIGHT_MAX))
+        if file == kf.CPU_MAX:
+            assert action.value is not None
+            return parse_cpu_max(action.value).kernel_value()
+        lower, upper = self._bounds(file)
+        if action.relative_percent is not None:
+            base = parse_max(before_text)
+            if base is None:  # "max": change relative to the bound, or to what is in use
+                base = upper if upper is not None else (self._current() or 0)
+            want: int | None = int(base * (1 + action.relative_percent / Decimal(100)))
+        else:
+            assert action.size is not None
+            want = None if action.size.kind == "max" else action.size.bytes
+        if want is None:
+            want = upper  # "max" is capped by the plan's memory.max
+        if want is not None:
+            if upper is not None:
+                want = min(want, upper)
+            want = max(want, lower)
+            want = want // self.page_size * self.page_size
+        return format_max(want)
+
+    def _bounds(self, file: str) -> tuple[int, int | None]:
+        """(lower, upper) for a memory file: [memory.min, memory.max of the plan]."""
+        if file not in _MEMORY_BOUNDED:
+            return 0, None
+        plan_max = self._plan_value(kf.MEMORY_MAX)
+        upper = plan_max if plan_max is not None else self._live(kf.MEMORY_MAX)
+        lower = 0 if file == kf.MEMORY_MIN else (self._live(kf.MEMORY_MIN) or 0)
+        return lower, upper
+
+    def _plan_value(self, file: str) -> int | None:
+        for w in self.plan.writes:
+            if w.file == file and w.cgroup == self.group:
+                return parse_max(w.value)
+        return None
+
+    def _live(self, file: str) -> int | None:
+        try:
+            return parse_max(self.fs.read(self.group, file))
+        except GovernorError:
+            return None
+
+    def _current(self) -> int | None:
+        return self._live(kf.MEMORY_CURRENT)
+
+    def _procs(self) -> int:
+        try:
+            return sum(len(self.fs.procs(g)) for g in (self.group, self.plan.leaf))
+        except GovernorError:
+            return 0
+
+    def _frozen(self) -> int | None:
+        try:
+            return self.fs.events(self.group).get("frozen")
+        except GovernorError:
+            return None
+
+    def _wait_frozen(self, want: bool) -> bool:
+        """Wait until cgroup.events says ``frozen <want>``: poll() on the file for its
+        modified notification (POLLPRI), re-reading after each wake-up."""
+        import select
+
+        deadline = self.clock() + FREEZE_WAIT_S
+        fd = self.fs.open_watch(self.group, kf.CGROUP_EVENTS)
+        try:
+            poller = select.poll()
+            poller.register(fd, select.POLLPRI | select.POLLERR)
+            while True:
+                text = os.pread(fd, 4096, 0).decode()
+                if parse_flat_keyed(text).get("frozen", 0) == int(want):
+                    return True
+                left = deadline - self.clock()
+                if left <= 0:
+                    return False
+                poller.poll(min(left, 0.5) * 1000)
+        finally:
+            os.close(fd)
+
+
+def _cut(data: bytes | str | None) -> str | None:
+    if not data:
+        return None
+    text = data.decode(errors="replace") if isinstance(data, bytes) else data
+    return text[-EXEC_OUTPUT_MAX:]

@@ -1,0 +1,340 @@
+"""The monitor: PSI trigger fds + memory.events + cgroup.events in one epoll, a sample timer,
+pure rules, actions.
+
+It plugs into the launcher's supervise loop as a *watcher*: :meth:`Monitor.wait` adds the
+engine's pidfd to the monitor's own epoll and handles kernel events and timers (sample,
+automatic thaw) until the engine exits. The wait is not nested in another epoll on purpose:
+polling a PSI trigger fd consumes its event (kernel/sched/psi.c psi_trigger_poll resets
+t->event), and an outer epoll checking the inner one's readiness would swallow it.
+``governor monitor`` runs the same object on its own with :meth:`Monitor.run`.
+
+Idle cost: one wake-up per sample interval (1 s default) to read memory.current, memory.peak
+and memory.stat; PSI and event sources cost nothing until the kernel signals them.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import select
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import structlog
+
+from governor.errors import GovernorError
+from governor.kernel import files as kf
+from governor.kernel import psi
+from governor.kernel.cgroupfs import CgroupFs
+from governor.monitor.actions import Context, Executor, Result
+from governor.monitor.leak import LeakDetector
+from governor.monitor.rules import Firing, Observations, Rule, RuleEngine
+from governor.monitor.sampler import DEFAULT_INTERVAL_S, Sampler
+from governor.monitor.sources import Board, EventFile, open_optional
+from governor.plan.model import Plan, WatchTrigger
+from governor.policy.values import Action
+
+log = structlog.get_logger(__name__)
+
+MAX_REPORTED_FIRINGS = 200  # the report keeps the first ones; counts are always complete
+_PRI = select.EPOLLPRI | select.EPOLLERR
+_EXIT = object()  # the engine's pidfd in the epoll (launch)
+
+
+class Monitor:
+    def __init__(
+        self,
+        fs: CgroupFs,
+        plan: Plan,
+        *,
+        engine_pids: Callable[[], Sequence[int]],
+        proc_root: Path = Path("/proc"),
+        clock: Callable[[], float] = time.monotonic,
+        sample_s: float = DEFAULT_INTERVAL_S,
+        executor: Executor | None = None,
+    ) -> None:
+        self.fs = fs
+        self.plan = plan
+        self.group = plan.group
+        self.clock = clock
+        self.rules = [Rule.from_watch(w) for w in plan.watch]
+        self.engine = RuleEngine(self.rules)
+        self.executor = executor or Executor(fs, plan, engine_pids=engine_pids, clock=clock)
+        self.sampler = Sampler(fs, self.group, interval_s=sample_s)
+        self.board = Board(proc_root)
+        self.needs_meminfo = any(r.kind == "memavailable" for r in self.rules)
+        self.leaks = {r.index: LeakDetector(r.window_s) for r in self._leak_rules()}
+        self.armed: list[psi.Armed] = []
+        self.mem_events: EventFile | None = None
+        self.cg_events: EventFile | None = None
+        self._epoll = select.epoll()
+        self._by_fd: dict[int, Any] = {}
+        self._polled_files: list[EventFile] = []
+        self._next_sample = 0.0
+        self._started = 0.0
+        self.firings: list[dict[str, Any]] = []
+        self.oom_kills = 0
+        self.event_totals: dict[str, int] = {}
+        self.gone = False  # the group was removed or emptied
+        self.populated: int | None = None
+
+    def _leak_rules(self) -> list[Rule]:
+        return [r for r in self.rules if r.kind == "leak"]
+
+    # ------------------------------------------------------------------ lifecycle
+
+    def start(self) -> Monitor:
+        self._started = self.clock()
+        for w in self.plan.watch:
+            if isinstance(w.trigger, WatchTrigger):
+                armed = psi.arm(self.fs, self.group, w.index, w.trigger)
+                if armed.fd is not None and not self._register(armed.fd, armed):
+                    # not a kernfs PSI file (test trees): the write "worked", nothing will fire
+                    _close(armed.fd)
+                    armed = psi.polled(w.index, w.trigger, "epoll refused the PSI file")
+                self.armed.append(armed)
+                log.info("psi.armed", cgroup=self.group, **armed.describe())
+        self.mem_events = open_optional(self.fs, self.group, kf.MEMORY_EVENTS)
+        self.cg_events = open_optional(self.fs, self.group, kf.CGROUP_EVENTS)
+        for ev in (self.mem_events, self.cg_events):
+            if ev is not None and not self._register(ev.fd, ev):
+                ev.pollable = False
+                self._polled_files.append(ev)
+                log.info("monitor.polled_file", file=ev.file, detail="re-read at every sample")
+        self._next_sample = self._started  # first sample at once
+        return self
+
+    def _register(self, fd: int, source: Any) -> bool:
+        try:
+            self._epoll.register(fd, _PRI)
+        except PermissionError:  # a regular file (test trees): epoll refuses it
+            return False
+        self._by_fd[fd] = source
+        return True
+
+    def finish(self) -> dict[str, Any]:
+        """Close every source and return the report (``LaunchReport.extra["monitor"]``)."""
+        self.close()
+        return self.report()
+
+    def close(self) -> None:
+        if self.executor.thaw_at is not None:  # never leave a group frozen behind
+            self.executor.execute(Action("thaw"), Context(rule=-1, when="monitor stopped"))
+        self.poll_files()  # a last look: an OOM kill races the engine's exit
+        for armed in self.armed:
+            if armed.fd is not None:
+                _close(armed.fd)
+        for ev in (self.mem_events, self.cg_events):
+            if ev is not None:
+                ev.close()
+        self.sampler.close()
+        self._epoll.close()
+
+    # ------------------------------------------------------------------ waiting
+
+    def timeout(self) -> float:
+        """Seconds until the next timer (sample, automatic thaw)."""
+        deadlines = [self._next_sample]
+        if self.executor.thaw_at is not None:
+            deadlines.append(self.executor.thaw_at)
+        return max(0.0, min(deadlines) - self.clock())
+
+    def wait(self, exit_fd: int, limit_s: float | None) -> bool:
+        """The launcher's wait (launch/launcher.py Watcher): the engine's pidfd joins this
+        epoll, so PSI trigger events are seen by the one poll that consumes them."""
+        if self._by_fd.get(exit_fd) is not _EXIT:
+            self._epoll.register(exit_fd, select.EPOLLIN)
+            self._by_fd[exit_fd] = _EXIT
+        timeout = self.timeout() if limit_s is None else min(self.timeout(), limit_s)
+        ready = self._epoll.poll(timeout)
+        exited = any(fd == exit_fd for fd, _ in ready)
+        self._handle([(fd, mask) for fd, mask in ready if fd != exit_fd])
+        if exited:
+            self._epoll.unregister(exit_fd)
+            del self._by_fd[exit_fd]
+        return exited
+
+    def dispatch(self) -> None:
+        """Handle whatever is ready now, without waiting (tests, callers with own timers)."""
+        self._handle(self._epoll.poll(0))
+
+    def run(self, stop: Callable[[], bool]) -> None:
+        """Standalone loop (``governor monitor``): until stop() or the group is gone."""
+        while not stop() and not self.gone:
+            self._handle(self._epoll.poll(self.timeout()))
+
+    def _handle(self, ready: list[tuple[int, int]]) -> None:
+        """Kernel events that are ready, then due timers."""
+        fired_psi: set[int] = set()
+        counters: dict[str, int] = {}
+        for fd, mask in ready:
+            source = self._by_fd.get(fd)
+            if isinstance(source, psi.Armed):
+                if mask & select.EPOLLERR:
+                    self._lost(fd, source.file)
+                elif mask & select.EPOLLPRI:
+                    fired_psi.add(source.rule)
+            elif isinstance(source, EventFile):
+                try:
+                    counters.update(self._event_file(source))
+                except GovernorError:
+                    self._lost(fd, source.file)
+        now = self.clock()
+        sampled: dict[str, Any] = {}
+        if now >= self._next_sample:
+            sampled = self._sample(now, fired_psi, counters)
+            self._next_sample = max(now, self._next_sample + self.sampler.interval_s)
+        if fired_psi or counters or sampled or any(self.engine.active(r.index) for r in self.rules):
+            self._evaluate(now, fired_psi, counters, sampled)
+        self.executor.on_timer(self.clock())
+
+    # ------------------------------------------------------------------ sources
+
+    def _lost(self, fd: int, file: str) -> None:
+        # POLLERR on a trigger fd: the cgroup went away (psi.rst)
+        self._epoll.unregister(fd)
+        self._by_fd.pop(fd, None)
+        if not self.gone:
+            log.info("monitor.group_gone", cgroup=self.group, file=file)
+        self.gone = True
+
+    def _event_file(self, ev: EventFile) -> dict[str, int]:
+        inc, new = ev.changes()
+        if ev.file == kf.CGROUP_EVENTS:
+            if self.populated != new.get("populated"):
+                self.populated = new.get("populated")
+                if self.populated == 0:
+                    log.info("cgroup.empty", cgroup=self.group)
+            return {}
+        for key, n in inc.items():
+            self.event_totals[key] = self.event_totals.get(key, 0) + n
+        if inc.get("oom_kill"):
+            self.oom_kills += inc["oom_kill"]
+            log.warning(
+                "memory.oom_kill",
+                cgroup=self.group,
+                count=inc["oom_kill"],
+                total=new.get("oom_kill"),
+            )
+        return inc
+
+    def poll_files(self) -> dict[str, int]:
+        """Re-read the event files now (those epoll could not watch, or a final look)."""
+        counters: dict[str, int] = {}
+        for ev in (self.mem_events, self.cg_events):
+            if ev is not None:
+                try:
+                    counters.update(self._event_file(ev))
+                except GovernorError:
+                    continue
+        return counters
+
+    def _sample(self, now: float, fired_psi: set[int], counters: dict[str, int]) -> dict[str, Any]:
+        s = self.sampler.sample(now)
+        out: dict[str, Any] = {"sample": s}
+        for ev in self._polled_files:
+            try:
+                counters.update(self._event_file(ev))
+            except GovernorError:
+                continue
+        for armed in self.armed:
+            if armed.poller is not None:
+                total = self._psi_total(armed)
+                if total is not None and armed.poller.update(now, total):
+                    fired_psi.add(armed.rule)
+        if self.needs_meminfo:
+            out["memavailable"] = self.board.memavailable()
+        if s.anon is not None:
+            leak: dict[int, float] = {}
+            for index, det in self.leaks.items():
+                det.add(now, s.anon)
+                slope = det.slope()
+                if slope is not None:
+                    leak[index] = slope
+            out["leak"] = leak
+        return out
+
+    def _psi_total(self, armed: psi.Armed) -> int | None:
+        resource = armed.file.split(".", 1)[0]
+        try:
+            p = self.fs.read_psi(self.group, resource)  # type: ignore[arg-type]  # from a WatchTrigger
+        except GovernorError:
+            return None
+        line = p.some if armed.kind == "some" else p.full
+        return None if line is None else line.total
+
+    # ------------------------------------------------------------------ rules and actions
+
+    def _evaluate(
+        self, now: float, fired_psi: set[int], counters: dict[str, int], sampled: dict[str, Any]
+    ) -> None:
+        obs = Observations(
+            psi=frozenset(fired_psi),
+            counters=counters,
+            memavailable=sampled.get("memavailable"),
+            leak=sampled.get("leak", {}),
+        )
+        for firing in self.engine.step(now, obs):
+            self._fire(firing)
+
+    def _fire(self, f: Firing) -> None:
+        rule = f.rule
+        log.warning(
+            "rule.fired",
+            rule=rule.index,
+            when=rule.when,
+            value=f.value,
+            active_s=round(f.active_s, 3),
+            actions=[str(a) for a in rule.actions],
+            t_s=round(f.now - self._started, 3),
+        )
+        ctx = Context(rule=rule.index, when=rule.when, value=f.value, active_s=f.active_s)
+        results: list[Result] = []
+        for action in rule.actions:
+            results.append(self.executor.execute(action, ctx))
+            if action.verb == "kill":
+                break  # nothing is left to act on
+        if len(self.firings) < MAX_REPORTED_FIRINGS:
+            self.firings.append(
+                {
+                    "rule": rule.index,
+                    "when": rule.when,
+                    "t_s": round(f.now - self._started, 3),
+                    "active_s": round(f.active_s, 3),
+                    "value": f.value,
+                    "actions": [r.as_dict() for r in results],
+                }
+            )
+
+    # ------------------------------------------------------------------ report
+
+    def report(self) -> dict[str, Any]:
+        counts = self.engine.fired_counts()
+        return {
+            "rules": [
+                {"rule": r.index, "when": r.when, "fired": counts.get(r.index, 0)}
+                for r in self.rules
+            ],
+            "firings": self.firings,
+            "oom_kill_seen": self.oom_kills,
+            "memory_events": self.event_totals,
+            "psi": [a.describe() for a in self.armed],
+            "sampler": self.sampler.summary(),
+            "not_implemented": sorted(self.executor.unsupported),
+        }
+
+
+def _close(fd: int) -> None:
+    with contextlib.suppress(OSError):
+        os.close(fd)
+
+
+def start_monitor(
+    fs: CgroupFs, plan: Plan, pid: int, *, proc_root: Path, sample_s: float
+) -> Monitor:
+    """The monitor for ``governor launch``: the engine is ``pid``; armed and sampling."""
+    return Monitor(
+        fs, plan, engine_pids=lambda: [pid], proc_root=proc_root, sample_s=sample_s
+    ).start()

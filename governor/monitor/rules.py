@@ -1,0 +1,170 @@
+"""Pure rule evaluation: observations + state + the time you pass in -> rule firings.
+
+No I/O, no clock: :meth:`RuleEngine.step` takes ``now`` and what the sources saw since the last
+step. A rule is *evidenced* by its source (a PSI trigger event, a sample where the level
+condition holds, a memory.events counter that went up); it is *active* from the first evidence
+until the evidence stops (a PSI trigger fires at most once per window while its threshold is
+exceeded, so an episode lasts while events keep coming within ``2.5 x window + 1 s``, and
+it began one window before its first event); it *fires* on evidence once it has been active
+for ``for`` (hold) and its cooldown has passed.
+
+Without a cooldown a PSI or event rule fires on every piece of evidence (the kernel already
+limits a trigger to one event per window), and a level rule (leak, memavailable) fires once
+per episode. Rules that fire in the same step fire in policy order, so a ladder written from
+mild to severe (log -> reclaim -> set -> freeze -> kill) escalates in order as pressure rises.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Literal
+
+from governor.plan.model import WatchCondition, WatchRule, WatchTrigger
+from governor.policy.values import Action, Duration, format_bytes, parse_action
+
+RuleKind = Literal["psi", "leak", "memavailable", "event"]
+# a PSI episode ends when no trigger event came for this many windows (+ PSI_GRACE_S)
+PSI_GAP_WINDOWS = 2.5
+PSI_GRACE_S = 1.0
+
+
+@dataclass(frozen=True)
+class Rule:
+    """A WatchRule as the engine uses it, with its actions parsed again."""
+
+    index: int
+    kind: RuleKind
+    when: str
+    actions: tuple[Action, ...]
+    hold_s: float = 0.0
+    cooldown_s: float | None = None
+    window_s: float = 0.0  # PSI: the trigger window
+    threshold: int = 0  # leak: bytes/s (fires above); memavailable: bytes (fires below)
+    event: str | None = None  # event: the memory.events key
+
+    @classmethod
+    def from_watch(cls, w: WatchRule) -> Rule:
+        t = w.trigger
+        common = {
+            "index": w.index,
+            "actions": tuple(parse_action(a) for a in w.actions),
+            "hold_s": w.hold_s or 0.0,
+            "cooldown_s": w.cooldown_s,
+        }
+        if isinstance(t, WatchTrigger):
+            return cls(
+                kind="psi",
+                when=f"{t.resource} {t.kind} {Duration(t.stall_us)}/{Duration(t.window_us)}",
+                window_s=t.window_us / 1e6,
+                **common,  # type: ignore[arg-type]  # keys above
+            )
+        assert isinstance(t, WatchCondition)
+        if t.condition == "event":
+            return cls(kind="event", when=t.text(), event=t.event, **common)  # type: ignore[arg-type]
+        kind: RuleKind = "leak" if t.condition == "leak" else "memavailable"
+        if kind == "leak":
+            when = (
+                f"leak > {format_bytes(t.threshold)}/s for {Duration(int((t.window_s or 0) * 1e6))}"
+            )
+        else:
+            when = f"memavailable < {format_bytes(t.threshold)}"
+        return cls(
+            kind=kind,
+            when=when,
+            threshold=t.threshold,
+            window_s=t.window_s or 0.0,
+            **common,  # type: ignore[arg-type]  # keys above
+        )
+
+
+@dataclass(frozen=True)
+class Observations:
+    """What the sources saw since the last step."""
+
+    psi: frozenset[int] = frozenset()  # indexes of rules whose trigger fired
+    counters: Mapping[str, int] = field(default_factory=dict)  # memory.events increases
+    memavailable: int | None = None  # bytes, when sampled this step
+    leak: Mapping[int, float] = field(default_factory=dict)  # rule index -> slope B/s
+
+
+@dataclass(frozen=True)
+class Firing:
+    rule: Rule
+    now: float
+    active_s: float  # how long the condition had held
+    value: float | int | None  # the level / counter increase that fired it
+
+
+@dataclass
+class _State:
+    since: float | None = None  # episode start
+    last_evidence: float | None = None
+    last_fired: float | None = None
+    fired_in_episode: bool = False
+    fired: int = 0
+
+
+class RuleEngine:
+    def __init__(self, rules: Iterable[Rule]) -> None:
+        self.rules = tuple(sorted(rules, key=lambda r: r.index))
+        self._state = {r.index: _State() for r in self.rules}
+
+    def fired_counts(self) -> dict[int, int]:
+        return {i: s.fired for i, s in self._state.items()}
+
+    def active(self, index: int) -> bool:
+        return self._state[index].since is not None
+
+    def step(self, now: float, obs: Observations) -> list[Firing]:
+        out: list[Firing] = []
+        for rule in self.rules:
+            st = self._state[rule.index]
+            evidence, value, ended = _evidence(rule, st, now, obs)
+            if ended:
+                st.since = None
+                st.fired_in_episode = False
+            if not evidence:
+                continue
+            if st.since is None:
+                # a trigger event says the stall held over the window that just ended
+                st.since = now - rule.window_s if rule.kind == "psi" else now
+            st.last_evidence = now
+            held = now - st.since
+            if held + 1e-9 < rule.hold_s:
+                continue
+            if rule.cooldown_s is not None:
+                if st.last_fired is not None and now - st.last_fired < rule.cooldown_s - 1e-9:
+                    continue
+            elif rule.kind in ("leak", "memavailable") and st.fired_in_episode:
+                continue
+            st.last_fired = now
+            st.fired_in_episode = True
+            st.fired += 1
+            out.append(Firing(rule, now, held, value))
+        return out
+
+
+def _evidence(
+    rule: Rule, st: _State, now: float, obs: Observations
+) -> tuple[bool, float | int | None, bool]:
+    """(evidence this step, its value, whether the running episode ended)."""
+    if rule.kind == "psi":
+        gap = PSI_GAP_WINDOWS * rule.window_s + PSI_GRACE_S
+        stale = st.last_evidence is not None and now - st.last_evidence > gap
+        return rule.index in obs.psi, None, st.since is not None and stale
+    if rule.kind == "event":
+        assert rule.event is not None
+        n = obs.counters.get(rule.event, 0)
+        # an event has no duration: each increase is its own episode
+        return n > 0, n, True
+    if rule.kind == "memavailable":
+        if obs.memavailable is None:
+            return False, None, False
+        below = obs.memavailable < rule.threshold
+        return below, obs.memavailable, not below
+    slope = obs.leak.get(rule.index)
+    if slope is None:
+        return False, None, False
+    above = slope > rule.threshold
+    return above, round(slope, 1), not above

@@ -1,0 +1,121 @@
+"""Sampler: memory.current, memory.peak and anon/file from memory.stat, at a fixed interval,
+with its own CPU cost measured (process CPU time spent inside :meth:`Sampler.sample`).
+
+Used for reports and live views, for the leak detector, and (where no PSI trigger could be
+armed) to poll ``total=``. The default interval is 1 s; 50 ms is the floor (the seed's psutil
+scaffold polled at 50 ms; measured cost: bench/pressure.py).
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import structlog
+
+from governor.errors import GovernorError
+from governor.kernel import files as kf
+from governor.kernel.cgroupfs import CgroupFs
+from governor.kernel.parse import parse_max
+
+log = structlog.get_logger(__name__)
+
+DEFAULT_INTERVAL_S = 1.0
+MIN_INTERVAL_S = 0.05
+_READ_MAX = 65536  # memory.stat is a few KiB
+
+
+@dataclass(frozen=True)
+class Sample:
+    t: float
+    current: int | None
+    peak: int | None
+    anon: int | None
+    file: int | None
+
+
+class Sampler:
+    def __init__(
+        self,
+        fs: CgroupFs,
+        cgroup: str,
+        *,
+        interval_s: float = DEFAULT_INTERVAL_S,
+        cpu_clock: Callable[[], float] = time.process_time,
+    ) -> None:
+        if interval_s < MIN_INTERVAL_S:
+            raise ValueError(f"sample interval {interval_s}s is below {MIN_INTERVAL_S}s")
+        self.fs = fs
+        self.cgroup = cgroup
+        self.interval_s = interval_s
+        self.cpu_clock = cpu_clock
+        self.count = 0
+        self.cpu_s = 0.0
+        self.max_current = 0
+        self.last: Sample | None = None
+        self._missing: set[str] = set()
+        self._fds: dict[str, int] = {}
+
+    def _read(self, file: str) -> str | None:
+        """The file's text through an fd held open (pread at 0 re-reads a kernfs seq_file;
+        cheaper than an open/close per sample); None once it proved missing."""
+        if file in self._missing:
+            return None
+        fd = self._fds.get(file)
+        try:
+            if fd is None:
+                fd = self._fds[file] = self.fs.open_watch(self.cgroup, file)
+            return os.pread(fd, _READ_MAX, 0).decode()
+        except (GovernorError, OSError) as err:
+            # no memory controller (hybrid hosts) or memory.peak before 5.19: say so once
+            self._missing.add(file)
+            log.info("sampler.missing", cgroup=self.cgroup, file=file, reason=str(err))
+            return None
+
+    def close(self) -> None:
+        for fd in self._fds.values():
+            os.close(fd)
+        self._fds.clear()
+
+    def sample(self, now: float) -> Sample:
+        c0 = self.cpu_clock()
+        cur = self._read(kf.MEMORY_CURRENT)
+        peak = self._read(kf.MEMORY_PEAK)
+        stat = self._read(kf.MEMORY_STAT)
+        anon = file = None
+        if stat is not None:
+            for line in stat.splitlines():
+                key, _, value = line.partition(" ")
+                if key == "anon":
+                    anon = int(value)
+                elif key == "file":
+                    file = int(value)
+                    break  # memory.stat lists anon before file (mm/memcontrol.c memory_stats)
+        s = Sample(
+            t=now,
+            current=parse_max(cur) if cur else None,
+            peak=parse_max(peak) if peak else None,
+            anon=anon,
+            file=file,
+        )
+        self.count += 1
+        if s.current is not None:
+            self.max_current = max(self.max_current, s.current)
+        self.last = s
+        self.cpu_s += self.cpu_clock() - c0
+        return s
+
+    def summary(self) -> dict[str, object]:
+        last = self.last
+        return {
+            "interval_s": self.interval_s,
+            "samples": self.count,
+            "cpu_s": round(self.cpu_s, 6),
+            "cpu_us_per_sample": round(self.cpu_s / self.count * 1e6, 1) if self.count else None,
+            "max_current": self.max_current or None,
+            "peak": last.peak if last else None,
+            "anon": last.anon if last else None,
+            "file": last.file if last else None,
+        }

@@ -1,0 +1,82 @@
+"""Event sources: kernfs files that notify on change, and the board-wide readings.
+
+memory.events and cgroup.events generate a file-modified event when they change
+(cgroup-v2.rst): an fd polled for POLLPRI wakes up, and re-reading the file (pread at 0) re-arms
+it (fs/kernfs/file.c: kernfs_generic_poll compares the open file's event count, updated on
+read). No interval loop is needed for them. In a test tree they are regular files, which epoll
+refuses (EPERM); the monitor then re-reads them at every sample instead and says so once.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import structlog
+
+from governor.errors import BackendError, GovernorError
+from governor.kernel.cgroupfs import CgroupFs
+from governor.kernel.parse import parse_flat_keyed, parse_meminfo, parse_psi
+
+log = structlog.get_logger(__name__)
+
+_READ_MAX = 65536
+
+
+class EventFile:
+    """A flat-keyed kernfs file held open; :meth:`changes` returns counter increases."""
+
+    def __init__(self, fs: CgroupFs, cgroup: str, file: str) -> None:
+        self.cgroup = cgroup
+        self.file = file
+        self.fd = fs.open_watch(cgroup, file)
+        self.pollable = True  # set False by the monitor when epoll refuses the fd
+        self.values = self.read()
+
+    def read(self) -> dict[str, int]:
+        try:
+            text = os.pread(self.fd, _READ_MAX, 0).decode()
+            return parse_flat_keyed(text)
+        except (OSError, ValueError) as err:
+            raise BackendError(
+                f"cannot read cgroup file: {err}", cgroup=self.cgroup, file=self.file
+            ) from err
+
+    def changes(self) -> tuple[dict[str, int], dict[str, int]]:
+        """(increases since the last read, the new values)."""
+        new = self.read()
+        inc = {k: v - self.values.get(k, 0) for k, v in new.items() if v > self.values.get(k, 0)}
+        self.values = new
+        return inc, new
+
+    def close(self) -> None:
+        os.close(self.fd)
+
+
+def open_optional(fs: CgroupFs, cgroup: str, file: str) -> EventFile | None:
+    """The event file, or None (logged once) when it is missing (no memory controller)."""
+    try:
+        return EventFile(fs, cgroup, file)
+    except GovernorError as err:
+        log.info("monitor.source_missing", cgroup=cgroup, file=file, reason=str(err))
+        return None
+
+
+class Board:
+    """Board-wide readings under /proc: MemAvailable and system memory PSI (injected root)."""
+
+    def __init__(self, proc_root: Path = Path("/proc")) -> None:
+        self.meminfo = proc_root / "meminfo"
+        self.pressure = proc_root / "pressure" / "memory"
+
+    def memavailable(self) -> int | None:
+        try:
+            return parse_meminfo(self.meminfo.read_text()).get("MemAvailable")
+        except (OSError, ValueError):
+            return None
+
+    def memory_some_avg10(self) -> float | None:
+        try:
+            return parse_psi(self.pressure.read_text()).some.avg10
+        except (OSError, ValueError):
+            return None

@@ -1,0 +1,207 @@
+"""Monitor actions and the monitor loop on a fake cgroup tree (governor/monitor).
+
+Needs: a tmp directory. In a fake tree the kernfs files are regular files: epoll refuses them,
+so the monitor falls back to polling (PSI ``total=`` and the event files at every sample),
+which is exactly the fallback path a host without triggers takes."""
+
+from __future__ import annotations
+
+import signal
+from pathlib import Path
+
+import pytest
+
+from governor.backends.cgroupfs import CgroupfsBackend
+from governor.kernel import files
+from governor.monitor.actions import Context, Executor
+from governor.monitor.loop import Monitor
+from governor.plan.model import Plan, WatchCondition, WatchRule, WatchTrigger
+from governor.policy.values import parse_action
+
+from .fakekernel import FakeKernelCgroupFs
+from .plans import GROUP, LEAF, MEMORY_HIGH, MEMORY_MAX, MEMORY_MIN, make_plan
+
+CTX = Context(rule=0, when="memory some 150ms/2s")
+
+
+def _applied(fs: FakeKernelCgroupFs, **watch: object) -> Plan:
+    plan = make_plan()
+    CgroupfsBackend(fs).apply(plan)
+    return plan
+
+
+def _kset(fs: FakeKernelCgroupFs, cgroup: str, file: str, text: str) -> None:
+    (fs.path(cgroup) / file).write_text(text)
+
+
+def _executor(fs: FakeKernelCgroupFs, plan: Plan, **kw: object) -> Executor:
+    return Executor(fs, plan, engine_pids=lambda: [4242], **kw)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    ("action", "start", "expected"),
+    [
+        ("set memory.high -10%", MEMORY_HIGH, MEMORY_HIGH * 9 // 10 // 4096 * 4096),
+        ("set memory.high +50%", MEMORY_HIGH, MEMORY_MAX),  # never above the plan's max
+        ("set memory.high -50%", MEMORY_HIGH, MEMORY_MIN),  # never below memory.min
+        ("set memory.high 4G", MEMORY_HIGH, MEMORY_MAX),
+        ("set memory.high max", MEMORY_HIGH, MEMORY_MAX),
+    ],
+)
+def test_set_memory_high_stays_within_the_policy_bounds(
+    fake_fs: FakeKernelCgroupFs, action: str, start: int, expected: int
+) -> None:
+    plan = _applied(fake_fs)
+    _kset(fake_fs, GROUP, files.MEMORY_HIGH, f"{start}\n")
+    res = _executor(fake_fs, plan).execute(parse_action(action), CTX)
+    assert res.ok, res
+    assert res.before == str(start)
+    assert fake_fs.read(GROUP, files.MEMORY_HIGH).strip() == str(expected)
+
+
+def test_set_relative_to_max_uses_the_plans_memory_max(fake_fs: FakeKernelCgroupFs) -> None:
+    plan = _applied(fake_fs)
+    _kset(fake_fs, GROUP, files.MEMORY_HIGH, "max\n")
+    _executor(fake_fs, plan).execute(parse_action("set memory.high -10%"), CTX)
+    assert int(fake_fs.read(GROUP, files.MEMORY_HIGH)) == MEMORY_MAX * 9 // 10 // 4096 * 4096
+
+
+def test_cpu_weight_is_clamped_to_the_kernel_range(fake_fs: FakeKernelCgroupFs) -> None:
+    plan = _applied(fake_fs)
+    _executor(fake_fs, plan).execute(parse_action("set cpu.weight -99.99%"), CTX)
+    assert fake_fs.read(GROUP, files.CPU_WEIGHT).strip() == "1"
+
+
+def test_reclaim_tolerates_eagain_and_reports_usage_before_and_after(
+    fake_fs: FakeKernelCgroupFs,
+) -> None:
+    plan = _applied(fake_fs)
+    # no memory.reclaim in the tree: ENOENT is a failure, logged and reported, never raised
+    res = _executor(fake_fs, plan).execute(parse_action("reclaim 64M"), CTX)
+    assert not res.ok and "memory.reclaim" in (res.detail or "")
+    _kset(fake_fs, GROUP, files.MEMORY_RECLAIM, "")
+    res = _executor(fake_fs, plan).execute(parse_action("reclaim 64M"), CTX)
+    assert res.ok
+    assert fake_fs.read(GROUP, files.MEMORY_RECLAIM) == str(64 << 20)
+
+
+def test_freeze_waits_for_frozen_then_thaws_by_itself(fake_fs: FakeKernelCgroupFs) -> None:
+    plan = _applied(fake_fs)
+    now = [100.0]
+    ex = _executor(fake_fs, plan, clock=lambda: now[0])
+    _kset(fake_fs, GROUP, files.CGROUP_EVENTS, "populated 1\nfrozen 1\n")  # the kernel, done
+    res = ex.execute(parse_action("freeze 2s"), CTX)
+    assert res.ok and res.after["frozen"] == 1
+    assert fake_fs.read(GROUP, files.CGROUP_FREEZE).strip() == "1"
+    assert ex.thaw_at == pytest.approx(102.0)
+    assert ex.on_timer(101.0) is None
+    _kset(fake_fs, GROUP, files.CGROUP_EVENTS, "populated 1\nfrozen 0\n")
+    thawed = ex.on_timer(102.5)
+    assert thawed is not None and thawed.ok
+    assert fake_fs.read(GROUP, files.CGROUP_FREEZE).strip() == "0"
+
+
+def test_kill_writes_cgroup_kill_of_the_group(fake_fs: FakeKernelCgroupFs) -> None:
+    plan = _applied(fake_fs)
+    fake_fs.add_process(LEAF, 4242)
+    res = _executor(fake_fs, plan).execute(parse_action("kill"), CTX)
+    assert res.ok and res.before == {"procs": 1}
+    assert fake_fs.procs(LEAF) == []
+
+
+def test_signal_goes_to_the_engine(fake_fs: FakeKernelCgroupFs) -> None:
+    plan = _applied(fake_fs)
+    sent: list[tuple[int, int]] = []
+    ex = _executor(fake_fs, plan, kill=lambda pid, sig: sent.append((pid, sig)))
+    assert ex.execute(parse_action("signal SIGUSR1"), CTX).ok
+    assert sent == [(4242, signal.SIGUSR1)]
+
+
+def test_exec_runs_without_a_shell_with_the_event_in_its_environment(
+    fake_fs: FakeKernelCgroupFs, tmp_path: Path
+) -> None:
+    plan = _applied(fake_fs)
+    res = _executor(fake_fs, plan).execute(
+        parse_action("exec sh -c 'echo $GOVERNOR_RULE:$GOVERNOR_WHEN'"), CTX
+    )
+    assert res.ok
+    assert res.after["stdout"] == "0:memory some 150ms/2s\n"
+
+
+def test_restart_says_it_is_not_implemented(fake_fs: FakeKernelCgroupFs) -> None:
+    plan = _applied(fake_fs)
+    res = _executor(fake_fs, plan).execute(parse_action("restart"), CTX)
+    assert not res.ok and "not implemented" in (res.detail or "")
+
+
+# ---------------------------------------------------------------- the loop, polled
+
+
+def _psi_text(total: int) -> str:
+    return (
+        f"some avg10=0.00 avg60=0.00 avg300=0.00 total={total}\n"
+        "full avg10=0.00 avg60=0.00 avg300=0.00 total=0\n"
+    )
+
+
+def test_monitor_polls_psi_and_events_where_triggers_cannot_be_armed(
+    fake_fs: FakeKernelCgroupFs, tmp_path: Path
+) -> None:
+    watch = (
+        WatchRule(
+            index=0,
+            trigger=WatchTrigger(
+                resource="memory",
+                kind="some",
+                stall_us=150_000,
+                window_us=2_000_000,
+                file="memory.pressure",
+            ),
+            cooldown_s=5,
+            actions=("log",),
+        ),
+        WatchRule(
+            index=1,
+            trigger=WatchCondition(condition="event", event="oom_kill", file="memory.events"),
+            actions=("log",),
+        ),
+    )
+    plan = make_plan().model_copy(update={"watch": watch})
+    CgroupfsBackend(fake_fs).apply(plan)
+    now = [0.0]
+    mon = Monitor(
+        fake_fs, plan, engine_pids=lambda: [1], proc_root=tmp_path, clock=lambda: now[0]
+    ).start()
+    assert [a.mode for a in mon.armed] == ["polled"]  # a regular file takes no trigger
+    stall = 0
+    for step in range(12):
+        now[0] = float(step)
+        stall += 200_000  # 200 ms of stall each second
+        _kset(fake_fs, GROUP, files.MEMORY_PRESSURE, _psi_text(stall))
+        if step == 6:
+            _kset(
+                fake_fs,
+                GROUP,
+                files.MEMORY_EVENTS,
+                "low 0\nhigh 9\nmax 1\noom 1\noom_kill 1\noom_group_kill 0\n",
+            )
+        mon.dispatch()
+    out = mon.finish()
+    fired = {r["rule"]: r["fired"] for r in out["rules"]}
+    assert fired == {0: 2, 1: 1}  # cooldown 5 s over ~10 s of stall; one OOM kill
+    assert out["oom_kill_seen"] == 1
+    assert [f["rule"] for f in out["firings"]][:2] == [0, 1]
+    assert out["sampler"]["samples"] == 12
+
+
+def test_a_stopping_monitor_never_leaves_the_group_frozen(
+    fake_fs: FakeKernelCgroupFs, tmp_path: Path
+) -> None:
+    plan = make_plan()
+    CgroupfsBackend(fake_fs).apply(plan)
+    mon = Monitor(fake_fs, plan, engine_pids=lambda: [1], proc_root=tmp_path).start()
+    _kset(fake_fs, GROUP, files.CGROUP_EVENTS, "populated 1\nfrozen 1\n")
+    assert mon.executor.execute(parse_action("freeze 60s"), CTX).ok
+    _kset(fake_fs, GROUP, files.CGROUP_EVENTS, "populated 1\nfrozen 0\n")
+    mon.finish()
+    assert fake_fs.read(GROUP, files.CGROUP_FREEZE).strip() == "0"

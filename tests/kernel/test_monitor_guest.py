@@ -1,0 +1,354 @@
+"""The pressure monitor against a real kernel (kernel tier, in the guest).
+
+Each test runs `governor launch` as a subprocess with a policy whose slice is the scratch
+slice and a slow anonymous-memory hog (tests/helpers/hog.py) as the engine, in a group whose
+memory.high is below the hog's working set: the kernel throttles the hog and accounts the
+throttling as memory stall (mm/memcontrol.c mem_cgroup_handle_over_high ->
+psi_memstall_enter), which is what the PSI triggers see. Assertions are on the governor's
+structured log (JSON lines on stderr), its --report and the kernel's files. Time bounds are
+generous (TCG guests run 5-10x slower) and only bound reaction, never speed.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+from helpers import HOG, argv, cgroups
+from helpers.cgroups import ScratchSlice
+
+REPO = Path(__file__).resolve().parents[2]
+NEEDS = {"controllers": ("memory",), "root": True, "psi": True}
+
+
+class Governor:
+    """`python -m governor launch ...` with stdout and stderr lines timestamped on arrival."""
+
+    def __init__(self, *args: str) -> None:
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "governor", *args],
+            cwd=REPO,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        self.out: list[tuple[float, str]] = []
+        self.err: list[tuple[float, str]] = []
+        self._threads = [
+            threading.Thread(target=self._pump, args=(s, d), daemon=True)
+            for s, d in ((self.proc.stdout, self.out), (self.proc.stderr, self.err))
+        ]
+        for t in self._threads:
+            t.start()
+
+    @staticmethod
+    def _pump(stream: Any, into: list[tuple[float, str]]) -> None:
+        for line in stream:
+            into.append((time.monotonic(), line.rstrip("\n")))
+
+    def events(self, name: str) -> list[tuple[float, dict[str, Any]]]:
+        found = []
+        for t, line in list(self.err):
+            if line.startswith("{"):
+                rec = json.loads(line)
+                if rec.get("event") == name:
+                    found.append((t, rec))
+        return found
+
+    def wait(self, timeout: float = 240) -> int:
+        try:
+            rc = self.proc.wait(timeout=timeout)
+        finally:
+            if self.proc.poll() is None:
+                self.proc.kill()
+                self.proc.wait()
+        for t in self._threads:
+            t.join(timeout=10)
+        return rc
+
+    def stderr(self) -> str:
+        return "\n".join(line for _, line in self.err[-60:])
+
+
+def _policy(tmp_path: Path, slice_: ScratchSlice, body: str) -> Path:
+    path = tmp_path / "eng.toml"
+    path.write_text(f'name = "eng"\nslice = "{slice_.name}"\n' + textwrap.dedent(body))
+    return path
+
+
+def _hog(mib: int, step: int, interval: float, *extra: object) -> list[str]:
+    return argv(HOG, "--mib", mib, "--step-mib", step, "--interval", interval, *extra)
+
+
+def _some_total(group: Path) -> int | None:
+    try:
+        return cgroups.psi_total(group / "memory.pressure", "some")
+    except (OSError, ValueError):
+        return None
+
+
+def _stall_start(group: Path, timeout: float) -> float:
+    """When the group's memory stall first grew (polled every 50 ms from here)."""
+    deadline = time.monotonic() + timeout
+    first: int | None = None
+    while time.monotonic() < deadline:
+        total = _some_total(group)
+        if total is not None:
+            if first is None:
+                first = total
+            elif total > first:
+                return time.monotonic()
+        time.sleep(0.05)
+    raise AssertionError(f"no memory stall in {group} within {timeout:.0f}s")
+
+
+@pytest.mark.kernel(**NEEDS)
+def test_rules_escalate_in_order_set_respects_bounds_and_kill_takes_the_group(
+    tmp_path: Path, scratch_slice: ScratchSlice
+) -> None:
+    policy = _policy(
+        tmp_path,
+        scratch_slice,
+        """
+        [memory]
+        min = "16M"
+        high = "48M"
+        max = "512M"
+        swap_max = "0"
+        [[pressure]]
+        when = "memory some 50ms/1s"
+        do = ["log"]
+        cooldown = "60s"
+        [[pressure]]
+        when = "memory some 100ms/1s"
+        for = "2s"
+        do = ["set memory.high -10%"]
+        cooldown = "60s"
+        [[pressure]]
+        when = "memory some 100ms/1s"
+        for = "6s"
+        do = ["kill"]
+        """,
+    )
+    report = tmp_path / "report.json"
+    gov = Governor(
+        "launch", "--policy", str(policy), "--report", str(report), "--keep", "--",
+        *_hog(400, 2, 0.05, "--children", "1"),
+    )  # fmt: skip
+    group = scratch_slice.path / "eng"
+    cgroups.wait_for((group / "memory.pressure").exists, 60, "the group")
+    stall = _stall_start(group, 120)
+    rc = gov.wait()
+    assert rc == 128 + signal.SIGKILL, gov.stderr()
+
+    fired = gov.events("rule.fired")
+    assert [rec["rule"] for _, rec in fired] == [0, 1, 2], gov.stderr()
+    latency = fired[0][0] - stall
+    print(f"first rule fired {latency:.2f}s after the stall started")
+    assert latency < 5.0, gov.stderr()  # one window + 1 s, with room for TCG
+
+    # set memory.high -10%: 48M -> 43.2M page-floored, above memory.min, logged before/after
+    (_, set_done), *_ = [e for e in gov.events("action.done") if e[1]["rule"] == 1]
+    high = int(cgroups.read(group / "memory.high"))
+    assert set_done["before"] == str(48 << 20)
+    assert set_done["after"] == str(high)
+    assert high == int((48 << 20) * 0.9) // 4096 * 4096
+    assert high >= int(cgroups.read(group / "memory.min"))
+
+    # kill: the whole group (the hog and its forked child) is gone
+    assert not cgroups.populated(group)
+    data = json.loads(report.read_text())["extra"]["monitor"]
+    assert [r["fired"] for r in data["rules"]] == [1, 1, 1]
+    assert data["firings"][2]["actions"][0]["before"]["procs"] == 2
+    assert data["psi"][0]["mode"] == "trigger"
+
+
+@pytest.mark.kernel(**NEEDS)
+def test_freeze_really_freezes_the_group_and_thaws_it_after_its_duration(
+    tmp_path: Path, scratch_slice: ScratchSlice
+) -> None:
+    policy = _policy(
+        tmp_path,
+        scratch_slice,
+        """
+        [memory]
+        high = "40M"
+        max = "512M"
+        swap_max = "0"
+        [[pressure]]
+        when = "memory some 50ms/1s"
+        do = ["freeze 2s"]
+        cooldown = "600s"
+        """,
+    )
+    gov = Governor("launch", "--policy", str(policy), "--", *_hog(400, 1, 0.02))
+    group = scratch_slice.path / "eng"
+    try:
+        cgroups.wait_for(
+            lambda: (
+                cgroups.read_kv(group / "cgroup.events").get("frozen") == 1
+                if group.exists()
+                else None
+            ),
+            120,
+            "frozen 1",
+            interval=0.05,
+        )
+        frozen_at = time.monotonic()
+        time.sleep(0.3)
+        lines_then, current_then = len(gov.out), int(cgroups.read(group / "memory.current"))
+        time.sleep(1.0)
+        assert cgroups.read_kv(group / "cgroup.events")["frozen"] == 1
+        assert len(gov.out) == lines_then, "the hog printed while frozen"
+        # nothing allocates while frozen (slack: one per-CPU charge batch, 64 pages)
+        assert abs(int(cgroups.read(group / "memory.current")) - current_then) <= 64 * 4096
+        cgroups.wait_for(
+            lambda: cgroups.read_kv(group / "cgroup.events").get("frozen") == 0,
+            30,
+            "the automatic thaw",
+            interval=0.05,
+        )
+        frozen_for = time.monotonic() - frozen_at
+        cgroups.wait_for(lambda: len(gov.out) > lines_then, 60, "the hog to go on after thaw")
+    finally:
+        gov.proc.send_signal(signal.SIGTERM)  # forwarded to the hog
+        gov.wait()
+    assert frozen_for >= 1.5, f"thawed after {frozen_for:.2f}s"
+    (_, freeze), (_, thaw) = gov.events("action.done")
+    assert freeze["action"] == "freeze 2s" and freeze["after"]["frozen"] == 1
+    assert thaw["action"] == "thaw" and thaw["after"]["frozen"] == 0
+
+
+@pytest.mark.kernel(**NEEDS)
+def test_oom_kill_is_seen_and_reported_when_no_psi_rule_fired(
+    tmp_path: Path, scratch_slice: ScratchSlice
+) -> None:
+    policy = _policy(
+        tmp_path,
+        scratch_slice,
+        """
+        [memory]
+        max = "64M"
+        swap_max = "0"
+        oom_group = true
+        [[pressure]]
+        when = "memory full 900ms/1s"
+        for = "60s"
+        do = ["kill"]
+        [[pressure]]
+        when = "oom_kill"
+        do = ["log"]
+        """,
+    )
+    report = tmp_path / "report.json"
+    gov = Governor(
+        "launch", "--policy", str(policy), "--report", str(report), "--", *_hog(200, 200, 0)
+    )
+    assert gov.wait() == 128 + signal.SIGKILL, gov.stderr()
+    data = json.loads(report.read_text())["extra"]["monitor"]
+    assert data["oom_kill_seen"] >= 1, gov.stderr()
+    assert data["rules"][0]["fired"] == 0
+    assert gov.events("memory.oom_kill"), gov.stderr()
+
+
+@pytest.mark.kernel(**NEEDS)
+def test_cooldown_prevents_an_action_storm_over_a_sustained_stall(
+    tmp_path: Path, scratch_slice: ScratchSlice
+) -> None:
+    policy = _policy(
+        tmp_path,
+        scratch_slice,
+        """
+        [memory]
+        high = "32M"
+        max = "512M"
+        swap_max = "0"
+        [[pressure]]
+        when = "memory some 50ms/1s"
+        do = ["log"]
+        [[pressure]]
+        when = "memory some 50ms/1s"
+        do = ["log"]
+        cooldown = "4s"
+        """,
+    )
+    report = tmp_path / "report.json"
+    gov = Governor(
+        "launch", "--policy", str(policy), "--report", str(report), "--", *_hog(480, 1, 0.02)
+    )
+    try:
+        cgroups.wait_for(
+            lambda: len([e for e in gov.events("rule.fired") if e[1]["rule"] == 0]) >= 12,
+            180,
+            "12 trigger events",
+            interval=0.2,
+        )
+    finally:
+        gov.proc.send_signal(signal.SIGTERM)
+        gov.wait()
+    fired = gov.events("rule.fired")
+    free = [rec["t_s"] for _, rec in fired if rec["rule"] == 0]
+    cooled = [rec["t_s"] for _, rec in fired if rec["rule"] == 1]
+    span = free[-1] - free[0]
+    print(f"{len(free)} firings without cooldown, {len(cooled)} with 4s, over {span:.1f}s")
+    assert 1 <= len(cooled) <= span / 4 + 1
+    assert len(free) >= 2 * len(cooled)
+    assert all(b - a >= 4 - 1e-3 for a, b in itertools.pairwise(cooled))
+    data = json.loads(report.read_text())["extra"]["monitor"]
+    assert data["rules"][1]["fired"] == len(cooled)
+
+
+def _cpu_seconds(pid: int) -> float:
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # utime + stime
+
+
+@pytest.mark.kernel(**NEEDS)
+def test_idle_monitor_costs_under_half_a_percent_of_a_core(
+    tmp_path: Path, scratch_slice: ScratchSlice
+) -> None:
+    policy = _policy(
+        tmp_path,
+        scratch_slice,
+        """
+        [memory]
+        high = "256M"
+        [[pressure]]
+        when = "memory some 150ms/1s"
+        do = ["log"]
+        [[pressure]]
+        when = "memory full 500ms/2s"
+        do = ["kill"]
+        [[pressure]]
+        when = "oom_kill"
+        do = ["log"]
+        """,
+    )
+    report = tmp_path / "report.json"
+    gov = Governor("launch", "--policy", str(policy), "--report", str(report), "--", "sleep", "600")
+    try:
+        cgroups.wait_for(lambda: gov.events("psi.armed"), 60, "the monitor")
+        time.sleep(2)
+        cpu0, t0 = _cpu_seconds(gov.proc.pid), time.monotonic()
+        time.sleep(60)
+        cpu1, t1 = _cpu_seconds(gov.proc.pid), time.monotonic()
+    finally:
+        gov.proc.send_signal(signal.SIGTERM)
+        gov.wait()
+    share = (cpu1 - cpu0) / (t1 - t0)
+    sampler = json.loads(report.read_text())["extra"]["monitor"]["sampler"]
+    print(f"sampler: {sampler}")
+    print(
+        f"idle governor: {cpu1 - cpu0:.3f}s CPU over {t1 - t0:.1f}s = {share * 100:.3f}% of a core"
+    )
+    assert share < 0.005

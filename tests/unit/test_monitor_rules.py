@@ -1,0 +1,204 @@
+"""Pure rule evaluation (governor/monitor/rules.py), conditions in the policy language, the
+polled PSI fallback and the leak slope. Needs: nothing (no files, no clock)."""
+
+from __future__ import annotations
+
+import pytest
+
+from governor.kernel.psi import PolledTrigger, widen
+from governor.monitor.leak import LeakDetector
+from governor.monitor.rules import Observations, Rule, RuleEngine
+from governor.plan.model import WatchCondition, WatchRule, WatchTrigger
+from governor.policy import values as v
+
+
+def _psi_rule(index: int, *, hold: float = 0, cooldown: float | None = None) -> Rule:
+    trig = WatchTrigger(
+        resource="memory",
+        kind="some",
+        stall_us=150_000,
+        window_us=2_000_000,
+        file="memory.pressure",
+    )
+    return Rule.from_watch(
+        WatchRule(index=index, trigger=trig, hold_s=hold, cooldown_s=cooldown, actions=("log",))
+    )
+
+
+def _psi(*rules: int) -> Observations:
+    return Observations(psi=frozenset(rules))
+
+
+# ---------------------------------------------------------------- conditions
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("leak > 500KB/s for 60s", v.LeakCondition(500 * 1024, v.Duration(60_000_000))),
+        ("leak>1M/s for 2m", v.LeakCondition(1 << 20, v.Duration(120_000_000))),
+        ("memavailable < 800M", v.MemAvailableCondition(800 << 20)),
+        ("oom_kill", v.EventCondition("oom_kill")),
+        ("memory some 150ms/2s", v.parse_trigger("memory some 150ms/2s")),
+    ],
+)
+def test_conditions_parse_and_spell_back(text: str, expected: v.Condition) -> None:
+    got = v.parse_condition(text)
+    assert got == expected
+    assert v.parse_condition(str(got)) == got
+
+
+@pytest.mark.parametrize(
+    ("text", "why"),
+    [
+        ("leak > 500KB/s", "form"),
+        ("leak > 500KB/s for 2s", "too short"),
+        ("leak > 0K/s for 60s", "positive"),
+        ("memavailable < 50%", "not allowed"),
+        ("memavailable > 800M", "form"),
+        ("oom_kills", "cannot parse trigger"),
+    ],
+)
+def test_bad_conditions_say_why(text: str, why: str) -> None:
+    with pytest.raises(ValueError, match=why):
+        v.parse_condition(text)
+
+
+def test_condition_rules_compile_to_watch_conditions() -> None:
+    from governor.plan.compiler import _watch_trigger
+
+    leak = _watch_trigger(v.parse_condition("leak > 500KB/s for 60s"))
+    assert leak == WatchCondition(
+        condition="leak", threshold=512000, window_s=60.0, file="memory.stat"
+    )
+    oom = _watch_trigger(v.parse_condition("oom_kill"))
+    assert isinstance(oom, WatchCondition) and oom.event == "oom_kill"
+
+
+# ---------------------------------------------------------------- rule engine
+
+
+def test_psi_rule_fires_on_every_trigger_event_without_cooldown() -> None:
+    eng = RuleEngine([_psi_rule(0)])
+    fired = [len(eng.step(t, _psi(0))) for t in (0.0, 2.0, 4.0)]
+    assert fired == [1, 1, 1]
+
+
+def test_for_needs_the_condition_to_hold_that_long() -> None:
+    # the first trigger event covers the 2 s window before it: held 2 s at t=0, 4 s at t=2
+    eng = RuleEngine([_psi_rule(0, hold=4)])
+    assert eng.step(0.0, _psi(0)) == []
+    assert eng.step(1.0, Observations()) == []
+    (f,) = eng.step(2.0, _psi(0))
+    assert f.active_s == 4.0
+
+
+def test_for_restarts_after_a_gap_in_trigger_events() -> None:
+    eng = RuleEngine([_psi_rule(0, hold=6)])
+    eng.step(0.0, _psi(0))
+    eng.step(2.0, _psi(0))
+    eng.step(10.0, Observations())  # > 2.5 windows + 1 s without an event: episode over
+    assert eng.step(11.0, _psi(0)) == []
+    assert eng.step(13.0, _psi(0)) == []
+    assert len(eng.step(15.0, _psi(0))) == 1
+
+
+def test_cooldown_limits_firings_over_a_sustained_stall() -> None:
+    eng = RuleEngine([_psi_rule(0, cooldown=5)])
+    times = [t * 1.0 for t in range(0, 21, 2)]  # an event every 2 s for 20 s
+    fired = [t for t in times if eng.step(t, _psi(0))]
+    assert fired == [0.0, 6.0, 12.0, 18.0]
+
+
+def test_rules_fire_in_policy_order_as_pressure_rises() -> None:
+    eng = RuleEngine([_psi_rule(2, hold=6), _psi_rule(0), _psi_rule(1, hold=4)])
+    order = []
+    for t in (0.0, 2.0, 4.0):
+        order += [(t, f.rule.index) for f in eng.step(t, _psi(0, 1, 2))]
+    assert order == [(0.0, 0), (2.0, 0), (2.0, 1), (4.0, 0), (4.0, 1), (4.0, 2)]
+
+
+def test_event_rule_fires_on_each_increase_and_reports_the_count() -> None:
+    rule = Rule.from_watch(
+        WatchRule(
+            index=0,
+            trigger=WatchCondition(condition="event", event="oom_kill", file="memory.events"),
+            actions=("log",),
+        )
+    )
+    eng = RuleEngine([rule])
+    assert eng.step(0.0, Observations(counters={"high": 3})) == []
+    (f,) = eng.step(1.0, Observations(counters={"oom_kill": 2}))
+    assert f.value == 2
+
+
+def test_level_rule_fires_once_per_episode_without_cooldown() -> None:
+    rule = Rule.from_watch(
+        WatchRule(
+            index=0,
+            trigger=WatchCondition(
+                condition="memavailable", threshold=800 << 20, file="/proc/meminfo"
+            ),
+            actions=("log",),
+        )
+    )
+    eng = RuleEngine([rule])
+    lows = [900, 700, 600, 500, 900, 700]
+    fired = [
+        bool(eng.step(float(t), Observations(memavailable=m << 20))) for t, m in enumerate(lows)
+    ]
+    assert fired == [False, True, False, False, False, True]
+
+
+def test_rule_actions_are_parsed_back_from_their_canonical_strings() -> None:
+    trig = WatchTrigger(
+        resource="memory",
+        kind="full",
+        stall_us=500_000,
+        window_us=2_000_000,
+        file="memory.pressure",
+    )
+    rule = Rule.from_watch(
+        WatchRule(index=3, trigger=trig, actions=("set memory.high -10%", "freeze 2s", "kill"))
+    )
+    assert [a.verb for a in rule.actions] == ["set", "freeze", "kill"]
+    assert rule.when == "memory full 500ms/2s"
+
+
+# ---------------------------------------------------------------- PSI fallbacks
+
+
+@pytest.mark.parametrize(
+    ("stall", "window", "expected"),
+    [
+        (150_000, 1_000_000, (300_000, 2_000_000)),
+        (50_000, 500_000, (200_000, 2_000_000)),
+        (500_000, 3_000_000, (666_666, 4_000_000)),
+        (150_000, 2_000_000, None),
+        (1_000_000, 9_500_000, (1_052_631, 10_000_000)),
+        (2_000_000, 10_000_000, None),
+    ],
+)
+def test_unprivileged_windows_widen_to_2s_multiples_keeping_the_share(
+    stall: int, window: int, expected: tuple[int, int] | None
+) -> None:
+    assert widen(stall, window) == expected
+
+
+def test_polled_trigger_fires_when_the_stall_grows_within_a_window_at_most_once_per_window() -> (
+    None
+):
+    p = PolledTrigger(stall_us=150_000, window_us=2_000_000)
+    totals = [0, 10_000, 100_000, 300_000, 500_000, 700_000, 700_000, 700_000]
+    fired = [p.update(float(t), total) for t, total in enumerate(totals)]
+    assert fired == [False, False, False, True, False, True, False, False]
+
+
+def test_leak_slope_needs_a_covered_window_then_measures_bytes_per_second() -> None:
+    det = LeakDetector(window_s=10)
+    for t in range(5):
+        det.add(float(t), 1000 + 600 * t)
+    assert det.slope() is None
+    for t in range(5, 12):
+        det.add(float(t), 1000 + 600 * t)
+    assert det.slope() == pytest.approx(600.0)
