@@ -1,0 +1,759 @@
+"""Warm the model into memory charged to the slice, verify it with mincore(), optionally lock it.
+
+Runs in the engine's child AFTER it joined the leaf cgroup and before it execs the engine: page
+cache is charged to the cgroup of the process that first touches a page and moving a process
+later does not move its charges (cgroup-v2.rst, "Memory Ownership"), so the governor's own
+cgroup is never charged for the model.
+
+Modes (``[prefetch] mode``):
+
+- ``advise``: POSIX_FADV_WILLNEED per 128 KiB chunk plus MADV_WILLNEED on the mapping. A hint:
+  the kernel starts read-ahead and returns; nothing waits for it. One whole-file fadvise brings
+  only max(io_pages, ra_pages) in (force_page_cache_ra() in mm/readahead.c caps each call; ~8 MiB
+  of a 1 GiB file here, notes/kernel.md), hence the small chunks.
+- ``populate``: the first method that works, probed in this order and reported as
+  ``prefetch_method``: MADV_POPULATE_READ (Linux >= 5.14; faults the pages in and reports I/O
+  errors), MAP_POPULATE (a populated mapping per chunk; errors are silent), a read loop (any file
+  system). Then mincore() per page and a top-up of what is missing (read loops sometimes ended
+  at 99.5% resident, notes/kernel.md).
+- ``lock``: populate, then a small *locker* process holds an mlock()ed mapping of every file for
+  the engine's lifetime.
+
+Why a locker instead of RLIMIT_MEMLOCK for the engine's own lock: mlock is not inherited across
+fork/exec, so only the engine itself could lock after exec, and ``engine.kind = "generic"``
+programs never do; llama.cpp's own mlock is tried incrementally and silently stops at the first
+ENOMEM. The locker works for every engine and fails loudly before the engine starts. It is a
+double-forked grandchild of the engine's child, so it is not the engine's child (no surprise
+SIGCHLD or wait() result for the engine), it lives in the same leaf cgroup (cgroup.kill of the
+group kills it; processes only in leaves), in its own session (a ^C at the terminal is for the
+engine), and it exits when the engine exits: it polls a pidfd of the engine (Linux >= 5.3). A
+second lock by an engine that also mlocks (``-lm mlock``) costs nothing: the file pages are
+shared. Measured cost: the forked Python locker's copy-on-write pages are ~3.7 MiB of
+Private_Dirty (smaps_rollup, host, 300 MiB file locked); the lock adds no memory beyond the
+model's page cache. In the guest the slice's memory.stat ``unevictable`` equals the file size
+while the engine runs and drops when it exits.
+
+Measured (bench/prefetch.py, 1 GiB, cold cache, host virtual disk, noisy: a TCG guest shared
+the 2 cores): MADV_POPULATE_READ 2.05-2.25 GB/s, MAP_POPULATE 2.16-2.36, read loop 0.62-1.15,
+chunked fadvise until resident 1.27-1.48, cat 1.97-2.13, vmtouch -t 1.14-1.64, dd iflag=direct
+0.61-1.36.
+
+The result goes back to the parent as a small JSON file (``PrefetchJob.result_path``) that the
+parent reads after the exec; progress is a one-line bar on a TTY, else structured log events
+``prefetch.progress`` / ``prefetch.done``.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import errno as errno_mod
+import glob as glob_mod
+import json
+import mmap
+import os
+import re
+import select
+import signal
+import stat
+import sys
+import time
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Literal, TextIO
+
+import structlog
+
+from governor.errors import PermissionDenied, PolicyError, PolicyNotFound
+from governor.kernel import files as kf
+from governor.plan.model import Plan
+from governor.policy.values import human_bytes
+
+if TYPE_CHECKING:
+    from governor.launch.launcher import LaunchReport
+
+log = structlog.get_logger(__name__)
+
+Mode = Literal["none", "advise", "populate", "lock"]
+Method = Literal["madv_populate_read", "map_populate", "read", "fadvise_willneed"]
+
+MADV_WILLNEED = 3  # <asm-generic/mman-common.h>
+MADV_POPULATE_READ = 22  # <asm-generic/mman-common.h>; Python 3.11's mmap has no constant
+MADV_POPULATE_READ_MIN = (5, 14)  # first kernel with MADV_POPULATE_READ (EINVAL before)
+PIDFD_MIN = (5, 3)  # pidfd_open(2): the locker's wait for the engine
+PROT_READ = 0x1
+MAP_SHARED = 0x01
+MAP_FAILED = ctypes.c_void_p(-1).value
+
+CHUNK = 64 << 20  # populate/verify granularity: progress steps, and bounded address space
+ADVISE_CHUNK = 128 << 10  # <= the default read-ahead window (VM_READAHEAD_PAGES): never capped
+READ_BUF = 1 << 20
+TOPUP_ROUNDS = 3
+PROGRESS_MIN_BYTES = 256 << 20  # smaller files: only prefetch.done
+PROGRESS_EVERY_S = 1.0
+
+# ------------------------------------------------------------------------------------ pure parts
+
+
+def kernel_version(release: str) -> tuple[int, int]:
+    """ "6.1.0-57-amd64" -> (6, 1); unknown -> (0, 0)."""
+    m = re.match(r"(\d+)\.(\d+)", release)
+    return (int(m[1]), int(m[2])) if m else (0, 0)
+
+
+def populate_candidates(version: tuple[int, int]) -> tuple[Method, ...]:
+    """Methods to probe for ``populate``/``lock``, best first."""
+    best: tuple[Method, ...] = ("map_populate", "read")
+    if version >= MADV_POPULATE_READ_MIN:
+        return ("madv_populate_read", *best)
+    return best
+
+
+_LOW_BIT = bytes(b & 1 for b in range(256))
+
+
+def resident_pages(vec: bytes) -> int:
+    """Pages resident in a mincore() vector (bit 0 of each byte; the others are reserved)."""
+    return vec.translate(_LOW_BIT).count(1)
+
+
+def resident_fraction(vec: bytes) -> float:
+    return 1.0 if not vec else resident_pages(vec) / len(vec)
+
+
+def missing_ranges(vec: bytes, page_size: int, *, base: int = 0) -> list[tuple[int, int]]:
+    """(offset, length) byte ranges of the pages a mincore() vector reports as not resident."""
+    out: list[tuple[int, int]] = []
+    start: int | None = None
+    for i, b in enumerate(vec):
+        if not b & 1:
+            if start is None:
+                start = i
+        elif start is not None:
+            out.append((base + start * page_size, (i - start) * page_size))
+            start = None
+    if start is not None:
+        out.append((base + start * page_size, (len(vec) - start) * page_size))
+    return out
+
+
+def kv_cache_bytes(n_layer: int, n_ctx: int, n_embd_kv: int, bytes_per_elem: float = 2) -> int:
+    """llama.cpp's KV cache: K and V, per layer, per context position (notes/kernel.md)."""
+    return int(2 * n_layer * n_ctx * n_embd_kv * bytes_per_elem)
+
+
+@dataclass(frozen=True)
+class Budget:
+    """The verdict of ``check_budget``: warnings to log, notes worth printing."""
+
+    warnings: tuple[str, ...] = ()
+    notes: tuple[str, ...] = ()
+
+
+def check_budget(
+    *,
+    model_bytes: int | None,
+    prefetch_bytes: int,
+    mode: Mode,
+    memory_max: int | None,
+    memory_high: int | None,
+    kv_bytes: int | None = None,
+    source: str | None = None,
+) -> Budget:
+    """Model (+ KV cache when known) against memory.max / memory.high, before anything is applied.
+
+    Refuses with PolicyError (exit 65, EX_DATAERR): the policy's own budget contradicts the
+    workload it is launched with, which is a data error the operator fixes in the policy or the
+    argv; 69 (EX_UNAVAILABLE) is kept for a host that lacks a capability.
+    """
+    warnings: list[str] = []
+    notes: list[str] = []
+    need = (model_bytes or 0) + (kv_bytes or 0)
+    what = f"model {human_bytes(model_bytes or 0)}"
+    if kv_bytes is not None:
+        what += f" + KV cache {human_bytes(kv_bytes)}"
+    elif model_bytes is not None:
+        notes.append("budget checked with the model file size only (KV cache size unknown)")
+    if memory_max is not None and model_bytes is not None and need > memory_max:
+        raise PolicyError(
+            f"{what} = {human_bytes(need)} ({need} bytes) does not fit memory.max"
+            f" {human_bytes(memory_max)} ({memory_max} bytes)",
+            file=source,
+            field="memory.max",
+            hint="raise memory.max, use a smaller model (quantisation) or a shorter context",
+        )
+    if mode == "lock" and memory_max is not None and prefetch_bytes > memory_max:
+        raise PolicyError(
+            f"prefetch.mode = lock would lock {human_bytes(prefetch_bytes)} ({prefetch_bytes}"
+            f" bytes), above memory.max {human_bytes(memory_max)} ({memory_max} bytes)",
+            file=source,
+            field="prefetch.mode",
+            hint="locked pages cannot be reclaimed: raise memory.max or use mode = populate",
+        )
+    if mode != "none" and memory_high is not None and prefetch_bytes > memory_high:
+        warnings.append(
+            f"prefetch of {human_bytes(prefetch_bytes)} crosses memory.high"
+            f" {human_bytes(memory_high)}: it will throttle and reclaim itself"
+        )
+    elif memory_high is not None and model_bytes is not None and need > memory_high:
+        warnings.append(
+            f"{what} = {human_bytes(need)} is above memory.high {human_bytes(memory_high)}:"
+            " the engine will be throttled"
+        )
+    return Budget(warnings=tuple(warnings), notes=tuple(notes))
+
+
+def progress_line(done: int, total: int, seconds: float, *, width: int = 24) -> str:
+    """One TTY line: bar, bytes, rate, percent."""
+    frac = 1.0 if total <= 0 else min(1.0, done / total)
+    filled = int(frac * width)
+    rate = done / seconds if seconds > 0 else 0.0
+    return (
+        f"prefetch [{'#' * filled}{'.' * (width - filled)}] {human_bytes(done)}/"
+        f"{human_bytes(total)} {human_bytes(int(rate))}/s {frac * 100:.1f}%"
+    )
+
+
+# ------------------------------------------------------------------------------- file selection
+
+
+def resolve_files(
+    spec: Literal["auto"] | Sequence[str],
+    *,
+    model: str | None,
+    engine_kind: str,
+    cwd: Path,
+    source: str | None = None,
+) -> list[Path]:
+    """The files to prefetch: the engine's model (all split-GGUF parts) for "auto", else each
+    path or glob (relative to ``cwd``). Missing -> 66, unreadable -> 77, before anything runs."""
+    from governor.engines.llama import model_parts
+
+    if spec == "auto":
+        if engine_kind != "llama.cpp":
+            raise PolicyError(
+                'prefetch.files = "auto" takes the model from a llama.cpp argv (-m)',
+                file=source,
+                field="prefetch.files",
+                hint='list the files for a generic engine: files = ["/models/x.gguf"]',
+            )
+        if model is None:
+            raise PolicyError(
+                'prefetch.files = "auto" needs the engine\'s -m/--model',
+                file=source,
+                field="prefetch.files",
+                hint="pass the model with -m, or list the files in prefetch.files",
+            )
+        found = [p if p.is_absolute() else cwd / p for p in model_parts(model)]
+    else:
+        found = []
+        for entry in spec:
+            pattern = entry if os.path.isabs(entry) else str(cwd / entry)
+            if glob_mod.has_magic(entry):
+                matches = sorted(glob_mod.glob(pattern))
+                if not matches:
+                    raise PolicyNotFound(
+                        f"prefetch glob matches no file: {entry}",
+                        file=source,
+                        field="prefetch.files",
+                        hint="check the pattern (relative paths start from the current directory)",
+                    )
+                found += [Path(m) for m in matches]
+            else:
+                found.append(Path(pattern))
+    out: list[Path] = []
+    for path in found:
+        check_readable(path, source=source)
+        if path not in out:
+            out.append(path)
+    return out
+
+
+def check_readable(path: Path, *, source: str | None = None) -> int:
+    """Size of a regular readable file; PolicyNotFound (66) / PermissionDenied (77) / 65."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    except FileNotFoundError as err:
+        raise PolicyNotFound(
+            f"prefetch file not found: {path}",
+            file=source,
+            field="prefetch.files",
+            hint="check the model path (-m) or prefetch.files",
+        ) from err
+    except PermissionError as err:
+        raise PermissionDenied(
+            "prefetch file is not readable",
+            file=str(path),
+            errno=err.errno,
+            hint="the governor reads the model before it drops privileges: check its mode",
+        ) from err
+    try:
+        st = os.fstat(fd)
+    finally:
+        os.close(fd)
+    if not stat.S_ISREG(st.st_mode):
+        raise PolicyError(
+            f"prefetch file is not a regular file: {path}", file=source, field="prefetch.files"
+        )
+    return st.st_size
+
+
+# ----------------------------------------------------------------------------------- libc calls
+
+
+class _Libc:
+    """mmap/munmap/madvise/mincore/mlock through ctypes: Python's mmap object hides the
+    address that mincore() and mlock() need."""
+
+    def __init__(self) -> None:
+        lib = ctypes.CDLL(ctypes.util.find_library("c") or None, use_errno=True)
+        self.mmap = lib.mmap
+        self.mmap.restype = ctypes.c_void_p
+        self.mmap.argtypes = [
+            ctypes.c_void_p,
+            ctypes.c_size_t,
+            ctypes.c_int,
+            ctypes.c_int,
+            ctypes.c_int,
+            ctypes.c_long,
+        ]
+        self.munmap = lib.munmap
+        self.munmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
+        self.madvise = lib.madvise
+        self.madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+        self.mincore = lib.mincore
+        self.mincore.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_char_p]
+        self.mlock = lib.mlock
+        self.mlock.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
+
+    @staticmethod
+    def _check(rc: int, what: str) -> None:
+        if rc != 0:
+            err = ctypes.get_errno()
+            raise OSError(err, f"{what}: {os.strerror(err)}")
+
+    def map(self, fd: int, offset: int, length: int, extra_flags: int = 0) -> int:
+        addr = self.mmap(None, length, PROT_READ, MAP_SHARED | extra_flags, fd, offset)
+        if addr is None or addr == MAP_FAILED:
+            err = ctypes.get_errno()
+            raise OSError(err, f"mmap: {os.strerror(err)}")
+        return int(addr)
+
+    def unmap(self, addr: int, length: int) -> None:
+        self._check(self.munmap(addr, length), "munmap")
+
+    def advise(self, addr: int, length: int, advice: int) -> None:
+        self._check(self.madvise(addr, length, advice), f"madvise({advice})")
+
+    def core(self, addr: int, length: int, page_size: int) -> bytes:
+        vec = ctypes.create_string_buffer((length + page_size - 1) // page_size)
+        self._check(self.mincore(addr, length, vec), "mincore")
+        return vec.raw
+
+    def lock(self, addr: int, length: int) -> None:
+        self._check(self.mlock(addr, length), "mlock")
+
+
+# ------------------------------------------------------------------------------------- progress
+
+
+class Progress:
+    """A bar on a TTY for big files, else ``prefetch.progress`` events about once a second."""
+
+    def __init__(
+        self,
+        total: int,
+        *,
+        tty: TextIO | None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.total = total
+        self.tty = tty
+        self.clock = clock
+        self.started = clock()
+        self.last = self.started
+        self.done = 0
+        self.enabled = total >= PROGRESS_MIN_BYTES
+
+    def add(self, nbytes: int) -> None:
+        self.done += nbytes
+        now = self.clock()
+        if not self.enabled or now - self.last < PROGRESS_EVERY_S:
+            return
+        self.last = now
+        if self.tty is not None:
+            self.tty.write("\r" + progress_line(self.done, self.total, now - self.started))
+            self.tty.flush()
+        else:
+            log.info(
+                "prefetch.progress",
+                bytes=self.done,
+                total=self.total,
+                rate=int(self.done / max(now - self.started, 1e-9)),
+            )
+
+    def finish(self, resident: float) -> None:
+        if self.enabled and self.tty is not None:
+            line = progress_line(self.total, self.total, self.clock() - self.started)
+            self.tty.write(f"\r{line} resident {resident * 100:.1f}%\n")
+            self.tty.flush()
+
+
+# ---------------------------------------------------------------------------------- the prefetch
+
+
+@dataclass
+class PrefetchResult:
+    files: list[str]
+    mode: str
+    method: str
+    bytes: int
+    seconds: float
+    resident_fraction: float
+    resident_bytes: int
+    topup_rounds: int = 0
+    locked_bytes: int | None = None
+    locker_pid: int | None = None
+    error: str | None = None
+
+    def fill(self, report: LaunchReport) -> None:
+        """The ``--report`` JSON keys (the launcher's LaunchReport)."""
+        report.prefetch_bytes = self.bytes
+        report.prefetch_seconds = self.seconds
+        report.resident_fraction = self.resident_fraction
+        report.prefetch_method = self.method
+        report.extra["prefetch_mode"] = self.mode
+        report.extra["prefetch_topup_rounds"] = self.topup_rounds
+        if self.locked_bytes is not None:
+            report.extra["prefetch_locked_bytes"] = self.locked_bytes
+            report.extra["prefetch_locker_pid"] = self.locker_pid
+
+
+def _chunks(size: int, chunk: int) -> Iterable[tuple[int, int]]:
+    off = 0
+    while off < size:
+        yield off, min(chunk, size - off)
+        off += chunk
+
+
+class Prefetcher:
+    """Runs one mode over a list of files (in the engine's child, after the cgroup join)."""
+
+    def __init__(
+        self,
+        *,
+        libc: _Libc | None = None,
+        page_size: int = mmap.PAGESIZE,
+        release: str | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.libc = libc or _Libc()
+        self.page_size = page_size
+        self.version = kernel_version(release if release is not None else os.uname().release)
+        self.clock = clock
+        self._working: Method | None = None
+
+    # one range of one file with one method (offset page-aligned)
+    def _fill(self, method: Method, fd: int, off: int, length: int) -> None:
+        libc = self.libc
+        if method == "read":
+            buf = bytearray(READ_BUF)
+            view = memoryview(buf)
+            pos, end = off, off + length
+            while pos < end:
+                n = os.preadv(fd, [view[: min(READ_BUF, end - pos)]], pos)
+                if n <= 0:
+                    break
+                pos += n
+            return
+        if method == "fadvise_willneed":
+            for o, n in _chunks(length, ADVISE_CHUNK):
+                os.posix_fadvise(fd, off + o, n, os.POSIX_FADV_WILLNEED)
+            addr = libc.map(fd, off, length)
+            try:
+                libc.advise(addr, length, MADV_WILLNEED)
+            finally:
+                libc.unmap(addr, length)
+            return
+        flags = mmap.MAP_POPULATE if method == "map_populate" else 0
+        addr = libc.map(fd, off, length, flags)
+        try:
+            if method == "madv_populate_read":
+                libc.advise(addr, length, MADV_POPULATE_READ)
+        finally:
+            libc.unmap(addr, length)
+
+    def _fill_probing(self, fd: int, off: int, length: int) -> Method:
+        """The first method that works on this host (EINVAL: not in this kernel; ENODEV: the
+        file system cannot mmap)."""
+        if self._working is not None:
+            self._fill(self._working, fd, off, length)
+            return self._working
+        last: OSError | None = None
+        for method in populate_candidates(self.version):
+            try:
+                self._fill(method, fd, off, length)
+            except OSError as err:
+                if err.errno not in (errno_mod.EINVAL, errno_mod.ENODEV, errno_mod.ENOSYS):
+                    raise
+                log.debug("prefetch.method_unavailable", method=method, errno=err.errno)
+                last = err
+                continue
+            self._working = method
+            return method
+        raise last or OSError(errno_mod.EINVAL, "no prefetch method works")
+
+    def residency(self, fd: int, size: int) -> bytes:
+        """mincore() vector of the whole file, mapped one chunk at a time."""
+        parts = []
+        for off, n in _chunks(size, CHUNK):
+            addr = self.libc.map(fd, off, n)
+            try:
+                parts.append(self.libc.core(addr, n, self.page_size))
+            finally:
+                self.libc.unmap(addr, n)
+        return b"".join(parts)
+
+    def run(self, paths: Sequence[Path], mode: Mode, *, tty: TextIO | None) -> PrefetchResult:
+        started = self.clock()
+        sizes = [os.stat(p).st_size for p in paths]
+        total = sum(sizes)
+        progress = Progress(total, tty=tty, clock=self.clock)
+        method: Method = "fadvise_willneed"
+        vectors: list[bytes] = []
+        rounds = 0
+        for path, size in zip(paths, sizes, strict=True):
+            fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+            try:
+                for off, n in _chunks(size, CHUNK):
+                    if mode == "advise":
+                        self._fill("fadvise_willneed", fd, off, n)
+                    else:
+                        method = self._fill_probing(fd, off, n)
+                    progress.add(n)
+                vec = self.residency(fd, size) if size else b""
+                if mode != "advise":
+                    # top up what was evicted again or skipped (read loops end at ~99.5%)
+                    for i in range(TOPUP_ROUNDS):
+                        gaps = missing_ranges(vec, self.page_size)
+                        if not gaps:
+                            break
+                        rounds = max(rounds, i + 1)
+                        for off, n in gaps:
+                            self._fill(method, fd, off, min(n, size - off))
+                        vec = self.residency(fd, size)
+                vectors.append(vec)
+            finally:
+                os.close(fd)
+        everything = b"".join(vectors)
+        frac = resident_fraction(everything)
+        progress.finish(frac)
+        return PrefetchResult(
+            files=[str(p) for p in paths],
+            mode=mode,
+            method=method,
+            bytes=total,
+            seconds=round(self.clock() - started, 3),
+            resident_fraction=round(frac, 4),
+            resident_bytes=min(total, resident_pages(everything) * self.page_size),
+            topup_rounds=rounds,
+        )
+
+
+# ------------------------------------------------------------------------------------- the locker
+
+
+def _close_fds_except(keep: Iterable[int]) -> None:
+    low = 3
+    for fd in sorted(set(keep)):
+        if fd >= low:
+            os.closerange(low, fd)
+            low = fd + 1
+    os.closerange(low, os.sysconf("SC_OPEN_MAX"))
+
+
+def _wait_for_exit(pid: int, pidfd: int | None) -> None:
+    if pidfd is not None:
+        poller = select.poll()
+        poller.register(pidfd, select.POLLIN)
+        while not poller.poll():
+            pass
+        return
+    while True:  # no pidfd (< 5.3): the engine's pid, once a second
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return
+        time.sleep(1.0)
+
+
+def _locker_main(paths: Sequence[Path], engine_pid: int, pidfd: int | None, w: int) -> None:
+    """The locker: map, mlock, report, wait for the engine to exit; never returns."""
+    code = 0
+    try:
+        keep = [w] + ([pidfd] if pidfd is not None else [])
+        _close_fds_except(keep)
+        devnull = os.open(os.devnull, os.O_RDWR)
+        for std in (0, 1, 2):
+            os.dup2(devnull, std)
+        os.close(devnull)
+        libc = _Libc()
+        locked = 0
+        for path in paths:
+            fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+            try:
+                size = os.fstat(fd).st_size
+                if size:
+                    addr = libc.map(fd, 0, size)  # stays mapped (and locked) until exit
+                    libc.lock(addr, size)
+                    locked += size
+            finally:
+                os.close(fd)
+        os.write(w, json.dumps({"pid": os.getpid(), "locked": locked}).encode())
+        os.close(w)
+        _wait_for_exit(engine_pid, pidfd)
+    except BaseException as err:
+        code = 1
+        try:
+            msg = {"error": str(err), "errno": getattr(err, "errno", None) or 0}
+            os.write(w, json.dumps(msg).encode())
+        except OSError:
+            pass
+    finally:
+        os._exit(code)
+
+
+def start_locker(paths: Sequence[Path]) -> tuple[int, int]:
+    """Fork the locker for the calling process (the engine-to-be); returns (pid, locked bytes).
+    Raises OSError with the locker's errno when it could not lock."""
+    engine_pid = os.getpid()
+    pidfd: int | None = os.pidfd_open(engine_pid) if hasattr(os, "pidfd_open") else None
+    r, w = os.pipe()
+    mid = os.fork()
+    if mid == 0:  # pragma: no cover - intermediate: new session, fork the locker, exit
+        try:
+            os.close(r)
+            os.setsid()
+            for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT):
+                signal.signal(sig, signal.SIG_IGN)
+            if os.fork() == 0:
+                _locker_main(paths, engine_pid, pidfd, w)
+        finally:
+            os._exit(0)
+    os.close(w)
+    if pidfd is not None:
+        os.close(pidfd)
+    os.waitpid(mid, 0)
+    chunks = []
+    while chunk := os.read(r, 4096):
+        chunks.append(chunk)
+    os.close(r)
+    try:
+        answer = json.loads(b"".join(chunks) or b"{}")
+    except ValueError:
+        answer = {}
+    if "pid" not in answer:
+        code = int(answer.get("errno") or errno_mod.EIO)
+        raise OSError(code, f"locker: {answer.get('error', 'died before it reported')}")
+    return int(answer["pid"]), int(answer["locked"])
+
+
+# ------------------------------------------------------------------------------------ the job
+
+RESULT_BYTES = 64 << 10
+
+
+@dataclass
+class PrefetchJob:
+    """What the engine's child runs after joining the leaf. The result travels back through a
+    shared anonymous mapping made before the fork: no file to leak, no fd for the engine to
+    inherit (exec drops the mapping)."""
+
+    files: tuple[str, ...]
+    mode: Mode
+    _shared: mmap.mmap = field(init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        self._shared = mmap.mmap(-1, RESULT_BYTES)  # MAP_SHARED | MAP_ANONYMOUS
+
+    def run(self) -> None:
+        """In the child: prefetch (and lock), log, publish the result. Raises on failure."""
+        paths = [Path(f) for f in self.files]
+        tty = sys.stderr if sys.stderr.isatty() else None
+        res = Prefetcher().run(paths, self.mode, tty=tty)
+        if self.mode == "lock":
+            res.locker_pid, res.locked_bytes = start_locker(paths)
+            log.info("prefetch.locked", pid=res.locker_pid, bytes=res.locked_bytes)
+        log.info(
+            "prefetch.done",
+            mode=res.mode,
+            method=res.method,
+            bytes=res.bytes,
+            seconds=res.seconds,
+            resident_fraction=res.resident_fraction,
+            topup_rounds=res.topup_rounds,
+        )
+        data = json.dumps(asdict(res)).encode()
+        if len(data) >= RESULT_BYTES:
+            res.files = [*res.files[:1], f"... {len(res.files) - 1} more"]
+            data = json.dumps(asdict(res)).encode()
+        self._shared[: len(data)] = data
+
+    def collect(self) -> PrefetchResult | None:
+        """In the parent, after the exec: the child's result (None if it published none)."""
+        raw = self._shared[:].split(b"\0", 1)[0]
+        if not raw:
+            return None
+        try:
+            return PrefetchResult(**json.loads(raw))
+        except (ValueError, TypeError):
+            return None
+
+
+def prepare(
+    plan: Plan,
+    *,
+    model: str | None,
+    model_bytes: int | None,
+    cwd: Path,
+    kv_bytes: int | None = None,
+) -> PrefetchJob | None:
+    """Before anything is applied: resolve and check the files (66/77), check the budget (65),
+    log its warnings. Returns the job for the child (None for mode = "none")."""
+    mode = plan.prefetch.mode
+    paths: list[Path] = []
+    if mode != "none":
+        paths = resolve_files(
+            plan.prefetch.files,
+            model=model,
+            engine_kind=plan.engine.kind,
+            cwd=cwd,
+            source=plan.source,
+        )
+    prefetch_bytes = sum(check_readable(p, source=plan.source) for p in paths)
+    budget = check_budget(
+        model_bytes=model_bytes,
+        prefetch_bytes=prefetch_bytes,
+        mode=mode,
+        memory_max=_limit(plan, kf.MEMORY_MAX),
+        memory_high=_limit(plan, kf.MEMORY_HIGH),
+        kv_bytes=kv_bytes,
+        source=plan.source,
+    )
+    for warning in budget.warnings:
+        log.warning("prefetch.budget", message=warning)
+    for note in budget.notes:
+        log.debug("prefetch.budget", note=note)
+    if mode == "none":
+        return None
+    log.info("prefetch.planned", mode=mode, files=[str(p) for p in paths], bytes=prefetch_bytes)
+    return PrefetchJob(files=tuple(str(p) for p in paths), mode=mode)
+
+
+def _limit(plan: Plan, file: str) -> int | None:
+    """A memory limit the plan writes on the group, in bytes (None: "max" or not written)."""
+    for w in plan.writes:
+        if w.cgroup == plan.group and w.file == file and w.value != "max":
+            return int(w.value)
+    return None
