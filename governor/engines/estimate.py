@@ -1,0 +1,353 @@
+"""Resident memory of llama.cpp for a GGUF model and an argv, before anything runs (pure).
+
+    total = weights + repack + KV cache + compute (touched part) + margin
+
+- weights: the tensor data, as file pages (mmap, the default; llama.cpp maps with MAP_POPULATE,
+  src/llama-mmap.cpp) or as an anonymous copy (``-lm none``). Charged to the cgroup that first
+  faults them (cgroup-v2.rst "Memory Ownership"), so the estimate is for a cold page cache.
+- repack: ggml-cpu copies repackable matmul weights into an anonymous CPU_REPACK buffer at
+  load (ggml/src/ggml-cpu/repack.cpp ggml_repack_get_optimal_repack_type); with mmap the
+  file pages stay populated too, so these bytes count twice. ``-nr`` turns it off.
+  token_embd is read with GET_ROWS and never repacked.
+- KV cache: 2 (K and V) x n_layer x cells x n_embd_kv x bytes per element of -ctk/-ctv, cells =
+  -c rounded up to 256 (llama-context.cpp pads n_ctx). Counted whole: the warmup run clears
+  (memsets) it, and without warmup (--no-warmup) it fills as the context does, so a full
+  context reaches the same size (measured: docs/calibration.md).
+- compute buffer: reserved for a worst-case ubatch, dominated by vocab x n_ubatch f32 logits
+  (305 MiB for a 151936 vocab at -ub 512, notes/engine.md) but mostly never touched: only the
+  rows of tokens that need logits are written. It is printed, and counted at
+  COMPUTE_TOUCHED_SHARE.
+- margin: binary, libc/OpenMP arenas, thread stacks, page tables; measured (docs/calibration.md).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+
+from governor.engines.gguf import GgufInfo
+from governor.engines.llama import EngineArgs
+
+MIB = 1 << 20
+KV_CELL_PAD = 256  # llama.cpp pads the KV cache size to a multiple of 256 cells
+DEFAULT_BATCH = 2048  # llama.cpp common_params defaults: -b 2048, -ub 512
+DEFAULT_UBATCH = 512
+# memory.peak minus the other terms in the kernel guest (docs/calibration.md): the engine's own
+# anon (libc/OpenMP arenas, thread stacks, sampler state) and page tables, ~10-12 MiB for both
+# synthetic models (llama.cpp 0c1e57098)
+MARGIN_BYTES = 12 * MIB
+# share of the reserved compute buffer that is written: ggml's allocator reuses the buffer for
+# the graph's intermediates, but the logits part (vocab x ubatch) is written only for tokens
+# that need logits (the big model's other anon, 66 MiB with 305 MiB reserved: docs/calibration.md)
+COMPUTE_TOUCHED_SHARE = 0.15
+
+# bytes per element of KV cache types (-ctk/-ctv): block size / elements per block (ggml.c)
+KV_TYPE_BYTES: dict[str, float] = {
+    "f32": 4.0,
+    "f16": 2.0,
+    "bf16": 2.0,
+    "q8_0": 34 / 32,
+    "q4_0": 18 / 32,
+    "q4_1": 20 / 32,
+    "iq4_nl": 18 / 32,
+    "q5_0": 22 / 32,
+    "q5_1": 24 / 32,
+}
+# bytes per weight of whole-model quant types, for the "smaller quant" advice
+QUANT_BYTES_PER_WEIGHT: dict[str, float] = {
+    "F32": 4.0,
+    "F16": 2.0,
+    "BF16": 2.0,
+    "Q8_0": 34 / 32,
+    "Q6_K": 210 / 256,
+    "Q5_K": 176 / 256,
+    "Q5_1": 24 / 32,
+    "Q5_0": 22 / 32,
+    "Q4_K": 144 / 256,
+    "Q4_1": 20 / 32,
+    "Q4_0": 18 / 32,
+    "IQ4_NL": 18 / 32,
+}
+
+# ggml types ggml-cpu repacks, per CPU family (repack.cpp, version of notes/engine.md), with the
+# row interleave their ne[1] must divide by
+REPACK_TYPES: dict[str, dict[str, int]] = {
+    "x86-avx2": {"Q4_0": 8, "Q4_K": 8, "IQ4_NL": 8, "MXFP4": 8},
+    "x86-avx512": {"Q4_0": 8, "Q4_K": 8, "IQ4_NL": 8, "MXFP4": 8, "Q2_K": 8},
+    "arm-dotprod": {
+        "Q4_0": 4,
+        "Q4_K": 8,
+        "Q5_K": 8,
+        "Q6_K": 8,
+        "IQ4_NL": 4,
+        "MXFP4": 4,
+        "Q8_0": 4,
+        "Q1_0": 4,
+    },
+    "none": {},
+}
+
+
+def cpu_family(machine: str, cpuinfo: str) -> str:
+    """Which REPACK_TYPES row applies, from uname machine and /proc/cpuinfo text (pure)."""
+    flags: set[str] = set()
+    for line in cpuinfo.splitlines():
+        key, _, value = line.partition(":")
+        if key.strip() in ("flags", "Features"):
+            flags.update(value.split())
+    if machine in ("x86_64", "amd64"):
+        if "avx512f" in flags and "avx2" in flags:
+            return "x86-avx512"
+        return "x86-avx2" if "avx2" in flags else "none"
+    if machine in ("aarch64", "arm64"):
+        return "arm-dotprod" if "asimddp" in flags else "none"
+    return "none"
+
+
+@dataclass(frozen=True)
+class Settings:
+    """The engine options that change memory, resolved to numbers."""
+
+    ctx: int
+    batch: int = DEFAULT_BATCH
+    ubatch: int = DEFAULT_UBATCH
+    cache_type_k: str = "f16"
+    cache_type_v: str = "f16"
+    repack: bool = True
+    load_mode: str = "mmap"
+
+    @property
+    def mmap(self) -> bool:
+        return self.load_mode in ("mmap", "mmap+mlock", "auto")
+
+
+def settings_from_argv(args: EngineArgs, n_ctx_train: int) -> Settings:
+    """-c absent or 0 means n_ctx_train (tools/common/arg.cpp); --no-mmap = -lm none."""
+    load_mode = args.load_mode or ("none" if "no_mmap" in args.flags else "mmap")
+    return Settings(
+        ctx=args.ctx or n_ctx_train,
+        batch=args.batch or DEFAULT_BATCH,
+        ubatch=args.ubatch or DEFAULT_UBATCH,
+        cache_type_k=(args.cache_type_k or "f16").lower(),
+        cache_type_v=(args.cache_type_v or "f16").lower(),
+        repack=args.repacks,
+        load_mode=load_mode,
+    )
+
+
+@dataclass(frozen=True)
+class Term:
+    name: str
+    bytes: int
+    detail: str
+
+
+@dataclass(frozen=True)
+class Estimate:
+    model: str
+    settings: Settings
+    terms: tuple[Term, ...]
+    compute_reserved: int
+    budget: int | None = None
+    max_ctx: int | None = None  # largest -c that fits the budget (None: no budget / none fits)
+    advice: tuple[str, ...] = field(default_factory=tuple)
+
+    @property
+    def total(self) -> int:
+        return sum(t.bytes for t in self.terms)
+
+    @property
+    def fits(self) -> bool:
+        return self.budget is None or self.total <= self.budget
+
+    def term(self, name: str) -> int:
+        return next((t.bytes for t in self.terms if t.name == name), 0)
+
+    def to_dict(self) -> dict[str, object]:
+        return {
+            "model": self.model,
+            "ctx": self.settings.ctx,
+            "terms": {t.name: t.bytes for t in self.terms},
+            "compute_reserved": self.compute_reserved,
+            "total": self.total,
+            "budget": self.budget,
+            "fits": self.fits,
+            "max_ctx": self.max_ctx,
+            "advice": list(self.advice),
+        }
+
+
+def kv_bytes(info: GgufInfo, s: Settings) -> int:
+    cells = math.ceil(s.ctx / KV_CELL_PAD) * KV_CELL_PAD
+    k = KV_TYPE_BYTES.get(s.cache_type_k, 2.0) * info.n_embd_k
+    v = KV_TYPE_BYTES.get(s.cache_type_v, 2.0) * info.n_embd_v
+    return int(info.n_layer * cells * (k + v))
+
+
+def repack_bytes(info: GgufInfo, family: str) -> int:
+    types = REPACK_TYPES.get(family, {})
+    return sum(
+        t.n_bytes
+        for t in info.tensors
+        if t.type in types and t.rows % types[t.type] == 0 and t.name != "token_embd.weight"
+    )
+
+
+def compute_reserved(info: GgufInfo, s: Settings) -> int:
+    """ggml's compute buffer for one ubatch: f32 logits (vocab) plus the widest activations
+    (~2 x n_embd) per token; the ubatch is capped by -b and by n_ctx (llama-context.cpp)."""
+    ub = min(s.ubatch, s.batch, s.ctx)
+    return ub * (info.vocab + 2 * info.n_embd) * 4
+
+
+def estimate(
+    info: GgufInfo,
+    s: Settings,
+    *,
+    family: str,
+    budget: int | None = None,
+    margin: int = MARGIN_BYTES,
+) -> Estimate:
+    """Every term of the resident-memory estimate; with a budget, the largest -c that fits and
+    what to change when it does not."""
+    terms = _terms(info, s, family, margin)
+    reserved = compute_reserved(info, s)
+    est = Estimate(model=info.path, settings=s, terms=terms, compute_reserved=reserved)
+    if budget is None:
+        return est
+    max_ctx = largest_ctx(info, s, family=family, budget=budget, margin=margin)
+    est = Estimate(
+        model=info.path,
+        settings=s,
+        terms=terms,
+        compute_reserved=reserved,
+        budget=budget,
+        max_ctx=max_ctx,
+    )
+    if est.fits:
+        return est
+    return Estimate(
+        model=info.path,
+        settings=s,
+        terms=terms,
+        compute_reserved=reserved,
+        budget=budget,
+        max_ctx=max_ctx,
+        advice=tuple(_advice(info, s, est, family=family, budget=budget, margin=margin)),
+    )
+
+
+def _terms(info: GgufInfo, s: Settings, family: str, margin: int) -> tuple[Term, ...]:
+    weights = info.tensor_bytes
+    how = "file pages (mmap)" if s.mmap else "anonymous copy (-lm none)"
+    types = ", ".join(f"{k} {v / MIB:.0f} MiB" for k, v in sorted(info.types().items()))
+    out = [Term("weights", weights, f"{how}: {types}")]
+    if s.repack and s.mmap:
+        rep = repack_bytes(info, family)
+        out.append(Term("repack", rep, f"CPU_REPACK copy of repackable weights ({family}); -nr"))
+    cells = math.ceil(s.ctx / KV_CELL_PAD) * KV_CELL_PAD
+    out.append(
+        Term(
+            "kv_cache",
+            kv_bytes(info, s),
+            f"2 x {info.n_layer} layers x {cells} cells x n_embd_kv {info.n_embd_k}"
+            f" ({s.cache_type_k}/{s.cache_type_v})",
+        )
+    )
+    reserved = compute_reserved(info, s)
+    out.append(
+        Term(
+            "compute",
+            int(reserved * COMPUTE_TOUCHED_SHARE),
+            f"{COMPUTE_TOUCHED_SHARE:.0%} of {reserved / MIB:.0f} MiB reserved"
+            f" (vocab {info.vocab} x ubatch {min(s.ubatch, s.batch, s.ctx)} logits)",
+        )
+    )
+    out.append(Term("margin", margin, "binary, libs, threads, page tables (measured)"))
+    return tuple(out)
+
+
+def total_for(info: GgufInfo, s: Settings, *, family: str, margin: int = MARGIN_BYTES) -> int:
+    return sum(t.bytes for t in _terms(info, s, family, margin))
+
+
+def largest_ctx(
+    info: GgufInfo, s: Settings, *, family: str, budget: int, margin: int = MARGIN_BYTES
+) -> int | None:
+    """The largest -c (a multiple of 256, up to n_ctx_train) whose total fits ``budget``."""
+    from dataclasses import replace
+
+    lo, hi = 0, max(1, info.n_ctx_train // KV_CELL_PAD)
+    while lo < hi:  # total is monotone in ctx
+        mid = (lo + hi + 1) // 2
+        if (
+            total_for(info, replace(s, ctx=mid * KV_CELL_PAD), family=family, margin=margin)
+            <= budget
+        ):
+            lo = mid
+        else:
+            hi = mid - 1
+    return lo * KV_CELL_PAD if lo else None
+
+
+def _advice(
+    info: GgufInfo, s: Settings, est: Estimate, *, family: str, budget: int, margin: int
+) -> Iterable[str]:
+    from dataclasses import replace
+
+    over = est.total - budget
+    if est.max_ctx is not None and est.max_ctx < s.ctx:
+        yield f"-c {est.max_ctx} (largest context that fits)"
+    rep = est.term("repack")
+    if rep:
+        fits = total_for(info, replace(s, repack=False), family=family, margin=margin) <= budget
+        yield f"-nr (no weight repack: -{rep / MIB:.0f} MiB{'' if fits else ', not enough alone'})"
+    if s.cache_type_k == "f16" and s.cache_type_v == "f16":
+        q8 = replace(s, cache_type_k="q8_0", cache_type_v="q8_0")
+        saved = est.term("kv_cache") - kv_bytes(info, q8)
+        yield f"-ctk q8_0 -ctv q8_0 (KV cache -{saved / MIB:.0f} MiB)"
+    smaller = smaller_quant(info)
+    if smaller is not None:
+        name, size = smaller
+        yield f"a smaller quant ({name}: weights ~{size / MIB:.0f} MiB)"
+    yield f"or raise memory.max by {math.ceil(over / MIB)} MiB"
+
+
+def smaller_quant(info: GgufInfo) -> tuple[str, int] | None:
+    """The next smaller common quant of this model's 2-D weights (None at Q4 or below)."""
+    current = QUANT_BYTES_PER_WEIGHT.get(info.quant)
+    if current is None:
+        return None
+    for name in ("Q8_0", "Q4_K", "Q4_0"):
+        bpw = QUANT_BYTES_PER_WEIGHT[name]
+        if bpw < current * 0.9:
+            size = sum(int(t.n_elements * bpw) if t.rows > 1 else t.n_bytes for t in info.tensors)
+            return name, size
+    return None
+
+
+def render(est: Estimate) -> str:
+    """The human-readable table `governor estimate` prints."""
+
+    def mib(n: int) -> str:
+        return f"{n / MIB:9.1f} MiB"
+
+    s = est.settings
+    lines = [
+        f"model {est.model}: -c {s.ctx}, -ub {min(s.ubatch, s.batch, s.ctx)},"
+        f" load {s.load_mode}, repack {'on' if s.repack else 'off'}"
+    ]
+    lines += [f"  {t.name:<10}{mib(t.bytes)}  {t.detail}" for t in est.terms]
+    lines.append(f"  {'total':<10}{mib(est.total)}")
+    if est.budget is not None:
+        verdict = "fits" if est.fits else f"does NOT fit (over by {mib(est.total - est.budget)})"
+        lines.append(f"  {'budget':<10}{mib(est.budget)}  memory.max: {verdict.strip()}")
+        lines.append(
+            f"  largest -c that fits: {est.max_ctx}"
+            if est.max_ctx is not None
+            else "  no context fits this budget"
+        )
+    for a in est.advice:
+        lines.append(f"  fix: {a}")
+    return "\n".join(lines) + "\n"

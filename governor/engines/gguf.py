@@ -1,0 +1,291 @@
+"""What a GGUF model file says about itself: architecture, shapes and tensor sizes.
+
+Only the header is read (key/value and tensor-info sections, walked with a buffered file;
+tensor data is never touched), so a 1.1 GiB model costs ~0.1 s. The package's own reader,
+``gguf.GGUFReader``, decodes every vocabulary string (14 s for a 151936-token model on the
+project's 2-core machine), so it serves only the type tables here. The `gguf` package is an optional extra
+(``pip install 'governor[gguf]'``); it is imported only here, and only when needed.
+
+GGUF layout and key names: ggml/docs/gguf.md and gguf-py/gguf/constants.py of llama.cpp
+(``<arch>.block_count``, ``<arch>.embedding_length``, ``<arch>.attention.head_count[_kv]``,
+``<arch>.context_length``, ``<arch>.attention.key_length/value_length``).
+"""
+
+from __future__ import annotations
+
+import struct
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, BinaryIO
+
+from governor.errors import HostError, PolicyError, PolicyNotFound
+
+GGUF_MAGIC = b"GGUF"
+GGUF_MIN_VERSION = 2  # v1 (2023) used 32-bit counts; llama.cpp no longer reads it
+GGML_MAX_DIMS = 4
+MIN_HEADER_BYTES = 24  # magic u32, version u32, n_tensors u64, n_kv u64 (gguf.md "File Structure")
+
+
+@dataclass(frozen=True)
+class Tensor:
+    name: str
+    type: str  # ggml type name, e.g. "Q4_0", "F32"
+    n_elements: int
+    n_bytes: int
+    rows: int  # ne[1] (1 for vectors): repack needs it to divide by the interleave
+
+
+@dataclass(frozen=True)
+class GgufInfo:
+    """Header facts of one model file (pure data; see ``read_gguf``)."""
+
+    path: str
+    file_bytes: int
+    architecture: str
+    n_layer: int
+    n_embd: int
+    n_head: int
+    n_head_kv: int
+    n_ctx_train: int
+    vocab: int
+    key_length: int  # per-head K width (defaults to n_embd / n_head)
+    value_length: int
+    file_type: str | None
+    tensors: tuple[Tensor, ...]
+
+    @property
+    def n_embd_k(self) -> int:
+        """K width per token and layer: n_head_kv x head_dim (GQA shrinks it)."""
+        return self.n_head_kv * self.key_length
+
+    @property
+    def n_embd_v(self) -> int:
+        return self.n_head_kv * self.value_length
+
+    @property
+    def tensor_bytes(self) -> int:
+        return sum(t.n_bytes for t in self.tensors)
+
+    @property
+    def quant(self) -> str:
+        """The most common 2-D weight type by bytes (what people call the model's quant)."""
+        by: dict[str, int] = {}
+        for t in self.tensors:
+            if t.rows > 1:
+                by[t.type] = by.get(t.type, 0) + t.n_bytes
+        return max(by, key=lambda k: by[k]) if by else "F32"
+
+    def types(self) -> dict[str, int]:
+        """Bytes per tensor type."""
+        out: dict[str, int] = {}
+        for t in self.tensors:
+            out[t.type] = out.get(t.type, 0) + t.n_bytes
+        return out
+
+
+def _gguf_module() -> Any:
+    try:
+        import gguf  # type: ignore[import-untyped,unused-ignore]
+    except ImportError as err:
+        raise HostError(
+            "reading GGUF headers needs the python package `gguf`, which is not installed",
+            hint="pip install 'governor[gguf]' (or pip install gguf)",
+            missing=("gguf",),
+        ) from err
+    return gguf
+
+
+def _corrupt(path: Path, why: str) -> PolicyError:
+    return PolicyError(
+        f"not a readable GGUF model: {why}",
+        file=str(path),
+        hint="the file is truncated or not a GGUF model: download or convert it again",
+    )
+
+
+def read_gguf(path: Path) -> GgufInfo:
+    """Parse ``path``'s header. 66 when missing, 65 when corrupt/truncated, 69 without gguf."""
+    try:
+        size = path.stat().st_size
+        with path.open("rb") as f:
+            head = f.read(MIN_HEADER_BYTES)
+    except OSError as err:
+        raise PolicyNotFound(
+            f"model file not readable: {path} ({err.strerror})",
+            file=str(path),
+            hint="check the model path",
+        ) from err
+    if len(head) < MIN_HEADER_BYTES:
+        raise _corrupt(path, f"{size} bytes, shorter than a GGUF header")
+    if head[:4] != GGUF_MAGIC:
+        raise _corrupt(path, f"magic {head[:4]!r}, expected {GGUF_MAGIC!r}")
+    gguf = _gguf_module()
+    try:
+        with path.open("rb") as f:
+            fields, n_tokens, raw = _walk_header(f, size)
+        tensors = tuple(_tensor(gguf, *t) for t in raw)
+        ftype = fields.get("general.file_type")
+        file_type = (
+            gguf.LlamaFileType(int(ftype)).name.removeprefix("MOSTLY_")
+            if isinstance(ftype, int)
+            else None
+        )
+    except _Corrupt as err:
+        raise _corrupt(path, str(err)) from err
+    except (ValueError, KeyError, struct.error, OverflowError) as err:  # unknown enum values
+        raise _corrupt(path, f"{type(err).__name__}: {err}") from err
+    return info_from_fields(
+        str(path),
+        size=size,
+        fields=fields,
+        n_tokens=n_tokens,
+        tensors=tensors,
+        file_type=file_type,
+        corrupt=_corrupt,
+    )
+
+
+class _Corrupt(Exception):
+    pass
+
+
+# GGUF value types (gguf.md "GGUFValueType"): struct format of the scalar ones
+_SCALAR = {0: "<B", 1: "<b", 2: "<H", 3: "<h", 4: "<I", 5: "<i", 6: "<f", 7: "<?", 10: "<Q",
+           11: "<q", 12: "<d"}  # fmt: skip
+_STRING, _ARRAY = 8, 9
+MAX_COUNT = 1 << 24  # more keys, tensors, array items or dims than any model has: corrupt
+MAX_STRING = 1 << 26
+
+
+def _walk_header(f: BinaryIO, size: int) -> tuple[dict[str, Any], int, list[tuple[Any, ...]]]:
+    """Read the key/value and tensor-info sections only, skipping array contents (a 151936-token
+    vocabulary is walked, not decoded): milliseconds, where gguf.GGUFReader takes seconds."""
+
+    def read(n: int) -> bytes:
+        b = f.read(n)
+        if len(b) != n:
+            raise _Corrupt(f"truncated header at byte {f.tell()} of {size}")
+        return b
+
+    def u32() -> int:
+        return int(struct.unpack("<I", read(4))[0])
+
+    def u64() -> int:
+        return int(struct.unpack("<Q", read(8))[0])
+
+    def count(what: str) -> int:
+        n = u64()
+        if n > MAX_COUNT:
+            raise _Corrupt(f"implausible {what} count {n}")
+        return n
+
+    def string() -> str:
+        n = u64()
+        if n > MAX_STRING:
+            raise _Corrupt(f"implausible string length {n} at byte {f.tell() - 8}")
+        return read(n).decode("utf-8", errors="replace")
+
+    def value(vtype: int) -> Any:
+        if vtype in _SCALAR:
+            fmt = _SCALAR[vtype]
+            return struct.unpack(fmt, read(struct.calcsize(fmt)))[0]
+        if vtype == _STRING:
+            return string()
+        if vtype == _ARRAY:
+            itype, n = u32(), count("array item")
+            if itype in _SCALAR:
+                f.seek(n * struct.calcsize(_SCALAR[itype]), 1)
+            else:
+                for _ in range(n):
+                    value(itype)
+            return _Array(n)
+        raise _Corrupt(f"unknown value type {vtype} at byte {f.tell() - 4}")
+
+    magic, version = read(4), u32()
+    if magic != GGUF_MAGIC or version < GGUF_MIN_VERSION:
+        raise _Corrupt(f"magic {magic!r} version {version}: GGUF v2+ expected")
+    n_tensors, n_kv = count("tensor"), count("key")
+    fields: dict[str, Any] = {}
+    for _ in range(n_kv):
+        key = string()
+        fields[key] = value(u32())
+    tokens = fields.get("tokenizer.ggml.tokens")
+    tensors = []
+    for _ in range(n_tensors):
+        name, n_dims = string(), u32()
+        if n_dims > GGML_MAX_DIMS:
+            raise _Corrupt(f"tensor {name}: {n_dims} dimensions")
+        dims = [u64() for _ in range(n_dims)]
+        ttype, _offset = u32(), u64()
+        tensors.append((name, dims, ttype))
+    return fields, tokens.n if isinstance(tokens, _Array) else 0, tensors
+
+
+@dataclass(frozen=True)
+class _Array:
+    n: int
+
+
+def _tensor(gguf: Any, name: str, dims: list[int], ttype: int) -> Tensor:
+    qtype = gguf.GGMLQuantizationType(ttype)
+    block, type_size = gguf.GGML_QUANT_SIZES[qtype]
+    n = 1
+    for d in dims:
+        n *= d
+    if dims and dims[0] % block:
+        raise _Corrupt(f"tensor {name}: row of {dims[0]} not a multiple of {block}")
+    return Tensor(
+        name=name,
+        type=qtype.name,
+        n_elements=n,
+        n_bytes=n // block * type_size,
+        rows=dims[1] if len(dims) > 1 else 1,
+    )
+
+
+def info_from_fields(
+    path: str,
+    *,
+    size: int,
+    fields: dict[str, Any],
+    n_tokens: int,
+    tensors: tuple[Tensor, ...],
+    file_type: str | None,
+    corrupt: Any = None,
+) -> GgufInfo:
+    """Build GgufInfo from decoded header fields (pure; unit-tested without files)."""
+
+    def need(key: str) -> int:
+        v = fields.get(key)
+        if not isinstance(v, int) or v <= 0:
+            why = f"key {key} missing or not a positive integer ({v!r})"
+            raise corrupt(Path(path), why) if corrupt else ValueError(why)
+        return v
+
+    arch = fields.get("general.architecture")
+    if not isinstance(arch, str) or not arch:
+        why = "key general.architecture missing"
+        raise corrupt(Path(path), why) if corrupt else ValueError(why)
+    n_head = need(f"{arch}.attention.head_count")
+    n_embd = need(f"{arch}.embedding_length")
+    kv = fields.get(f"{arch}.attention.head_count_kv")
+    n_head_kv = kv if isinstance(kv, int) and kv > 0 else n_head
+    head_dim = n_embd // n_head
+    key_len = fields.get(f"{arch}.attention.key_length")
+    val_len = fields.get(f"{arch}.attention.value_length")
+    vocab = fields.get(f"{arch}.vocab_size")
+    return GgufInfo(
+        path=path,
+        file_bytes=size,
+        architecture=arch,
+        n_layer=need(f"{arch}.block_count"),
+        n_embd=n_embd,
+        n_head=n_head,
+        n_head_kv=n_head_kv,
+        n_ctx_train=need(f"{arch}.context_length"),
+        vocab=vocab if isinstance(vocab, int) and vocab > 0 else n_tokens,
+        key_length=key_len if isinstance(key_len, int) and key_len > 0 else head_dim,
+        value_length=val_len if isinstance(val_len, int) and val_len > 0 else head_dim,
+        file_type=file_type,
+        tensors=tensors,
+    )
