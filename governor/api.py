@@ -68,6 +68,9 @@ def schema() -> dict[str, Any]:
 class LaunchOptions:
     report: Path | None = None
     keep: bool = False
+    sample_s: float = 1.0  # the monitor's sampler interval (memory.current/peak/stat)
+    backend: str = "cgroupfs"  # cgroupfs | systemd | auto (governor/backends/systemd.py)
+    force: bool = False  # launch even when the GGUF estimate exceeds memory.max
 
 
 def _backend(plan: Plan) -> Any:
@@ -75,6 +78,27 @@ def _backend(plan: Plan) -> Any:
     from governor.kernel.cgroupfs import CgroupFs
 
     return CgroupfsBackend(CgroupFs(Path(plan.cgroup_root)))
+
+
+def _backend_name(opts: HostOptions, lopts: LaunchOptions) -> str:
+    """Resolve --backend auto before probing (the systemd layout probes no slice path)."""
+    from governor.backends.systemd import choose
+
+    try:
+        pid1 = (opts.root / "proc/1/comm").read_text().strip()
+    except OSError:
+        pid1 = ""  # hidepid=: cannot tell, so not systemd
+    return choose(lopts.backend, pid1=pid1)  # type: ignore[arg-type]  # cli validates it
+
+
+def _launch_backend(plan: Plan, name: str, host: HostFacts, opts: HostOptions) -> Any:
+    """(plan, backend) for launch: the cgroupfs layout, or the delegated part of the plan
+    inside a systemd unit (service or transient scope)."""
+    if name != "systemd":
+        return plan, _backend(plan)
+    from governor.backends.systemd import for_launch
+
+    return for_launch(plan, systemd_version=host.systemd_version, proc_root=opts.root / "proc")
 
 
 def apply(path: Path, opts: HostOptions) -> Plan:
@@ -182,7 +206,7 @@ def _child_setup(plan: Plan, executable: str, argv: tuple[str, ...]) -> Any:
     )
 
 
-def _announce(plan: Plan) -> None:
+def _announce(plan: Plan, leaf: str | None = None) -> None:
     """Say plainly, on stderr, where the engine runs and which limits are (not) in force."""
     import sys
 
@@ -190,7 +214,7 @@ def _announce(plan: Plan) -> None:
 
     on, off = enforcement(plan)
     out = sys.stderr
-    out.write(f"governor: {plan.policy} -> {plan.cgroup_root}/{plan.leaf}\n")
+    out.write(f"governor: {plan.policy} -> {plan.cgroup_root}/{leaf or plan.leaf}\n")
     out.write(f"governor: enforced: {', '.join(on)}\n")
     for line in off:
         out.write(f"governor: NOT enforced: {line}\n")
@@ -201,6 +225,7 @@ def launch(path: Path, argv: tuple[str, ...], opts: HostOptions, lopts: LaunchOp
     """`governor launch`: check everything, apply, run the engine in the leaf, clean up.
 
     Returns the engine's exit status (128+N when it died of signal N)."""
+    import dataclasses
     import os
     import time
 
@@ -209,8 +234,11 @@ def launch(path: Path, argv: tuple[str, ...], opts: HostOptions, lopts: LaunchOp
     from governor.engines.checks import engine_warnings, read_engine_argv
     from governor.errors import PolicyError, UsageError
     from governor.launch.launcher import Launcher
+    from governor.launch.prefetch import prepare as prepare_prefetch
     from governor.launch.watchdog import start_watchdog
+    from governor.monitor.loop import start_monitor
     from governor.plan.compiler import Workload, compile_plan
+    from governor.sdnotify import notify
 
     log = structlog.get_logger("governor.launch")
     if not argv:
@@ -222,7 +250,10 @@ def launch(path: Path, argv: tuple[str, ...], opts: HostOptions, lopts: LaunchOp
     args = read_engine_argv(policy, argv)
     executable = resolve_executable(argv[0], os.environ.get("PATH"))
     model_bytes = _model_bytes(args)
-    host = probe_host(opts, target=f"{policy.slice}/{policy.name}")
+    backend_name = _backend_name(opts, lopts)
+    # under systemd the manager enables controllers along the unit's path itself
+    target = None if backend_name == "systemd" else f"{policy.slice}/{policy.name}"
+    host = probe_host(opts, target=target)
     plan = compile_plan(
         policy,
         host,
@@ -239,10 +270,23 @@ def launch(path: Path, argv: tuple[str, ...], opts: HostOptions, lopts: LaunchOp
         )
     for warning in engine_warnings(args, plan, host):
         log.warning("engine.argv", message=warning)
-    _announce(plan)
-    setup = _child_setup(plan, executable, argv)
+    # a GGUF model: the estimate (weights + repack + KV + compute) is THE budget check (65)
+    from governor.engines.budget import check_launch
 
-    backend = _backend(plan)
+    estimated = check_launch(args, plan, root=opts.root, force=lopts.force)
+    # files (66/77) and budget (65) before anything is applied; runs in the child after the join
+    job = prepare_prefetch(
+        plan,
+        model=args.model if args else None,
+        model_bytes=None if estimated is not None else model_bytes,
+        cwd=Path.cwd(),
+    )
+    full_plan, (plan, backend) = plan, _launch_backend(plan, backend_name, host, opts)
+    _announce(full_plan, leaf=plan.leaf)
+    setup = _child_setup(plan, executable, argv)
+    if job is not None:
+        setup = dataclasses.replace(setup, prefetch=job)
+
     launcher = Launcher(backend.fs, proc_root=opts.root / "proc")
     with backend.lock(plan):
         backend.apply(plan)
@@ -258,10 +302,21 @@ def launch(path: Path, argv: tuple[str, ...], opts: HostOptions, lopts: LaunchOp
             except BaseException:
                 backend.remove(plan)
                 raise
-            code, sig = launcher.supervise(plan, pid, started=started)
+            # Type=notify services: the engine has been exec'd (no-op without $NOTIFY_SOCKET)
+            notify(f"READY=1\nSTATUS={plan.policy}: engine pid {pid} in {plan.leaf}")
+            prefetched = job.collect() if job is not None else None
+            monitor = start_monitor(
+                backend.fs, plan, pid, proc_root=opts.root / "proc", sample_s=lopts.sample_s
+            )
+            code, sig = launcher.supervise(plan, pid, started=started, watcher=monitor)
             report = launcher.summarize(
                 plan, pid=pid, argv=argv, code=code, sig=sig, wall=time.monotonic() - started
             )
+            report.extra["monitor"] = monitor.finish()
+            if estimated is not None:
+                report.extra["estimate"] = estimated.to_dict()
+            if prefetched is not None:
+                prefetched.fill(report)
             log.info("engine.exit", **{k: v for k, v in vars(report).items() if k != "argv"})
             if lopts.report is not None:
                 lopts.report.write_text(report.to_json() + "\n")
@@ -271,3 +326,188 @@ def launch(path: Path, argv: tuple[str, ...], opts: HostOptions, lopts: LaunchOp
             if watchdog is not None:
                 watchdog.disarm()
     return code
+
+
+@dataclass(frozen=True)
+class MonitorOptions:
+    sample_s: float = 1.0
+    report: Path | None = None
+    cgroup: str | None = None  # watch this cgroup (relative to the root) instead of the plan's
+    duration_s: float | None = None  # stop after this long (default: until signalled or gone)
+
+
+def monitor(path: Path, opts: HostOptions, mopts: MonitorOptions) -> dict[str, Any]:
+    """`governor monitor`: attach the pressure monitor to an already-running slice (one that
+    `governor apply` or systemd created) until SIGINT/SIGTERM or the cgroup is gone."""
+    import signal
+    import time
+
+    from governor.errors import HostError
+    from governor.kernel.cgroupfs import CgroupFs
+    from governor.monitor.loop import Monitor
+
+    plan = check(path, opts)
+    if mopts.cgroup is not None:
+        plan = plan.model_copy(update={"group": mopts.cgroup, "leaf": mopts.cgroup})
+    fs = CgroupFs(Path(plan.cgroup_root))
+    if not fs.exists(plan.group):
+        raise HostError(
+            f"nothing to monitor: {plan.cgroup_root}/{plan.group} does not exist (cgroup root)",
+            hint="start it first (governor apply / launch, or its systemd unit), or pass --cgroup",
+        )
+
+    def engine_pids() -> list[int]:
+        where = plan.leaf if fs.exists(plan.leaf) else plan.group
+        return fs.procs(where)
+
+    stopped: list[int] = []
+    previous = {
+        sig: signal.signal(sig, lambda n, _f: stopped.append(n))
+        for sig in (signal.SIGINT, signal.SIGTERM)
+    }
+    deadline = None if mopts.duration_s is None else time.monotonic() + mopts.duration_s
+    mon = Monitor(
+        fs, plan, engine_pids=engine_pids, proc_root=opts.root / "proc", sample_s=mopts.sample_s
+    ).start()
+    try:
+        mon.run(lambda: bool(stopped) or (deadline is not None and time.monotonic() >= deadline))
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+        out = mon.finish()
+    if mopts.report is not None:
+        import json
+
+        mopts.report.write_text(json.dumps(out, indent=2, sort_keys=True) + "\n")
+    return out
+
+
+@dataclass(frozen=True)
+class InstallOptions:
+    root: Path = Path("/")  # where etc/systemd/system is written (a DESTDIR)
+    dry_run: bool = False
+    engine: tuple[str, ...] = ()  # engine argv for the instance's ExecStart= (optional)
+    governor: str | None = None  # governor executable in ExecStart= (default: this one)
+
+
+def _governor_executable() -> str:
+    import shutil
+    import sys
+
+    beside = Path(sys.executable).with_name("governor")  # the venv's console script
+    if beside.exists():
+        return str(beside)
+    return shutil.which("governor") or "/usr/local/bin/governor"
+
+
+def install(path: Path, opts: HostOptions, iopts: InstallOptions) -> Any:
+    """`governor install`: render the policy's units for this host's systemd and write them."""
+    from governor import install as inst
+    from governor.backends import dropin
+    from governor.backends.systemd import daemon_reload
+    from governor.engines.checks import read_engine_argv
+    from governor.errors import HostError
+    from governor.plan.compiler import Workload, compile_plan
+
+    policy = load_policy(path)
+    model_bytes = None
+    if iopts.engine:
+        model_bytes = _model_bytes(read_engine_argv(policy, iopts.engine))
+    host = probe_host(opts)  # systemd enables controllers along the unit's path itself
+    if host.systemd_version is None:
+        raise HostError(
+            f"systemd is not PID 1 on the probed host ({host.root}/proc/1/comm: {host.pid1!r})",
+            hint="install on the board itself, or render for it with --root of the global"
+            " options pointing at a copy of its /proc and /sys",
+        )
+    plan = compile_plan(
+        policy,
+        host,
+        workload=Workload(model_bytes=model_bytes),
+        allow_missing=opts.allow_missing,
+        source=str(path),
+    )
+    files = dropin.render_install(
+        plan,
+        host.systemd_version,
+        policy_path=str(path.resolve()),
+        governor=iopts.governor or _governor_executable(),
+        engine=iopts.engine or None,
+    )
+    live = iopts.root.resolve() == Path("/")
+    return inst.install(
+        plan.policy,
+        files,
+        dropin.unit_names(plan),
+        root=iopts.root,
+        dry_run=iopts.dry_run,
+        reload=daemon_reload if live else None,
+    )
+
+
+def uninstall(policy: str, root: Path, *, dry_run: bool = False) -> Any:
+    """`governor uninstall`: remove what install wrote for a policy (a file or its name) and
+    restore the files it replaced."""
+    from governor import install as inst
+    from governor.backends.systemd import daemon_reload
+
+    name = load_policy(Path(policy)).name if policy.endswith(".toml") else policy
+    live = root.resolve() == Path("/")
+    return inst.uninstall(name, root=root, dry_run=dry_run, reload=daemon_reload if live else None)
+
+
+@dataclass(frozen=True)
+class EstimateOptions:
+    ctx: int | None = None  # -c (overrides the one in engine_argv)
+    engine_argv: tuple[str, ...] = ()  # llama.cpp options to honour (-nr, -ctk, -ub, -lm ...)
+    policy: Path | None = None  # budget = the policy's memory.max on this host
+    budget: int | None = None  # budget in bytes (instead of a policy)
+
+
+def estimate(model: Path, opts: HostOptions, eopts: EstimateOptions) -> Any:
+    """`governor estimate`: the resident-memory estimate of llama.cpp for a GGUF model."""
+    from governor.engines.budget import estimate_argv, policy_budget
+    from governor.engines.llama import parse_llama_argv
+    from governor.errors import PolicyError
+
+    argv = ["llama", *eopts.engine_argv, "-m", str(model)]
+    if eopts.ctx is not None:
+        argv += ["-c", str(eopts.ctx)]
+    try:
+        args = parse_llama_argv(argv)
+    except ValueError as err:
+        raise PolicyError(str(err), file="--engine-argv", hint="check the engine options") from err
+    budget = eopts.budget
+    if budget is None and eopts.policy is not None:
+        budget = policy_budget(load_policy(eopts.policy), root=opts.root)
+    return estimate_argv(args, root=opts.root, budget=budget)
+
+
+def check_engine(path: Path, opts: HostOptions, argv: tuple[str, ...], *, force: bool) -> Any:
+    """`governor check --engine-argv`: the plan plus the engine checks launch would make
+    (max_context_tokens, model files, the GGUF budget); returns (plan, estimate, warnings)."""
+    from governor.engines.budget import check_launch
+    from governor.engines.checks import engine_warnings, read_engine_argv
+    from governor.plan.compiler import Workload, compile_plan
+
+    policy = load_policy(path)
+    args = read_engine_argv(policy, argv)
+    model_bytes = _model_bytes(args)
+    host = probe_host(opts, target=f"{policy.slice}/{policy.name}")
+    plan = compile_plan(
+        policy,
+        host,
+        workload=Workload(model_bytes=model_bytes),
+        allow_missing=opts.allow_missing,
+        source=str(path),
+    )
+    est = check_launch(args, plan, root=opts.root, force=force)
+    return plan, est, engine_warnings(args, plan, host)
+
+
+def bench(path: Path, argv: tuple[str, ...], opts: HostOptions, bopts: Any) -> Any:
+    """`governor bench`: run the engine under the policy per governor/bench/main.py."""
+    from governor.bench.main import bench as run_bench
+
+    plan = check(path, opts)
+    return run_bench(plan, path, argv, opts, bopts)

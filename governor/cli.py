@@ -4,6 +4,7 @@ Imports are lazy so that `governor launch` stays cheap to start (see bench/launc
 
 from __future__ import annotations
 
+import enum
 import json
 import sys
 from pathlib import Path
@@ -45,6 +46,22 @@ AllowMissing = Annotated[
 ]
 
 
+SampleInterval = Annotated[
+    float,
+    typer.Option(
+        "--sample-interval",
+        help="seconds between samples of memory.current/peak/stat (0.05 and up)",
+        min=0.05,
+    ),
+]
+
+
+Force = Annotated[
+    bool,
+    typer.Option("--force", help="go ahead even when the GGUF memory estimate exceeds memory.max"),
+]
+
+
 def _opts(allow_missing: str = "") -> HostOptions:
     from governor.api import HostOptions
 
@@ -83,11 +100,36 @@ def _global(
 
 
 @app.command()
-def check(policy: PolicyArg, allow_missing: AllowMissing = "") -> None:
+def check(
+    policy: PolicyArg,
+    allow_missing: AllowMissing = "",
+    engine_argv: Annotated[
+        str | None,
+        typer.Option(
+            "--engine-argv",
+            help="the engine command line (one quoted string) to check as launch would:"
+            " engine.max_context_tokens, the model files, the GGUF memory estimate",
+        ),
+    ] = None,
+    force: Force = False,
+) -> None:
     """Validate a policy and compile it against this host (exit 0 when it can be enforced)."""
     from governor import api
 
-    plan = api.check(policy, _opts(allow_missing))
+    if engine_argv is not None:
+        import shlex
+
+        plan, est, warnings = api.check_engine(
+            policy, _opts(allow_missing), tuple(shlex.split(engine_argv)), force=force
+        )
+        for w in warnings:
+            typer.echo(f"  warning: {w}")
+        if est is not None:
+            from governor.engines.estimate import render
+
+            typer.echo(render(est), nl=False)
+    else:
+        plan = api.check(policy, _opts(allow_missing))
     degraded = f", {len(plan.degraded)} limit(s) NOT in force" if plan.degraded else ""
     typer.echo(f"{policy}: ok ({len(plan.writes)} cgroup writes{degraded})")
     for d in plan.degraded:
@@ -112,8 +154,14 @@ def plan(
         typer.echo(plan_table(compiled), nl=False)
 
 
+class _Backend(enum.StrEnum):
+    cgroupfs = "cgroupfs"
+    systemd = "systemd"
+    auto = "auto"
+
+
 @app.command(context_settings={"allow_interspersed_args": False})
-def launch(
+def launch(  # noqa: PLR0917  # typer passes every option as a parameter
     policy: Annotated[Path, typer.Option("--policy", "-p", help="policy TOML file")],
     engine: Annotated[
         list[str],
@@ -126,6 +174,17 @@ def launch(
         bool, typer.Option("--keep", help="leave the slice (and any stragglers) after exit")
     ] = False,
     allow_missing: AllowMissing = "",
+    sample_interval: SampleInterval = 1.0,
+    backend: Annotated[
+        _Backend,
+        typer.Option(
+            "--backend",
+            help="cgroupfs: write <slice>/<name> directly; systemd: run in a delegated unit"
+            " (the installed governor@ service, else a transient scope over D-Bus); auto:"
+            " systemd when it is PID 1 and answers on the bus",
+        ),
+    ] = _Backend.cgroupfs,
+    force: Force = False,
 ) -> None:
     """Run an engine inside the policy's cgroup; exit with its status (128+N on signal N)."""
     from governor import api
@@ -134,9 +193,49 @@ def launch(
         policy,
         tuple(engine),
         _opts(allow_missing),
-        api.LaunchOptions(report=report, keep=keep),
+        api.LaunchOptions(
+            report=report,
+            keep=keep,
+            sample_s=sample_interval,
+            backend=backend.value,
+            force=force,
+        ),
     )
     raise typer.Exit(code)
+
+
+@app.command()
+def monitor(  # noqa: PLR0917  # typer passes every option as a parameter
+    policy: PolicyArg,
+    report: Annotated[
+        Path | None, typer.Option("--report", help="write the monitor's JSON report here")
+    ] = None,
+    cgroup: Annotated[
+        str | None,
+        typer.Option(
+            "--cgroup",
+            help="watch this cgroup (relative to the cgroup2 root, e.g. a systemd unit's)"
+            " instead of <slice>/<name>",
+        ),
+    ] = None,
+    duration: Annotated[
+        float | None, typer.Option("--duration", help="stop after this many seconds", min=0.1)
+    ] = None,
+    allow_missing: AllowMissing = "",
+    sample_interval: SampleInterval = 1.0,
+) -> None:
+    """Act on [[pressure]] rules for an already-running slice until SIGINT/SIGTERM or it is gone."""
+    from governor import api
+
+    out = api.monitor(
+        policy,
+        _opts(allow_missing),
+        api.MonitorOptions(
+            sample_s=sample_interval, report=report, cgroup=cgroup, duration_s=duration
+        ),
+    )
+    fired = sum(r["fired"] for r in out["rules"])
+    typer.echo(f"{policy}: {fired} rule firing(s), {out['oom_kill_seen']} oom_kill seen")
 
 
 @app.command()
@@ -158,6 +257,65 @@ def remove(policy: PolicyArg) -> None:
     removed = api.remove(policy, _opts())
     what = ", ".join(removed.removed) or "nothing (already gone)"
     typer.echo(f"removed {what}" + (" (killed its processes)" if removed.killed else ""))
+
+
+InstallRoot = Annotated[
+    Path,
+    typer.Option(
+        "--root",
+        help="write under this directory instead of / (a DESTDIR; the global --root, before"
+        " the command, is where /proc and /sys are probed)",
+    ),
+]
+DryRun = Annotated[bool, typer.Option("--dry-run", help="show the diff, write nothing")]
+
+
+def _show_install(result: object, verb: str, dry_run: bool) -> None:
+    diff = getattr(result, "diff")()  # noqa: B009  # install.Result, imported lazily
+    if diff:
+        typer.echo(diff, nl=False)
+    changes = getattr(result, "changes")  # noqa: B009
+    for kept in getattr(result, "kept"):  # noqa: B009
+        typer.echo(f"kept (edited since install): {kept}", err=True)
+    units = " ".join(getattr(result, "units"))  # noqa: B009
+    what = f"{len(changes)} file(s) {'would change' if dry_run else 'changed'}"
+    reloaded = getattr(result, "reloaded")  # noqa: B009
+    typer.echo(f"{verb} {units}: {what}" + (f"; reloaded ({reloaded})" if reloaded else ""))
+
+
+@app.command()
+def install(
+    policy: PolicyArg,
+    engine: Annotated[
+        list[str] | None,
+        typer.Argument(help="optional engine command after --, for the unit's ExecStart="),
+    ] = None,
+    root: InstallRoot = Path("/"),
+    dry_run: DryRun = False,
+    allow_missing: AllowMissing = "",
+) -> None:
+    """Write the policy's systemd slice and governor@ service drop-in (diff shown first)."""
+    from governor import api
+
+    result = api.install(
+        policy,
+        _opts(allow_missing),
+        api.InstallOptions(root=root, dry_run=dry_run, engine=tuple(engine or ())),
+    )
+    _show_install(result, "installed" if not dry_run else "would install", dry_run)
+
+
+@app.command()
+def uninstall(
+    policy: Annotated[str, typer.Argument(help="policy TOML file or policy name")],
+    root: InstallRoot = Path("/"),
+    dry_run: DryRun = False,
+) -> None:
+    """Remove exactly what `governor install` wrote for the policy; restore what it replaced."""
+    from governor import api
+
+    result = api.uninstall(policy, root, dry_run=dry_run)
+    _show_install(result, "uninstalled" if not dry_run else "would uninstall", dry_run)
 
 
 @app.command()
@@ -195,6 +353,134 @@ def doctor(
                 typer.echo(f"{'':5} {'':<16} fix: {f.fix}")
     if any(f.level == "error" for f in findings):
         raise typer.Exit(69)
+
+
+@app.command()
+def estimate(  # noqa: PLR0917  # typer passes every option as a parameter
+    model: Annotated[Path, typer.Argument(help="GGUF model file", show_default=False)],
+    ctx: Annotated[int | None, typer.Option("-c", "--ctx-size", help="context (-c)", min=0)] = None,
+    engine_argv: Annotated[
+        str,
+        typer.Option(
+            "--engine-argv", help="llama.cpp options to honour, one string: '-nr -ub 128 -ctk q8_0'"
+        ),
+    ] = "",
+    policy: Annotated[
+        Path | None, typer.Option("--policy", "-p", help="budget = this policy's memory.max")
+    ] = None,
+    budget: Annotated[
+        str | None, typer.Option("--budget", help="budget as a size (e.g. 1900M) instead")
+    ] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="print the estimate as JSON")] = False,
+) -> None:
+    """Estimate llama.cpp's resident memory for a GGUF model (header only; no weights loaded)."""
+    import shlex
+
+    from governor import api
+
+    est = api.estimate(
+        model,
+        _opts(),
+        api.EstimateOptions(
+            ctx=ctx,
+            engine_argv=tuple(shlex.split(engine_argv)),
+            policy=policy,
+            budget=_size(budget),
+        ),
+    )
+    if as_json:
+        typer.echo(json.dumps(est.to_dict(), indent=2))
+    else:
+        from governor.engines.estimate import render
+
+        typer.echo(render(est), nl=False)
+    if not est.fits:
+        raise typer.Exit(1)
+
+
+def _size(text: str | None) -> int | None:
+    if text is None:
+        return None
+    from governor.errors import UsageError
+    from governor.policy.values import parse_size
+
+    try:
+        return parse_size(text).bytes
+    except ValueError as err:
+        raise UsageError(f"not a size: {text!r} ({err}) (command line)", hint="e.g. 1900M") from err
+
+
+@app.command(context_settings={"allow_interspersed_args": False})
+def bench(  # noqa: PLR0917  # typer passes every option as a parameter
+    policy: Annotated[Path, typer.Option("--policy", "-p", help="policy TOML file")],
+    engine: Annotated[list[str], typer.Argument(help="the engine command after --")],
+    runs: Annotated[int, typer.Option("--runs", "-n", help="runs per configuration", min=1)] = 1,
+    interval: Annotated[
+        float, typer.Option("--interval", help="memory sample interval, seconds", min=0.05)
+    ] = 0.1,
+    model: Annotated[
+        list[str] | None, typer.Option("--model", help="matrix: replace -m (repeatable)")
+    ] = None,
+    ctx: Annotated[
+        list[int] | None, typer.Option("--ctx", help="matrix: replace -c (repeatable)")
+    ] = None,
+    csv_out: Annotated[Path | None, typer.Option("--csv", help="write one row per run")] = None,
+    json_out: Annotated[Path | None, typer.Option("--json", help="rows + series")] = None,
+    plot_out: Annotated[
+        Path | None, typer.Option("--plot", help="PNG of memory over time (needs [plot])")
+    ] = None,
+    board_memory: Annotated[
+        str | None, typer.Option("--board-memory", help="board RAM (default MemTotal)")
+    ] = None,
+    max_peak_fraction: Annotated[
+        float, typer.Option("--max-peak-fraction", help="gate: peak / board memory", min=0.0)
+    ] = 0.8,
+    min_decode_tps: Annotated[
+        float | None, typer.Option("--min-decode-tps", help="gate: decode tokens/s floor")
+    ] = None,
+    allow_missing: AllowMissing = "",
+    force: Force = False,
+    timeout: Annotated[
+        float | None, typer.Option("--timeout", help="seconds per run before giving up")
+    ] = None,
+    drop_caches: Annotated[
+        bool, typer.Option("--drop-caches", help="cold page cache before each run (root)")
+    ] = False,
+) -> None:
+    """Run an engine under a policy N times: memory peak/samples, tokens/s, CSV/JSON, CI gate."""
+    from governor import api
+    from governor.bench.main import BenchOptions
+
+    result = api.bench(
+        policy,
+        tuple(engine),
+        _opts(allow_missing),
+        BenchOptions(
+            runs=runs,
+            interval=interval,
+            models=tuple(model or ()),
+            ctxs=tuple(ctx or ()),
+            csv=csv_out,
+            json=json_out,
+            plot=plot_out,
+            board_bytes=_size(board_memory),
+            max_fraction=max_peak_fraction,
+            min_decode_tps=min_decode_tps,
+            force=force,
+            timeout=timeout,
+            drop_caches=drop_caches,
+        ),
+    )
+    for r in result.rows:
+        peak = "?" if r.peak_bytes is None else f"{r.peak_bytes >> 20} MiB"
+        typer.echo(
+            f"run {r.run}: {r.model} -c {r.ctx}: exit {r.exit_status}, peak {peak},"
+            f" prefill {r.prefill_tps} t/s, decode {r.decode_tps} t/s, {r.wall_s}s"
+        )
+    for f in result.failures:
+        typer.echo(f"GATE FAIL: {f}", err=True)
+    if result.failures:
+        raise typer.Exit(1)
 
 
 def _finding_dict(f: object) -> dict[str, object]:

@@ -190,6 +190,32 @@ class CgroupFs:
         except OSError as err:
             raise translate(err, "cannot open cgroup directory", cgroup=cgroup) from err
 
+    def open_watch(self, cgroup: str, file: str) -> int:
+        """An ``O_RDONLY`` fd to poll for POLLPRI: kernfs notifies file-modified events on
+        memory.events and cgroup.events (cgroup-v2.rst). The caller owns the fd."""
+        try:
+            return os.open(self._file(cgroup, file), _READ_FLAGS | os.O_NONBLOCK)
+        except OSError as err:
+            raise translate(err, "cannot open cgroup file", cgroup=cgroup, file=file) from err
+
+    def open_trigger(self, cgroup: str, file: str, text: str) -> int:
+        """A PSI trigger fd: ``<file>`` opened O_RDWR|O_NONBLOCK with ``text`` ("some 150000
+        2000000") written once; poll it for POLLPRI (accounting/psi.rst). One trigger per fd.
+        The errno (EINVAL: window refused, e.g. not a 2 s multiple without CAP_SYS_RESOURCE)
+        is kept on the raised error. The caller owns the fd."""
+        try:
+            fd = os.open(self._file(cgroup, file), os.O_RDWR | os.O_NONBLOCK | os.O_CLOEXEC)
+        except OSError as err:
+            raise translate(err, "cannot open PSI file", cgroup=cgroup, file=file) from err
+        try:
+            os.write(fd, text.encode() + b"\0")
+        except OSError as err:
+            os.close(fd)
+            raise translate(
+                err, "cannot arm PSI trigger", cgroup=cgroup, file=file, value=text
+            ) from err
+        return fd
+
     # --- parsed readers ------------------------------------------------------------------------
 
     def _parsed_error(self, err: ValueError, cgroup: str, file: str) -> BackendError:

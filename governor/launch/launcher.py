@@ -25,7 +25,7 @@ import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import structlog
 
@@ -33,6 +33,9 @@ from governor.errors import BackendError, GovernorError, LaunchError, Permission
 from governor.kernel import files as kf
 from governor.kernel.cgroupfs import CgroupFs
 from governor.plan.model import Plan
+
+if TYPE_CHECKING:
+    from governor.launch.prefetch import PrefetchJob
 
 log = structlog.get_logger(__name__)
 
@@ -69,6 +72,11 @@ class LaunchReport:
     wall_seconds: float
     degraded: list[str] = field(default_factory=list)
     extra: dict[str, Any] = field(default_factory=dict)
+    # [prefetch] (None when mode = "none"): see governor/launch/prefetch.py
+    prefetch_bytes: int | None = None
+    prefetch_seconds: float | None = None
+    resident_fraction: float | None = None
+    prefetch_method: str | None = None
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), indent=2, sort_keys=True)
@@ -86,6 +94,7 @@ class ChildSetup:
     user: str | None = None
     home: str | None = None
     pdeathsig: bool = True  # on_governor_exit = "kill"
+    prefetch: PrefetchJob | None = None  # runs right after the join: charged to the slice
 
 
 class Launcher:
@@ -111,6 +120,9 @@ class Launcher:
             for sig in FORWARDED_SIGNALS:
                 signal.signal(sig, signal.SIG_DFL)
             self.fs.move(os.getpid(), plan.leaf)
+            if setup.prefetch is not None:
+                step = "prefetch"
+                setup.prefetch.run()
             spec = plan.launch
             if spec.memlock is not None:
                 step = "memlock"
@@ -182,8 +194,12 @@ class Launcher:
         started: float,
         on_tick: Callable[[], None] | None = None,
         tick_s: float | None = None,
+        watcher: Watcher | None = None,
     ) -> tuple[int, int | None]:
-        """Forward signals to the engine and wait for it. Returns (exit code, signal)."""
+        """Forward signals to the engine and wait for it. Returns (exit code, signal).
+
+        With a ``watcher`` (the pressure monitor) the wait is the watcher's: it polls the
+        engine's pidfd together with its own sources."""
         pending: list[int] = []
 
         def forward(sig: int, _frame: object) -> None:
@@ -196,11 +212,16 @@ class Launcher:
         previous = {sig: signal.signal(sig, forward) for sig in FORWARDED_SIGNALS}
         try:
             pidfd = os.pidfd_open(pid)
-            with selectors.DefaultSelector() as sel:
-                sel.register(pidfd, selectors.EVENT_READ)
-                while not sel.select(tick_s):
+            if watcher is not None:
+                while not watcher.wait(pidfd, tick_s):
                     if on_tick is not None:
                         on_tick()
+            else:
+                with selectors.DefaultSelector() as sel:
+                    sel.register(pidfd, selectors.EVENT_READ)
+                    while not sel.select(tick_s):
+                        if on_tick is not None:
+                            on_tick()
             os.close(pidfd)
             _, status = os.waitpid(pid, 0)
         finally:
@@ -251,6 +272,17 @@ class Launcher:
             return None
 
 
+class Watcher(Protocol):
+    """Waits for the engine's pidfd together with its own sources (governor/monitor/loop.py).
+
+    The watcher owns the wait because PSI trigger events are consumed by the poll that sees
+    them (psi_trigger_poll resets the event): an epoll nested in another would lose them."""
+
+    def wait(self, exit_fd: int, limit_s: float | None) -> bool:
+        """Handle what is ready within ``limit_s``; True once ``exit_fd`` is readable."""
+        ...
+
+
 def _child_error(
     step: str, code: int, message: str, plan: Plan, setup: ChildSetup
 ) -> GovernorError:
@@ -278,6 +310,8 @@ def _child_error(
         "nice": "a negative nice needs CAP_SYS_NICE",
         "user": "dropping to process.user needs root (CAP_SETUID/CAP_SETGID)",
         "affinity": "the CPUs must be online and allowed by the cpuset",
+        "prefetch": "reading or locking the prefetch files failed; mlock needs CAP_IPC_LOCK or"
+        " RLIMIT_MEMLOCK above the files' size (or use prefetch.mode = populate)",
     }
     cls = PermissionDenied if code in (errno_mod.EPERM, errno_mod.EACCES) else BackendError
     return cls(

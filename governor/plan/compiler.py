@@ -20,6 +20,7 @@ from governor.plan.model import (
     LaunchSpec,
     Plan,
     PrefetchSpec,
+    WatchCondition,
     WatchRule,
     WatchTrigger,
 )
@@ -139,9 +140,10 @@ def compile_plan(
                     degraded.append(f"{w.file} = {w.value} ({ctrl} controller missing)")
         else:
             problems.append(f"controller {ctrl} is not available ({where})")
-    if policy.pressure and not host.psi and "psi" not in allow_missing:
+    psi_rules = [r for r in policy.pressure if isinstance(r.when, v.PsiTrigger)]
+    if psi_rules and not host.psi and "psi" not in allow_missing:
         problems.append(f"PSI is not available ({host.psi_detail}); [[pressure]] rules need it")
-    elif policy.pressure and not host.psi:
+    elif psi_rules and not host.psi:
         degraded.append("[[pressure]] rules (PSI missing)")
     if problems:
         raise HostError(
@@ -182,13 +184,7 @@ def compile_plan(
         watch=tuple(
             WatchRule(
                 index=i,
-                trigger=WatchTrigger(
-                    resource=r.when.resource,
-                    kind=r.when.kind,
-                    stall_us=r.when.stall.us,
-                    window_us=r.when.window.us,
-                    file=f"{r.when.resource}.pressure",
-                ),
+                trigger=_watch_trigger(r.when),
                 hold_s=r.for_.seconds if r.for_ else None,
                 cooldown_s=r.cooldown.seconds if r.cooldown else None,
                 actions=tuple(str(a) for a in r.do),
@@ -198,6 +194,28 @@ def compile_plan(
         notes=tuple(notes),
         degraded=tuple(degraded),
     )
+
+
+def _watch_trigger(when: v.Condition) -> WatchTrigger | WatchCondition:
+    """A rule's ``when`` as the monitor needs it (monitor/sources.py arms or reads it)."""
+    if isinstance(when, v.PsiTrigger):
+        return WatchTrigger(
+            resource=when.resource,
+            kind=when.kind,
+            stall_us=when.stall.us,
+            window_us=when.window.us,
+            file=f"{when.resource}.pressure",
+        )
+    if isinstance(when, v.LeakCondition):
+        return WatchCondition(
+            condition="leak",
+            threshold=when.rate,
+            window_s=when.window.seconds,
+            file=kf.MEMORY_STAT,
+        )
+    if isinstance(when, v.MemAvailableCondition):
+        return WatchCondition(condition="memavailable", threshold=when.below, file="/proc/meminfo")
+    return WatchCondition(condition="event", event=when.event, file=kf.MEMORY_EVENTS)
 
 
 def _page_floor(nbytes: int, page_size: int) -> int:

@@ -72,9 +72,27 @@ class WatchTrigger(_Frozen):
         return f"{self.kind} {self.stall_us} {self.window_us}"
 
 
+class WatchCondition(_Frozen):
+    """A non-PSI rule condition: a leak slope, the board-wide MemAvailable floor, or a
+    memory.events counter that went up."""
+
+    condition: Literal["leak", "memavailable", "event"]
+    threshold: int = 0  # leak: bytes/s; memavailable: bytes
+    window_s: float | None = None  # leak: the slope's window
+    event: str | None = None  # event: the memory.events key ("oom_kill")
+    file: str  # where it is read: "memory.stat", "/proc/meminfo", "memory.events"
+
+    def text(self) -> str:
+        if self.condition == "leak":
+            return f"leak > {self.threshold}B/s for {self.window_s:g}s"
+        if self.condition == "memavailable":
+            return f"memavailable < {self.threshold}"
+        return str(self.event)
+
+
 class WatchRule(_Frozen):
     index: int  # position in the policy's [[pressure]] array
-    trigger: WatchTrigger
+    trigger: WatchTrigger | WatchCondition
     hold_s: float | None = None  # "for"
     cooldown_s: float | None = None
     actions: tuple[str, ...]  # canonical action strings; parsed again by the monitor

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from governor.plan.model import Plan
+from governor.plan.model import Plan, WatchTrigger
 
 
 def plan_table(plan: Plan) -> str:
@@ -59,7 +59,8 @@ def plan_table(plan: Plan) -> str:
             extra += f" for {rule.hold_s:g}s"
         if rule.cooldown_s:
             extra += f" cooldown {rule.cooldown_s:g}s"
-        lines.append(f"watch    {t.file} '{t.trigger_text()}'{extra} -> {', '.join(rule.actions)}")
+        text = t.trigger_text() if isinstance(t, WatchTrigger) else t.text()
+        lines.append(f"watch    {t.file} '{text}'{extra} -> {', '.join(rule.actions)}")
     for note in plan.notes:
         lines.append(f"note     {note}")
     for d in plan.degraded:
@@ -86,8 +87,15 @@ def enforcement(plan: Plan) -> tuple[list[str], list[str]]:
     on.append(f"on_governor_exit={launch.on_governor_exit}")
     off = list(plan.degraded)
     if plan.watch:
-        # the pressure monitor (PSI triggers -> actions) is not part of this build yet
-        off.append(f"{len(plan.watch)} [[pressure]] rule(s): validated, not yet acted on")
-    if plan.prefetch.mode != "none":
-        off.append(f"prefetch.mode={plan.prefetch.mode}: not yet performed")
+        # governor/monitor: PSI triggers, memory/cgroup events and samples -> rules -> actions
+        on.append(f"{len(plan.watch)} [[pressure]] rule(s) acted on by the monitor")
+    if plan.prefetch.mode == "advise":
+        on.append("prefetch=advise (WILLNEED hints from inside the slice)")
+    elif plan.prefetch.mode != "none":
+        # governor/launch/prefetch.py: runs in the engine's child after it joined the leaf
+        on.append(
+            f"prefetch={plan.prefetch.mode} (MADV_POPULATE_READ, else MAP_POPULATE, else reads;"
+            " mincore top-up; charged to the slice"
+            + ("; a locker process holds the mlock)" if plan.prefetch.mode == "lock" else ")")
+        )
     return on, off

@@ -84,12 +84,14 @@ CpuMax = Annotated[
     PlainSerializer(str, return_type=str),
 ]
 Trigger = Annotated[
-    v.PsiTrigger,
-    BeforeValidator(v.parse_trigger),
+    v.Condition,
+    BeforeValidator(v.parse_condition),
     WithJsonSchema(
         {
             "type": "string",
-            "description": "'<memory|cpu|io> <some|full> <stall>/<window>', e.g. 'memory some 150ms/2s'",
+            "description": "'<memory|cpu|io> <some|full> <stall>/<window>', e.g. 'memory some 150ms/2s';"
+            " 'leak > 500KB/s for 60s'; 'memavailable < 800M'; or a memory.events counter:"
+            " 'oom_kill', 'oom_group_kill', 'oom', 'max', 'high'",
         }
     ),
     PlainSerializer(str, return_type=str),

@@ -294,6 +294,91 @@ def parse_trigger(value: object) -> PsiTrigger:
     return PsiTrigger(m["res"], m["kind"], stall, window)  # type: ignore[arg-type]  # regex
 
 
+# ---------------------------------------------------------------- other conditions
+
+# memory.events counters a rule may react to (cgroup-v2.rst, "memory.events")
+MEMORY_EVENTS = ("oom_kill", "oom_group_kill", "oom", "max", "high")
+# a rate's size unit before "/s": binary like the kernel's "kB" in /proc (KB/kB = KiB here,
+# because the seed writes "500KB/s" and /proc/<pid>/status spells KiB "kB")
+_RATE_UNITS = {**_BINARY, "KB": 1 << 10, "kB": 1 << 10, "MB": 1 << 20, "GB": 1 << 30}
+_LEAK_RE = re.compile(
+    r"^\s*leak\s*>\s*(?P<num>[0-9]+(?:\.[0-9]+)?)\s*(?P<unit>[A-Za-z]*)/s\s+for\s+(?P<window>\S+)\s*$"
+)
+_MEMAVAIL_RE = re.compile(r"^\s*memavailable\s*<\s*(?P<size>\S+)\s*$")
+# the slope needs several samples: at 1 s sampling, 10 s gives 10 points
+LEAK_WINDOW_MIN_US = 10_000_000
+
+
+@dataclass(frozen=True)
+class LeakCondition:
+    """``leak > 500KB/s for 60s``: anon memory grew faster than ``rate`` over ``window``."""
+
+    rate: int  # bytes per second
+    window: Duration
+
+    def __str__(self) -> str:
+        if self.rate % 1024 == 0:
+            return f"leak > {self.rate // 1024}KiB/s for {self.window}"
+        return f"leak > {self.rate}B/s for {self.window}"
+
+
+@dataclass(frozen=True)
+class MemAvailableCondition:
+    """``memavailable < 800M``: the board-wide floor (/proc/meminfo MemAvailable)."""
+
+    below: int  # bytes
+
+    def __str__(self) -> str:
+        return f"memavailable < {format_bytes(self.below)}"
+
+
+@dataclass(frozen=True)
+class EventCondition:
+    """``oom_kill``: a memory.events counter of the group went up."""
+
+    event: Literal["oom_kill", "oom_group_kill", "oom", "max", "high"]
+
+    def __str__(self) -> str:
+        return self.event
+
+
+Condition = PsiTrigger | LeakCondition | MemAvailableCondition | EventCondition
+
+
+def parse_condition(value: object) -> Condition:
+    """A rule's ``when``: a PSI trigger, ``leak > R/s for W``, ``memavailable < SIZE`` or a
+    memory.events counter name (``oom_kill``)."""
+    if isinstance(value, PsiTrigger | LeakCondition | MemAvailableCondition | EventCondition):
+        return value
+    if not isinstance(value, str):
+        return parse_trigger(value)
+    text = value.strip()
+    if text in MEMORY_EVENTS:
+        return EventCondition(text)  # type: ignore[arg-type]  # narrowed by `in`
+    if text.startswith("leak"):
+        m = _LEAK_RE.match(text)
+        if not m:
+            raise ValueError(f"cannot parse {value!r} (form: 'leak > 500KB/s for 60s')")
+        if m["unit"] not in _RATE_UNITS:
+            raise ValueError(f"unknown rate unit {m['unit']!r}/s in {value!r} (use K, M, KiB...)")
+        rate = int(Decimal(m["num"]) * _RATE_UNITS[m["unit"]])
+        window = parse_duration(m["window"])
+        if rate <= 0:
+            raise ValueError(f"leak rate must be positive in {value!r}")
+        if window.us < LEAK_WINDOW_MIN_US:
+            raise ValueError(f"leak window {window} is too short for a slope (at least 10s)")
+        return LeakCondition(rate, window)
+    if text.startswith("memavailable"):
+        m = _MEMAVAIL_RE.match(text)
+        if not m:
+            raise ValueError(f"cannot parse {value!r} (form: 'memavailable < 800M')")
+        size = parse_size(m["size"], allow=frozenset({"bytes"}))
+        if size.bytes == 0:
+            raise ValueError(f"memavailable floor must be positive in {value!r}")
+        return MemAvailableCondition(size.bytes)
+    return parse_trigger(value)
+
+
 # ---------------------------------------------------------------- actions
 
 # files an action may `set`, with whether relative (+/-N%) changes are meaningful

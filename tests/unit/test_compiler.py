@@ -30,7 +30,7 @@ from governor.plan.compiler import (
     compile_plan,
 )
 from governor.plan.host import CgroupLevel, HostFacts, probe
-from governor.plan.model import EnableControllers, Plan
+from governor.plan.model import EnableControllers, Plan, WatchTrigger
 from governor.policy import values as v
 from governor.policy.loader import load, load_text
 from governor.policy.model import Policy
@@ -153,10 +153,13 @@ def test_npu_chat_on_rk3588_protects_limits_and_pins_big_cores() -> None:
     assert _value(plan, kf.MEMORY_MIN) == str(1181116006 // 4096 * 4096)
     assert _value(plan, kf.CPU_MAX) == "350000 100000"
     assert plan.launch.memlock == "model"  # no workload given: resolved at launch
-    assert [w.trigger.trigger_text() for w in plan.watch] == [
+    assert [
+        w.trigger.trigger_text() for w in plan.watch if isinstance(w.trigger, WatchTrigger)
+    ] == [
         "some 150000 2000000",
         "full 500000 2000000",
         "full 1000000 2000000",
+        "full 1500000 2000000",
     ]
     assert plan.watch[1].actions == ("signal SIGUSR1", "set memory.high -10%")
     assert "cpu.cpus = big -> 4-7 (from cpu_capacity)" in plan.notes

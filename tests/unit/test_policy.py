@@ -227,7 +227,8 @@ def test_full_policy_parses_every_key_into_typed_values() -> None:
         "set memory.max +5.5%",
     ]
     assert p.pressure[1].do[4].argv == ("/usr/bin/logger", "-t", "governor", "io stall")
-    assert p.pressure[2].when.window.us == 500_000
+    when = p.pressure[2].when
+    assert isinstance(when, v.PsiTrigger) and when.window.us == 500_000
 
 
 @pytest.mark.parametrize("path", sorted(GOOD.glob("*.toml")), ids=lambda p: p.name)
