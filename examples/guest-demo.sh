@@ -41,7 +41,8 @@ gov launch --policy "$W/toy.toml" --report "$W/fits.json" -- \
     "$PY" examples/toy_engine.py -m "$W/model.bin" -c 512 --ms-per-token 20 2> >(grep -v '^{' >&2) &
 gpid=$!
 G=/sys/fs/cgroup/demo.slice/toy
-for _ in $(seq 100); do [ -s "$G/engine/cgroup.procs" ] && break; sleep 0.2; done
+# (cgroupfs files report size 0: test the content, not [ -s ])
+for _ in $(seq 300); do [ -n "$(cat "$G/engine/cgroup.procs" 2>/dev/null)" ] && break; sleep 0.1; done
 echo "-- read back from the kernel while the engine runs ($G):"
 for f in memory.high memory.max memory.swap.max memory.oom.group cpuset.cpus cpu.weight cpu.max pids.max; do
     printf '   %-18s %s\n' "$f" "$(cat "$G/$f")"
