@@ -475,7 +475,8 @@ def bench(  # noqa: PLR0917  # typer passes every option as a parameter
         peak = "?" if r.peak_bytes is None else f"{r.peak_bytes >> 20} MiB"
         typer.echo(
             f"run {r.run}: {r.model} -c {r.ctx}: exit {r.exit_status}, peak {peak},"
-            f" prefill {r.prefill_tps} t/s, decode {r.decode_tps} t/s, {r.wall_s}s"
+            f" prefill {r.prefill_tps} t/s, decode {r.decode_tps} t/s, {r.wall_s}s,"
+            f" {r.outcome}, pressure rules fired {r.pressure_fired}"
         )
     for f in result.failures:
         typer.echo(f"GATE FAIL: {f}", err=True)

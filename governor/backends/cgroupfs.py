@@ -101,6 +101,16 @@ def _same(file: str, live: str, planned: str) -> bool:
     return live.strip() == planned.strip()
 
 
+def protection(text: str) -> int | None:
+    """memory.min/low as bytes; None for "max"."""
+    return None if text == "max" else int(text)
+
+
+def at_least(a: int | None, b: int | None) -> bool:
+    """a >= b where None is "max"."""
+    return a is None or (b is not None and a >= b)
+
+
 def _ancestors_and_self(cgroup: str) -> list[str]:
     parts = cgroup.split("/")
     return ["/".join(parts[: i + 1]) for i in range(len(parts))]
@@ -169,6 +179,7 @@ class CgroupfsBackend:
                 log.info(
                     "cgroup.write", cgroup=w.cgroup, file=w.file, value=w.value, previous=previous
                 )
+            writes.extend(self._protect_parents(plan, raise_only=True))
         except BaseException:
             # BaseException too: a ^C half-way must not leave a half-configured tree behind
             partial = Applied(
@@ -187,6 +198,52 @@ class CgroupfsBackend:
             enabled=tuple(enabled),
             writes=tuple(writes),
         )
+
+    # --- protection of the slices above the group --------------------------------------------
+
+    def _protect_parents(self, plan: Plan, *, raise_only: bool) -> list[WriteRecord]:
+        """Keep each governor-made ancestor's memory.min/low at the sum of its children's.
+
+        A cgroup's effective protection is capped by its parent's (mm/memcontrol.c,
+        mem_cgroup_calculate_protection): a group's memory.min under a slice with memory.min 0
+        protects nothing. Nearest ancestor first, so each sum sees the raised value below it.
+        ``raise_only`` (apply) never lowers an operator's larger value; remove lowers the
+        slices back to what the remaining children need."""
+        done: list[WriteRecord] = []
+        parents = [p for p in _ancestors_and_self(plan.group)[:-1] if p in plan.create]
+        for file in plan.protect_parents:
+            for parent in reversed(parents):
+                if not self.fs.exists(parent):
+                    continue
+                need = self.children_protection(parent, file)
+                live = self.fs.read(parent, file).strip()
+                have = protection(live)
+                if need == have or (raise_only and at_least(have, need)):
+                    continue
+                if not raise_only and at_least(need, have):
+                    continue  # remove never raises
+                value = "max" if need is None else str(need)
+                self.fs.write(parent, file, value)
+                done.append(WriteRecord(cgroup=parent, file=file, previous=live, value=value))
+                log.info(
+                    "cgroup.protect_parent", cgroup=parent, file=file, value=value, previous=live
+                )
+        return done
+
+    def children_protection(self, parent: str, file: str) -> int | None:
+        """Sum of the children's ``file`` (None: a child asks for "max")."""
+        total = 0
+        for child in self.fs.children(parent):
+            try:
+                value = protection(self.fs.read(child, file).strip())
+            except BackendError as err:
+                if err.errno == errno.ENOENT:  # no memory controller there, or gone meanwhile
+                    continue
+                raise
+            if value is None:
+                return None
+            total += value
+        return total
 
     # --- rollback ------------------------------------------------------------------------------
 
@@ -328,6 +385,8 @@ class CgroupfsBackend:
                 if self._rmdir_if_exists(cgroup):
                     removed.append(cgroup)
         slice_ = plan.slice
+        if plan.protect_parents:
+            self._protect_parents(plan, raise_only=False)
         # only a slice this plan would create; never systemd's system.slice or the root
         if slice_ and slice_ in plan.create and self.fs.exists(slice_):
             if self.fs.children(slice_) or self.fs.procs(slice_):

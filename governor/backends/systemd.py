@@ -37,7 +37,7 @@ from typing import Any, Literal, Protocol
 import structlog
 
 from governor.backends import dropin
-from governor.backends.cgroupfs import Applied, CgroupfsBackend, Removed
+from governor.backends.cgroupfs import Applied, CgroupfsBackend, Removed, at_least, protection
 from governor.errors import BackendError, GovernorError, HostError, PermissionDenied
 from governor.kernel.cgroupfs import CgroupFs
 from governor.plan.model import EnableControllers, Plan
@@ -288,6 +288,26 @@ def bus_answers() -> bool:
     return True
 
 
+_PROTECT_DIRECTIVE = {"memory.min": "MemoryMin", "memory.low": "MemoryLow"}
+
+
+def set_runtime_property(unit: str, assignment: str) -> None:
+    """``systemctl set-property --runtime UNIT KEY=VALUE`` (until reboot; no pystemd needed)."""
+    import subprocess
+
+    try:
+        subprocess.run(
+            ["systemctl", "set-property", "--runtime", unit, assignment],
+            check=True, capture_output=True, text=True, timeout=60,
+        )  # fmt: skip
+    except (OSError, subprocess.SubprocessError) as err:
+        raise BackendError(
+            f"cannot set {assignment} on {unit}: {getattr(err, 'stderr', '') or err}".strip(),
+            hint=f"the policy's memory protection needs {unit} to grant it too;"
+            f" set it by hand: systemctl set-property {unit} {assignment}",
+        ) from err
+
+
 def daemon_reload() -> str:
     """Reload unit files: over D-Bus when pystemd is there, else ``systemctl daemon-reload``."""
     import subprocess
@@ -336,6 +356,7 @@ class SystemdBackend:
         clock: Callable[[], float] = time.monotonic,
         sleep: Callable[[float], None] = time.sleep,
         job_timeout_s: float = JOB_TIMEOUT_S,
+        set_property: Callable[[str, str], None] | None = None,
     ) -> None:
         self.fs = fs
         self.placement = placement
@@ -347,6 +368,7 @@ class SystemdBackend:
         self._sleep = sleep
         self._job_timeout_s = job_timeout_s
         self._cg = CgroupfsBackend(fs)
+        self._set_property = set_property or set_runtime_property
 
     @contextmanager
     def lock(self, plan: Plan) -> Iterator[None]:
@@ -386,7 +408,29 @@ class SystemdBackend:
         # no internal processes: U enables controllers for its children only once it is empty
         self.fs.move(self._getpid(), supervisor)
         log.info("systemd.supervisor", unit=self.placement.unit, cgroup=supervisor)
+        self._protect_slices()
         return self._cg.apply(plan)
+
+    def _protect_slices(self) -> None:
+        """MemoryMin=/MemoryLow= of the slices above the unit, raised (runtime, through the
+        manager, which owns those files) to the sum of their children's: a cgroup's protection
+        is capped by its parent's, so the policy's MemoryMin= under a governor.slice with none
+        would protect nothing. Never lowered: an idle slice's protection costs nothing (the
+        kernel protects usage, up to memory.min)."""
+        if not self._full.protect_parents or not self._full.slice.endswith(".slice"):
+            return
+        path = dropin.slice_cgroup(self._full.slice)
+        parts = path.split("/") if path else []
+        for i in reversed(range(len(parts))):  # nearest first: each sum sees the one below
+            cgroup, unit = "/".join(parts[: i + 1]), parts[i]
+            for file in self._full.protect_parents:
+                need = self._cg.children_protection(cgroup, file)
+                live = self.fs.read(cgroup, file).strip()
+                if at_least(protection(live), need):
+                    continue
+                value = "infinity" if need is None else str(need)
+                self._set_property(unit, f"{_PROTECT_DIRECTIVE[file]}={value}")
+                log.info("systemd.protect_slice", unit=unit, file=file, value=value, previous=live)
 
     def remove(self, plan: Plan) -> Removed:
         """Kill and remove the engine leaf only; U (and the supervisor in it) belong to systemd,

@@ -30,7 +30,8 @@ MIN_INTERVAL_S = 0.05
 COLUMNS = (
     "run", "model", "quant", "ctx", "peak_bytes", "anon_at_peak", "file_at_peak",
     "prefill_tps", "decode_tps", "wall_s", "exit_status", "oom_kill", "memory_events_max",
-    "memory_events_high", "outcome", "estimate_bytes", "estimate_error", "samples",
+    "memory_events_high", "outcome", "pressure_fired", "estimate_bytes", "estimate_error",
+    "samples",
 )  # fmt: skip
 
 
@@ -68,6 +69,7 @@ class Row:
     memory_events_max: int | None
     memory_events_high: int | None = None
     outcome: str = "ok"  # ok | throttled | thrashed | oom_killed | killed | failed: outcome()
+    pressure_fired: int | None = None  # firings of the policy's pressure rules (monitor report)
     estimate_bytes: int | None = None
     estimate_error: float | None = None  # (estimate - peak) / peak
     samples: int = 0
@@ -343,9 +345,18 @@ def run_case(
             data.get("memory_events_high"),
         ),
         memory_events_high=data.get("memory_events_high"),
+        pressure_fired=_pressure_fired(data),
         samples=len(series),
         series=series,
     )
+
+
+def _pressure_fired(report: dict[str, Any]) -> int | None:
+    """How often the policy's rules fired during the run (None: no monitor report)."""
+    mon = report.get("extra", {}).get("monitor")
+    if not isinstance(mon, dict):
+        return None
+    return sum(int(r.get("fired", 0)) for r in mon.get("rules", []))
 
 
 DROP_CACHES = Path("/proc/sys/vm/drop_caches")

@@ -181,6 +181,9 @@ def compile_plan(
             threads=policy.engine.threads,
         ),
         prefetch=PrefetchSpec(files=policy.prefetch.files, mode=policy.prefetch.mode),
+        protect_parents=tuple(
+            w.file for w in writes if w.file in (kf.MEMORY_MIN, kf.MEMORY_LOW) and w.value != "0"
+        ),
         watch=tuple(
             WatchRule(
                 index=i,

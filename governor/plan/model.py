@@ -115,6 +115,10 @@ class Plan(_Frozen):
     engine: EngineSpec
     prefetch: PrefetchSpec
     watch: tuple[WatchRule, ...]
+    # memory.min/low the group asks for: a child's protection is capped by its parent's
+    # (mm/memcontrol.c), so apply raises the slices above the group to the sum of their
+    # children's values and remove lowers them back (backends/cgroupfs.py)
+    protect_parents: tuple[str, ...] = ()
     notes: tuple[str, ...] = ()  # resolutions worth telling the operator ("big" -> 4-7)
     degraded: tuple[str, ...] = ()  # limits NOT in force (allowed missing controllers)
 

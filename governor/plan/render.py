@@ -23,6 +23,11 @@ def plan_table(plan: Plan) -> str:
             lines.append(f"  {w.file:<{width}}  {w.value:<{vwidth}}  {w.reason}")
     else:
         lines.append("  (no cgroup limits)")
+    if plan.protect_parents:
+        lines.append(
+            f"protect  {plan.slice} {', '.join(plan.protect_parents)} raised to the sum of its"
+            " children's (a parent caps its children's protection)"
+        )
     launch = plan.launch
     proc = []
     if launch.affinity is not None:

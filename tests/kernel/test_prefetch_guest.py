@@ -255,9 +255,9 @@ def _protected_run(
     )
     stop = tmp_path / f"stop-{name}"
     # a child's effective memory.min is capped by its parent's (mem_cgroup_calculate_protection,
-    # mm/memcontrol.c): the slice must grant the protection too, as an operator's governor.slice
-    # (MemoryMin= on a systemd slice) would. Measured: without it, 40% resident like the control.
-    cgroups.write(scratch_slice.path / "memory.min", str(700 * MIB) if protect else "0")
+    # mm/memcontrol.c): the governor raises the slice to the sum of its children's memory.min
+    # itself (measured before it did: the group's memory.min alone left 40% resident)
+    assert cgroups.read(scratch_slice.path / "memory.min") == "0"
     _drop_caches()
     gov = subprocess.Popen(
         _governor("launch", "--policy", str(policy), "--", *_waiting_engine(stop)),
@@ -284,12 +284,17 @@ def _protected_run(
         )
         out, _ = flood.communicate(timeout=900)
         assert flood.returncode == 0, out
+        # the slice granted exactly the group's protection (600M, page-floored) during the run
+        slice_min = int(cgroups.read(scratch_slice.path / "memory.min"))
+        assert slice_min == (600 * MIB if protect else 0), slice_min
         resident = _resident(model)
         print(f"{name}: resident after the flood {resident:.3f}; group {_stat(group)['file']}")
-        return resident
     finally:
         stop.write_text("x")
         gov.communicate(timeout=300)
+    # the slice stays (the flood's cgroup is in it) and is lowered back to what remains: 0
+    assert cgroups.read(scratch_slice.path / "memory.min") == "0"
+    return resident
 
 
 @pytest.mark.kernel(controllers=("memory",), root=True, psi=False)

@@ -75,7 +75,9 @@ def files(path):
             out[f] = None
     return out
 parent = cg.rsplit("/", 1)[0]
-json.dump({"cgroup": cg, "leaf": files(cg), "parent": files(parent)}, open(sys.argv[1], "w"))
+top = parent.rsplit("/", 1)[0]
+json.dump({"cgroup": cg, "leaf": files(cg), "parent": files(parent), "top": files(top)},
+          open(sys.argv[1], "w"))
 time.sleep(float(sys.argv[2]))
 """
 
@@ -170,6 +172,11 @@ def test_installed_service_runs_the_engine_under_the_plan_and_uninstall_restores
     assert props["CPUQuotaPerSecUSec"] == "1.500000s"
     assert props["AllowedCPUs"] == want["cpuset.cpus"]
     assert props["IOWeight"] == want["io.weight"].split()[1]
+    # governor.slice grants the policy slice's protection (a parent caps its children's):
+    # raised at start through the manager (set-property --runtime), so systemd agrees
+    top = cgroups.read(cgroup2_root / "governor.slice" / "memory.min")
+    assert int(top) >= int(want["memory.min"]), top
+    assert systemctl_show("governor.slice", "MemoryMin")["MemoryMin"] == top
     svc = systemctl_show(unit, "OOMScoreAdjust", "Delegate", "Type", "OOMPolicy")
     assert svc == {"OOMScoreAdjust": "200", "Delegate": "yes", "Type": "notify",
                    "OOMPolicy": "continue"}  # fmt: skip
@@ -229,5 +236,7 @@ def test_transient_scope_and_cgroupfs_launch_write_the_same_values(
             continue
         assert fs["parent"][file] == sd["parent"][file], file
     assert fs["parent"]["memory.max"] == str(256 << 20)
+    # the slice above grants the group's memory.min (cgroupfs: written; systemd: set-property)
+    assert fs["top"]["memory.min"] == sd["top"]["memory.min"] == str(16 << 20)
     assert not (cgroup2_root / slice_unit / name).exists()
     assert os.path.exists(cgroup2_root)

@@ -102,3 +102,12 @@ def test_csv_and_json_have_the_documented_columns() -> None:
     assert data["board_bytes"] == 1000
     assert set(COLUMNS) <= set(data["runs"][0])
     assert data["runs"][0]["series"][1] == [0.05, 700, 1, 2]
+
+
+def test_pressure_fired_sums_the_monitor_report() -> None:
+    from governor.bench.run import _pressure_fired
+
+    mon = {"rules": [{"rule": 0, "fired": 3}, {"rule": 1, "fired": 1}]}
+    assert _pressure_fired({"extra": {"monitor": mon}}) == 4
+    assert _pressure_fired({"extra": {"monitor": {"rules": []}}}) == 0
+    assert _pressure_fired({}) is None

@@ -207,3 +207,49 @@ def test_sd_notify_sends_one_datagram(tmp_path: Path, abstract: bool) -> None:
 def test_sd_notify_without_a_socket_does_nothing() -> None:
     assert not notify("READY=1", env={})
     assert not notify("READY=1", env={"NOTIFY_SOCKET": "vsock:2:1"})
+
+
+def test_scope_apply_raises_the_slice_protection_through_the_manager(tmp_path: Path) -> None:
+    fs = MovingFs(make_root(tmp_path / "cg"))
+    plan = compile_plan(
+        load_text(POLICY.replace('high = "200M"', 'min = "64M"\nhigh = "200M"'), source="t.toml"),
+        probe(HOST),
+    )
+    assert plan.protect_parents == (kf.MEMORY_MIN,)
+    # a sibling already protected in governor.slice: the slice must grant both
+    fs.enable("", ["memory"])
+    fs.mkdir("governor.slice")
+    fs.enable("governor.slice", ["memory"])
+    fs.mkdir("governor.slice/other.slice")
+    fs.write("governor.slice/other.slice", kf.MEMORY_MIN, str(16 << 20))
+    calls: list[tuple[str, str]] = []
+
+    class ScopeBus(FakeBus):
+        def start_transient_unit(self, name: str, props: list[sd.Prop]) -> str:
+            job = super().start_transient_unit(name, props)
+            mem_min = next(v for n, _, v in props if n == "MemoryMin")
+            fs.write(dropin.scope_cgroup(plan), kf.MEMORY_MIN, str(mem_min))
+            return job
+
+    def set_property(unit: str, assignment: str) -> None:
+        calls.append((unit, assignment))
+        fs.write(dropin.slice_cgroup(unit), kf.MEMORY_MIN, assignment.split("=")[1])
+
+    unit = dropin.scope_cgroup(plan)
+    delegated = sd.delegated_plan(plan, unit, 252)
+    backend = _backend(fs, ScopeBus(fs), plan, set_property=set_property)
+    backend.apply(delegated)
+    assert calls == [("governor.slice", f"MemoryMin={(64 + 16) << 20}")]
+    # applied again (a second launch): already enough, the manager is not asked
+    backend.apply(delegated)
+    assert len(calls) == 1
+
+
+def test_no_protection_in_the_policy_never_touches_the_slice(tmp_path: Path) -> None:
+    fs = MovingFs(make_root(tmp_path / "cg"))
+    plan = _plan()
+    calls: list[tuple[str, str]] = []
+    unit = dropin.scope_cgroup(plan)
+    backend = _backend(fs, FakeBus(fs), plan, set_property=lambda u, a: calls.append((u, a)))
+    backend.apply(sd.delegated_plan(plan, unit, 252))
+    assert calls == []

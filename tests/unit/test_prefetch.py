@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import io
 import os
+import shutil
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -150,13 +152,42 @@ def test_glob_without_match_and_missing_file_are_66(tmp_path: Path) -> None:
         pf.resolve_files(["nope.gguf"], model=None, engine_kind="generic", cwd=tmp_path)
 
 
-@pytest.mark.skipif(os.geteuid() == 0, reason="root reads files whatever their mode")
-def test_unreadable_file_is_77(tmp_path: Path) -> None:
-    f = _make(tmp_path / "secret.gguf")
+def _unreadable_exit_code(directory: Path) -> int:
+    """resolve_files on a mode-000 file; 77 when it raised PermissionDenied. Root reads any
+    file, so as root the check runs in a child that dropped to nobody (65534)."""
+    f = _make(directory / "secret.gguf")
     f.chmod(0)
-    with pytest.raises(PermissionDenied) as exc:
-        pf.resolve_files([str(f)], model=None, engine_kind="generic", cwd=tmp_path)
-    assert exc.value.exit_code == 77
+
+    def attempt() -> int:
+        try:
+            pf.resolve_files([str(f)], model=None, engine_kind="generic", cwd=directory)
+        except PermissionDenied as err:
+            return err.exit_code
+        return 0
+
+    if os.geteuid() != 0:
+        return attempt()
+    pid = os.fork()
+    if pid == 0:  # pragma: no cover - the child
+        code = 1
+        try:
+            os.setgroups([])
+            os.setgid(65534)
+            os.setuid(65534)
+            code = attempt()
+        finally:
+            os._exit(code)
+    return os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1])
+
+
+def test_unreadable_file_is_77() -> None:
+    # a world-traversable directory: pytest's tmp_path is 0700 (nobody could not even stat)
+    directory = Path(tempfile.mkdtemp(prefix="governor-test-"))
+    try:
+        directory.chmod(0o755)
+        assert _unreadable_exit_code(directory) == 77
+    finally:
+        shutil.rmtree(directory)
 
 
 def test_directory_is_not_a_prefetch_file(tmp_path: Path) -> None:
