@@ -235,6 +235,7 @@ def launch(path: Path, argv: tuple[str, ...], opts: HostOptions, lopts: LaunchOp
     from governor.errors import PolicyError, UsageError
     from governor.launch.launcher import Launcher
     from governor.launch.prefetch import prepare as prepare_prefetch
+    from governor.launch.restart import Restarts
     from governor.launch.watchdog import start_watchdog
     from governor.monitor.loop import start_monitor
     from governor.plan.compiler import Workload, compile_plan
@@ -305,14 +306,23 @@ def launch(path: Path, argv: tuple[str, ...], opts: HostOptions, lopts: LaunchOp
             # Type=notify services: the engine has been exec'd (no-op without $NOTIFY_SOCKET)
             notify(f"READY=1\nSTATUS={plan.policy}: engine pid {pid} in {plan.leaf}")
             prefetched = job.collect() if job is not None else None
+            restarts = Restarts(plan.launch.restart_max, plan.launch.restart_backoff_s)
             monitor = start_monitor(
-                backend.fs, plan, pid, proc_root=opts.root / "proc", sample_s=lopts.sample_s
+                backend.fs,
+                plan,
+                pid,
+                proc_root=opts.root / "proc",
+                sample_s=lopts.sample_s,
+                restarts=restarts,
             )
-            code, sig = launcher.supervise(plan, pid, started=started, watcher=monitor)
+            pid, code, sig = launcher.supervise_restarting(
+                plan, setup, pid, watcher=monitor, restarts=restarts
+            )
             report = launcher.summarize(
                 plan, pid=pid, argv=argv, code=code, sig=sig, wall=time.monotonic() - started
             )
             report.extra["monitor"] = monitor.finish()
+            report.extra["restarts"] = restarts.history
             if estimated is not None:
                 report.extra["estimate"] = estimated.to_dict()
             if prefetched is not None:
@@ -339,12 +349,13 @@ class MonitorOptions:
 def monitor(path: Path, opts: HostOptions, mopts: MonitorOptions) -> dict[str, Any]:
     """`governor monitor`: attach the pressure monitor to an already-running slice (one that
     `governor apply` or systemd created) until SIGINT/SIGTERM or the cgroup is gone."""
+    import os
     import signal
     import time
 
     from governor.errors import HostError
     from governor.kernel.cgroupfs import CgroupFs
-    from governor.monitor.loop import Monitor
+    from governor.monitor.loop import Monitor, psi_triggers_wanted
 
     plan = check(path, opts)
     if mopts.cgroup is not None:
@@ -366,8 +377,14 @@ def monitor(path: Path, opts: HostOptions, mopts: MonitorOptions) -> dict[str, A
         for sig in (signal.SIGINT, signal.SIGTERM)
     }
     deadline = None if mopts.duration_s is None else time.monotonic() + mopts.duration_s
+    # no restarts here: the executor answers `restart` with "needs governor launch"
     mon = Monitor(
-        fs, plan, engine_pids=engine_pids, proc_root=opts.root / "proc", sample_s=mopts.sample_s
+        fs,
+        plan,
+        engine_pids=engine_pids,
+        proc_root=opts.root / "proc",
+        sample_s=mopts.sample_s,
+        psi_triggers=psi_triggers_wanted(os.environ),
     ).start()
     try:
         mon.run(lambda: bool(stopped) or (deadline is not None and time.monotonic() >= deadline))

@@ -478,6 +478,10 @@ def bench(  # noqa: PLR0917  # typer passes every option as a parameter
             f" prefill {r.prefill_tps} t/s, decode {r.decode_tps} t/s, {r.wall_s}s,"
             f" {r.outcome}, pressure rules fired {r.pressure_fired}"
         )
+        if r.error:
+            typer.echo(
+                f"run {r.run} stderr (last lines):\n  " + r.error.replace("\n", "\n  "), err=True
+            )
     for f in result.failures:
         typer.echo(f"GATE FAIL: {f}", err=True)
     if result.failures:

@@ -74,6 +74,7 @@ class Row:
     estimate_error: float | None = None  # (estimate - peak) / peak
     samples: int = 0
     series: list[Sample] = field(default_factory=list)
+    error: str | None = None  # a failed run (non-zero status): the last lines of its stderr
 
     def record(self) -> dict[str, Any]:
         return {k: v for k, v in asdict(self).items() if k != "series"}
@@ -180,7 +181,8 @@ def to_csv(rows: Sequence[Row]) -> str:
     w = csv.DictWriter(buf, fieldnames=list(COLUMNS), lineterminator="\n")
     w.writeheader()
     for r in rows:
-        w.writerow({k: ("" if v is None else v) for k, v in r.record().items()})
+        rec = r.record()
+        w.writerow({k: ("" if rec[k] is None else rec[k]) for k in COLUMNS})
     return buf.getvalue()
 
 
@@ -348,7 +350,12 @@ def run_case(
         pressure_fired=_pressure_fired(data),
         samples=len(series),
         series=series,
+        error=None if status == 0 else _tail(text),
     )
+
+
+def _tail(text: str, lines: int = 12) -> str:
+    return "\n".join(text.rstrip().splitlines()[-lines:])
 
 
 def _pressure_fired(report: dict[str, Any]) -> int | None:

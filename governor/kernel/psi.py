@@ -6,8 +6,15 @@ threshold is exceeded, and POLLERR once the cgroup is gone. One trigger per fd (
 is EBUSY). The kernel takes windows of 500 ms..10 s, and from a caller without
 CAP_SYS_RESOURCE only multiples of 2 s (kernel/sched/psi.c, psi_trigger_create: "if
 (!privileged && window_us % 2000000) return -EINVAL"): root on a host without that capability
-gets EINVAL for a 1 s window. :func:`arm` widens such a window once, keeping the stall share,
-and polls the ``total=`` counter when no trigger can be armed at all.
+gets EINVAL for a 1 s window. :func:`arm` widens such a window once, keeping the stall share.
+
+Where the file exists but takes no trigger (EOPNOTSUPP/EINVAL/EPERM: a kernel before 5.2, an
+unprivileged window that cannot widen, a read-only delegation), the rule is evaluated from the
+file's ``total=`` counter at each sample instead (:class:`PolledTrigger`, mode "polled"). Where
+the file is missing or unreadable (PSI disabled: ``psi=0``, CONFIG_PSI=n) nothing can evaluate
+the rule (mode "unavailable"): the compiler already refused such a policy unless ``psi`` was
+allowed missing, and the plan lists the rules as degraded. The monitor logs each of these
+once per file (governor/monitor/loop.py).
 """
 
 from __future__ import annotations
@@ -19,7 +26,7 @@ from typing import Literal
 
 import structlog
 
-from governor.errors import GovernorError
+from governor.errors import BackendError, GovernorError
 from governor.kernel.cgroupfs import CgroupFs
 from governor.plan.model import WatchTrigger
 
@@ -28,8 +35,6 @@ log = structlog.get_logger(__name__)
 # unprivileged trigger windows must be multiples of 2 s (kernel/sched/psi.c, 5.10+)
 UNPRIVILEGED_WINDOW_US = 2_000_000
 WINDOW_MAX_US = 10_000_000  # psi.rst: "window ... 500ms to 10s"
-# errnos that mean "no trigger here" (PSI off: EOPNOTSUPP; psi=0 or !CONFIG_PSI: ENOENT)
-_NO_TRIGGER = (errno.EOPNOTSUPP, errno.ENOENT, errno.EINVAL, errno.EACCES, errno.EPERM)
 
 
 def widen(stall_us: int, window_us: int) -> tuple[int, int] | None:
@@ -43,19 +48,23 @@ def widen(stall_us: int, window_us: int) -> tuple[int, int] | None:
     return min(wider, stall_us * wider // window_us), wider
 
 
+Mode = Literal["trigger", "polled", "unavailable"]
+
+
 @dataclass
 class Armed:
-    """One rule's PSI source: a trigger fd, or a :class:`PolledTrigger` on ``total=``."""
+    """One rule's PSI source: a trigger fd, a :class:`PolledTrigger` on ``total=``, or none."""
 
     rule: int
     file: str
     kind: Literal["some", "full"]
     stall_us: int  # what the kernel (or the poller) actually uses
     window_us: int
-    mode: Literal["trigger", "polled"]
+    mode: Mode
     fd: int | None = None
     widened_from: str | None = None  # the policy's trigger text when the window was widened
     poller: PolledTrigger | None = None
+    reason: str | None = None  # why there is no trigger (polled, unavailable)
 
     def describe(self) -> dict[str, object]:
         return {
@@ -64,11 +73,20 @@ class Armed:
             "trigger": f"{self.kind} {self.stall_us} {self.window_us}",
             "mode": self.mode,
             "widened_from": self.widened_from,
+            "reason": self.reason,
         }
 
 
-def arm(fs: CgroupFs, cgroup: str, rule: int, trigger: WatchTrigger) -> Armed:
-    """Arm ``trigger`` on ``cgroup``; widen a refused window once; else fall back to polling."""
+def arm(
+    fs: CgroupFs, cgroup: str, rule: int, trigger: WatchTrigger, *, triggers: bool = True
+) -> Armed:
+    """Arm ``trigger`` on ``cgroup``; widen a refused window once; else poll ``total=``, or
+    give up when the file cannot be read at all. ``triggers=False`` goes straight to polling
+    (GOVERNOR_PSI_TRIGGERS=0, governor/monitor/loop.py)."""
+    if not triggers:
+        return _fallback(
+            fs, cgroup, rule, trigger, "PSI triggers disabled (GOVERNOR_PSI_TRIGGERS=0)"
+        )
     text = trigger.trigger_text()
     try:
         fd = fs.open_trigger(cgroup, trigger.file, text)
@@ -95,19 +113,31 @@ def arm(fs: CgroupFs, cgroup: str, rule: int, trigger: WatchTrigger) -> Armed:
                 reason="window must be a multiple of 2s without CAP_SYS_RESOURCE",
             )
             return Armed(rule, trigger.file, trigger.kind, stall, window, "trigger", fd, text)
-    return polled(rule, trigger, str(first))
+    return _fallback(fs, cgroup, rule, trigger, str(first))
+
+
+def _fallback(fs: CgroupFs, cgroup: str, rule: int, trigger: WatchTrigger, reason: str) -> Armed:
+    """Polled when the file's ``total=`` line can be read, else unavailable (why it cannot
+    be read is then the reason: the refused trigger follows from it)."""
+    try:
+        total_us(fs, cgroup, trigger.file, trigger.kind)
+    except GovernorError as err:
+        return unavailable(rule, trigger, str(err))
+    return polled(rule, trigger, reason)
+
+
+def total_us(fs: CgroupFs, cgroup: str, file: str, kind: Literal["some", "full"]) -> int:
+    """The ``total=`` of one line of a pressure file (BackendError when it has none)."""
+    resource = file.split(".", 1)[0]
+    p = fs.read_psi(cgroup, resource)  # type: ignore[arg-type]  # from a WatchTrigger
+    line = p.some if kind == "some" else p.full
+    if line is None:  # cpu.pressure before 5.13
+        raise BackendError(f"no {kind!r} line in the pressure file", cgroup=cgroup, file=file)
+    return line.total
 
 
 def polled(rule: int, trigger: WatchTrigger, reason: str) -> Armed:
-    """The fallback: poll ``total=`` once per sample (logged once per rule)."""
-    log.warning(
-        "psi.polled",
-        rule=rule,
-        file=trigger.file,
-        trigger=trigger.trigger_text(),
-        reason=reason,
-        detail="no PSI trigger: polling the total= counter once per sample instead",
-    )
+    """The fallback: evaluate the trigger from ``total=`` once per sample."""
     return Armed(
         rule,
         trigger.file,
@@ -116,15 +146,35 @@ def polled(rule: int, trigger: WatchTrigger, reason: str) -> Armed:
         trigger.window_us,
         "polled",
         poller=PolledTrigger(trigger.stall_us, trigger.window_us),
+        reason=reason,
+    )
+
+
+def unavailable(rule: int, trigger: WatchTrigger, reason: str) -> Armed:
+    """No trigger and nothing to poll: the rule cannot fire."""
+    return Armed(
+        rule,
+        trigger.file,
+        trigger.kind,
+        trigger.stall_us,
+        trigger.window_us,
+        "unavailable",
+        reason=reason,
     )
 
 
 class PolledTrigger:
-    """The kernel's trigger rule on polled ``total=`` readings (pure; clock passed in).
+    """The kernel's trigger rule on sampled ``total=`` readings (pure; clock passed in).
 
-    Fires when the stall grew by ``stall_us`` within the last ``window_us``, at most once per
-    window, like psi.c's window_update()/update_triggers(). Readings come once per sample
-    (1 s by default), so it reacts up to one sample later than a real trigger.
+    Keeps a small ring of (time, total) samples reaching back one window. The stall within the
+    last window is the growth of ``total`` since ``now - window``, the total at that instant
+    interpolated linearly between the two samples around it (stall assumed even within one
+    sample interval; exact at sample times). Before the ring spans a window the growth so far
+    is used: a stall that already reached the threshold in less time also did within the
+    window. It fires when that stall reaches ``stall_us``, at most once per window, like
+    psi.c's window_update()/update_triggers(), so it reacts up to one sample later than a real
+    trigger. A sample interval longer than the window dilutes the stall over the interval:
+    the rule fires only when the average rate alone proves the threshold was reached.
     """
 
     def __init__(self, stall_us: int, window_us: int) -> None:
@@ -133,17 +183,29 @@ class PolledTrigger:
         self._points: deque[tuple[float, int]] = deque()
         self._last_fire: float | None = None
 
+    def stall_in_window(self, now: float, total_us: int) -> float | None:
+        """Add a sample; the stall (us) over the last window, None before two samples."""
+        pts = self._points
+        if pts and total_us < pts[-1][1]:  # a counter going back: a new cgroup, start over
+            pts.clear()
+        pts.append((now, total_us))
+        start = now - self.window_s
+        # keep exactly one sample at or before the window's start (the interpolation's left end)
+        while len(pts) > 2 and pts[1][0] <= start:
+            pts.popleft()
+        if len(pts) < 2:
+            return None
+        (t0, v0), (t1, v1) = pts[0], pts[1]
+        if t0 >= start or t1 <= t0:
+            return float(total_us - v0)
+        at_start = v0 + (v1 - v0) * (start - t0) / (t1 - t0)
+        return total_us - at_start
+
     def update(self, now: float, total_us: int) -> bool:
-        self._points.append((now, total_us))
-        while len(self._points) > 1 and now - self._points[1][0] >= self.window_s:
-            self._points.popleft()
-        oldest_t, oldest_total = self._points[0]
-        if now - oldest_t > self.window_s * 1.5:  # a gap in readings: start over
-            self._points = deque([(now, total_us)])
+        stall = self.stall_in_window(now, total_us)
+        if stall is None or stall < self.stall_us:
             return False
-        if total_us - oldest_total < self.stall_us:
-            return False
-        if self._last_fire is not None and now - self._last_fire < self.window_s:
+        if self._last_fire is not None and now - self._last_fire < self.window_s - 1e-9:
             return False
         self._last_fire = now
         return True

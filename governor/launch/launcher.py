@@ -22,7 +22,8 @@ import resource
 import selectors
 import signal
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
@@ -32,6 +33,7 @@ import structlog
 from governor.errors import BackendError, GovernorError, LaunchError, PermissionDenied
 from governor.kernel import files as kf
 from governor.kernel.cgroupfs import CgroupFs
+from governor.launch.restart import Request, Restarts
 from governor.plan.model import Plan
 
 if TYPE_CHECKING:
@@ -50,6 +52,7 @@ FORWARDED_SIGNALS = (
 PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
 # exit status of a child that failed before exec (the parent maps the real cause from the pipe)
 _CHILD_FAILED = 122
+BACKOFF_TICK_S = 0.1  # a restart's backoff checks this often whether the operator said stop
 
 
 @dataclass
@@ -106,10 +109,12 @@ class Launcher:
         *,
         proc_root: Path = Path("/proc"),
         clock: Callable[[], float] = time.monotonic,
+        sleep: Callable[[float], None] = time.sleep,
     ) -> None:
         self.fs = fs
         self.proc_root = proc_root
         self.clock = clock
+        self.sleep = sleep
 
     # --- child -------------------------------------------------------------------------------
 
@@ -200,18 +205,98 @@ class Launcher:
 
         With a ``watcher`` (the pressure monitor) the wait is the watcher's: it polls the
         engine's pidfd together with its own sources."""
-        pending: list[int] = []
+        fwd = _Forwarder()
+        with fwd.installed():
+            fwd.pid = pid
+            return self._wait(pid, on_tick=on_tick, tick_s=tick_s, watcher=watcher)
 
-        def forward(sig: int, _frame: object) -> None:
-            try:
-                os.kill(pid, sig)
-                log.info("signal.forwarded", signal=signal.Signals(sig).name, pid=pid)
-            except ProcessLookupError:
-                pending.append(sig)
+    def supervise_restarting(
+        self,
+        plan: Plan,
+        setup: ChildSetup,
+        pid: int,
+        *,
+        watcher: EngineWatcher,
+        restarts: Restarts,
+    ) -> tuple[int, int, int | None]:
+        """:meth:`supervise`, and relaunch the engine in the same leaf while the monitor's
+        ``restart`` action asks for it (governor/launch/restart.py). Returns (pid of the last
+        engine, its exit code, its signal). The leaf and its limits stay in place between runs;
+        a terminating signal from the operator ends the loop (never answered by a relaunch)."""
+        fwd = _Forwarder(on_signal=restarts.on_signal)
+        with fwd.installed():
+            while True:
+                fwd.pid = pid
+                code, sig = self._wait(pid, watcher=watcher)
+                fwd.pid = None
+                watcher.engine_exited()
+                req = restarts.take()
+                if req is None:
+                    return pid, code, sig
+                new_pid = self._relaunch(plan, setup, req, restarts, pid=pid, code=code, sig=sig)
+                if new_pid is None:
+                    return pid, code, sig
+                pid = new_pid
+                watcher.engine_started(pid)
 
-        previous = {sig: signal.signal(sig, forward) for sig in FORWARDED_SIGNALS}
+    def _relaunch(
+        self,
+        plan: Plan,
+        setup: ChildSetup,
+        req: Request,
+        restarts: Restarts,
+        *,
+        pid: int,
+        code: int,
+        sig: int | None,
+    ) -> int | None:
+        """Wait the backoff and start the engine again; None when stopped or it failed."""
+        signal_name = signal.Signals(sig).name if sig else None
+        log.warning(
+            "engine.restart",
+            attempt=req.attempt,
+            limit=restarts.limit,
+            backoff_s=req.backoff_s,
+            rule=req.rule,
+            when=req.when,
+            previous_pid=pid,
+            exit_code=code,
+            signal=signal_name,
+        )
+        entry = restarts.record(req, exit_code=code, sig=sig)
+        if not self._backoff(req.backoff_s, stop=lambda: restarts.stopped_by is not None):
+            entry["cancelled"] = restarts.stopped_by
+            log.info("engine.restart_cancelled", attempt=req.attempt, reason=restarts.stopped_by)
+            return None
         try:
-            pidfd = os.pidfd_open(pid)
+            return self.start(plan, setup)
+        except GovernorError as err:
+            # the engine ran before, so this is new (binary replaced, user gone): say why and
+            # end with the last run's status, cleaning up as without restart
+            entry["error"] = str(err)
+            log.error("engine.restart_failed", attempt=req.attempt, error=str(err))
+            return None
+
+    def _backoff(self, seconds: float, *, stop: Callable[[], bool]) -> bool:
+        """Wait ``seconds``; False as soon as ``stop()`` (a signal handler set it)."""
+        deadline = self.clock() + seconds
+        while not stop():
+            left = deadline - self.clock()
+            if left <= 0:
+                return True
+            self.sleep(min(left, BACKOFF_TICK_S))
+        return False
+
+    def _wait(
+        self,
+        pid: int,
+        *,
+        on_tick: Callable[[], None] | None = None,
+        tick_s: float | None = None,
+        watcher: Watcher | None = None,
+    ) -> tuple[int, int | None]:
+        pidfd = os.pidfd_open(pid)
+        try:
             if watcher is not None:
                 while not watcher.wait(pidfd, tick_s):
                     if on_tick is not None:
@@ -222,11 +307,9 @@ class Launcher:
                     while not sel.select(tick_s):
                         if on_tick is not None:
                             on_tick()
-            os.close(pidfd)
-            _, status = os.waitpid(pid, 0)
         finally:
-            for sig, handler in previous.items():
-                signal.signal(sig, handler)
+            os.close(pidfd)
+        _, status = os.waitpid(pid, 0)
         if os.WIFSIGNALED(status):
             died_of = os.WTERMSIG(status)
             return 128 + died_of, died_of
@@ -281,6 +364,49 @@ class Watcher(Protocol):
     def wait(self, exit_fd: int, limit_s: float | None) -> bool:
         """Handle what is ready within ``limit_s``; True once ``exit_fd`` is readable."""
         ...
+
+
+class EngineWatcher(Watcher, Protocol):
+    """A watcher that follows the engine across relaunches (the pressure monitor)."""
+
+    def engine_exited(self) -> None:
+        """The engine exited: last look (its rules may still ask for a restart)."""
+        ...
+
+    def engine_started(self, pid: int) -> None:
+        """The engine was started again as ``pid``."""
+        ...
+
+
+class _Forwarder:
+    """The launcher's handler for FORWARDED_SIGNALS: pass them on to the running engine (none
+    while a relaunch waits its backoff) and tell ``on_signal`` (the restart budget)."""
+
+    def __init__(self, on_signal: Callable[[int], None] | None = None) -> None:
+        self.pid: int | None = None
+        self.on_signal = on_signal
+
+    def __call__(self, sig: int, _frame: object) -> None:
+        if self.on_signal is not None:
+            self.on_signal(sig)
+        name = signal.Signals(sig).name
+        if self.pid is None:
+            log.info("signal.received", signal=name, detail="no engine running")
+            return
+        try:
+            os.kill(self.pid, sig)
+            log.info("signal.forwarded", signal=name, pid=self.pid)
+        except ProcessLookupError:
+            log.info("signal.received", signal=name, detail="the engine is gone")
+
+    @contextmanager
+    def installed(self) -> Iterator[_Forwarder]:
+        previous = {sig: signal.signal(sig, self) for sig in FORWARDED_SIGNALS}
+        try:
+            yield self
+        finally:
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
 
 
 def _child_error(

@@ -18,7 +18,7 @@ import signal as signal_mod
 import subprocess
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from decimal import Decimal
 from typing import Any
 
@@ -28,6 +28,7 @@ from governor.errors import BackendError, GovernorError
 from governor.kernel import files as kf
 from governor.kernel.cgroupfs import CgroupFs
 from governor.kernel.parse import format_max, parse_flat_keyed, parse_max
+from governor.launch.restart import NO_SUPERVISOR, Restarts
 from governor.plan.model import Plan
 from governor.policy.values import Action, parse_cpu_max
 
@@ -82,7 +83,8 @@ class Executor:
     page_size: int = os.sysconf("SC_PAGE_SIZE")
     thaw_at: float | None = None  # pending automatic thaw (the loop's timer)
     frozen_by_us: bool = False
-    unsupported: set[str] = field(default_factory=set)
+    # the launcher's relaunch budget (governor launch); None when attached (governor monitor)
+    restarts: Restarts | None = None
 
     @property
     def group(self) -> str:
@@ -186,12 +188,15 @@ class Executor:
 
     def _do_kill(self, action: Action, ctx: Context) -> Result:
         before = self._procs()
+        self._kill_group()
+        return Result("kill", ok=True, before={"procs": before})
+
+    def _kill_group(self) -> None:
         self.fs.kill(self.group)
         if self.frozen_by_us:  # SIGKILL reaches frozen tasks, but thaw so they can exit
             self.fs.freeze(self.group, False)
             self.thaw_at = None
             self.frozen_by_us = False
-        return Result("kill", ok=True, before={"procs": before})
 
     def _do_exec(self, action: Action, ctx: Context) -> Result:
         env = dict(os.environ)
@@ -223,9 +228,26 @@ class Executor:
         )
 
     def _do_restart(self, action: Action, ctx: Context) -> Result:
-        # relaunching needs the supervisor to adopt a new pid; not built yet (say so once)
-        self.unsupported.add("restart")
-        return Result("restart", ok=False, detail="restart is not implemented yet; nothing done")
+        """Kill the whole group; the launcher relaunches the engine once it has exited (also
+        when it had already died: cgroup.kill of an empty group is a no-op)."""
+        if self.restarts is None:
+            return Result("restart", ok=False, detail=NO_SUPERVISOR)
+        refused = self.restarts.refusal()
+        if refused is not None:
+            return Result("restart", ok=False, detail=refused)
+        before = self._procs()
+        self._kill_group()
+        req = self.restarts.request(ctx.rule, ctx.when)
+        return Result(
+            "restart",
+            ok=True,
+            before={"procs": before},
+            after={
+                "attempt": req.attempt,
+                "limit": self.restarts.limit,
+                "backoff_s": req.backoff_s,
+            },
+        )
 
     # ------------------------------------------------------------------ helpers
 

@@ -10,6 +10,21 @@ t->event), and an outer epoll checking the inner one's readiness would swallow i
 
 Idle cost: one wake-up per sample interval (1 s default) to read memory.current, memory.peak
 and memory.stat; PSI and event sources cost nothing until the kernel signals them.
+
+PSI fallback: where a pressure file exists but refuses a trigger (a kernel before 5.2, an
+unprivileged window that cannot be widened, EPERM on the write), the rule is evaluated from the
+file's ``total=`` counter at each sample (governor/kernel/psi.py PolledTrigger: the same
+stall-within-window rule at sample granularity), and ``psi.fallback`` is logged once per file.
+Where the file is missing (PSI disabled), ``psi.unavailable`` is logged once per file and the
+rule cannot fire; the compiler refuses such a policy unless ``--allow-missing psi``.
+``GOVERNOR_PSI_TRIGGERS=0`` in the environment skips the triggers and forces the fallback on a
+kernel that has them (tests compare both paths on the same pressure files).
+
+Restarts (``governor launch``): the ``restart`` action kills the group and records a request
+in the launcher's budget (governor/launch/restart.py); after the engine exited,
+:meth:`Monitor.engine_exited` takes a last look (an OOM kill races the exit) so a rule on
+``oom_kill`` can still ask for the relaunch, and :meth:`Monitor.engine_started` points the
+monitor at the new pid. Sources stay armed in between: the group is not removed.
 """
 
 from __future__ import annotations
@@ -18,7 +33,7 @@ import contextlib
 import os
 import select
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -28,6 +43,7 @@ from governor.errors import GovernorError
 from governor.kernel import files as kf
 from governor.kernel import psi
 from governor.kernel.cgroupfs import CgroupFs
+from governor.launch.restart import Restarts
 from governor.monitor.actions import Context, Executor, Result
 from governor.monitor.leak import LeakDetector
 from governor.monitor.rules import Firing, Observations, Rule, RuleEngine
@@ -41,6 +57,12 @@ log = structlog.get_logger(__name__)
 MAX_REPORTED_FIRINGS = 200  # the report keeps the first ones; counts are always complete
 _PRI = select.EPOLLPRI | select.EPOLLERR
 _EXIT = object()  # the engine's pidfd in the epoll (launch)
+PSI_TRIGGERS_ENV = "GOVERNOR_PSI_TRIGGERS"  # "0": no triggers, poll total= (tests)
+
+
+def psi_triggers_wanted(environ: Mapping[str, str]) -> bool:
+    """False when the environment asks to skip PSI triggers (GOVERNOR_PSI_TRIGGERS=0)."""
+    return environ.get(PSI_TRIGGERS_ENV, "1").strip() != "0"
 
 
 class Monitor:
@@ -49,19 +71,27 @@ class Monitor:
         fs: CgroupFs,
         plan: Plan,
         *,
-        engine_pids: Callable[[], Sequence[int]],
+        engine_pids: Callable[[], Sequence[int]] | None = None,
         proc_root: Path = Path("/proc"),
         clock: Callable[[], float] = time.monotonic,
         sample_s: float = DEFAULT_INTERVAL_S,
         executor: Executor | None = None,
+        restarts: Restarts | None = None,
+        psi_triggers: bool = True,
     ) -> None:
+        """``engine_pids`` for attach mode; without it the engine is the pid given to
+        :meth:`engine_started` (launch). ``restarts`` is the launcher's relaunch budget."""
         self.fs = fs
         self.plan = plan
         self.group = plan.group
         self.clock = clock
         self.rules = [Rule.from_watch(w) for w in plan.watch]
         self.engine = RuleEngine(self.rules)
-        self.executor = executor or Executor(fs, plan, engine_pids=engine_pids, clock=clock)
+        self.pid: int | None = None
+        self.executor = executor or Executor(
+            fs, plan, engine_pids=engine_pids or self._engine_pid, clock=clock, restarts=restarts
+        )
+        self.psi_triggers = psi_triggers
         self.sampler = Sampler(fs, self.group, interval_s=sample_s)
         self.board = Board(proc_root)
         self.needs_meminfo = any(r.kind == "memavailable" for r in self.rules)
@@ -83,19 +113,23 @@ class Monitor:
     def _leak_rules(self) -> list[Rule]:
         return [r for r in self.rules if r.kind == "leak"]
 
+    def _engine_pid(self) -> list[int]:
+        return [] if self.pid is None else [self.pid]
+
     # ------------------------------------------------------------------ lifecycle
 
     def start(self) -> Monitor:
         self._started = self.clock()
         for w in self.plan.watch:
             if isinstance(w.trigger, WatchTrigger):
-                armed = psi.arm(self.fs, self.group, w.index, w.trigger)
+                armed = psi.arm(self.fs, self.group, w.index, w.trigger, triggers=self.psi_triggers)
                 if armed.fd is not None and not self._register(armed.fd, armed):
                     # not a kernfs PSI file (test trees): the write "worked", nothing will fire
                     _close(armed.fd)
                     armed = psi.polled(w.index, w.trigger, "epoll refused the PSI file")
                 self.armed.append(armed)
                 log.info("psi.armed", cgroup=self.group, **armed.describe())
+        self._say_fallbacks()
         self.mem_events = open_optional(self.fs, self.group, kf.MEMORY_EVENTS)
         self.cg_events = open_optional(self.fs, self.group, kf.CGROUP_EVENTS)
         for ev in (self.mem_events, self.cg_events):
@@ -105,6 +139,34 @@ class Monitor:
                 log.info("monitor.polled_file", file=ev.file, detail="re-read at every sample")
         self._next_sample = self._started  # first sample at once
         return self
+
+    def _say_fallbacks(self) -> None:
+        """One warning per pressure file whose rules have no trigger (however many rules)."""
+        said: set[tuple[str, str]] = set()
+        for armed in self.armed:
+            if armed.mode == "trigger" or (armed.file, armed.mode) in said:
+                continue
+            said.add((armed.file, armed.mode))
+            rules = [a.rule for a in self.armed if (a.file, a.mode) == (armed.file, armed.mode)]
+            if armed.mode == "polled":
+                interval = f"{self.sampler.interval_s:g}s"
+                log.warning(
+                    "psi.fallback",
+                    cgroup=self.group,
+                    file=armed.file,
+                    rules=rules,
+                    reason=armed.reason,
+                    detail=f"polling {armed.file} every {interval}",
+                )
+            else:
+                log.warning(
+                    "psi.unavailable",
+                    cgroup=self.group,
+                    file=armed.file,
+                    rules=rules,
+                    reason=armed.reason,
+                    detail="these rules cannot fire; add psi=1 to the kernel command line",
+                )
 
     def _register(self, fd: int, source: Any) -> bool:
         try:
@@ -118,6 +180,20 @@ class Monitor:
         """Close every source and return the report (``LaunchReport.extra["monitor"]``)."""
         self.close()
         return self.report()
+
+    def engine_started(self, pid: int) -> None:
+        """The launcher started the engine (again): actions now target ``pid``."""
+        self.pid = pid
+
+    def engine_exited(self) -> None:
+        """The engine exited: a last look at the event files, with the rules run on what it
+        finds. memory.events notifies asynchronously (cgroup_file_notify rate-limits, then
+        kernfs_notify queues work), so the pidfd can be ready before the epoll saw the OOM
+        kill that ended the engine; a rule on oom_kill (restart) must still fire."""
+        counters = self.poll_files()
+        if counters:
+            self._evaluate(self.clock(), set(), counters, {})
+        self.pid = None
 
     def close(self) -> None:
         if self.executor.thaw_at is not None:  # never leave a group frozen behind
@@ -257,13 +333,10 @@ class Monitor:
         return out
 
     def _psi_total(self, armed: psi.Armed) -> int | None:
-        resource = armed.file.split(".", 1)[0]
         try:
-            p = self.fs.read_psi(self.group, resource)  # type: ignore[arg-type]  # from a WatchTrigger
+            return psi.total_us(self.fs, self.group, armed.file, armed.kind)
         except GovernorError:
             return None
-        line = p.some if armed.kind == "some" else p.full
-        return None if line is None else line.total
 
     # ------------------------------------------------------------------ rules and actions
 
@@ -293,8 +366,9 @@ class Monitor:
         ctx = Context(rule=rule.index, when=rule.when, value=f.value, active_s=f.active_s)
         results: list[Result] = []
         for action in rule.actions:
-            results.append(self.executor.execute(action, ctx))
-            if action.verb == "kill":
+            res = self.executor.execute(action, ctx)
+            results.append(res)
+            if action.verb == "kill" or (action.verb == "restart" and res.ok):
                 break  # nothing is left to act on
         if len(self.firings) < MAX_REPORTED_FIRINGS:
             self.firings.append(
@@ -322,7 +396,6 @@ class Monitor:
             "memory_events": self.event_totals,
             "psi": [a.describe() for a in self.armed],
             "sampler": self.sampler.summary(),
-            "not_implemented": sorted(self.executor.unsupported),
         }
 
 
@@ -332,9 +405,22 @@ def _close(fd: int) -> None:
 
 
 def start_monitor(
-    fs: CgroupFs, plan: Plan, pid: int, *, proc_root: Path, sample_s: float
+    fs: CgroupFs,
+    plan: Plan,
+    pid: int,
+    *,
+    proc_root: Path,
+    sample_s: float,
+    restarts: Restarts | None = None,
 ) -> Monitor:
     """The monitor for ``governor launch``: the engine is ``pid``; armed and sampling."""
-    return Monitor(
-        fs, plan, engine_pids=lambda: [pid], proc_root=proc_root, sample_s=sample_s
-    ).start()
+    mon = Monitor(
+        fs,
+        plan,
+        proc_root=proc_root,
+        sample_s=sample_s,
+        restarts=restarts,
+        psi_triggers=psi_triggers_wanted(os.environ),
+    )
+    mon.engine_started(pid)
+    return mon.start()

@@ -361,4 +361,6 @@ def _launch_spec(
         env=dict(proc.env),
         affinity=affinity,
         on_governor_exit=proc.on_governor_exit,
+        restart_max=proc.restart_max,
+        restart_backoff_s=proc.restart_backoff.seconds,
     )

@@ -46,6 +46,8 @@ class LaunchSpec(_Frozen):
     env: dict[str, str] = Field(default_factory=dict)
     affinity: tuple[int, ...] | None = None  # sched_setaffinity, matches cpuset.cpus
     on_governor_exit: Literal["kill", "keep"] = "kill"
+    restart_max: int = 3  # `restart` action: relaunches per launch
+    restart_backoff_s: float = 1.0  # wait before the first relaunch; doubles, capped at 60 s
 
 
 class EngineSpec(_Frozen):

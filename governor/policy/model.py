@@ -186,6 +186,11 @@ class ProcessSection(_Section):
     memlock: MemlockSize | None = None
     env: dict[StrictStr, StrictStr] = Field(default_factory=dict)
     on_governor_exit: Literal["kill", "keep"] = "kill"
+    # the `restart` action: relaunches per launch, and the first wait (doubles, capped at 60 s)
+    restart_max: Annotated[StrictInt, Field(ge=0)] = 3
+    restart_backoff: Duration = Field(
+        default=v.Duration(1_000_000), json_schema_extra={"default": "1s"}
+    )
 
     @field_validator("env")
     @classmethod

@@ -10,9 +10,12 @@ import signal
 from pathlib import Path
 
 import pytest
+from structlog.testing import capture_logs
 
 from governor.backends.cgroupfs import CgroupfsBackend
+from governor.errors import BackendError
 from governor.kernel import files
+from governor.launch.restart import Restarts
 from governor.monitor.actions import Context, Executor
 from governor.monitor.loop import Monitor
 from governor.plan.model import Plan, WatchCondition, WatchRule, WatchTrigger
@@ -128,10 +131,43 @@ def test_exec_runs_without_a_shell_with_the_event_in_its_environment(
     assert res.after["stdout"] == "0:memory some 150ms/2s\n"
 
 
-def test_restart_says_it_is_not_implemented(fake_fs: FakeKernelCgroupFs) -> None:
+def test_restart_without_a_launcher_fails_and_says_what_to_use(fake_fs: FakeKernelCgroupFs) -> None:
     plan = _applied(fake_fs)
-    res = _executor(fake_fs, plan).execute(parse_action("restart"), CTX)
-    assert not res.ok and "not implemented" in (res.detail or "")
+    fake_fs.add_process(LEAF, 4242)
+    res = _executor(fake_fs, plan).execute(parse_action("restart"), CTX)  # governor monitor
+    assert not res.ok
+    assert res.detail == "restart needs governor launch; under systemd use Restart=on-failure"
+    assert fake_fs.procs(LEAF) == [4242]  # nothing killed
+
+
+def test_restart_kills_the_group_and_asks_the_launcher_until_the_limit(
+    fake_fs: FakeKernelCgroupFs,
+) -> None:
+    plan = _applied(fake_fs)
+    restarts = Restarts(limit=1, base_s=2.0)
+    ex = _executor(fake_fs, plan, restarts=restarts)
+    fake_fs.add_process(LEAF, 4242)
+    res = ex.execute(parse_action("restart"), CTX)
+    assert res.ok, res
+    assert res.before == {"procs": 1}
+    assert res.after == {"attempt": 1, "limit": 1, "backoff_s": 2.0}
+    assert fake_fs.procs(LEAF) == []  # cgroup.kill of the group, as the kill action
+    req = restarts.take()
+    assert req is not None and (req.rule, req.when) == (0, CTX.when)
+    restarts.record(req, exit_code=137, sig=9)
+    fake_fs.add_process(LEAF, 4243)  # the relaunched engine
+    res = ex.execute(parse_action("restart"), CTX)
+    assert not res.ok and res.detail == "restart limit 1 reached"
+    assert fake_fs.procs(LEAF) == [4243]  # a refused restart kills nothing
+
+
+def test_a_failed_kill_records_no_restart(fake_fs: FakeKernelCgroupFs) -> None:
+    plan = _applied(fake_fs)
+    (fake_fs.path(GROUP) / files.CGROUP_KILL).unlink()  # a kernel before 5.14
+    restarts = Restarts(limit=3, base_s=1.0)
+    res = _executor(fake_fs, plan, restarts=restarts).execute(parse_action("restart"), CTX)
+    assert not res.ok and "cgroup.kill" in (res.detail or "")
+    assert restarts.pending is None
 
 
 # ---------------------------------------------------------------- the loop, polled
@@ -205,3 +241,128 @@ def test_a_stopping_monitor_never_leaves_the_group_frozen(
     _kset(fake_fs, GROUP, files.CGROUP_EVENTS, "populated 1\nfrozen 0\n")
     mon.finish()
     assert fake_fs.read(GROUP, files.CGROUP_FREEZE).strip() == "0"
+
+
+def _oom_restart_plan() -> Plan:
+    watch = (
+        WatchRule(
+            index=0,
+            trigger=WatchCondition(condition="event", event="oom_kill", file="memory.events"),
+            actions=("restart", "log"),
+        ),
+    )
+    return make_plan().model_copy(update={"watch": watch})
+
+
+def test_an_oom_kill_seen_only_after_the_exit_still_asks_for_the_restart(
+    fake_fs: FakeKernelCgroupFs, tmp_path: Path
+) -> None:
+    plan = _oom_restart_plan()
+    CgroupfsBackend(fake_fs).apply(plan)
+    restarts = Restarts(limit=2, base_s=1.0)
+    mon = Monitor(fake_fs, plan, proc_root=tmp_path, restarts=restarts).start()
+    mon.engine_started(4242)
+    fake_fs.add_process(LEAF, 4242)
+    mon.dispatch()
+    assert restarts.pending is None
+    # the kernel killed the engine; the launcher saw the pidfd before memory.events changed
+    fake_fs.reap(4242)
+    _kset(fake_fs, GROUP, files.MEMORY_EVENTS, "low 0\nhigh 0\nmax 3\noom 1\noom_kill 1\n")
+    mon.engine_exited()
+    assert restarts.pending is not None and restarts.pending.when == "oom_kill"
+    out = mon.finish()
+    (firing,) = out["firings"]
+    assert [a["action"] for a in firing["actions"]] == ["restart"]  # nothing left to act on
+    assert out["oom_kill_seen"] == 1
+
+
+def _memory_rule(index: int, stall_ms: int, kind: str = "some") -> WatchRule:
+    trig = WatchTrigger(
+        resource="memory",
+        kind=kind,  # type: ignore[arg-type]  # test values
+        stall_us=stall_ms * 1000,
+        window_us=2_000_000,
+        file="memory.pressure",
+    )
+    return WatchRule(index=index, trigger=trig, actions=("log",))
+
+
+def test_psi_fallback_is_said_once_per_file_however_many_rules(
+    fake_fs: FakeKernelCgroupFs, tmp_path: Path
+) -> None:
+    cpu = WatchTrigger(
+        resource="cpu", kind="some", stall_us=500_000, window_us=2_000_000, file="cpu.pressure"
+    )
+    watch = (
+        _memory_rule(0, 150),
+        _memory_rule(1, 300, "full"),
+        WatchRule(index=2, trigger=cpu, actions=("log",)),
+    )
+    plan = make_plan().model_copy(update={"watch": watch})
+    CgroupfsBackend(fake_fs).apply(plan)
+    with capture_logs() as logs:
+        mon = Monitor(
+            fake_fs, plan, engine_pids=lambda: [1], proc_root=tmp_path, psi_triggers=False
+        ).start()
+        for now in range(3):  # samples do not say it again
+            mon._sample(float(now), set(), {})
+        mon.finish()
+    fallbacks = [e for e in logs if e["event"] == "psi.fallback"]
+    assert [(e["file"], e["rules"]) for e in fallbacks] == [
+        ("memory.pressure", [0, 1]),
+        ("cpu.pressure", [2]),
+    ]
+    assert fallbacks[0]["detail"] == "polling memory.pressure every 1s"
+    assert fallbacks[0]["reason"] == "PSI triggers disabled (GOVERNOR_PSI_TRIGGERS=0)"
+    assert fallbacks[0]["log_level"] == "warning"
+    assert [a.mode for a in mon.armed] == ["polled"] * 3
+
+
+def test_a_missing_pressure_file_is_unavailable_said_once_and_never_fires(
+    fake_fs: FakeKernelCgroupFs, tmp_path: Path
+) -> None:
+    plan = make_plan().model_copy(update={"watch": (_memory_rule(0, 1), _memory_rule(1, 2))})
+    CgroupfsBackend(fake_fs).apply(plan)
+    (fake_fs.path(GROUP) / files.MEMORY_PRESSURE).unlink()  # psi=0 (--allow-missing psi)
+    now = [0.0]
+    with capture_logs() as logs:
+        mon = Monitor(
+            fake_fs, plan, engine_pids=lambda: [1], proc_root=tmp_path, clock=lambda: now[0]
+        ).start()
+        for step in range(5):
+            now[0] = float(step)
+            mon.dispatch()
+        out = mon.finish()
+    events = [e["event"] for e in logs]
+    assert events.count("psi.unavailable") == 1 and "psi.fallback" not in events
+    (said,) = [e for e in logs if e["event"] == "psi.unavailable"]
+    assert said["rules"] == [0, 1] and "memory.pressure" in said["reason"]
+    assert [p["mode"] for p in out["psi"]] == ["unavailable", "unavailable"]
+    assert [r["fired"] for r in out["rules"]] == [0, 0]
+
+
+def test_a_pressure_file_that_refuses_triggers_is_polled_and_the_rule_fires(
+    fake_fs: FakeKernelCgroupFs, tmp_path: Path
+) -> None:
+    """The arm path of a real kernel that refuses the write (EOPNOTSUPP: before 5.2)."""
+    plan = make_plan().model_copy(update={"watch": (_memory_rule(0, 150),)})
+    CgroupfsBackend(fake_fs).apply(plan)
+
+    def refuse(cgroup: str, file: str, text: str) -> int:
+        raise BackendError("cannot arm PSI trigger", cgroup=cgroup, file=file, errno=95)
+
+    fake_fs.open_trigger = refuse  # type: ignore[method-assign]  # the kernel's answer
+    now = [0.0]
+    with capture_logs() as logs:
+        mon = Monitor(
+            fake_fs, plan, engine_pids=lambda: [1], proc_root=tmp_path, clock=lambda: now[0]
+        ).start()
+        for step in range(4):
+            now[0] = float(step)
+            _kset(fake_fs, GROUP, files.MEMORY_PRESSURE, _psi_text(step * 100_000))
+            mon.dispatch()
+        out = mon.finish()
+    (said,) = [e for e in logs if e["event"] == "psi.fallback"]
+    assert "cannot arm PSI trigger" in said["reason"]
+    assert out["psi"][0]["mode"] == "polled"
+    assert out["rules"][0]["fired"] == 1  # 200 ms of stall within 2 s at t=2

@@ -1,12 +1,13 @@
 #!/usr/bin/env python3
 """Touch N MiB of anonymous memory, optionally slowly and in several processes.
 
-    hog.py --mib N [--step-mib S --interval SEC] [--hold SEC] [--children K]
+    hog.py --mib N [--step-mib S --interval SEC] [--hold SEC] [--children K] [--runs FILE]
 
 Each process (the parent and K forked children) touches N MiB in steps of S MiB, sleeping
 SEC between steps, printing ``hog pid=P touched=M MiB`` after each step and ``hog pid=P done``
 at the end; then it holds the memory for --hold seconds (default: until killed). The parent
 waits for its children; its exit status is non-zero if a child failed or was killed.
+With --runs, the parent first appends ``start pid=P`` to FILE (counts relaunches).
 """
 
 from __future__ import annotations
@@ -44,7 +45,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--interval", type=float, default=0.0, help="seconds between steps")
     p.add_argument("--hold", type=float, default=None, help="seconds to hold (default forever)")
     p.add_argument("--children", type=int, default=0, help="forked children that also hog")
+    p.add_argument("--runs", default=None, help="append one line per start to this file")
     a = p.parse_args(argv)
+    if a.runs is not None:
+        with open(a.runs, "a") as f:
+            f.write(f"start pid={os.getpid()}\n")
     step = a.step_mib if a.step_mib > 0 else a.mib
     kids: list[int] = []
     for _ in range(a.children):

@@ -34,10 +34,11 @@ NEEDS = {"controllers": ("memory",), "root": True, "psi": True}
 class Governor:
     """`python -m governor launch ...` with stdout and stderr lines timestamped on arrival."""
 
-    def __init__(self, *args: str) -> None:
+    def __init__(self, *args: str, env: dict[str, str] | None = None) -> None:
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "governor", *args],
             cwd=REPO,
+            env=None if env is None else {**os.environ, **env},
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             text=True,
@@ -352,3 +353,101 @@ def test_idle_monitor_costs_under_half_a_percent_of_a_core(
         f"idle governor: {cpu1 - cpu0:.3f}s CPU over {t1 - t0:.1f}s = {share * 100:.3f}% of a core"
     )
     assert share < 0.005
+
+
+@pytest.mark.kernel(**NEEDS)
+def test_restart_relaunches_an_oom_killed_engine_up_to_restart_max_then_exits_137(
+    tmp_path: Path, scratch_slice: ScratchSlice
+) -> None:
+    policy = _policy(
+        tmp_path,
+        scratch_slice,
+        """
+        [memory]
+        max = "64M"
+        swap_max = "0"
+        oom_group = true
+        [process]
+        restart_max = 2
+        restart_backoff = "1s"
+        [[pressure]]
+        when = "oom_kill"
+        do = ["restart"]
+        """,
+    )
+    report, runs = tmp_path / "report.json", tmp_path / "runs"
+    gov = Governor(
+        "launch", "--policy", str(policy), "--report", str(report), "--",
+        *_hog(200, 200, 0, "--runs", runs),
+    )  # fmt: skip
+    rc = gov.wait(timeout=300)
+    assert rc == 128 + signal.SIGKILL, gov.stderr()
+
+    starts = runs.read_text().splitlines()
+    assert len(starts) == 3, (starts, gov.stderr())  # the first run and 2 relaunches
+    data = json.loads(report.read_text())
+    restarts = data["extra"]["restarts"]
+    assert [(r["attempt"], r["backoff_s"]) for r in restarts] == [(1, 1.0), (2, 2.0)]
+    assert all(r["exit_code"] == 137 and r["signal_name"] == "SIGKILL" for r in restarts)
+    assert all((r["rule"], r["when"]) == (0, "oom_kill") for r in restarts)
+    assert data["pid"] == int(starts[-1].split("pid=")[1])  # the report is the last run's
+    assert data["extra"]["monitor"]["oom_kill_seen"] >= 3
+
+    logged = [rec for _, rec in gov.events("engine.restart")]
+    assert [(r["attempt"], r["exit_code"]) for r in logged] == [(1, 137), (2, 137)]
+    refused = [rec for _, rec in gov.events("action.failed") if rec.get("action") == "restart"]
+    assert refused and refused[-1]["detail"] == "restart limit 2 reached", gov.stderr()
+    # the waits were really waited (1 s, then 2 s) between the runs
+    t = [ts for ts, _ in gov.events("engine.started")]
+    assert len(t) == 3 and t[1] - t[0] >= 1.0 and t[2] - t[1] >= 2.0
+    assert not (scratch_slice.path / "eng").exists()  # cleaned up as without restart
+
+
+@pytest.mark.kernel(**NEEDS)
+def test_psi_fallback_polls_total_and_fires_the_memory_some_rule_said_once(
+    tmp_path: Path, scratch_slice: ScratchSlice
+) -> None:
+    policy = _policy(
+        tmp_path,
+        scratch_slice,
+        """
+        [memory]
+        high = "48M"
+        max = "512M"
+        swap_max = "0"
+        [[pressure]]
+        when = "memory some 50ms/2s"
+        do = ["log"]
+        cooldown = "60s"
+        [[pressure]]
+        when = "memory full 1s/2s"
+        for = "600s"
+        do = ["kill"]
+        """,
+    )
+    report = tmp_path / "report.json"
+    gov = Governor(
+        "launch", "--policy", str(policy), "--report", str(report), "--",
+        *_hog(400, 2, 0.05),
+        env={"GOVERNOR_PSI_TRIGGERS": "0"},
+    )  # fmt: skip
+    try:
+        cgroups.wait_for(
+            lambda: [e for e in gov.events("rule.fired") if e[1]["rule"] == 0],
+            180,
+            "the memory some rule",
+            interval=0.2,
+        )
+    finally:
+        gov.proc.send_signal(signal.SIGTERM)  # forwarded to the hog
+        rc = gov.wait()
+    assert rc == 128 + signal.SIGTERM, gov.stderr()
+    said = [rec for _, rec in gov.events("psi.fallback")]
+    assert len(said) == 1, gov.stderr()  # one file, two rules: said once
+    assert said[0]["file"] == "memory.pressure" and said[0]["rules"] == [0, 1]
+    assert said[0]["detail"] == "polling memory.pressure every 1s"
+    assert "GOVERNOR_PSI_TRIGGERS=0" in said[0]["reason"]
+    data = json.loads(report.read_text())["extra"]["monitor"]
+    assert [p["mode"] for p in data["psi"]] == ["polled", "polled"]
+    assert data["rules"][0]["fired"] == 1
+    assert data["firings"][0]["rule"] == 0

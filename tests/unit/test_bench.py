@@ -7,6 +7,7 @@ from __future__ import annotations
 import csv
 import io
 import json
+from pathlib import Path
 
 from governor.bench.run import COLUMNS, Row, Sample, expand_matrix, gate, to_csv, to_json
 from governor.bench.timings import parse_timings
@@ -111,3 +112,13 @@ def test_pressure_fired_sums_the_monitor_report() -> None:
     assert _pressure_fired({"extra": {"monitor": mon}}) == 4
     assert _pressure_fired({"extra": {"monitor": {"rules": []}}}) == 0
     assert _pressure_fired({}) is None
+
+
+def test_a_failed_run_keeps_the_tail_of_its_stderr(tmp_path: Path) -> None:
+    from governor.bench.run import Case, RunSpec, run_case
+
+    policy = tmp_path / "missing.toml"  # the launch fails: 66, and the row says why
+    spec = RunSpec(policy=policy, governor_args=(), launch_args=(), interval=0.05)
+    row = run_case(spec, Case(argv=("true",), model=None, ctx=None), 1, lambda: None)
+    assert row.exit_status == 66 and row.outcome == "failed"
+    assert row.error is not None and "governor: " in row.error and str(policy) in row.error
