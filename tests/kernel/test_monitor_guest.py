@@ -451,3 +451,60 @@ def test_psi_fallback_polls_total_and_fires_the_memory_some_rule_said_once(
     assert [p["mode"] for p in data["psi"]] == ["polled", "polled"]
     assert data["rules"][0]["fired"] == 1
     assert data["firings"][0]["rule"] == 0
+
+
+def _memavailable() -> int:
+    for line in Path("/proc/meminfo").read_text().splitlines():
+        if line.startswith("MemAvailable:"):
+            return int(line.split()[1]) * 1024
+    raise AssertionError("no MemAvailable in /proc/meminfo")
+
+
+LEAK_AND_FLOOR = """
+[memory]
+max = "900M"
+swap_max = "0"
+[[pressure]]
+when = "leak > 500KB/s for 8s"
+do = ["log"]
+[[pressure]]
+when = "memavailable < {floor}M"
+do = ["log"]
+"""
+
+
+def _leak_run(
+    tmp_path: Path, scratch_slice: ScratchSlice, hog: list[str], seconds: float, floor_mib: int
+) -> list[dict[str, Any]]:
+    """Launch ``hog`` under the leak and board-floor rules for ``seconds``; its firings."""
+    policy = _policy(tmp_path, scratch_slice, LEAK_AND_FLOOR.format(floor=floor_mib))
+    gov = Governor("launch", "--policy", str(policy), "--sample-interval", "0.5", "--", *hog)
+    try:
+        time.sleep(seconds)
+        assert gov.proc.poll() is None, gov.stderr()
+    finally:
+        gov.proc.send_signal(signal.SIGTERM)
+        gov.wait()
+    return [rec for _, rec in gov.events("rule.fired")]
+
+
+@pytest.mark.kernel(**NEEDS)
+def test_leak_and_memavailable_rules_fire_on_growth_and_stay_quiet_when_flat(
+    tmp_path: Path, scratch_slice: ScratchSlice
+) -> None:
+    # the board floor sits 200 MiB below what is available now: a 400 MiB hog crosses it
+    floor_mib = (_memavailable() >> 20) - 200
+    # control: 48 MiB at once, then flat — no slope over the 8 s window, floor not crossed
+    quiet = _leak_run(tmp_path, scratch_slice, _hog(48, 48, 0), 30, floor_mib)
+    assert quiet == [], quiet
+    # growth: 4 MiB every 0.5 s (~8 MiB/s, far above 500 KB/s) up to 400 MiB, then held
+    fired = _leak_run(tmp_path, scratch_slice, _hog(400, 4, 0.5), 75, floor_mib)
+    leak = [f for f in fired if f["rule"] == 0]
+    floor = [f for f in fired if f["rule"] == 1]
+    assert leak, fired
+    assert leak[0]["value"] > 500 * 1024, leak[0]  # the slope, bytes/s
+    assert leak[0]["t_s"] >= 0.9 * 8 * 0.9, leak[0]  # not before the window was covered
+    assert floor, fired
+    assert floor[0]["value"] < floor_mib << 20, floor[0]  # MemAvailable when it fired
+    # a level condition fires once per episode, not at every sample
+    assert len(floor) == 1 and len(leak) == 1, fired

@@ -202,3 +202,25 @@ def test_leak_slope_needs_a_covered_window_then_measures_bytes_per_second() -> N
     for t in range(5, 12):
         det.add(float(t), 1000 + 600 * t)
     assert det.slope() == pytest.approx(600.0)
+
+
+def test_a_one_off_step_is_not_a_leak_but_steady_growth_is() -> None:
+    step, steady = LeakDetector(window_s=12), LeakDetector(window_s=12)
+    for t in range(13):
+        # 300 MB allocated at once (a KV cache at context creation), flat before and after
+        step.add(float(t), 100_000_000 + (300_000_000 if t >= 6 else 0))
+        steady.add(float(t), 100_000_000 + 1_000_000 * t)
+    slope = step.slope()
+    assert slope is not None and slope < 1.0
+    assert steady.slope() == pytest.approx(1_000_000.0)
+
+
+def test_the_slowest_third_is_the_leak_rate() -> None:
+    det = LeakDetector(window_s=9)
+    rates = [1000] * 4 + [5000] * 3 + [1000] * 3  # faster in the middle third only
+    v = 0
+    for t, r in enumerate(rates):
+        det.add(float(t), v)
+        v += r
+    slope = det.slope()
+    assert slope is not None and 900 <= slope <= 1100
