@@ -1,0 +1,199 @@
+"""The real engine (llama.cpp built by scripts/engine-setup) under real memory limits.
+
+Engine tier: these tests live in the kernel tier's directory and carry both markers (`kernel`
+for the guest, `engine` for the llama.cpp build and models in the engine cache), so they run
+in the kernel guest (2 GiB RAM, TCG) and are deselected on the host. In CI a missing build or
+model fails them (tests/vm/requirements.py). Guest speed (notes/engine.md): tiny model ~28
+tok/s; the 1.1 GiB model ~0.1 tok/s, so it is asked for 2 tokens at -c 2048.
+
+Each run drops the page cache first: file pages are charged to the cgroup that faults them in
+(cgroup-v2.rst "Memory Ownership"), so a warm cache from an earlier run would hide the weights
+from memory.peak, and the estimate is for a cold start.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+from engine.paths import BIG, COMPLETION, SIMPLE, TINY
+from helpers.cgroups import ScratchSlice
+
+REPO = Path(__file__).resolve().parents[2]
+MIB = 1 << 20
+ALL = ("memory", "cpu", "cpuset", "io", "pids")
+TINY_ARGV = (str(COMPLETION), "-m", str(TINY), "-p", "hello world", "-n", "8", "-t", "2",
+             "-c", "512", "-no-cnv", "--ignore-eos", "-lv", "4")  # fmt: skip
+BIG_ARGV = (str(COMPLETION), "-m", str(BIG), "-p", "hi", "-n", "2", "-t", "2", "-c", "2048",
+            "-no-cnv", "--ignore-eos", "-lv", "4")  # fmt: skip
+# npu-chat's shape (policies/npu-chat.toml) scaled to the guest: 2 GiB of RAM in all
+NPU_CHAT = """
+[memory]
+high = "{high}"
+max = "{max}"
+swap_max = "0"
+oom_group = true
+[engine]
+kind = "llama.cpp"
+max_context_tokens = 2048
+[[pressure]]
+when = "memory some 150ms/2s"
+do = ["log"]
+cooldown = "5s"
+[[pressure]]
+when = "memory full 500ms/2s"
+for = "4s"
+do = ["log"]
+cooldown = "15s"
+"""
+
+
+@pytest.fixture
+def out_dir(request: pytest.FixtureRequest, tmp_path: Path) -> Path:
+    """Where measured numbers are kept: beside the junit xml (the harness's results directory,
+    shared with the host: out/test-results/<stamp>/kernel), else the test's tmp_path."""
+    xml = getattr(request.config.option, "xmlpath", None)
+    return Path(xml).parent if xml else tmp_path
+
+
+def _policy(tmp_path: Path, s: ScratchSlice, high: str, max_: str, name: str = "chat") -> Path:
+    path = tmp_path / f"{name}.toml"
+    path.write_text(
+        f'name = "{name}"\nslice = "{s.name}"\n'
+        + textwrap.dedent(NPU_CHAT.format(high=high, max=max_))
+    )
+    return path
+
+
+def _governor(*args: str, timeout: float = 900) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "governor", *args],
+        capture_output=True, text=True, timeout=timeout, cwd=REPO, check=False,
+    )  # fmt: skip
+
+
+def _drop_caches() -> None:
+    subprocess.run(["sync"], check=False)
+    Path("/proc/sys/vm/drop_caches").write_text("3\n")
+
+
+@pytest.mark.kernel(controllers=ALL, root=True, psi=True)
+@pytest.mark.engine(binary=COMPLETION, paths=(TINY, SIMPLE))
+def test_tiny_model_launch_reports_speed_peak_and_estimate(
+    tmp_path: Path, scratch_slice: ScratchSlice
+) -> None:
+    policy = _policy(tmp_path, scratch_slice, "400M", "512M")
+    report = tmp_path / "report.json"
+    _drop_caches()
+    res = _governor("launch", "--policy", str(policy), "--report", str(report), "--", *TINY_ARGV)
+    assert res.returncode == 0, res.stderr[-3000:]
+    data = json.loads(report.read_text())
+    assert data["memory_peak"] > 5 * MIB
+    est = data["extra"]["estimate"]
+    assert est["fits"] and est["ctx"] == 512
+    # the tiny model's timing lines, parsed by bench, from the same stderr
+    from governor.bench.timings import parse_timings
+
+    t = parse_timings(res.stderr)
+    assert t.prefill_tps and t.decode_tps and t.decode_tokens == 7
+
+
+@pytest.mark.kernel(controllers=ALL, root=True, psi=True)
+@pytest.mark.engine(binary=COMPLETION, paths=(TINY,))
+def test_bench_tiny_writes_csv_json_and_gate_follows_the_peak(
+    tmp_path: Path, scratch_slice: ScratchSlice, out_dir: Path
+) -> None:
+    policy = _policy(tmp_path, scratch_slice, "400M", "512M")
+    out_csv, out_json = tmp_path / "b.csv", tmp_path / "b.json"
+    _drop_caches()
+    res = _governor(
+        "bench", "--policy", str(policy), "--runs", "2", "--interval", "0.05",
+        "--ctx", "512", "--ctx", "2048", "--drop-caches", "--csv", str(out_csv), "--json", str(out_json),
+        "--", *TINY_ARGV,
+    )  # fmt: skip
+    assert res.returncode == 0, res.stdout + res.stderr[-3000:]
+    rows = list(csv.DictReader(out_csv.open()))
+    assert len(rows) == 4
+    from governor.bench.run import COLUMNS
+
+    assert tuple(rows[0]) == COLUMNS
+    for r in rows:
+        assert r["exit_status"] == "0" and int(r["peak_bytes"]) > 0
+        assert float(r["decode_tps"]) > 0 and float(r["prefill_tps"]) > 0
+        assert int(r["samples"]) >= 1 and r["oom_kill"] == "0"
+        assert r["quant"] == "Q8_0" and int(r["estimate_bytes"]) > 0
+    data = json.loads(out_json.read_text())
+    assert len(data["runs"]) == 4 and data["runs"][0]["series"]
+    (out_dir / "engine-bench-tiny.csv").write_text(out_csv.read_text())
+    peak = max(int(r["peak_bytes"]) for r in rows)
+    board = 1 << 30
+    below, above = peak / board * 0.5, peak / board * 2
+    for fraction, want in ((below, 1), (above, 0)):
+        res = _governor(
+            "bench", "--policy", str(policy), "--board-memory", "1G", "--drop-caches",
+            "--max-peak-fraction", f"{fraction:.6f}", "--", *TINY_ARGV,
+        )  # fmt: skip
+        assert res.returncode == want, (fraction, res.stdout, res.stderr[-2000:])
+        assert ("GATE FAIL" in res.stderr) == bool(want)
+
+
+@pytest.mark.kernel(controllers=ALL, root=True, psi=True)
+@pytest.mark.engine(binary=COMPLETION, paths=(TINY,))
+def test_estimate_of_a_truncated_model_is_65(tmp_path: Path) -> None:
+    bad = tmp_path / "cut.gguf"
+    bad.write_bytes(TINY.read_bytes()[:1000])
+    res = _governor("estimate", str(bad), "-c", "512")
+    assert res.returncode == 65, res.stderr
+    assert res.stderr.startswith("governor: not a readable GGUF model")
+    assert "Traceback" not in res.stderr
+
+
+@pytest.mark.kernel(controllers=ALL, root=True, psi=True)
+@pytest.mark.engine(binary=COMPLETION, paths=(BIG,))
+def test_big_model_refused_then_forced_then_fits_with_no_repack(
+    tmp_path: Path, scratch_slice: ScratchSlice, out_dir: Path
+) -> None:
+    policy = _policy(tmp_path, scratch_slice, "1700M", "1900M")
+    # 1. refused before anything starts: check and launch say the numbers and the fix
+    res = _governor("check", str(policy), "--engine-argv", " ".join(BIG_ARGV))
+    assert res.returncode == 65, res.stdout + res.stderr
+    assert "above memory.max 1900 MiB" in res.stderr and "-nr" in res.stderr
+    res = _governor("launch", "--policy", str(policy), "--", *BIG_ARGV)
+    assert res.returncode == 65, res.stderr[-2000:]
+    assert not (scratch_slice.path / "chat").exists()
+    # 2. --force: OOM-killed inside the slice, or thrashing at the limit; the report says which
+    _drop_caches()
+    out_json = tmp_path / "forced.json"
+    res = _governor(
+        "bench", "--policy", str(policy), "--force", "--interval", "0.5", "--json",
+        str(out_json), "--timeout", "1500", "--", *BIG_ARGV, timeout=1800,
+    )  # fmt: skip
+    forced = json.loads(out_json.read_text())["runs"][0]
+    (out_dir / "engine-forced.json").write_text(json.dumps(forced | {"series": []}, indent=2))
+    assert forced["outcome"] in ("oom_killed", "thrashed", "throttled", "killed"), forced
+    assert forced["peak_bytes"] >= 1700 * MIB  # it ran into the limits
+    assert forced["anon_at_peak"] is not None and forced["file_at_peak"] is not None
+    # npu-chat's pressure rules (memory some 150ms/2s) see the stall at the limit
+    assert forced["pressure_fired"] >= 1, forced
+    if forced["outcome"] == "oom_killed":
+        assert forced["oom_kill"] >= 1
+    else:
+        assert forced["memory_events_max"] > 0 or forced["memory_events_high"] > 0
+    # 3. -nr with a budget that fits: completes without touching memory.max
+    _drop_caches()
+    nr = (*BIG_ARGV, "-nr")
+    report = tmp_path / "nr.json"
+    res = _governor(
+        "launch", "--policy", str(policy), "--report", str(report), "--", *nr, timeout=1500
+    )
+    assert res.returncode == 0, res.stderr[-3000:]
+    data = json.loads(report.read_text())
+    (out_dir / "engine-nr.json").write_text(json.dumps(data, indent=2))
+    assert data["memory_events_max"] == 0 and data["oom_kill"] == 0
+    est = data["extra"]["estimate"]["total"]
+    assert abs(est - data["memory_peak"]) <= 0.10 * data["memory_peak"], (est, data["memory_peak"])
