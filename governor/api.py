@@ -39,10 +39,25 @@ def probe_host(opts: HostOptions, *, target: str | None = None) -> HostFacts:
 
 def check(path: Path, opts: HostOptions, *, workload: Workload | None = None) -> Plan:
     """load + probe + compile: what every command that touches a host starts with."""
-    from governor.plan.compiler import compile_plan
-
     policy = load_policy(path)
     host = probe_host(opts, target=f"{policy.slice}/{policy.name}")
+    return _compile(policy, host, opts, path, workload=workload)
+
+
+def _compile(
+    policy: Policy,
+    host: HostFacts,
+    opts: HostOptions,
+    path: Path,
+    *,
+    workload: Workload | None = None,
+    model_bytes: int | None = None,
+) -> Plan:
+    """compile_plan with the options every command passes the same way."""
+    from governor.plan.compiler import Workload, compile_plan
+
+    if workload is None and model_bytes is not None:
+        workload = Workload(model_bytes=model_bytes)
     return compile_plan(
         policy, host, workload=workload, allow_missing=opts.allow_missing, source=str(path)
     )
@@ -238,7 +253,6 @@ def launch(path: Path, argv: tuple[str, ...], opts: HostOptions, lopts: LaunchOp
     from governor.launch.restart import Restarts
     from governor.launch.watchdog import start_watchdog
     from governor.monitor.loop import start_monitor
-    from governor.plan.compiler import Workload, compile_plan
     from governor.sdnotify import notify
 
     log = structlog.get_logger("governor.launch")
@@ -255,13 +269,7 @@ def launch(path: Path, argv: tuple[str, ...], opts: HostOptions, lopts: LaunchOp
     # under systemd the manager enables controllers along the unit's path itself
     target = None if backend_name == "systemd" else f"{policy.slice}/{policy.name}"
     host = probe_host(opts, target=target)
-    plan = compile_plan(
-        policy,
-        host,
-        workload=Workload(model_bytes=model_bytes),
-        allow_missing=opts.allow_missing,
-        source=str(path),
-    )
+    plan = _compile(policy, host, opts, path, model_bytes=model_bytes)
     if plan.launch.memlock == "model":
         raise PolicyError(
             'process.memlock = "model" needs the engine\'s model file',
@@ -424,7 +432,6 @@ def install(path: Path, opts: HostOptions, iopts: InstallOptions) -> Any:
     from governor.backends.systemd import daemon_reload
     from governor.engines.checks import read_engine_argv
     from governor.errors import HostError
-    from governor.plan.compiler import Workload, compile_plan
 
     policy = load_policy(path)
     model_bytes = None
@@ -437,13 +444,7 @@ def install(path: Path, opts: HostOptions, iopts: InstallOptions) -> Any:
             hint="install on the board itself, or render for it with --root of the global"
             " options pointing at a copy of its /proc and /sys",
         )
-    plan = compile_plan(
-        policy,
-        host,
-        workload=Workload(model_bytes=model_bytes),
-        allow_missing=opts.allow_missing,
-        source=str(path),
-    )
+    plan = _compile(policy, host, opts, path, model_bytes=model_bytes)
     files = dropin.render_install(
         plan,
         host.systemd_version,
@@ -505,19 +506,12 @@ def check_engine(path: Path, opts: HostOptions, argv: tuple[str, ...], *, force:
     (max_context_tokens, model files, the GGUF budget); returns (plan, estimate, warnings)."""
     from governor.engines.budget import check_launch
     from governor.engines.checks import engine_warnings, read_engine_argv
-    from governor.plan.compiler import Workload, compile_plan
 
     policy = load_policy(path)
     args = read_engine_argv(policy, argv)
     model_bytes = _model_bytes(args)
     host = probe_host(opts, target=f"{policy.slice}/{policy.name}")
-    plan = compile_plan(
-        policy,
-        host,
-        workload=Workload(model_bytes=model_bytes),
-        allow_missing=opts.allow_missing,
-        source=str(path),
-    )
+    plan = _compile(policy, host, opts, path, model_bytes=model_bytes)
     est = check_launch(args, plan, root=opts.root, force=force)
     return plan, est, engine_warnings(args, plan, host)
 
