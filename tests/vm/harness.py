@@ -55,7 +55,10 @@ ROOT = Path(__file__).resolve().parents[2]
 TIERS: tuple[str, ...] = ("lint", "host", "kernel", "systemd")
 GUEST_TIERS: tuple[str, ...] = ("kernel", "systemd")
 HOST_MARKEXPR = "not kernel and not systemd and not engine"
-DEFAULT_TIMEOUT = 1200
+DEFAULT_TIMEOUT = 3000  # per tier; the kernel tier with the real engine takes ~32 min under TCG
+# per test (pytest-timeout): a hung test fails alone instead of eating the tier's timeout
+HOST_TEST_TIMEOUT_S = 300
+GUEST_TEST_TIMEOUT_S = 1500  # the 1.1 GiB model's forced run is ~6 min of it under TCG
 GUEST_CPUS = 4
 GUEST_MEMORY_MIB = 2048
 # environment variables handed to the guest command (when set on the host)
@@ -318,7 +321,7 @@ def guest_script(
     argv = [
         str(py), "-m", "pytest", "-p", "no:cacheprovider", "-m", tier, f"tests/{tier}",
         f"--junitxml={guest_dir}/junit.xml", "-o", f"junit_suite_name={tier}", "--durations=10",
-        *pytest_args,
+        f"--timeout={GUEST_TEST_TIMEOUT_S}", *pytest_args,
     ]  # fmt: skip
     lines = ["#!/bin/bash", f"# governor test guest: {tier} tier"]
     lines += [f"export {k}={shlex.quote(v)}" for k, v in sorted(env.items())]
@@ -394,7 +397,7 @@ def tier_host(opts: Options) -> TierResult:
     junit = d / "junit.xml"
     argv = [
         venv_bin("python"), "-m", "pytest", "-m", HOST_MARKEXPR, f"--junitxml={junit}",
-        "-o", "junit_suite_name=host", *opts.pytest_args,
+        "-o", "junit_suite_name=host", f"--timeout={HOST_TEST_TIMEOUT_S}", *opts.pytest_args,
     ]  # fmt: skip
     log("host: " + shlex.join(argv))
     r = run_streamed(argv, d / "output.log", timeout=opts.timeout)
