@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import signal
 from pathlib import Path
+from typing import Literal
 
 import pytest
 from structlog.testing import capture_logs
@@ -276,10 +277,10 @@ def test_an_oom_kill_seen_only_after_the_exit_still_asks_for_the_restart(
     assert out["oom_kill_seen"] == 1
 
 
-def _memory_rule(index: int, stall_ms: int, kind: str = "some") -> WatchRule:
+def _memory_rule(index: int, stall_ms: int, kind: Literal["some", "full"] = "some") -> WatchRule:
     trig = WatchTrigger(
         resource="memory",
-        kind=kind,  # type: ignore[arg-type]  # test values
+        kind=kind,
         stall_us=stall_ms * 1000,
         window_us=2_000_000,
         file="memory.pressure",
