@@ -97,6 +97,7 @@ class Monitor:
         self.needs_meminfo = any(r.kind == "memavailable" for r in self.rules)
         self.leaks = {r.index: LeakDetector(r.window_s) for r in self._leak_rules()}
         self.armed: list[psi.Armed] = []
+        self._psi_cgroup: dict[int, str] = {}  # rule -> where its trigger is armed
         self.mem_events: EventFile | None = None
         self.cg_events: EventFile | None = None
         self._epoll = select.epoll()
@@ -122,13 +123,14 @@ class Monitor:
         self._started = self.clock()
         for w in self.plan.watch:
             if isinstance(w.trigger, WatchTrigger):
-                armed = psi.arm(self.fs, self.group, w.index, w.trigger, triggers=self.psi_triggers)
+                where = self._psi_cgroup[w.index] = "" if w.trigger.system else self.group
+                armed = psi.arm(self.fs, where, w.index, w.trigger, triggers=self.psi_triggers)
                 if armed.fd is not None and not self._register(armed.fd, armed):
                     # not a kernfs PSI file (test trees): the write "worked", nothing will fire
                     _close(armed.fd)
                     armed = psi.polled(w.index, w.trigger, "epoll refused the PSI file")
                 self.armed.append(armed)
-                log.info("psi.armed", cgroup=self.group, **armed.describe())
+                log.info("psi.armed", cgroup=where or "<root: system-wide>", **armed.describe())
         self._say_fallbacks()
         self.mem_events = open_optional(self.fs, self.group, kf.MEMORY_EVENTS)
         self.cg_events = open_optional(self.fs, self.group, kf.CGROUP_EVENTS)
@@ -334,7 +336,7 @@ class Monitor:
 
     def _psi_total(self, armed: psi.Armed) -> int | None:
         try:
-            return psi.total_us(self.fs, self.group, armed.file, armed.kind)
+            return psi.total_us(self.fs, self._psi_cgroup[armed.rule], armed.file, armed.kind)
         except GovernorError:
             return None
 

@@ -208,6 +208,7 @@ def _watch_trigger(when: v.Condition) -> WatchTrigger | WatchCondition:
             stall_us=when.stall.us,
             window_us=when.window.us,
             file=f"{when.resource}.pressure",
+            system=when.system,
         )
     if isinstance(when, v.LeakCondition):
         return WatchCondition(

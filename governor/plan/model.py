@@ -69,6 +69,7 @@ class WatchTrigger(_Frozen):
     stall_us: int
     window_us: int
     file: str  # "memory.pressure"
+    system: bool = False  # armed on the cgroup root (= /proc/pressure), not on the group
 
     def trigger_text(self) -> str:
         return f"{self.kind} {self.stall_us} {self.window_us}"

@@ -65,7 +65,8 @@ def plan_table(plan: Plan) -> str:
         if rule.cooldown_s:
             extra += f" cooldown {rule.cooldown_s:g}s"
         text = t.trigger_text() if isinstance(t, WatchTrigger) else t.text()
-        lines.append(f"watch    {t.file} '{text}'{extra} -> {', '.join(rule.actions)}")
+        where = f"system {t.file}" if isinstance(t, WatchTrigger) and t.system else t.file
+        lines.append(f"watch    {where} '{text}'{extra} -> {', '.join(rule.actions)}")
     for note in plan.notes:
         lines.append(f"note     {note}")
     for d in plan.degraded:

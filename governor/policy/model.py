@@ -89,7 +89,8 @@ Trigger = Annotated[
     WithJsonSchema(
         {
             "type": "string",
-            "description": "'<memory|cpu|io> <some|full> <stall>/<window>', e.g. 'memory some 150ms/2s';"
+            "description": "'[system] <memory|cpu|io> <some|full> <stall>/<window>', e.g. 'memory some 150ms/2s'"
+            " (system: the whole board's /proc/pressure);"
             " 'leak > 500KB/s for 60s'; 'memavailable < 800M'; or a memory.events counter:"
             " 'oom_kill', 'oom_group_kill', 'oom', 'max', 'high'",
         }

@@ -254,7 +254,8 @@ def parse_cpu_max(value: object) -> CpuMax:
 PSI_WINDOW_MIN_US = 500_000
 PSI_WINDOW_MAX_US = 10_000_000
 _TRIGGER_RE = re.compile(
-    r"^\s*(?P<res>memory|cpu|io)\s+(?P<kind>some|full)\s+(?P<stall>\S+)\s*/\s*(?P<window>\S+)\s*$"
+    r"^\s*(?:(?P<scope>system)\s+)?(?P<res>memory|cpu|io)\s+(?P<kind>some|full)\s+"
+    r"(?P<stall>\S+)\s*/\s*(?P<window>\S+)\s*$"
 )
 
 
@@ -264,9 +265,13 @@ class PsiTrigger:
     kind: Literal["some", "full"]
     stall: Duration
     window: Duration
+    # "system memory some ...": the whole board's pressure (/proc/pressure/memory, which is
+    # the root cgroup's memory.pressure), not the slice's
+    system: bool = False
 
     def __str__(self) -> str:
-        return f"{self.resource} {self.kind} {self.stall}/{self.window}"
+        scope = "system " if self.system else ""
+        return f"{scope}{self.resource} {self.kind} {self.stall}/{self.window}"
 
 
 def parse_trigger(value: object) -> PsiTrigger:
@@ -278,20 +283,20 @@ def parse_trigger(value: object) -> PsiTrigger:
     m = _TRIGGER_RE.match(value)
     if not m:
         raise ValueError(
-            f"cannot parse trigger {value!r} (form: '<memory|cpu|io> <some|full> <stall>/<window>',"
-            " e.g. 'memory some 150ms/2s')"
+            f"cannot parse trigger {value!r} (form: '[system] <memory|cpu|io> <some|full>"
+            " <stall>/<window>', e.g. 'memory some 150ms/2s')"
         )
     stall, window = parse_duration(m["stall"]), parse_duration(m["window"])
     if not PSI_WINDOW_MIN_US <= window.us <= PSI_WINDOW_MAX_US:
         raise ValueError(f"trigger window {window} is outside the kernel's 500ms..10s ({value!r})")
     if stall.us > window.us:
         raise ValueError(f"trigger stall {stall} is longer than its window {window} ({value!r})")
-    if m["res"] == "cpu" and m["kind"] == "full":
+    if m["res"] == "cpu" and m["kind"] == "full" and not m["scope"]:
         # cpu "full" exists since 5.13 at the system level only; it is always 0 for cgroups
         raise ValueError(
             f"'cpu full' is not a meaningful cgroup trigger ({value!r}); use 'cpu some'"
         )
-    return PsiTrigger(m["res"], m["kind"], stall, window)  # type: ignore[arg-type]  # regex
+    return PsiTrigger(m["res"], m["kind"], stall, window, system=bool(m["scope"]))  # type: ignore[arg-type]  # regex
 
 
 # ---------------------------------------------------------------- other conditions

@@ -367,3 +367,35 @@ def test_a_pressure_file_that_refuses_triggers_is_polled_and_the_rule_fires(
     assert "cannot arm PSI trigger" in said["reason"]
     assert out["psi"][0]["mode"] == "polled"
     assert out["rules"][0]["fired"] == 1  # 200 ms of stall within 2 s at t=2
+
+
+def test_a_system_rule_watches_the_root_pressure_not_the_groups(
+    fake_fs: FakeKernelCgroupFs, tmp_path: Path
+) -> None:
+    """ "system memory some ..." is armed on the cgroup root, whose memory.pressure is the
+    board's /proc/pressure/memory (kernel: the root cgroup's psi group is psi_system)."""
+    system = _memory_rule(0, 150).model_copy(
+        update={"trigger": _memory_rule(0, 150).trigger.model_copy(update={"system": True})}
+    )
+    plan = make_plan().model_copy(update={"watch": (system, _memory_rule(1, 150))})
+    CgroupfsBackend(fake_fs).apply(plan)
+    asked: list[str] = []
+
+    def refuse(cgroup: str, file: str, text: str) -> int:
+        asked.append(cgroup)
+        raise BackendError("cannot arm PSI trigger", cgroup=cgroup, file=file, errno=95)
+
+    fake_fs.open_trigger = refuse  # type: ignore[method-assign]  # polled from here on
+    _kset(fake_fs, "", files.MEMORY_PRESSURE, _psi_text(0))  # the fake root has none yet
+    now = [0.0]
+    mon = Monitor(
+        fake_fs, plan, engine_pids=lambda: [1], proc_root=tmp_path, clock=lambda: now[0]
+    ).start()
+    assert asked == ["", GROUP]
+    for step in range(4):  # the board stalls, the group does not
+        now[0] = float(step)
+        _kset(fake_fs, "", files.MEMORY_PRESSURE, _psi_text(step * 100_000))
+        _kset(fake_fs, GROUP, files.MEMORY_PRESSURE, _psi_text(0))
+        mon.dispatch()
+    out = mon.finish()
+    assert [r["fired"] for r in out["rules"]] == [1, 0]

@@ -508,3 +508,61 @@ def test_leak_and_memavailable_rules_fire_on_growth_and_stay_quiet_when_flat(
     assert floor[0]["value"] < floor_mib << 20, floor[0]  # MemAvailable when it fired
     # a level condition fires once per episode, not at every sample
     assert len(floor) == 1 and len(leak) == 1, fired
+
+
+@pytest.mark.kernel(**NEEDS)
+def test_a_system_rule_sees_the_boards_pressure_from_a_cgroup_outside_the_group(
+    tmp_path: Path,
+    scratch_slice: ScratchSlice,
+    enabled_root_subtree: Path,
+    spawn: cgroups.Spawn,
+) -> None:
+    """'system memory some' is armed on the root's memory.pressure (= /proc/pressure/memory):
+    a hog throttled in a sibling cgroup stalls the board, not the quiet engine's group."""
+    scratch_slice.create()
+    cgroups.set_subtree_control(scratch_slice.path, ["memory"], True)
+    policy = _policy(
+        tmp_path,
+        scratch_slice,
+        """
+        [memory]
+        max = "256M"
+        [[pressure]]
+        when = "system memory some 50ms/1s"
+        do = ["log"]
+        cooldown = "60s"
+        [[pressure]]
+        when = "memory some 50ms/1s"
+        do = ["log"]
+        """,
+    )
+    gov = Governor(
+        "launch",
+        "--policy",
+        str(policy),
+        "--",
+        sys.executable,
+        "-c",
+        "import time; time.sleep(900)",
+    )
+    hog: subprocess.Popen[str] | None = None
+    try:
+        cgroups.wait_for(lambda: len(gov.events("psi.armed")) >= 2, 120, "both rules armed")
+        outside = scratch_slice.child("outside")
+        cgroups.write(outside / "memory.high", 32 << 20)
+        hog = spawn(_hog(400, 2, 0.05), cgroup=outside)
+        cgroups.wait_for(
+            lambda: [e for e in gov.events("rule.fired") if e[1]["rule"] == 0],
+            180,
+            "the system rule",
+            interval=0.2,
+        )
+    finally:
+        if hog is not None:
+            hog.kill()
+        gov.proc.send_signal(signal.SIGTERM)
+        gov.wait()
+    armed = {rec["rule"]: rec for _, rec in gov.events("psi.armed")}
+    assert armed[0]["cgroup"] == "<root: system-wide>" and armed[0]["mode"] == "trigger"
+    assert armed[1]["cgroup"].endswith("/eng")
+    assert {rec["rule"] for _, rec in gov.events("rule.fired")} == {0}, gov.stderr()

@@ -687,3 +687,15 @@ def test_parse_action_raises_only_value_error(text: str) -> None:
 def test_exec_argv_round_trips_through_its_canonical_string(argv: list[str]) -> None:
     action = v.Action("exec", argv=tuple(argv))
     assert v.parse_action(str(action)).argv == tuple(argv)
+
+
+def test_a_system_trigger_is_the_boards_pressure() -> None:
+    t = v.parse_trigger("system memory full 100ms/1s")
+    assert t.system and t.resource == "memory" and t.kind == "full"
+    assert str(t) == "system memory full 100ms/1s"
+    assert v.parse_trigger(str(t)) == t
+    assert not v.parse_trigger("memory full 100ms/1s").system
+    # cpu "full" exists for the whole system only (5.13+), never for a cgroup
+    assert v.parse_trigger("system cpu full 100ms/1s").system
+    with pytest.raises(ValueError, match="cpu full"):
+        v.parse_trigger("cpu full 100ms/1s")
