@@ -23,6 +23,7 @@ Fixtures for the kernel and systemd tiers (they run in the qemu guests, see scri
 from __future__ import annotations
 
 import contextlib
+import os
 import subprocess
 import uuid
 from collections.abc import Iterator, Sequence
@@ -33,6 +34,19 @@ import pytest
 from helpers import cgroups
 from helpers.cgroups import ScratchSlice, Spawn
 from vm import requirements
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _private_cache_dir(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
+    """The GGUF header cache of every test (and of every governor it starts) lives in a tmp
+    directory, never in the machine's /var/cache/governor."""
+    before = os.environ.get("GOVERNOR_CACHE_DIR")
+    os.environ["GOVERNOR_CACHE_DIR"] = str(tmp_path_factory.mktemp("governor-cache"))
+    yield
+    if before is None:
+        os.environ.pop("GOVERNOR_CACHE_DIR", None)
+    else:
+        os.environ["GOVERNOR_CACHE_DIR"] = before
 
 
 @pytest.hookimpl(tryfirst=True)

@@ -71,7 +71,7 @@ def _quant_and_estimate(row: Row, argv: tuple[str, ...], root: Path) -> None:
         return
     try:
         est = estimate_argv(args, root=root, budget=None)
-        from governor.engines.gguf import read_gguf
+        from governor.engines.gguf import read_gguf_cached as read_gguf
 
         row.quant = read_gguf(Path(str(args.model))).quant
     except GovernorError as err:

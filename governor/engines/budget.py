@@ -14,7 +14,7 @@ from pathlib import Path
 import structlog
 
 from governor.engines.estimate import Estimate, cpu_family, estimate, settings_from_argv
-from governor.engines.gguf import read_gguf
+from governor.engines.gguf import read_gguf_cached as read_gguf
 from governor.engines.llama import EngineArgs, model_parts
 from governor.errors import HostError, PolicyError
 from governor.kernel import files as kf

@@ -8,6 +8,7 @@ tests/engine/make_gguf.py (needs the `gguf` package of the dev extra) and a corr
 
 from __future__ import annotations
 
+import json
 import sys
 from dataclasses import replace
 from pathlib import Path
@@ -231,3 +232,44 @@ def test_check_engine_argv_refuses_a_gguf_that_does_not_fit(
         main(["--root", root, "check", str(policy), "--engine-argv", argv])
     out, _ = capsys.readouterr()
     assert info.value.code == 0 and "memory.max: fits" in out
+
+
+def test_the_header_cache_serves_a_second_read_without_the_gguf_package(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from governor.engines import gguf as g
+
+    path = _make(tmp_path, "--quant", "q4_0")
+    cache = tmp_path / "cache"
+    first = g.read_gguf_cached(path, cache)
+    assert first == read_gguf(path)
+    assert len(list((cache / "gguf").glob("*.json"))) == 1
+
+    def no_gguf() -> None:
+        raise AssertionError("the gguf package was imported on a cache hit")
+
+    monkeypatch.setattr(g, "_gguf_module", no_gguf)
+    assert g.read_gguf_cached(path, cache) == first
+    # a changed file is another key: parsed again (and the package is needed again)
+    path.write_bytes(path.read_bytes() + b"\0" * 4096)
+    with pytest.raises(AssertionError, match="imported on a cache hit"):
+        g.read_gguf_cached(path, cache)
+
+
+def test_a_broken_or_unwritable_cache_is_ignored(tmp_path: Path) -> None:
+    from governor.engines import gguf as g
+
+    path = _make(tmp_path)
+    cache = tmp_path / "cache"
+    info = g.read_gguf_cached(path, cache)
+    (entry,) = (cache / "gguf").glob("*.json")
+    entry.write_text('{"not": "an entry"}')
+    assert g.read_gguf_cached(path, cache) == info  # parsed again, entry rewritten
+    assert json.loads(entry.read_text())["n_layer"] == info.n_layer
+    blocked = tmp_path / "file-not-dir"
+    blocked.write_text("")
+    assert g.read_gguf_cached(path, blocked) == info  # cannot create blocked/gguf: no cache
+    with pytest.raises(PolicyError):  # a corrupt model is never served from the cache
+        bad = tmp_path / "bad.gguf"
+        bad.write_bytes(path.read_bytes()[:100])
+        g.read_gguf_cached(bad, cache)
