@@ -53,6 +53,7 @@ PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
 # exit status of a child that failed before exec (the parent maps the real cause from the pipe)
 _CHILD_FAILED = 122
 BACKOFF_TICK_S = 0.1  # a restart's backoff checks this often whether the operator said stop
+RESTART_EMPTY_TIMEOUT_S = 10.0  # how long a relaunch waits for the killed run to be gone
 
 
 @dataclass
@@ -268,6 +269,7 @@ class Launcher:
             entry["cancelled"] = restarts.stopped_by
             log.info("engine.restart_cancelled", attempt=req.attempt, reason=restarts.stopped_by)
             return None
+        self._wait_group_empty(plan.group)
         try:
             return self.start(plan, setup)
         except GovernorError as err:
@@ -276,6 +278,27 @@ class Launcher:
             entry["error"] = str(err)
             log.error("engine.restart_failed", attempt=req.attempt, error=str(err))
             return None
+
+    def _wait_group_empty(self, group: str) -> None:
+        """The killed run's other processes (the engine's children, a locker) must be gone
+        before the next run joins: they still hold memory charged to the same budget."""
+        deadline = self.clock() + RESTART_EMPTY_TIMEOUT_S
+        while True:
+            try:
+                populated = self.fs.events(group).get("populated", 0)
+            except GovernorError:
+                return  # no cgroup.events to ask (test trees): nothing to wait for
+            if not populated:
+                return
+            if self.clock() >= deadline:
+                log.warning(
+                    "engine.restart_group_busy",
+                    cgroup=group,
+                    waited_s=RESTART_EMPTY_TIMEOUT_S,
+                    detail="processes of the previous run are still exiting; starting anyway",
+                )
+                return
+            self.sleep(BACKOFF_TICK_S)
 
     def _backoff(self, seconds: float, *, stop: Callable[[], bool]) -> bool:
         """Wait ``seconds``; False as soon as ``stop()`` (a signal handler set it)."""

@@ -175,3 +175,30 @@ def test_a_relaunch_that_cannot_exec_ends_with_the_last_status(
     ) == (first, 3, None)
     (entry,) = restarts.history
     assert "engine not found" in entry["error"]
+
+
+def test_a_relaunch_waits_for_the_killed_runs_leftovers_then_gives_up_with_a_warning(
+    fake_fs: FakeKernelCgroupFs, plan: Plan
+) -> None:
+    from structlog.testing import capture_logs
+
+    from governor.launch import launcher as launcher_mod
+
+    t = FakeTime()
+    launcher = Launcher(fake_fs, clock=t.clock, sleep=t.sleep)
+    fake_fs.add_process(plan.leaf, 777)  # a child of the killed engine, still exiting
+
+    def exit_after_three_ticks() -> None:
+        if len(t.slept) == 3:
+            fake_fs.reap(777)
+
+    t.on_sleep = exit_after_three_ticks
+    launcher._wait_group_empty(plan.group)
+    assert len(t.slept) == 3 and fake_fs.events(plan.group)["populated"] == 0
+
+    fake_fs.add_process(plan.leaf, 778)  # one that never goes (D state)
+    t.on_sleep = None
+    with capture_logs() as logs:
+        launcher._wait_group_empty(plan.group)
+    assert t.now >= launcher_mod.RESTART_EMPTY_TIMEOUT_S
+    assert [e["event"] for e in logs] == ["engine.restart_group_busy"]
