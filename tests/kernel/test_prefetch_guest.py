@@ -214,14 +214,25 @@ def test_lock_mode_keeps_the_model_unevictable_while_the_engine_runs(
     )  # fmt: skip
     group = scratch_slice.path / "lck"
     try:
+        seen = [0]
 
         def unevictable() -> int | None:
             u = _stat(group).get("unevictable", 0) if group.exists() else 0
-            return u if u >= size else None
+            seen[0] = u
+            # mlocked pages reach the unevictable LRU through per-CPU batches (mm/mlock.c), so a
+            # few pages per CPU may wait for the next drain while the locker sleeps: 99% here,
+            # the exact mlock is checked below through the locker's VmLck
+            return u if u >= 0.99 * size else None
 
-        locked = cgroups.wait_for(
-            unevictable, timeout=300, what="the model's pages to be unevictable in the slice"
-        )
+        try:
+            locked = cgroups.wait_for(
+                unevictable, timeout=300, what="the model's pages to be unevictable in the slice"
+            )
+        except AssertionError as err:
+            lck = {p: _locked_kib(p) for p in cgroups.pids(group / "engine")}
+            raise AssertionError(
+                f"{err}: unevictable {seen[0]} of {size}, VmLck KiB {lck}"
+            ) from err
         print(f"unevictable while running: {locked} (file {size})")
         lockers = [p for p in cgroups.pids(group / "engine") if _locked_kib(p) * 1024 >= size]
         assert len(lockers) == 1, "no process in the leaf holds the lock"
