@@ -54,7 +54,12 @@ def drop_caches() -> None:
 def timed(cmd: list[str]) -> float:
     t0 = time.perf_counter()
     proc = subprocess.run(
-        cmd, check=False, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True
+        cmd,
+        check=False,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+        errors="replace",
     )
     wall = time.perf_counter() - t0
     if proc.returncode != 0:

@@ -25,7 +25,7 @@ from governor.errors import BackendError, GovernorError, HostError
 from governor.kernel import files
 from governor.kernel.cgroupfs import CgroupFs
 from governor.kernel.parse import parse_cpulist
-from governor.plan.model import CgroupWrite, Plan
+from governor.plan.model import CgroupWrite, EnableControllers, Plan
 
 log = structlog.get_logger(__name__)
 
@@ -158,18 +158,28 @@ class CgroupfsBackend:
         enabled: list[EnableRecord] = []
         writes: list[WriteRecord] = []
         try:
+            pending = list(plan.enable)
+
+            def enable(steps: list[EnableControllers]) -> None:
+                for step in steps:
+                    pending.remove(step)
+                    current = self.fs.subtree_control(step.cgroup)
+                    missing = tuple(c for c in step.controllers if c not in current)
+                    if not missing:
+                        continue
+                    self.fs.enable(step.cgroup, missing)
+                    enabled.append(EnableRecord(cgroup=step.cgroup, controllers=missing))
+                    log.info("cgroup.enable", cgroup=step.cgroup, controllers=list(missing))
+
             for cgroup in plan.create:
+                # the parent's controllers go on BEFORE the child exists, so the child's
+                # memory.*/cpu.* files appear with it: nobody watching sees a bare directory
+                parent = cgroup.rpartition("/")[0]
+                enable([s for s in pending if s.cgroup == parent])
                 if self.fs.mkdir(cgroup):
                     created.append(cgroup)
                     log.info("cgroup.mkdir", cgroup=cgroup)
-            for step in plan.enable:
-                current = self.fs.subtree_control(step.cgroup)
-                missing = tuple(c for c in step.controllers if c not in current)
-                if not missing:
-                    continue
-                self.fs.enable(step.cgroup, missing)
-                enabled.append(EnableRecord(cgroup=step.cgroup, controllers=missing))
-                log.info("cgroup.enable", cgroup=step.cgroup, controllers=list(missing))
+            enable(list(pending))
             for w in plan.writes:
                 previous = _restorable(w.file, self.fs.read(w.cgroup, w.file))
                 self.fs.write(w.cgroup, w.file, w.value)

@@ -32,10 +32,10 @@ SCENARIOS: dict[str, Callable[[FakeKernelCgroupFs], None]] = {
     "busy": make_busy_tree,
     "stale": make_stale_tree,
 }
-# every mutating step of applying make_plan() to either scenario, in order
+# every mutating step of applying make_plan() to either scenario, in order: each parent's
+# controllers go on before its child is made, so a new cgroup appears with its files
 STEPS = (
-    [("mkdir", i) for i in range(3)]
-    + [("enable", i) for i in range(3)]
+    [step for i in range(3) for step in (("enable", i), ("mkdir", i))]
     + [("write", i) for i in range(len(WRITES))]
 )
 

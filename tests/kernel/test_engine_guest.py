@@ -73,7 +73,8 @@ def _policy(tmp_path: Path, s: ScratchSlice, high: str, max_: str, name: str = "
 def _governor(*args: str, timeout: float = 900) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [sys.executable, "-m", "governor", *args],
-        capture_output=True, text=True, timeout=timeout, cwd=REPO, check=False,
+        capture_output=True, text=True, errors="replace", timeout=timeout, cwd=REPO,
+        check=False,
     )  # fmt: skip
 
 

@@ -217,7 +217,10 @@ def test_lock_mode_keeps_the_model_unevictable_while_the_engine_runs(
         seen = [0]
 
         def unevictable() -> int | None:
-            u = _stat(group).get("unevictable", 0) if group.exists() else 0
+            try:
+                u = _stat(group).get("unevictable", 0)
+            except FileNotFoundError:  # not created yet
+                u = 0
             seen[0] = u
             # mlocked pages reach the unevictable LRU through per-CPU batches (mm/mlock.c), so a
             # few pages per CPU may wait for the next drain while the locker sleeps: 99% here,
