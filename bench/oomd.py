@@ -54,6 +54,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from governor.kernel.parse import parse_psi  # noqa: E402  # after the path insert
+from governor.plan.host import probe  # noqa: E402
 
 HOG = REPO / "tests" / "helpers" / "hog.py"
 OOMD_UNIT = "systemd-oomd.service"
@@ -83,12 +84,7 @@ def sh(*argv: str, check: bool = True) -> str:
 
 
 def cgroup2_root() -> Path:
-    for line in Path("/proc/self/mountinfo").read_text().splitlines():
-        fields = line.split()
-        sep = fields.index("-")
-        if fields[sep + 1] == "cgroup2":
-            return Path(fields[4])
-    raise SystemExit("bench: no cgroup2 mount")
+    return Path(probe().cgroup_mount or sys.exit("bench: no cgroup2 mount"))
 
 
 def cpu_seconds(pid: int) -> float | None:

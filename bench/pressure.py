@@ -42,6 +42,7 @@ from governor.kernel import psi  # noqa: E402
 from governor.kernel.cgroupfs import CgroupFs  # noqa: E402
 from governor.kernel.parse import parse_psi  # noqa: E402
 from governor.monitor.loop import Monitor  # noqa: E402
+from governor.plan.host import probe  # noqa: E402
 from governor.plan.model import (  # noqa: E402
     EngineSpec,
     LaunchSpec,
@@ -57,15 +58,6 @@ AVG10_SHARE = 15.0  # percent: 150 ms of stall per 1 s window
 TRIGGER = WatchTrigger(
     resource="memory", kind="some", stall_us=150_000, window_us=1_000_000, file="memory.pressure"
 )
-
-
-def _cgroup2_root() -> Path:
-    for line in Path("/proc/self/mountinfo").read_text().splitlines():
-        fields = line.split()
-        sep = fields.index("-")
-        if fields[sep + 1] == "cgroup2":
-            return Path(fields[4])
-    raise SystemExit("bench: no cgroup2 mount")
 
 
 def _start_in(cgroup: Path, argv: list[str]) -> subprocess.Popen[bytes]:
@@ -257,7 +249,7 @@ def main() -> int:
     a = ap.parse_args()
     if a.guest:
         return in_guest([f"--repeat={a.repeat}", f"--cost-seconds={a.cost_seconds}"])
-    root = _cgroup2_root()
+    root = Path(probe().cgroup_mount or sys.exit("bench: no cgroup2 mount"))
     fs = CgroupFs(root)
     name = f"gbench-{os.getpid()}"
     print(f"bench: kernel {os.uname().release}, cgroup2 at {root}, {os.cpu_count()} cpus")
