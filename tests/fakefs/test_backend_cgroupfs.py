@@ -34,10 +34,8 @@ SCENARIOS: dict[str, Callable[[FakeKernelCgroupFs], None]] = {
 }
 # every mutating step of applying make_plan() to either scenario, in order: each parent's
 # controllers go on before its child is made, so a new cgroup appears with its files
-STEPS = (
-    [step for i in range(3) for step in (("enable", i), ("mkdir", i))]
-    + [("write", i) for i in range(len(WRITES))]
-)
+STEPS = [step for i in range(3) for step in (("enable", i), ("mkdir", i))]
+STEPS += [("write", i) for i in range(len(WRITES))]
 
 
 def _tree(
