@@ -8,7 +8,7 @@ Latency: a hog grows anon memory in a scratch cgroup whose memory.high is below 
 set (the kernel throttles it: memory stall). From the moment the stall starts (``some total=``
 first grows, read every 10 ms) until each watcher reacts:
 
-  trigger    the governor's path: a PSI trigger ``some 150ms/1s`` (governor.kernel.psi.arm), epoll
+  trigger    the governor's path: a PSI trigger ``some 150ms/1s`` (governor.monitor.psi.arm), epoll
   total/1s   the governor's fallback: ``total=`` polled once a second, same 150ms-per-1s rule
   avg10/1s   systemd-oomd's model: avg10 polled once a second, acting at >= 15% (the same share)
   avg10/5s   oomd's default interval: avg10 polled every 5 s, >= 15%
@@ -30,6 +30,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 
 import psutil
@@ -38,10 +39,11 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from governor.errors import GovernorError  # noqa: E402  # after the path insert
-from governor.kernel import psi  # noqa: E402
 from governor.kernel.cgroupfs import CgroupFs  # noqa: E402
 from governor.kernel.parse import parse_psi  # noqa: E402
+from governor.monitor import psi  # noqa: E402
 from governor.monitor.loop import Monitor  # noqa: E402
+from governor.plan.compiler import watch_rule  # noqa: E402
 from governor.plan.host import probe  # noqa: E402
 from governor.plan.model import (  # noqa: E402
     EngineSpec,
@@ -49,7 +51,6 @@ from governor.plan.model import (  # noqa: E402
     Plan,
     PrefetchSpec,
     WatchCondition,
-    WatchRule,
     WatchTrigger,
 )
 
@@ -138,16 +139,10 @@ def latency_once(fs: CgroupFs, name: str, timeout: float = 90.0) -> dict[str, fl
 
 def _plan(root: Path, name: str) -> Plan:
     rules = (
-        WatchRule(index=0, trigger=TRIGGER, actions=("log",)),
-        WatchRule(
-            index=1,
-            trigger=TRIGGER.model_copy(update={"kind": "full", "stall_us": 500_000}),
-            actions=("log",),
-        ),
-        WatchRule(
-            index=2,
-            trigger=WatchCondition(condition="event", event="oom_kill", file="memory.events"),
-            actions=("log",),
+        watch_rule(0, TRIGGER, ("log",)),
+        watch_rule(1, replace(TRIGGER, kind="full", stall_us=500_000), ("log",)),
+        watch_rule(
+            2, WatchCondition(condition="event", event="oom_kill", file="memory.events"), ("log",)
         ),
     )
     return Plan(

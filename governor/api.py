@@ -244,18 +244,17 @@ def launch(path: Path, argv: tuple[str, ...], opts: HostOptions, lopts: LaunchOp
     import os
     import time
 
-    import structlog
-
     from governor.engines.checks import engine_warnings, read_engine_argv
     from governor.errors import PolicyError, UsageError
     from governor.launch.launcher import Launcher
     from governor.launch.prefetch import prepare as prepare_prefetch
-    from governor.launch.restart import Restarts
     from governor.launch.watchdog import start_watchdog
+    from governor.log import get_logger
     from governor.monitor.loop import start_monitor
+    from governor.monitor.restart import Restarts
     from governor.sdnotify import notify
 
-    log = structlog.get_logger("governor.launch")
+    log = get_logger("governor.launch")
     if not argv:
         raise UsageError(
             "no engine command given (command line)",
@@ -367,7 +366,7 @@ def monitor(path: Path, opts: HostOptions, mopts: MonitorOptions) -> dict[str, A
 
     plan = check(path, opts)
     if mopts.cgroup is not None:
-        plan = plan.model_copy(update={"group": mopts.cgroup, "leaf": mopts.cgroup})
+        plan = plan.with_group(mopts.cgroup)
     fs = CgroupFs(Path(plan.cgroup_root))
     if not fs.exists(plan.group):
         raise HostError(

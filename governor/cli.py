@@ -147,7 +147,7 @@ def plan(
 
     compiled = api.check(policy, _opts(allow_missing))
     if as_json:
-        typer.echo(compiled.model_dump_json(indent=2))
+        typer.echo(compiled.to_json())
     else:
         from governor.plan.render import plan_table
 
@@ -340,7 +340,7 @@ def doctor(
         typer.echo(
             json.dumps(
                 {
-                    "host": host.model_dump(mode="json"),
+                    "host": host.to_dict(),
                     "findings": [_finding_dict(f) for f in findings],
                 },
                 indent=2,

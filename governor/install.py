@@ -21,13 +21,13 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import structlog
 from pydantic import BaseModel, ConfigDict
 
 from governor.backends.dropin import UnitFile
 from governor.errors import BackendError, PermissionDenied, PolicyNotFound
+from governor.log import get_logger
 
-log = structlog.get_logger(__name__)
+log = get_logger(__name__)
 
 MANIFEST_DIR = "etc/governor/installed"
 FILE_MODE = 0o644

@@ -11,23 +11,23 @@ from __future__ import annotations
 
 import errno
 import fcntl
+import json
 import os
 import signal
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager, suppress
+from dataclasses import asdict, dataclass
 from functools import partial
-
-import structlog
-from pydantic import BaseModel, ConfigDict
 
 from governor.errors import BackendError, GovernorError, HostError
 from governor.kernel import files
 from governor.kernel.cgroupfs import CgroupFs
 from governor.kernel.parse import parse_cpulist
+from governor.log import get_logger
 from governor.plan.model import CgroupWrite, EnableControllers, Plan
 
-log = structlog.get_logger(__name__)
+log = get_logger(__name__)
 
 # cgroup.kill SIGKILLs the subtree at once; the processes still have to exit and release their
 # memory before cgroup.events says "populated 0" (a D-state task can take a while)
@@ -37,11 +37,8 @@ REMOVE_POLL_S = 0.02
 _LIST_FILES = frozenset({files.CPUSET_CPUS, files.CPUSET_MEMS})
 
 
-class _Frozen(BaseModel):
-    model_config = ConfigDict(frozen=True, extra="forbid")
-
-
-class WriteRecord(_Frozen):
+@dataclass(frozen=True)
+class WriteRecord:
     """One file the backend wrote, with what it held before (the value rollback restores)."""
 
     cgroup: str
@@ -50,14 +47,16 @@ class WriteRecord(_Frozen):
     value: str
 
 
-class EnableRecord(_Frozen):
+@dataclass(frozen=True)
+class EnableRecord:
     """Controllers the backend ADDED to ``<cgroup>/cgroup.subtree_control`` (not ones on before)."""
 
     cgroup: str
     controllers: tuple[str, ...]
 
 
-class Applied(_Frozen):
+@dataclass(frozen=True)
+class Applied:
     """What ``apply`` changed, in the order it changed it; JSON round-trips for a state file."""
 
     policy: str
@@ -66,14 +65,33 @@ class Applied(_Frozen):
     enabled: tuple[EnableRecord, ...] = ()
     writes: tuple[WriteRecord, ...] = ()
 
+    def to_json(self) -> str:
+        return json.dumps(asdict(self))
 
-class Observation(_Frozen):
+    @classmethod
+    def from_json(cls, text: str | bytes) -> Applied:
+        d = json.loads(text)
+        return cls(
+            policy=d["policy"],
+            cgroup_root=d["cgroup_root"],
+            created=tuple(d["created"]),
+            enabled=tuple(
+                EnableRecord(cgroup=e["cgroup"], controllers=tuple(e["controllers"]))
+                for e in d["enabled"]
+            ),
+            writes=tuple(WriteRecord(**w) for w in d["writes"]),
+        )
+
+
+@dataclass(frozen=True)
+class Observation:
     write: CgroupWrite
     live: str | None  # None: the file (or the cgroup) does not exist
     matches: bool
 
 
-class Removed(_Frozen):
+@dataclass(frozen=True)
+class Removed:
     killed: bool  # the group was populated and had to be killed
     removed: tuple[str, ...]  # directories removed, bottom-up
     kept: tuple[str, ...] = ()  # the slice, when something else still lives in it

@@ -30,19 +30,18 @@ import os
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Literal, Protocol
-
-import structlog
 
 from governor.backends import dropin
 from governor.backends.cgroupfs import Applied, CgroupfsBackend, Removed, at_least, protection
 from governor.errors import BackendError, GovernorError, HostError, PermissionDenied
 from governor.kernel.cgroupfs import CgroupFs
+from governor.log import get_logger
 from governor.plan.model import EnableControllers, Plan
 
-log = structlog.get_logger(__name__)
+log = get_logger(__name__)
 
 BackendName = Literal["systemd", "cgroupfs", "auto"]
 Mode = Literal["service", "scope"]
@@ -133,22 +132,19 @@ def delegated_plan(plan: Plan, unit_cgroup: str, systemd_version: int) -> Plan:
     """
     leaf = f"{unit_cgroup}/{dropin.ENGINE_LEAF}"
     deferred = dropin.split(plan, systemd_version).governor
-    writes = tuple(d.write.model_copy(update={"cgroup": leaf}) for d in deferred)
+    writes = tuple(replace(d.write, cgroup=leaf) for d in deferred)
     # every controller of the plan, not only the deferred writes': memory.events, memory.peak
     # and cpu.stat of the leaf feed the launch report and the monitor
     needed = plan.controllers
-    return plan.model_copy(
-        update={
-            "slice": unit_cgroup,
-            "group": leaf,
-            "leaf": leaf,
-            "create": (leaf,),
-            "enable": (EnableControllers(cgroup=unit_cgroup, controllers=needed),)
-            if needed
-            else (),
-            "writes": writes,
-            "controllers": needed,
-        }
+    return replace(
+        plan,
+        slice=unit_cgroup,
+        group=leaf,
+        leaf=leaf,
+        create=(leaf,),
+        enable=(EnableControllers(cgroup=unit_cgroup, controllers=needed),) if needed else (),
+        writes=writes,
+        controllers=needed,
     )
 
 

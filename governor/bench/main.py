@@ -6,8 +6,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import structlog
-
 from governor.bench.run import (
     Row,
     RunSpec,
@@ -21,8 +19,9 @@ from governor.bench.run import (
     to_csv,
     to_json,
 )
+from governor.log import get_logger
 
-log = structlog.get_logger(__name__)
+log = get_logger(__name__)
 DEFAULT_MAX_FRACTION = 0.8  # the seed's evaluation scaffold: peak under 80 % of the board
 
 

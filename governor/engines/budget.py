@@ -11,17 +11,16 @@ from __future__ import annotations
 import platform
 from pathlib import Path
 
-import structlog
-
 from governor.engines.estimate import Estimate, cpu_family, estimate, settings_from_argv
 from governor.engines.gguf import read_gguf_cached as read_gguf
 from governor.engines.llama import EngineArgs, model_parts
 from governor.errors import HostError, PolicyError
 from governor.kernel import files as kf
+from governor.log import get_logger
 from governor.plan.model import Plan
 from governor.policy.model import Policy
 
-log = structlog.get_logger(__name__)
+log = get_logger(__name__)
 
 
 def host_family(root: Path) -> str:

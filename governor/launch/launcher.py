@@ -28,18 +28,17 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
-import structlog
-
 from governor.errors import BackendError, GovernorError, LaunchError, PermissionDenied
 from governor.kernel import files as kf
 from governor.kernel.cgroupfs import CgroupFs
-from governor.launch.restart import Request, Restarts
+from governor.log import get_logger
+from governor.monitor.restart import Request, Restarts
 from governor.plan.model import Plan
 
 if TYPE_CHECKING:
     from governor.launch.prefetch import PrefetchJob
 
-log = structlog.get_logger(__name__)
+log = get_logger(__name__)
 
 FORWARDED_SIGNALS = (
     signal.SIGINT,
@@ -221,7 +220,7 @@ class Launcher:
         restarts: Restarts,
     ) -> tuple[int, int, int | None]:
         """:meth:`supervise`, and relaunch the engine in the same leaf while the monitor's
-        ``restart`` action asks for it (governor/launch/restart.py). Returns (pid of the last
+        ``restart`` action asks for it (governor/monitor/restart.py). Returns (pid of the last
         engine, its exit code, its signal). The leaf and its limits stay in place between runs;
         a terminating signal from the operator ends the loop (never answered by a relaunch)."""
         fwd = _Forwarder(on_signal=restarts.on_signal)

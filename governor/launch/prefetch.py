@@ -63,17 +63,16 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Literal, TextIO
 
-import structlog
-
 from governor.errors import PermissionDenied, PolicyError, PolicyNotFound
 from governor.kernel import files as kf
+from governor.log import get_logger
 from governor.plan.model import Plan
 from governor.policy.values import human_bytes
 
 if TYPE_CHECKING:
     from governor.launch.launcher import LaunchReport
 
-log = structlog.get_logger(__name__)
+log = get_logger(__name__)
 
 Mode = Literal["none", "advise", "populate", "lock"]
 Method = Literal["madv_populate_read", "map_populate", "read", "fadvise_willneed"]

@@ -16,9 +16,9 @@ import signal
 from collections.abc import Callable
 from dataclasses import dataclass
 
-import structlog
+from governor.log import get_logger
 
-log = structlog.get_logger(__name__)
+log = get_logger(__name__)
 
 
 @dataclass

@@ -22,22 +22,21 @@ from dataclasses import dataclass
 from decimal import Decimal
 from typing import Any
 
-import structlog
-
 from governor.errors import BackendError, GovernorError
 from governor.kernel import files as kf
 from governor.kernel.cgroupfs import CgroupFs
 from governor.kernel.parse import format_max, parse_flat_keyed, parse_max
-from governor.launch.restart import NO_SUPERVISOR, Restarts
-from governor.plan.model import Plan
-from governor.policy.values import Action, parse_cpu_max
+from governor.log import get_logger
+from governor.monitor.restart import NO_SUPERVISOR, Restarts
+from governor.plan.model import Action, Plan
 
-log = structlog.get_logger(__name__)
+log = get_logger(__name__)
 
 EXEC_TIMEOUT_S = 10.0  # an exec action's command is killed after this
 EXEC_OUTPUT_MAX = 4096  # bytes of stdout/stderr kept in the log
 FREEZE_WAIT_S = 5.0  # how long to wait for cgroup.events "frozen 1"
 CPU_WEIGHT_MIN, CPU_WEIGHT_MAX = 1, 10000  # cgroup-v2.rst "cpu.weight"
+THAW = Action(verb="thaw", text="thaw")
 _MEMORY_BOUNDED = (kf.MEMORY_MIN, kf.MEMORY_LOW, kf.MEMORY_HIGH, kf.MEMORY_MAX)
 
 
@@ -111,7 +110,7 @@ class Executor:
         if self.thaw_at is None or now < self.thaw_at:
             return None
         self.thaw_at = None
-        return self.execute(Action("thaw"), Context(rule=-1, when="freeze expired"))
+        return self.execute(THAW, Context(rule=-1, when="freeze expired"))
 
     # ------------------------------------------------------------------ verbs
 
@@ -137,10 +136,10 @@ class Executor:
         )
 
     def _do_reclaim(self, action: Action, ctx: Context) -> Result:
-        assert action.size is not None
+        assert action.bytes is not None
         before = self._current()
         try:
-            self.fs.write(self.group, kf.MEMORY_RECLAIM, str(action.size.bytes))
+            self.fs.write(self.group, kf.MEMORY_RECLAIM, str(action.bytes))
             detail = None
         except BackendError as err:
             # memory.reclaim returns EAGAIN when it reclaimed less than asked (cgroup-v2.rst)
@@ -161,13 +160,13 @@ class Executor:
         return Result(str(action), ok=True, before=before_text, after=after)
 
     def _do_freeze(self, action: Action, ctx: Context) -> Result:
-        assert action.duration is not None
+        assert action.duration_s is not None
         before = self._frozen()
         self.fs.freeze(self.group, True)
         t0 = self.clock()
         frozen = self._wait_frozen(True)
         self.frozen_by_us = True
-        self.thaw_at = self.clock() + action.duration.seconds
+        self.thaw_at = self.clock() + action.duration_s
         return Result(
             str(action),
             ok=frozen,
@@ -258,22 +257,21 @@ class Executor:
         if file == kf.CPU_WEIGHT:
             weight = int(before_text)
             if action.relative_percent is not None:
-                weight = int(weight * (1 + action.relative_percent / Decimal(100)))
+                weight = int(weight * (1 + Decimal(action.relative_percent) / Decimal(100)))
             elif action.value:
                 weight = int(action.value)
             return str(min(max(weight, CPU_WEIGHT_MIN), CPU_WEIGHT_MAX))
         if file == kf.CPU_MAX:
             assert action.value is not None
-            return parse_cpu_max(action.value).kernel_value()
+            return action.value  # compiled to the kernel's "quota period"
         lower, upper = self._bounds(file)
         if action.relative_percent is not None:
             base = parse_max(before_text)
             if base is None:  # "max": change relative to the bound, or to what is in use
                 base = upper if upper is not None else (self._current() or 0)
-            want: int | None = int(base * (1 + action.relative_percent / Decimal(100)))
+            want: int | None = int(base * (1 + Decimal(action.relative_percent) / Decimal(100)))
         else:
-            assert action.size is not None
-            want = None if action.size.kind == "max" else action.size.bytes
+            want = action.bytes  # None: "max"
         if want is None:
             want = upper  # "max" is capped by the plan's memory.max
         if want is not None:

@@ -13,7 +13,7 @@ and memory.stat; PSI and event sources cost nothing until the kernel signals the
 
 PSI fallback: where a pressure file exists but refuses a trigger (a kernel before 5.2, an
 unprivileged window that cannot be widened, EPERM on the write), the rule is evaluated from the
-file's ``total=`` counter at each sample (governor/kernel/psi.py PolledTrigger: the same
+file's ``total=`` counter at each sample (governor/monitor/psi.py PolledTrigger: the same
 stall-within-window rule at sample granularity), and ``psi.fallback`` is logged once per file.
 Where the file is missing (PSI disabled), ``psi.unavailable`` is logged once per file and the
 rule cannot fire; the compiler refuses such a policy unless ``--allow-missing psi``.
@@ -21,7 +21,7 @@ rule cannot fire; the compiler refuses such a policy unless ``--allow-missing ps
 kernel that has them (tests compare both paths on the same pressure files).
 
 Restarts (``governor launch``): the ``restart`` action kills the group and records a request
-in the launcher's budget (governor/launch/restart.py); after the engine exited,
+in the launcher's budget (governor/monitor/restart.py); after the engine exited,
 :meth:`Monitor.engine_exited` takes a last look (an OOM kill races the exit) so a rule on
 ``oom_kill`` can still ask for the relaunch, and :meth:`Monitor.engine_started` points the
 monitor at the new pid. Sources stay armed in between: the group is not removed.
@@ -37,22 +37,20 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-import structlog
-
 from governor.errors import GovernorError
 from governor.kernel import files as kf
-from governor.kernel import psi
 from governor.kernel.cgroupfs import CgroupFs
-from governor.launch.restart import Restarts
-from governor.monitor.actions import Context, Executor, Result
+from governor.log import get_logger
+from governor.monitor import psi
+from governor.monitor.actions import THAW, Context, Executor, Result
 from governor.monitor.leak import LeakDetector
+from governor.monitor.restart import Restarts
 from governor.monitor.rules import Firing, Observations, Rule, RuleEngine
 from governor.monitor.sampler import DEFAULT_INTERVAL_S, Sampler
 from governor.monitor.sources import Board, EventFile, open_optional
 from governor.plan.model import Plan, WatchTrigger
-from governor.policy.values import Action
 
-log = structlog.get_logger(__name__)
+log = get_logger(__name__)
 
 MAX_REPORTED_FIRINGS = 200  # the report keeps the first ones; counts are always complete
 _PRI = select.EPOLLPRI | select.EPOLLERR
@@ -199,7 +197,7 @@ class Monitor:
 
     def close(self) -> None:
         if self.executor.thaw_at is not None:  # never leave a group frozen behind
-            self.executor.execute(Action("thaw"), Context(rule=-1, when="monitor stopped"))
+            self.executor.execute(THAW, Context(rule=-1, when="monitor stopped"))
         self.poll_files()  # a last look: an OOM kill races the engine's exit
         for armed in self.armed:
             if armed.fd is not None:

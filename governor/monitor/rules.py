@@ -20,8 +20,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Literal
 
-from governor.plan.model import WatchCondition, WatchRule, WatchTrigger
-from governor.policy.values import Action, Duration, format_bytes, parse_action
+from governor.plan.model import Action, WatchRule, WatchTrigger
 
 RuleKind = Literal["psi", "leak", "memavailable", "event"]
 # a PSI episode ends when no trigger event came for this many windows (+ PSI_GRACE_S)
@@ -31,7 +30,7 @@ PSI_GRACE_S = 1.0
 
 @dataclass(frozen=True)
 class Rule:
-    """A WatchRule as the engine uses it, with its actions parsed again."""
+    """A WatchRule as the engine uses it."""
 
     index: int
     kind: RuleKind
@@ -48,30 +47,18 @@ class Rule:
         t = w.trigger
         common = {
             "index": w.index,
-            "actions": tuple(parse_action(a) for a in w.actions),
+            "when": w.when,
+            "actions": w.actions,
             "hold_s": w.hold_s or 0.0,
             "cooldown_s": w.cooldown_s,
         }
         if isinstance(t, WatchTrigger):
-            return cls(
-                kind="psi",
-                when=f"{t.resource} {t.kind} {Duration(t.stall_us)}/{Duration(t.window_us)}",
-                window_s=t.window_us / 1e6,
-                **common,  # type: ignore[arg-type]  # keys above
-            )
-        assert isinstance(t, WatchCondition)
+            return cls(kind="psi", window_s=t.window_us / 1e6, **common)  # type: ignore[arg-type]  # keys above
         if t.condition == "event":
-            return cls(kind="event", when=t.text(), event=t.event, **common)  # type: ignore[arg-type]
+            return cls(kind="event", event=t.event, **common)  # type: ignore[arg-type]
         kind: RuleKind = "leak" if t.condition == "leak" else "memavailable"
-        if kind == "leak":
-            when = (
-                f"leak > {format_bytes(t.threshold)}/s for {Duration(int((t.window_s or 0) * 1e6))}"
-            )
-        else:
-            when = f"memavailable < {format_bytes(t.threshold)}"
         return cls(
             kind=kind,
-            when=when,
             threshold=t.threshold,
             window_s=t.window_s or 0.0,
             **common,  # type: ignore[arg-type]  # keys above

@@ -13,14 +13,13 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-import structlog
-
 from governor.errors import GovernorError
 from governor.kernel import files as kf
 from governor.kernel.cgroupfs import CgroupFs
 from governor.kernel.parse import parse_max
+from governor.log import get_logger
 
-log = structlog.get_logger(__name__)
+log = get_logger(__name__)
 
 DEFAULT_INTERVAL_S = 1.0
 MIN_INTERVAL_S = 0.05

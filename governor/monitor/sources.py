@@ -12,13 +12,12 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-import structlog
-
 from governor.errors import BackendError, GovernorError
 from governor.kernel.cgroupfs import CgroupFs
 from governor.kernel.parse import parse_flat_keyed, parse_meminfo, parse_psi
+from governor.log import get_logger
 
-log = structlog.get_logger(__name__)
+log = get_logger(__name__)
 
 _READ_MAX = 65536
 

@@ -14,6 +14,7 @@ from governor.kernel import files as kf
 from governor.kernel.parse import format_cpulist
 from governor.plan.host import HostFacts
 from governor.plan.model import (
+    Action,
     CgroupWrite,
     EnableControllers,
     EngineSpec,
@@ -185,17 +186,72 @@ def compile_plan(
             w.file for w in writes if w.file in (kf.MEMORY_MIN, kf.MEMORY_LOW) and w.value != "0"
         ),
         watch=tuple(
-            WatchRule(
-                index=i,
-                trigger=_watch_trigger(r.when),
+            watch_rule(
+                i,
+                _watch_trigger(r.when),
+                tuple(r.do),
                 hold_s=r.for_.seconds if r.for_ else None,
                 cooldown_s=r.cooldown.seconds if r.cooldown else None,
-                actions=tuple(str(a) for a in r.do),
             )
             for i, r in enumerate(policy.pressure)
         ),
         notes=tuple(notes),
         degraded=tuple(degraded),
+    )
+
+
+def when_text(t: WatchTrigger | WatchCondition) -> str:
+    """A compiled rule condition as the monitor reports it (``memory some 150ms/2s``)."""
+    if isinstance(t, WatchTrigger):
+        return f"{t.resource} {t.kind} {v.Duration(t.stall_us)}/{v.Duration(t.window_us)}"
+    if t.condition == "leak":
+        window = v.Duration(int((t.window_s or 0) * 1e6))
+        return f"leak > {v.format_bytes(t.threshold)}/s for {window}"
+    if t.condition == "memavailable":
+        return f"memavailable < {v.format_bytes(t.threshold)}"
+    return str(t.event)
+
+
+def watch_rule(
+    index: int,
+    trigger: WatchTrigger | WatchCondition,
+    actions: tuple[v.Action | str, ...],
+    *,
+    hold_s: float | None = None,
+    cooldown_s: float | None = None,
+) -> WatchRule:
+    """One [[pressure]] rule, compiled (actions may be given in the policy's spelling)."""
+    return WatchRule(
+        index=index,
+        trigger=trigger,
+        when=when_text(trigger),
+        actions=tuple(compile_action(v.parse_action(a)) for a in actions),
+        hold_s=hold_s,
+        cooldown_s=cooldown_s,
+    )
+
+
+def compile_action(a: v.Action) -> Action:
+    """A policy action as the executor takes it: sizes in bytes, cpu.max as the kernel's
+    "quota period", durations in seconds; ``text`` keeps the policy's canonical spelling."""
+    value = a.value
+    nbytes = None
+    if a.size is not None and a.size.kind == "bytes":
+        nbytes = a.size.bytes
+    if a.verb == "set" and a.file == kf.CPU_MAX and a.value is not None:
+        value = v.parse_cpu_max(a.value).kernel_value()
+    elif a.verb == "set" and a.size is not None:
+        value = "max" if a.size.kind == "max" else str(a.size.bytes)
+    return Action(
+        verb=a.verb,
+        text=str(a),
+        signal=a.signal,
+        bytes=nbytes,
+        file=a.file,
+        value=value,
+        relative_percent=None if a.relative_percent is None else f"{a.relative_percent:f}",
+        duration_s=None if a.duration is None else a.duration.seconds,
+        argv=a.argv,
     )
 
 

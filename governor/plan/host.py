@@ -12,10 +12,9 @@ import os
 import re
 import subprocess
 from collections.abc import Callable, Iterable
+from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Literal, TypeVar
-
-from pydantic import BaseModel, ConfigDict, field_serializer
+from typing import Any, Literal, TypeVar
 
 from governor.errors import HostError
 from governor.kernel import parse
@@ -78,34 +77,28 @@ V1_TO_V2 = {"blkio": "io"}
 CgroupLayout = Literal["unified", "hybrid", "legacy", "none"]
 
 
-class CgroupLevel(BaseModel):
+@dataclass(frozen=True)
+class CgroupLevel:
     """An existing cgroup on the way to the target, relative to the cgroup2 mount."""
-
-    model_config = ConfigDict(frozen=True, extra="forbid")
 
     path: str
     controllers: frozenset[str]
     subtree_control: frozenset[str]
 
-    @field_serializer("controllers", "subtree_control")
-    def _sorted(self, value: frozenset[str]) -> list[str]:
-        return sorted(value)
 
-
-class CoreTypes(BaseModel):
+@dataclass(frozen=True)
+class CoreTypes:
     """big.LITTLE clusters among online CPUs; ``big`` holds every class above the lowest."""
-
-    model_config = ConfigDict(frozen=True, extra="forbid")
 
     little: tuple[int, ...]
     big: tuple[int, ...]
     source: Literal["cpu_capacity", "cpufreq"]
 
 
-class HostFacts(BaseModel):
-    """Everything the pure compiler and doctor need to know about the host."""
-
-    model_config = ConfigDict(frozen=True, extra="forbid")
+@dataclass(frozen=True)
+class HostFacts:
+    """Everything the pure compiler and doctor need to know about the host (stdlib only: the
+    run time probes it at every launch to find its compiled plan)."""
 
     root: str
     cgroup_mount: str | None
@@ -113,7 +106,6 @@ class HostFacts(BaseModel):
     controllers: frozenset[str]
     subtree_control: frozenset[str]
     v1_controllers: frozenset[str]  # bound to a v1 hierarchy, in cgroup2 spelling (blkio -> io)
-    path: tuple[CgroupLevel, ...] = ()
     cpus_online: tuple[int, ...]
     cpus_possible: tuple[int, ...]
     core_types: CoreTypes | None
@@ -126,12 +118,52 @@ class HostFacts(BaseModel):
     psi_detail: str
     pid1: str  # "" when /proc/1 is hidden (hidepid=)
     systemd_version: int | None
-    numa_nodes: tuple[int, ...] = (0,)
     euid: int
+    path: tuple[CgroupLevel, ...] = ()
+    numa_nodes: tuple[int, ...] = (0,)
 
-    @field_serializer("controllers", "subtree_control", "v1_controllers")
-    def _sorted(self, value: frozenset[str]) -> list[str]:
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready: sets as sorted lists, tuples as lists."""
+        return _jsonable(asdict(self))  # type: ignore[no-any-return]  # a dict in, a dict out
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> HostFacts:
+        unknown = set(d) - set(cls.__dataclass_fields__)
+        if unknown:
+            raise ValueError(f"unknown host fact(s): {', '.join(sorted(unknown))}")
+        sets = ("controllers", "subtree_control", "v1_controllers")
+        tuples = ("cpus_online", "cpus_possible", "kernel_version", "numa_nodes")
+        out = dict(d)
+        for k in sets:
+            out[k] = frozenset(d[k])
+        for k in tuples:
+            if k in d:
+                out[k] = tuple(d[k])
+        out["path"] = tuple(
+            CgroupLevel(
+                path=lv["path"],
+                controllers=frozenset(lv["controllers"]),
+                subtree_control=frozenset(lv["subtree_control"]),
+            )
+            for lv in d.get("path", ())
+        )
+        ct = d.get("core_types")
+        out["core_types"] = (
+            None
+            if ct is None
+            else CoreTypes(little=tuple(ct["little"]), big=tuple(ct["big"]), source=ct["source"])
+        )
+        return cls(**out)
+
+
+def _jsonable(value: Any) -> Any:
+    if isinstance(value, dict):
+        return {k: _jsonable(v) for k, v in value.items()}
+    if isinstance(value, frozenset | set):
         return sorted(value)
+    if isinstance(value, tuple | list):
+        return [_jsonable(v) for v in value]
+    return value
 
 
 # --- reading ---------------------------------------------------------------------------------

@@ -1,22 +1,29 @@
-"""The Plan: what a policy means on one host, as ordered, printable, diffable data.
+"""The compiled plan: what a policy means on one host, as ordered, printable, diffable data.
 
-A Plan is produced by the pure compiler and consumed by every backend (cgroupfs, systemd,
-drop-in renderer). Values are normalised the way the kernel reads them back, so ``observe`` can
-compare the live files to the plan byte for byte.
+The compiler (compile time: pydantic policy, host facts) produces a Plan; everything at run
+time (backends, launcher, monitor, actions) reads only the Plan. It is plain frozen
+dataclasses and the standard library, so the run time never imports pydantic, and it is the
+whole intermediate form: ``to_json()`` / ``from_json()`` round-trip it (the plan cache, `governor
+plan --json`, the runtime state under /run/governor). ``FORMAT`` is bumped when the shape
+changes; a cached plan of another format is recompiled.
+
+Values are normalised the way the kernel reads them back, so ``observe`` can compare the live
+files to the plan byte for byte.
 """
 
 from __future__ import annotations
 
-from typing import Literal
+import json
+from dataclasses import asdict, dataclass, field, replace
+from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+FORMAT = 2  # 1: the pydantic Plan of wave 1; 2: dataclasses, typed actions, rule texts
+
+ActionVerb = Literal["log", "signal", "reclaim", "set", "freeze", "thaw", "kill", "exec", "restart"]
 
 
-class _Frozen(BaseModel):
-    model_config = ConfigDict(frozen=True, extra="forbid")
-
-
-class CgroupWrite(_Frozen):
+@dataclass(frozen=True)
+class CgroupWrite:
     """One write of one interface file; ``cgroup`` is relative to the cgroup2 root."""
 
     cgroup: str
@@ -26,14 +33,16 @@ class CgroupWrite(_Frozen):
     controller: str | None  # None for core files (cgroup.*)
 
 
-class EnableControllers(_Frozen):
+@dataclass(frozen=True)
+class EnableControllers:
     """Controllers to add to ``<cgroup>/cgroup.subtree_control`` (top-down order)."""
 
     cgroup: str  # relative to the cgroup2 root; "" is the root itself
     controllers: tuple[str, ...]
 
 
-class LaunchSpec(_Frozen):
+@dataclass(frozen=True)
+class LaunchSpec:
     """What the launcher does in the child before exec, resolved from [process]."""
 
     user: str | None = None
@@ -43,25 +52,28 @@ class LaunchSpec(_Frozen):
     # RLIMIT_MEMLOCK in bytes; None = leave as is; -1 = unlimited; "model" when it needs the
     # model's size and no workload was given to the compiler
     memlock: int | Literal["model"] | None = None
-    env: dict[str, str] = Field(default_factory=dict)
+    env: dict[str, str] = field(default_factory=dict)
     affinity: tuple[int, ...] | None = None  # sched_setaffinity, matches cpuset.cpus
     on_governor_exit: Literal["kill", "keep"] = "kill"
     restart_max: int = 3  # `restart` action: relaunches per launch
     restart_backoff_s: float = 1.0  # wait before the first relaunch; doubles, capped at 60 s
 
 
-class EngineSpec(_Frozen):
+@dataclass(frozen=True)
+class EngineSpec:
     kind: Literal["llama.cpp", "generic"] = "generic"
     max_context_tokens: int | None = None
     threads: int | None = None
 
 
-class PrefetchSpec(_Frozen):
+@dataclass(frozen=True)
+class PrefetchSpec:
     files: Literal["auto"] | tuple[str, ...] = "auto"
     mode: Literal["none", "advise", "populate", "lock"] = "none"
 
 
-class WatchTrigger(_Frozen):
+@dataclass(frozen=True)
+class WatchTrigger:
     """A PSI trigger as the kernel takes it: "<some|full> <stall us> <window us>"."""
 
     resource: Literal["memory", "cpu", "io"]
@@ -75,15 +87,16 @@ class WatchTrigger(_Frozen):
         return f"{self.kind} {self.stall_us} {self.window_us}"
 
 
-class WatchCondition(_Frozen):
+@dataclass(frozen=True)
+class WatchCondition:
     """A non-PSI rule condition: a leak slope, the board-wide MemAvailable floor, or a
     memory.events counter that went up."""
 
     condition: Literal["leak", "memavailable", "event"]
+    file: str  # where it is read: "memory.stat", "/proc/meminfo", "memory.events"
     threshold: int = 0  # leak: bytes/s; memavailable: bytes
     window_s: float | None = None  # leak: the slope's window
     event: str | None = None  # event: the memory.events key ("oom_kill")
-    file: str  # where it is read: "memory.stat", "/proc/meminfo", "memory.events"
 
     def text(self) -> str:
         if self.condition == "leak":
@@ -93,19 +106,41 @@ class WatchCondition(_Frozen):
         return str(self.event)
 
 
-class WatchRule(_Frozen):
+@dataclass(frozen=True)
+class Action:
+    """One action of a rule, compiled: every value is what the executor writes or waits.
+
+    ``text`` is the canonical spelling the policy language gives it (``str()``)."""
+
+    verb: ActionVerb
+    text: str
+    signal: str | None = None  # "SIGUSR1"
+    bytes: int | None = None  # reclaim: amount; set: an absolute memory size (None: "max")
+    file: str | None = None  # set: the interface file
+    value: str | None = None  # set: the absolute value as the kernel takes it
+    relative_percent: str | None = None  # set: "+10" / "-12.5" (exact decimal text)
+    duration_s: float | None = None  # freeze
+    argv: tuple[str, ...] = ()  # exec
+
+    def __str__(self) -> str:
+        return self.text
+
+
+@dataclass(frozen=True)
+class WatchRule:
     index: int  # position in the policy's [[pressure]] array
     trigger: WatchTrigger | WatchCondition
+    when: str  # the condition as the policy spells it ("memory some 150ms/2s")
+    actions: tuple[Action, ...]
     hold_s: float | None = None  # "for"
     cooldown_s: float | None = None
-    actions: tuple[str, ...]  # canonical action strings; parsed again by the monitor
 
 
-class Plan(_Frozen):
+@dataclass(frozen=True)
+class Plan:
     """Everything the backends need, from one policy on one host."""
 
     policy: str  # policy name
-    source: str | None = None  # policy file it came from
     cgroup_root: str  # mount point of cgroup2 on the host the plan was compiled for
     slice: str  # parent slice, e.g. "governor.slice"
     group: str  # "<slice>/<name>": where the limits live
@@ -118,12 +153,90 @@ class Plan(_Frozen):
     engine: EngineSpec
     prefetch: PrefetchSpec
     watch: tuple[WatchRule, ...]
+    source: str | None = None  # policy file it came from
     # memory.min/low the group asks for: a child's protection is capped by its parent's
     # (mm/memcontrol.c), so apply raises the slices above the group to the sum of their
     # children's values and remove lowers them back (backends/cgroupfs.py)
     protect_parents: tuple[str, ...] = ()
     notes: tuple[str, ...] = ()  # resolutions worth telling the operator ("big" -> 4-7)
     degraded: tuple[str, ...] = ()  # limits NOT in force (allowed missing controllers)
+    format: int = FORMAT
 
     def writes_for(self, controller: str) -> tuple[CgroupWrite, ...]:
         return tuple(w for w in self.writes if w.controller == controller)
+
+    def limit(self, file: str) -> int | None:
+        """The bytes (or count) the plan writes to ``file`` on its group; None for "max" or
+        when the plan does not write it. The one place a limit is read back from a plan."""
+        for w in self.writes:
+            if w.cgroup == self.group and w.file == file:
+                return None if w.value == "max" else int(w.value.split()[0])
+        return None
+
+    def with_group(self, group: str, leaf: str | None = None) -> Plan:
+        return replace(self, group=group, leaf=leaf if leaf is not None else group)
+
+    # ------------------------------------------------------------------ serialisation
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    def to_json(self, *, indent: int | None = 2) -> str:
+        return json.dumps(self.to_dict(), indent=indent)
+
+    @classmethod
+    def from_json(cls, text: str | bytes) -> Plan:
+        return cls.from_dict(json.loads(text))
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> Plan:
+        """The inverse of :meth:`to_dict`; ValueError for another format or a bad shape."""
+        if d.get("format") != FORMAT:
+            raise ValueError(f"plan format {d.get('format')!r}, this governor reads {FORMAT}")
+        try:
+            launch = dict(d["launch"])
+            if launch.get("affinity") is not None:
+                launch["affinity"] = tuple(launch["affinity"])
+            prefetch = dict(d["prefetch"])
+            if prefetch.get("files") != "auto":
+                prefetch["files"] = tuple(prefetch["files"])
+            return cls(
+                policy=d["policy"],
+                source=d.get("source"),
+                cgroup_root=d["cgroup_root"],
+                slice=d["slice"],
+                group=d["group"],
+                leaf=d["leaf"],
+                create=tuple(d["create"]),
+                enable=tuple(
+                    EnableControllers(cgroup=e["cgroup"], controllers=tuple(e["controllers"]))
+                    for e in d["enable"]
+                ),
+                writes=tuple(CgroupWrite(**w) for w in d["writes"]),
+                controllers=tuple(d["controllers"]),
+                launch=LaunchSpec(**launch),
+                engine=EngineSpec(**d["engine"]),
+                prefetch=PrefetchSpec(**prefetch),
+                watch=tuple(_watch_rule(w) for w in d["watch"]),
+                protect_parents=tuple(d.get("protect_parents", ())),
+                notes=tuple(d.get("notes", ())),
+                degraded=tuple(d.get("degraded", ())),
+                format=d["format"],
+            )
+        except (KeyError, TypeError) as err:
+            raise ValueError(f"not a compiled plan: {err!r}") from err
+
+
+def _watch_rule(d: dict[str, Any]) -> WatchRule:
+    t = d["trigger"]
+    trigger: WatchTrigger | WatchCondition = (
+        WatchTrigger(**t) if "stall_us" in t else WatchCondition(**t)
+    )
+    return WatchRule(
+        index=d["index"],
+        trigger=trigger,
+        when=d["when"],
+        actions=tuple(Action(**{**a, "argv": tuple(a.get("argv", ()))}) for a in d["actions"]),
+        hold_s=d.get("hold_s"),
+        cooldown_s=d.get("cooldown_s"),
+    )

@@ -66,7 +66,9 @@ def plan_table(plan: Plan) -> str:
             extra += f" cooldown {rule.cooldown_s:g}s"
         text = t.trigger_text() if isinstance(t, WatchTrigger) else t.text()
         where = f"system {t.file}" if isinstance(t, WatchTrigger) and t.system else t.file
-        lines.append(f"watch    {where} '{text}'{extra} -> {', '.join(rule.actions)}")
+        lines.append(
+            f"watch    {where} '{text}'{extra} -> {', '.join(str(a) for a in rule.actions)}"
+        )
     for note in plan.notes:
         lines.append(f"note     {note}")
     for d in plan.degraded:

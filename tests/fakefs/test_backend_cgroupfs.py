@@ -5,14 +5,15 @@ from __future__ import annotations
 import errno
 import signal
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
-from structlog.testing import capture_logs
 
 from governor.backends.cgroupfs import Applied, CgroupfsBackend
 from governor.errors import BackendError, HostError, PermissionDenied
 from governor.kernel import files
+from governor.log import capture_logs
 
 from .fakekernel import FakeKernelCgroupFs, FaultyFs, make_root
 from .plans import (
@@ -133,7 +134,7 @@ def test_each_write_is_logged_with_its_previous_value(fake_fs: FakeKernelCgroupF
 
 def test_applied_round_trips_through_json(fake_fs: FakeKernelCgroupFs) -> None:
     applied = CgroupfsBackend(fake_fs).apply(make_plan())
-    assert Applied.model_validate_json(applied.model_dump_json()) == applied
+    assert Applied.from_json(applied.to_json()) == applied
 
 
 # --- failures and rollback ---------------------------------------------------------------------
@@ -225,7 +226,7 @@ def test_a_real_enoent_from_a_missing_controller_file_rolls_back(tmp_path: Path)
     """Not injected: the plan writes hugetlb, the fake kernel has no such file (no O_CREAT)."""
     fs = _tree(tmp_path, "fresh")
     before = snapshot(fs.root)
-    plan = make_plan(writes=(*WRITES, WRITES[0].model_copy(update={"file": "rdma.max"})))
+    plan = make_plan(writes=(*WRITES, replace(WRITES[0], file="rdma.max")))
     with pytest.raises(BackendError) as exc:
         CgroupfsBackend(fs).apply(plan)
     assert (exc.value.file, exc.value.errno) == ("rdma.max", errno.ENOENT)
@@ -237,12 +238,12 @@ def test_rollback_from_a_state_file_in_another_process_restores_the_tree(
 ) -> None:
     fs = _tree(tmp_path, "busy")
     before = snapshot(fs.root)
-    state = CgroupfsBackend(fs).apply(make_plan()).model_dump_json()
+    state = CgroupfsBackend(fs).apply(make_plan()).to_json()
 
     later = CgroupfsBackend(FakeKernelCgroupFs(fs.root))
-    later.rollback(Applied.model_validate_json(state))
+    later.rollback(Applied.from_json(state))
     assert snapshot(fs.root) == before
-    later.rollback(Applied.model_validate_json(state))  # twice: nothing left to do
+    later.rollback(Applied.from_json(state))  # twice: nothing left to do
     assert snapshot(fs.root) == before
 
 

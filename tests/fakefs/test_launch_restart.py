@@ -14,7 +14,7 @@ import pytest
 
 from governor.backends.cgroupfs import CgroupfsBackend
 from governor.launch.launcher import ChildSetup, Launcher
-from governor.launch.restart import Restarts
+from governor.monitor.restart import Restarts
 from governor.plan.model import Plan
 
 from .fakekernel import FakeKernelCgroupFs
@@ -180,9 +180,8 @@ def test_a_relaunch_that_cannot_exec_ends_with_the_last_status(
 def test_a_relaunch_waits_for_the_killed_runs_leftovers_then_gives_up_with_a_warning(
     fake_fs: FakeKernelCgroupFs, plan: Plan
 ) -> None:
-    from structlog.testing import capture_logs
-
     from governor.launch import launcher as launcher_mod
+    from governor.log import capture_logs
 
     t = FakeTime()
     launcher = Launcher(fake_fs, clock=t.clock, sleep=t.sleep)

@@ -7,23 +7,30 @@ which is exactly the fallback path a host without triggers takes."""
 from __future__ import annotations
 
 import signal
+from dataclasses import replace
 from pathlib import Path
 from typing import Literal
 
 import pytest
-from structlog.testing import capture_logs
 
 from governor.backends.cgroupfs import CgroupfsBackend
 from governor.errors import BackendError
 from governor.kernel import files
-from governor.launch.restart import Restarts
+from governor.log import capture_logs
 from governor.monitor.actions import Context, Executor
 from governor.monitor.loop import Monitor
-from governor.plan.model import Plan, WatchCondition, WatchRule, WatchTrigger
-from governor.policy.values import parse_action
+from governor.monitor.restart import Restarts
+from governor.plan.compiler import compile_action, watch_rule
+from governor.plan.model import Action, Plan, WatchCondition, WatchRule, WatchTrigger
+from governor.policy.values import parse_action as parse_policy_action
 
 from .fakekernel import FakeKernelCgroupFs
 from .plans import GROUP, LEAF, MEMORY_HIGH, MEMORY_MAX, MEMORY_MIN, make_plan
+
+
+def parse_action(text: str) -> Action:
+    return compile_action(parse_policy_action(text))
+
 
 CTX = Context(rule=0, when="memory some 150ms/2s")
 
@@ -185,7 +192,7 @@ def test_monitor_polls_psi_and_events_where_triggers_cannot_be_armed(
     fake_fs: FakeKernelCgroupFs, tmp_path: Path
 ) -> None:
     watch = (
-        WatchRule(
+        watch_rule(
             index=0,
             trigger=WatchTrigger(
                 resource="memory",
@@ -197,13 +204,13 @@ def test_monitor_polls_psi_and_events_where_triggers_cannot_be_armed(
             cooldown_s=5,
             actions=("log",),
         ),
-        WatchRule(
+        watch_rule(
             index=1,
             trigger=WatchCondition(condition="event", event="oom_kill", file="memory.events"),
             actions=("log",),
         ),
     )
-    plan = make_plan().model_copy(update={"watch": watch})
+    plan = replace(make_plan(), watch=watch)
     CgroupfsBackend(fake_fs).apply(plan)
     now = [0.0]
     mon = Monitor(
@@ -246,13 +253,13 @@ def test_a_stopping_monitor_never_leaves_the_group_frozen(
 
 def _oom_restart_plan() -> Plan:
     watch = (
-        WatchRule(
+        watch_rule(
             index=0,
             trigger=WatchCondition(condition="event", event="oom_kill", file="memory.events"),
             actions=("restart", "log"),
         ),
     )
-    return make_plan().model_copy(update={"watch": watch})
+    return replace(make_plan(), watch=watch)
 
 
 def test_an_oom_kill_seen_only_after_the_exit_still_asks_for_the_restart(
@@ -285,7 +292,7 @@ def _memory_rule(index: int, stall_ms: int, kind: Literal["some", "full"] = "som
         window_us=2_000_000,
         file="memory.pressure",
     )
-    return WatchRule(index=index, trigger=trig, actions=("log",))
+    return watch_rule(index=index, trigger=trig, actions=("log",))
 
 
 def test_psi_fallback_is_said_once_per_file_however_many_rules(
@@ -297,9 +304,9 @@ def test_psi_fallback_is_said_once_per_file_however_many_rules(
     watch = (
         _memory_rule(0, 150),
         _memory_rule(1, 300, "full"),
-        WatchRule(index=2, trigger=cpu, actions=("log",)),
+        watch_rule(index=2, trigger=cpu, actions=("log",)),
     )
-    plan = make_plan().model_copy(update={"watch": watch})
+    plan = replace(make_plan(), watch=watch)
     CgroupfsBackend(fake_fs).apply(plan)
     with capture_logs() as logs:
         mon = Monitor(
@@ -322,7 +329,7 @@ def test_psi_fallback_is_said_once_per_file_however_many_rules(
 def test_a_missing_pressure_file_is_unavailable_said_once_and_never_fires(
     fake_fs: FakeKernelCgroupFs, tmp_path: Path
 ) -> None:
-    plan = make_plan().model_copy(update={"watch": (_memory_rule(0, 1), _memory_rule(1, 2))})
+    plan = replace(make_plan(), watch=(_memory_rule(0, 1), _memory_rule(1, 2)))
     CgroupfsBackend(fake_fs).apply(plan)
     (fake_fs.path(GROUP) / files.MEMORY_PRESSURE).unlink()  # psi=0 (--allow-missing psi)
     now = [0.0]
@@ -346,7 +353,7 @@ def test_a_pressure_file_that_refuses_triggers_is_polled_and_the_rule_fires(
     fake_fs: FakeKernelCgroupFs, tmp_path: Path
 ) -> None:
     """The arm path of a real kernel that refuses the write (EOPNOTSUPP: before 5.2)."""
-    plan = make_plan().model_copy(update={"watch": (_memory_rule(0, 150),)})
+    plan = replace(make_plan(), watch=(_memory_rule(0, 150),))
     CgroupfsBackend(fake_fs).apply(plan)
 
     def refuse(cgroup: str, file: str, text: str) -> int:
@@ -374,10 +381,10 @@ def test_a_system_rule_watches_the_root_pressure_not_the_groups(
 ) -> None:
     """ "system memory some ..." is armed on the cgroup root, whose memory.pressure is the
     board's /proc/pressure/memory (kernel: the root cgroup's psi group is psi_system)."""
-    system = _memory_rule(0, 150).model_copy(
-        update={"trigger": _memory_rule(0, 150).trigger.model_copy(update={"system": True})}
-    )
-    plan = make_plan().model_copy(update={"watch": (system, _memory_rule(1, 150))})
+    trigger = _memory_rule(0, 150).trigger
+    assert isinstance(trigger, WatchTrigger)
+    system = replace(_memory_rule(0, 150), trigger=replace(trigger, system=True))
+    plan = replace(make_plan(), watch=(system, _memory_rule(1, 150)))
     CgroupfsBackend(fake_fs).apply(plan)
     asked: list[str] = []
 

@@ -5,6 +5,7 @@ the sum of its children's values, remove lowers it back, a failure restores it."
 from __future__ import annotations
 
 import errno
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -37,7 +38,7 @@ def _plan(name: str, *, min_: int | None = None, low: int | None = None) -> Plan
     plan = make_plan(
         writes=tuple(writes), controllers=("memory",), policy=name, group=group, leaf=f"{group}/engine"
     )  # fmt: skip
-    return plan.model_copy(update={"protect_parents": protect})
+    return replace(plan, protect_parents=protect)
 
 
 def _min(fs: FakeKernelCgroupFs, cgroup: str = SLICE, file: str = files.MEMORY_MIN) -> int:

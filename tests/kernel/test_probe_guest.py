@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -41,14 +42,13 @@ def test_npu_chat_plan_writes_read_back_as_planned(
     # the guest's vCPUs are all alike: give it the RK3588's two clusters on 4 CPUs so that
     # cpus = "big" resolves (the real board reads them from cpu_capacity)
     online = host.cpus_online
-    host = host.model_copy(
-        update={
-            "core_types": CoreTypes(
-                little=online[: len(online) // 2],
-                big=online[len(online) // 2 :],
-                source="cpu_capacity",
-            )
-        }
+    host = replace(
+        host,
+        core_types=CoreTypes(
+            little=online[: len(online) // 2],
+            big=online[len(online) // 2 :],
+            source="cpu_capacity",
+        ),
     )
     plan = compile_plan(policy, host)
     fs = CgroupFs(Path(plan.cgroup_root))

@@ -195,7 +195,7 @@ def test_plan_json_is_the_plan(capsys: pytest.CaptureFixture[str]) -> None:
         capsys, "--root", RK3588, "plan", "--json", str(POLICY_DIR / "npu-batch.toml")
     )
     assert code == 0
-    plan = Plan.model_validate_json(out)
+    plan = Plan.from_json(out)
     assert plan.policy == "npu-batch"
     assert plan.cgroup_root == f"{RK3588}/sys/fs/cgroup"
     assert [w.file for w in plan.writes][-1] == "cpuset.cpus"

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 from governor.plan.doctor import (
@@ -87,9 +88,7 @@ def test_ancestor_without_the_controller_in_subtree_control_is_named() -> None:
 
 def test_scope_ancestor_gets_delegate_yes_fix() -> None:
     host = _facts("cgroup2-full", "governor.slice")
-    scoped = host.model_copy(
-        update={"path": (host.path[0].model_copy(update={"path": "run-u7.scope"}),)}
-    )
+    scoped = replace(host, path=(replace(host.path[0], path="run-u7.scope"),))
     fix = _by_topic(diagnose(scoped))["controller.cpu"].fix
     assert fix == "set Delegate=yes on run-u7.scope so systemd leaves its subtree to governor"
 
@@ -110,17 +109,16 @@ def test_needs_selects_the_controller_findings() -> None:
 
 
 def test_kernel_just_at_the_gate_is_ok() -> None:
-    host = _facts("rk3588").model_copy(update={"kernel_version": CGROUP_KILL_MIN})
+    host = replace(_facts("rk3588"), kernel_version=CGROUP_KILL_MIN)
     assert _by_topic(diagnose(host))["kernel.cgroup_kill"].level == "ok"
 
 
 def test_unprivileged_user_and_offline_cpus_warn() -> None:
-    host = _facts("rk3588").model_copy(
-        update={
-            "euid": 1000,
-            "cpus_online": (0, 1, 2, 3, 4, 5),
-            "core_types": CoreTypes(little=(0, 1, 2, 3), big=(4, 5), source="cpu_capacity"),
-        }
+    host = replace(
+        _facts("rk3588"),
+        euid=1000,
+        cpus_online=(0, 1, 2, 3, 4, 5),
+        core_types=CoreTypes(little=(0, 1, 2, 3), big=(4, 5), source="cpu_capacity"),
     )
     findings = _by_topic(diagnose(host))
     assert findings["privileges"].level == "warn"
@@ -129,8 +127,8 @@ def test_unprivileged_user_and_offline_cpus_warn() -> None:
 
 
 def test_no_cgroup_at_all_is_an_error_with_a_mount_fix() -> None:
-    host = _facts("rk3588").model_copy(
-        update={"cgroup_layout": "none", "cgroup_mount": None, "controllers": frozenset()}
+    host = replace(
+        _facts("rk3588"), cgroup_layout="none", cgroup_mount=None, controllers=frozenset()
     )
     findings = _by_topic(diagnose(host))
     assert findings["cgroup2"].level == "error"

@@ -10,12 +10,10 @@ Needs: tests/fakefs/fakekernel.py (tmp tree), nothing else.
 from __future__ import annotations
 
 import socket
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
-import structlog
 from fakefs.fakekernel import FakeKernelCgroupFs, make_root
 
 from governor.backends import dropin
@@ -42,15 +40,6 @@ cpus = "1"
 [pids]
 max = 64
 """
-
-
-@pytest.fixture(autouse=True)
-def _uncached_logging() -> Iterator[None]:
-    # a CLI test may have run governor.log.configure() (cache_logger_on_first_use): using the
-    # backends' module loggers now would pin them to that configuration, and later tests that
-    # capture logs (tests/fakefs) would see nothing
-    structlog.reset_defaults()
-    yield
 
 
 class MovingFs(FakeKernelCgroupFs):

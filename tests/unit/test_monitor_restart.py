@@ -1,5 +1,5 @@
-"""The restart budget (governor/launch/restart.py), the polled PSI window
-(governor/kernel/psi.py PolledTrigger) and the switch that forces it. Needs: nothing (no files,
+"""The restart budget (governor/monitor/restart.py), the polled PSI window
+(governor/monitor/psi.py PolledTrigger) and the switch that forces it. Needs: nothing (no files,
 no processes, no clock)."""
 
 from __future__ import annotations
@@ -10,9 +10,9 @@ from pathlib import Path
 import pytest
 
 from governor.errors import PolicyError
-from governor.kernel.psi import PolledTrigger
-from governor.launch.restart import BACKOFF_CAP_S, Restarts, backoff_s
 from governor.monitor.loop import psi_triggers_wanted
+from governor.monitor.psi import PolledTrigger
+from governor.monitor.restart import BACKOFF_CAP_S, Restarts, backoff_s
 from governor.plan.compiler import compile_plan
 from governor.plan.host import probe
 from governor.policy.loader import load_text

@@ -5,10 +5,11 @@ from __future__ import annotations
 
 import pytest
 
-from governor.kernel.psi import PolledTrigger, widen
 from governor.monitor.leak import LeakDetector
+from governor.monitor.psi import PolledTrigger, widen
 from governor.monitor.rules import Observations, Rule, RuleEngine
-from governor.plan.model import WatchCondition, WatchRule, WatchTrigger
+from governor.plan.compiler import watch_rule
+from governor.plan.model import WatchCondition, WatchTrigger
 from governor.policy import values as v
 
 
@@ -21,7 +22,7 @@ def _psi_rule(index: int, *, hold: float = 0, cooldown: float | None = None) -> 
         file="memory.pressure",
     )
     return Rule.from_watch(
-        WatchRule(index=index, trigger=trig, hold_s=hold, cooldown_s=cooldown, actions=("log",))
+        watch_rule(index=index, trigger=trig, hold_s=hold, cooldown_s=cooldown, actions=("log",))
     )
 
 
@@ -120,7 +121,7 @@ def test_rules_fire_in_policy_order_as_pressure_rises() -> None:
 
 def test_event_rule_fires_on_each_increase_and_reports_the_count() -> None:
     rule = Rule.from_watch(
-        WatchRule(
+        watch_rule(
             index=0,
             trigger=WatchCondition(condition="event", event="oom_kill", file="memory.events"),
             actions=("log",),
@@ -134,7 +135,7 @@ def test_event_rule_fires_on_each_increase_and_reports_the_count() -> None:
 
 def test_level_rule_fires_once_per_episode_without_cooldown() -> None:
     rule = Rule.from_watch(
-        WatchRule(
+        watch_rule(
             index=0,
             trigger=WatchCondition(
                 condition="memavailable", threshold=800 << 20, file="/proc/meminfo"
@@ -159,7 +160,7 @@ def test_rule_actions_are_parsed_back_from_their_canonical_strings() -> None:
         file="memory.pressure",
     )
     rule = Rule.from_watch(
-        WatchRule(index=3, trigger=trig, actions=("set memory.high -10%", "freeze 2s", "kill"))
+        watch_rule(index=3, trigger=trig, actions=("set memory.high -10%", "freeze 2s", "kill"))
     )
     assert [a.verb for a in rule.actions] == ["set", "freeze", "kill"]
     assert rule.when == "memory full 500ms/2s"

@@ -24,13 +24,12 @@ from collections import deque
 from dataclasses import dataclass
 from typing import Literal
 
-import structlog
-
 from governor.errors import BackendError, GovernorError
 from governor.kernel.cgroupfs import CgroupFs
+from governor.log import get_logger
 from governor.plan.model import WatchTrigger
 
-log = structlog.get_logger(__name__)
+log = get_logger(__name__)
 
 # unprivileged trigger windows must be multiples of 2 s (kernel/sched/psi.c, 5.10+)
 UNPRIVILEGED_WINDOW_US = 2_000_000
