@@ -1,6 +1,6 @@
-"""`python -m governor`."""
+"""`python -m governor`: the same entry as the console script."""
 
-from governor.cli import main
+from governor.main import run
 
 if __name__ == "__main__":
-    main()
+    run()

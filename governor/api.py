@@ -8,12 +8,19 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from governor.log import get_logger
+
 if TYPE_CHECKING:
+    from governor.compiled import Compiled
+    from governor.launch.launcher import ChildSetup
+    from governor.launch.watchdog import Watchdog
     from governor.plan.compiler import Workload
     from governor.plan.doctor import Finding
     from governor.plan.host import HostFacts
     from governor.plan.model import Plan
     from governor.policy.model import Policy
+
+log = get_logger("governor.launch")
 
 
 @dataclass(frozen=True)
@@ -86,6 +93,9 @@ class LaunchOptions:
     sample_s: float = 1.0  # the monitor's sampler interval (memory.current/peak/stat)
     backend: str = "cgroupfs"  # cgroupfs | systemd | auto (governor/backends/systemd.py)
     force: bool = False  # launch even when the GGUF estimate exceeds memory.max
+    psi_triggers: bool = True  # False: evaluate PSI rules by polling total= (--psi poll)
+    watchdog: Watchdog | None = None  # forked early by governor.main; else forked here
+    plan_cache: bool = True  # look up / store the compiled plan (governor/compiled.py)
 
 
 def _backend(plan: Plan) -> Any:
@@ -97,12 +107,12 @@ def _backend(plan: Plan) -> Any:
 
 def _backend_name(opts: HostOptions, lopts: LaunchOptions) -> str:
     """Resolve --backend auto before probing (the systemd layout probes no slice path)."""
+    if lopts.backend == "cgroupfs":
+        return "cgroupfs"
     from governor.backends.systemd import choose
+    from governor.kernel.procfs import ProcFs
 
-    try:
-        pid1 = (opts.root / "proc/1/comm").read_text().strip()
-    except OSError:
-        pid1 = ""  # hidepid=: cannot tell, so not systemd
+    pid1 = ProcFs(opts.root / "proc").pid1_comm()  # "" under hidepid=: not systemd
     return choose(lopts.backend, pid1=pid1)  # type: ignore[arg-type]  # cli validates it
 
 
@@ -179,7 +189,7 @@ def _model_bytes(args: Any) -> int | None:
     return total
 
 
-def _child_setup(plan: Plan, executable: str, argv: tuple[str, ...]) -> Any:
+def _child_setup(plan: Plan, executable: str, argv: tuple[str, ...]) -> ChildSetup:
     import grp
     import os
     import pwd
@@ -237,34 +247,100 @@ def _announce(plan: Plan, leaf: str | None = None) -> None:
 
 
 def launch(path: Path, argv: tuple[str, ...], opts: HostOptions, lopts: LaunchOptions) -> int:
-    """`governor launch`: check everything, apply, run the engine in the leaf, clean up.
-
-    Returns the engine's exit status (128+N when it died of signal N)."""
-    import dataclasses
+    """`governor launch`: the compiled plan (cached, else compiled with every pre-apply
+    refusal), then the supervisor. Returns the engine's status (128+N for signal N)."""
     import os
-    import time
 
-    from governor.engines.checks import engine_warnings, read_engine_argv
-    from governor.errors import PolicyError, UsageError
+    from governor.errors import UsageError
+    from governor.kernel.procfs import ProcFs
     from governor.launch.launcher import Launcher
-    from governor.launch.prefetch import prepare as prepare_prefetch
-    from governor.launch.watchdog import start_watchdog
-    from governor.log import get_logger
-    from governor.monitor.loop import start_monitor
-    from governor.monitor.restart import Restarts
-    from governor.sdnotify import notify
+    from governor.launch.watchdog import fork_watchdog
+    from governor.supervisor import Job, Supervisor
 
-    log = get_logger("governor.launch")
     if not argv:
         raise UsageError(
             "no engine command given (command line)",
             hint="governor launch --policy P -- ENGINE ARGS...",
         )
+    executable = resolve_executable(argv[0], os.environ.get("PATH"))
+    backend_name = _backend_name(opts, lopts)
+    compiled, host = compiled_for_launch(path, argv, opts, lopts, backend_name)
+    for event, message in compiled.warnings:
+        log.warning(event, message=message)
+    plan, backend = _launch_backend(compiled.plan, backend_name, host, opts)
+    _announce(compiled.plan, leaf=plan.leaf)
+    job = Job(
+        plan=plan,
+        setup=_child_setup(plan, executable, argv),
+        prefetch_files=compiled.prefetch_files,
+        report=lopts.report,
+        keep=lopts.keep,
+        sample_s=lopts.sample_s,
+        psi_triggers=lopts.psi_triggers,
+        extra={} if compiled.estimate is None else {"estimate": compiled.estimate},
+    )
+    proc = ProcFs(opts.root / "proc")
+    watchdog = lopts.watchdog
+    if watchdog is None and plan.launch.on_governor_exit == "kill":
+        watchdog = fork_watchdog()
+    supervisor = Supervisor(backend, Launcher(backend.fs, proc=proc), proc=proc, watchdog=watchdog)
+    return supervisor.run(job)
+
+
+def compiled_for_launch(
+    path: Path, argv: tuple[str, ...], opts: HostOptions, lopts: LaunchOptions, backend_name: str
+) -> tuple[Compiled, HostFacts]:
+    """The plan cache's entry for this launch, else a compile (which stores it)."""
+    from governor import compiled
+
+    name = None
+    if lopts.plan_cache:
+        options = [
+            str(opts.root),
+            str(opts.cgroup_root),
+            ",".join(sorted(opts.allow_missing)),
+            backend_name,
+            str(lopts.force),
+            _cpu_signature(opts),
+        ]
+        name = compiled.entry_name(path, argv, options=options, cwd=Path.cwd())
+    if name is not None:
+        hit = compiled.lookup(name, root=opts.root, cgroup_root=opts.cgroup_root)
+        if hit is not None:
+            log.debug("plan_cache.hit", entry=name)
+            return hit
+    entry, host = _compile_launch(path, argv, opts, lopts, backend_name)
+    if name is not None:
+        compiled.store(name, entry)
+    return entry, host
+
+
+def _cpu_signature(opts: HostOptions) -> str:
+    """What the GGUF estimate reads from the CPU (its repack family): machine + flags."""
+    import platform
+
+    from governor.kernel.procfs import ProcFs
+
+    for line in ProcFs(opts.root / "proc").cpuinfo().splitlines():
+        if line.startswith(("flags", "Features")):
+            return f"{platform.machine()}|{line.partition(':')[2].strip()}"
+    return platform.machine()
+
+
+def _compile_launch(
+    path: Path, argv: tuple[str, ...], opts: HostOptions, lopts: LaunchOptions, backend_name: str
+) -> tuple[Compiled, HostFacts]:
+    """Compile time for a launch: policy, host, plan and every refusal before apply."""
+    from governor import compiled
+    from governor.engines.budget import check_launch
+    from governor.engines.checks import engine_warnings, read_engine_argv
+    from governor.engines.llama import model_parts
+    from governor.errors import PolicyError
+    from governor.launch.prefetch import prepare as prepare_prefetch
+
     policy = load_policy(path)
     args = read_engine_argv(policy, argv)
-    executable = resolve_executable(argv[0], os.environ.get("PATH"))
     model_bytes = _model_bytes(args)
-    backend_name = _backend_name(opts, lopts)
     # under systemd the manager enables controllers along the unit's path itself
     target = None if backend_name == "systemd" else f"{policy.slice}/{policy.name}"
     host = probe_host(opts, target=target)
@@ -276,73 +352,49 @@ def launch(path: Path, argv: tuple[str, ...], opts: HostOptions, lopts: LaunchOp
             field="process.memlock",
             hint="pass the model with -m, or give memlock as a size",
         )
-    for warning in engine_warnings(args, plan, host):
-        log.warning("engine.argv", message=warning)
+    warnings = tuple(("engine.argv", w) for w in engine_warnings(args, plan, host))
     # a GGUF model: the estimate (weights + repack + KV + compute) is THE budget check (65)
-    from governor.engines.budget import check_launch
-
     estimated = check_launch(args, plan, root=opts.root, force=lopts.force)
-    # files (66/77) and budget (65) before anything is applied; runs in the child after the join
     job = prepare_prefetch(
         plan,
         model=args.model if args else None,
         model_bytes=None if estimated is not None else model_bytes,
         cwd=Path.cwd(),
     )
-    full_plan, (plan, backend) = plan, _launch_backend(plan, backend_name, host, opts)
-    _announce(full_plan, leaf=plan.leaf)
-    setup = _child_setup(plan, executable, argv)
-    if job is not None:
-        setup = dataclasses.replace(setup, prefetch=job)
+    files = job.files if job is not None else ()
+    inputs = [*(str(p) for p in (model_parts(args.model) if args and args.model else [])), *files]
+    idents = tuple(i for i in (compiled.file_identity(p) for p in inputs) if i is not None)
+    chain = tuple(
+        (p, digest) for p in _policy_chain(path) if (digest := compiled.sha256_file(p)) is not None
+    )
+    entry = compiled.Compiled(
+        plan=plan,
+        warnings=warnings,
+        estimate=estimated.to_dict() if estimated is not None else None,
+        prefetch_files=tuple(files),
+        prefetch_bytes=sum(i[3] for i in idents if i[0] in files),
+        target=target,
+        chain=chain,
+        inputs=idents,
+        host_key=compiled.host_key(host),
+    )
+    return entry, host
 
-    launcher = Launcher(backend.fs, proc_root=opts.root / "proc")
-    with backend.lock(plan):
-        backend.apply(plan)
-        watchdog = (
-            start_watchdog(lambda: backend.remove(plan))
-            if plan.launch.on_governor_exit == "kill"
-            else None
-        )
+
+def _policy_chain(path: Path) -> list[str]:
+    """The policy file and every file it extends (resolved paths), for the cache's check."""
+    import tomllib
+
+    out: list[str] = []
+    current: Path | None = path.resolve()
+    while current is not None and str(current) not in out:
+        out.append(str(current))
         try:
-            started = time.monotonic()
-            try:
-                pid = launcher.start(plan, setup)
-            except BaseException:
-                backend.remove(plan)
-                raise
-            # Type=notify services: the engine has been exec'd (no-op without $NOTIFY_SOCKET)
-            notify(f"READY=1\nSTATUS={plan.policy}: engine pid {pid} in {plan.leaf}")
-            prefetched = job.collect() if job is not None else None
-            restarts = Restarts(plan.launch.restart_max, plan.launch.restart_backoff_s)
-            monitor = start_monitor(
-                backend.fs,
-                plan,
-                pid,
-                proc_root=opts.root / "proc",
-                sample_s=lopts.sample_s,
-                restarts=restarts,
-            )
-            pid, code, sig = launcher.supervise_restarting(
-                plan, setup, pid, watcher=monitor, restarts=restarts
-            )
-            report = launcher.summarize(
-                plan, pid=pid, argv=argv, code=code, sig=sig, wall=time.monotonic() - started
-            )
-            report.extra["monitor"] = monitor.finish()
-            report.extra["restarts"] = restarts.history
-            if estimated is not None:
-                report.extra["estimate"] = estimated.to_dict()
-            if prefetched is not None:
-                prefetched.fill(report)
-            log.info("engine.exit", **{k: v for k, v in vars(report).items() if k != "argv"})
-            if lopts.report is not None:
-                lopts.report.write_text(report.to_json() + "\n")
-            if not lopts.keep:
-                backend.remove(plan)
-        finally:
-            if watchdog is not None:
-                watchdog.disarm()
-    return code
+            parent = tomllib.loads(current.read_text()).get("extends")
+        except (OSError, ValueError):
+            break
+        current = (current.parent / parent).resolve() if isinstance(parent, str) else None
+    return out
 
 
 @dataclass(frozen=True)
@@ -351,18 +403,19 @@ class MonitorOptions:
     report: Path | None = None
     cgroup: str | None = None  # watch this cgroup (relative to the root) instead of the plan's
     duration_s: float | None = None  # stop after this long (default: until signalled or gone)
+    psi_triggers: bool = True  # False: evaluate PSI rules by polling total= (--psi poll)
 
 
 def monitor(path: Path, opts: HostOptions, mopts: MonitorOptions) -> dict[str, Any]:
     """`governor monitor`: attach the pressure monitor to an already-running slice (one that
     `governor apply` or systemd created) until SIGINT/SIGTERM or the cgroup is gone."""
-    import os
     import signal
     import time
 
     from governor.errors import HostError
     from governor.kernel.cgroupfs import CgroupFs
-    from governor.monitor.loop import Monitor, psi_triggers_wanted
+    from governor.kernel.procfs import ProcFs
+    from governor.monitor.loop import Monitor
 
     plan = check(path, opts)
     if mopts.cgroup is not None:
@@ -389,9 +442,9 @@ def monitor(path: Path, opts: HostOptions, mopts: MonitorOptions) -> dict[str, A
         fs,
         plan,
         engine_pids=engine_pids,
-        proc_root=opts.root / "proc",
+        proc=ProcFs(opts.root / "proc"),
         sample_s=mopts.sample_s,
-        psi_triggers=psi_triggers_wanted(os.environ),
+        psi_triggers=mopts.psi_triggers,
     ).start()
     try:
         mon.run(lambda: bool(stopped) or (deadline is not None and time.monotonic() >= deadline))

@@ -56,6 +56,21 @@ SampleInterval = Annotated[
 ]
 
 
+class _Psi(enum.StrEnum):
+    trigger = "trigger"
+    poll = "poll"
+
+
+Psi = Annotated[
+    _Psi,
+    typer.Option(
+        "--psi",
+        help="trigger: PSI trigger fds (the kernel wakes the monitor); poll: read total= at"
+        " every sample instead (kernels or delegations that refuse triggers, comparisons)",
+    ),
+]
+
+
 Force = Annotated[
     bool,
     typer.Option("--force", help="go ahead even when the GGUF memory estimate exceeds memory.max"),
@@ -185,6 +200,7 @@ def launch(  # noqa: PLR0917  # typer passes every option as a parameter
         ),
     ] = _Backend.cgroupfs,
     force: Force = False,
+    psi: Psi = _Psi.trigger,
 ) -> None:
     """Run an engine inside the policy's cgroup; exit with its status (128+N on signal N)."""
     from governor import api
@@ -199,6 +215,7 @@ def launch(  # noqa: PLR0917  # typer passes every option as a parameter
             sample_s=sample_interval,
             backend=backend.value,
             force=force,
+            psi_triggers=psi is _Psi.trigger,
         ),
     )
     raise typer.Exit(code)
@@ -223,6 +240,7 @@ def monitor(  # noqa: PLR0917  # typer passes every option as a parameter
     ] = None,
     allow_missing: AllowMissing = "",
     sample_interval: SampleInterval = 1.0,
+    psi: Psi = _Psi.trigger,
 ) -> None:
     """Act on [[pressure]] rules for an already-running slice until SIGINT/SIGTERM or it is gone."""
     from governor import api
@@ -231,7 +249,11 @@ def monitor(  # noqa: PLR0917  # typer passes every option as a parameter
         policy,
         _opts(allow_missing),
         api.MonitorOptions(
-            sample_s=sample_interval, report=report, cgroup=cgroup, duration_s=duration
+            sample_s=sample_interval,
+            report=report,
+            cgroup=cgroup,
+            duration_s=duration,
+            psi_triggers=psi is _Psi.trigger,
         ),
     )
     fired = sum(r["fired"] for r in out["rules"])

@@ -1,15 +1,12 @@
 """Start the engine inside the plan's leaf cgroup and supervise it.
 
-The child joins the leaf FIRST (so every page it touches, including the prefetched model, is
-charged to the slice), then sets RLIMIT_MEMLOCK, CPU affinity, nice and oom_score_adj, drops
-privileges (initgroups, setgid, setuid) and execs the engine without a shell. A close-on-exec
-pipe tells the parent whether the exec happened or which step failed and why.
-
-fork + a write to cgroup.procs in the child is race-free (the child moves itself before it runs
-any engine code). bench/launch.py measured child creation + join on this host: fork + write
-3.6 ms, clone3(CLONE_INTO_CGROUP) via ctypes 1.8 ms, plain fork 2.4 ms. The ~2 ms clone3 saves is
-<1% of a launch (the interpreter and imports dominate), while a raw clone3 from Python skips
-os.fork()'s at-fork handlers and needs a syscall number per architecture: fork is used.
+The child is born in the leaf (clone3 with CLONE_INTO_CGROUP, governor/kernel/clone.py) or,
+where the kernel cannot do that, forks and writes itself into the leaf's cgroup.procs FIRST, so
+every page it touches is charged to the slice. Then it sets RLIMIT_MEMLOCK, CPU affinity, nice
+and oom_score_adj, drops privileges (initgroups, setgid, setuid) and execs the engine without a
+shell. A close-on-exec pipe tells the parent whether the exec happened or which step failed
+and why. The model is prefetched by a helper in the same leaf, concurrently with the engine's
+start (governor/launch/prefetch.py), never before it.
 """
 
 from __future__ import annotations
@@ -25,18 +22,16 @@ import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
-from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import Any, Protocol
 
 from governor.errors import BackendError, GovernorError, LaunchError, PermissionDenied
+from governor.kernel import clone
 from governor.kernel import files as kf
 from governor.kernel.cgroupfs import CgroupFs
+from governor.kernel.procfs import ProcFs
 from governor.log import get_logger
 from governor.monitor.restart import Request, Restarts
 from governor.plan.model import Plan
-
-if TYPE_CHECKING:
-    from governor.launch.prefetch import PrefetchJob
 
 log = get_logger(__name__)
 
@@ -97,7 +92,6 @@ class ChildSetup:
     user: str | None = None
     home: str | None = None
     pdeathsig: bool = True  # on_governor_exit = "kill"
-    prefetch: PrefetchJob | None = None  # runs right after the join: charged to the slice
 
 
 class Launcher:
@@ -107,27 +101,27 @@ class Launcher:
         self,
         fs: CgroupFs,
         *,
-        proc_root: Path = Path("/proc"),
+        proc: ProcFs | None = None,
         clock: Callable[[], float] = time.monotonic,
         sleep: Callable[[float], None] = time.sleep,
+        clone_into_cgroup: bool = True,
     ) -> None:
         self.fs = fs
-        self.proc_root = proc_root
+        self.proc = proc or ProcFs()
+        self.clone_into_cgroup = clone_into_cgroup
         self.clock = clock
         self.sleep = sleep
 
     # --- child -------------------------------------------------------------------------------
 
-    def _child(self, plan: Plan, setup: ChildSetup, report_fd: int) -> None:
+    def _child(self, plan: Plan, setup: ChildSetup, report_fd: int, *, joined: bool) -> None:
         """Runs in the forked child; never returns."""
         step = "join"
         try:
             for sig in FORWARDED_SIGNALS:
                 signal.signal(sig, signal.SIG_DFL)
-            self.fs.move(os.getpid(), plan.leaf)
-            if setup.prefetch is not None:
-                step = "prefetch"
-                setup.prefetch.run()
+            if not joined:
+                self.fs.move(os.getpid(), plan.leaf)
             spec = plan.launch
             if spec.memlock is not None:
                 step = "memlock"
@@ -143,8 +137,7 @@ class Launcher:
                 os.setpriority(os.PRIO_PROCESS, 0, spec.nice)
             if spec.oom_score_adj is not None:
                 step = "oom_score_adj"
-                with open(self.proc_root / "self" / "oom_score_adj", "w") as f:
-                    f.write(str(spec.oom_score_adj))
+                self.proc.write_oom_score_adj(spec.oom_score_adj)
             if setup.uid is not None or setup.gid is not None:
                 step = "user"
                 if setup.gid is not None:
@@ -175,10 +168,10 @@ class Launcher:
     def start(self, plan: Plan, setup: ChildSetup) -> int:
         """Fork the engine; return its pid once it has exec'd, or raise why it could not."""
         r, w = os.pipe2(os.O_CLOEXEC)
-        pid = os.fork()
+        pid, joined = self.spawn(plan.leaf)
         if pid == 0:  # pragma: no cover - runs in the child, observed through its effects
             os.close(r)
-            self._child(plan, setup, w)
+            self._child(plan, setup, w, joined=joined)
         os.close(w)
         chunks = []
         while chunk := os.read(r, 4096):
@@ -190,6 +183,27 @@ class Launcher:
         os.waitpid(pid, 0)
         step, code, message = b"".join(chunks).decode(errors="replace").split("\0", 2)
         raise _child_error(step, int(code), message, plan, setup)
+
+    def spawn(self, leaf: str) -> tuple[int, bool]:
+        """(pid, born in the leaf): clone3 into the leaf where the kernel can, else fork."""
+        if self.clone_into_cgroup:
+            try:
+                dirfd = self.fs.open_dir(leaf)
+            except GovernorError:
+                dirfd = None  # the child's cgroup.procs write reports the real error
+            if dirfd is not None:
+                born: tuple[int, int] | None = None
+                try:
+                    born = clone.clone_into(dirfd)
+                finally:
+                    if born is None or born[0] != 0:
+                        os.close(dirfd)
+                if born is not None:
+                    pid, pidfd = born
+                    if pid != 0:
+                        os.close(pidfd)
+                    return pid, True
+        return os.fork(), False
 
     def supervise(
         self,
@@ -218,6 +232,7 @@ class Launcher:
         *,
         watcher: EngineWatcher,
         restarts: Restarts,
+        on_restart: Callable[[int], None] | None = None,
     ) -> tuple[int, int, int | None]:
         """:meth:`supervise`, and relaunch the engine in the same leaf while the monitor's
         ``restart`` action asks for it (governor/monitor/restart.py). Returns (pid of the last
@@ -238,6 +253,8 @@ class Launcher:
                     return pid, code, sig
                 pid = new_pid
                 watcher.engine_started(pid)
+                if on_restart is not None:
+                    on_restart(pid)
 
     def _relaunch(
         self,

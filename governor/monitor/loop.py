@@ -17,8 +17,8 @@ file's ``total=`` counter at each sample (governor/monitor/psi.py PolledTrigger:
 stall-within-window rule at sample granularity), and ``psi.fallback`` is logged once per file.
 Where the file is missing (PSI disabled), ``psi.unavailable`` is logged once per file and the
 rule cannot fire; the compiler refuses such a policy unless ``--allow-missing psi``.
-``GOVERNOR_PSI_TRIGGERS=0`` in the environment skips the triggers and forces the fallback on a
-kernel that has them (tests compare both paths on the same pressure files).
+``psi_triggers=False`` (``--psi poll`` on the command line) skips the triggers and forces the
+fallback on a kernel that has them (tests compare both paths on the same pressure files).
 
 Restarts (``governor launch``): the ``restart`` action kills the group and records a request
 in the launcher's budget (governor/monitor/restart.py); after the engine exited,
@@ -33,13 +33,13 @@ import contextlib
 import os
 import select
 import time
-from collections.abc import Callable, Mapping, Sequence
-from pathlib import Path
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from governor.errors import GovernorError
 from governor.kernel import files as kf
 from governor.kernel.cgroupfs import CgroupFs
+from governor.kernel.procfs import ProcFs
 from governor.log import get_logger
 from governor.monitor import psi
 from governor.monitor.actions import THAW, Context, Executor, Result
@@ -55,12 +55,6 @@ log = get_logger(__name__)
 MAX_REPORTED_FIRINGS = 200  # the report keeps the first ones; counts are always complete
 _PRI = select.EPOLLPRI | select.EPOLLERR
 _EXIT = object()  # the engine's pidfd in the epoll (launch)
-PSI_TRIGGERS_ENV = "GOVERNOR_PSI_TRIGGERS"  # "0": no triggers, poll total= (tests)
-
-
-def psi_triggers_wanted(environ: Mapping[str, str]) -> bool:
-    """False when the environment asks to skip PSI triggers (GOVERNOR_PSI_TRIGGERS=0)."""
-    return environ.get(PSI_TRIGGERS_ENV, "1").strip() != "0"
 
 
 class Monitor:
@@ -70,7 +64,7 @@ class Monitor:
         plan: Plan,
         *,
         engine_pids: Callable[[], Sequence[int]] | None = None,
-        proc_root: Path = Path("/proc"),
+        proc: ProcFs | None = None,
         clock: Callable[[], float] = time.monotonic,
         sample_s: float = DEFAULT_INTERVAL_S,
         executor: Executor | None = None,
@@ -91,7 +85,7 @@ class Monitor:
         )
         self.psi_triggers = psi_triggers
         self.sampler = Sampler(fs, self.group, interval_s=sample_s)
-        self.board = Board(proc_root)
+        self.board = Board(proc or ProcFs())
         self.needs_meminfo = any(r.kind == "memavailable" for r in self.rules)
         self.leaks = {r.index: LeakDetector(r.window_s) for r in self._leak_rules()}
         self.armed: list[psi.Armed] = []
@@ -199,9 +193,7 @@ class Monitor:
         if self.executor.thaw_at is not None:  # never leave a group frozen behind
             self.executor.execute(THAW, Context(rule=-1, when="monitor stopped"))
         self.poll_files()  # a last look: an OOM kill races the engine's exit
-        for armed in self.armed:
-            if armed.fd is not None:
-                _close(armed.fd)
+        close_triggers([a.fd for a in self.armed if a.fd is not None])
         for ev in (self.mem_events, self.cg_events):
             if ev is not None:
                 ev.close()
@@ -404,23 +396,42 @@ def _close(fd: int) -> None:
         os.close(fd)
 
 
+def close_triggers(fds: Sequence[int]) -> None:
+    """Close PSI trigger fds side by side: each close waits for an RCU grace period
+    (kernel/sched/psi.c psi_trigger_destroy: synchronize_rcu(), ~13 ms here), so N triggers
+    closed one after the other cost N grace periods after the engine exited; closed in
+    parallel threads, the grace periods overlap and the whole teardown costs about one."""
+    if len(fds) <= 1:
+        for fd in fds:
+            _close(fd)
+        return
+    import threading
+
+    threads = [threading.Thread(target=_close, args=(fd,), daemon=True) for fd in fds]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+
+
 def start_monitor(
     fs: CgroupFs,
     plan: Plan,
     pid: int,
     *,
-    proc_root: Path,
+    proc: ProcFs,
     sample_s: float,
     restarts: Restarts | None = None,
+    psi_triggers: bool = True,
 ) -> Monitor:
     """The monitor for ``governor launch``: the engine is ``pid``; armed and sampling."""
     mon = Monitor(
         fs,
         plan,
-        proc_root=proc_root,
+        proc=proc,
         sample_s=sample_s,
         restarts=restarts,
-        psi_triggers=psi_triggers_wanted(os.environ),
+        psi_triggers=psi_triggers,
     )
     mon.engine_started(pid)
     return mon.start()

@@ -81,11 +81,9 @@ def arm(
 ) -> Armed:
     """Arm ``trigger`` on ``cgroup``; widen a refused window once; else poll ``total=``, or
     give up when the file cannot be read at all. ``triggers=False`` goes straight to polling
-    (GOVERNOR_PSI_TRIGGERS=0, governor/monitor/loop.py)."""
+    (``--psi poll``, governor/monitor/loop.py)."""
     if not triggers:
-        return _fallback(
-            fs, cgroup, rule, trigger, "PSI triggers disabled (GOVERNOR_PSI_TRIGGERS=0)"
-        )
+        return _fallback(fs, cgroup, rule, trigger, "PSI triggers disabled (--psi poll)")
     text = trigger.trigger_text()
     try:
         fd = fs.open_trigger(cgroup, trigger.file, text)

@@ -10,11 +10,11 @@ refuses (EPERM); the monitor then re-reads them at every sample instead and says
 from __future__ import annotations
 
 import os
-from pathlib import Path
 
 from governor.errors import BackendError, GovernorError
 from governor.kernel.cgroupfs import CgroupFs
-from governor.kernel.parse import parse_flat_keyed, parse_meminfo, parse_psi
+from governor.kernel.parse import parse_flat_keyed, parse_psi
+from governor.kernel.procfs import ProcFs
 from governor.log import get_logger
 
 log = get_logger(__name__)
@@ -64,18 +64,17 @@ def open_optional(fs: CgroupFs, cgroup: str, file: str) -> EventFile | None:
 class Board:
     """Board-wide readings under /proc: MemAvailable and system memory PSI (injected root)."""
 
-    def __init__(self, proc_root: Path = Path("/proc")) -> None:
-        self.meminfo = proc_root / "meminfo"
-        self.pressure = proc_root / "pressure" / "memory"
+    def __init__(self, proc: ProcFs) -> None:
+        self.proc = proc
 
     def memavailable(self) -> int | None:
         try:
-            return parse_meminfo(self.meminfo.read_text()).get("MemAvailable")
+            return self.proc.meminfo().get("MemAvailable")
         except (OSError, ValueError):
             return None
 
     def memory_some_avg10(self) -> float | None:
         try:
-            return parse_psi(self.pressure.read_text()).some.avg10
+            return parse_psi(self.proc.pressure("memory")).some.avg10
         except (OSError, ValueError):
             return None

@@ -16,6 +16,7 @@ import pytest
 from governor.backends.cgroupfs import CgroupfsBackend
 from governor.errors import BackendError
 from governor.kernel import files
+from governor.kernel.procfs import ProcFs
 from governor.log import capture_logs
 from governor.monitor.actions import Context, Executor
 from governor.monitor.loop import Monitor
@@ -214,7 +215,7 @@ def test_monitor_polls_psi_and_events_where_triggers_cannot_be_armed(
     CgroupfsBackend(fake_fs).apply(plan)
     now = [0.0]
     mon = Monitor(
-        fake_fs, plan, engine_pids=lambda: [1], proc_root=tmp_path, clock=lambda: now[0]
+        fake_fs, plan, engine_pids=lambda: [1], proc=ProcFs(tmp_path), clock=lambda: now[0]
     ).start()
     assert [a.mode for a in mon.armed] == ["polled"]  # a regular file takes no trigger
     stall = 0
@@ -243,7 +244,7 @@ def test_a_stopping_monitor_never_leaves_the_group_frozen(
 ) -> None:
     plan = make_plan()
     CgroupfsBackend(fake_fs).apply(plan)
-    mon = Monitor(fake_fs, plan, engine_pids=lambda: [1], proc_root=tmp_path).start()
+    mon = Monitor(fake_fs, plan, engine_pids=lambda: [1], proc=ProcFs(tmp_path)).start()
     _kset(fake_fs, GROUP, files.CGROUP_EVENTS, "populated 1\nfrozen 1\n")
     assert mon.executor.execute(parse_action("freeze 60s"), CTX).ok
     _kset(fake_fs, GROUP, files.CGROUP_EVENTS, "populated 1\nfrozen 0\n")
@@ -268,7 +269,7 @@ def test_an_oom_kill_seen_only_after_the_exit_still_asks_for_the_restart(
     plan = _oom_restart_plan()
     CgroupfsBackend(fake_fs).apply(plan)
     restarts = Restarts(limit=2, base_s=1.0)
-    mon = Monitor(fake_fs, plan, proc_root=tmp_path, restarts=restarts).start()
+    mon = Monitor(fake_fs, plan, proc=ProcFs(tmp_path), restarts=restarts).start()
     mon.engine_started(4242)
     fake_fs.add_process(LEAF, 4242)
     mon.dispatch()
@@ -310,7 +311,7 @@ def test_psi_fallback_is_said_once_per_file_however_many_rules(
     CgroupfsBackend(fake_fs).apply(plan)
     with capture_logs() as logs:
         mon = Monitor(
-            fake_fs, plan, engine_pids=lambda: [1], proc_root=tmp_path, psi_triggers=False
+            fake_fs, plan, engine_pids=lambda: [1], proc=ProcFs(tmp_path), psi_triggers=False
         ).start()
         for now in range(3):  # samples do not say it again
             mon._sample(float(now), set(), {})
@@ -321,7 +322,7 @@ def test_psi_fallback_is_said_once_per_file_however_many_rules(
         ("cpu.pressure", [2]),
     ]
     assert fallbacks[0]["detail"] == "polling memory.pressure every 1s"
-    assert fallbacks[0]["reason"] == "PSI triggers disabled (GOVERNOR_PSI_TRIGGERS=0)"
+    assert fallbacks[0]["reason"] == "PSI triggers disabled (--psi poll)"
     assert fallbacks[0]["log_level"] == "warning"
     assert [a.mode for a in mon.armed] == ["polled"] * 3
 
@@ -335,7 +336,7 @@ def test_a_missing_pressure_file_is_unavailable_said_once_and_never_fires(
     now = [0.0]
     with capture_logs() as logs:
         mon = Monitor(
-            fake_fs, plan, engine_pids=lambda: [1], proc_root=tmp_path, clock=lambda: now[0]
+            fake_fs, plan, engine_pids=lambda: [1], proc=ProcFs(tmp_path), clock=lambda: now[0]
         ).start()
         for step in range(5):
             now[0] = float(step)
@@ -363,7 +364,7 @@ def test_a_pressure_file_that_refuses_triggers_is_polled_and_the_rule_fires(
     now = [0.0]
     with capture_logs() as logs:
         mon = Monitor(
-            fake_fs, plan, engine_pids=lambda: [1], proc_root=tmp_path, clock=lambda: now[0]
+            fake_fs, plan, engine_pids=lambda: [1], proc=ProcFs(tmp_path), clock=lambda: now[0]
         ).start()
         for step in range(4):
             now[0] = float(step)
@@ -396,7 +397,7 @@ def test_a_system_rule_watches_the_root_pressure_not_the_groups(
     _kset(fake_fs, "", files.MEMORY_PRESSURE, _psi_text(0))  # the fake root has none yet
     now = [0.0]
     mon = Monitor(
-        fake_fs, plan, engine_pids=lambda: [1], proc_root=tmp_path, clock=lambda: now[0]
+        fake_fs, plan, engine_pids=lambda: [1], proc=ProcFs(tmp_path), clock=lambda: now[0]
     ).start()
     assert asked == ["", GROUP]
     for step in range(4):  # the board stalls, the group does not

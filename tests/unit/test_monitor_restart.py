@@ -10,7 +10,6 @@ from pathlib import Path
 import pytest
 
 from governor.errors import PolicyError
-from governor.monitor.loop import psi_triggers_wanted
 from governor.monitor.psi import PolledTrigger
 from governor.monitor.restart import BACKOFF_CAP_S, Restarts, backoff_s
 from governor.plan.compiler import compile_plan
@@ -148,11 +147,3 @@ def test_a_counter_that_goes_back_starts_the_window_over() -> None:
     p.update(0.0, 5_000_000)
     assert p.stall_in_window(1.0, 10) is None  # a new cgroup under the same path
     assert p.stall_in_window(2.0, 200_010) == 200_000
-
-
-@pytest.mark.parametrize(
-    ("env", "wanted"),
-    [({}, True), ({"GOVERNOR_PSI_TRIGGERS": "1"}, True), ({"GOVERNOR_PSI_TRIGGERS": "0"}, False)],
-)
-def test_governor_psi_triggers_0_forces_the_fallback(env: dict[str, str], wanted: bool) -> None:
-    assert psi_triggers_wanted(env) is wanted

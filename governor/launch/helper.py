@@ -1,0 +1,189 @@
+"""The prefetch helper: reads (or locks) the model in the engine's leaf WHILE the engine starts.
+
+Wave 1 prefetched in the engine's child before exec, so the engine waited for the whole file
+(~0.5 s per GiB here) even when its own page faults would have found most of it cached. Now the
+engine is exec'd at once and this helper, born in the same leaf (clone3 CLONE_INTO_CGROUP, or
+fork + cgroup.procs), reads the files concurrently: the page cache is charged to the slice
+(first touch), the engine's faults find pages the helper brought in, and the readers together
+keep the disk busy from the first millisecond.
+
+``lock`` keeps its guarantees: the helper populates, mlock()s every file and then stays alive,
+holding the lock, until the engine exits (it polls a pidfd of the engine), in its own session
+(a ^C at the terminal is for the engine), in the leaf (cgroup.kill of the group kills it). If
+the lock fails (EPERM without CAP_IPC_LOCK, ENOMEM above RLIMIT_MEMLOCK) the policy's promise
+cannot be kept: the helper kills the group (fail closed) and the supervisor exits with the
+error's code instead of the engine's status.
+
+The result travels back through a shared anonymous mapping made before the fork: no file to
+leak, nothing the engine inherits.
+"""
+
+from __future__ import annotations
+
+import json
+import mmap
+import os
+import select
+import signal
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from governor.launch.prefetch import Mode, Prefetcher, PrefetchResult, _Libc
+from governor.log import get_logger
+
+log = get_logger(__name__)
+
+RESULT_BYTES = 64 << 10
+_SESSION_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT)
+
+
+@dataclass
+class PrefetchHelper:
+    """One helper for one engine start. ``spawn`` creates a child in the leaf and returns
+    (pid, born in the leaf); ``join`` moves the calling process into the leaf (fallback);
+    ``kill_group`` writes cgroup.kill on the policy's group."""
+
+    files: tuple[str, ...]
+    mode: Mode
+    pid: int | None = None
+    _shared: mmap.mmap = field(init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        self._shared = mmap.mmap(-1, RESULT_BYTES)  # MAP_SHARED | MAP_ANONYMOUS
+
+    def start(
+        self,
+        engine_pid: int,
+        *,
+        spawn: Callable[[], tuple[int, bool]],
+        join: Callable[[], None],
+        kill_group: Callable[[], None],
+    ) -> None:
+        self._shared[:] = b"\0" * RESULT_BYTES
+        pid, joined = spawn()
+        if pid == 0:  # pragma: no cover - the helper; observed through the slice's memory.stat
+            code = 0
+            try:
+                if not joined:
+                    join()
+                code = self._run(engine_pid, kill_group)
+            except BaseException as err:
+                self._publish({"error": f"{type(err).__name__}: {err}"})
+                code = 1
+            finally:
+                os._exit(code)
+        self.pid = pid
+        log.info("prefetch.started", pid=pid, mode=self.mode, files=list(self.files))
+
+    def _run(self, engine_pid: int, kill_group: Callable[[], None]) -> int:
+        os.setsid()
+        for sig in _SESSION_SIGNALS:
+            signal.signal(sig, signal.SIG_IGN)
+        pidfd = os.pidfd_open(engine_pid)
+        _close_fds_except({2, pidfd})
+        paths = [Path(f) for f in self.files]
+        res = Prefetcher().run(paths, self.mode, tty=None)
+        if self.mode == "lock":
+            try:
+                res.locked_bytes = _lock(paths)
+                res.locker_pid = os.getpid()
+            except OSError as err:
+                res.error = f"mlock: {os.strerror(err.errno or 0)} ({err})"
+                self._publish(asdict(res) | {"errno": err.errno})
+                log.error("prefetch.lock_failed", error=res.error, action="kill the group")
+                kill_group()
+                return 1
+        self._publish(asdict(res))
+        log.info(
+            "prefetch.done",
+            mode=res.mode,
+            method=res.method,
+            bytes=res.bytes,
+            seconds=res.seconds,
+            resident_fraction=res.resident_fraction,
+            topup_rounds=res.topup_rounds,
+            locked_bytes=res.locked_bytes,
+        )
+        if self.mode == "lock":
+            devnull = os.open(os.devnull, os.O_RDWR)
+            os.dup2(devnull, 2)
+            os.close(devnull)
+            poller = select.poll()
+            poller.register(pidfd, select.POLLIN)
+            while not poller.poll():
+                pass
+        return 0
+
+    def _publish(self, data: dict[str, object]) -> None:
+        raw = json.dumps(data).encode()
+        if len(raw) >= RESULT_BYTES:
+            files = data.get("files")
+            if isinstance(files, list):
+                data = data | {"files": [*files[:1], f"... {len(files) - 1} more"]}
+            raw = json.dumps(data).encode()[: RESULT_BYTES - 1]
+        self._shared[: len(raw)] = raw
+
+    def result(self) -> tuple[PrefetchResult | None, int | None]:
+        """(the published result, the lock's errno when the lock failed)."""
+        raw = self._shared[:].split(b"\0", 1)[0]
+        if not raw:
+            return None, None
+        try:
+            data = json.loads(raw)
+        except ValueError:
+            return None, None
+        lock_errno = data.pop("errno", None)
+        if "mode" not in data:  # the helper failed before it had a result
+            log.warning("prefetch.failed", error=data.get("error"))
+            return None, None
+        try:
+            return PrefetchResult(**data), lock_errno
+        except TypeError:
+            return None, None
+
+    def finish(self) -> tuple[PrefetchResult | None, int | None]:
+        """After the engine exited: stop a helper still reading (nobody needs the pages now),
+        reap it, and return :meth:`result`."""
+        if self.pid is not None:
+            try:
+                pid, _ = os.waitpid(self.pid, os.WNOHANG)
+                if pid == 0:
+                    os.kill(self.pid, signal.SIGKILL)
+                    os.waitpid(self.pid, 0)
+            except (ChildProcessError, ProcessLookupError):
+                pass
+            self.pid = None
+        return self.result()
+
+
+def _lock(paths: Sequence[Path]) -> int:
+    """mmap + mlock every file; the mappings stay until this process exits."""
+    libc = _Libc()
+    locked = 0
+    for path in paths:
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+        try:
+            size = os.fstat(fd).st_size
+            if size:
+                libc.lock(libc.map(fd, 0, size), size)
+                locked += size
+        finally:
+            os.close(fd)
+    return locked
+
+
+def _close_fds_except(keep: set[int]) -> None:
+    """The helper holds nothing of the governor's: not the group's lock, not the watchdog's
+    pipe, not the PSI trigger fds (0 and 1 go to /dev/null)."""
+    devnull = os.open(os.devnull, os.O_RDWR)
+    for std in (0, 1):
+        os.dup2(devnull, std)
+    keep = keep | {0, 1, devnull}
+    low = 3
+    for fd in sorted(keep):
+        if fd >= low:
+            os.closerange(low, fd)
+            low = fd + 1
+    os.closerange(low, os.sysconf("SC_OPEN_MAX"))
+    os.close(devnull)

@@ -1,0 +1,187 @@
+"""The `governor` command: run-time commands on a lean path, everything else through typer.
+
+`governor launch` is on the engine's critical path (a llama-server restart, a systemd start),
+so it does not pay for the compile-time stack: this module parses the launch command line with
+the standard library, forks the watchdog while the interpreter is still nearly empty
+(governor/launch/watchdog.py), and calls governor.api.launch, which finds the compiled plan in
+the cache (governor/compiled.py) and hands it to the supervisor. Only a cache miss imports
+pydantic and the compiler. Anything this parser does not recognise (``--help``, a typo, another
+command) goes to the typer CLI (governor/cli.py), which owns the help texts and the usage
+errors, so both paths accept the same command line.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import sys
+from typing import Any
+
+_GLOBAL_VALUE = ("--root", "--cgroup-root")
+_LAUNCH_VALUE = {
+    "--policy": "policy",
+    "-p": "policy",
+    "--report": "report",
+    "--allow-missing": "allow_missing",
+    "--sample-interval": "sample_interval",
+    "--backend": "backend",
+    "--psi": "psi",
+}
+_LAUNCH_FLAGS = {"--keep": "keep", "--force": "force"}
+_CHOICES = {"backend": ("cgroupfs", "systemd", "auto"), "psi": ("trigger", "poll")}
+_CONTROLLERS = frozenset({"memory", "cpu", "cpuset", "io", "pids", "psi"})
+
+
+class _Fallback(Exception):
+    """Not a command line this parser handles: typer will."""
+
+
+def _split_value(args: list[str], i: int) -> tuple[str, str, int]:
+    """(option, value, next index) for ``--opt value`` and ``--opt=value``."""
+    arg = args[i]
+    if "=" in arg and arg.startswith("--"):
+        opt, _, value = arg.partition("=")
+        return opt, value, i + 1
+    if i + 1 >= len(args):
+        raise _Fallback
+    return arg, args[i + 1], i + 2
+
+
+def parse_launch(args: list[str]) -> dict[str, Any]:
+    """The launch command line (global options first) as a dict; _Fallback when unsure."""
+    out: dict[str, Any] = {
+        "debug": False,
+        "root": "/",
+        "cgroup_root": None,
+        "report": None,
+        "keep": False,
+        "force": False,
+        "allow_missing": "",
+        "sample_interval": "1.0",
+        "backend": "cgroupfs",
+        "psi": "trigger",
+        "policy": None,
+    }
+    i = 0
+    while i < len(args) and args[i] != "launch":
+        arg = args[i]
+        if arg == "--debug":
+            out["debug"], i = True, i + 1
+            continue
+        opt, value, i = _split_value(args, i)
+        if opt not in _GLOBAL_VALUE:
+            raise _Fallback
+        out[opt[2:].replace("-", "_")] = value
+    if i >= len(args):
+        raise _Fallback
+    i += 1
+    while i < len(args):
+        arg = args[i]
+        if arg == "--":
+            i += 1
+            break
+        if not arg.startswith("-") or arg == "-":
+            break  # the engine's argv starts here (no interspersed options, like typer's)
+        if arg in _LAUNCH_FLAGS:
+            out[_LAUNCH_FLAGS[arg]], i = True, i + 1
+            continue
+        opt, value, i = _split_value(args, i)
+        if opt not in _LAUNCH_VALUE:
+            raise _Fallback
+        out[_LAUNCH_VALUE[opt]] = value
+    out["engine"] = tuple(args[i:])
+    for key, allowed in _CHOICES.items():
+        if out[key] not in allowed:
+            raise _Fallback
+    try:
+        out["sample_interval"] = float(out["sample_interval"])
+    except ValueError:
+        raise _Fallback from None
+    if out["policy"] is None or not out["engine"] or out["sample_interval"] < 0.05:
+        raise _Fallback
+    missing = frozenset(a.strip() for a in out["allow_missing"].split(",") if a.strip())
+    if missing - _CONTROLLERS:
+        raise _Fallback
+    out["allow_missing"] = missing
+    return out
+
+
+def _launch(parsed: dict[str, Any]) -> int:
+    from governor.launch.watchdog import fork_watchdog
+
+    # before anything else is imported: the watchdog is a copy of a nearly empty interpreter
+    watchdog = fork_watchdog()
+    from pathlib import Path
+
+    from governor import api, log
+
+    log.configure(debug=parsed["debug"])
+    try:
+        return api.launch(
+            Path(parsed["policy"]),
+            parsed["engine"],
+            api.HostOptions(
+                root=Path(parsed["root"]),
+                cgroup_root=None if parsed["cgroup_root"] is None else Path(parsed["cgroup_root"]),
+                allow_missing=parsed["allow_missing"],
+            ),
+            api.LaunchOptions(
+                report=None if parsed["report"] is None else Path(parsed["report"]),
+                keep=parsed["keep"],
+                sample_s=parsed["sample_interval"],
+                backend=parsed["backend"],
+                force=parsed["force"],
+                psi_triggers=parsed["psi"] == "trigger",
+                watchdog=watchdog,
+            ),
+        )
+    finally:
+        watchdog.disarm()  # a no-op when the supervisor did it; never left waiting
+
+
+def fail(err: Exception, *, debug: bool) -> int:
+    """``governor: <message>`` and ``hint: ...`` on stderr; the error's exit code."""
+    sys.stderr.write(f"governor: {err}\n")
+    hint = getattr(err, "hint", None)
+    if hint:
+        sys.stderr.write(f"hint: {hint}\n")
+    if debug:
+        import traceback
+
+        traceback.print_exception(err)
+    code = getattr(err, "exit_code", 1)
+    return code if isinstance(code, int) else 1
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run the command line; returns the exit status (the typer path exits itself)."""
+    args = sys.argv[1:] if argv is None else list(argv)
+    try:
+        parsed = parse_launch(args) if "launch" in args else None
+    except _Fallback:
+        parsed = None
+    if parsed is None or {"-h", "--help"} & set(args[: len(args) - len(parsed["engine"])]):
+        from governor.cli import main as cli_main
+
+        cli_main(args)
+        return 0
+    from governor.errors import GovernorError
+
+    try:
+        return _launch(parsed)
+    except GovernorError as err:
+        return fail(err, debug=parsed["debug"])
+    except KeyboardInterrupt:
+        sys.stderr.write("governor: interrupted\n")
+        return 130
+
+
+def run() -> None:
+    """The console script. After a launch the interpreter's teardown (40-80 ms of module and
+    object finalisation here) has nothing left to do: every file is closed and every cgroup
+    removed, so the process ends with _exit once the standard streams are flushed."""
+    code = main()
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(OSError, ValueError):
+            stream.flush()
+    os._exit(code)

@@ -1,0 +1,183 @@
+"""The supervisor of one engine run: lock -> apply -> watchdog -> start -> notify -> prefetch
+alongside -> monitor -> supervise -> report -> remove.
+
+Run time only: the standard library and governor's runtime modules (plan model, kernel doors,
+backends, launcher, monitor); never pydantic, typer or structlog (tests/unit/test_layout.py).
+Everything it needs was resolved before (governor/api.py: the compiled plan, the child's
+setup, the prefetch files): a :class:`Job`.
+
+Cleanup is unconditional: whatever fails after the apply (the start, the monitor, the report),
+the group is removed (unless ``keep``) before the watchdog is disarmed, so neither a traceback
+nor SIGKILL leaves a cgroup behind. The PSI trigger fds are closed after the report is written
+and side by side (governor/monitor/loop.py close_triggers), off the engine's exit path.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Protocol
+
+from governor.errors import BackendError, GovernorError, PermissionDenied
+from governor.kernel.cgroupfs import CgroupFs
+from governor.kernel.procfs import ProcFs
+from governor.launch.helper import PrefetchHelper
+from governor.launch.launcher import ChildSetup, Launcher, LaunchReport
+from governor.launch.watchdog import Watchdog
+from governor.log import get_logger
+from governor.monitor.loop import Monitor
+from governor.monitor.restart import Restarts
+from governor.plan.model import Plan
+from governor.sdnotify import notify
+
+log = get_logger("governor.launch")
+
+
+class Backend(Protocol):
+    fs: CgroupFs
+
+    def lock(self, plan: Plan) -> contextlib.AbstractContextManager[None]: ...
+    def apply(self, plan: Plan) -> Any: ...
+    def remove(self, plan: Plan) -> Any: ...
+
+
+@dataclass(frozen=True)
+class Job:
+    """One launch, resolved: what to apply, what to exec, what to prefetch, where to report."""
+
+    plan: Plan  # the plan the backend applies (the delegated part under systemd)
+    setup: ChildSetup
+    prefetch_files: tuple[str, ...] = ()
+    report: Path | None = None
+    keep: bool = False
+    sample_s: float = 1.0
+    psi_triggers: bool = True
+    extra: dict[str, Any] = field(default_factory=dict)  # into the report (the estimate)
+
+
+class Supervisor:
+    def __init__(
+        self,
+        backend: Backend,
+        launcher: Launcher,
+        *,
+        proc: ProcFs,
+        watchdog: Watchdog | None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.backend = backend
+        self.launcher = launcher
+        self.proc = proc
+        self.watchdog = watchdog
+        self.clock = clock
+        self.helper: PrefetchHelper | None = None
+
+    def run(self, job: Job) -> int:
+        """Returns the engine's status (128+N when it died of signal N)."""
+        plan = job.plan
+        try:
+            with self.backend.lock(plan):
+                self.backend.apply(plan)
+                try:
+                    if self.watchdog is not None and plan.launch.on_governor_exit == "kill":
+                        self.watchdog.arm(plan.to_dict())
+                    return self._run_applied(job)
+                finally:
+                    if not job.keep:
+                        self.backend.remove(plan)
+        finally:
+            if self.watchdog is not None:
+                self.watchdog.disarm()
+
+    def _run_applied(self, job: Job) -> int:
+        plan, setup = job.plan, job.setup
+        started = self.clock()
+        pid = self.launcher.start(plan, setup)
+        # Type=notify services: the engine has been exec'd (no-op without $NOTIFY_SOCKET)
+        try:
+            notify(f"READY=1\nSTATUS={plan.policy}: engine pid {pid} in {plan.leaf}")
+        except OSError as err:
+            log.warning("sdnotify.failed", error=str(err))
+        self._start_helper(job, pid)
+        restarts = Restarts(plan.launch.restart_max, plan.launch.restart_backoff_s)
+        monitor = Monitor(
+            self.launcher.fs,
+            plan,
+            proc=self.proc,
+            sample_s=job.sample_s,
+            restarts=restarts,
+            psi_triggers=job.psi_triggers,
+        )
+        monitor.engine_started(pid)
+        try:
+            monitor.start()
+            pid, code, sig = self.launcher.supervise_restarting(
+                plan,
+                setup,
+                pid,
+                watcher=monitor,
+                restarts=restarts,
+                on_restart=lambda new_pid: self._start_helper(job, new_pid),
+            )
+            wall = self.clock() - started
+            report = self.launcher.summarize(
+                plan, pid=pid, argv=setup.argv, code=code, sig=sig, wall=wall
+            )
+            report.extra["monitor"] = monitor.report()
+            report.extra["restarts"] = restarts.history
+            report.extra.update(job.extra)
+            lock_error = self._collect_prefetch(report)
+            log.info("engine.exit", **{k: v for k, v in vars(report).items() if k != "argv"})
+            if job.report is not None:
+                _write_report(job.report, report)
+        finally:
+            monitor.close()
+        if lock_error is not None:
+            raise lock_error
+        return code
+
+    def _start_helper(self, job: Job, engine_pid: int) -> None:
+        """The prefetch helper for this start of the engine (mode none: nothing)."""
+        mode = job.plan.prefetch.mode
+        if mode == "none" or not job.prefetch_files:
+            return
+        if self.helper is not None:
+            self.helper.finish()
+        fs, leaf, group = self.launcher.fs, job.plan.leaf, job.plan.group
+        self.helper = PrefetchHelper(files=job.prefetch_files, mode=mode)
+        self.helper.start(
+            engine_pid,
+            spawn=lambda: self.launcher.spawn(leaf),
+            join=lambda: fs.move(0, leaf),
+            kill_group=lambda: fs.kill(group),
+        )
+
+    def _collect_prefetch(self, report: LaunchReport) -> GovernorError | None:
+        if self.helper is None:
+            return None
+        result, lock_errno = self.helper.finish()
+        if result is None:
+            return None
+        result.fill(report)
+        if lock_errno is None:
+            return None
+        cls = PermissionDenied if lock_errno in (errno.EPERM, errno.EACCES) else BackendError
+        return cls(
+            "prefetch.mode = lock could not lock the model; the engine was stopped",
+            file=", ".join(result.files),
+            errno=lock_errno,
+            hint="mlock needs CAP_IPC_LOCK or RLIMIT_MEMLOCK above the files' size"
+            " (run as root, or use prefetch.mode = populate)",
+        )
+
+
+def _write_report(path: Path, report: LaunchReport) -> None:
+    try:
+        path.write_text(report.to_json() + "\n")
+    except OSError as err:
+        # the engine ran: its status is what the caller gets; the report's loss is said
+        log.error("report.failed", file=str(path), error=err.strerror or str(err))
