@@ -449,7 +449,7 @@ def bench(  # noqa: PLR0917  # typer passes every option as a parameter
 ) -> None:
     """Run an engine under a policy N times: memory peak/samples, tokens/s, CSV/JSON, CI gate."""
     from governor import api
-    from governor.bench.main import BenchOptions
+    from governor.enginebench.main import BenchOptions
 
     result = api.bench(
         policy,
