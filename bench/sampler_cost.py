@@ -4,8 +4,8 @@
     .venv/bin/python bench/sampler_cost.py [--cgroup DIR] [--children 8] [--samples 2000]
 
 Both sample the same workload: this process's children (``sleep`` processes). The cgroup
-reader reads memory.current + memory.stat of DIR (as governor/bench/run.py does, one sample =
-2 files); the psutil poller walks the process tree and sums memory_info() (RSS, shared) of each
+reader reads memory.current + memory.stat of DIR (as governor/enginebench/run.py does, one
+sample = 2 files); the psutil poller walks the process tree and sums memory_info() (RSS, shared) of each
 process, which is what a psutil-based scaffold does. Default DIR: a cgroup2 directory with
 memory files (the guest's root), else this process's cgroup v1 memory directory (read-only),
 which costs about the same to read. Prints CPU microseconds per sample of each and the ratio.

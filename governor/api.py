@@ -570,7 +570,7 @@ def check_engine(path: Path, opts: HostOptions, argv: tuple[str, ...], *, force:
 
 def bench(path: Path, argv: tuple[str, ...], opts: HostOptions, bopts: Any) -> Any:
     """`governor bench`: run the engine under the policy per governor/bench/main.py."""
-    from governor.bench.main import bench as run_bench
+    from governor.enginebench.main import bench as run_bench
 
     plan = check(path, opts)
     return run_bench(plan, path, argv, opts, bopts)

@@ -1,4 +1,5 @@
-"""Command line: parse, call governor.api, render, map errors to exit codes. No logic here.
+"""Command line: parse, call governor.api, render (governor/cli_render.py), map errors to exit
+codes. No logic here.
 
 Imports are lazy so that `governor launch` stays cheap to start (see bench/launch)."""
 
@@ -130,6 +131,7 @@ def check(
 ) -> None:
     """Validate a policy and compile it against this host (exit 0 when it can be enforced)."""
     from governor import api
+    from governor.cli_render import show_check
 
     if engine_argv is not None:
         import shlex
@@ -137,18 +139,9 @@ def check(
         plan, est, warnings = api.check_engine(
             policy, _opts(allow_missing), tuple(shlex.split(engine_argv)), force=force
         )
-        for w in warnings:
-            typer.echo(f"  warning: {w}")
-        if est is not None:
-            from governor.engines.estimate import render
-
-            typer.echo(render(est), nl=False)
+        show_check(policy, plan, est, warnings)
     else:
-        plan = api.check(policy, _opts(allow_missing))
-    degraded = f", {len(plan.degraded)} limit(s) NOT in force" if plan.degraded else ""
-    typer.echo(f"{policy}: ok ({len(plan.writes)} cgroup writes{degraded})")
-    for d in plan.degraded:
-        typer.echo(f"  NOT in force: {d}")
+        show_check(policy, api.check(policy, _opts(allow_missing)))
 
 
 @app.command()
@@ -159,14 +152,9 @@ def plan(
 ) -> None:
     """Show what the policy means on this host: every cgroup write, in order, with its reason."""
     from governor import api
+    from governor.cli_render import show_plan
 
-    compiled = api.check(policy, _opts(allow_missing))
-    if as_json:
-        typer.echo(compiled.to_json())
-    else:
-        from governor.plan.render import plan_table
-
-        typer.echo(plan_table(compiled), nl=False)
+    show_plan(api.check(policy, _opts(allow_missing)), as_json=as_json)
 
 
 class _Backend(enum.StrEnum):
@@ -292,19 +280,6 @@ InstallRoot = Annotated[
 DryRun = Annotated[bool, typer.Option("--dry-run", help="show the diff, write nothing")]
 
 
-def _show_install(result: object, verb: str, dry_run: bool) -> None:
-    diff = getattr(result, "diff")()  # noqa: B009  # install.Result, imported lazily
-    if diff:
-        typer.echo(diff, nl=False)
-    changes = getattr(result, "changes")  # noqa: B009
-    for kept in getattr(result, "kept"):  # noqa: B009
-        typer.echo(f"kept (edited since install): {kept}", err=True)
-    units = " ".join(getattr(result, "units"))  # noqa: B009
-    what = f"{len(changes)} file(s) {'would change' if dry_run else 'changed'}"
-    reloaded = getattr(result, "reloaded")  # noqa: B009
-    typer.echo(f"{verb} {units}: {what}" + (f"; reloaded ({reloaded})" if reloaded else ""))
-
-
 @app.command()
 def install(
     policy: PolicyArg,
@@ -318,13 +293,14 @@ def install(
 ) -> None:
     """Write the policy's systemd slice and governor@ service drop-in (diff shown first)."""
     from governor import api
+    from governor.cli_render import show_install
 
     result = api.install(
         policy,
         _opts(allow_missing),
         api.InstallOptions(root=root, dry_run=dry_run, engine=tuple(engine or ())),
     )
-    _show_install(result, "installed" if not dry_run else "would install", dry_run)
+    show_install(result, "installed" if not dry_run else "would install", dry_run)
 
 
 @app.command()
@@ -335,9 +311,10 @@ def uninstall(
 ) -> None:
     """Remove exactly what `governor install` wrote for the policy; restore what it replaced."""
     from governor import api
+    from governor.cli_render import show_install
 
     result = api.uninstall(policy, root, dry_run=dry_run)
-    _show_install(result, "uninstalled" if not dry_run else "would uninstall", dry_run)
+    show_install(result, "uninstalled" if not dry_run else "would uninstall", dry_run)
 
 
 @app.command()
@@ -356,23 +333,10 @@ def doctor(
 ) -> None:
     """What this host supports, what is missing, and how to fix each (exit 69 on errors)."""
     from governor import api
+    from governor.cli_render import show_doctor
 
     host, findings = api.doctor(_opts())
-    if as_json:
-        typer.echo(
-            json.dumps(
-                {
-                    "host": host.to_dict(),
-                    "findings": [_finding_dict(f) for f in findings],
-                },
-                indent=2,
-            )
-        )
-    else:
-        for f in findings:
-            typer.echo(f"{f.level.upper():5} {f.topic:<16} {f.message}")
-            if f.fix and f.level != "ok":
-                typer.echo(f"{'':5} {'':<16} fix: {f.fix}")
+    show_doctor(host, findings, as_json=as_json)
     if any(f.level == "error" for f in findings):
         raise typer.Exit(69)
 
@@ -399,6 +363,7 @@ def estimate(  # noqa: PLR0917  # typer passes every option as a parameter
     import shlex
 
     from governor import api
+    from governor.cli_render import show_estimate
 
     est = api.estimate(
         model,
@@ -410,12 +375,7 @@ def estimate(  # noqa: PLR0917  # typer passes every option as a parameter
             budget=_size(budget),
         ),
     )
-    if as_json:
-        typer.echo(json.dumps(est.to_dict(), indent=2))
-    else:
-        from governor.engines.estimate import render
-
-        typer.echo(render(est), nl=False)
+    show_estimate(est, as_json=as_json)
     if not est.fits:
         raise typer.Exit(1)
 
@@ -471,7 +431,8 @@ def bench(  # noqa: PLR0917  # typer passes every option as a parameter
 ) -> None:
     """Run an engine under a policy N times: memory peak/samples, tokens/s, CSV/JSON, CI gate."""
     from governor import api
-    from governor.bench.main import BenchOptions
+    from governor.cli_render import show_bench
+    from governor.enginebench.main import BenchOptions
 
     result = api.bench(
         policy,
@@ -493,25 +454,9 @@ def bench(  # noqa: PLR0917  # typer passes every option as a parameter
             drop_caches=drop_caches,
         ),
     )
-    for r in result.rows:
-        peak = "?" if r.peak_bytes is None else f"{r.peak_bytes >> 20} MiB"
-        typer.echo(
-            f"run {r.run}: {r.model} -c {r.ctx}: exit {r.exit_status}, peak {peak},"
-            f" prefill {r.prefill_tps} t/s, decode {r.decode_tps} t/s, {r.wall_s}s,"
-            f" {r.outcome}, pressure rules fired {r.pressure_fired}"
-        )
-        if r.error:
-            typer.echo(
-                f"run {r.run} stderr (last lines):\n  " + r.error.replace("\n", "\n  "), err=True
-            )
-    for f in result.failures:
-        typer.echo(f"GATE FAIL: {f}", err=True)
+    show_bench(result)
     if result.failures:
         raise typer.Exit(1)
-
-
-def _finding_dict(f: object) -> dict[str, object]:
-    return {k: getattr(f, k) for k in ("level", "topic", "message", "fix")}
 
 
 def _fail(err: GovernorError) -> NoReturn:

@@ -9,8 +9,8 @@ import io
 import json
 from pathlib import Path
 
-from governor.bench.run import COLUMNS, Row, Sample, expand_matrix, gate, to_csv, to_json
-from governor.bench.timings import parse_timings
+from governor.enginebench.run import COLUMNS, Row, Sample, expand_matrix, gate, to_csv, to_json
+from governor.enginebench.timings import parse_timings
 
 COMMON = """\
 0.00.795.370 I common_perf_print:        load time =     795.37 ms
@@ -106,7 +106,7 @@ def test_csv_and_json_have_the_documented_columns() -> None:
 
 
 def test_pressure_fired_sums_the_monitor_report() -> None:
-    from governor.bench.run import _pressure_fired
+    from governor.enginebench.run import _pressure_fired
 
     mon = {"rules": [{"rule": 0, "fired": 3}, {"rule": 1, "fired": 1}]}
     assert _pressure_fired({"extra": {"monitor": mon}}) == 4
@@ -115,7 +115,7 @@ def test_pressure_fired_sums_the_monitor_report() -> None:
 
 
 def test_a_failed_run_keeps_the_tail_of_its_stderr(tmp_path: Path) -> None:
-    from governor.bench.run import Case, RunSpec, run_case
+    from governor.enginebench.run import Case, RunSpec, run_case
 
     policy = tmp_path / "missing.toml"  # the launch fails: 66, and the row says why
     spec = RunSpec(policy=policy, governor_args=(), launch_args=(), interval=0.05)

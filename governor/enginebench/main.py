@@ -6,7 +6,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from governor.bench.run import (
+from governor.enginebench.run import (
     Row,
     RunSpec,
     cgroup_reader,

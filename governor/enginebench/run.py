@@ -24,7 +24,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from governor.bench.timings import parse_timings
+from governor.enginebench.timings import parse_timings
 
 MIN_INTERVAL_S = 0.05
 COLUMNS = (
@@ -235,8 +235,11 @@ def plot(rows: Sequence[Row], out: Path) -> None:
 # ------------------------------------------------------------------ sampling and running
 
 
-class Sampler:
-    """A thread reading memory.current and memory.stat of one cgroup every ``interval``."""
+class MemorySeriesRecorder:
+    """A thread reading memory.current and memory.stat of one cgroup every ``interval``, for the
+    whole of one run. Not governor.monitor.sampler.Sampler: that one holds the files open and
+    gives up on a missing file, while the launch this records creates the cgroup after it starts.
+    """
 
     def __init__(self, read: Callable[[], tuple[int, int, int] | None], interval: float) -> None:
         self.read = read
@@ -244,9 +247,9 @@ class Sampler:
         self.samples: list[Sample] = []
         self._stop = threading.Event()
         self._t0 = time.monotonic()
-        self._thread = threading.Thread(target=self._loop, name="bench-sampler", daemon=True)
+        self._thread = threading.Thread(target=self._loop, name="bench-series", daemon=True)
 
-    def start(self) -> Sampler:
+    def start(self) -> MemorySeriesRecorder:
         self._t0 = time.monotonic()
         self._thread.start()
         return self
@@ -305,7 +308,7 @@ def run_case(
         ]  # fmt: skip
         if spec.drop_caches:
             drop_page_cache()
-        sampler = Sampler(reader, spec.interval).start()
+        recorder = MemorySeriesRecorder(reader, spec.interval).start()
         started = time.monotonic()
         with err_path.open("w") as err:
             try:
@@ -316,7 +319,7 @@ def run_case(
             except subprocess.TimeoutExpired:
                 status = -1
         wall = time.monotonic() - started
-        series = sampler.stop()
+        series = recorder.stop()
         data: dict[str, Any] = {}
         with contextlib.suppress(OSError, ValueError):
             data = json.loads(report.read_text())

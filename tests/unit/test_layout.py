@@ -1,0 +1,277 @@
+"""The layout shows the architecture (issue 17): no module is over 500 lines, and the import
+arrows that would tie a lower layer to a higher one do not exist.
+
+Checked on the source with ast, nothing is imported: every ``import governor.x`` and
+``from governor.x import y`` counts, at module level and inside functions (the lazy imports
+that keep `governor launch` fast are still dependencies); imports under ``if TYPE_CHECKING:``
+do not. ``from governor.x import y`` is an arrow to governor.x.y when that is a module.
+
+KNOWN_VIOLATIONS and KNOWN_LONG list what existed when the test was written and is being
+removed: a new violation fails, and so does a listed one that is gone (delete it from the
+list), so both lists only shrink.
+"""
+
+from __future__ import annotations
+
+import ast
+from dataclasses import dataclass
+from fnmatch import fnmatchcase
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+PACKAGE = REPO / "governor"
+MAX_LINES = 500
+
+KNOWN_LONG = frozenset(
+    {
+        "governor/api.py",
+        "governor/launch/prefetch.py",
+        "governor/policy/values.py",
+    }
+)
+
+# (importer, imported) pairs that break an arrow below and are still being removed. Empty as of
+# f113497; at 2b226ba it held kernel.psi -> plan.model, monitor.{actions,loop} -> launch.restart
+# and monitor.{actions,loop,rules} -> policy.values.
+KNOWN_VIOLATIONS: frozenset[tuple[str, str]] = frozenset()
+
+
+def _tree(*names: str) -> tuple[str, ...]:
+    """Patterns for each package or module and everything under it."""
+    return tuple(p for name in names for p in (name, name + ".*"))
+
+
+@dataclass(frozen=True)
+class Arrow:
+    """Modules matching ``importers`` (and not ``except_importers``) must not import modules
+    matching ``forbidden`` (and not ``allowed``). Patterns are fnmatch over dotted names."""
+
+    importers: tuple[str, ...]
+    forbidden: tuple[str, ...]
+    why: str
+    allowed: tuple[str, ...] = ()
+    except_importers: tuple[str, ...] = ()
+
+    def applies(self, importer: str) -> bool:
+        return _matches(importer, self.importers) and not _matches(importer, self.except_importers)
+
+    def forbids(self, imported: str) -> bool:
+        return _matches(imported, self.forbidden) and not _matches(imported, self.allowed)
+
+
+def _matches(name: str, patterns: tuple[str, ...]) -> bool:
+    return any(fnmatchcase(name, p) for p in patterns)
+
+
+ARROWS = (
+    Arrow(
+        _tree("governor.kernel"),
+        _tree("governor"),
+        "the kernel layer knows kernel files and errors, nothing above it",
+        allowed=("governor.errors", *_tree("governor.kernel")),
+    ),
+    Arrow(
+        _tree("governor.policy"),
+        _tree("governor.plan", "governor.backends", "governor.launch", "governor.monitor"),
+        "a policy is data; what is made of it lives downstream",
+    ),
+    Arrow(
+        _tree("governor.plan"),
+        _tree("governor.backends", "governor.launch", "governor.monitor", "governor.engines"),
+        "the compiler is pure: it never reaches the code that applies or runs a plan",
+    ),
+    Arrow(
+        _tree("governor.monitor"),
+        _tree("governor.policy", "governor.launch"),
+        "the run time acts on the compiled plan, not on the policy or the launcher",
+    ),
+    Arrow(
+        ("governor.launch.prefetch*",),
+        _tree("governor.launch.launcher"),
+        "the launcher calls prefetch, not the other way round",
+    ),
+    Arrow(
+        ("*",),
+        (*_tree("governor.api"), "governor.cli*"),
+        "only the command line uses the composition root; nothing below uses the command line",
+        except_importers=("governor.cli*", "governor.main", "governor.__main__"),
+    ),
+)
+
+
+# ------------------------------------------------------------------ reading the source
+
+
+def _module_name(path: Path) -> str:
+    parts = path.relative_to(REPO).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def _modules() -> dict[str, Path]:
+    return {_module_name(p): p for p in sorted(PACKAGE.rglob("*.py"))}
+
+
+def _is_type_checking(test: ast.expr) -> bool:
+    return (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or (
+        isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING"
+    )
+
+
+class _Imports(ast.NodeVisitor):
+    """Every module a source file imports at run time (any depth), with its first line."""
+
+    def __init__(self, module: str, is_package: bool, known: set[str]) -> None:
+        self.package = module if is_package else module.rpartition(".")[0]
+        self.known = known
+        self.found: dict[str, int] = {}
+
+    def _add(self, name: str, line: int) -> None:
+        self.found.setdefault(name, line)
+
+    def visit_If(self, node: ast.If) -> None:
+        if not _is_type_checking(node.test):
+            self.visit(node.test)
+            for stmt in node.body:
+                self.visit(stmt)
+        for stmt in node.orelse:
+            self.visit(stmt)
+
+    def visit_Import(self, node: ast.Import) -> None:
+        for alias in node.names:
+            self._add(alias.name, node.lineno)
+
+    def visit_ImportFrom(self, node: ast.ImportFrom) -> None:
+        base = node.module or ""
+        if node.level:
+            parent = self.package.split(".")[: len(self.package.split(".")) - (node.level - 1)]
+            base = ".".join([*parent, *([base] if base else [])])
+        for alias in node.names:
+            sub = f"{base}.{alias.name}"
+            self._add(sub if sub in self.known else base, node.lineno)
+
+
+def imports_of(
+    source: str, module: str, *, is_package: bool = False, known: set[str] | None = None
+) -> dict[str, int]:
+    """{imported module: line} for ``source`` as ``module``; ``known`` names the modules that
+    ``from X import name`` can resolve to."""
+    visitor = _Imports(module, is_package, known or set())
+    visitor.visit(ast.parse(source))
+    return visitor.found
+
+
+def _arrows() -> dict[tuple[str, str], str]:
+    """{(importer, imported): where and why} for every import that breaks an arrow today."""
+    modules = _modules()
+    known = set(modules)
+    out: dict[tuple[str, str], str] = {}
+    for module, path in modules.items():
+        found = imports_of(
+            path.read_text(), module, is_package=path.name == "__init__.py", known=known
+        )
+        for imported, line in found.items():
+            for arrow in ARROWS:
+                if imported != module and arrow.applies(module) and arrow.forbids(imported):
+                    where = f"{path.relative_to(REPO)}:{line}"
+                    out[(module, imported)] = f"{where}: {module} -> {imported} ({arrow.why})"
+    return out
+
+
+# ------------------------------------------------------------------ the checks
+
+
+def _lines(path: Path) -> int:
+    return len(path.read_text().splitlines())
+
+
+def test_no_module_is_over_500_lines_except_the_known_ones() -> None:
+    long = {
+        str(p.relative_to(REPO)): _lines(p) for p in _modules().values() if _lines(p) > MAX_LINES
+    }
+    new = {name: n for name, n in long.items() if name not in KNOWN_LONG}
+    assert not new, f"modules over {MAX_LINES} lines, split them: {new}"
+    fixed = sorted(KNOWN_LONG - set(long))
+    assert not fixed, f"no longer over {MAX_LINES} lines, remove from KNOWN_LONG: {fixed}"
+
+
+def test_no_import_breaks_an_arrow_except_the_known_ones() -> None:
+    found = _arrows()
+    new = [why for pair, why in sorted(found.items()) if pair not in KNOWN_VIOLATIONS]
+    assert not new, "imports against the layout:\n" + "\n".join(new)
+    gone = sorted(KNOWN_VIOLATIONS - set(found))
+    assert not gone, f"no longer imported, remove from KNOWN_VIOLATIONS: {gone}"
+
+
+def test_known_violations_name_modules_that_exist() -> None:
+    modules = set(_modules())
+    stale = sorted({name for pair in KNOWN_VIOLATIONS for name in pair} - modules)
+    assert not stale, f"KNOWN_VIOLATIONS names modules that do not exist: {stale}"
+    missing = sorted(p for p in KNOWN_LONG if not (REPO / p).is_file())
+    assert not missing, f"KNOWN_LONG names files that do not exist: {missing}"
+
+
+# ------------------------------------------------------------------ the checker itself
+
+SAMPLE = """
+from __future__ import annotations
+import os
+import governor.plan.model
+from typing import TYPE_CHECKING
+from governor.kernel import files as kf
+from governor.errors import GovernorError
+from . import parse
+from ..policy.values import parse_size
+if TYPE_CHECKING:
+    from governor.api import HostOptions
+else:
+    from governor.engines import llama
+
+def lazy() -> None:
+    from governor.launch.launcher import Launcher
+"""
+
+
+def test_imports_of_sees_function_level_and_relative_imports_but_not_type_checking() -> None:
+    known = {"governor.kernel.files", "governor.kernel.parse", "governor.engines.llama"}
+    found = imports_of(SAMPLE, "governor.kernel.psi", known=known)
+    assert set(found) == {
+        "__future__",
+        "os",
+        "typing",
+        "governor.plan.model",
+        "governor.kernel.files",
+        "governor.errors",
+        "governor.kernel.parse",
+        "governor.policy.values",
+        "governor.engines.llama",
+        "governor.launch.launcher",
+    }
+    assert found["governor.launch.launcher"] == 16
+
+
+@pytest.mark.parametrize(
+    ("importer", "imported", "broken"),
+    [
+        ("governor.kernel.psi", "governor.errors", False),
+        ("governor.kernel.psi", "governor.kernel.parse", False),
+        ("governor.kernel.psi", "governor.plan.model", True),
+        ("governor.kernel", "governor.log", True),
+        ("governor.policy.loader", "governor.plan.host", True),
+        ("governor.policy.loader", "governor.errors", False),
+        ("governor.plan.compiler", "governor.policy.model", False),
+        ("governor.plan.compiler", "governor.engines.llama", True),
+        ("governor.monitor.loop", "governor.launch.restart", True),
+        ("governor.monitor.loop", "governor.kernel.psi", False),
+        ("governor.launch.prefetch", "governor.launch.launcher", True),
+        ("governor.launch.launcher", "governor.launch.prefetch", False),
+        ("governor.install", "governor.api", True),
+        ("governor.enginebench.main", "governor.cli_render", True),
+        ("governor.cli", "governor.api", False),
+        ("governor.cli_render", "governor.engines.estimate", False),
+        ("governor.__main__", "governor.cli", False),
+    ],
+)
+def test_arrows_forbid_what_the_layout_says(importer: str, imported: str, broken: bool) -> None:
+    assert any(a.applies(importer) and a.forbids(imported) for a in ARROWS) is broken
