@@ -145,14 +145,25 @@ def remove(path: Path, opts: HostOptions) -> Any:
     return _backend(plan).remove(plan)
 
 
+def _which(name: str, path_env: str | None) -> str | None:
+    """The first $PATH entry holding ``name`` (execvp's search; shutil.which without the
+    imports it pulls: bz2, lzma, fnmatch)."""
+    import os
+
+    for directory in (path_env if path_env is not None else os.defpath).split(os.pathsep):
+        candidate = os.path.join(directory or ".", name)
+        if os.path.exists(candidate) and not os.path.isdir(candidate):
+            return candidate
+    return None
+
+
 def resolve_executable(argv0: str, path_env: str | None) -> str:
     """Find the engine like execvp would, before anything is applied (127 / 126)."""
     import os
-    import shutil
 
     from governor.errors import LaunchError
 
-    found = argv0 if "/" in argv0 else shutil.which(argv0, mode=os.F_OK, path=path_env)
+    found = argv0 if "/" in argv0 else _which(argv0, path_env)
     if found is None or not os.path.exists(found):
         raise LaunchError(
             f"engine not found: {argv0} (command line)",
@@ -317,14 +328,15 @@ def compiled_for_launch(
 
 def _cpu_signature(opts: HostOptions) -> str:
     """What the GGUF estimate reads from the CPU (its repack family): machine + flags."""
-    import platform
+    import os
 
     from governor.kernel.procfs import ProcFs
 
+    machine = os.uname().machine
     for line in ProcFs(opts.root / "proc").cpuinfo().splitlines():
         if line.startswith(("flags", "Features")):
-            return f"{platform.machine()}|{line.partition(':')[2].strip()}"
-    return platform.machine()
+            return f"{machine}|{line.partition(':')[2].strip()}"
+    return machine
 
 
 def _compile_launch(

@@ -13,7 +13,6 @@ from __future__ import annotations
 import contextlib
 import os
 import stat
-import tempfile
 from collections.abc import Mapping
 from pathlib import Path
 
@@ -72,6 +71,8 @@ def write_entry(directory: Path, name: str, data: bytes) -> bool:
         directory.mkdir(mode=0o700, parents=True, exist_ok=True)
     if not trusted_dir(directory):
         return False
+    import tempfile  # only when storing (a compile happened anyway)
+
     try:
         fd, tmp = tempfile.mkstemp(dir=directory, prefix=".tmp-")
     except OSError:

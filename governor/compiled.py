@@ -19,15 +19,22 @@ again by the next compile. The cache is trusted only when it is safe to read as 
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from governor.cachedir import cache_dir, read_entry, write_entry
+
+if TYPE_CHECKING:
+    from hashlib import sha256
+else:
+    try:  # the builtin module: hashlib would map OpenSSL's libcrypto (~4 MiB) for this
+        from _sha256 import sha256
+    except ImportError:  # pragma: no cover - Pythons built without it
+        from hashlib import sha256
 from governor.log import get_logger
 from governor.plan.host import HostFacts, probe
 from governor.plan.model import FORMAT, Plan
@@ -87,7 +94,7 @@ class Compiled:
 def code_identity() -> str:
     """Version, plan format and (name, size, mtime) of every governor module: an edited
     checkout (editable install) never runs with a plan compiled by older code."""
-    h = hashlib.sha256(f"{VERSION}|{FORMAT}".encode())
+    h = sha256(f"{VERSION}|{FORMAT}".encode())
     top = Path(__file__).parent
     for dirpath, dirnames, filenames in os.walk(top):
         dirnames[:] = sorted(d for d in dirnames if d != "__pycache__")
@@ -105,7 +112,7 @@ def host_key(host: HostFacts) -> str:
         d.pop(volatile, None)
     for level in d.get("path", []):
         level.pop("subtree_control", None)
-    return hashlib.sha256(json.dumps(d, sort_keys=True).encode()).hexdigest()
+    return sha256(json.dumps(d, sort_keys=True).encode()).hexdigest()
 
 
 def file_identity(path: str) -> tuple[str, int, int, int, int] | None:
@@ -119,7 +126,7 @@ def file_identity(path: str) -> tuple[str, int, int, int, int] | None:
 def sha256_file(path: str) -> str | None:
     try:
         with open(path, "rb") as f:
-            return hashlib.sha256(f.read()).hexdigest()
+            return sha256(f.read()).hexdigest()
     except OSError:
         return None
 
@@ -132,11 +139,11 @@ def entry_name(
         text = policy.read_bytes()
     except OSError:
         return None
-    h = hashlib.sha256()
+    h = sha256()
     for part in (
         code_identity(),
         str(policy.resolve()),
-        hashlib.sha256(text).hexdigest(),
+        sha256(text).hexdigest(),
         json.dumps(list(argv)),
         str(cwd),
         json.dumps(list(options)),

@@ -7,7 +7,6 @@ byte). Without ``$NOTIFY_SOCKET`` (not run by systemd with Type=notify) it does 
 from __future__ import annotations
 
 import os
-import socket
 from collections.abc import Mapping
 
 
@@ -17,6 +16,8 @@ def notify(state: str, *, env: Mapping[str, str] | None = None) -> bool:
     if not address or address[0] not in "/@":
         return False  # unset, or vsock:/other schemes this minimal client does not speak
     target = "\0" + address[1:] if address[0] == "@" else address
+    import socket  # only under systemd: the lean launch path does not load _socket otherwise
+
     with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM | socket.SOCK_CLOEXEC) as sock:
         sock.connect(target)
         sock.sendall(state.encode())

@@ -84,7 +84,10 @@ class Supervisor:
                 self.backend.apply(plan)
                 try:
                     if self.watchdog is not None and plan.launch.on_governor_exit == "kill":
-                        self.watchdog.arm(plan.to_dict())
+                        below_slice = [c for c in plan.create if c != plan.slice]
+                        self.watchdog.arm(
+                            plan.cgroup_root, plan.group, tuple(reversed(below_slice))
+                        )
                     return self._run_applied(job)
                 finally:
                     if not job.keep:

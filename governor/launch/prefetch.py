@@ -46,7 +46,6 @@ parent reads after the exec; progress is a one-line bar on a TTY, else structure
 from __future__ import annotations
 
 import ctypes
-import ctypes.util
 import errno as errno_mod
 import glob as glob_mod
 import json
@@ -306,7 +305,7 @@ class _Libc:
     address that mincore() and mlock() need."""
 
     def __init__(self) -> None:
-        lib = ctypes.CDLL(ctypes.util.find_library("c") or None, use_errno=True)
+        lib = ctypes.CDLL(None, use_errno=True)  # the C library the interpreter runs on
         self.mmap = lib.mmap
         self.mmap.restype = ctypes.c_void_p
         self.mmap.argtypes = [

@@ -5,34 +5,59 @@ Two mechanisms, because each covers what the other cannot:
   it dies the moment the governor does — but that reaches only the engine, not its children;
 - a watchdog process blocks on a pipe whose only writer is the governor. When the governor
   dies (even by SIGKILL) the kernel closes the pipe; the watchdog reads EOF, writes cgroup.kill
-  on the group (the whole subtree, race-free against forks) and removes the cgroups. A governor
-  that exits normally disarms it.
+  on the group (the whole subtree, race-free against forks), waits for it to empty and removes
+  the cgroups. A governor that exits normally disarms it.
 
-The watchdog is forked FIRST, before the governor imports anything but ``os`` and ``json``
-(``governor.main``), so it is a copy of a nearly empty interpreter: its private memory is what
-it touches after the fork, and it touches almost nothing while it waits. The cgroups it must
-remove reach it later as one JSON line on the pipe (:meth:`Watchdog.arm`); only when it has to
-act does it import the backend.
+The watchdog is a POSIX shell (``/bin/sh``: dash or busybox on a board), not a copy of the
+governor's interpreter: a fork of Python holds 5+ MiB that drift apart from the parent's as
+both run, the shell about 0.3 MiB of PSS. It is forked and exec'd before the governor imports
+anything but ``os`` (governor/main.py), in its own session (a ^C at the terminal is for the
+governor) and with every signal a terminal or a service manager sends ignored. The cgroups it
+must remove reach it as lines on the pipe (:meth:`Watchdog.arm`): cgroup names come from a
+validated policy (no newline can be in them) and are quoted by the shell's ``read -r``.
+
+Left to the next apply/remove on this path: lowering the slices' memory.min/low (the backend
+re-sums them from the children that are left) and removing an empty parent slice.
 """
 
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import signal
-from typing import Any
 
-_IGNORED = (
-    signal.SIGINT,
-    signal.SIGTERM,
-    signal.SIGHUP,
-    signal.SIGQUIT,
-    signal.SIGUSR1,
-    signal.SIGUSR2,
-    signal.SIGPIPE,
-)
+SHELL = "/bin/sh"
 DISARM = b"disarm\n"
+WAIT_EMPTY_S = 5  # how long to wait for "populated 0" after cgroup.kill before removing
+
+# Reads "root PATH", "kill CGROUP", "rmdir CGROUP" lines until "disarm" (exit) or EOF (act).
+_SCRIPT = r"""
+trap '' INT TERM HUP QUIT USR1 USR2 PIPE TSTP TTIN TTOU
+root= kill=
+set --
+while IFS= read -r line; do
+    case $line in
+        disarm) exit 0 ;;
+        "root "*) root=${line#root } ;;
+        "kill "*) kill=${line#kill } ;;
+        "rmdir "*) set -- "$@" "${line#rmdir }" ;;
+    esac
+done
+[ -n "$root" ] && [ -n "$kill" ] || exit 0
+printf '{"event": "watchdog.governor_gone", "action": "kill", "cgroup": "%s", "level": "warning"}\n' "$kill" >&2
+echo 1 > "$root/$kill/cgroup.kill" 2>/dev/null
+n=0
+while [ $n -lt $((WAIT_S * 50)) ] && ! grep -q '^populated 0' "$root/$kill/cgroup.events" 2>/dev/null; do
+    sleep 0.02 2>/dev/null || sleep 1
+    n=$((n + 1))
+done
+rc=0
+for dir in "$@"; do
+    [ -d "$root/$dir" ] || continue
+    rmdir "$root/$dir" 2>/dev/null || rc=1
+done
+exit $rc
+"""
 
 
 class Watchdog:
@@ -42,17 +67,21 @@ class Watchdog:
         self.pid = pid
         self.fd: int | None = fd
 
-    def arm(self, plan: dict[str, Any]) -> None:
-        """From now on, the governor's death kills and removes ``plan``'s cgroups (a plan
-        dict: governor.plan.model.Plan.to_dict())."""
-        self._send(json.dumps({"plan": plan}).encode() + b"\n")
+    def arm(self, cgroup_root: str, kill: str, remove: tuple[str, ...]) -> None:
+        """From now on, the governor's death kills ``kill`` (relative to ``cgroup_root``) and
+        removes the ``remove`` cgroups, in that order (children first)."""
+        lines = [f"root {cgroup_root}", f"kill {kill}", *(f"rmdir {d}" for d in remove)]
+        if any("\n" in line for line in lines):
+            raise ValueError(f"a cgroup path with a newline cannot be armed: {lines!r}")
+        self._send(("\n".join(lines) + "\n").encode())
 
     def disarm(self) -> None:
         """The governor cleans up (or has nothing to clean): the watchdog exits untouched."""
         if self.fd is None:
             return
         try:
-            self._send(DISARM)
+            with contextlib.suppress(OSError):  # a watchdog that died already
+                self._send(DISARM)
         finally:
             os.close(self.fd)
             self.fd = None
@@ -67,61 +96,20 @@ class Watchdog:
             view = view[os.write(self.fd, view) :]
 
 
-def fork_watchdog() -> Watchdog:
-    """Fork the watchdog now (call it before heavy imports); it waits, unarmed."""
+def fork_watchdog(shell: str = SHELL) -> Watchdog:
+    """Start the watchdog now (call it before heavy imports); it waits, unarmed."""
     r, w = os.pipe2(os.O_CLOEXEC)  # the engine never holds either end
+    script = _SCRIPT.replace("WAIT_S", str(WAIT_EMPTY_S))
     pid = os.fork()
     if pid == 0:  # pragma: no cover - observed through its effects (tests kill the governor)
-        code = 0
         try:
-            os.close(w)
-            code = _watch(r)
-        except BaseException:
-            code = 1
+            os.setsid()
+            os.dup2(r, 0)  # dup2 clears close-on-exec on the new fd
+            os.closerange(3, os.sysconf("SC_OPEN_MAX"))
+            for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT):
+                signal.signal(sig, signal.SIG_IGN)  # before the shell's own trap is set
+            os.execv(shell, [shell, "-c", script])
         finally:
-            os._exit(code)
+            os._exit(127)
     os.close(r)
     return Watchdog(pid, w)
-
-
-def _watch(r: int) -> int:
-    os.setsid()  # not in the terminal's process group: ^C is for the governor
-    for sig in _IGNORED:
-        signal.signal(sig, signal.SIG_IGN)
-    buf = b""
-    while True:
-        try:
-            chunk = os.read(r, 65536)
-        except InterruptedError:
-            continue
-        if not chunk:
-            break
-        buf += chunk
-    lines = buf.split(b"\n")
-    if DISARM.strip() in lines:
-        return 0
-    armed = [line for line in lines if line.startswith(b"{")]
-    if not armed:
-        return 0  # the governor died before it made anything
-    spec = json.loads(armed[-1])
-    return _clean_up(spec["plan"])
-
-
-def _clean_up(plan_dict: dict[str, Any]) -> int:
-    """The governor is gone: kill the group and remove the cgroups, like its own exit would."""
-    from pathlib import Path
-
-    from governor.backends.cgroupfs import CgroupfsBackend
-    from governor.kernel.cgroupfs import CgroupFs
-    from governor.log import get_logger
-    from governor.plan.model import Plan
-
-    log = get_logger(__name__)
-    plan = Plan.from_dict(plan_dict)
-    log.warning("watchdog.governor_gone", action="kill", cgroup=plan.group)
-    try:
-        CgroupfsBackend(CgroupFs(Path(plan.cgroup_root))).remove(plan)
-    except Exception as err:
-        log.error("watchdog.failed", error=str(err))
-        return 1
-    return 0

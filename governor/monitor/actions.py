@@ -15,11 +15,9 @@ from __future__ import annotations
 import errno
 import os
 import signal as signal_mod
-import subprocess
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from decimal import Decimal
 from typing import Any
 
 from governor.errors import BackendError, GovernorError
@@ -77,7 +75,7 @@ class Executor:
     plan: Plan
     engine_pids: Callable[[], Sequence[int]]
     clock: Callable[[], float] = time.monotonic
-    run: Callable[..., subprocess.CompletedProcess[bytes]] = subprocess.run
+    run: Callable[..., Any] | None = None  # subprocess.run (imported when an exec runs)
     kill: Callable[[int, int], None] = os.kill
     page_size: int = os.sysconf("SC_PAGE_SIZE")
     thaw_at: float | None = None  # pending automatic thaw (the loop's timer)
@@ -97,7 +95,7 @@ class Executor:
             res: Result = handler(action, ctx)
         except GovernorError as err:
             res = Result(str(action), ok=False, detail=str(err))
-        except (OSError, subprocess.SubprocessError, ValueError) as err:
+        except (OSError, ValueError) as err:  # SubprocessError: caught in _do_exec
             res = Result(str(action), ok=False, detail=f"{type(err).__name__}: {err}")
         event = "action.done" if res.ok else "action.failed"
         (log.info if res.ok else log.warning)(
@@ -198,10 +196,13 @@ class Executor:
             self.frozen_by_us = False
 
     def _do_exec(self, action: Action, ctx: Context) -> Result:
+        import subprocess
+
         env = dict(os.environ)
         env.update(ctx.env(f"{self.plan.cgroup_root}/{self.group}"))
+        run = self.run or subprocess.run
         try:
-            done = self.run(
+            done = run(
                 list(action.argv),
                 env=env,
                 stdin=subprocess.DEVNULL,
@@ -216,6 +217,8 @@ class Executor:
                 detail=f"killed after {EXEC_TIMEOUT_S:g}s",
                 after={"stdout": _cut(err.stdout)},
             )
+        except subprocess.SubprocessError as err:
+            return Result(str(action), ok=False, detail=f"{type(err).__name__}: {err}")
         return Result(
             str(action),
             ok=done.returncode == 0,
@@ -257,7 +260,7 @@ class Executor:
         if file == kf.CPU_WEIGHT:
             weight = int(before_text)
             if action.relative_percent is not None:
-                weight = int(weight * (1 + Decimal(action.relative_percent) / Decimal(100)))
+                weight = scale_percent(weight, action.relative_percent)
             elif action.value:
                 weight = int(action.value)
             return str(min(max(weight, CPU_WEIGHT_MIN), CPU_WEIGHT_MAX))
@@ -269,7 +272,7 @@ class Executor:
             base = parse_max(before_text)
             if base is None:  # "max": change relative to the bound, or to what is in use
                 base = upper if upper is not None else (self._current() or 0)
-            want: int | None = int(base * (1 + Decimal(action.relative_percent) / Decimal(100)))
+            want: int | None = scale_percent(base, action.relative_percent)
         else:
             want = action.bytes  # None: "max"
         if want is None:
@@ -337,6 +340,17 @@ class Executor:
                 poller.poll(min(left, 0.5) * 1000)
         finally:
             os.close(fd)
+
+
+def scale_percent(base: int, percent: str) -> int:
+    """``base`` changed by ``percent`` ("-10", "+12.5"), exactly (integer arithmetic on the
+    decimal text, rounded toward zero like int(Decimal)): no float error on byte counts."""
+    sign = -1 if percent.startswith("-") else 1
+    whole, _, frac = percent.lstrip("+-").partition(".")
+    den = 100 * int("1" + "0" * len(frac))
+    num = sign * int(whole + frac)
+    total = base * (den + num)
+    return total // den if total >= 0 else -(-total // den)
 
 
 def _cut(data: bytes | str | None) -> str | None:

@@ -10,7 +10,6 @@ from __future__ import annotations
 import errno
 import os
 import re
-import subprocess
 from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -344,6 +343,8 @@ def _systemd_version(root: Path, live: bool) -> int | None:
         return max(versions)
     if not live:
         return None
+    import subprocess  # rare: no libsystemd-shared found (systemd is PID 1 here)
+
     try:
         out = subprocess.run(
             ["systemctl", "--version"],
