@@ -38,6 +38,7 @@ from governor.backends import dropin
 from governor.backends.cgroupfs import Applied, CgroupfsBackend, Removed, at_least, protection
 from governor.errors import BackendError, GovernorError, HostError, PermissionDenied
 from governor.kernel.cgroupfs import CgroupFs
+from governor.kernel.procfs import ProcFs
 from governor.log import get_logger
 from governor.plan.model import EnableControllers, Plan
 
@@ -82,7 +83,6 @@ SCOPE_IFACE = b"org.freedesktop.systemd1.Scope"
 JOB_IFACE = b"org.freedesktop.systemd1.Job"
 JOB_TIMEOUT_S = 120.0  # TCG guests start a scope in seconds; a real board in milliseconds
 JOB_POLL_S = 0.05
-PROC_SELF_CGROUP = "self/cgroup"
 
 PYSTEMD_HINT = (
     "pip install 'governor[systemd]' (pystemd builds against libsystemd:"
@@ -436,11 +436,13 @@ class SystemdBackend:
 
 def place(plan: Plan, *, proc_root: Path) -> Placement:
     """Where the engine's unit is: this service's own cgroup, or the policy's transient scope."""
-    path = proc_root / PROC_SELF_CGROUP
+    proc = ProcFs(proc_root)
     try:
-        own = parse_proc_cgroup(path.read_text())
+        own = parse_proc_cgroup(proc.self_cgroup())
     except (OSError, ValueError) as err:
-        raise HostError(f"cannot read this process's cgroup ({path}: {err})") from err
+        raise HostError(
+            f"cannot read this process's cgroup ({proc.path('self', 'cgroup')}: {err})"
+        ) from err
     if detect_mode(plan, own) == "service":
         return Placement("service", dropin.service_unit(plan.policy), own)
     return Placement("scope", dropin.scope_unit(plan.policy), dropin.scope_cgroup(plan))

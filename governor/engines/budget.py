@@ -16,6 +16,7 @@ from governor.engines.gguf import read_gguf_cached as read_gguf
 from governor.engines.llama import EngineArgs, model_parts
 from governor.errors import HostError, PolicyError
 from governor.kernel import files as kf
+from governor.kernel.procfs import ProcFs
 from governor.log import get_logger
 from governor.plan.model import Plan
 from governor.policy.model import Policy
@@ -25,11 +26,7 @@ log = get_logger(__name__)
 
 def host_family(root: Path) -> str:
     """The repack family of this host's CPU (x86-avx2, arm-dotprod, ...)."""
-    try:
-        cpuinfo = (root / "proc/cpuinfo").read_text()
-    except OSError:
-        cpuinfo = ""
-    return cpu_family(platform.machine(), cpuinfo)
+    return cpu_family(platform.machine(), ProcFs(root / "proc").cpuinfo())
 
 
 def is_gguf(args: EngineArgs | None) -> bool:
@@ -107,10 +104,8 @@ def policy_budget(policy: Policy, *, root: Path) -> int | None:
     size = policy.memory.max
     if size is None or size.kind == "model":
         return None
-    from governor.kernel.parse import parse_meminfo
-
     try:
-        mem_total = parse_meminfo((root / "proc/meminfo").read_text()).get("MemTotal", 0)
-    except OSError:
+        mem_total = ProcFs(root / "proc").meminfo().get("MemTotal", 0)
+    except (OSError, ValueError):
         mem_total = 0
     return size.resolve(mem_total)

@@ -66,7 +66,7 @@ from governor.errors import PermissionDenied, PolicyError, PolicyNotFound
 from governor.kernel import files as kf
 from governor.log import get_logger
 from governor.plan.model import Plan
-from governor.policy.values import human_bytes
+from governor.units import human_bytes
 
 if TYPE_CHECKING:
     from governor.launch.launcher import LaunchReport

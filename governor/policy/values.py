@@ -11,21 +11,16 @@ from dataclasses import dataclass
 from decimal import Decimal, InvalidOperation
 from typing import Literal
 
+from governor.units import BINARY, format_bytes, human_bytes
+
+__all__ = [
+    "format_bytes",
+    "human_bytes",
+]  # re-exported: the compiler and tests spell v.format_bytes
+
 # ---------------------------------------------------------------- sizes
 
-# Binary multipliers, as the kernel's memparse() and systemd read "K/M/G/T".
-_BINARY = {
-    "": 1,
-    "B": 1,
-    "K": 1 << 10,
-    "KiB": 1 << 10,
-    "M": 1 << 20,
-    "MiB": 1 << 20,
-    "G": 1 << 30,
-    "GiB": 1 << 30,
-    "T": 1 << 40,
-    "TiB": 1 << 40,
-}
+_BINARY = BINARY
 # "MB" is ambiguous (10^6 for disk vendors, 2^20 for the kernel): refuse rather than guess.
 _AMBIGUOUS = {"KB", "kB", "MB", "GB", "TB", "k", "m", "g", "t"}
 _SIZE_RE = re.compile(r"^\s*(?P<num>[0-9]+(?:\.[0-9]+)?)\s*(?P<unit>[A-Za-z]*)\s*$")
@@ -63,24 +58,6 @@ class Size:
         if self.kind == "percent":
             return f"{self.amount.normalize():f}%"
         return self.kind
-
-
-def format_bytes(n: int) -> str:
-    """Shortest exact binary spelling: 1610612736 -> "1.5GiB", 4096 -> "4KiB", 1000 -> "1000"."""
-    for unit, mult in (("TiB", 1 << 40), ("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
-        if n >= mult:
-            q = Decimal(n) / mult
-            if q == q.quantize(Decimal("0.01")):
-                return f"{q.normalize():f}{unit}"
-    return str(n)
-
-
-def human_bytes(n: int) -> str:
-    """Approximate, for messages: 1234567890 -> "1.15GiB"."""
-    for unit, mult in (("TiB", 1 << 40), ("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
-        if n >= mult:
-            return f"{n / mult:.2f}".rstrip("0").rstrip(".") + unit
-    return f"{n}B"
 
 
 def parse_size(

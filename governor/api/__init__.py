@@ -1,0 +1,316 @@
+"""Composition root: builds the objects each command needs from its arguments.
+
+The CLI calls only these functions; tests call them too, with fixture roots."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from governor.plan.compiler import Workload
+    from governor.plan.doctor import Finding
+    from governor.plan.host import HostFacts
+    from governor.plan.model import Plan
+    from governor.policy.model import Policy
+
+
+@dataclass(frozen=True)
+class HostOptions:
+    """Where to look: the filesystem root for /proc and /sys, and the cgroup2 mount."""
+
+    root: Path = Path("/")
+    cgroup_root: Path | None = None
+    allow_missing: frozenset[str] = field(default_factory=frozenset)
+
+
+def load_policy(path: Path) -> Policy:
+    from governor.policy.loader import load
+
+    return load(path)
+
+
+def probe_host(opts: HostOptions, *, target: str | None = None) -> HostFacts:
+    from governor.plan.host import probe
+
+    return probe(opts.root, cgroup_root=opts.cgroup_root, target=target)
+
+
+def check(path: Path, opts: HostOptions, *, workload: Workload | None = None) -> Plan:
+    """load + probe + compile: what every command that touches a host starts with."""
+    policy = load_policy(path)
+    host = probe_host(opts, target=f"{policy.slice}/{policy.name}")
+    return _compile(policy, host, opts, path, workload=workload)
+
+
+def _compile(
+    policy: Policy,
+    host: HostFacts,
+    opts: HostOptions,
+    path: Path,
+    *,
+    workload: Workload | None = None,
+    model_bytes: int | None = None,
+) -> Plan:
+    """compile_plan with the options every command passes the same way."""
+    from governor.plan.compiler import Workload, compile_plan
+
+    if workload is None and model_bytes is not None:
+        workload = Workload(model_bytes=model_bytes)
+    return compile_plan(
+        policy, host, workload=workload, allow_missing=opts.allow_missing, source=str(path)
+    )
+
+
+def doctor(opts: HostOptions) -> tuple[HostFacts, list[Finding]]:
+    from governor.plan.doctor import diagnose
+
+    host = probe_host(opts)
+    return host, diagnose(host)
+
+
+def schema() -> dict[str, Any]:
+    from governor.policy.model import Policy
+
+    out = Policy.model_json_schema(by_alias=True, mode="validation")
+    out["$schema"] = "https://json-schema.org/draft/2020-12/schema"
+    out["title"] = "governor policy"
+    return out
+
+
+def _backend(plan: Plan) -> Any:
+    from governor.backends.cgroupfs import CgroupfsBackend
+    from governor.kernel.cgroupfs import CgroupFs
+
+    return CgroupfsBackend(CgroupFs(Path(plan.cgroup_root)))
+
+
+def apply(path: Path, opts: HostOptions) -> Plan:
+    """`governor apply`: create the slice with its limits, no process."""
+    plan = check(path, opts)
+    _backend(plan).apply(plan)
+    return plan
+
+
+def remove(path: Path, opts: HostOptions) -> Any:
+    """`governor remove`: kill what runs in the policy's group and remove its cgroups."""
+    from governor.plan.compiler import compile_plan
+
+    policy = load_policy(path)
+    host = probe_host(opts, target=f"{policy.slice}/{policy.name}")
+    # removal must work even where the limits could not be enforced any more
+    everything = frozenset({"memory", "cpu", "cpuset", "io", "pids", "psi"})
+    plan = compile_plan(policy, host, allow_missing=everything, source=str(path))
+    return _backend(plan).remove(plan)
+
+
+def _model_bytes(args: Any) -> int | None:
+    """Size of the engine's model file(s) (all parts of a split GGUF); 66 when missing."""
+    from governor.engines.llama import model_parts
+    from governor.errors import PolicyNotFound
+
+    if args is None or args.model is None:
+        return None
+    total = 0
+    for part in model_parts(args.model):
+        try:
+            total += part.stat().st_size
+        except OSError as err:
+            raise PolicyNotFound(
+                f"model file not found: {part} ({err.strerror})",
+                file="engine argv",
+                field="-m/--model",
+                hint="check the model path after -m",
+            ) from err
+    return total
+
+
+@dataclass(frozen=True)
+class MonitorOptions:
+    sample_s: float = 1.0
+    report: Path | None = None
+    cgroup: str | None = None  # watch this cgroup (relative to the root) instead of the plan's
+    duration_s: float | None = None  # stop after this long (default: until signalled or gone)
+    psi_triggers: bool = True  # False: evaluate PSI rules by polling total= (--psi poll)
+
+
+def monitor(path: Path, opts: HostOptions, mopts: MonitorOptions) -> dict[str, Any]:
+    """`governor monitor`: attach the pressure monitor to an already-running slice (one that
+    `governor apply` or systemd created) until SIGINT/SIGTERM or the cgroup is gone."""
+    import signal
+    import time
+
+    from governor.errors import HostError
+    from governor.kernel.cgroupfs import CgroupFs
+    from governor.kernel.procfs import ProcFs
+    from governor.monitor.loop import Monitor
+
+    plan = check(path, opts)
+    if mopts.cgroup is not None:
+        plan = plan.with_group(mopts.cgroup)
+    fs = CgroupFs(Path(plan.cgroup_root))
+    if not fs.exists(plan.group):
+        raise HostError(
+            f"nothing to monitor: {plan.cgroup_root}/{plan.group} does not exist (cgroup root)",
+            hint="start it first (governor apply / launch, or its systemd unit), or pass --cgroup",
+        )
+
+    def engine_pids() -> list[int]:
+        where = plan.leaf if fs.exists(plan.leaf) else plan.group
+        return fs.procs(where)
+
+    stopped: list[int] = []
+    previous = {
+        sig: signal.signal(sig, lambda n, _f: stopped.append(n))
+        for sig in (signal.SIGINT, signal.SIGTERM)
+    }
+    deadline = None if mopts.duration_s is None else time.monotonic() + mopts.duration_s
+    # no restarts here: the executor answers `restart` with "needs governor launch"
+    mon = Monitor(
+        fs,
+        plan,
+        engine_pids=engine_pids,
+        proc=ProcFs(opts.root / "proc"),
+        sample_s=mopts.sample_s,
+        psi_triggers=mopts.psi_triggers,
+    ).start()
+    try:
+        mon.run(lambda: bool(stopped) or (deadline is not None and time.monotonic() >= deadline))
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+        out = mon.finish()
+    if mopts.report is not None:
+        import json
+
+        mopts.report.write_text(json.dumps(out, indent=2, sort_keys=True) + "\n")
+    return out
+
+
+@dataclass(frozen=True)
+class InstallOptions:
+    root: Path = Path("/")  # where etc/systemd/system is written (a DESTDIR)
+    dry_run: bool = False
+    engine: tuple[str, ...] = ()  # engine argv for the instance's ExecStart= (optional)
+    governor: str | None = None  # governor executable in ExecStart= (default: this one)
+
+
+def _governor_executable() -> str:
+    import shutil
+    import sys
+
+    beside = Path(sys.executable).with_name("governor")  # the venv's console script
+    if beside.exists():
+        return str(beside)
+    return shutil.which("governor") or "/usr/local/bin/governor"
+
+
+def install(path: Path, opts: HostOptions, iopts: InstallOptions) -> Any:
+    """`governor install`: render the policy's units for this host's systemd and write them."""
+    from governor import install as inst
+    from governor.backends import dropin
+    from governor.backends.systemd import daemon_reload
+    from governor.engines.checks import read_engine_argv
+    from governor.errors import HostError
+
+    policy = load_policy(path)
+    model_bytes = None
+    if iopts.engine:
+        model_bytes = _model_bytes(read_engine_argv(policy, iopts.engine))
+    host = probe_host(opts)  # systemd enables controllers along the unit's path itself
+    if host.systemd_version is None:
+        raise HostError(
+            f"systemd is not PID 1 on the probed host ({host.root}/proc/1/comm: {host.pid1!r})",
+            hint="install on the board itself, or render for it with --root of the global"
+            " options pointing at a copy of its /proc and /sys",
+        )
+    plan = _compile(policy, host, opts, path, model_bytes=model_bytes)
+    files = dropin.render_install(
+        plan,
+        host.systemd_version,
+        policy_path=str(path.resolve()),
+        governor=iopts.governor or _governor_executable(),
+        engine=iopts.engine or None,
+    )
+    live = iopts.root.resolve() == Path("/")
+    return inst.install(
+        plan.policy,
+        files,
+        dropin.unit_names(plan),
+        root=iopts.root,
+        dry_run=iopts.dry_run,
+        reload=daemon_reload if live else None,
+    )
+
+
+def uninstall(policy: str, root: Path, *, dry_run: bool = False) -> Any:
+    """`governor uninstall`: remove what install wrote for a policy (a file or its name) and
+    restore the files it replaced."""
+    from governor import install as inst
+    from governor.backends.systemd import daemon_reload
+
+    name = load_policy(Path(policy)).name if policy.endswith(".toml") else policy
+    live = root.resolve() == Path("/")
+    return inst.uninstall(name, root=root, dry_run=dry_run, reload=daemon_reload if live else None)
+
+
+@dataclass(frozen=True)
+class EstimateOptions:
+    ctx: int | None = None  # -c (overrides the one in engine_argv)
+    engine_argv: tuple[str, ...] = ()  # llama.cpp options to honour (-nr, -ctk, -ub, -lm ...)
+    policy: Path | None = None  # budget = the policy's memory.max on this host
+    budget: int | None = None  # budget in bytes (instead of a policy)
+
+
+def estimate(model: Path, opts: HostOptions, eopts: EstimateOptions) -> Any:
+    """`governor estimate`: the resident-memory estimate of llama.cpp for a GGUF model."""
+    from governor.engines.budget import estimate_argv, policy_budget
+    from governor.engines.llama import parse_llama_argv
+    from governor.errors import PolicyError
+
+    argv = ["llama", *eopts.engine_argv, "-m", str(model)]
+    if eopts.ctx is not None:
+        argv += ["-c", str(eopts.ctx)]
+    try:
+        args = parse_llama_argv(argv)
+    except ValueError as err:
+        raise PolicyError(str(err), file="--engine-argv", hint="check the engine options") from err
+    budget = eopts.budget
+    if budget is None and eopts.policy is not None:
+        budget = policy_budget(load_policy(eopts.policy), root=opts.root)
+    return estimate_argv(args, root=opts.root, budget=budget)
+
+
+def check_engine(path: Path, opts: HostOptions, argv: tuple[str, ...], *, force: bool) -> Any:
+    """`governor check --engine-argv`: the plan plus the engine checks launch would make
+    (max_context_tokens, model files, the GGUF budget); returns (plan, estimate, warnings)."""
+    from governor.engines.budget import check_launch
+    from governor.engines.checks import engine_warnings, read_engine_argv
+
+    policy = load_policy(path)
+    args = read_engine_argv(policy, argv)
+    model_bytes = _model_bytes(args)
+    host = probe_host(opts, target=f"{policy.slice}/{policy.name}")
+    plan = _compile(policy, host, opts, path, model_bytes=model_bytes)
+    est = check_launch(args, plan, root=opts.root, force=force)
+    return plan, est, engine_warnings(args, plan, host)
+
+
+def bench(path: Path, argv: tuple[str, ...], opts: HostOptions, bopts: Any) -> Any:
+    """`governor bench`: run the engine under the policy per governor/bench/main.py."""
+    from governor.enginebench.main import bench as run_bench
+
+    plan = check(path, opts)
+    return run_bench(plan, path, argv, opts, bopts)
+
+
+# launch: the run-time path, in its own module (governor/api/launch.py)
+from governor.api.launch import (  # noqa: E402  # after the names it imports from here
+    LaunchOptions,
+    compiled_for_launch,
+    launch,
+    resolve_executable,
+)
+
+__all__ = ["LaunchOptions", "compiled_for_launch", "launch", "resolve_executable"]
