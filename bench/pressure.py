@@ -30,10 +30,11 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable
-from dataclasses import replace
 from pathlib import Path
 
 import psutil
+
+from governor.record import replace
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))

@@ -22,11 +22,11 @@ from __future__ import annotations
 import json
 import os
 from collections.abc import Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from governor.cachedir import cache_dir, read_entry, write_entry
+from governor.record import record
 
 if TYPE_CHECKING:
     from hashlib import sha256
@@ -45,7 +45,7 @@ VERSION = "0.2.0"  # governor's version; part of every cache key
 SUBDIR = "plans"
 
 
-@dataclass(frozen=True)
+@record(frozen=True)
 class Compiled:
     """What launch needs from compile time (plain data; JSON in the cache)."""
 

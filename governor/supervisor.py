@@ -18,7 +18,6 @@ import contextlib
 import errno
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -32,6 +31,7 @@ from governor.log import get_logger
 from governor.monitor.loop import Monitor
 from governor.monitor.restart import Restarts
 from governor.plan.model import Plan
+from governor.record import field, record
 from governor.sdnotify import notify
 
 log = get_logger("governor.launch")
@@ -45,7 +45,7 @@ class Backend(Protocol):
     def remove(self, plan: Plan) -> Any: ...
 
 
-@dataclass(frozen=True)
+@record(frozen=True)
 class Job:
     """One launch, resolved: what to apply, what to exec, what to prefetch, where to report."""
 

@@ -4,9 +4,10 @@ The CLI calls only these functions; tests call them too, with fixture roots."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
+
+from governor.record import field, record
 
 if TYPE_CHECKING:
     from governor.plan.compiler import Workload
@@ -16,7 +17,7 @@ if TYPE_CHECKING:
     from governor.policy.model import Policy
 
 
-@dataclass(frozen=True)
+@record(frozen=True)
 class HostOptions:
     """Where to look: the filesystem root for /proc and /sys, and the cgroup2 mount."""
 
@@ -126,7 +127,7 @@ def _model_bytes(args: Any) -> int | None:
     return total
 
 
-@dataclass(frozen=True)
+@record(frozen=True)
 class MonitorOptions:
     sample_s: float = 1.0
     report: Path | None = None
@@ -188,7 +189,7 @@ def monitor(path: Path, opts: HostOptions, mopts: MonitorOptions) -> dict[str, A
     return out
 
 
-@dataclass(frozen=True)
+@record(frozen=True)
 class InstallOptions:
     root: Path = Path("/")  # where etc/systemd/system is written (a DESTDIR)
     dry_run: bool = False
@@ -255,7 +256,7 @@ def uninstall(policy: str, root: Path, *, dry_run: bool = False) -> Any:
     return inst.uninstall(name, root=root, dry_run=dry_run, reload=daemon_reload if live else None)
 
 
-@dataclass(frozen=True)
+@record(frozen=True)
 class EstimateOptions:
     ctx: int | None = None  # -c (overrides the one in engine_argv)
     engine_argv: tuple[str, ...] = ()  # llama.cpp options to honour (-nr, -ctk, -ub, -lm ...)

@@ -4,7 +4,6 @@ every refusal launch makes before it applies anything), the child's setup, then 
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -17,6 +16,7 @@ from governor.api import (
     probe_host,
 )
 from governor.log import get_logger
+from governor.record import record
 
 if TYPE_CHECKING:
     from governor.compiled import Compiled
@@ -28,7 +28,7 @@ if TYPE_CHECKING:
 log = get_logger("governor.launch")
 
 
-@dataclass(frozen=True)
+@record(frozen=True)
 class LaunchOptions:
     report: Path | None = None
     keep: bool = False

@@ -17,7 +17,6 @@ import signal
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager, suppress
-from dataclasses import asdict, dataclass
 from functools import partial
 
 from governor.errors import BackendError, GovernorError, HostError
@@ -26,6 +25,7 @@ from governor.kernel.cgroupfs import CgroupFs
 from governor.kernel.parse import parse_cpulist
 from governor.log import get_logger
 from governor.plan.model import CgroupWrite, EnableControllers, Plan
+from governor.record import asdict, record
 
 log = get_logger(__name__)
 
@@ -37,7 +37,7 @@ REMOVE_POLL_S = 0.02
 _LIST_FILES = frozenset({files.CPUSET_CPUS, files.CPUSET_MEMS})
 
 
-@dataclass(frozen=True)
+@record(frozen=True)
 class WriteRecord:
     """One file the backend wrote, with what it held before (the value rollback restores)."""
 
@@ -47,7 +47,7 @@ class WriteRecord:
     value: str
 
 
-@dataclass(frozen=True)
+@record(frozen=True)
 class EnableRecord:
     """Controllers the backend ADDED to ``<cgroup>/cgroup.subtree_control`` (not ones on before)."""
 
@@ -55,7 +55,7 @@ class EnableRecord:
     controllers: tuple[str, ...]
 
 
-@dataclass(frozen=True)
+@record(frozen=True)
 class Applied:
     """What ``apply`` changed, in the order it changed it; JSON round-trips for a state file."""
 
@@ -83,14 +83,14 @@ class Applied:
         )
 
 
-@dataclass(frozen=True)
+@record(frozen=True)
 class Observation:
     write: CgroupWrite
     live: str | None  # None: the file (or the cgroup) does not exist
     matches: bool
 
 
-@dataclass(frozen=True)
+@record(frozen=True)
 class Removed:
     killed: bool  # the group was populated and had to be killed
     removed: tuple[str, ...]  # directories removed, bottom-up

@@ -30,7 +30,7 @@ import os
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal, Protocol
 
@@ -41,6 +41,7 @@ from governor.kernel.cgroupfs import CgroupFs
 from governor.kernel.procfs import ProcFs
 from governor.log import get_logger
 from governor.plan.model import EnableControllers, Plan
+from governor.record import replace
 
 log = get_logger(__name__)
 

@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterable
-from dataclasses import dataclass
+
+from governor.record import record
 
 MAX = "max"  # the kernel's spelling of "no limit" in memory.*, pids.max, cpu.max
 
@@ -131,7 +132,7 @@ def parse_controllers(text: str) -> frozenset[str]:
 # --- PSI -----------------------------------------------------------------------------------------
 
 
-@dataclass(frozen=True, slots=True)
+@record(frozen=True)
 class PsiLine:
     avg10: float
     avg60: float
@@ -139,7 +140,7 @@ class PsiLine:
     total: int  # cumulative stall time in microseconds
 
 
-@dataclass(frozen=True, slots=True)
+@record(frozen=True)
 class Psi:
     some: PsiLine
     full: PsiLine | None  # cpu.pressure has no "full" line before 5.13
@@ -182,7 +183,7 @@ def parse_psi(text: str) -> Psi:
 # --- mountinfo -------------------------------------------------------------------------------
 
 
-@dataclass(frozen=True, slots=True)
+@record(frozen=True)
 class Mount:
     mount_id: int
     parent_id: int

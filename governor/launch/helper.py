@@ -26,11 +26,11 @@ import os
 import select
 import signal
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from governor.launch.prefetch import Mode, Prefetcher, PrefetchResult, _Libc
 from governor.log import get_logger
+from governor.record import asdict, field, record
 
 log = get_logger(__name__)
 
@@ -38,7 +38,7 @@ RESULT_BYTES = 64 << 10
 _SESSION_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT)
 
 
-@dataclass
+@record
 class PrefetchHelper:
     """One helper for one engine start. ``spawn`` creates a child in the leaf and returns
     (pid, born in the leaf); ``join`` moves the calling process into the leaf (fallback);

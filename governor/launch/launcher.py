@@ -21,7 +21,6 @@ import signal
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import asdict, dataclass, field
 from typing import Any, Protocol
 
 from governor.errors import BackendError, GovernorError, LaunchError, PermissionDenied
@@ -32,6 +31,7 @@ from governor.kernel.procfs import ProcFs
 from governor.log import get_logger
 from governor.monitor.restart import Request, Restarts
 from governor.plan.model import Plan
+from governor.record import asdict, field, record
 
 log = get_logger(__name__)
 
@@ -50,7 +50,7 @@ BACKOFF_TICK_S = 0.1  # a restart's backoff checks this often whether the operat
 RESTART_EMPTY_TIMEOUT_S = 10.0  # how long a relaunch waits for the killed run to be gone
 
 
-@dataclass
+@record
 class LaunchReport:
     """What ``--report FILE`` holds (JSON), and what the summary log line carries."""
 
@@ -80,7 +80,7 @@ class LaunchReport:
         return json.dumps(asdict(self), indent=2, sort_keys=True)
 
 
-@dataclass(frozen=True)
+@record(frozen=True)
 class ChildSetup:
     """Everything the child does between fork and exec, resolved in the parent."""
 

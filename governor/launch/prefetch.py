@@ -58,7 +58,6 @@ import stat
 import sys
 import time
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Literal, TextIO
 
@@ -66,6 +65,7 @@ from governor.errors import PermissionDenied, PolicyError, PolicyNotFound
 from governor.kernel import files as kf
 from governor.log import get_logger
 from governor.plan.model import Plan
+from governor.record import asdict, field, record
 from governor.units import human_bytes
 
 if TYPE_CHECKING:
@@ -141,7 +141,7 @@ def kv_cache_bytes(n_layer: int, n_ctx: int, n_embd_kv: int, bytes_per_elem: flo
     return int(2 * n_layer * n_ctx * n_embd_kv * bytes_per_elem)
 
 
-@dataclass(frozen=True)
+@record(frozen=True)
 class Budget:
     """The verdict of ``check_budget``: warnings to log, notes worth printing."""
 
@@ -401,7 +401,7 @@ class Progress:
 # ---------------------------------------------------------------------------------- the prefetch
 
 
-@dataclass
+@record
 class PrefetchResult:
     files: list[str]
     mode: str
@@ -662,7 +662,7 @@ def start_locker(paths: Sequence[Path]) -> tuple[int, int]:
 RESULT_BYTES = 64 << 10
 
 
-@dataclass
+@record
 class PrefetchJob:
     """What the engine's child runs after joining the leaf. The result travels back through a
     shared anonymous mapping made before the fork: no file to leak, no fd for the engine to

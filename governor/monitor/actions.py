@@ -17,7 +17,6 @@ import os
 import signal as signal_mod
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 from typing import Any
 
 from governor.errors import BackendError, GovernorError
@@ -27,6 +26,7 @@ from governor.kernel.parse import format_max, parse_flat_keyed, parse_max
 from governor.log import get_logger
 from governor.monitor.restart import NO_SUPERVISOR, Restarts
 from governor.plan.model import Action, Plan
+from governor.record import record
 
 log = get_logger(__name__)
 
@@ -38,7 +38,7 @@ THAW = Action(verb="thaw", text="thaw")
 _MEMORY_BOUNDED = (kf.MEMORY_MIN, kf.MEMORY_LOW, kf.MEMORY_HIGH, kf.MEMORY_MAX)
 
 
-@dataclass(frozen=True)
+@record(frozen=True)
 class Context:
     """What the action knows about why it runs (also the exec action's environment)."""
 
@@ -57,7 +57,7 @@ class Context:
         }
 
 
-@dataclass
+@record
 class Result:
     action: str
     ok: bool
@@ -69,7 +69,7 @@ class Result:
         return {k: v for k, v in vars(self).items() if v is not None}
 
 
-@dataclass
+@record
 class Executor:
     fs: CgroupFs
     plan: Plan

@@ -21,13 +21,13 @@ from __future__ import annotations
 
 import errno
 from collections import deque
-from dataclasses import dataclass
 from typing import Literal
 
 from governor.errors import BackendError, GovernorError
 from governor.kernel.cgroupfs import CgroupFs
 from governor.log import get_logger
 from governor.plan.model import WatchTrigger
+from governor.record import record
 
 log = get_logger(__name__)
 
@@ -50,7 +50,7 @@ def widen(stall_us: int, window_us: int) -> tuple[int, int] | None:
 Mode = Literal["trigger", "polled", "unavailable"]
 
 
-@dataclass
+@record
 class Armed:
     """One rule's PSI source: a trigger fd, a :class:`PolledTrigger` on ``total=``, or none."""
 

@@ -16,8 +16,9 @@ the loop for good: Ctrl-C is never answered with a relaunch.
 from __future__ import annotations
 
 import signal
-from dataclasses import dataclass, field
 from typing import Any
+
+from governor.record import field, record
 
 BACKOFF_CAP_S = 60.0
 # signals that mean "stop" when the governor forwards them; SIGUSR1/2 are messages, not stops
@@ -34,7 +35,7 @@ def backoff_s(base_s: float, attempt: int, cap_s: float = BACKOFF_CAP_S) -> floa
     return min(base_s * 2.0 ** min(attempt - 1, 64), cap_s)
 
 
-@dataclass(frozen=True)
+@record(frozen=True)
 class Request:
     """A relaunch the monitor asked for (the group was killed to get it)."""
 
@@ -44,7 +45,7 @@ class Request:
     backoff_s: float
 
 
-@dataclass
+@record
 class Restarts:
     limit: int  # process.restart_max
     base_s: float  # process.restart_backoff

@@ -17,10 +17,10 @@ mild to severe (log -> reclaim -> set -> freeze -> kill) escalates in order as p
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
 from typing import Literal
 
 from governor.plan.model import Action, WatchRule, WatchTrigger
+from governor.record import field, record
 
 RuleKind = Literal["psi", "leak", "memavailable", "event"]
 # a PSI episode ends when no trigger event came for this many windows (+ PSI_GRACE_S)
@@ -28,7 +28,7 @@ PSI_GAP_WINDOWS = 2.5
 PSI_GRACE_S = 1.0
 
 
-@dataclass(frozen=True)
+@record(frozen=True)
 class Rule:
     """A WatchRule as the engine uses it."""
 
@@ -65,7 +65,7 @@ class Rule:
         )
 
 
-@dataclass(frozen=True)
+@record(frozen=True)
 class Observations:
     """What the sources saw since the last step."""
 
@@ -75,7 +75,7 @@ class Observations:
     leak: Mapping[int, float] = field(default_factory=dict)  # rule index -> slope B/s
 
 
-@dataclass(frozen=True)
+@record(frozen=True)
 class Firing:
     rule: Rule
     now: float
@@ -83,7 +83,7 @@ class Firing:
     value: float | int | None  # the level / counter increase that fired it
 
 
-@dataclass
+@record
 class _State:
     since: float | None = None  # episode start
     last_evidence: float | None = None

@@ -11,13 +11,13 @@ from __future__ import annotations
 import os
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 
 from governor.errors import GovernorError
 from governor.kernel import files as kf
 from governor.kernel.cgroupfs import CgroupFs
 from governor.kernel.parse import parse_max
 from governor.log import get_logger
+from governor.record import record
 
 log = get_logger(__name__)
 
@@ -26,7 +26,7 @@ MIN_INTERVAL_S = 0.05
 _READ_MAX = 65536  # memory.stat is a few KiB
 
 
-@dataclass(frozen=True)
+@record(frozen=True)
 class Sample:
     t: float
     current: int | None

@@ -11,13 +11,13 @@ import errno
 import os
 import re
 from collections.abc import Callable, Iterable
-from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Literal, TypeVar
 
 from governor.errors import HostError
 from governor.kernel import parse
 from governor.kernel.files import CGROUP_CONTROLLERS, CGROUP_SUBTREE_CONTROL
+from governor.record import asdict, fields, record
 
 # files probed, relative to the probed root (proc(5), sysfs-devices-system-cpu ABI)
 PROC_MOUNTINFO = "proc/self/mountinfo"
@@ -76,7 +76,7 @@ V1_TO_V2 = {"blkio": "io"}
 CgroupLayout = Literal["unified", "hybrid", "legacy", "none"]
 
 
-@dataclass(frozen=True)
+@record(frozen=True)
 class CgroupLevel:
     """An existing cgroup on the way to the target, relative to the cgroup2 mount."""
 
@@ -85,7 +85,7 @@ class CgroupLevel:
     subtree_control: frozenset[str]
 
 
-@dataclass(frozen=True)
+@record(frozen=True)
 class CoreTypes:
     """big.LITTLE clusters among online CPUs; ``big`` holds every class above the lowest."""
 
@@ -94,7 +94,7 @@ class CoreTypes:
     source: Literal["cpu_capacity", "cpufreq"]
 
 
-@dataclass(frozen=True)
+@record(frozen=True)
 class HostFacts:
     """Everything the pure compiler and doctor need to know about the host (stdlib only: the
     run time probes it at every launch to find its compiled plan)."""
@@ -127,7 +127,7 @@ class HostFacts:
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> HostFacts:
-        unknown = set(d) - set(cls.__dataclass_fields__)
+        unknown = set(d) - {f.name for f in fields(cls)}
         if unknown:
             raise ValueError(f"unknown host fact(s): {', '.join(sorted(unknown))}")
         sets = ("controllers", "subtree_control", "v1_controllers")

@@ -14,15 +14,16 @@ files to the plan byte for byte.
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass, field, replace
 from typing import Any, Literal
+
+from governor.record import asdict, field, record, replace
 
 FORMAT = 2  # 1: the pydantic Plan of wave 1; 2: dataclasses, typed actions, rule texts
 
 ActionVerb = Literal["log", "signal", "reclaim", "set", "freeze", "thaw", "kill", "exec", "restart"]
 
 
-@dataclass(frozen=True)
+@record(frozen=True)
 class CgroupWrite:
     """One write of one interface file; ``cgroup`` is relative to the cgroup2 root."""
 
@@ -33,7 +34,7 @@ class CgroupWrite:
     controller: str | None  # None for core files (cgroup.*)
 
 
-@dataclass(frozen=True)
+@record(frozen=True)
 class EnableControllers:
     """Controllers to add to ``<cgroup>/cgroup.subtree_control`` (top-down order)."""
 
@@ -41,7 +42,7 @@ class EnableControllers:
     controllers: tuple[str, ...]
 
 
-@dataclass(frozen=True)
+@record(frozen=True)
 class LaunchSpec:
     """What the launcher does in the child before exec, resolved from [process]."""
 
@@ -59,20 +60,20 @@ class LaunchSpec:
     restart_backoff_s: float = 1.0  # wait before the first relaunch; doubles, capped at 60 s
 
 
-@dataclass(frozen=True)
+@record(frozen=True)
 class EngineSpec:
     kind: Literal["llama.cpp", "generic"] = "generic"
     max_context_tokens: int | None = None
     threads: int | None = None
 
 
-@dataclass(frozen=True)
+@record(frozen=True)
 class PrefetchSpec:
     files: Literal["auto"] | tuple[str, ...] = "auto"
     mode: Literal["none", "advise", "populate", "lock"] = "none"
 
 
-@dataclass(frozen=True)
+@record(frozen=True)
 class WatchTrigger:
     """A PSI trigger as the kernel takes it: "<some|full> <stall us> <window us>"."""
 
@@ -87,7 +88,7 @@ class WatchTrigger:
         return f"{self.kind} {self.stall_us} {self.window_us}"
 
 
-@dataclass(frozen=True)
+@record(frozen=True)
 class WatchCondition:
     """A non-PSI rule condition: a leak slope, the board-wide MemAvailable floor, or a
     memory.events counter that went up."""
@@ -106,7 +107,7 @@ class WatchCondition:
         return str(self.event)
 
 
-@dataclass(frozen=True)
+@record(frozen=True)
 class Action:
     """One action of a rule, compiled: every value is what the executor writes or waits.
 
@@ -126,7 +127,7 @@ class Action:
         return self.text
 
 
-@dataclass(frozen=True)
+@record(frozen=True)
 class WatchRule:
     index: int  # position in the policy's [[pressure]] array
     trigger: WatchTrigger | WatchCondition
@@ -136,7 +137,7 @@ class WatchRule:
     cooldown_s: float | None = None
 
 
-@dataclass(frozen=True)
+@record(frozen=True)
 class Plan:
     """Everything the backends need, from one policy on one host."""
 
@@ -179,7 +180,8 @@ class Plan:
     # ------------------------------------------------------------------ serialisation
 
     def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        out: dict[str, Any] = asdict(self)
+        return out
 
     def to_json(self, *, indent: int | None = 2) -> str:
         return json.dumps(self.to_dict(), indent=indent)

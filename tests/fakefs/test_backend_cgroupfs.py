@@ -5,7 +5,6 @@ from __future__ import annotations
 import errno
 import signal
 from collections.abc import Callable
-from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -14,6 +13,7 @@ from governor.backends.cgroupfs import Applied, CgroupfsBackend
 from governor.errors import BackendError, HostError, PermissionDenied
 from governor.kernel import files
 from governor.log import capture_logs
+from governor.record import replace
 
 from .fakekernel import FakeKernelCgroupFs, FaultyFs, make_root
 from .plans import (

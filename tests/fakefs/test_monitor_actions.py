@@ -7,7 +7,6 @@ which is exactly the fallback path a host without triggers takes."""
 from __future__ import annotations
 
 import signal
-from dataclasses import replace
 from pathlib import Path
 from typing import Literal
 
@@ -24,6 +23,7 @@ from governor.monitor.restart import Restarts
 from governor.plan.compiler import compile_action, watch_rule
 from governor.plan.model import Action, Plan, WatchCondition, WatchRule, WatchTrigger
 from governor.policy.values import parse_action as parse_policy_action
+from governor.record import replace
 
 from .fakekernel import FakeKernelCgroupFs
 from .plans import GROUP, LEAF, MEMORY_HIGH, MEMORY_MAX, MEMORY_MIN, make_plan

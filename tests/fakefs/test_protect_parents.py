@@ -5,7 +5,6 @@ the sum of its children's values, remove lowers it back, a failure restores it."
 from __future__ import annotations
 
 import errno
-from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -14,6 +13,7 @@ from governor.backends.cgroupfs import CgroupfsBackend
 from governor.errors import BackendError
 from governor.kernel import files
 from governor.plan.model import CgroupWrite, Plan
+from governor.record import replace
 
 from .fakekernel import FakeKernelCgroupFs, FaultyFs, make_root
 from .plans import SLICE, make_plan, snapshot

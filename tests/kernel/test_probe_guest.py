@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -14,6 +13,7 @@ from governor.kernel.cgroupfs import CgroupFs
 from governor.plan.compiler import compile_plan
 from governor.plan.host import CoreTypes, probe
 from governor.policy.loader import load
+from governor.record import replace
 
 CORE = ("cpuset", "cpu", "io", "memory", "pids")
 REPO = Path(__file__).resolve().parents[2]

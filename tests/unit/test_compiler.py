@@ -14,7 +14,6 @@ import os
 import pathlib
 import time
 from collections.abc import Iterator, Mapping
-from dataclasses import replace
 from pathlib import Path
 from typing import Any, NoReturn
 
@@ -35,6 +34,7 @@ from governor.plan.model import EnableControllers, Plan, WatchTrigger
 from governor.policy import values as v
 from governor.policy.loader import load, load_text
 from governor.policy.model import Policy
+from governor.record import replace
 
 REPO = Path(__file__).resolve().parents[2]
 HOSTS = REPO / "tests" / "fixtures" / "hosts"

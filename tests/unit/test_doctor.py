@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from dataclasses import replace
 from pathlib import Path
 
 from governor.plan.doctor import (
@@ -13,6 +12,7 @@ from governor.plan.doctor import (
     diagnose,
 )
 from governor.plan.host import CoreTypes, HostFacts, probe
+from governor.record import replace
 
 HOSTS = Path(__file__).resolve().parent.parent / "fixtures" / "hosts"
 

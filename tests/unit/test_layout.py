@@ -68,7 +68,7 @@ ARROWS = (
         _tree("governor.kernel"),
         _tree("governor"),
         "the kernel layer knows kernel files and errors, nothing above it",
-        allowed=("governor.errors", *_tree("governor.kernel")),
+        allowed=("governor.errors", "governor.record", *_tree("governor.kernel")),
     ),
     Arrow(
         _tree("governor.policy"),
