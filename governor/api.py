@@ -14,6 +14,7 @@ if TYPE_CHECKING:
     from governor.plan.host import HostFacts
     from governor.plan.model import Plan
     from governor.policy.model import Policy
+    from governor.preflight import Preflight
 
 
 @dataclass(frozen=True)
@@ -158,27 +159,6 @@ def resolve_executable(argv0: str, path_env: str | None) -> str:
     return found
 
 
-def _model_bytes(args: Any) -> int | None:
-    """Size of the engine's model file(s) (all parts of a split GGUF); 66 when missing."""
-    from governor.engines.llama import model_parts
-    from governor.errors import PolicyNotFound
-
-    if args is None or args.model is None:
-        return None
-    total = 0
-    for part in model_parts(args.model):
-        try:
-            total += part.stat().st_size
-        except OSError as err:
-            raise PolicyNotFound(
-                f"model file not found: {part} ({err.strerror})",
-                file="engine argv",
-                field="-m/--model",
-                hint="check the model path after -m",
-            ) from err
-    return total
-
-
 def _child_setup(plan: Plan, executable: str, argv: tuple[str, ...]) -> Any:
     import grp
     import os
@@ -244,8 +224,7 @@ def launch(path: Path, argv: tuple[str, ...], opts: HostOptions, lopts: LaunchOp
     import os
     import time
 
-    from governor.engines.checks import engine_warnings, read_engine_argv
-    from governor.errors import PolicyError, UsageError
+    from governor.errors import UsageError
     from governor.launch.launcher import Launcher
     from governor.launch.prefetch import prepare as prepare_prefetch
     from governor.launch.watchdog import start_watchdog
@@ -260,35 +239,18 @@ def launch(path: Path, argv: tuple[str, ...], opts: HostOptions, lopts: LaunchOp
             "no engine command given (command line)",
             hint="governor launch --policy P -- ENGINE ARGS...",
         )
-    policy = load_policy(path)
-    args = read_engine_argv(policy, argv)
     executable = resolve_executable(argv[0], os.environ.get("PATH"))
-    model_bytes = _model_bytes(args)
     backend_name = _backend_name(opts, lopts)
     # under systemd the manager enables controllers along the unit's path itself
-    target = None if backend_name == "systemd" else f"{policy.slice}/{policy.name}"
-    host = probe_host(opts, target=target)
-    plan = _compile(policy, host, opts, path, model_bytes=model_bytes)
-    if plan.launch.memlock == "model":
-        raise PolicyError(
-            'process.memlock = "model" needs the engine\'s model file',
-            file=str(path),
-            field="process.memlock",
-            hint="pass the model with -m, or give memlock as a size",
-        )
-    for warning in engine_warnings(args, plan, host):
-        log.warning("engine.argv", message=warning)
-    # a GGUF model: the estimate (weights + repack + KV + compute) is THE budget check (65)
-    from governor.engines.budget import check_launch
-
-    estimated = check_launch(args, plan, root=opts.root, force=lopts.force)
-    # files (66/77) and budget (65) before anything is applied; runs in the child after the join
-    job = prepare_prefetch(
-        plan,
-        model=args.model if args else None,
-        model_bytes=None if estimated is not None else model_bytes,
-        cwd=Path.cwd(),
+    plan, host, checked = _preflight(
+        path, argv, opts, probe_target=backend_name != "systemd", force=lopts.force
     )
+    for event, message in checked.warnings:
+        log.warning(event, message=message)
+    for note in checked.notes:
+        log.debug("preflight.note", note=note)
+    estimated = checked.estimate
+    job = prepare_prefetch(plan, checked)  # runs in the child after it joined the leaf
     full_plan, (plan, backend) = plan, _launch_backend(plan, backend_name, host, opts)
     _announce(full_plan, leaf=plan.leaf)
     setup = _child_setup(plan, executable, argv)
@@ -429,13 +391,15 @@ def install(path: Path, opts: HostOptions, iopts: InstallOptions) -> Any:
     from governor import install as inst
     from governor.backends import dropin
     from governor.backends.systemd import daemon_reload
-    from governor.engines.checks import read_engine_argv
     from governor.errors import HostError
+    from governor.preflight import engine_args
+    from governor.preflight import model_bytes as model_size
 
     policy = load_policy(path)
     model_bytes = None
     if iopts.engine:
-        model_bytes = _model_bytes(read_engine_argv(policy, iopts.engine))
+        kind, cap = policy.engine.kind, policy.engine.max_context_tokens
+        model_bytes = model_size(engine_args(kind, cap, iopts.engine))
     host = probe_host(opts)  # systemd enables controllers along the unit's path itself
     if host.systemd_version is None:
         raise HostError(
@@ -501,18 +465,27 @@ def estimate(model: Path, opts: HostOptions, eopts: EstimateOptions) -> Any:
 
 
 def check_engine(path: Path, opts: HostOptions, argv: tuple[str, ...], *, force: bool) -> Any:
-    """`governor check --engine-argv`: the plan plus the engine checks launch would make
-    (max_context_tokens, model files, the GGUF budget); returns (plan, estimate, warnings)."""
-    from governor.engines.budget import check_launch
-    from governor.engines.checks import engine_warnings, read_engine_argv
+    """`governor check --engine-argv`: the plan plus every refusal launch makes before it
+    applies anything (the same preflight); returns (plan, estimate, warnings)."""
+    plan, _host, checked = _preflight(path, argv, opts, probe_target=True, force=force)
+    return plan, checked.estimate, checked.messages
+
+
+def _preflight(
+    path: Path, argv: tuple[str, ...], opts: HostOptions, *, probe_target: bool, force: bool
+) -> tuple[Plan, HostFacts, Preflight]:
+    """load + engine argv + model + probe + compile + governor/preflight.py: what check
+    --engine-argv and launch both run, in this order, before anything is applied."""
+    from governor.preflight import engine_args, model_bytes, preflight
 
     policy = load_policy(path)
-    args = read_engine_argv(policy, argv)
-    model_bytes = _model_bytes(args)
-    host = probe_host(opts, target=f"{policy.slice}/{policy.name}")
-    plan = _compile(policy, host, opts, path, model_bytes=model_bytes)
-    est = check_launch(args, plan, root=opts.root, force=force)
-    return plan, est, engine_warnings(args, plan, host)
+    args = engine_args(policy.engine.kind, policy.engine.max_context_tokens, argv)
+    size = model_bytes(args)
+    target = f"{policy.slice}/{policy.name}" if probe_target else None
+    host = probe_host(opts, target=target)
+    plan = _compile(policy, host, opts, path, model_bytes=size)
+    checked = preflight(plan, args, root=opts.root, cwd=Path.cwd(), force=force, host=host)
+    return plan, host, checked
 
 
 def bench(path: Path, argv: tuple[str, ...], opts: HostOptions, bopts: Any) -> Any:

@@ -48,14 +48,12 @@ from __future__ import annotations
 import ctypes
 import ctypes.util
 import errno as errno_mod
-import glob as glob_mod
 import json
 import mmap
 import os
 import re
 import select
 import signal
-import stat
 import sys
 import time
 from collections.abc import Callable, Iterable, Sequence
@@ -63,14 +61,13 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Literal, TextIO
 
-from governor.errors import PermissionDenied, PolicyError, PolicyNotFound
-from governor.kernel import files as kf
 from governor.log import get_logger
-from governor.plan.model import Plan
 from governor.policy.values import human_bytes
 
 if TYPE_CHECKING:
     from governor.launch.launcher import LaunchReport
+    from governor.plan.model import Plan
+    from governor.preflight import Preflight
 
 log = get_logger(__name__)
 
@@ -137,72 +134,6 @@ def missing_ranges(vec: bytes, page_size: int, *, base: int = 0) -> list[tuple[i
     return out
 
 
-def kv_cache_bytes(n_layer: int, n_ctx: int, n_embd_kv: int, bytes_per_elem: float = 2) -> int:
-    """llama.cpp's KV cache: K and V, per layer, per context position (notes/kernel.md)."""
-    return int(2 * n_layer * n_ctx * n_embd_kv * bytes_per_elem)
-
-
-@dataclass(frozen=True)
-class Budget:
-    """The verdict of ``check_budget``: warnings to log, notes worth printing."""
-
-    warnings: tuple[str, ...] = ()
-    notes: tuple[str, ...] = ()
-
-
-def check_budget(
-    *,
-    model_bytes: int | None,
-    prefetch_bytes: int,
-    mode: Mode,
-    memory_max: int | None,
-    memory_high: int | None,
-    kv_bytes: int | None = None,
-    source: str | None = None,
-) -> Budget:
-    """Model (+ KV cache when known) against memory.max / memory.high, before anything is applied.
-
-    Refuses with PolicyError (exit 65, EX_DATAERR): the policy's own budget contradicts the
-    workload it is launched with, which is a data error the operator fixes in the policy or the
-    argv; 69 (EX_UNAVAILABLE) is kept for a host that lacks a capability.
-    """
-    warnings: list[str] = []
-    notes: list[str] = []
-    need = (model_bytes or 0) + (kv_bytes or 0)
-    what = f"model {human_bytes(model_bytes or 0)}"
-    if kv_bytes is not None:
-        what += f" + KV cache {human_bytes(kv_bytes)}"
-    elif model_bytes is not None:
-        notes.append("budget checked with the model file size only (KV cache size unknown)")
-    if memory_max is not None and model_bytes is not None and need > memory_max:
-        raise PolicyError(
-            f"{what} = {human_bytes(need)} ({need} bytes) does not fit memory.max"
-            f" {human_bytes(memory_max)} ({memory_max} bytes)",
-            file=source,
-            field="memory.max",
-            hint="raise memory.max, use a smaller model (quantisation) or a shorter context",
-        )
-    if mode == "lock" and memory_max is not None and prefetch_bytes > memory_max:
-        raise PolicyError(
-            f"prefetch.mode = lock would lock {human_bytes(prefetch_bytes)} ({prefetch_bytes}"
-            f" bytes), above memory.max {human_bytes(memory_max)} ({memory_max} bytes)",
-            file=source,
-            field="prefetch.mode",
-            hint="locked pages cannot be reclaimed: raise memory.max or use mode = populate",
-        )
-    if mode != "none" and memory_high is not None and prefetch_bytes > memory_high:
-        warnings.append(
-            f"prefetch of {human_bytes(prefetch_bytes)} crosses memory.high"
-            f" {human_bytes(memory_high)}: it will throttle and reclaim itself"
-        )
-    elif memory_high is not None and model_bytes is not None and need > memory_high:
-        warnings.append(
-            f"{what} = {human_bytes(need)} is above memory.high {human_bytes(memory_high)}:"
-            " the engine will be throttled"
-        )
-    return Budget(warnings=tuple(warnings), notes=tuple(notes))
-
-
 def progress_line(done: int, total: int, seconds: float, *, width: int = 24) -> str:
     """One TTY line: bar, bytes, rate, percent."""
     frac = 1.0 if total <= 0 else min(1.0, done / total)
@@ -212,90 +143,6 @@ def progress_line(done: int, total: int, seconds: float, *, width: int = 24) -> 
         f"prefetch [{'#' * filled}{'.' * (width - filled)}] {human_bytes(done)}/"
         f"{human_bytes(total)} {human_bytes(int(rate))}/s {frac * 100:.1f}%"
     )
-
-
-# ------------------------------------------------------------------------------- file selection
-
-
-def resolve_files(
-    spec: Literal["auto"] | Sequence[str],
-    *,
-    model: str | None,
-    engine_kind: str,
-    cwd: Path,
-    source: str | None = None,
-) -> list[Path]:
-    """The files to prefetch: the engine's model (all split-GGUF parts) for "auto", else each
-    path or glob (relative to ``cwd``). Missing -> 66, unreadable -> 77, before anything runs."""
-    from governor.engines.llama import model_parts
-
-    if spec == "auto":
-        if engine_kind != "llama.cpp":
-            raise PolicyError(
-                'prefetch.files = "auto" takes the model from a llama.cpp argv (-m)',
-                file=source,
-                field="prefetch.files",
-                hint='list the files for a generic engine: files = ["/models/x.gguf"]',
-            )
-        if model is None:
-            raise PolicyError(
-                'prefetch.files = "auto" needs the engine\'s -m/--model',
-                file=source,
-                field="prefetch.files",
-                hint="pass the model with -m, or list the files in prefetch.files",
-            )
-        found = [p if p.is_absolute() else cwd / p for p in model_parts(model)]
-    else:
-        found = []
-        for entry in spec:
-            pattern = entry if os.path.isabs(entry) else str(cwd / entry)
-            if glob_mod.has_magic(entry):
-                matches = sorted(glob_mod.glob(pattern))
-                if not matches:
-                    raise PolicyNotFound(
-                        f"prefetch glob matches no file: {entry}",
-                        file=source,
-                        field="prefetch.files",
-                        hint="check the pattern (relative paths start from the current directory)",
-                    )
-                found += [Path(m) for m in matches]
-            else:
-                found.append(Path(pattern))
-    out: list[Path] = []
-    for path in found:
-        check_readable(path, source=source)
-        if path not in out:
-            out.append(path)
-    return out
-
-
-def check_readable(path: Path, *, source: str | None = None) -> int:
-    """Size of a regular readable file; PolicyNotFound (66) / PermissionDenied (77) / 65."""
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
-    except FileNotFoundError as err:
-        raise PolicyNotFound(
-            f"prefetch file not found: {path}",
-            file=source,
-            field="prefetch.files",
-            hint="check the model path (-m) or prefetch.files",
-        ) from err
-    except PermissionError as err:
-        raise PermissionDenied(
-            "prefetch file is not readable",
-            file=str(path),
-            errno=err.errno,
-            hint="the governor reads the model before it drops privileges: check its mode",
-        ) from err
-    try:
-        st = os.fstat(fd)
-    finally:
-        os.close(fd)
-    if not stat.S_ISREG(st.st_mode):
-        raise PolicyError(
-            f"prefetch file is not a regular file: {path}", file=source, field="prefetch.files"
-        )
-    return st.st_size
 
 
 # ----------------------------------------------------------------------------------- libc calls
@@ -710,49 +557,11 @@ class PrefetchJob:
             return None
 
 
-def prepare(
-    plan: Plan,
-    *,
-    model: str | None,
-    model_bytes: int | None,
-    cwd: Path,
-    kv_bytes: int | None = None,
-) -> PrefetchJob | None:
-    """Before anything is applied: resolve and check the files (66/77), check the budget (65),
-    log its warnings. Returns the job for the child (None for mode = "none")."""
+def prepare(plan: Plan, checked: Preflight) -> PrefetchJob | None:
+    """The job for the engine's child from the files the preflight resolved and checked
+    (governor/preflight.py); None for mode = "none"."""
     mode = plan.prefetch.mode
-    paths: list[Path] = []
-    if mode != "none":
-        paths = resolve_files(
-            plan.prefetch.files,
-            model=model,
-            engine_kind=plan.engine.kind,
-            cwd=cwd,
-            source=plan.source,
-        )
-    prefetch_bytes = sum(check_readable(p, source=plan.source) for p in paths)
-    budget = check_budget(
-        model_bytes=model_bytes,
-        prefetch_bytes=prefetch_bytes,
-        mode=mode,
-        memory_max=_limit(plan, kf.MEMORY_MAX),
-        memory_high=_limit(plan, kf.MEMORY_HIGH),
-        kv_bytes=kv_bytes,
-        source=plan.source,
-    )
-    for warning in budget.warnings:
-        log.warning("prefetch.budget", message=warning)
-    for note in budget.notes:
-        log.debug("prefetch.budget", note=note)
     if mode == "none":
         return None
-    log.info("prefetch.planned", mode=mode, files=[str(p) for p in paths], bytes=prefetch_bytes)
-    return PrefetchJob(files=tuple(str(p) for p in paths), mode=mode)
-
-
-def _limit(plan: Plan, file: str) -> int | None:
-    """A memory limit the plan writes on the group, in bytes (None: "max" or not written)."""
-    for w in plan.writes:
-        if w.cgroup == plan.group and w.file == file and w.value != "max":
-            return int(w.value)
-    return None
+    log.info("prefetch.planned", mode=mode, files=list(checked.files), bytes=checked.prefetch_bytes)
+    return PrefetchJob(files=checked.files, mode=mode)
