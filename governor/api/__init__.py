@@ -15,6 +15,7 @@ if TYPE_CHECKING:
     from governor.plan.host import HostFacts
     from governor.plan.model import Plan
     from governor.policy.model import Policy
+    from governor.preflight import Preflight
 
 
 @record(frozen=True)
@@ -106,27 +107,6 @@ def remove(path: Path, opts: HostOptions) -> Any:
     return _backend(plan).remove(plan)
 
 
-def _model_bytes(args: Any) -> int | None:
-    """Size of the engine's model file(s) (all parts of a split GGUF); 66 when missing."""
-    from governor.engines.llama import model_parts
-    from governor.errors import PolicyNotFound
-
-    if args is None or args.model is None:
-        return None
-    total = 0
-    for part in model_parts(args.model):
-        try:
-            total += part.stat().st_size
-        except OSError as err:
-            raise PolicyNotFound(
-                f"model file not found: {part} ({err.strerror})",
-                file="engine argv",
-                field="-m/--model",
-                hint="check the model path after -m",
-            ) from err
-    return total
-
-
 @record(frozen=True)
 class MonitorOptions:
     sample_s: float = 1.0
@@ -212,13 +192,15 @@ def install(path: Path, opts: HostOptions, iopts: InstallOptions) -> Any:
     from governor import install as inst
     from governor.backends import dropin
     from governor.backends.systemd import daemon_reload
-    from governor.engines.checks import read_engine_argv
     from governor.errors import HostError
+    from governor.preflight import engine_args
+    from governor.preflight import model_bytes as model_size
 
     policy = load_policy(path)
     model_bytes = None
     if iopts.engine:
-        model_bytes = _model_bytes(read_engine_argv(policy, iopts.engine))
+        kind, cap = policy.engine.kind, policy.engine.max_context_tokens
+        model_bytes = model_size(engine_args(kind, cap, iopts.engine))
     host = probe_host(opts)  # systemd enables controllers along the unit's path itself
     if host.systemd_version is None:
         raise HostError(
@@ -284,18 +266,27 @@ def estimate(model: Path, opts: HostOptions, eopts: EstimateOptions) -> Any:
 
 
 def check_engine(path: Path, opts: HostOptions, argv: tuple[str, ...], *, force: bool) -> Any:
-    """`governor check --engine-argv`: the plan plus the engine checks launch would make
-    (max_context_tokens, model files, the GGUF budget); returns (plan, estimate, warnings)."""
-    from governor.engines.budget import check_launch
-    from governor.engines.checks import engine_warnings, read_engine_argv
+    """`governor check --engine-argv`: the plan plus every refusal launch makes before it
+    applies anything (the same preflight); returns (plan, estimate, warnings)."""
+    plan, _host, checked = _preflight(path, argv, opts, probe_target=True, force=force)
+    return plan, checked.estimate, checked.messages
+
+
+def _preflight(
+    path: Path, argv: tuple[str, ...], opts: HostOptions, *, probe_target: bool, force: bool
+) -> tuple[Plan, HostFacts, Preflight]:
+    """load + engine argv + model + probe + compile + governor/preflight.py: what check
+    --engine-argv and launch both run, in this order, before anything is applied."""
+    from governor.preflight import engine_args, model_bytes, preflight
 
     policy = load_policy(path)
-    args = read_engine_argv(policy, argv)
-    model_bytes = _model_bytes(args)
-    host = probe_host(opts, target=f"{policy.slice}/{policy.name}")
-    plan = _compile(policy, host, opts, path, model_bytes=model_bytes)
-    est = check_launch(args, plan, root=opts.root, force=force)
-    return plan, est, engine_warnings(args, plan, host)
+    args = engine_args(policy.engine.kind, policy.engine.max_context_tokens, argv)
+    size = model_bytes(args)
+    target = f"{policy.slice}/{policy.name}" if probe_target else None
+    host = probe_host(opts, target=target)
+    plan = _compile(policy, host, opts, path, model_bytes=size)
+    checked = preflight(plan, args, root=opts.root, cwd=Path.cwd(), force=force, host=host)
+    return plan, host, checked
 
 
 def bench(path: Path, argv: tuple[str, ...], opts: HostOptions, bopts: Any) -> Any:

@@ -10,10 +10,7 @@ from typing import TYPE_CHECKING, Any
 from governor.api import (
     HostOptions,
     _backend,
-    _compile,
-    _model_bytes,
-    load_policy,
-    probe_host,
+    _preflight,
 )
 from governor.log import get_logger
 from governor.record import record
@@ -237,38 +234,21 @@ def _cpu_signature(opts: HostOptions) -> str:
 def _compile_launch(
     path: Path, argv: tuple[str, ...], opts: HostOptions, lopts: LaunchOptions, backend_name: str
 ) -> tuple[Compiled, HostFacts]:
-    """Compile time for a launch: policy, host, plan and every refusal before apply."""
+    """Compile time for a launch: policy, host, plan and every refusal before apply (the
+    same preflight as `check --engine-argv`: governor/preflight.py)."""
     from governor import compiled
-    from governor.engines.budget import check_launch
-    from governor.engines.checks import engine_warnings, read_engine_argv
     from governor.engines.llama import model_parts
-    from governor.errors import PolicyError
-    from governor.launch.prefetch import prepare as prepare_prefetch
+    from governor.preflight import engine_args
 
-    policy = load_policy(path)
-    args = read_engine_argv(policy, argv)
-    model_bytes = _model_bytes(args)
     # under systemd the manager enables controllers along the unit's path itself
-    target = None if backend_name == "systemd" else f"{policy.slice}/{policy.name}"
-    host = probe_host(opts, target=target)
-    plan = _compile(policy, host, opts, path, model_bytes=model_bytes)
-    if plan.launch.memlock == "model":
-        raise PolicyError(
-            'process.memlock = "model" needs the engine\'s model file',
-            file=str(path),
-            field="process.memlock",
-            hint="pass the model with -m, or give memlock as a size",
-        )
-    warnings = tuple(("engine.argv", w) for w in engine_warnings(args, plan, host))
-    # a GGUF model: the estimate (weights + repack + KV + compute) is THE budget check (65)
-    estimated = check_launch(args, plan, root=opts.root, force=lopts.force)
-    job = prepare_prefetch(
-        plan,
-        model=args.model if args else None,
-        model_bytes=None if estimated is not None else model_bytes,
-        cwd=Path.cwd(),
+    plan, host, checked = _preflight(
+        path, argv, opts, probe_target=backend_name != "systemd", force=lopts.force
     )
-    files = job.files if job is not None else ()
+    target = None if backend_name == "systemd" else plan.group
+    for note in checked.notes:
+        log.debug("preflight.note", note=note)
+    args = engine_args(plan.engine.kind, plan.engine.max_context_tokens, argv)
+    files = checked.files
     inputs = [*(str(p) for p in (model_parts(args.model) if args and args.model else [])), *files]
     idents = tuple(i for i in (compiled.file_identity(p) for p in inputs) if i is not None)
     chain = tuple(
@@ -276,10 +256,10 @@ def _compile_launch(
     )
     entry = compiled.Compiled(
         plan=plan,
-        warnings=warnings,
-        estimate=estimated.to_dict() if estimated is not None else None,
+        warnings=tuple(checked.warnings),
+        estimate=checked.estimate.to_dict() if checked.estimate is not None else None,
         prefetch_files=tuple(files),
-        prefetch_bytes=sum(i[3] for i in idents if i[0] in files),
+        prefetch_bytes=checked.prefetch_bytes,
         target=target,
         chain=chain,
         inputs=idents,

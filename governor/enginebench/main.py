@@ -61,8 +61,8 @@ def _global_args(opts: Any) -> tuple[str, ...]:
 
 def _quant_and_estimate(row: Row, argv: tuple[str, ...], root: Path) -> None:
     """Fill the row's quant and estimate from the GGUF header (when gguf is importable)."""
-    from governor.engines.budget import estimate_argv, is_gguf
-    from governor.engines.llama import parse_llama_argv
+    from governor.engines.budget import estimate_argv
+    from governor.engines.llama import is_gguf, parse_llama_argv
     from governor.errors import GovernorError
 
     args = parse_llama_argv(argv)

@@ -100,6 +100,11 @@ class EngineArgs:
         return "no_repack" not in self.flags
 
 
+def is_gguf(args: EngineArgs | None) -> bool:
+    """Whether the argv names a GGUF model (the estimate applies to it)."""
+    return args is not None and args.model is not None and args.model.endswith(".gguf")
+
+
 class EngineArgvError(ValueError):
     """An engine argv the governor cannot read (e.g. `-c abc`)."""
 

@@ -1,9 +1,9 @@
-"""Warm the model into memory charged to the slice, verify it with mincore(), optionally lock it.
+"""Warm the model into memory charged to the slice and verify it with mincore().
 
-Runs in the engine's child AFTER it joined the leaf cgroup and before it execs the engine: page
-cache is charged to the cgroup of the process that first touches a page and moving a process
-later does not move its charges (cgroup-v2.rst, "Memory Ownership"), so the governor's own
-cgroup is never charged for the model.
+Runs in the prefetch helper (governor/launch/helper.py), a process born in the engine's leaf
+cgroup while the engine starts: page cache is charged to the cgroup of the process that first
+touches a page and moving a process later does not move its charges (cgroup-v2.rst, "Memory
+Ownership"), so the governor's own cgroup is never charged for the model.
 
 Modes (``[prefetch] mode``):
 
@@ -16,56 +16,29 @@ Modes (``[prefetch] mode``):
   errors), MAP_POPULATE (a populated mapping per chunk; errors are silent), a read loop (any file
   system). Then mincore() per page and a top-up of what is missing (read loops sometimes ended
   at 99.5% resident, notes/kernel.md).
-- ``lock``: populate, then a small *locker* process holds an mlock()ed mapping of every file for
-  the engine's lifetime.
-
-Why a locker instead of RLIMIT_MEMLOCK for the engine's own lock: mlock is not inherited across
-fork/exec, so only the engine itself could lock after exec, and ``engine.kind = "generic"``
-programs never do; llama.cpp's own mlock is tried incrementally and silently stops at the first
-ENOMEM. The locker works for every engine and fails loudly before the engine starts. It is a
-double-forked grandchild of the engine's child, so it is not the engine's child (no surprise
-SIGCHLD or wait() result for the engine), it lives in the same leaf cgroup (cgroup.kill of the
-group kills it; processes only in leaves), in its own session (a ^C at the terminal is for the
-engine), and it exits when the engine exits: it polls a pidfd of the engine (Linux >= 5.3). A
-second lock by an engine that also mlocks (``-lm mlock``) costs nothing: the file pages are
-shared. Measured cost: the forked Python locker's copy-on-write pages are ~3.7 MiB of
-Private_Dirty (smaps_rollup, host, 300 MiB file locked); the lock adds no memory beyond the
-model's page cache. In the guest the slice's memory.stat ``unevictable`` equals the file size
-while the engine runs and drops when it exits.
+- ``lock``: populate, then the helper mlock()s every file and holds the lock for the engine's
+  lifetime (governor/launch/helper.py says why a separate process and not RLIMIT_MEMLOCK).
 
 Measured (bench/prefetch.py, 1 GiB, cold cache, host virtual disk, noisy: a TCG guest shared
 the 2 cores): MADV_POPULATE_READ 2.05-2.25 GB/s, MAP_POPULATE 2.16-2.36, read loop 0.62-1.15,
 chunked fadvise until resident 1.27-1.48, cat 1.97-2.13, vmtouch -t 1.14-1.64, dd iflag=direct
 0.61-1.36.
-
-The result goes back to the parent as a small JSON file (``PrefetchJob.result_path``) that the
-parent reads after the exec; progress is a one-line bar on a TTY, else structured log events
-``prefetch.progress`` / ``prefetch.done``.
 """
 
 from __future__ import annotations
 
 import ctypes
 import errno as errno_mod
-import glob as glob_mod
-import json
 import mmap
 import os
 import re
-import select
-import signal
-import stat
-import sys
 import time
 from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Literal, TextIO
 
-from governor.errors import PermissionDenied, PolicyError, PolicyNotFound
-from governor.kernel import files as kf
 from governor.log import get_logger
-from governor.plan.model import Plan
-from governor.record import asdict, field, record
+from governor.record import record
 from governor.units import human_bytes
 
 if TYPE_CHECKING:
@@ -136,72 +109,6 @@ def missing_ranges(vec: bytes, page_size: int, *, base: int = 0) -> list[tuple[i
     return out
 
 
-def kv_cache_bytes(n_layer: int, n_ctx: int, n_embd_kv: int, bytes_per_elem: float = 2) -> int:
-    """llama.cpp's KV cache: K and V, per layer, per context position (notes/kernel.md)."""
-    return int(2 * n_layer * n_ctx * n_embd_kv * bytes_per_elem)
-
-
-@record(frozen=True)
-class Budget:
-    """The verdict of ``check_budget``: warnings to log, notes worth printing."""
-
-    warnings: tuple[str, ...] = ()
-    notes: tuple[str, ...] = ()
-
-
-def check_budget(
-    *,
-    model_bytes: int | None,
-    prefetch_bytes: int,
-    mode: Mode,
-    memory_max: int | None,
-    memory_high: int | None,
-    kv_bytes: int | None = None,
-    source: str | None = None,
-) -> Budget:
-    """Model (+ KV cache when known) against memory.max / memory.high, before anything is applied.
-
-    Refuses with PolicyError (exit 65, EX_DATAERR): the policy's own budget contradicts the
-    workload it is launched with, which is a data error the operator fixes in the policy or the
-    argv; 69 (EX_UNAVAILABLE) is kept for a host that lacks a capability.
-    """
-    warnings: list[str] = []
-    notes: list[str] = []
-    need = (model_bytes or 0) + (kv_bytes or 0)
-    what = f"model {human_bytes(model_bytes or 0)}"
-    if kv_bytes is not None:
-        what += f" + KV cache {human_bytes(kv_bytes)}"
-    elif model_bytes is not None:
-        notes.append("budget checked with the model file size only (KV cache size unknown)")
-    if memory_max is not None and model_bytes is not None and need > memory_max:
-        raise PolicyError(
-            f"{what} = {human_bytes(need)} ({need} bytes) does not fit memory.max"
-            f" {human_bytes(memory_max)} ({memory_max} bytes)",
-            file=source,
-            field="memory.max",
-            hint="raise memory.max, use a smaller model (quantisation) or a shorter context",
-        )
-    if mode == "lock" and memory_max is not None and prefetch_bytes > memory_max:
-        raise PolicyError(
-            f"prefetch.mode = lock would lock {human_bytes(prefetch_bytes)} ({prefetch_bytes}"
-            f" bytes), above memory.max {human_bytes(memory_max)} ({memory_max} bytes)",
-            file=source,
-            field="prefetch.mode",
-            hint="locked pages cannot be reclaimed: raise memory.max or use mode = populate",
-        )
-    if mode != "none" and memory_high is not None and prefetch_bytes > memory_high:
-        warnings.append(
-            f"prefetch of {human_bytes(prefetch_bytes)} crosses memory.high"
-            f" {human_bytes(memory_high)}: it will throttle and reclaim itself"
-        )
-    elif memory_high is not None and model_bytes is not None and need > memory_high:
-        warnings.append(
-            f"{what} = {human_bytes(need)} is above memory.high {human_bytes(memory_high)}:"
-            " the engine will be throttled"
-        )
-    return Budget(warnings=tuple(warnings), notes=tuple(notes))
-
-
 def progress_line(done: int, total: int, seconds: float, *, width: int = 24) -> str:
     """One TTY line: bar, bytes, rate, percent."""
     frac = 1.0 if total <= 0 else min(1.0, done / total)
@@ -211,90 +118,6 @@ def progress_line(done: int, total: int, seconds: float, *, width: int = 24) -> 
         f"prefetch [{'#' * filled}{'.' * (width - filled)}] {human_bytes(done)}/"
         f"{human_bytes(total)} {human_bytes(int(rate))}/s {frac * 100:.1f}%"
     )
-
-
-# ------------------------------------------------------------------------------- file selection
-
-
-def resolve_files(
-    spec: Literal["auto"] | Sequence[str],
-    *,
-    model: str | None,
-    engine_kind: str,
-    cwd: Path,
-    source: str | None = None,
-) -> list[Path]:
-    """The files to prefetch: the engine's model (all split-GGUF parts) for "auto", else each
-    path or glob (relative to ``cwd``). Missing -> 66, unreadable -> 77, before anything runs."""
-    from governor.engines.llama import model_parts
-
-    if spec == "auto":
-        if engine_kind != "llama.cpp":
-            raise PolicyError(
-                'prefetch.files = "auto" takes the model from a llama.cpp argv (-m)',
-                file=source,
-                field="prefetch.files",
-                hint='list the files for a generic engine: files = ["/models/x.gguf"]',
-            )
-        if model is None:
-            raise PolicyError(
-                'prefetch.files = "auto" needs the engine\'s -m/--model',
-                file=source,
-                field="prefetch.files",
-                hint="pass the model with -m, or list the files in prefetch.files",
-            )
-        found = [p if p.is_absolute() else cwd / p for p in model_parts(model)]
-    else:
-        found = []
-        for entry in spec:
-            pattern = entry if os.path.isabs(entry) else str(cwd / entry)
-            if glob_mod.has_magic(entry):
-                matches = sorted(glob_mod.glob(pattern))
-                if not matches:
-                    raise PolicyNotFound(
-                        f"prefetch glob matches no file: {entry}",
-                        file=source,
-                        field="prefetch.files",
-                        hint="check the pattern (relative paths start from the current directory)",
-                    )
-                found += [Path(m) for m in matches]
-            else:
-                found.append(Path(pattern))
-    out: list[Path] = []
-    for path in found:
-        check_readable(path, source=source)
-        if path not in out:
-            out.append(path)
-    return out
-
-
-def check_readable(path: Path, *, source: str | None = None) -> int:
-    """Size of a regular readable file; PolicyNotFound (66) / PermissionDenied (77) / 65."""
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
-    except FileNotFoundError as err:
-        raise PolicyNotFound(
-            f"prefetch file not found: {path}",
-            file=source,
-            field="prefetch.files",
-            hint="check the model path (-m) or prefetch.files",
-        ) from err
-    except PermissionError as err:
-        raise PermissionDenied(
-            "prefetch file is not readable",
-            file=str(path),
-            errno=err.errno,
-            hint="the governor reads the model before it drops privileges: check its mode",
-        ) from err
-    try:
-        st = os.fstat(fd)
-    finally:
-        os.close(fd)
-    if not stat.S_ISREG(st.st_mode):
-        raise PolicyError(
-            f"prefetch file is not a regular file: {path}", file=source, field="prefetch.files"
-        )
-    return st.st_size
 
 
 # ----------------------------------------------------------------------------------- libc calls
@@ -557,201 +380,3 @@ class Prefetcher:
             resident_bytes=min(total, resident_pages(everything) * self.page_size),
             topup_rounds=rounds,
         )
-
-
-# ------------------------------------------------------------------------------------- the locker
-
-
-def _close_fds_except(keep: Iterable[int]) -> None:
-    low = 3
-    for fd in sorted(set(keep)):
-        if fd >= low:
-            os.closerange(low, fd)
-            low = fd + 1
-    os.closerange(low, os.sysconf("SC_OPEN_MAX"))
-
-
-def _wait_for_exit(pid: int, pidfd: int | None) -> None:
-    if pidfd is not None:
-        poller = select.poll()
-        poller.register(pidfd, select.POLLIN)
-        while not poller.poll():
-            pass
-        return
-    while True:  # no pidfd (< 5.3): the engine's pid, once a second
-        try:
-            os.kill(pid, 0)
-        except ProcessLookupError:
-            return
-        time.sleep(1.0)
-
-
-def _locker_main(paths: Sequence[Path], engine_pid: int, pidfd: int | None, w: int) -> None:
-    """The locker: map, mlock, report, wait for the engine to exit; never returns."""
-    code = 0
-    try:
-        keep = [w] + ([pidfd] if pidfd is not None else [])
-        _close_fds_except(keep)
-        devnull = os.open(os.devnull, os.O_RDWR)
-        for std in (0, 1, 2):
-            os.dup2(devnull, std)
-        os.close(devnull)
-        libc = _Libc()
-        locked = 0
-        for path in paths:
-            fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
-            try:
-                size = os.fstat(fd).st_size
-                if size:
-                    addr = libc.map(fd, 0, size)  # stays mapped (and locked) until exit
-                    libc.lock(addr, size)
-                    locked += size
-            finally:
-                os.close(fd)
-        os.write(w, json.dumps({"pid": os.getpid(), "locked": locked}).encode())
-        os.close(w)
-        _wait_for_exit(engine_pid, pidfd)
-    except BaseException as err:
-        code = 1
-        try:
-            msg = {"error": str(err), "errno": getattr(err, "errno", None) or 0}
-            os.write(w, json.dumps(msg).encode())
-        except OSError:
-            pass
-    finally:
-        os._exit(code)
-
-
-def start_locker(paths: Sequence[Path]) -> tuple[int, int]:
-    """Fork the locker for the calling process (the engine-to-be); returns (pid, locked bytes).
-    Raises OSError with the locker's errno when it could not lock."""
-    engine_pid = os.getpid()
-    pidfd: int | None = os.pidfd_open(engine_pid) if hasattr(os, "pidfd_open") else None
-    r, w = os.pipe()
-    mid = os.fork()
-    if mid == 0:  # pragma: no cover - intermediate: new session, fork the locker, exit
-        try:
-            os.close(r)
-            os.setsid()
-            for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT):
-                signal.signal(sig, signal.SIG_IGN)
-            if os.fork() == 0:
-                _locker_main(paths, engine_pid, pidfd, w)
-        finally:
-            os._exit(0)
-    os.close(w)
-    if pidfd is not None:
-        os.close(pidfd)
-    os.waitpid(mid, 0)
-    chunks = []
-    while chunk := os.read(r, 4096):
-        chunks.append(chunk)
-    os.close(r)
-    try:
-        answer = json.loads(b"".join(chunks) or b"{}")
-    except ValueError:
-        answer = {}
-    if "pid" not in answer:
-        code = int(answer.get("errno") or errno_mod.EIO)
-        raise OSError(code, f"locker: {answer.get('error', 'died before it reported')}")
-    return int(answer["pid"]), int(answer["locked"])
-
-
-# ------------------------------------------------------------------------------------ the job
-
-RESULT_BYTES = 64 << 10
-
-
-@record
-class PrefetchJob:
-    """What the engine's child runs after joining the leaf. The result travels back through a
-    shared anonymous mapping made before the fork: no file to leak, no fd for the engine to
-    inherit (exec drops the mapping)."""
-
-    files: tuple[str, ...]
-    mode: Mode
-    _shared: mmap.mmap = field(init=False, repr=False)
-
-    def __post_init__(self) -> None:
-        self._shared = mmap.mmap(-1, RESULT_BYTES)  # MAP_SHARED | MAP_ANONYMOUS
-
-    def run(self) -> None:
-        """In the child: prefetch (and lock), log, publish the result. Raises on failure."""
-        paths = [Path(f) for f in self.files]
-        tty = sys.stderr if sys.stderr.isatty() else None
-        res = Prefetcher().run(paths, self.mode, tty=tty)
-        if self.mode == "lock":
-            res.locker_pid, res.locked_bytes = start_locker(paths)
-            log.info("prefetch.locked", pid=res.locker_pid, bytes=res.locked_bytes)
-        log.info(
-            "prefetch.done",
-            mode=res.mode,
-            method=res.method,
-            bytes=res.bytes,
-            seconds=res.seconds,
-            resident_fraction=res.resident_fraction,
-            topup_rounds=res.topup_rounds,
-        )
-        data = json.dumps(asdict(res)).encode()
-        if len(data) >= RESULT_BYTES:
-            res.files = [*res.files[:1], f"... {len(res.files) - 1} more"]
-            data = json.dumps(asdict(res)).encode()
-        self._shared[: len(data)] = data
-
-    def collect(self) -> PrefetchResult | None:
-        """In the parent, after the exec: the child's result (None if it published none)."""
-        raw = self._shared[:].split(b"\0", 1)[0]
-        if not raw:
-            return None
-        try:
-            return PrefetchResult(**json.loads(raw))
-        except (ValueError, TypeError):
-            return None
-
-
-def prepare(
-    plan: Plan,
-    *,
-    model: str | None,
-    model_bytes: int | None,
-    cwd: Path,
-    kv_bytes: int | None = None,
-) -> PrefetchJob | None:
-    """Before anything is applied: resolve and check the files (66/77), check the budget (65),
-    log its warnings. Returns the job for the child (None for mode = "none")."""
-    mode = plan.prefetch.mode
-    paths: list[Path] = []
-    if mode != "none":
-        paths = resolve_files(
-            plan.prefetch.files,
-            model=model,
-            engine_kind=plan.engine.kind,
-            cwd=cwd,
-            source=plan.source,
-        )
-    prefetch_bytes = sum(check_readable(p, source=plan.source) for p in paths)
-    budget = check_budget(
-        model_bytes=model_bytes,
-        prefetch_bytes=prefetch_bytes,
-        mode=mode,
-        memory_max=_limit(plan, kf.MEMORY_MAX),
-        memory_high=_limit(plan, kf.MEMORY_HIGH),
-        kv_bytes=kv_bytes,
-        source=plan.source,
-    )
-    for warning in budget.warnings:
-        log.warning("prefetch.budget", message=warning)
-    for note in budget.notes:
-        log.debug("prefetch.budget", note=note)
-    if mode == "none":
-        return None
-    log.info("prefetch.planned", mode=mode, files=[str(p) for p in paths], bytes=prefetch_bytes)
-    return PrefetchJob(files=tuple(str(p) for p in paths), mode=mode)
-
-
-def _limit(plan: Plan, file: str) -> int | None:
-    """A memory limit the plan writes on the group, in bytes (None: "max" or not written)."""
-    for w in plan.writes:
-        if w.cgroup == plan.group and w.file == file and w.value != "max":
-            return int(w.value)
-    return None

@@ -6,14 +6,19 @@ from pathlib import Path
 
 import pytest
 
-from governor.engines.checks import engine_warnings, read_engine_argv
-from governor.engines.llama import EngineArgvError, model_parts, parse_llama_argv
+from governor.engines.llama import EngineArgs, EngineArgvError, model_parts, parse_llama_argv
 from governor.errors import PolicyError
 from governor.plan.compiler import compile_plan
 from governor.plan.host import probe
 from governor.policy.loader import load_text
+from governor.policy.model import Policy
+from governor.preflight import engine_args, engine_warnings
 
 RK3588 = Path(__file__).resolve().parents[1] / "fixtures" / "hosts" / "rk3588"
+
+
+def read_argv(policy: Policy, argv: tuple[str, ...]) -> EngineArgs | None:
+    return engine_args(policy.engine.kind, policy.engine.max_context_tokens, argv)
 
 
 def test_short_long_and_equals_forms_are_read_and_argv_is_kept() -> None:
@@ -68,7 +73,7 @@ memlock = "unlimited"
 
 def test_context_above_the_cap_is_refused_with_exit_65() -> None:
     with pytest.raises(PolicyError) as err:
-        read_engine_argv(load_text(POLICY), ("llama", "-m", "m", "-c", "4096"))
+        read_argv(load_text(POLICY), ("llama", "-m", "m", "-c", "4096"))
     assert err.value.exit_code == 65
     assert "4096" in str(err.value)
     assert "2048" in str(err.value)
@@ -77,25 +82,25 @@ def test_context_above_the_cap_is_refused_with_exit_65() -> None:
 
 def test_context_zero_means_n_ctx_train_and_is_refused_under_a_cap() -> None:
     with pytest.raises(PolicyError, match="n_ctx_train"):
-        read_engine_argv(load_text(POLICY), ("llama", "-c", "0"))
+        read_argv(load_text(POLICY), ("llama", "-c", "0"))
 
 
 def test_generic_engines_are_not_parsed() -> None:
     policy = load_text('name = "g"\n[engine]\nkind = "generic"\nmax_context_tokens = 8\n')
-    assert read_engine_argv(policy, ("prog", "-c", "99999")) is None
+    assert read_argv(policy, ("prog", "-c", "99999")) is None
 
 
 def test_warnings_for_missing_c_threads_across_clusters_and_memlock_without_lock() -> None:
     policy = load_text(POLICY)
     host = probe(RK3588)
     plan = compile_plan(policy, host)
-    args = read_engine_argv(policy, ("llama", "-m", "m", "-t", "6"))
+    args = read_argv(policy, ("llama", "-m", "m", "-t", "6"))
     warnings = engine_warnings(args, plan, host)
     text = "\n".join(warnings)
     assert "no -c" in text
     assert "spans both core types" in text  # cpus = all on a big.LITTLE board
     assert "will not lock" in text
-    fine = read_engine_argv(policy, ("llama", "-m", "m", "-c", "512", "-t", "4", "-lm", "mlock"))
+    fine = read_argv(policy, ("llama", "-m", "m", "-c", "512", "-t", "4", "-lm", "mlock"))
     big_plan = compile_plan(load_text(POLICY.replace('cpus = "all"', 'cpus = "big"')), host)
     assert engine_warnings(fine, big_plan, host) == []
 
@@ -103,6 +108,6 @@ def test_warnings_for_missing_c_threads_across_clusters_and_memlock_without_lock
 def test_threads_above_pinned_cpus_is_warned() -> None:
     policy = load_text(POLICY.replace('cpus = "all"', 'cpus = "big"'))
     host = probe(RK3588)
-    args = read_engine_argv(policy, ("llama", "-c", "512", "-t", "8", "-lm", "mlock"))
+    args = read_argv(policy, ("llama", "-c", "512", "-t", "8", "-lm", "mlock"))
     warnings = engine_warnings(args, compile_plan(policy, host), host)
     assert any("exceeds the 4 pinned CPUs" in w for w in warnings)
