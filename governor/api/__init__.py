@@ -217,7 +217,7 @@ def install(path: Path, opts: HostOptions, iopts: InstallOptions) -> Any:
         engine=iopts.engine or None,
     )
     live = iopts.root.resolve() == Path("/")
-    return inst.install(
+    result = inst.install(
         plan.policy,
         files,
         dropin.unit_names(plan),
@@ -225,6 +225,35 @@ def install(path: Path, opts: HostOptions, iopts: InstallOptions) -> Any:
         dry_run=iopts.dry_run,
         reload=daemon_reload if live else None,
     )
+    if live and not iopts.dry_run and iopts.engine:
+        _precompile_for_service(path.resolve(), iopts.engine, opts)
+    return result
+
+
+def _precompile_for_service(policy_path: Path, engine: tuple[str, ...], opts: HostOptions) -> None:
+    """Compile the plan the installed service will ask for (its ExecStart= command line, its
+    working directory /, root's cache) so that `systemctl start` takes the lean path. Best
+    effort: a refusal here is said now and again by the service when it starts."""
+    from governor.api.launch import LaunchOptions, compiled_for_launch
+    from governor.cachedir import cache_dir
+    from governor.errors import GovernorError
+    from governor.log import get_logger
+
+    service_opts = HostOptions(root=opts.root, cgroup_root=opts.cgroup_root)
+    try:
+        compiled_for_launch(
+            policy_path,
+            engine,
+            service_opts,
+            LaunchOptions(backend="systemd"),
+            "systemd",
+            cwd=Path("/"),
+            cache=cache_dir(environ={}),
+        )
+    except GovernorError as err:
+        get_logger("governor.install").warning(
+            "plan.precompile_failed", message=str(err), hint=err.hint
+        )
 
 
 def uninstall(policy: str, root: Path, *, dry_run: bool = False) -> Any:
@@ -273,7 +302,13 @@ def check_engine(path: Path, opts: HostOptions, argv: tuple[str, ...], *, force:
 
 
 def _preflight(
-    path: Path, argv: tuple[str, ...], opts: HostOptions, *, probe_target: bool, force: bool
+    path: Path,
+    argv: tuple[str, ...],
+    opts: HostOptions,
+    *,
+    probe_target: bool,
+    force: bool,
+    cwd: Path | None = None,
 ) -> tuple[Plan, HostFacts, Preflight]:
     """load + engine argv + model + probe + compile + governor/preflight.py: what check
     --engine-argv and launch both run, in this order, before anything is applied."""
@@ -285,7 +320,7 @@ def _preflight(
     target = f"{policy.slice}/{policy.name}" if probe_target else None
     host = probe_host(opts, target=target)
     plan = _compile(policy, host, opts, path, model_bytes=size)
-    checked = preflight(plan, args, root=opts.root, cwd=Path.cwd(), force=force, host=host)
+    checked = preflight(plan, args, root=opts.root, cwd=cwd or Path.cwd(), force=force, host=host)
     return plan, host, checked
 
 

@@ -191,9 +191,18 @@ def launch(path: Path, argv: tuple[str, ...], opts: HostOptions, lopts: LaunchOp
 
 
 def compiled_for_launch(
-    path: Path, argv: tuple[str, ...], opts: HostOptions, lopts: LaunchOptions, backend_name: str
+    path: Path,
+    argv: tuple[str, ...],
+    opts: HostOptions,
+    lopts: LaunchOptions,
+    backend_name: str,
+    *,
+    cwd: Path | None = None,
+    cache: Path | None = None,
 ) -> tuple[Compiled, HostFacts]:
-    """The plan cache's entry for this launch, else a compile (which stores it)."""
+    """The plan cache's entry for this launch, else a compile (which stores it). ``cwd`` and
+    ``cache`` stand for another process's view (install compiles for the service: cwd /, the
+    cache directory of root without GOVERNOR_CACHE_DIR)."""
     from governor import compiled
 
     name = None
@@ -206,15 +215,15 @@ def compiled_for_launch(
             str(lopts.force),
             _cpu_signature(opts),
         ]
-        name = compiled.entry_name(path, argv, options=options, cwd=Path.cwd())
+        name = compiled.entry_name(path, argv, options=options, cwd=cwd or Path.cwd())
     if name is not None:
-        hit = compiled.lookup(name, root=opts.root, cgroup_root=opts.cgroup_root)
+        hit = compiled.lookup(name, root=opts.root, cgroup_root=opts.cgroup_root, directory=cache)
         if hit is not None:
             log.debug("plan_cache.hit", entry=name)
             return hit
-    entry, host = _compile_launch(path, argv, opts, lopts, backend_name)
+    entry, host = _compile_launch(path, argv, opts, lopts, backend_name, cwd=cwd or Path.cwd())
     if name is not None:
-        compiled.store(name, entry)
+        compiled.store(name, entry, directory=cache)
     return entry, host
 
 
@@ -232,7 +241,13 @@ def _cpu_signature(opts: HostOptions) -> str:
 
 
 def _compile_launch(
-    path: Path, argv: tuple[str, ...], opts: HostOptions, lopts: LaunchOptions, backend_name: str
+    path: Path,
+    argv: tuple[str, ...],
+    opts: HostOptions,
+    lopts: LaunchOptions,
+    backend_name: str,
+    *,
+    cwd: Path,
 ) -> tuple[Compiled, HostFacts]:
     """Compile time for a launch: policy, host, plan and every refusal before apply (the
     same preflight as `check --engine-argv`: governor/preflight.py)."""
@@ -242,7 +257,7 @@ def _compile_launch(
 
     # under systemd the manager enables controllers along the unit's path itself
     plan, host, checked = _preflight(
-        path, argv, opts, probe_target=backend_name != "systemd", force=lopts.force
+        path, argv, opts, probe_target=backend_name != "systemd", force=lopts.force, cwd=cwd
     )
     target = None if backend_name == "systemd" else plan.group
     for note in checked.notes:
