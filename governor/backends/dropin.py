@@ -201,7 +201,7 @@ Restart=on-failure
 # usage (2), bad policy (65), missing file (66), host cannot enforce (69), permission (77),
 # engine not executable / not found (126/127): restarting cannot help
 RestartPreventExitStatus=2 65 66 69 77 126 127
-# structlog writes one JSON object per line when stderr is not a TTY
+# governor writes one JSON object per line on stderr when it is not a TTY
 StandardError=journal
 SyslogIdentifier=governor-%i
 """
