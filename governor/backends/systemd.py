@@ -29,7 +29,7 @@ import errno
 import os
 import time
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal, Protocol
@@ -402,8 +402,12 @@ class SystemdBackend:
         unit_cg = self.placement.cgroup
         supervisor = f"{unit_cg}/{dropin.SUPERVISOR_LEAF}"
         self.fs.mkdir(supervisor)
-        # no internal processes: U enables controllers for its children only once it is empty
+        # no internal processes: U enables controllers for its children only once it is empty.
+        # The governor and what it started before (the /bin/sh watchdog) move together.
         self.fs.move(self._getpid(), supervisor)
+        for pid in self.fs.procs(unit_cg):
+            with suppress(GovernorError):  # one that exited meanwhile
+                self.fs.move(pid, supervisor)
         log.info("systemd.supervisor", unit=self.placement.unit, cgroup=supervisor)
         self._protect_slices()
         return self._cg.apply(plan)
