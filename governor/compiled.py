@@ -58,6 +58,9 @@ class Compiled:
     chain: tuple[tuple[str, str], ...] = ()  # (policy file, sha256) of the extends chain
     inputs: tuple[tuple[str, int, int, int, int], ...] = ()  # (path, dev, ino, size, mtime_ns)
     host_key: str = ""
+    # --backend systemd: (mode, unit, unit cgroup, the plan applied inside it) for the service
+    # and the transient scope, compiled ahead (governor/backends/systemd.py compile_placements)
+    placements: tuple[tuple[str, str, str, Plan], ...] = ()
     from_cache: bool = False
 
     def to_json(self) -> bytes:
@@ -71,6 +74,7 @@ class Compiled:
             "chain": [list(c) for c in self.chain],
             "inputs": [list(i) for i in self.inputs],
             "host_key": self.host_key,
+            "placements": [[m, u, c, p.to_dict()] for m, u, c, p in self.placements],
         }
         return json.dumps(d).encode()
 
@@ -87,6 +91,9 @@ class Compiled:
             chain=tuple((str(p), str(h)) for p, h in d["chain"]),
             inputs=tuple((str(p), *map(int, rest)) for p, *rest in d["inputs"]),  # type: ignore[misc]  # 5 fields
             host_key=d["host_key"],
+            placements=tuple(
+                (str(m), str(u), str(c), Plan.from_dict(p)) for m, u, c, p in d["placements"]
+            ),
             from_cache=True,
         )
 

@@ -48,14 +48,23 @@ def _backend_name(opts: HostOptions, lopts: LaunchOptions) -> str:
     return choose(lopts.backend, pid1=pid1)  # type: ignore[arg-type]  # cli validates it
 
 
-def _launch_backend(plan: Plan, name: str, host: HostFacts, opts: HostOptions) -> Any:
-    """(plan, backend) for launch: the cgroupfs layout, or the delegated part of the plan
-    inside a systemd unit (service or transient scope)."""
+def _launch_backend(
+    entry: Compiled, name: str, host: HostFacts, opts: HostOptions
+) -> tuple[Plan, Any]:
+    """(plan, backend) for launch: the cgroupfs layout, or the compiled placement inside a
+    systemd unit (the installed service or a transient scope, whichever this process is in)."""
     if name != "systemd":
-        return plan, _backend(plan)
+        return entry.plan, _backend(entry.plan)
+    from governor.backends.placement import CompiledPlacement
     from governor.backends.systemd import for_launch
 
-    return for_launch(plan, systemd_version=host.systemd_version, proc_root=opts.root / "proc")
+    placements = tuple(CompiledPlacement(m, u, c, p) for m, u, c, p in entry.placements)  # type: ignore[arg-type]  # modes written by compile_placements
+    return for_launch(
+        entry.plan,
+        systemd_version=host.systemd_version,
+        proc_root=opts.root / "proc",
+        placements=placements,
+    )
 
 
 def _which(name: str, path_env: str | None) -> str | None:
@@ -170,7 +179,7 @@ def launch(path: Path, argv: tuple[str, ...], opts: HostOptions, lopts: LaunchOp
     compiled, host = compiled_for_launch(path, argv, opts, lopts, backend_name)
     for event, message in compiled.warnings:
         log.warning(event, message=message)
-    plan, backend = _launch_backend(compiled.plan, backend_name, host, opts)
+    plan, backend = _launch_backend(compiled, backend_name, host, opts)
     _announce(compiled.plan, leaf=plan.leaf)
     job = Job(
         plan=plan,
@@ -279,8 +288,19 @@ def _compile_launch(
         chain=chain,
         inputs=idents,
         host_key=compiled.host_key(host),
+        placements=_placements(plan, host) if backend_name == "systemd" else (),
     )
     return entry, host
+
+
+def _placements(plan: Plan, host: HostFacts) -> tuple[tuple[str, str, str, Plan], ...]:
+    if host.systemd_version is None:
+        return ()  # for_launch says why it cannot run
+    from governor.backends.placement import compile_placements
+
+    return tuple(
+        (p.mode, p.unit, p.cgroup, p.plan) for p in compile_placements(plan, host.systemd_version)
+    )
 
 
 def _policy_chain(path: Path) -> list[str]:

@@ -30,23 +30,26 @@ import os
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager, suppress
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal, Protocol
 
 from governor.backends import dropin
 from governor.backends.cgroupfs import Applied, CgroupfsBackend, Removed, at_least, protection
+from governor.backends.placement import (
+    CompiledPlacement,
+    Placement,
+    compile_placements,
+    own_cgroup,
+    pick,
+)
 from governor.errors import BackendError, GovernorError, HostError, PermissionDenied
 from governor.kernel.cgroupfs import CgroupFs
-from governor.kernel.procfs import ProcFs
 from governor.log import get_logger
-from governor.plan.model import EnableControllers, Plan
-from governor.record import replace
+from governor.plan.model import Plan
 
 log = get_logger(__name__)
 
 BackendName = Literal["systemd", "cgroupfs", "auto"]
-Mode = Literal["service", "scope"]
 
 # D-Bus signatures of every property this module (or the renderer) can send; a test checks
 # that each directive and bus property in dropin's tables has one (org.freedesktop.systemd1(5))
@@ -121,57 +124,6 @@ def scope_properties(plan: Plan, systemd_version: int, pid: int) -> list[Prop]:
     if systemd_version >= dropin.OOM_POLICY_SCOPE_MIN_SYSTEMD:
         props.append(("OOMPolicy", "continue"))
     return signed(props)
-
-
-def delegated_plan(plan: Plan, unit_cgroup: str, systemd_version: int) -> Plan:
-    """The part of ``plan`` the governor applies itself inside the unit's cgroup U: create
-    U/engine, enable controllers in U, write the deferred files on U/engine.
-
-    The engine leaf is also the plan's group: it holds exactly the engine's processes, like
-    ``<slice>/<name>`` in the cgroupfs layout, so the monitor's freeze/kill/reclaim and the
-    launch report act on the engine and never on the supervising governor in U/supervisor.
-    """
-    leaf = f"{unit_cgroup}/{dropin.ENGINE_LEAF}"
-    deferred = dropin.split(plan, systemd_version).governor
-    writes = tuple(replace(d.write, cgroup=leaf) for d in deferred)
-    # every controller of the plan, not only the deferred writes': memory.events, memory.peak
-    # and cpu.stat of the leaf feed the launch report and the monitor
-    needed = plan.controllers
-    return replace(
-        plan,
-        slice=unit_cgroup,
-        group=leaf,
-        leaf=leaf,
-        create=(leaf,),
-        enable=(EnableControllers(cgroup=unit_cgroup, controllers=needed),) if needed else (),
-        writes=writes,
-        controllers=needed,
-    )
-
-
-def parse_proc_cgroup(text: str) -> str:
-    """The cgroup2 path (relative to the mount) from /proc/PID/cgroup's ``0::/path`` line."""
-    for line in text.splitlines():
-        hid, _, rest = line.partition(":")
-        controllers, _, path = rest.partition(":")
-        if hid == "0" and controllers == "":
-            return path.strip("/")
-    raise ValueError("no cgroup2 (0::) line in /proc/self/cgroup")
-
-
-def detect_mode(plan: Plan, own_cgroup: str) -> Mode:
-    """service when this process is the main process of the policy's installed service."""
-    if own_cgroup.rsplit("/", 1)[-1] != dropin.service_unit(plan.policy):
-        return "scope"
-    expected = dropin.service_cgroup(plan)
-    if own_cgroup != expected:
-        raise HostError(
-            f"{dropin.service_unit(plan.policy)} runs in /{own_cgroup}, not in its policy slice"
-            f" /{expected}",
-            hint=f"run `governor install {plan.source or plan.policy}` and"
-            " `systemctl daemon-reload`, then restart the service",
-        )
-    return "service"
 
 
 # --- the bus -------------------------------------------------------------------------------------
@@ -329,13 +281,6 @@ def daemon_reload() -> str:
 # --- the backend ---------------------------------------------------------------------------------
 
 
-@dataclass
-class Placement:
-    mode: Mode
-    unit: str  # the unit name
-    cgroup: str  # U, relative to the cgroup root
-
-
 class SystemdBackend:
     """Same surface as CgroupfsBackend for api.launch: ``fs``, ``lock``, ``apply``, ``remove``.
 
@@ -439,20 +384,6 @@ class SystemdBackend:
         return self._cg.remove(plan)
 
 
-def place(plan: Plan, *, proc_root: Path) -> Placement:
-    """Where the engine's unit is: this service's own cgroup, or the policy's transient scope."""
-    proc = ProcFs(proc_root)
-    try:
-        own = parse_proc_cgroup(proc.self_cgroup())
-    except (OSError, ValueError) as err:
-        raise HostError(
-            f"cannot read this process's cgroup ({proc.path('self', 'cgroup')}: {err})"
-        ) from err
-    if detect_mode(plan, own) == "service":
-        return Placement("service", dropin.service_unit(plan.policy), own)
-    return Placement("scope", dropin.scope_unit(plan.policy), dropin.scope_cgroup(plan))
-
-
 def choose(name: BackendName, *, pid1: str, answers: Callable[[], bool] = bus_answers) -> str:
     """``auto``: systemd when PID 1 is systemd and the manager answers on the bus."""
     if name != "auto":
@@ -461,23 +392,28 @@ def choose(name: BackendName, *, pid1: str, answers: Callable[[], bool] = bus_an
 
 
 def for_launch(
-    plan: Plan, *, systemd_version: int | None, proc_root: Path
+    plan: Plan,
+    *,
+    systemd_version: int | None,
+    proc_root: Path,
+    placements: tuple[CompiledPlacement, ...] = (),
 ) -> tuple[Plan, SystemdBackend]:
-    """The delegated plan and the backend for ``governor launch --backend systemd``."""
+    """The delegated plan and the backend for ``governor launch --backend systemd``
+    (``placements``: compiled ahead; compiled here when not given)."""
     if systemd_version is None:
         raise HostError(
             "--backend systemd: systemd is not PID 1 on this host (/proc/1/comm)",
             hint="use --backend cgroupfs (or auto)",
         )
-    placement = place(plan, proc_root=proc_root)
+    chosen = pick(placements or compile_placements(plan, systemd_version), own_cgroup(proc_root))
+    placement = Placement(chosen.mode, chosen.unit, chosen.cgroup)
     log.info("systemd.placement", mode=placement.mode, unit=placement.unit, cgroup=placement.cgroup)
     if placement.mode == "scope":
         _import_pystemd()  # fail before anything is applied, with the install hint
-    delegated = delegated_plan(plan, placement.cgroup, systemd_version)
     backend = SystemdBackend(
         CgroupFs(Path(plan.cgroup_root)),
         placement=placement,
         full_plan=plan,
         systemd_version=systemd_version,
     )
-    return delegated, backend
+    return chosen.plan, backend

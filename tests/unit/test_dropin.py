@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from governor.backends import dropin
+from governor.backends import dropin, placement
 from governor.backends import systemd as sd
 from governor.errors import HostError, PolicyError
 from governor.kernel import files as kf
@@ -322,7 +322,7 @@ def test_delegated_plan_keeps_only_what_systemd_cannot_express_on_the_engine_lea
     plan = _plan("npu-chat", "rk3588")
     assert plan is not None
     unit = dropin.service_cgroup(plan)
-    d = sd.delegated_plan(plan, unit, 252)
+    d = placement.delegated_plan(plan, unit, 252)
     assert d.group == d.leaf == f"{unit}/engine"
     assert d.create == (f"{unit}/engine",)
     assert [(w.cgroup, w.file, w.value) for w in d.writes] == [
@@ -330,20 +330,23 @@ def test_delegated_plan_keeps_only_what_systemd_cannot_express_on_the_engine_lea
     ]
     assert [(e.cgroup, e.controllers) for e in d.enable] == [(unit, plan.controllers)]
     assert d.launch == plan.launch
-    old = sd.delegated_plan(plan, unit, 240)
+    old = placement.delegated_plan(plan, unit, 240)
     assert {w.file for w in old.writes} == {kf.MEMORY_OOM_GROUP, kf.CPUSET_CPUS}
 
 
 def test_proc_cgroup_line_and_mode_detection() -> None:
     plan = _text_plan('name = "npu-chat"\n')
     unit = dropin.service_cgroup(plan)
-    assert sd.parse_proc_cgroup(f"0::/{unit}\n") == unit
+    assert placement.parse_proc_cgroup(f"0::/{unit}\n") == unit
     hybrid = "12:memory:/x\n1:name=systemd:/y\n0::/user.slice/s.scope\n"
-    assert sd.parse_proc_cgroup(hybrid) == "user.slice/s.scope"
-    assert sd.detect_mode(plan, unit) == "service"
-    assert sd.detect_mode(plan, "system.slice/ssh.service") == "scope"
+    assert placement.parse_proc_cgroup(hybrid) == "user.slice/s.scope"
+    placements = placement.compile_placements(plan, 252)
+    assert placement.pick(placements, unit).mode == "service"
+    assert placement.pick(placements, unit).plan == placement.delegated_plan(plan, unit, 252)
+    scope = placement.pick(placements, "system.slice/ssh.service")
+    assert (scope.mode, scope.cgroup) == ("scope", dropin.scope_cgroup(plan))
     with pytest.raises(HostError, match="not in its policy slice"):
-        sd.detect_mode(plan, "governor.slice/governor@npu-chat.service")
+        placement.pick(placements, "governor.slice/governor@npu-chat.service")
 
 
 def test_auto_picks_systemd_only_when_pid1_is_systemd_and_the_bus_answers() -> None:

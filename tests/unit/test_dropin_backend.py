@@ -17,6 +17,7 @@ import pytest
 from fakefs.fakekernel import FakeKernelCgroupFs, make_root
 
 from governor.backends import dropin
+from governor.backends import placement as pl
 from governor.backends import systemd as sd
 from governor.errors import BackendError, HostError, PermissionDenied
 from governor.kernel import files as kf
@@ -90,7 +91,7 @@ def _plan() -> Plan:
 
 
 def _backend(fs: MovingFs, bus: FakeBus, plan: Plan, **kw: Any) -> sd.SystemdBackend:
-    placement = sd.Placement("scope", dropin.scope_unit(plan.policy), dropin.scope_cgroup(plan))
+    placement = pl.Placement("scope", dropin.scope_unit(plan.policy), dropin.scope_cgroup(plan))
     return sd.SystemdBackend(
         fs,
         placement=placement,
@@ -108,7 +109,7 @@ def test_scope_apply_moves_the_governor_first_then_delegates(tmp_path: Path) -> 
     plan = _plan()
     bus = FakeBus(fs)
     unit = dropin.scope_cgroup(plan)
-    delegated = sd.delegated_plan(plan, unit, 252)
+    delegated = pl.delegated_plan(plan, unit, 252)
     backend = _backend(fs, bus, plan)
     with backend.lock(delegated):
         backend.apply(delegated)
@@ -135,7 +136,7 @@ def test_a_scope_in_an_unexpected_cgroup_is_an_error(tmp_path: Path) -> None:
     bus = FakeBus(fs, lands_in="elsewhere.slice/governor-npu\\x2dchat.scope")
     backend = _backend(fs, bus, plan)
     with pytest.raises(BackendError, match="expected active in"):
-        backend.apply(sd.delegated_plan(plan, dropin.scope_cgroup(plan), 252))
+        backend.apply(pl.delegated_plan(plan, dropin.scope_cgroup(plan), 252))
 
 
 def test_a_job_that_never_finishes_times_out(tmp_path: Path) -> None:
@@ -151,7 +152,7 @@ def test_a_job_that_never_finishes_times_out(tmp_path: Path) -> None:
 
     backend = _backend(fs, bus, plan, clock=clock, job_timeout_s=30)
     with pytest.raises(BackendError, match="did not finish in 30s"):
-        backend.apply(sd.delegated_plan(plan, dropin.scope_cgroup(plan), 252))
+        backend.apply(pl.delegated_plan(plan, dropin.scope_cgroup(plan), 252))
 
 
 class _DBusError(Exception):
@@ -225,7 +226,7 @@ def test_scope_apply_raises_the_slice_protection_through_the_manager(tmp_path: P
         fs.write(dropin.slice_cgroup(unit), kf.MEMORY_MIN, assignment.split("=")[1])
 
     unit = dropin.scope_cgroup(plan)
-    delegated = sd.delegated_plan(plan, unit, 252)
+    delegated = pl.delegated_plan(plan, unit, 252)
     backend = _backend(fs, ScopeBus(fs), plan, set_property=set_property)
     backend.apply(delegated)
     assert calls == [("governor.slice", f"MemoryMin={(64 + 16) << 20}")]
@@ -240,5 +241,5 @@ def test_no_protection_in_the_policy_never_touches_the_slice(tmp_path: Path) -> 
     calls: list[tuple[str, str]] = []
     unit = dropin.scope_cgroup(plan)
     backend = _backend(fs, FakeBus(fs), plan, set_property=lambda u, a: calls.append((u, a)))
-    backend.apply(sd.delegated_plan(plan, unit, 252))
+    backend.apply(pl.delegated_plan(plan, unit, 252))
     assert calls == []
