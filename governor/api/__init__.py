@@ -39,11 +39,17 @@ def probe_host(opts: HostOptions, *, target: str | None = None) -> HostFacts:
     return probe(opts.root, cgroup_root=opts.cgroup_root, target=target)
 
 
-def check(path: Path, opts: HostOptions, *, workload: Workload | None = None) -> Plan:
+def check(
+    path: Path,
+    opts: HostOptions,
+    *,
+    workload: Workload | None = None,
+    attach: str | None = None,
+) -> Plan:
     """load + probe + compile: what every command that touches a host starts with."""
     policy = load_policy(path)
-    host = probe_host(opts, target=f"{policy.slice}/{policy.name}")
-    return _compile(policy, host, opts, path, workload=workload)
+    host = probe_host(opts, target=attach or f"{policy.slice}/{policy.name}")
+    return _compile(policy, host, opts, path, workload=workload, attach=attach)
 
 
 def _compile(
@@ -54,6 +60,7 @@ def _compile(
     *,
     workload: Workload | None = None,
     model_bytes: int | None = None,
+    attach: str | None = None,
 ) -> Plan:
     """compile_plan with the options every command passes the same way."""
     from governor.plan.compiler import Workload, compile_plan
@@ -61,7 +68,12 @@ def _compile(
     if workload is None and model_bytes is not None:
         workload = Workload(model_bytes=model_bytes)
     return compile_plan(
-        policy, host, workload=workload, allow_missing=opts.allow_missing, source=str(path)
+        policy,
+        host,
+        workload=workload,
+        allow_missing=opts.allow_missing,
+        source=str(path),
+        attach=attach,
     )
 
 
@@ -127,9 +139,7 @@ def monitor(path: Path, opts: HostOptions, mopts: MonitorOptions) -> dict[str, A
     from governor.kernel.procfs import ProcFs
     from governor.monitor.loop import Monitor
 
-    plan = check(path, opts)
-    if mopts.cgroup is not None:
-        plan = plan.with_group(mopts.cgroup)
+    plan = check(path, opts, attach=mopts.cgroup)
     fs = CgroupFs(Path(plan.cgroup_root))
     if not fs.exists(plan.group):
         raise HostError(

@@ -62,9 +62,13 @@ def compile_plan(
     workload: Workload | None = None,
     allow_missing: frozenset[str] = frozenset(),
     source: str | None = None,
+    attach: str | None = None,
 ) -> Plan:
     """Resolve a policy against one host. Raises HostError (69) listing every problem, or
-    PolicyError (65) when the policy contradicts itself once resolved on this host."""
+    PolicyError (65) when the policy contradicts itself once resolved on this host.
+
+    ``attach``: the plan of an existing cgroup (relative to the root; `governor monitor
+    --cgroup`, e.g. a systemd unit's): group and leaf are that cgroup, and so are the writes."""
     workload = workload or Workload()
     if host.cgroup_mount is None:
         raise HostError(
@@ -73,7 +77,7 @@ def compile_plan(
         )
     notes: list[str] = []
     writes: list[CgroupWrite] = []
-    group = f"{policy.slice}/{policy.name}"
+    group = attach if attach is not None else f"{policy.slice}/{policy.name}"
 
     def add(file: str, value: str, reason: str) -> None:
         writes.append(
@@ -155,7 +159,7 @@ def compile_plan(
     writes = [w for w in writes if w.controller not in missing]
     controllers = tuple(c for c in needed if c not in missing)
 
-    create = (policy.slice, group, f"{group}/{LEAF}")
+    create = (policy.slice, group, f"{group}/{LEAF}") if attach is None else ()
     enable = (
         (
             EnableControllers(cgroup="", controllers=controllers),
@@ -170,7 +174,7 @@ def compile_plan(
         cgroup_root=host.cgroup_mount,
         slice=policy.slice,
         group=group,
-        leaf=f"{group}/{LEAF}",
+        leaf=f"{group}/{LEAF}" if attach is None else group,
         create=create,
         enable=enable,
         writes=tuple(writes),

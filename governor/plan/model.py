@@ -16,7 +16,7 @@ from __future__ import annotations
 import json
 from typing import Any, Literal
 
-from governor.record import asdict, field, record, replace
+from governor.record import asdict, field, record
 
 FORMAT = 2  # 1: the pydantic Plan of wave 1; 2: dataclasses, typed actions, rule texts
 
@@ -173,9 +173,6 @@ class Plan:
             if w.cgroup == self.group and w.file == file:
                 return None if w.value == "max" else int(w.value.split()[0])
         return None
-
-    def with_group(self, group: str, leaf: str | None = None) -> Plan:
-        return replace(self, group=group, leaf=leaf if leaf is not None else group)
 
     # ------------------------------------------------------------------ serialisation
 

@@ -652,3 +652,14 @@ def test_random_valid_policies_compile_on_the_full_cgroup2_host(raw: dict[str, o
             assert int(w.value) % FULL_HOST.page_size == 0
     assert len(plan.watch) == len(policy.pressure)
     assert Plan.from_json(plan.to_json()) == plan
+
+
+def test_an_attached_plan_targets_the_given_cgroup_so_its_limits_bound_the_actions() -> None:
+    """`governor monitor --cgroup U`: the plan is compiled for U (group, leaf and every write),
+    not patched afterwards, so the executor reads the policy's memory.max for U."""
+    text = "name = 'att'\n[memory]\nhigh = '1G'\nmax = '1.5G'\n"
+    unit = "system.slice/llama.service"
+    plan = compile_plan(_policy(text), _host("rk3588"), attach=unit, source="test.toml")
+    assert (plan.group, plan.leaf, plan.create) == (unit, unit, ())
+    assert {w.cgroup for w in plan.writes} == {unit}
+    assert plan.limit("memory.max") == int(1.5 * (1 << 30)) // 4096 * 4096
