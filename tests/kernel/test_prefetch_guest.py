@@ -133,6 +133,19 @@ def _stat(cgroup: Path) -> dict[str, int]:
     return cgroups.read_kv(cgroup / "memory.stat")
 
 
+def _governor_procs(cgroup: Path) -> list[int]:
+    """Processes in ``cgroup`` that are the governor's (the prefetch helper is a fork of it)."""
+    out = []
+    for pid in (cgroup / "cgroup.procs").read_text().split():
+        try:
+            cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
+        except OSError:
+            continue
+        if b"governor" in cmdline:
+            out.append(int(pid))
+    return out
+
+
 def _waiting_engine(stop: Path) -> list[str]:
     return ["/bin/sh", "-c", f"while [ ! -e {stop} ]; do sleep 0.2; done"]
 
@@ -163,15 +176,36 @@ def test_populate_charges_the_slice_and_not_the_governor(
     cgroups.set_subtree_control(scratch_slice.path, ["memory"], True)
     gov_cg = scratch_slice.child("governor")
     report = tmp_path / "report.json"
+    stop = tmp_path / "stop"
     _drop_caches()
     assert _resident(model) < 0.05, "drop_caches left the model cached"
     gov = spawn(
         _governor(
-            "launch", "--policy", str(policy), "--keep", "--report", str(report), "--", "true"
+            "launch",
+            "--policy",
+            str(policy),
+            "--keep",
+            "--report",
+            str(report),
+            "--",
+            *_waiting_engine(stop),
         ),
         cgroup=gov_cg,
         cwd=REPO,
     )
+    try:
+        # the engine runs at once; the helper reads the model beside it, charged to the slice,
+        # and exits once it verified residency (it is killed if the engine exits first)
+        cgroups.wait_for(
+            lambda: (
+                _stat(scratch_slice.path / "pop")["file"] >= 0.95 * size
+                and not _governor_procs(scratch_slice.path / "pop" / "engine")
+            ),
+            timeout=300,
+            what="the prefetch helper to bring the model in and exit",
+        )
+    finally:
+        stop.touch()
     out, _ = gov.communicate(timeout=600)
     assert gov.returncode == 0, out
     charged = _stat(scratch_slice.path / "pop")["file"]
