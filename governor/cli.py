@@ -471,6 +471,8 @@ def _fail(err: GovernorError) -> NoReturn:
 
 
 def main(argv: list[str] | None = None) -> None:
+    import governor.cli_ops  # noqa: F401  # registers the operator commands on app
+
     try:
         rv = app(args=argv, standalone_mode=False)
     except GovernorError as err:

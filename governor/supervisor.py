@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import os
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -33,8 +34,10 @@ from governor.monitor.restart import Restarts
 from governor.plan.model import Plan
 from governor.record import field, record
 from governor.sdnotify import notify
+from governor.state import Publisher, run_dir
 
 log = get_logger("governor.launch")
+STATE_ACTIONS = 10  # the last firings (with their actions' before/after) kept in the state
 
 
 class Backend(Protocol):
@@ -57,6 +60,9 @@ class Job:
     sample_s: float = 1.0
     psi_triggers: bool = True
     extra: dict[str, Any] = field(default_factory=dict)  # into the report (the estimate)
+    backend: str = "cgroupfs"  # for the published state
+    policy_sha256: str | None = None  # of the policy file, for the published state
+    run_dir: Path | None = None  # where the state is published (default governor.state.run_dir)
 
 
 class Supervisor:
@@ -75,6 +81,11 @@ class Supervisor:
         self.watchdog = watchdog
         self.clock = clock
         self.helper: PrefetchHelper | None = None
+        self.publisher: Publisher | None = None
+        self.monitor: Monitor | None = None
+        self.restarts: Restarts | None = None
+        self.engine_pid: int | None = None
+        self.started_at = 0.0
 
     def run(self, job: Job) -> int:
         """Returns the engine's status (128+N when it died of signal N)."""
@@ -97,34 +108,44 @@ class Supervisor:
                 self.watchdog.disarm()
 
     def _run_applied(self, job: Job) -> int:
-        plan, setup = job.plan, job.setup
         started = self.clock()
-        pid = self.launcher.start(plan, setup)
+        self.publisher = Publisher(job.run_dir or run_dir(), job.plan.policy)
+        try:
+            return self._run_published(job, started)
+        finally:
+            self.publisher.remove()
+
+    def _run_published(self, job: Job, started: float) -> int:
+        plan, setup = job.plan, job.setup
+        self.started_at = time.time()
+        pid = self.engine_pid = self.launcher.start(plan, setup)
         # Type=notify services: the engine has been exec'd (no-op without $NOTIFY_SOCKET)
         try:
             notify(f"READY=1\nSTATUS={plan.policy}: engine pid {pid} in {plan.leaf}")
         except OSError as err:
             log.warning("sdnotify.failed", error=str(err))
         self._start_helper(job, pid)
-        restarts = Restarts(plan.launch.restart_max, plan.launch.restart_backoff_s)
-        monitor = Monitor(
+        restarts = self.restarts = Restarts(plan.launch.restart_max, plan.launch.restart_backoff_s)
+        monitor = self.monitor = Monitor(
             self.launcher.fs,
             plan,
             proc=self.proc,
             sample_s=job.sample_s,
             restarts=restarts,
             psi_triggers=job.psi_triggers,
+            on_change=lambda: self._publish(job),
         )
         monitor.engine_started(pid)
         try:
             monitor.start()
+            self._publish(job)
             pid, code, sig = self.launcher.supervise_restarting(
                 plan,
                 setup,
                 pid,
                 watcher=monitor,
                 restarts=restarts,
-                on_restart=lambda new_pid: self._start_helper(job, new_pid),
+                on_restart=lambda new_pid: self._restarted(job, new_pid),
             )
             wall = self.clock() - started
             report = self.launcher.summarize(
@@ -142,6 +163,37 @@ class Supervisor:
         if lock_error is not None:
             raise lock_error
         return code
+
+    def _restarted(self, job: Job, engine_pid: int) -> None:
+        self.engine_pid = engine_pid
+        self._start_helper(job, engine_pid)
+        self._publish(job)
+
+    def _publish(self, job: Job) -> None:
+        """The state `governor status` reads (governor/state.py)."""
+        if self.publisher is None:
+            return
+        plan = job.plan
+        monitor = self.monitor
+        self.publisher.publish(
+            {
+                "policy": plan.policy,
+                "source": "launch",
+                "policy_path": plan.source,
+                "policy_sha256": job.policy_sha256,
+                "pid": os.getpid(),
+                "engine_pid": self.engine_pid,
+                "started_at": round(self.started_at, 3),
+                "backend": job.backend,
+                "cgroup_root": plan.cgroup_root,
+                "group": plan.group,
+                "leaf": plan.leaf,
+                "restarts": len(self.restarts.history) if self.restarts else 0,
+                "rules": monitor.rule_states() if monitor is not None else [],
+                "last_actions": monitor.firings[-STATE_ACTIONS:] if monitor is not None else [],
+                "plan": plan.to_dict(),
+            }
+        )
 
     def _start_helper(self, job: Job, engine_pid: int) -> None:
         """The prefetch helper for this start of the engine (mode none: nothing)."""

@@ -102,8 +102,27 @@ def _backend(plan: Plan) -> Any:
 
 def apply(path: Path, opts: HostOptions) -> Plan:
     """`governor apply`: create the slice with its limits, no process."""
+    import time
+
+    from governor.state import Publisher, run_dir
+
     plan = check(path, opts)
     _backend(plan).apply(plan)
+    # no supervisor: the state holds while the cgroup exists (governor status shows it)
+    Publisher(run_dir(), plan.policy).publish(
+        {
+            "policy": plan.policy,
+            "source": "apply",
+            "policy_path": str(path.resolve()),
+            "pid": None,
+            "started_at": round(time.time(), 3),
+            "backend": "cgroupfs",
+            "cgroup_root": plan.cgroup_root,
+            "group": plan.group,
+            "leaf": plan.leaf,
+            "plan": plan.to_dict(),
+        }
+    )
     return plan
 
 
@@ -116,7 +135,25 @@ def remove(path: Path, opts: HostOptions) -> Any:
     # removal must work even where the limits could not be enforced any more
     everything = frozenset({"memory", "cpu", "cpuset", "io", "pids", "psi"})
     plan = compile_plan(policy, host, allow_missing=everything, source=str(path))
-    return _backend(plan).remove(plan)
+    removed = _backend(plan).remove(plan)
+    from governor.state import Publisher, read_states, run_dir
+
+    # the state `governor apply` published; a running launch's is its supervisor's to remove
+    if all(
+        s.get("source") == "apply" or s.get("stale")
+        for s in read_states(run_dir())
+        if s.get("policy") == plan.policy
+    ):
+        Publisher(run_dir(), plan.policy).remove()
+    return removed
+
+
+def status(name: str | None) -> list[dict[str, Any]]:
+    """`governor status`: governor/status.py over the published states."""
+    from governor.state import run_dir
+    from governor.status import collect
+
+    return collect(run_dir(), name)
 
 
 @record(frozen=True)

@@ -190,6 +190,8 @@ def launch(path: Path, argv: tuple[str, ...], opts: HostOptions, lopts: LaunchOp
         sample_s=lopts.sample_s,
         psi_triggers=lopts.psi_triggers,
         extra={} if compiled.estimate is None else {"estimate": compiled.estimate},
+        backend=backend_name,
+        policy_sha256=compiled.chain[0][1] if compiled.chain else None,
     )
     proc = ProcFs(opts.root / "proc")
     watchdog = lopts.watchdog

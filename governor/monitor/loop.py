@@ -70,6 +70,8 @@ class Monitor:
         executor: Executor | None = None,
         restarts: Restarts | None = None,
         psi_triggers: bool = True,
+        on_change: Callable[[], None] | None = None,
+        wall: Callable[[], float] = time.time,
     ) -> None:
         """``engine_pids`` for attach mode; without it the engine is the pid given to
         :meth:`engine_started` (launch). ``restarts`` is the launcher's relaunch budget."""
@@ -102,6 +104,9 @@ class Monitor:
         self.event_totals: dict[str, int] = {}
         self.gone = False  # the group was removed or emptied
         self.populated: int | None = None
+        self.on_change = on_change  # the supervisor republishes its state (governor/state.py)
+        self.wall = wall
+        self._published: tuple[tuple[int, str], ...] | None = None
 
     def _leak_rules(self) -> list[Rule]:
         return [r for r in self.rules if r.kind == "leak"]
@@ -257,6 +262,28 @@ class Monitor:
         if fired_psi or counters or sampled or any(self.engine.active(r.index) for r in self.rules):
             self._evaluate(now, fired_psi, counters, sampled)
         self.executor.on_timer(self.clock())
+        self._maybe_changed()
+
+    def rule_states(self) -> list[dict[str, Any]]:
+        """Each rule's state (monitor/rules.py describe) with its times as epoch seconds."""
+        now = self.clock()
+        offset = self.wall() - now
+        out = self.engine.describe(now)
+        for item in out:
+            for key in ("since", "last_fired", "hold_until", "cooldown_until"):
+                if item.get(key) is not None:
+                    item[key] = round(item[key] + offset, 3)
+        return out
+
+    def _maybe_changed(self) -> None:
+        """Tell on_change when a rule changed state or fired (not at every sample)."""
+        if self.on_change is None:
+            return
+        states = self.engine.describe(self.clock())
+        sig = tuple((r["rule"], f"{r['state']}/{r['fired']}") for r in states)
+        if sig != self._published:
+            self._published = sig
+            self.on_change()
 
     # ------------------------------------------------------------------ sources
 
@@ -367,6 +394,7 @@ class Monitor:
                 {
                     "rule": rule.index,
                     "when": rule.when,
+                    "at": round(self.wall(), 3),
                     "t_s": round(f.now - self._started, 3),
                     "active_s": round(f.active_s, 3),
                     "value": f.value,

@@ -17,7 +17,7 @@ mild to severe (log -> reclaim -> set -> freeze -> kill) escalates in order as p
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
-from typing import Literal
+from typing import Any, Literal
 
 from governor.plan.model import Action, WatchRule, WatchTrigger
 from governor.record import field, record
@@ -102,6 +102,37 @@ class RuleEngine:
 
     def active(self, index: int) -> bool:
         return self._state[index].since is not None
+
+    def describe(self, now: float) -> list[dict[str, Any]]:
+        """Each rule's state at ``now`` (same clock as step()): ``armed`` (no evidence),
+        ``holding`` (evidence, its ``for`` not reached: ``hold_until``), ``active`` (would fire
+        on the next evidence), ``cooling down`` (fired, ``cooldown_until`` not reached); with
+        the actions it takes when it fires next."""
+        out: list[dict[str, Any]] = []
+        for rule in self.rules:
+            st = self._state[rule.index]
+            item: dict[str, Any] = {
+                "rule": rule.index,
+                "when": rule.when,
+                "fired": st.fired,
+                "next_actions": [str(a) for a in rule.actions],
+                "since": st.since,
+                "last_fired": st.last_fired,
+            }
+            if st.since is None:
+                state = "armed"
+            elif now - st.since + 1e-9 < rule.hold_s:
+                state = "holding"
+                item["hold_until"] = st.since + rule.hold_s
+            else:
+                state = "active"
+            cooling = rule.cooldown_s is not None and st.last_fired is not None
+            if cooling and now - st.last_fired < rule.cooldown_s:  # type: ignore[operator]  # both set
+                state = "cooling down"
+                item["cooldown_until"] = st.last_fired + rule.cooldown_s  # type: ignore[operator]
+            item["state"] = state
+            out.append(item)
+        return out
 
     def step(self, now: float, obs: Observations) -> list[Firing]:
         out: list[Firing] = []

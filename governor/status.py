@@ -1,0 +1,227 @@
+"""`governor status`: per governed slice, what the policy asks next to what the kernel holds,
+what the slice uses, and what the governor will do next.
+
+Reads the published runtime state (governor/state.py) and the kernel (through CgroupFs); writes
+nothing. The JSON form is a documented, stable schema (docs/status.schema.json, format 1):
+fields are only ever added.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from pathlib import Path
+from typing import Any
+
+from governor.backends.cgroupfs import CgroupfsBackend
+from governor.errors import GovernorError, PolicyNotFound
+from governor.kernel import files as kf
+from governor.kernel.cgroupfs import CgroupFs
+from governor.plan.model import Plan
+from governor.state import read_states
+from governor.units import human_bytes
+
+SCHEMA_FORMAT = 1
+_PSI = ("memory", "cpu", "io")
+_EVENTS = ("low", "high", "max", "oom", "oom_kill", "oom_group_kill")
+
+
+def _read_int(fs: CgroupFs, cgroup: str, file: str) -> int | None:
+    try:
+        text = fs.read(cgroup, file).strip()
+    except GovernorError:
+        return None
+    return None if text == "max" else int(text.split()[0])
+
+
+def _knobs(fs: CgroupFs, plan: Plan) -> list[dict[str, Any]]:
+    """Each file the plan writes on the group: policy value, kernel value, state."""
+    out = []
+    for obs in CgroupfsBackend(fs).observe(plan):
+        w = obs.write
+        if w.cgroup != plan.group:
+            continue
+        state = "missing" if obs.live is None else "in sync" if obs.matches else "drifted"
+        out.append(
+            {
+                "file": w.file,
+                "reason": w.reason,
+                "policy": w.value,
+                "kernel": obs.live,
+                "state": state,
+            }
+        )
+    return out
+
+
+def _usage(fs: CgroupFs, group: str) -> dict[str, Any]:
+    stat: dict[str, int] = {}
+    with contextlib.suppress(GovernorError):
+        stat = fs.memory_stat(group)
+    memory = {
+        "current": _read_int(fs, group, kf.MEMORY_CURRENT),
+        "peak": _read_int(fs, group, kf.MEMORY_PEAK),
+        "anon": stat.get("anon"),
+        "file": stat.get("file"),
+        "swap": _read_int(fs, group, "memory.swap.current"),
+    }
+    try:
+        events = {k: v for k, v in fs.memory_events(group).items() if k in _EVENTS}
+    except GovernorError:
+        events = {}
+    pressure: dict[str, Any] = {}
+    for res in _PSI:
+        try:
+            p = fs.read_psi(group, res)  # type: ignore[arg-type]  # one of _PSI
+        except GovernorError:
+            continue
+        pressure[res] = {
+            "some": {"avg10": p.some.avg10, "total_us": p.some.total},
+            "full": None if p.full is None else {"avg10": p.full.avg10, "total_us": p.full.total},
+        }
+    try:
+        cpu = fs.cpu_stat(group)
+    except GovernorError:
+        cpu = {}
+    return {
+        "memory": memory,
+        "memory_events": events,
+        "pressure": pressure,
+        "cpu": {
+            "usage_usec": cpu.get("usage_usec"),
+            "throttled_usec": cpu.get("throttled_usec"),
+            "nr_throttled": cpu.get("nr_throttled"),
+        },
+        "pids": {
+            "current": _read_int(fs, group, kf.PIDS_CURRENT),
+            "max": _read_int(fs, group, kf.PIDS_MAX),
+        },
+    }
+
+
+def collect(
+    run: Path, name: str | None = None, *, now: float | None = None
+) -> list[dict[str, Any]]:
+    """The status of every governed slice (or of ``name``; PolicyNotFound when there is none)."""
+    now = time.time() if now is None else now
+    states = read_states(run)
+    if name is not None:
+        states = [s for s in states if s.get("policy") == name]
+        if not states:
+            raise PolicyNotFound(
+                f"no governed slice named {name} ({run})",
+                hint="`governor status` lists what runs; start it with `governor launch` or"
+                " `governor apply`",
+            )
+    out = []
+    for st in states:
+        try:
+            plan = Plan.from_dict(st["plan"])
+        except (KeyError, ValueError, TypeError):
+            continue
+        fs = CgroupFs(Path(plan.cgroup_root))
+        exists = fs.exists(plan.group)
+        item: dict[str, Any] = {
+            "format": SCHEMA_FORMAT,
+            "policy": plan.policy,
+            "source": st.get("source"),
+            "policy_path": st.get("policy_path"),
+            "state": "stale" if st.get("stale") else ("running" if exists else "gone"),
+            "pid": st.get("pid"),
+            "engine_pid": st.get("engine_pid"),
+            "backend": st.get("backend"),
+            "cgroup": f"{plan.cgroup_root}/{plan.group}",
+            "uptime_s": round(now - st["started_at"], 1) if st.get("started_at") else None,
+            "restarts": st.get("restarts", 0),
+            "knobs": _knobs(fs, plan) if exists else [],
+            "usage": _usage(fs, plan.group) if exists else None,
+            "rules": st.get("rules", []),
+            "last_actions": st.get("last_actions", []),
+            "degraded": list(plan.degraded),
+        }
+        out.append(item)
+    return out
+
+
+def _size(value: int | None) -> str:
+    return "-" if value is None else human_bytes(value)
+
+
+def _duration(seconds: float | None) -> str:
+    if seconds is None:
+        return "-"
+    s = int(seconds)
+    return f"{s // 3600}h{s % 3600 // 60:02d}m" if s >= 3600 else f"{s // 60}m{s % 60:02d}s"
+
+
+def render(items: list[dict[str, Any]], *, now: float | None = None) -> str:
+    """The plain form, one block per slice."""
+    now = time.time() if now is None else now
+    if not items:
+        return "no governed slices\n"
+    lines: list[str] = []
+    for it in items:
+        head = f"{it['policy']}  {it['state']}"
+        if it["pid"]:
+            head += f"  pid {it['pid']}"
+        if it["engine_pid"]:
+            head += f" (engine {it['engine_pid']})"
+        head += f"  up {_duration(it['uptime_s'])}  restarts {it['restarts']}"
+        lines += [head, f"  cgroup   {it['cgroup']}  ({it['backend'] or it['source']})"]
+        if it["state"] == "stale":
+            lines.append("  STALE: the supervisor that published this state is gone")
+        if it["knobs"]:
+            lines.append(f"  {'knob':<18}{'policy':>14}{'kernel':>14}  state")
+            for k in it["knobs"]:
+                lines.append(
+                    f"  {k['file']:<18}{k['policy']:>14}{k['kernel'] or '-':>14}  {k['state']}"
+                )
+        usage = it["usage"]
+        if usage:
+            m = usage["memory"]
+            lines.append(
+                f"  memory   current {_size(m['current'])}  peak {_size(m['peak'])}"
+                f"  anon {_size(m['anon'])}  file {_size(m['file'])}  swap {_size(m['swap'])}"
+            )
+            ev = usage["memory_events"]
+            if ev:
+                lines.append("  events   " + "  ".join(f"{k} {v}" for k, v in ev.items()))
+            psi = [
+                f"{res} some {p['some']['avg10']:.2f}"
+                + (f" full {p['full']['avg10']:.2f}" if p["full"] else "")
+                for res, p in usage["pressure"].items()
+            ]
+            if psi:
+                lines.append("  pressure " + "; ".join(psi) + "  (avg10 %)")
+            cpu = usage["cpu"]
+            if cpu["usage_usec"] is not None:
+                thr = cpu["throttled_usec"]
+                lines.append(
+                    f"  cpu      usage {cpu['usage_usec'] / 1e6:.1f}s"
+                    + (f"  throttled {thr / 1e6:.1f}s" if thr is not None else "")
+                )
+            pids = usage["pids"]
+            if pids["current"] is not None:
+                lines.append(f"  pids     {pids['current']} / {pids['max'] or 'max'}")
+        for r in it["rules"]:
+            state = r["state"]
+            if r.get("cooldown_until"):
+                state += f" until {time.strftime('%H:%M:%S', time.localtime(r['cooldown_until']))}"
+            elif r.get("hold_until"):
+                state += f" until {time.strftime('%H:%M:%S', time.localtime(r['hold_until']))}"
+            lines.append(
+                f"  rule #{r['rule']} {r['when']:<24} {state:<22} fired {r['fired']}"
+                f"  next: {', '.join(r['next_actions'])}"
+            )
+        for a in it["last_actions"][-5:]:
+            at = time.strftime("%H:%M:%S", time.localtime(a["at"])) if a.get("at") else "?"
+            done = "; ".join(
+                f"{x['action']}"
+                + (f" {x.get('before')} -> {x.get('after')}" if "before" in x else "")
+                for x in a.get("actions", [])
+            )
+            lines.append(f"  action   {at} #{a['rule']} {a['when']}: {done}")
+        for d in it["degraded"]:
+            lines.append(f"  NOT in force: {d}")
+        lines.append("")
+    return "\n".join(lines)
