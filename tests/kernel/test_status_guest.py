@@ -1,0 +1,110 @@
+"""`governor status` on a real cgroup v2 kernel with the memory controller (kernel tier).
+
+A running engine's published state is read back through `status --json`: every knob in sync,
+then drifted after a write behind the governor's back; usage from the kernel's files; a
+SIGKILLed supervisor leaves a state that is reported stale."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+from typing import Any
+
+import pytest
+from helpers import cgroups
+from helpers.cgroups import ScratchSlice
+
+ALL = ("memory", "cpu", "cpuset", "io", "pids")
+REPO = Path(__file__).resolve().parents[2]
+
+
+def _status(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "governor", "status", *args],
+        capture_output=True,
+        text=True,
+        timeout=240,
+        cwd=REPO,
+        env=env,
+        check=False,
+    )
+
+
+def _item(env: dict[str, str], name: str) -> dict[str, Any]:
+    res = _status(env, name, "--json")
+    assert res.returncode == 0, res.stderr
+    (item,) = json.loads(res.stdout)
+    return item  # type: ignore[no-any-return]  # one object per slice
+
+
+@pytest.mark.kernel(controllers=ALL, root=True)
+def test_status_of_a_running_engine_shows_knobs_usage_and_a_stale_state_after_sigkill(
+    tmp_path: Path, scratch_slice: ScratchSlice
+) -> None:
+    run = tmp_path / "run"
+    env = {**os.environ, "GOVERNOR_RUN_DIR": str(run)}
+    policy = tmp_path / "st.toml"
+    policy.write_text(
+        f'name = "st"\nslice = "{scratch_slice.name}"\n'
+        + textwrap.dedent(
+            """
+            [memory]
+            high = "200M"
+            max = "300M"
+            [pids]
+            max = 64
+            [[pressure]]
+            when = "memory some 150ms/2s"
+            do = ["log"]
+            cooldown = "5s"
+            """
+        )
+    )
+    gov = subprocess.Popen(
+        [sys.executable, "-m", "governor", "launch", "--policy", str(policy), "--", "sleep", "600"],
+        cwd=REPO,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    group = scratch_slice.path / "st"
+    try:
+        cgroups.wait_for(
+            lambda: (run / "st" / "state.json").exists(), timeout=240, what="the published state"
+        )
+        item = _item(env, "st")
+        assert item["state"] == "running" and item["pid"] == gov.pid
+        knobs = {k["file"]: k for k in item["knobs"]}
+        assert knobs["memory.high"]["state"] == "in sync"
+        assert knobs["memory.max"]["kernel"] == str(300 << 20)
+        assert knobs["pids.max"]["state"] == "in sync"
+        usage = item["usage"]
+        assert usage["memory"]["current"] is not None and usage["pids"]["current"] >= 1
+        assert usage["pids"]["max"] == 64
+        assert set(usage["memory_events"]) >= {"high", "max", "oom_kill"}
+        assert item["rules"][0]["state"] == "armed"
+        # an operator's write behind the governor's back
+        (group / "memory.high").write_text(str(150 << 20))
+        item = _item(env, "st")
+        knobs = {k["file"]: k for k in item["knobs"]}
+        assert knobs["memory.high"]["state"] == "drifted"
+        assert knobs["memory.high"]["kernel"] == str(150 << 20)
+        plain = _status(env)
+        assert plain.returncode == 0 and "drifted" in plain.stdout, plain.stdout
+        gov.send_signal(signal.SIGKILL)
+        gov.wait(timeout=60)
+        cgroups.wait_for(lambda: not group.exists(), timeout=60, what="the watchdog's cleanup")
+        assert _item(env, "st")["state"] == "stale"
+    finally:
+        if gov.poll() is None:
+            gov.kill()
+            gov.wait()
+    missing = _status(env, "nope")
+    assert missing.returncode == 66
+    assert f"governor: no governed slice named nope ({run})" in missing.stderr
