@@ -76,7 +76,7 @@ def test_status_of_a_running_engine_shows_knobs_usage_and_a_stale_state_after_si
     group = scratch_slice.path / "st"
     try:
         cgroups.wait_for(
-            lambda: (run / "st" / "state.json").exists(), timeout=240, what="the published state"
+            (run / "st" / "state.json").exists, timeout=240, what="the published state"
         )
         item = _item(env, "st")
         assert item["state"] == "running" and item["pid"] == gov.pid
