@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 from typing import Annotated
 
 import typer
 
-from governor.cli import app
+from governor.cli import _opts, app
 
 
 @app.command()
@@ -61,3 +62,19 @@ def top(
         run_batch(run_dir(), delay=delay, iterations=iterations, key=sort)
     else:
         interactive(run_dir(), delay=delay, iterations=iterations)
+
+
+@app.command()
+def diff(
+    policy: Annotated[Path, typer.Argument(help="policy TOML file", show_default=False)],
+    as_json: Annotated[bool, typer.Option("--json", help="machine-readable output")] = False,
+) -> None:
+    """The policy compiled on this host vs the kernel's files vs the installed systemd units
+    (what `install` would render now), and the prerequisites (cgroup2, controllers, PSI).
+    Exit 0 when everything is in sync, 1 on any drift (each mismatch listed with its values)."""
+    from governor import api
+    from governor.diff import render
+
+    out = api.diff(policy, _opts())
+    typer.echo(json.dumps(out, indent=2) if as_json else render(out), nl=as_json)
+    raise typer.Exit(0 if out["in_sync"] else 1)

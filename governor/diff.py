@@ -1,0 +1,94 @@
+"""`governor diff POLICY`: the policy compiled on this host vs the kernel vs the installed
+systemd files (what `install` would render now), plus the prerequisites the policy needs.
+
+Pure comparison over values the caller reads (api.diff does the I/O): every mismatch is listed
+with both values; ``in_sync`` is False when there is one (exit 1), True otherwise (exit 0).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from governor.backends.cgroupfs import Observation
+from governor.plan.host import HostFacts
+from governor.plan.model import Plan
+
+
+def prerequisites(plan: Plan, host: HostFacts) -> list[dict[str, Any]]:
+    """cgroup2, the limits a missing controller leaves out (the plan was compiled with every
+    controller allowed missing, so each such limit is in ``plan.degraded``), PSI."""
+    out: list[dict[str, Any]] = []
+    if host.cgroup_mount is None:
+        out.append({"what": "cgroup2", "want": "mounted", "have": "not mounted"})
+    for limit in plan.degraded:  # compiled with every controller allowed missing
+        out.append({"what": "limit", "want": limit, "have": "not in force"})
+    if plan.watch and not host.psi:
+        out.append({"what": "psi", "want": "enabled", "have": host.psi_detail})
+    return out
+
+
+def kernel(plan: Plan, observed: list[Observation] | None) -> list[dict[str, Any]]:
+    """Each planned write whose live value differs (None: the group does not exist)."""
+    if observed is None:
+        return [{"cgroup": plan.group, "file": None, "plan": "applied", "kernel": "does not exist"}]
+    return [
+        {"cgroup": o.write.cgroup, "file": o.write.file, "plan": o.write.value, "kernel": o.live}
+        for o in observed
+        if not o.matches
+    ]
+
+
+def unit_files(rendered: dict[str, str], on_disk: dict[str, str | None]) -> list[dict[str, Any]]:
+    """Files install would write now vs the files there (ExecStart= lines are not compared:
+    the engine's command line is not part of the policy)."""
+
+    def strip(text: str | None) -> str | None:
+        if text is None:
+            return None
+        return "\n".join(ln for ln in text.splitlines() if not ln.startswith("ExecStart="))
+
+    return [
+        {"file": path, "rendered": text, "installed": on_disk.get(path)}
+        for path, text in rendered.items()
+        if strip(text) != strip(on_disk.get(path))
+    ]
+
+
+def report(
+    plan: Plan,
+    host: HostFacts,
+    observed: list[Observation] | None,
+    rendered: dict[str, str] | None,
+    on_disk: dict[str, str | None] | None,
+) -> dict[str, Any]:
+    pre = prerequisites(plan, host)
+    kern = kernel(plan, observed)
+    units = unit_files(rendered, on_disk or {}) if rendered is not None else []
+    return {
+        "policy": plan.policy,
+        "group": f"{plan.cgroup_root}/{plan.group}",
+        "in_sync": not (pre or kern or units),
+        "prerequisites": pre,
+        "kernel": kern,
+        "systemd": units,
+        "systemd_checked": rendered is not None,
+    }
+
+
+def render(out: dict[str, Any]) -> str:
+    lines = [f"{out['policy']}: {'in sync' if out['in_sync'] else 'DRIFT'} ({out['group']})"]
+    for p in out["prerequisites"]:
+        lines.append(f"  prerequisite {p['what']}: want {p['want']}, have {p['have']}")
+    for k in out["kernel"]:
+        if k["file"] is None:
+            lines.append(f"  kernel {k['cgroup']}: {k['kernel']} (not applied or not running)")
+        else:
+            lines.append(
+                f"  kernel {k['cgroup']}/{k['file']}: plan {k['plan']}, kernel {k['kernel']}"
+            )
+    for u in out["systemd"]:
+        state = "missing" if u["installed"] is None else "differs from what install renders now"
+        lines.append(f"  systemd {u['file']}: {state}")
+    if not out["systemd_checked"]:
+        lines.append("  systemd: not installed for this policy (no manifest), not compared")
+    return "\n".join(lines) + "\n"
