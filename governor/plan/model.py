@@ -190,6 +190,8 @@ class Plan:
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> Plan:
         """The inverse of :meth:`to_dict`; ValueError for another format or a bad shape."""
+        if not isinstance(d, dict):
+            raise ValueError(f"not a compiled plan: a JSON {type(d).__name__}, not an object")
         if d.get("format") != FORMAT:
             raise ValueError(f"plan format {d.get('format')!r}, this governor reads {FORMAT}")
         try:

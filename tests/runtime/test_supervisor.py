@@ -1,0 +1,136 @@
+"""The supervisor (governor/supervisor.py) through real launches: the engine's status is what
+`governor launch` exits with, whatever else fails (a report that cannot be written); nothing
+is left in the cgroup tree unless --keep says so; an engine that cannot be started leaves no
+cgroup; --psi reaches the monitor (also on a cached plan); the prefetch helper runs in the
+engine's leaf while the engine runs.
+
+Needs what tests/runtime/conftest.py says (root, cgroup2, PSI); mlock as root for the helper.
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+from pathlib import Path
+from typing import Any
+
+from .conftest import Governor
+
+PRESSURE_RULE = '[[pressure]]\nwhen = "memory some 150ms/2s"\ndo = ["log"]\n'
+
+
+def _report(path: Path) -> dict[str, Any]:
+    d: dict[str, Any] = json.loads(path.read_text())
+    return d
+
+
+def test_the_engine_status_is_kept_when_the_report_cannot_be_written(
+    governor: Governor, tmp_path: Path
+) -> None:
+    report = tmp_path / "no-such-dir" / "report.json"
+    run = governor.run(governor.policy(), ("/bin/sh", "-c", "exit 7"), "--report", str(report))
+    assert run.code == 7, run.stderr
+    failed = [e for e in run.events if e["event"] == "report.failed"]
+    assert [(e["file"], e["level"]) for e in failed] == [(str(report), "error")]
+    assert not report.exists()
+    assert not governor.group.exists()
+
+
+def test_a_written_report_has_the_engine_status_and_the_group_is_removed(
+    governor: Governor, tmp_path: Path
+) -> None:
+    report = tmp_path / "report.json"
+    run = governor.run(governor.policy(), ("/bin/sh", "-c", "exit 3"), "--report", str(report))
+    assert run.code == 3, run.stderr
+    assert _report(report)["exit_code"] == 3
+    assert not governor.group.exists()
+
+
+def test_an_engine_killed_by_a_signal_exits_128_plus_the_signal(governor: Governor) -> None:
+    run = governor.run(governor.policy(), ("/bin/sh", "-c", "kill -TERM $$"))
+    assert run.code == 128 + signal.SIGTERM, run.stderr
+    assert not governor.group.exists()
+
+
+def test_an_engine_that_is_not_found_exits_127_and_creates_no_cgroup(governor: Governor) -> None:
+    run = governor.run(governor.policy(), (str(governor.workdir / "no-such-engine"),))
+    assert run.code == 127, run.stderr
+    assert "governor: engine not found" in run.stderr
+    assert not governor.group.exists()
+
+
+def test_an_engine_that_fails_at_exec_after_the_apply_exits_126_and_leaves_no_cgroup(
+    governor: Governor,
+) -> None:
+    engine = governor.workdir / "not-a-program"
+    engine.write_bytes(b"\x7fELF\x00garbage")  # executable bit, no valid format: ENOEXEC
+    engine.chmod(0o755)
+    run = governor.run(governor.policy(), (str(engine),))
+    assert run.code == 126, run.stderr
+    assert run.has("cgroup.mkdir")  # it failed after the apply, so the cleanup was exercised
+    assert not governor.group.exists()
+
+
+def test_keep_leaves_the_group_and_its_leaf(governor: Governor) -> None:
+    # the scratch slice's teardown removes what is kept
+    run = governor.run(governor.policy(), ("/bin/true",), "--keep")
+    assert run.code == 0, run.stderr
+    assert governor.group.is_dir() and governor.leaf.is_dir()
+
+
+def _psi_modes(report: Path) -> list[str]:
+    return [p["mode"] for p in _report(report)["extra"]["monitor"]["psi"]]
+
+
+def test_psi_rules_use_triggers_by_default_and_polling_with_psi_poll_even_on_a_cached_plan(
+    governor: Governor, tmp_path: Path
+) -> None:
+    policy = governor.policy(PRESSURE_RULE)
+    default, polled = tmp_path / "default.json", tmp_path / "polled.json"
+    first = governor.run(policy, ("/bin/true",), "--report", str(default))
+    assert first.code == 0, first.stderr
+    assert _psi_modes(default) == ["trigger"]
+    second = governor.run(policy, ("/bin/true",), "--psi", "poll", "--report", str(polled))
+    assert second.code == 0, second.stderr
+    assert second.has("plan_cache.hit")  # --psi is a run-time option, not part of the plan
+    assert _psi_modes(polled) == ["polled"]
+
+
+# an engine that waits (at most 10 s) until another process shares its leaf, then lists the
+# leaf; it counts and lists with shell builtins only, so no child of its own is in the list
+_ENGINE = """#!/bin/sh
+procs="{root}$(sed -n 's/^0:://p' /proc/self/cgroup)/cgroup.procs"
+i=0
+while [ $i -lt 500 ]; do
+    n=0
+    while read -r pid; do n=$((n + 1)); done < "$procs"
+    [ $n -ge 2 ] && break
+    sleep 0.02
+    i=$((i + 1))
+done
+echo $$ > "{out}.engine"
+while read -r pid; do echo "$pid"; done < "$procs" > "{out}"
+"""
+
+
+def test_the_prefetch_helper_runs_in_the_engines_leaf_while_the_engine_runs(
+    governor: Governor, tmp_path: Path
+) -> None:
+    model = governor.workdir / "model.bin"
+    model.write_bytes(b"\x01" * (1 << 20))
+    seen = tmp_path / "leaf-procs"
+    engine = governor.workdir / "engine.sh"
+    engine.write_text(_ENGINE.format(root=governor.cgroup_root, out=seen))
+    engine.chmod(0o755)
+    # lock: the helper holds the mapping until the engine exits, so the engine can see it
+    policy = governor.policy('[engine]\nkind = "llama.cpp"\n\n[prefetch]\nmode = "lock"\n')
+    report = tmp_path / "report.json"
+    run = governor.run(
+        policy, (str(engine), "-m", str(model), "-c", "512"), "--report", str(report)
+    )
+    assert run.code == 0, run.stderr
+    engine_pid = int(Path(f"{seen}.engine").read_text())
+    (helper,) = [e["pid"] for e in run.events if e["event"] == "prefetch.started"]
+    assert sorted(int(p) for p in seen.read_text().split()) == sorted([engine_pid, helper])
+    assert _report(report)["prefetch_bytes"] == 1 << 20
+    assert not governor.group.exists()
