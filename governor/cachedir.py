@@ -45,13 +45,22 @@ def trusted_dir(directory: Path) -> bool:
 
 
 def read_entry(directory: Path, name: str) -> bytes | None:
-    """The entry's bytes when it and its directory pass the checks; None otherwise."""
-    if not trusted_dir(directory):
-        return None
+    """The entry's bytes when it and its directory pass the checks; None otherwise. The
+    directory is opened once (O_NOFOLLOW) and checked through its fd, and the entry opened
+    relative to that fd: a rename or symlink swap of the path after the check changes nothing."""
     try:
-        fd = os.open(directory / name, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        dfd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
     except OSError:
         return None
+    try:
+        if not _trusted(os.fstat(dfd)):
+            return None
+        try:
+            fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=dfd)
+        except OSError:
+            return None
+    finally:
+        os.close(dfd)
     try:
         st = os.fstat(fd)
         if not stat.S_ISREG(st.st_mode) or not _trusted(st):
