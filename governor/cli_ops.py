@@ -78,3 +78,57 @@ def diff(
     out = api.diff(policy, _opts())
     typer.echo(json.dumps(out, indent=2) if as_json else render(out), nl=as_json)
     raise typer.Exit(0 if out["in_sync"] else 1)
+
+
+@app.command()
+def tune(
+    name: Annotated[str, typer.Argument(help="policy name of a governed slice")],
+    assignments: Annotated[
+        list[str],
+        typer.Argument(
+            help="KEY=VALUE in the policy's spelling: memory.min/low/high/max/swap_max,"
+            " cpu.weight/max/cpus, pids.max, io.weight (e.g. memory.high=1.5GiB)"
+        ),
+    ],
+    dry_run: Annotated[
+        bool, typer.Option("--dry-run", help="print kernel -> new for each file; change nothing")
+    ] = False,
+    force: Annotated[
+        bool,
+        typer.Option("--force", help="lower memory.max below usage + margin or memory.min anyway"),
+    ] = False,
+) -> None:
+    """Change a running slice's limits: validated like the policy, guarded against the live
+    usage (65), memory.max lowered in stages, reverted if it causes an OOM kill (71), journaled
+    for `governor rollback`."""
+    from governor import api
+
+    out = api.tune(name, tuple(assignments), dry_run=dry_run, force=force)
+    if not out["changes"]:
+        typer.echo(f"{name}: nothing to change (the kernel already holds these values)")
+        return
+    verb = "would change" if out["dry_run"] else f"changed (journal entry {out['id']})"
+    typer.echo(f"{name}: {verb}")
+    for ch in out["changes"]:
+        before = ch.get("kernel", ch.get("before"))
+        after = ch.get("new", ch.get("after"))
+        typer.echo(f"  {ch['file']}: {before} -> {after}")
+
+
+@app.command()
+def rollback(
+    name: Annotated[str, typer.Argument(help="policy name of a governed slice")],
+    to: Annotated[
+        int | None, typer.Option("--to", help="undo every change after journal entry ID", min=0)
+    ] = None,
+    everything: Annotated[
+        bool, typer.Option("--all", help="undo every change in the journal (tunes and monitor)")
+    ] = False,
+) -> None:
+    """Undo changes from the slice's journal in reverse order: the last tune by default."""
+    from governor import api
+
+    out = api.rollback(name, to=to, everything=everything)
+    typer.echo(f"{name}: rolled back entries {out['undoes']} (journal entry {out['id']})")
+    for ch in out["changes"]:
+        typer.echo(f"  {ch['file']}: {ch['before']} -> {ch['after']}")

@@ -61,6 +61,7 @@ class Compiled:
     # --backend systemd: (mode, unit, unit cgroup, the plan applied inside it) for the service
     # and the transient scope, compiled ahead (governor/backends/systemd.py compile_placements)
     placements: tuple[tuple[str, str, str, Plan], ...] = ()
+    model_bytes: int | None = None  # the engine's model file(s), for the published state
     from_cache: bool = False
 
     def to_json(self) -> bytes:
@@ -75,6 +76,7 @@ class Compiled:
             "inputs": [list(i) for i in self.inputs],
             "host_key": self.host_key,
             "placements": [[m, u, c, p.to_dict()] for m, u, c, p in self.placements],
+            "model_bytes": self.model_bytes,
         }
         return json.dumps(d).encode()
 
@@ -94,6 +96,7 @@ class Compiled:
             placements=tuple(
                 (str(m), str(u), str(c), Plan.from_dict(p)) for m, u, c, p in d["placements"]
             ),
+            model_bytes=d.get("model_bytes"),
             from_cache=True,
         )
 

@@ -15,6 +15,7 @@ from typing import Any
 
 from governor.backends.cgroupfs import CgroupfsBackend
 from governor.errors import GovernorError, PolicyNotFound
+from governor.journal import Journal
 from governor.kernel import files as kf
 from governor.kernel.cgroupfs import CgroupFs
 from governor.plan.model import Plan
@@ -137,6 +138,7 @@ def collect(
             "usage": _usage(fs, plan.group) if exists else None,
             "rules": st.get("rules", []),
             "last_actions": st.get("last_actions", []),
+            "journal": Journal(run / plan.policy).tail(5),
             "degraded": list(plan.degraded),
         }
         out.append(item)
@@ -221,6 +223,10 @@ def render(items: list[dict[str, Any]], *, now: float | None = None) -> str:
                 for x in a.get("actions", [])
             )
             lines.append(f"  action   {at} #{a['rule']} {a['when']}: {done}")
+        for e in it.get("journal", []):
+            at = time.strftime("%H:%M:%S", time.localtime(e["time"]))
+            done = "; ".join(f"{c['file']} {c['before']} -> {c['after']}" for c in e["changes"])
+            lines.append(f"  journal  #{e['id']} {at} {e['source']}: {done}")
         for d in it["degraded"]:
             lines.append(f"  NOT in force: {d}")
         lines.append("")

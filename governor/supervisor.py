@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from governor.errors import BackendError, GovernorError, PermissionDenied
+from governor.journal import Journal
 from governor.kernel.cgroupfs import CgroupFs
 from governor.kernel.procfs import ProcFs
 from governor.launch.helper import PrefetchHelper
@@ -63,6 +64,7 @@ class Job:
     backend: str = "cgroupfs"  # for the published state
     policy_sha256: str | None = None  # of the policy file, for the published state
     run_dir: Path | None = None  # where the state is published (default governor.state.run_dir)
+    model_bytes: int | None = None  # the engine's model files (tune recompiles "model" sizes)
 
 
 class Supervisor:
@@ -134,6 +136,7 @@ class Supervisor:
             restarts=restarts,
             psi_triggers=job.psi_triggers,
             on_change=lambda: self._publish(job),
+            journal=Journal((job.run_dir or run_dir()) / plan.policy),
         )
         monitor.engine_started(pid)
         try:
@@ -189,6 +192,7 @@ class Supervisor:
                 "group": plan.group,
                 "leaf": plan.leaf,
                 "restarts": len(self.restarts.history) if self.restarts else 0,
+                "model_bytes": job.model_bytes,
                 "rules": monitor.rule_states() if monitor is not None else [],
                 "last_actions": monitor.firings[-STATE_ACTIONS:] if monitor is not None else [],
                 "plan": plan.to_dict(),

@@ -148,42 +148,6 @@ def remove(path: Path, opts: HostOptions) -> Any:
     return removed
 
 
-def diff(path: Path, opts: HostOptions, *, install_root: Path = Path("/")) -> dict[str, Any]:
-    """`governor diff`: compiled on this host vs the kernel vs the installed unit files."""
-    from governor import diff as d
-    from governor import install as inst
-    from governor.backends import dropin
-    from governor.backends.cgroupfs import CgroupfsBackend
-    from governor.kernel.cgroupfs import CgroupFs
-
-    policy = load_policy(path)
-    host = probe_host(opts, target=f"{policy.slice}/{policy.name}")
-    everything = frozenset({"memory", "cpu", "cpuset", "io", "pids", "psi"})
-    plan = _compile(policy, host, HostOptions(opts.root, opts.cgroup_root, everything), path)
-    fs = CgroupFs(Path(plan.cgroup_root))
-    observed = CgroupfsBackend(fs).observe(plan) if fs.exists(plan.group) else None
-    rendered: dict[str, str] | None = None
-    on_disk: dict[str, str | None] | None = None
-    if host.systemd_version is not None and inst.manifest_path(install_root, plan.policy).exists():
-        files = dropin.render_install(plan, host.systemd_version, policy_path=str(path.resolve()))
-        rendered = {f.path: f.text for f in files}
-        on_disk = {}
-        for f in files:
-            try:
-                on_disk[f.path] = (install_root / f.path).read_text()
-            except OSError:
-                on_disk[f.path] = None
-    return d.report(plan, host, observed, rendered, on_disk)
-
-
-def status(name: str | None) -> list[dict[str, Any]]:
-    """`governor status`: governor/status.py over the published states."""
-    from governor.state import run_dir
-    from governor.status import collect
-
-    return collect(run_dir(), name)
-
-
 @record(frozen=True)
 class MonitorOptions:
     sample_s: float = 1.0
@@ -407,12 +371,22 @@ def bench(path: Path, argv: tuple[str, ...], opts: HostOptions, bopts: Any) -> A
     return run_bench(plan, path, argv, opts, bopts)
 
 
-# launch: the run-time path, in its own module (governor/api/launch.py)
-from governor.api.launch import (  # noqa: E402  # after the names it imports from here
+# launch: the run-time path; operate: status, diff, tune, rollback (their own modules)
+from governor.api.launch import (  # noqa: E402  # after the names they import from here
     LaunchOptions,
     compiled_for_launch,
     launch,
     resolve_executable,
 )
+from governor.api.operate import diff, rollback, status, tune  # noqa: E402
 
-__all__ = ["LaunchOptions", "compiled_for_launch", "launch", "resolve_executable"]
+__all__ = [
+    "LaunchOptions",
+    "compiled_for_launch",
+    "diff",
+    "launch",
+    "resolve_executable",
+    "rollback",
+    "status",
+    "tune",
+]

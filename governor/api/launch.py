@@ -192,6 +192,7 @@ def launch(path: Path, argv: tuple[str, ...], opts: HostOptions, lopts: LaunchOp
         extra={} if compiled.estimate is None else {"estimate": compiled.estimate},
         backend=backend_name,
         policy_sha256=compiled.chain[0][1] if compiled.chain else None,
+        model_bytes=compiled.model_bytes,
     )
     proc = ProcFs(opts.root / "proc")
     watchdog = lopts.watchdog
@@ -275,7 +276,8 @@ def _compile_launch(
         log.debug("preflight.note", note=note)
     args = engine_args(plan.engine.kind, plan.engine.max_context_tokens, argv)
     files = checked.files
-    inputs = [*(str(p) for p in (model_parts(args.model) if args and args.model else [])), *files]
+    models = [str(p) for p in (model_parts(args.model) if args and args.model else [])]
+    inputs = [*models, *files]
     idents = tuple(i for i in (compiled.file_identity(p) for p in inputs) if i is not None)
     chain = tuple(
         (p, digest) for p in _policy_chain(path) if (digest := compiled.sha256_file(p)) is not None
@@ -291,6 +293,7 @@ def _compile_launch(
         inputs=idents,
         host_key=compiled.host_key(host),
         placements=_placements(plan, host) if backend_name == "systemd" else (),
+        model_bytes=sum(i[3] for i in idents if i[0] in models) if models else None,
     )
     return entry, host
 

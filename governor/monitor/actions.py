@@ -20,6 +20,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from governor.errors import BackendError, GovernorError
+from governor.journal import Journal
 from governor.kernel import files as kf
 from governor.kernel.cgroupfs import CgroupFs
 from governor.kernel.parse import format_max, parse_flat_keyed, parse_max
@@ -82,6 +83,9 @@ class Executor:
     frozen_by_us: bool = False
     # the launcher's relaunch budget (governor launch); None when attached (governor monitor)
     restarts: Restarts | None = None
+    # the slice's change journal (governor/journal.py): set actions are journaled, and a file
+    # the operator tuned keeps its value (absolute sets skip it; bounds follow the tune)
+    journal: Journal | None = None
 
     @property
     def group(self) -> str:
@@ -150,11 +154,27 @@ class Executor:
         assert action.file is not None
         file = action.file
         before_text = self.fs.read(self.group, file).strip()
+        tuned = self.journal.tuned(file) if self.journal is not None else None
+        if tuned is not None and action.relative_percent is None:
+            return Result(
+                str(action),
+                ok=True,
+                before=before_text,
+                after=before_text,
+                detail=f"kept: the operator tuned {file} to {tuned}",
+            )
         value = self._target(action, before_text)
         if value == before_text:
             return Result(str(action), ok=True, before=before_text, after=value, detail="at bound")
         self.fs.write(self.group, file, value)
         after = self.fs.read(self.group, file).strip()
+        if self.journal is not None:
+            self.journal.append(
+                "monitor",
+                [{"cgroup": self.group, "file": file, "before": before_text, "after": after}],
+                rule=ctx.rule,
+                action=str(action),
+            )
         return Result(str(action), ok=True, before=before_text, after=after)
 
     def _do_freeze(self, action: Action, ctx: Context) -> Result:
@@ -288,7 +308,10 @@ class Executor:
         """(lower, upper) for a memory file: [memory.min, memory.max of the plan]."""
         if file not in _MEMORY_BOUNDED:
             return 0, None
-        plan_max = self._plan_value(kf.MEMORY_MAX)
+        tuned_max = self.journal.tuned(kf.MEMORY_MAX) if self.journal is not None else None
+        plan_max = (
+            parse_max(tuned_max) if tuned_max is not None else self._plan_value(kf.MEMORY_MAX)
+        )
         upper = plan_max if plan_max is not None else self._live(kf.MEMORY_MAX)
         lower = 0 if file == kf.MEMORY_MIN else (self._live(kf.MEMORY_MIN) or 0)
         return lower, upper

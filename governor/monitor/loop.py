@@ -37,6 +37,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from governor.errors import GovernorError
+from governor.journal import Journal
 from governor.kernel import files as kf
 from governor.kernel.cgroupfs import CgroupFs
 from governor.kernel.procfs import ProcFs
@@ -72,6 +73,7 @@ class Monitor:
         psi_triggers: bool = True,
         on_change: Callable[[], None] | None = None,
         wall: Callable[[], float] = time.time,
+        journal: Journal | None = None,
     ) -> None:
         """``engine_pids`` for attach mode; without it the engine is the pid given to
         :meth:`engine_started` (launch). ``restarts`` is the launcher's relaunch budget."""
@@ -83,7 +85,12 @@ class Monitor:
         self.engine = RuleEngine(self.rules)
         self.pid: int | None = None
         self.executor = executor or Executor(
-            fs, plan, engine_pids=engine_pids or self._engine_pid, clock=clock, restarts=restarts
+            fs,
+            plan,
+            engine_pids=engine_pids or self._engine_pid,
+            clock=clock,
+            restarts=restarts,
+            journal=journal,
         )
         self.psi_triggers = psi_triggers
         self.sampler = Sampler(fs, self.group, interval_s=sample_s)

@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 import stat
 import tomllib
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -31,9 +32,23 @@ Raw = dict[str, Any]
 Provenance = dict[tuple[str, ...], str]
 
 
-def load(path: str | Path, *, euid: int | None = None) -> Policy:
-    """Load and validate a policy file (and what it extends)."""
+def load(
+    path: str | Path,
+    *,
+    euid: int | None = None,
+    overrides: Mapping[tuple[str, str], object] | None = None,
+    overrides_source: str = "command line",
+) -> Policy:
+    """Load and validate a policy file (and what it extends); ``overrides`` set
+    ``[section] key = value`` on top (`governor tune`), validated by the same rules and named
+    ``overrides_source`` in errors."""
     raw, prov = _load_chain(Path(path), euid=os.geteuid() if euid is None else euid, stack=())
+    for (section, key), value in (overrides or {}).items():
+        table = raw.setdefault(section, {})
+        if not isinstance(table, dict):
+            raise PolicyError(f"{section} is not a table", file=str(path), field=section)
+        table[key] = value
+        prov[(section, key)] = overrides_source
     _reject_v1_knob(raw, prov, ())
     try:
         return Policy.model_validate(raw)

@@ -118,9 +118,9 @@ BAD_CASES: list[tuple[str, int, str | None, str]] = [
 ]
 
 
-def _load_error(path: Path, **kwargs: int) -> GovernorError:
+def _load_error(path: Path, euid: int | None = None) -> GovernorError:
     with pytest.raises(GovernorError) as info:
-        load(path, **kwargs)
+        load(path, euid=euid)
     return info.value
 
 
