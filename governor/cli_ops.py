@@ -97,13 +97,25 @@ def tune(
         bool,
         typer.Option("--force", help="lower memory.max below usage + margin or memory.min anyway"),
     ] = False,
+    persist: Annotated[
+        bool,
+        typer.Option(
+            "--persist",
+            help="also write the values into the policy file (comments kept; diff shown)",
+        ),
+    ] = False,
 ) -> None:
     """Change a running slice's limits: validated like the policy, guarded against the live
     usage (65), memory.max lowered in stages, reverted if it causes an OOM kill (71), journaled
     for `governor rollback`."""
     from governor import api
 
-    out = api.tune(name, tuple(assignments), dry_run=dry_run, force=force)
+    out = api.tune(name, tuple(assignments), dry_run=dry_run, force=force, persist=persist)
+    saved = out.get("persisted")
+    if saved is not None:
+        typer.echo(saved["diff"] or f"{saved['file']}: already says so", nl=False)
+        if saved["installed"]:
+            typer.echo(f"hint: run `governor install {saved['file']}` to render it into the units")
     if not out["changes"]:
         typer.echo(f"{name}: nothing to change (the kernel already holds these values)")
         return

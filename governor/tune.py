@@ -226,3 +226,46 @@ def rollback(
                 {"cgroup": ch["cgroup"], "file": ch["file"], "before": now, "after": ch["before"]}
             )
     return journal.append("rollback", changes, undoes=[e["id"] for e in chosen])
+
+
+def persist(path: str, overrides: Mapping[tuple[str, str], object]) -> str:
+    """Write ``overrides`` into the policy file at ``path``, keeping its comments and layout
+    (tomlkit); atomic (temp file + rename, same mode). Returns the unified diff (empty when the
+    file already said so)."""
+    import difflib
+    import os
+    import tempfile
+
+    import tomlkit
+
+    with open(path) as f:
+        old = f.read()
+    doc = tomlkit.parse(old)
+    for (section, key), value in overrides.items():
+        table = doc.get(section)
+        if table is None:
+            table = tomlkit.table()
+            doc[section] = table
+        table[key] = value
+    new = tomlkit.dumps(doc)
+    if new == old:
+        return ""
+    directory = os.path.dirname(os.path.abspath(path))
+    mode = os.stat(path).st_mode & 0o7777
+    fd, tmp = tempfile.mkstemp(dir=directory, prefix=".governor-tune-")
+    try:
+        with os.fdopen(fd, "w") as f:
+            f.write(new)
+            f.flush()
+            os.fsync(f.fileno())
+        os.chmod(tmp, mode)
+        os.replace(tmp, path)
+    except OSError:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
+    return "".join(
+        difflib.unified_diff(
+            old.splitlines(keepends=True), new.splitlines(keepends=True), path, path
+        )
+    )

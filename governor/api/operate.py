@@ -56,7 +56,14 @@ def _governed(name: str) -> dict[str, Any]:
     return st
 
 
-def tune(name: str, assignments: tuple[str, ...], *, dry_run: bool, force: bool) -> dict[str, Any]:
+def tune(
+    name: str,
+    assignments: tuple[str, ...],
+    *,
+    dry_run: bool,
+    force: bool,
+    persist: bool = False,
+) -> dict[str, Any]:
     """`governor tune`: validate KEY=VALUE as the policy would, guard, apply in stages, journal."""
     from governor import tune as t
     from governor.errors import HostError
@@ -114,10 +121,30 @@ def tune(name: str, assignments: tuple[str, ...], *, dry_run: bool, force: bool)
             "dry_run": True,
             "changes": [{"file": f, "kernel": live[f], "new": v} for f, v in changes.items()],
         }
-    if not changes:
-        return {"policy": name, "dry_run": False, "changes": []}
-    entry = t.apply(fs, running.group, changes, journal=Journal(run_dir() / name))
-    return {"policy": name, "dry_run": False, **entry}
+    out: dict[str, Any] = {"policy": name, "dry_run": False, "changes": []}
+    if changes:
+        out.update(t.apply(fs, running.group, changes, journal=Journal(run_dir() / name)))
+    if persist:
+        out["persisted"] = _persist(str(path), overrides, name)
+    return out
+
+
+def _persist(path: str, overrides: dict[tuple[str, str], object], name: str) -> dict[str, Any]:
+    """--persist: into the policy file (comments and layout kept); an installed policy's units
+    are rendered from it by `governor install` (said in the result, not done behind the
+    operator's back)."""
+    from governor import install as inst
+    from governor import tune as t
+    from governor.errors import PermissionDenied
+
+    try:
+        diff_text = t.persist(path, overrides)
+    except PermissionError as err:
+        raise PermissionDenied(
+            "cannot write the policy file", file=path, errno=err.errno, hint="run as its owner"
+        ) from err
+    installed = inst.manifest_path(Path("/"), name).exists()
+    return {"file": path, "diff": diff_text, "installed": installed}
 
 
 def rollback(name: str, *, to: int | None, everything: bool) -> dict[str, Any]:

@@ -15,7 +15,15 @@ from governor.kernel.cgroupfs import CgroupFs
 from governor.monitor.actions import Context, Executor
 from governor.plan.compiler import compile_action
 from governor.policy.values import parse_action
-from governor.tune import apply, check_guards, margin, parse_assignments, rollback, steps
+from governor.tune import (
+    apply,
+    check_guards,
+    margin,
+    parse_assignments,
+    persist,
+    rollback,
+    steps,
+)
 
 from .fakekernel import FakeKernelCgroupFs
 from .plans import GROUP as PLAN_GROUP
@@ -159,3 +167,19 @@ def test_the_monitor_keeps_a_tuned_value_and_its_bounds_follow_the_tune(
     assert res.ok
     assert int(fake_fs.read(PLAN_GROUP, kf.MEMORY_HIGH)) == TUNED * 9 // 10 // 4096 * 4096
     assert journal.entries()[-1]["source"] == "monitor"
+
+
+def test_persist_writes_the_policy_file_keeping_comments_and_layout(tmp_path: Path) -> None:
+    policy = tmp_path / "p.toml"
+    policy.write_text(
+        '# chat on the board\nname = "p"\n\n[memory]\nhigh = "1.6GiB"  # throttle here\n'
+        'max = "1.8GiB"\n'
+    )
+    policy.chmod(0o640)
+    diff = persist(str(policy), {("memory", "high"): "1.4GiB", ("cpu", "weight"): 300})
+    text = policy.read_text()
+    assert "# chat on the board" in text and "# throttle here" in text
+    assert 'high = "1.4GiB"' in text and "[cpu]\nweight = 300" in text
+    assert '-high = "1.6GiB"' in diff and '+high = "1.4GiB"' in diff
+    assert policy.stat().st_mode & 0o777 == 0o640
+    assert persist(str(policy), {("memory", "high"): "1.4GiB"}) == ""  # already says so
