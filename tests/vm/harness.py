@@ -10,9 +10,11 @@ Run through scripts/test (which runs scripts/setup and activates .venv first)::
 Tiers
   lint     ruff check, ruff format --check, mypy (config in pyproject.toml)
   host     pytest -m "not kernel and not systemd and not engine" on the host
-  kernel   ONE virtme-ng (vng) boot of the host kernel with the host root over 9p; inside,
-           pytest -m kernel tests/kernel (cgroup2 with all controllers, root, PSI);
-           --kernel-vm qemu boots the harness's own guest instead (same kernel, no systemd)
+  kernel   ONE qemu boot of the host kernel (busybox initramfs, host root over 9p with
+           cache=loose under a tmpfs overlay, bash as PID 1, no systemd); inside, pytest -m
+           kernel tests/kernel (cgroup2 at /sys/fs/cgroup with all controllers, root, PSI);
+           --kernel-vm vng boots virtme-ng instead (same kernel; about 2.7x slower: its 9p
+           root is uncached, so every Python import walks the host over 9p)
   systemd  ONE hand-made qemu boot with systemd as PID 1 (busybox initramfs, host root over 9p
            under a tmpfs overlay); inside, pytest -m systemd tests/systemd runs as a
            Type=oneshot Delegate=yes service
@@ -22,8 +24,8 @@ which the guests share read-write. A tier fails when pytest fails, collects no t
 or when a guest does not boot or return an exit code before --timeout.
 
 Environment: GOVERNOR_VM_ACCEL=auto|kvm|tcg, GOVERNOR_VM_KERNEL=/boot/vmlinuz-...,
-GOVERNOR_VM_TIMEOUT=seconds, GOVERNOR_KERNEL_VM=vng|qemu, CI (exported to the guests; CI=true turns missing-requirement
-skips into failures).
+GOVERNOR_VM_TIMEOUT=seconds, GOVERNOR_KERNEL_VM=qemu|vng, CI (exported to the guests; CI=true
+turns missing-requirement skips into failures).
 """
 
 from __future__ import annotations
@@ -356,7 +358,7 @@ class Options:
     timeout: float
     accel: str
     results: Path
-    kernel_vm: str = "vng"
+    kernel_vm: str = "qemu"
     cpus: int = GUEST_CPUS
     memory_mib: int = GUEST_MEMORY_MIB
     extra_notes: list[str] = field(default_factory=list)
@@ -405,7 +407,8 @@ def tier_host(opts: Options) -> TierResult:
 
 
 def tier_kernel(opts: Options, kernel: Path, accel: str) -> TierResult:
-    """One virtme-ng boot; the results dir is shared read-write at the same path."""
+    """One virtme-ng boot (--kernel-vm vng); the results dir is shared read-write at the same
+    path."""
     d = opts.results / "kernel"
     d.mkdir(parents=True, exist_ok=True)
     script = d / "guest.sh"
@@ -531,8 +534,9 @@ def qemu_systemd_argv(
 def tier_qemu(opts: Options, tier: str, kernel: Path, accel: str) -> TierResult:
     """One hand-made qemu boot (busybox initramfs, host root over 9p with cache=loose under a
     tmpfs overlay); the results dir is the guest's /run/vmshare. The systemd tier boots
-    systemd as PID 1; the kernel tier (with --kernel-vm qemu) runs the tests from a plain
-    bash PID 1 with cgroup2 mounted and the root's subtree_control left empty, as under vng."""
+    systemd as PID 1; the kernel tier (the default --kernel-vm qemu) runs the tests from a
+    plain bash PID 1 with cgroup2 mounted and the root's subtree_control left empty, as under
+    vng."""
     d = opts.results / tier
     d.mkdir(parents=True, exist_ok=True)
     start = time.monotonic()
@@ -593,10 +597,11 @@ def parse_args(argv: Sequence[str]) -> Options:
                    help="seconds per tier before the guest is killed (default %(default)s)")  # fmt: skip
     p.add_argument("--accel", choices=("auto", "kvm", "tcg"),
                    default=os.environ.get("GOVERNOR_VM_ACCEL", "auto"))  # fmt: skip
-    p.add_argument("--kernel-vm", choices=("vng", "qemu"),
-                   default=os.environ.get("GOVERNOR_KERNEL_VM", "vng"),
-                   help="kernel tier guest: virtme-ng, or the harness's own qemu boot "
-                   "(9p cache=loose: faster imports) (default %(default)s)")  # fmt: skip
+    p.add_argument("--kernel-vm", choices=("qemu", "vng"),
+                   default=os.environ.get("GOVERNOR_KERNEL_VM", "qemu"),
+                   help="kernel tier guest: the harness's own qemu boot (9p cache=loose, no "
+                   "systemd), or virtme-ng (uncached 9p root: ~2.7x slower) "
+                   "(default %(default)s)")  # fmt: skip
     p.add_argument("--results", type=Path, default=None,
                    help="results directory (default out/test-results/<timestamp>)")  # fmt: skip
     args, rest = p.parse_known_args(list(argv))

@@ -152,3 +152,11 @@ def test_detect_accel_honours_request_and_cache(tmp_path: Path) -> None:
 def test_find_kernel_prefers_env_and_sorts_versions() -> None:
     assert harness.find_kernel({"GOVERNOR_VM_KERNEL": "/k/vmlinuz-9"}) == Path("/k/vmlinuz-9")
     assert harness.kernel_version(Path("/boot/vmlinuz-6.1.0-57-amd64")) == "6.1.0-57-amd64"
+
+
+def test_kernel_tier_boots_the_fast_qemu_guest_by_default(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("GOVERNOR_KERNEL_VM", raising=False)
+    assert harness.parse_args([]).kernel_vm == "qemu"
+    assert harness.parse_args(["--kernel-vm", "vng"]).kernel_vm == "vng"
+    monkeypatch.setenv("GOVERNOR_KERNEL_VM", "vng")
+    assert harness.parse_args([]).kernel_vm == "vng"
