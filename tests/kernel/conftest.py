@@ -1,4 +1,4 @@
-"""Kernel tier (runs inside the virtme-ng guest: scripts/test --tier kernel).
+"""Kernel tier (runs inside the kernel test guest: scripts/test --tier kernel).
 
 Every test collected from this directory carries the `kernel` marker (a bare marker when the
 test declares none: all of memory cpu cpuset io pids, root and PSI), so the host tier's

@@ -1,7 +1,7 @@
 """Proof that the kernel tier works: a real cgroup2 hierarchy with controllers, OOM group kills
 and memory.high pressure, driven only through raw cgroupfs writes and the workload helpers.
 
-Runs in the virtme-ng guest (scripts/test --tier kernel). Under TCG the guest is 5-10x slower
+Runs in the kernel test guest (scripts/test --tier kernel). Under TCG the guest is 5-10x slower
 than the host: generous timeouts, no timing assertions.
 """
 

@@ -10,20 +10,27 @@ Run through scripts/test (which runs scripts/setup and activates .venv first)::
 Tiers
   lint     ruff check, ruff format --check, mypy (config in pyproject.toml)
   host     pytest -m "not kernel and not systemd and not engine" on the host
-  kernel   ONE virtme-ng (vng) boot of the host kernel with the host root over 9p; inside,
-           pytest -m kernel tests/kernel (cgroup2 with all controllers, root, PSI);
-           --kernel-vm qemu boots the harness's own guest instead (same kernel, no systemd)
+  kernel   ONE qemu boot of the host kernel (busybox initramfs, host root over 9p with
+           cache=loose under a tmpfs overlay, bash as PID 1, no systemd); inside, pytest -m
+           kernel tests/kernel (cgroup2 at /sys/fs/cgroup with all controllers, root, PSI);
+           --kernel-vm vng boots virtme-ng instead (same kernel; about 2.7x slower: its 9p
+           root is uncached, so every Python import walks the host over 9p)
   systemd  ONE hand-made qemu boot with systemd as PID 1 (busybox initramfs, host root over 9p
            under a tmpfs overlay); inside, pytest -m systemd tests/systemd runs as a
            Type=oneshot Delegate=yes service
+
+Before a guest boots, the repo's Python files are compiled to bytecode on the host
+(compileall into their __pycache__ directories, which git ignores): the guests run with
+PYTHONDONTWRITEBYTECODE=1 and would otherwise compile governor/ from source, under TCG, in every
+Python process a test starts.
 
 Results (junit xml, guest console logs, pytest output) go to out/test-results/<stamp>/<tier>/,
 which the guests share read-write. A tier fails when pytest fails, collects no tests (exit 5),
 or when a guest does not boot or return an exit code before --timeout.
 
 Environment: GOVERNOR_VM_ACCEL=auto|kvm|tcg, GOVERNOR_VM_KERNEL=/boot/vmlinuz-...,
-GOVERNOR_VM_TIMEOUT=seconds, GOVERNOR_KERNEL_VM=vng|qemu, CI (exported to the guests; CI=true turns missing-requirement
-skips into failures).
+GOVERNOR_VM_TIMEOUT=seconds, GOVERNOR_KERNEL_VM=qemu|vng, CI (exported to the guests; CI=true
+turns missing-requirement skips into failures).
 """
 
 from __future__ import annotations
@@ -67,6 +74,13 @@ PASS_ENV: tuple[str, ...] = (
     "FORCE_COLOR",
 )  # fmt: skip
 PASS_ENV_PREFIXES: tuple[str, ...] = ("GOVERNOR_",)
+# the repo's Python trees compiled on the host before a guest boots (precompile); the venv's
+# site-packages and the interpreter's stdlib come with their bytecode already
+BYTECODE_DIRS: tuple[str, ...] = ("governor", "tests")
+# pytest plugins the guests do without: the cache (the tree is read-only there) and
+# hypothesis's plugin, which imports all of hypothesis (~25 s of the guest's pytest start under
+# TCG; no guest test uses hypothesis)
+GUEST_PYTEST_OFF: tuple[str, ...] = ("-p", "no:cacheprovider", "-p", "no:hypothesispytest")
 # units that stall under TCG or that would wipe/replace the shared host /tmp
 SYSTEMD_MASKS: tuple[str, ...] = (
     "systemd-udev-trigger.service", "apparmor.service", "systemd-timesyncd.service",
@@ -317,12 +331,7 @@ def guest_script(
     `guest_dir`/rc (the shared results directory as the guest sees it)."""
     env = guest_env(environ)
     env["GOVERNOR_TEST_TIER"] = tier
-    py = ROOT / ".venv" / "bin" / "python"
-    argv = [
-        str(py), "-m", "pytest", "-p", "no:cacheprovider", "-m", tier, f"tests/{tier}",
-        f"--junitxml={guest_dir}/junit.xml", "-o", f"junit_suite_name={tier}", "--durations=10",
-        f"--timeout={GUEST_TEST_TIMEOUT_S}", *pytest_args,
-    ]  # fmt: skip
+    argv = guest_pytest_argv(tier, guest_dir, pytest_args)
     lines = ["#!/bin/bash", f"# governor test guest: {tier} tier"]
     lines += [f"export {k}={shlex.quote(v)}" for k, v in sorted(env.items())]
     lines += [
@@ -337,6 +346,53 @@ def guest_script(
         "exit $rc",
     ]
     return "\n".join(lines) + "\n"
+
+
+def guest_pytest_argv(tier: str, guest_dir: str, pytest_args: Sequence[str]) -> list[str]:
+    py = ROOT / ".venv" / "bin" / "python"
+    return [
+        str(py), "-m", "pytest", *GUEST_PYTEST_OFF, "-m", tier, f"tests/{tier}",
+        f"--junitxml={guest_dir}/junit.xml", "-o", f"junit_suite_name={tier}", "--durations=10",
+        f"--timeout={GUEST_TEST_TIMEOUT_S}", *pytest_args,
+    ]  # fmt: skip
+
+
+def _run_quiet(argv: Sequence[str], root: Path, env: dict[str, str] | None = None) -> str | None:
+    try:
+        res = subprocess.run(argv, capture_output=True, text=True, timeout=600, check=False,
+                             cwd=root, env=env)  # fmt: skip
+    except (OSError, subprocess.SubprocessError) as exc:
+        return str(exc)
+    if res.returncode != 0:
+        return (res.stdout + res.stderr).strip()[-2000:] or f"exit {res.returncode}"
+    return None
+
+
+def precompile(
+    root: Path = ROOT, dirs: Sequence[str] = BYTECODE_DIRS, test_dirs: Sequence[str] = ()
+) -> str | None:
+    """Compile the repo's Python files into their __pycache__ directories on the host, with the
+    venv's interpreter (the guests' interpreter: same bytecode magic). The guests run with
+    PYTHONDONTWRITEBYTECODE=1 and a read-only view of the tree, so without this every Python
+    process a guest test starts (each `python -m governor`) compiles governor/ from source
+    under TCG. pytest loads test modules and conftests through its assert rewriter, which
+    keeps its own cache (<module>.cpython-3XX-pytest-<version>.pyc) only when bytecode writing
+    is on: `test_dirs` are collected once here with writing on to fill it.
+    Returns None, or why it failed (the tiers still run, only slower)."""
+    paths = [str(root / d) for d in dirs if (root / d).is_dir()]
+    if paths:
+        why = _run_quiet([venv_bin("python"), "-m", "compileall", "-q", "-j", "0", *paths], root)
+        if why is not None:
+            return f"compileall: {why}"
+    tests = [str(root / d) for d in test_dirs if (root / d).is_dir()]
+    if tests:
+        env = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
+        argv = [venv_bin("python"), "-m", "pytest", "--collect-only", "-q", *GUEST_PYTEST_OFF,
+                *tests]  # fmt: skip
+        why = _run_quiet(argv, root, env)
+        if why is not None:
+            return f"pytest --collect-only: {why}"
+    return None
 
 
 def read_rc(path: Path) -> int | None:
@@ -356,7 +412,7 @@ class Options:
     timeout: float
     accel: str
     results: Path
-    kernel_vm: str = "vng"
+    kernel_vm: str = "qemu"
     cpus: int = GUEST_CPUS
     memory_mib: int = GUEST_MEMORY_MIB
     extra_notes: list[str] = field(default_factory=list)
@@ -405,7 +461,8 @@ def tier_host(opts: Options) -> TierResult:
 
 
 def tier_kernel(opts: Options, kernel: Path, accel: str) -> TierResult:
-    """One virtme-ng boot; the results dir is shared read-write at the same path."""
+    """One virtme-ng boot (--kernel-vm vng); the results dir is shared read-write at the same
+    path."""
     d = opts.results / "kernel"
     d.mkdir(parents=True, exist_ok=True)
     script = d / "guest.sh"
@@ -531,8 +588,9 @@ def qemu_systemd_argv(
 def tier_qemu(opts: Options, tier: str, kernel: Path, accel: str) -> TierResult:
     """One hand-made qemu boot (busybox initramfs, host root over 9p with cache=loose under a
     tmpfs overlay); the results dir is the guest's /run/vmshare. The systemd tier boots
-    systemd as PID 1; the kernel tier (with --kernel-vm qemu) runs the tests from a plain
-    bash PID 1 with cgroup2 mounted and the root's subtree_control left empty, as under vng."""
+    systemd as PID 1; the kernel tier (the default --kernel-vm qemu) runs the tests from a
+    plain bash PID 1 with cgroup2 mounted and the root's subtree_control left empty, as under
+    vng."""
     d = opts.results / tier
     d.mkdir(parents=True, exist_ok=True)
     start = time.monotonic()
@@ -593,10 +651,11 @@ def parse_args(argv: Sequence[str]) -> Options:
                    help="seconds per tier before the guest is killed (default %(default)s)")  # fmt: skip
     p.add_argument("--accel", choices=("auto", "kvm", "tcg"),
                    default=os.environ.get("GOVERNOR_VM_ACCEL", "auto"))  # fmt: skip
-    p.add_argument("--kernel-vm", choices=("vng", "qemu"),
-                   default=os.environ.get("GOVERNOR_KERNEL_VM", "vng"),
-                   help="kernel tier guest: virtme-ng, or the harness's own qemu boot "
-                   "(9p cache=loose: faster imports) (default %(default)s)")  # fmt: skip
+    p.add_argument("--kernel-vm", choices=("qemu", "vng"),
+                   default=os.environ.get("GOVERNOR_KERNEL_VM", "qemu"),
+                   help="kernel tier guest: the harness's own qemu boot (9p cache=loose, no "
+                   "systemd), or virtme-ng (uncached 9p root: ~2.7x slower) "
+                   "(default %(default)s)")  # fmt: skip
     p.add_argument("--results", type=Path, default=None,
                    help="results directory (default out/test-results/<timestamp>)")  # fmt: skip
     args, rest = p.parse_known_args(list(argv))
@@ -646,6 +705,13 @@ def main(argv: Sequence[str] | None = None) -> int:
             log(f"guest kernel {kernel}; accelerator {accel} ({why})")
         except (RuntimeError, OSError) as exc:
             log(f"cannot prepare guests: {exc}")
+        t = time.monotonic()
+        guest_tests = [f"tests/{g}" for g in opts.tiers if g in GUEST_TIERS]
+        why_not = precompile(test_dirs=guest_tests)
+        if why_not is None:
+            log(f"bytecode: compiled {', '.join(BYTECODE_DIRS)} in {time.monotonic() - t:.1f}s")
+        else:
+            log(f"bytecode: {why_not}; the guests compile what is missing from source")
     for tier in opts.tiers:
         log(f"===== tier {tier} =====")
         try:

@@ -110,6 +110,7 @@ def test_guest_script_exports_ci_and_writes_rc() -> None:
     assert "SECRET_TOKEN" not in s
     assert "-m kernel tests/kernel --junitxml=/res/kernel/junit.xml" in s
     assert "-k 'a b'" in s
+    assert "-p no:hypothesispytest" in s, "hypothesis's plugin costs ~25 s of a TCG guest's start"
     assert "echo $rc > /res/kernel/rc" in s
     bash = shutil.which("bash")
     assert bash is not None
@@ -152,3 +153,35 @@ def test_detect_accel_honours_request_and_cache(tmp_path: Path) -> None:
 def test_find_kernel_prefers_env_and_sorts_versions() -> None:
     assert harness.find_kernel({"GOVERNOR_VM_KERNEL": "/k/vmlinuz-9"}) == Path("/k/vmlinuz-9")
     assert harness.kernel_version(Path("/boot/vmlinuz-6.1.0-57-amd64")) == "6.1.0-57-amd64"
+
+
+def test_kernel_tier_boots_the_fast_qemu_guest_by_default(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("GOVERNOR_KERNEL_VM", raising=False)
+    assert harness.parse_args([]).kernel_vm == "qemu"
+    assert harness.parse_args(["--kernel-vm", "vng"]).kernel_vm == "vng"
+    monkeypatch.setenv("GOVERNOR_KERNEL_VM", "vng")
+    assert harness.parse_args([]).kernel_vm == "vng"
+
+
+def test_precompile_writes_bytecode_the_guest_can_read(tmp_path: Path) -> None:
+    pkg = tmp_path / "pkg"
+    (pkg / "sub").mkdir(parents=True)
+    (pkg / "__init__.py").write_text("X = 1\n")
+    (pkg / "sub" / "mod.py").write_text("Y = 2\n")
+    assert harness.precompile(tmp_path, ("pkg", "absent")) is None
+    assert list((pkg / "__pycache__").glob("__init__.cpython-*.pyc"))
+    assert list((pkg / "sub" / "__pycache__").glob("mod.cpython-*.pyc"))
+    (pkg / "bad.py").write_text("def (:\n")
+    why = harness.precompile(tmp_path, ("pkg",))
+    assert why is not None and "bad.py" in why
+
+
+def test_precompile_fills_pytests_rewrite_cache(tmp_path: Path) -> None:
+    (tmp_path / "t").mkdir()
+    (tmp_path / "t" / "test_x.py").write_text("def test_x() -> None:\n    assert 1\n")
+    (tmp_path / "t" / "conftest.py").write_text("")
+    assert harness.precompile(tmp_path, (), ("t",)) is None
+    cached = sorted(
+        p.name.split(".")[0] for p in (tmp_path / "t" / "__pycache__").glob("*-pytest-*.pyc")
+    )
+    assert cached == ["conftest", "test_x"]
