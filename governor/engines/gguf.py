@@ -30,6 +30,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, BinaryIO
 
+from governor.cachedir import cache_dir
 from governor.errors import HostError, PolicyError, PolicyNotFound
 
 GGUF_MAGIC = b"GGUF"
@@ -96,16 +97,6 @@ class GgufInfo:
 
 
 CACHE_VERSION = 1  # bump when GgufInfo or the parse changes
-
-
-def cache_dir(environ: dict[str, str] | None = None) -> Path:
-    env = os.environ if environ is None else environ
-    if env.get("GOVERNOR_CACHE_DIR"):
-        return Path(env["GOVERNOR_CACHE_DIR"])
-    if os.geteuid() == 0:
-        return Path("/var/cache/governor")
-    base = env.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
-    return Path(base) / "governor"
 
 
 def _cache_file(path: Path, st: os.stat_result, directory: Path) -> Path:
