@@ -186,9 +186,12 @@ def _pid1() -> str:
 
 
 def user_env() -> dict[str, str]:
-    """The environment users run with: bytecode is written and read."""
+    """The environment users run with: bytecode is written and read. The governor measured
+    is this checkout's (first on PYTHONPATH, ahead of an editable install elsewhere)."""
     env = dict(os.environ)
     env.pop("PYTHONDONTWRITEBYTECODE", None)
+    paths = [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p and p != str(REPO)]
+    env["PYTHONPATH"] = os.pathsep.join([str(REPO), *paths])
     return env
 
 
