@@ -268,6 +268,8 @@ def main() -> int:
     print(
         f"  prefetch helper PSS {helper / MiB:.2f} MiB, without the locked file's pages {helper_own / MiB:.2f} MiB"
     )
+    lock_total = med("governor + prefetch lock", "self", "Pss") + helper_own
+    print(f"  governor + lock, all its own (locked file apart) {lock_total / MiB:6.2f} MiB")
     return 0
 
 
