@@ -2,7 +2,7 @@
 alongside -> monitor -> supervise -> report -> remove.
 
 Run time only: the standard library and governor's runtime modules (plan model, kernel doors,
-backends, launcher, monitor); never pydantic, typer or structlog (tests/unit/test_layout.py).
+backends, launcher, monitor); never pydantic, typer or structlog (tests/runtime/test_main.py).
 Everything it needs was resolved before (governor/api.py: the compiled plan, the child's
 setup, the prefetch files): a :class:`Job`.
 

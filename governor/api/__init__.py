@@ -364,7 +364,7 @@ def _preflight(
 
 
 def bench(path: Path, argv: tuple[str, ...], opts: HostOptions, bopts: Any) -> Any:
-    """`governor bench`: run the engine under the policy per governor/bench/main.py."""
+    """`governor bench`: run the engine under the policy per governor/enginebench/main.py."""
     from governor.enginebench.main import bench as run_bench
 
     plan = check(path, opts)
