@@ -25,6 +25,7 @@ import mmap
 import os
 import select
 import signal
+import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
@@ -35,6 +36,7 @@ from governor.record import asdict, field, record
 log = get_logger(__name__)
 
 RESULT_BYTES = 64 << 10
+LOCK_EXIT_GRACE_S = 2.0  # how long finish() lets a locker leave on its own
 _SESSION_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT)
 
 
@@ -146,11 +148,20 @@ class PrefetchHelper:
         """After the engine exited: stop a helper still reading (nobody needs the pages now),
         reap it, and return :meth:`result`."""
         if self.pid is not None:
+            # a locker leaves by itself once the engine is gone (its pidfd): give it a moment
+            # to finish publishing; a reader still reading is stopped at once
+            grace = LOCK_EXIT_GRACE_S if self.mode == "lock" else 0.0
+            deadline = time.monotonic() + grace
             try:
-                pid, _ = os.waitpid(self.pid, os.WNOHANG)
-                if pid == 0:
-                    os.kill(self.pid, signal.SIGKILL)
-                    os.waitpid(self.pid, 0)
+                while True:
+                    pid, _ = os.waitpid(self.pid, os.WNOHANG)
+                    if pid != 0:
+                        break
+                    if time.monotonic() >= deadline:
+                        os.kill(self.pid, signal.SIGKILL)
+                        os.waitpid(self.pid, 0)
+                        break
+                    time.sleep(0.01)
             except (ChildProcessError, ProcessLookupError):
                 pass
             self.pid = None

@@ -110,6 +110,19 @@ while [ $i -lt 500 ]; do
 done
 echo $$ > "{out}.engine"
 while read -r pid; do echo "$pid"; done < "$procs" > "{out}"
+# then wait (bounded) until another process in the leaf holds a lock: the helper has locked
+# and published its result, so the report can carry it (the engine exiting earlier is fine
+# for the governor, which then stops the helper, but this test is about the result)
+i=0
+while [ $i -lt 500 ]; do
+    for pid in $(cat "$procs"); do
+        [ "$pid" = $$ ] && continue
+        lck=$(sed -n 's/^VmLck:[[:space:]]*\\([0-9]*\\).*/\1/p' /proc/$pid/status 2>/dev/null)
+        [ "${{lck:-0}}" -gt 0 ] && exit 0
+    done
+    sleep 0.02
+    i=$((i + 1))
+done
 """
 
 
