@@ -232,8 +232,16 @@ def test_governor_sigkill_takes_the_engine_tree_down(
     gov.kill()
     gov.wait(timeout=30)
 
+    def dead(pid: int) -> bool:
+        # an orphan is reparented to the guest's PID 1; a zombie waiting there is dead
+        try:
+            stat = Path(f"/proc/{pid}/stat").read_text()
+        except OSError:
+            return True
+        return stat.rsplit(")", 1)[1].split()[0] == "Z"
+
     def gone() -> bool | None:
-        return all(not Path(f"/proc/{p}").exists() for p in engine_pids) or None
+        return all(dead(p) for p in engine_pids) or None
 
     cgroups.wait_for(gone, 60, "engine tree killed after the governor died")
     cgroups.wait_for(lambda: (not _leftovers(scratch_slice)) or None, 60, "cgroups removed")

@@ -427,9 +427,8 @@ def test_psi_fallback_polls_total_and_fires_the_memory_some_rule_said_once(
     )
     report = tmp_path / "report.json"
     gov = Governor(
-        "launch", "--policy", str(policy), "--report", str(report), "--",
+        "launch", "--policy", str(policy), "--report", str(report), "--psi", "poll", "--",
         *_hog(400, 2, 0.05),
-        env={"GOVERNOR_PSI_TRIGGERS": "0"},
     )  # fmt: skip
     try:
         cgroups.wait_for(
@@ -446,7 +445,7 @@ def test_psi_fallback_polls_total_and_fires_the_memory_some_rule_said_once(
     assert len(said) == 1, gov.stderr()  # one file, two rules: said once
     assert said[0]["file"] == "memory.pressure" and said[0]["rules"] == [0, 1]
     assert said[0]["detail"] == "polling memory.pressure every 1s"
-    assert "GOVERNOR_PSI_TRIGGERS=0" in said[0]["reason"]
+    assert "--psi poll" in said[0]["reason"]
     data = json.loads(report.read_text())["extra"]["monitor"]
     assert [p["mode"] for p in data["psi"]] == ["polled", "polled"]
     assert data["rules"][0]["fired"] == 1
