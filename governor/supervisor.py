@@ -97,9 +97,10 @@ class Supervisor:
                 self.backend.apply(plan)
                 try:
                     if self.watchdog is not None and plan.launch.on_governor_exit == "kill":
-                        below_slice = [c for c in plan.create if c != plan.slice]
+                        # children first, then the slice like remove() does: the rmdir of a
+                        # slice that still holds other groups fails harmlessly (EBUSY)
                         self.watchdog.arm(
-                            plan.cgroup_root, plan.group, tuple(reversed(below_slice))
+                            plan.cgroup_root, plan.group, tuple(reversed(plan.create))
                         )
                     return self._run_applied(job)
                 finally:

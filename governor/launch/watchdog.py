@@ -17,7 +17,7 @@ must remove reach it as lines on the pipe (:meth:`Watchdog.arm`): cgroup names c
 validated policy (no newline can be in them) and are quoted by the shell's ``read -r``.
 
 Left to the next apply/remove on this path: lowering the slices' memory.min/low (the backend
-re-sums them from the children that are left) and removing an empty parent slice.
+re-sums them from the children that are left). The policy's slice is removed when it is empty.
 """
 
 from __future__ import annotations
