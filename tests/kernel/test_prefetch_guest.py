@@ -146,6 +146,15 @@ def _governor_procs(cgroup: Path) -> list[int]:
     return out
 
 
+def _prefetched(group: Path, size: int) -> bool:
+    """The group holds >= 95% of the model in its page cache and no governor process is left in
+    its leaf (the helper exited). False while the governor has not created the group yet."""
+    try:
+        return _stat(group)["file"] >= 0.95 * size and not _governor_procs(group / "engine")
+    except FileNotFoundError:
+        return False
+
+
 def _waiting_engine(stop: Path) -> list[str]:
     return ["/bin/sh", "-c", f"while [ ! -e {stop} ]; do sleep 0.2; done"]
 
@@ -197,10 +206,7 @@ def test_populate_charges_the_slice_and_not_the_governor(
         # the engine runs at once; the helper reads the model beside it, charged to the slice,
         # and exits once it verified residency (it is killed if the engine exits first)
         cgroups.wait_for(
-            lambda: (
-                _stat(scratch_slice.path / "pop")["file"] >= 0.95 * size
-                and not _governor_procs(scratch_slice.path / "pop" / "engine")
-            ),
+            lambda: _prefetched(scratch_slice.path / "pop", size),
             timeout=300,
             what="the prefetch helper to bring the model in and exit",
         )
