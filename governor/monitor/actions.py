@@ -290,7 +290,9 @@ class Executor:
         lower, upper = self._bounds(file)
         if action.relative_percent is not None:
             base = parse_max(before_text)
-            if base is None:  # "max": change relative to the bound, or to what is in use
+            if base is None and not action.relative_percent.startswith("-"):
+                return before_text  # "max" raised by 10% is still "max": never a tightening
+            if base is None:  # "max": lower relative to the bound, or to what is in use
                 base = upper if upper is not None else (self._current() or 0)
             want: int | None = scale_percent(base, action.relative_percent)
         else:

@@ -154,10 +154,21 @@ class IoSection(_Section):
     weight: Weight | None = None
 
 
+# kernel/cgroup/pids.c refuses limit >= PIDS_MAX (PID_MAX_LIMIT + 1, 4 Mi on 64-bit)
+PIDS_MAX_LIMIT = 4 * 1024 * 1024
+
+
 def _pids_max(value: object) -> int | str:
-    if value == "max" or (isinstance(value, int) and not isinstance(value, bool) and value >= 1):
+    if value == "max":
         return value
-    raise ValueError(f"expected a positive integer or 'max', got {value!r}")
+    if isinstance(value, int) and not isinstance(value, bool) and 1 <= value <= PIDS_MAX_LIMIT:
+        return value
+    if isinstance(value, int) and not isinstance(value, bool) and value > PIDS_MAX_LIMIT:
+        raise ValueError(
+            f"pids.max {value} is beyond the kernel's limit ({PIDS_MAX_LIMIT}); write 'max'"
+            " for no limit"
+        )
+    raise ValueError(f"expected a positive integer or 'max', got {value!r}"[:120])
 
 
 def _prefetch_files(value: object) -> str | tuple[str, ...]:
@@ -173,7 +184,14 @@ class PidsSection(_Section):
         Annotated[
             int | Literal["max"],
             BeforeValidator(_pids_max),
-            WithJsonSchema({"anyOf": [{"type": "integer", "minimum": 1}, {"const": "max"}]}),
+            WithJsonSchema(
+                {
+                    "anyOf": [
+                        {"type": "integer", "minimum": 1, "maximum": PIDS_MAX_LIMIT},
+                        {"const": "max"},
+                    ]
+                }
+            ),
         ]
         | None
     ) = None

@@ -25,6 +25,11 @@ _BINARY = BINARY
 _AMBIGUOUS = {"KB", "kB", "MB", "GB", "TB", "k", "m", "g", "t"}
 _SIZE_RE = re.compile(r"^\s*(?P<num>[0-9]+(?:\.[0-9]+)?)\s*(?P<unit>[A-Za-z]*)\s*$")
 _PERCENT_RE = re.compile(r"^\s*(?P<num>[0-9]+(?:\.[0-9]+)?)\s*%\s*$")
+# The kernel reads a size with memparse() (simple_strtoull: wraps silently past 2^64, so
+# "16777216T" would be a 0-byte limit) and caps a page counter at LONG_MAX bytes: refuse what it
+# would misread instead of writing it verbatim. Digits are capped before any arithmetic.
+SIZE_MAX_BYTES = (1 << 63) - 1
+_MAX_DIGITS = 40
 
 SizeKind = Literal["bytes", "percent", "max", "model", "unlimited"]
 
@@ -71,12 +76,14 @@ def parse_size(
     if isinstance(value, int):
         if value < 0:
             raise ValueError(f"size must not be negative, got {value}")
-        return _checked(Size("bytes", Decimal(value)), allow, value)
+        return _checked(_bounded(Decimal(value), value), allow, value)
     if isinstance(value, Size):
         return _checked(value, allow, value)
     if not isinstance(value, str):
         raise ValueError(f"expected a size (int bytes or string like '1.5GiB'), got {value!r}")
     text = value.strip()
+    if len(text) > _MAX_DIGITS + 8:
+        raise ValueError(f"size {_short(value)} is too long; write 'max' for no limit")
     if text in ("max", "model", "unlimited"):
         return _checked(Size(text), allow, value)  # type: ignore[arg-type]  # narrowed by `in`
     if m := _PERCENT_RE.match(text):
@@ -99,7 +106,21 @@ def parse_size(
     except InvalidOperation as err:  # pragma: no cover - the regex admits only decimals
         raise ValueError(f"cannot parse size {value!r}") from err
     # "1.1GiB" is not a whole number of bytes: round down (limits are page-rounded anyway)
-    return _checked(Size("bytes", Decimal(int(amount))), allow, value)
+    return _checked(_bounded(Decimal(int(amount)), value), allow, value)
+
+
+def _short(value: object) -> str:
+    text = repr(value)
+    return text if len(text) <= 40 else text[:37] + "..."
+
+
+def _bounded(amount: Decimal, raw: object) -> Size:
+    if amount > SIZE_MAX_BYTES:
+        raise ValueError(
+            f"size {_short(raw)} is beyond what the kernel can hold ({SIZE_MAX_BYTES} bytes,"
+            " 8 EiB); write 'max' for no limit"
+        )
+    return Size("bytes", amount)
 
 
 def _checked(size: Size, allow: frozenset[SizeKind], raw: object) -> Size:
@@ -112,6 +133,7 @@ def _checked(size: Size, allow: frozenset[SizeKind], raw: object) -> Size:
 # ---------------------------------------------------------------- durations
 
 _DURATION_RE = re.compile(r"^\s*(?P<num>[0-9]+(?:\.[0-9]+)?)\s*(?P<unit>us|ms|s|m|h)\s*$")
+DURATION_MAX_US = 366 * 86_400 * 1_000_000  # sleeps and timers past a year are a typo
 _DURATION_US = {"us": 1, "ms": 1000, "s": 1_000_000, "m": 60_000_000, "h": 3_600_000_000}
 
 
@@ -137,14 +159,16 @@ def parse_duration(value: object) -> Duration:
         return value
     if not isinstance(value, str):
         raise ValueError(f"expected a duration string like '150ms' or '2s', got {value!r}")
-    m = _DURATION_RE.match(value)
+    m = _DURATION_RE.match(value) if len(value) <= _MAX_DIGITS else None
     if not m:
-        raise ValueError(f"cannot parse duration {value!r} (examples: 500ms, 2s, 1m)")
+        raise ValueError(f"cannot parse duration {_short(value)} (examples: 500ms, 2s, 1m)")
     us = Decimal(m["num"]) * _DURATION_US[m["unit"]]
     if us != us.to_integral_value():
         raise ValueError(f"duration {value!r} is finer than a microsecond")
     if us <= 0:
         raise ValueError(f"duration {value!r} must be positive")
+    if us > DURATION_MAX_US:
+        raise ValueError(f"duration {value!r} is longer than a year")
     return Duration(int(us))
 
 
@@ -210,6 +234,9 @@ class CpuMax:
 
 # cpu.max quota must be >= 1000 us (kernel: cpu.cfs_quota_us minimum 1 ms)
 CPU_MAX_MIN_QUOTA_US = 1000
+# and at most max_cfs_runtime: MAX_BW = 2^(64 - BW_SHIFT) - 1 us (kernel/sched/core.c); above it
+# the write fails with EINVAL at launch time
+CPU_MAX_MAX_QUOTA_US = (1 << 44) - 1
 
 
 def parse_cpu_max(value: object) -> CpuMax:
@@ -217,11 +244,21 @@ def parse_cpu_max(value: object) -> CpuMax:
         return value
     if value == "max":
         return CpuMax(None)
-    if not isinstance(value, str) or not (m := _PERCENT_RE.match(value)):
-        raise ValueError(f"expected a share of one CPU like '350%' or 'max', got {value!r}")
+    if (
+        not isinstance(value, str)
+        or len(value) > _MAX_DIGITS
+        or not (m := _PERCENT_RE.match(value))
+    ):
+        shown = _short(value)
+        raise ValueError(f"expected a share of one CPU like '350%' or 'max', got {shown}")
     pct = Decimal(m["num"])
     if pct * 100_000 / 100 < CPU_MAX_MIN_QUOTA_US:
         raise ValueError(f"cpu max {value!r} is below the kernel's 1 ms quota minimum (1%)")
+    if pct * 100_000 / 100 > CPU_MAX_MAX_QUOTA_US:
+        raise ValueError(
+            f"cpu max {value!r} is beyond the kernel's quota limit"
+            f" ({CPU_MAX_MAX_QUOTA_US // 1000}%); write 'max' for no limit"
+        )
     return CpuMax(pct)
 
 

@@ -78,6 +78,17 @@ def test_set_relative_to_max_uses_the_plans_memory_max(fake_fs: FakeKernelCgroup
     assert int(fake_fs.read(GROUP, files.MEMORY_HIGH)) == MEMORY_MAX * 9 // 10 // 4096 * 4096
 
 
+@pytest.mark.parametrize("start", ["max", "max\n"])
+def test_raising_max_by_a_percentage_is_a_no_op_never_a_tightening(
+    fake_fs: FakeKernelCgroupFs, start: str
+) -> None:
+    plan = _applied(fake_fs)
+    _kset(fake_fs, GROUP, files.MEMORY_HIGH, start)
+    res = _executor(fake_fs, plan).execute(parse_action("set memory.high +10%"), CTX)
+    assert res.ok, res
+    assert fake_fs.read(GROUP, files.MEMORY_HIGH).strip() == "max"
+
+
 def test_cpu_weight_is_clamped_to_the_kernel_range(fake_fs: FakeKernelCgroupFs) -> None:
     plan = _applied(fake_fs)
     _executor(fake_fs, plan).execute(parse_action("set cpu.weight -99.99%"), CTX)

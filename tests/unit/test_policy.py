@@ -520,3 +520,23 @@ def test_garbage_toml_gives_only_a_policy_error(text: str) -> None:
 def test_deeply_nested_toml_gives_a_policy_error() -> None:
     with pytest.raises(PolicyError):
         load_text("name = " + "[" * 5000 + "]" * 5000)
+
+
+@pytest.mark.parametrize(
+    ("body", "where"),
+    [
+        ("[pids]\nmax = 4194305\n", "pids.max"),  # >= the kernel's PIDS_MAX: EINVAL at launch
+        ("[pids]\nmax = 9223372036854775807\n", "pids.max"),
+        ('[memory]\nmax = "16777216T"\n', "memory.max"),  # 2^64: memparse wraps it to 0
+        ('[cpu]\nmax = "99999999999999999999%"\n', "cpu.max"),
+    ],
+)
+def test_values_the_kernel_would_refuse_or_misread_are_policy_errors(body: str, where: str) -> None:
+    with pytest.raises(PolicyError) as err:
+        load_text(f'name = "b"\n{body}')
+    assert where in str(err.value)
+    assert "max" in str(err.value)
+
+
+def test_the_kernels_largest_pids_max_is_accepted() -> None:
+    assert load_text('name = "b"\n[pids]\nmax = 4194304\n').pids.max == 4194304

@@ -182,6 +182,47 @@ def test_parse_size_raises_only_value_error(value: object) -> None:
         v.parse_size(value)
 
 
+@pytest.mark.parametrize(
+    "value",
+    [
+        "16777216T",  # 2^64: the kernel's memparse wraps it to a 0-byte limit
+        "9" * 400,
+        "9" * 5000,  # past int()'s digit limit: still one ValueError with a short message
+        1 << 64,
+        (1 << 63),
+        "8388608TiB",
+    ],
+)
+def test_sizes_the_kernel_would_misread_are_refused(value: object) -> None:
+    with pytest.raises(ValueError) as err:
+        v.parse_size(value)
+    assert len(str(err.value)) < 200
+    assert "max" in str(err.value)
+
+
+def test_the_largest_size_the_kernel_holds_is_accepted() -> None:
+    assert v.parse_size(v.SIZE_MAX_BYTES).bytes == (1 << 63) - 1
+    assert v.parse_size("8388607TiB").bytes == 8388607 * TIB
+
+
+@pytest.mark.parametrize("value", ["99999999999999999999%", "17592186045%", "9" * 500 + "%"])
+def test_cpu_max_beyond_the_kernels_quota_limit_is_refused(value: str) -> None:
+    with pytest.raises(ValueError) as err:
+        v.parse_cpu_max(value)
+    assert len(str(err.value)) < 200
+
+
+def test_cpu_max_at_the_kernels_quota_limit_is_accepted() -> None:
+    assert v.parse_cpu_max("17592186044%").kernel_value() == "17592186044000 100000"
+
+
+@pytest.mark.parametrize("value", ["367d", "9000h", "9" * 100 + "s"])
+def test_durations_past_a_year_or_absurdly_long_are_refused(value: str) -> None:
+    with pytest.raises(ValueError) as err:
+        v.parse_duration(value)
+    assert len(str(err.value)) < 200
+
+
 # ---------------------------------------------------------------- durations
 
 
