@@ -6,6 +6,7 @@ which is exactly the fallback path a host without triggers takes."""
 
 from __future__ import annotations
 
+import os
 import signal
 from pathlib import Path
 from typing import Literal
@@ -149,6 +150,34 @@ def test_exec_runs_without_a_shell_with_the_event_in_its_environment(
     )
     assert res.ok
     assert res.after["stdout"] == "0:memory some 150ms/2s\n"
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="switching to process.user needs root")
+def test_exec_runs_as_the_policys_user_with_a_clean_environment(
+    fake_fs: FakeKernelCgroupFs, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    plan = _applied(fake_fs)
+    plan = replace(plan, launch=replace(plan.launch, user="nobody"))
+    monkeypatch.setenv("GOVERNOR_TEST_SECRET", "s3cret")
+    res = _executor(fake_fs, plan).execute(parse_action("exec sh -c 'id -un; env'"), CTX)
+    assert res.ok, res
+    out = res.after["stdout"]
+    assert out.splitlines()[0] == "nobody"
+    assert "s3cret" not in out
+    assert "GOVERNOR_RULE=0" in out
+    assert "PATH=/usr/local/sbin:" in out
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="switching to process.user needs root")
+def test_exec_as_an_unknown_user_fails_and_runs_nothing(fake_fs: FakeKernelCgroupFs) -> None:
+    plan = _applied(fake_fs)
+    plan = replace(plan, launch=replace(plan.launch, user="no-such-user-xyz"))
+    ran: list[object] = []
+    ex = _executor(fake_fs, plan, run=lambda *a, **k: ran.append(a))
+    res = ex.execute(parse_action("exec true"), CTX)
+    assert not res.ok
+    assert "no-such-user-xyz" in (res.detail or "")
+    assert ran == []
 
 
 def test_restart_without_a_launcher_fails_and_says_what_to_use(fake_fs: FakeKernelCgroupFs) -> None:
