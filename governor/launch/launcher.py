@@ -11,6 +11,7 @@ start (governor/launch/prefetch.py), never before it.
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import errno as errno_mod
 import json
@@ -106,10 +107,8 @@ def _exec_hygiene(keep_fd: int) -> None:
     for sig in signal.valid_signals():
         if sig in _UNCATCHABLE:
             continue
-        try:
+        with contextlib.suppress(OSError, ValueError):  # glibc's reserved RT signals refuse
             signal.signal(sig, signal.SIG_DFL)
-        except (OSError, ValueError):  # glibc's reserved real-time signals refuse
-            pass
     signal.pthread_sigmask(signal.SIG_SETMASK, ())
     # close_range(2) under the hood where the kernel has it (>= 5.9), a loop otherwise
     os.closerange(3, keep_fd)
