@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Annotated, NoReturn
 
 import typer
 
-from governor.errors import EXIT_USAGE, GovernorError
+from governor.errors import EXIT_USAGE, GovernorError, one_line
 
 if TYPE_CHECKING:
     from governor.api import HostOptions
@@ -462,7 +462,7 @@ def bench(  # noqa: PLR0917  # typer passes every option as a parameter
 def _fail(err: GovernorError) -> NoReturn:
     sys.stderr.write(f"governor: {err}\n")
     if err.hint:
-        sys.stderr.write(f"hint: {err.hint}\n")
+        sys.stderr.write(f"hint: {one_line(err.hint)}\n")
     if STATE.debug:
         import traceback
 

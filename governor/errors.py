@@ -30,7 +30,18 @@ class GovernorError(Exception):
         self.hint = hint
 
     def __str__(self) -> str:
-        return self.message
+        return one_line(self.message)
+
+
+MESSAGE_MAX = 4000  # characters of one error line: every problem listed, but a 1 MB key is cut
+
+
+def one_line(text: str, limit: int = MESSAGE_MAX) -> str:
+    """``text`` as exactly one terminal line: control characters (a newline in a file name) as
+    visible escapes, and cut to ``limit`` characters."""
+    if not text.isprintable():
+        text = "".join(c if c.isprintable() else ascii(c)[1:-1] for c in text)
+    return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
 class UsageError(GovernorError):

@@ -21,17 +21,26 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, ValidationError, field_validator
 
 from governor.backends.dropin import UnitFile
-from governor.errors import BackendError, PermissionDenied, PolicyNotFound
+from governor.errors import BackendError, PermissionDenied, PolicyError, PolicyNotFound
 from governor.log import get_logger
+from governor.policy.model import NAME_RE
 
 log = get_logger(__name__)
 
 MANIFEST_DIR = "etc/governor/installed"
 FILE_MODE = 0o644
 DIR_MODE = 0o755
+
+
+def _under_root(rel: str) -> str:
+    """A manifest path must stay under the install root: relative, no `..`, no NUL."""
+    parts = Path(rel).parts
+    if not rel or "\0" in rel or Path(rel).is_absolute() or ".." in parts or rel != "/".join(parts):
+        raise ValueError(f"path {rel[:80]!r} is not a plain path under the install root")
+    return rel
 
 
 class ManifestFile(BaseModel):
@@ -42,6 +51,11 @@ class ManifestFile(BaseModel):
     previous: str | None  # the text before governor first wrote it; None = did not exist
     written: bool  # False: it already held exactly this text (not governor's to remove)
 
+    @field_validator("path")
+    @classmethod
+    def _path_under_root(cls, value: str) -> str:
+        return _under_root(value)
+
 
 class Manifest(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
@@ -50,6 +64,11 @@ class Manifest(BaseModel):
     units: tuple[str, ...]
     files: tuple[ManifestFile, ...]
     created_dirs: tuple[str, ...] = ()  # parents first
+
+    @field_validator("created_dirs")
+    @classmethod
+    def _dirs_under_root(cls, value: tuple[str, ...]) -> tuple[str, ...]:
+        return tuple(_under_root(d) for d in value)
 
 
 @dataclass(frozen=True)
@@ -161,13 +180,35 @@ def _makedirs(root: Path, rel: str, created: list[str]) -> None:
 # --- manifests -------------------------------------------------------------------------------
 
 
+def check_name(policy: str) -> str:
+    """A policy name as install/uninstall take it: the policy-name pattern, nothing path-like."""
+    if not NAME_RE.fullmatch(policy):
+        raise PolicyError(
+            f"{policy[:80]!r} is not a policy name (install manifest name)",
+            hint="a name is 1-63 of a-z 0-9 _ - starting with a letter or digit, as the"
+            " policy's `name`",
+        )
+    return policy
+
+
 def manifest_path(root: Path, policy: str) -> Path:
-    return root / MANIFEST_DIR / f"{policy}.json"
+    return root / MANIFEST_DIR / f"{check_name(policy)}.json"
 
 
 def _load_manifest(path: Path) -> Manifest | None:
     text = _read(path)
-    return None if text is None else Manifest.model_validate_json(text)
+    if text is None:
+        return None
+    try:
+        return Manifest.model_validate_json(text)
+    except ValidationError as err:
+        first = err.errors()[0]
+        where = ".".join(str(x) for x in first["loc"]) or "manifest"
+        raise PolicyError(
+            f"install manifest is corrupt: {first['msg']} ({path}, {where})",
+            hint="restore it from a backup or remove the policy's units by hand and delete"
+            " the manifest; governor will not guess which files it owns",
+        ) from None
 
 
 def _others(root: Path, policy: str) -> list[Manifest]:

@@ -141,10 +141,12 @@ def _launch(parsed: dict[str, Any]) -> int:
 
 def fail(err: Exception, *, debug: bool) -> int:
     """``governor: <message>`` and ``hint: ...`` on stderr; the error's exit code."""
-    sys.stderr.write(f"governor: {err}\n")
+    from governor.errors import one_line
+
+    sys.stderr.write(f"governor: {one_line(str(err))}\n")
     hint = getattr(err, "hint", None)
     if hint:
-        sys.stderr.write(f"hint: {hint}\n")
+        sys.stderr.write(f"hint: {one_line(hint)}\n")
     if debug:
         import traceback
 

@@ -11,7 +11,6 @@ start (governor/launch/prefetch.py), never before it.
 
 from __future__ import annotations
 
-import contextlib
 import ctypes
 import errno as errno_mod
 import json
@@ -29,6 +28,7 @@ from governor.kernel import clone
 from governor.kernel import files as kf
 from governor.kernel.cgroupfs import CgroupFs
 from governor.kernel.procfs import ProcFs
+from governor.launch.hygiene import exec_hygiene
 from governor.log import get_logger
 from governor.monitor.restart import Request, Restarts
 from governor.plan.model import Plan
@@ -95,32 +95,6 @@ class ChildSetup:
     pdeathsig: bool = True  # on_governor_exit = "kill"
 
 
-_UNCATCHABLE = (signal.SIGKILL, signal.SIGSTOP)
-
-
-def _exec_hygiene(keep_fd: int) -> None:
-    """What the engine must not inherit from the governor (as systemd's exec does): every signal
-    back to its default disposition (Python ignores SIGPIPE and SIGXFSZ, and an ignored signal
-    stays ignored across exec, so `engine | head` would see EPIPE instead of dying), an empty
-    signal mask, and no file descriptor beyond 0-2 (a shell's `9</etc/shadow` must not reach an
-    engine that runs as another user). ``keep_fd`` is the close-on-exec status pipe."""
-    for sig in signal.valid_signals():
-        if sig in _UNCATCHABLE:
-            continue
-        with contextlib.suppress(OSError, ValueError):  # glibc's reserved RT signals refuse
-            signal.signal(sig, signal.SIG_DFL)
-    signal.pthread_sigmask(signal.SIG_SETMASK, ())
-    # close_range(2) under the hood where the kernel has it (>= 5.9), a loop otherwise
-    os.closerange(3, keep_fd)
-    os.closerange(keep_fd + 1, _fd_ceiling())
-
-
-def _fd_ceiling() -> int:
-    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    ceiling = max(soft, hard) if hard != resource.RLIM_INFINITY else soft
-    return min(max(ceiling, 1024), 1 << 20)
-
-
 class Launcher:
     """Fork, join, set up, exec; then supervise: forward signals, wait, collect the summary."""
 
@@ -182,7 +156,7 @@ class Launcher:
                 if libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0) != 0:
                     raise OSError(ctypes.get_errno(), "prctl(PR_SET_PDEATHSIG)")
             step = "exec"
-            _exec_hygiene(report_fd)
+            exec_hygiene(report_fd)
             os.execve(setup.executable, setup.argv, setup.env)
         except BaseException as err:
             code = getattr(err, "errno", None) or 0

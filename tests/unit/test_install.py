@@ -193,3 +193,85 @@ def test_install_on_a_host_without_systemd_is_refused_with_69(
     )
     assert code == 69
     assert "systemd is not PID 1" in err
+
+
+def test_uninstall_of_a_path_like_name_is_refused_and_nothing_outside_the_root_goes(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    root, outside = tmp_path / "root", tmp_path / "outside"
+    root.mkdir()
+    outside.mkdir()
+    victim = outside / "victim.conf"
+    victim.write_text("keep me\n")
+    # a manifest placed where `../../../../outside/x` would resolve from the manifest dir
+    (outside / "x.json").write_text(
+        json.dumps(
+            {
+                "policy": "x",
+                "units": [],
+                "files": [
+                    {
+                        "path": "../outside/victim.conf",
+                        "sha256": "0",
+                        "previous": None,
+                        "written": True,
+                    }
+                ],
+            }
+        )
+    )
+    code, _, err = run(capsys, "uninstall", "../../../../outside/x", "--root", str(root))
+    assert code == 65
+    assert err.startswith("governor: '../../../../outside/x' is not a policy name")
+    assert "hint:" in err
+    assert victim.read_text() == "keep me\n"
+
+
+@pytest.mark.parametrize("bad", ["/etc/passwd", "../../etc/passwd", "etc/../../x", ""])
+def test_a_manifest_entry_outside_the_root_is_refused_and_nothing_is_removed(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, bad: str
+) -> None:
+    assert cli_install(capsys, tmp_path, "npu-chat")[0] == 0
+    mpath = tmp_path / "etc/governor/installed/npu-chat.json"
+    manifest = json.loads(mpath.read_text())
+    manifest["files"][0]["path"] = bad
+    mpath.write_text(json.dumps(manifest))
+    before = tree(tmp_path)
+    code, _, err = run(capsys, "uninstall", "npu-chat", "--root", str(tmp_path))
+    assert code == 65
+    assert err.startswith("governor: install manifest is corrupt: ")
+    assert "hint:" in err
+    assert tree(tmp_path) == before
+
+
+def test_a_corrupt_manifest_of_another_policy_is_a_clear_error(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    assert cli_install(capsys, tmp_path, "npu-chat")[0] == 0
+    (tmp_path / "etc/governor/installed/other.json").write_text('{"policy": 1}')
+    before = tree(tmp_path)
+    code, _, err = cli_install(capsys, tmp_path, "npu-batch")
+    assert code == 65, err
+    assert "other.json" in err.splitlines()[0]
+    assert tree(tmp_path) == before
+
+
+def test_a_policy_path_with_a_newline_cannot_inject_unit_directives(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    evil = tmp_path / "nl\n[Service]\nExecStartPre=touch pwned\n#.toml"
+    evil.write_text((POLICIES / "npu-chat.toml").read_text())
+    (tmp_path / "base.toml").write_text((POLICIES / "base.toml").read_text())
+    root = tmp_path / "root"
+    root.mkdir()
+    code, _, err = run(capsys, "--root", RK3588, "install", str(evil), "--root", str(root))
+    assert code == 0, err
+    units = [p for p in root.rglob("*") if p.is_file() and "installed" not in str(p)]
+    assert units
+    for unit in units:
+        lines = unit.read_text().splitlines()
+        assert not [line for line in lines if line.startswith("ExecStartPre")], unit
+        assert lines.count("[Service]") <= 1, unit
+    assert "\\x0a[Service]\\x0aExecStartPre=touch pwned" in "".join(
+        unit.read_text() for unit in units
+    )
