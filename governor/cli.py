@@ -392,73 +392,6 @@ def _size(text: str | None) -> int | None:
         raise UsageError(f"not a size: {text!r} ({err}) (command line)", hint="e.g. 1900M") from err
 
 
-@app.command(context_settings={"allow_interspersed_args": False})
-def bench(  # noqa: PLR0917  # typer passes every option as a parameter
-    policy: Annotated[Path, typer.Option("--policy", "-p", help="policy TOML file")],
-    engine: Annotated[list[str], typer.Argument(help="the engine command after --")],
-    runs: Annotated[int, typer.Option("--runs", "-n", help="runs per configuration", min=1)] = 1,
-    interval: Annotated[
-        float, typer.Option("--interval", help="memory sample interval, seconds", min=0.05)
-    ] = 0.1,
-    model: Annotated[
-        list[str] | None, typer.Option("--model", help="matrix: replace -m (repeatable)")
-    ] = None,
-    ctx: Annotated[
-        list[int] | None, typer.Option("--ctx", help="matrix: replace -c (repeatable)")
-    ] = None,
-    csv_out: Annotated[Path | None, typer.Option("--csv", help="write one row per run")] = None,
-    json_out: Annotated[Path | None, typer.Option("--json", help="rows + series")] = None,
-    plot_out: Annotated[
-        Path | None, typer.Option("--plot", help="PNG of memory over time (needs [plot])")
-    ] = None,
-    board_memory: Annotated[
-        str | None, typer.Option("--board-memory", help="board RAM (default MemTotal)")
-    ] = None,
-    max_peak_fraction: Annotated[
-        float, typer.Option("--max-peak-fraction", help="gate: peak / board memory", min=0.0)
-    ] = 0.8,
-    min_decode_tps: Annotated[
-        float | None, typer.Option("--min-decode-tps", help="gate: decode tokens/s floor")
-    ] = None,
-    allow_missing: AllowMissing = "",
-    force: Force = False,
-    timeout: Annotated[
-        float | None, typer.Option("--timeout", help="seconds per run before giving up")
-    ] = None,
-    drop_caches: Annotated[
-        bool, typer.Option("--drop-caches", help="cold page cache before each run (root)")
-    ] = False,
-) -> None:
-    """Run an engine under a policy N times: memory peak/samples, tokens/s, CSV/JSON, CI gate."""
-    from governor import api
-    from governor.cli_render import show_bench
-    from governor.enginebench.main import BenchOptions
-
-    result = api.bench(
-        policy,
-        tuple(engine),
-        _opts(allow_missing),
-        BenchOptions(
-            runs=runs,
-            interval=interval,
-            models=tuple(model or ()),
-            ctxs=tuple(ctx or ()),
-            csv=csv_out,
-            json=json_out,
-            plot=plot_out,
-            board_bytes=_size(board_memory),
-            max_fraction=max_peak_fraction,
-            min_decode_tps=min_decode_tps,
-            force=force,
-            timeout=timeout,
-            drop_caches=drop_caches,
-        ),
-    )
-    show_bench(result)
-    if result.failures:
-        raise typer.Exit(1)
-
-
 def _fail(err: GovernorError) -> NoReturn:
     sys.stderr.write(f"governor: {err}\n")
     if err.hint:
@@ -471,6 +404,7 @@ def _fail(err: GovernorError) -> NoReturn:
 
 
 def main(argv: list[str] | None = None) -> None:
+    import governor.cli_bench  # registers `bench` and `metrics` on app
     import governor.cli_ops  # noqa: F401  # registers the operator commands on app
 
     try:

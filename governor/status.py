@@ -8,96 +8,19 @@ fields are only ever added.
 
 from __future__ import annotations
 
-import contextlib
 import time
 from pathlib import Path
 from typing import Any
 
-from governor.backends.cgroupfs import CgroupfsBackend
-from governor.errors import GovernorError, PolicyNotFound
+from governor.errors import PolicyNotFound
 from governor.journal import Journal
-from governor.kernel import files as kf
 from governor.kernel.cgroupfs import CgroupFs
+from governor.observe import knobs, usage
 from governor.plan.model import Plan
 from governor.state import read_states
 from governor.units import human_bytes
 
 SCHEMA_FORMAT = 1
-_PSI = ("memory", "cpu", "io")
-_EVENTS = ("low", "high", "max", "oom", "oom_kill", "oom_group_kill")
-
-
-def _read_int(fs: CgroupFs, cgroup: str, file: str) -> int | None:
-    try:
-        text = fs.read(cgroup, file).strip()
-    except GovernorError:
-        return None
-    return None if text == "max" else int(text.split()[0])
-
-
-def _knobs(fs: CgroupFs, plan: Plan) -> list[dict[str, Any]]:
-    """Each file the plan writes on the group: policy value, kernel value, state."""
-    out = []
-    for obs in CgroupfsBackend(fs).observe(plan):
-        w = obs.write
-        if w.cgroup != plan.group:
-            continue
-        state = "missing" if obs.live is None else "in sync" if obs.matches else "drifted"
-        out.append(
-            {
-                "file": w.file,
-                "reason": w.reason,
-                "policy": w.value,
-                "kernel": obs.live,
-                "state": state,
-            }
-        )
-    return out
-
-
-def _usage(fs: CgroupFs, group: str) -> dict[str, Any]:
-    stat: dict[str, int] = {}
-    with contextlib.suppress(GovernorError):
-        stat = fs.memory_stat(group)
-    memory = {
-        "current": _read_int(fs, group, kf.MEMORY_CURRENT),
-        "peak": _read_int(fs, group, kf.MEMORY_PEAK),
-        "anon": stat.get("anon"),
-        "file": stat.get("file"),
-        "swap": _read_int(fs, group, "memory.swap.current"),
-    }
-    try:
-        events = {k: v for k, v in fs.memory_events(group).items() if k in _EVENTS}
-    except GovernorError:
-        events = {}
-    pressure: dict[str, Any] = {}
-    for res in _PSI:
-        try:
-            p = fs.read_psi(group, res)  # type: ignore[arg-type]  # one of _PSI
-        except GovernorError:
-            continue
-        pressure[res] = {
-            "some": {"avg10": p.some.avg10, "total_us": p.some.total},
-            "full": None if p.full is None else {"avg10": p.full.avg10, "total_us": p.full.total},
-        }
-    try:
-        cpu = fs.cpu_stat(group)
-    except GovernorError:
-        cpu = {}
-    return {
-        "memory": memory,
-        "memory_events": events,
-        "pressure": pressure,
-        "cpu": {
-            "usage_usec": cpu.get("usage_usec"),
-            "throttled_usec": cpu.get("throttled_usec"),
-            "nr_throttled": cpu.get("nr_throttled"),
-        },
-        "pids": {
-            "current": _read_int(fs, group, kf.PIDS_CURRENT),
-            "max": _read_int(fs, group, kf.PIDS_MAX),
-        },
-    }
 
 
 def collect(
@@ -134,8 +57,8 @@ def collect(
             "cgroup": f"{plan.cgroup_root}/{plan.group}",
             "uptime_s": round(now - st["started_at"], 1) if st.get("started_at") else None,
             "restarts": st.get("restarts", 0),
-            "knobs": _knobs(fs, plan) if exists else [],
-            "usage": _usage(fs, plan.group) if exists else None,
+            "knobs": knobs(fs, plan) if exists else [],
+            "usage": usage(fs, plan.group) if exists else None,
             "rules": st.get("rules", []),
             "last_actions": st.get("last_actions", []),
             "journal": Journal(run / plan.policy).tail(5),

@@ -88,6 +88,7 @@ class Supervisor:
         self.restarts: Restarts | None = None
         self.engine_pid: int | None = None
         self.started_at = 0.0
+        self.state: dict[str, Any] | None = None  # the last published state (served metrics)
 
     def run(self, job: Job) -> int:
         """Returns the engine's status (128+N when it died of signal N)."""
@@ -179,26 +180,31 @@ class Supervisor:
             return
         plan = job.plan
         monitor = self.monitor
-        self.publisher.publish(
-            {
-                "policy": plan.policy,
-                "source": "launch",
-                "policy_path": plan.source,
-                "policy_sha256": job.policy_sha256,
-                "pid": os.getpid(),
-                "engine_pid": self.engine_pid,
-                "started_at": round(self.started_at, 3),
-                "backend": job.backend,
-                "cgroup_root": plan.cgroup_root,
-                "group": plan.group,
-                "leaf": plan.leaf,
-                "restarts": len(self.restarts.history) if self.restarts else 0,
-                "model_bytes": job.model_bytes,
-                "rules": monitor.rule_states() if monitor is not None else [],
-                "last_actions": monitor.firings[-STATE_ACTIONS:] if monitor is not None else [],
-                "plan": plan.to_dict(),
-            }
-        )
+        estimate = job.extra.get("estimate") or {}
+        self.state = {
+            "policy": plan.policy,
+            "source": "launch",
+            "policy_path": plan.source,
+            "policy_sha256": job.policy_sha256,
+            "pid": os.getpid(),
+            "engine_pid": self.engine_pid,
+            "started_at": round(self.started_at, 3),
+            "backend": job.backend,
+            "cgroup_root": plan.cgroup_root,
+            "group": plan.group,
+            "leaf": plan.leaf,
+            "restarts": len(self.restarts.history) if self.restarts else 0,
+            "model_bytes": job.model_bytes,
+            "rules": monitor.rule_states() if monitor is not None else [],
+            "last_actions": monitor.firings[-STATE_ACTIONS:] if monitor is not None else [],
+            "action_totals": monitor.action_totals() if monitor is not None else [],
+            "model": {k: estimate.get(k) for k in ("model", "quant", "total")}
+            if estimate
+            else None,
+            "prefetch_files": list(job.prefetch_files),
+            "plan": plan.to_dict(),
+        }
+        self.publisher.publish(self.state)
 
     def _start_helper(self, job: Job, engine_pid: int) -> None:
         """The prefetch helper for this start of the engine (mode none: nothing)."""

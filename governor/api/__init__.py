@@ -378,13 +378,14 @@ from governor.api.launch import (  # noqa: E402  # after the names they import f
     launch,
     resolve_executable,
 )
-from governor.api.operate import diff, rollback, status, tune  # noqa: E402
+from governor.api.operate import diff, metrics, rollback, status, tune  # noqa: E402
 
 __all__ = [
     "LaunchOptions",
     "compiled_for_launch",
     "diff",
     "launch",
+    "metrics",
     "resolve_executable",
     "rollback",
     "status",

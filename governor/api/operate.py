@@ -175,3 +175,14 @@ def status(name: str | None) -> list[dict[str, Any]]:
     from governor.status import collect
 
     return collect(run_dir(), name)
+
+
+def metrics(textfile: Path | None, name: str | None) -> Path | bytes:
+    """`governor metrics`: the exposition of the governed slices, written to
+    ``textfile/governor.prom`` (atomically) or returned."""
+    from governor.metrics.export import exposition, write_textfile
+    from governor.state import run_dir
+
+    if textfile is not None:
+        return write_textfile(textfile, run_dir(), name)
+    return exposition(run_dir(), name)

@@ -41,6 +41,7 @@ class BenchOptions:
     log_dir: Path | None = None
     timeout: float | None = None
     drop_caches: bool = False
+    metrics_textfile: Path | None = None  # DIR for governor_bench.prom (enginebench/metrics.py)
 
 
 @dataclass(frozen=True)
@@ -89,6 +90,13 @@ def bench(
 
     if b.plot is not None:
         pyplot()  # fail before the runs, not after them
+    if b.metrics_textfile is not None and not b.metrics_textfile.is_dir():
+        from governor.errors import PolicyNotFound
+
+        raise PolicyNotFound(
+            f"no such directory: {b.metrics_textfile} (--metrics-textfile)",
+            hint="create it, or give node_exporter's --collector.textfile.directory",
+        )
     fs = CgroupFs(Path(plan.cgroup_root))
     launch_args: list[str] = []
     if opts.allow_missing:
@@ -132,6 +140,10 @@ def bench(
         b.json.write_text(to_json(rows, meta) + "\n")
     if b.plot is not None:
         plot(rows, b.plot)
+    if b.metrics_textfile is not None:
+        from governor.enginebench import metrics
+
+        metrics.write(b.metrics_textfile, plan.policy, rows)
     failures = gate(
         rows, board_bytes=board, max_fraction=b.max_fraction, min_decode_tps=b.min_decode_tps
     )

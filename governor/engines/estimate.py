@@ -152,6 +152,7 @@ class Estimate:
     budget: int | None = None
     max_ctx: int | None = None  # largest -c that fits the budget (None: no budget / none fits)
     advice: tuple[str, ...] = field(default_factory=tuple)
+    quant: str | None = None  # the weights' dominant type (GgufInfo.quant): metrics' engine_info
 
     @property
     def total(self) -> int:
@@ -175,6 +176,7 @@ class Estimate:
             "fits": self.fits,
             "max_ctx": self.max_ctx,
             "advice": list(self.advice),
+            "quant": self.quant,
         }
 
 
@@ -213,7 +215,9 @@ def estimate(
     what to change when it does not."""
     terms = _terms(info, s, family, margin)
     reserved = compute_reserved(info, s)
-    est = Estimate(model=info.path, settings=s, terms=terms, compute_reserved=reserved)
+    est = Estimate(
+        model=info.path, settings=s, terms=terms, compute_reserved=reserved, quant=info.quant
+    )
     if budget is None:
         return est
     max_ctx = largest_ctx(info, s, family=family, budget=budget, margin=margin)
@@ -224,6 +228,7 @@ def estimate(
         compute_reserved=reserved,
         budget=budget,
         max_ctx=max_ctx,
+        quant=info.quant,
     )
     if est.fits:
         return est
@@ -235,6 +240,7 @@ def estimate(
         budget=budget,
         max_ctx=max_ctx,
         advice=tuple(_advice(info, s, est, family=family, budget=budget, margin=margin)),
+        quant=info.quant,
     )
 
 

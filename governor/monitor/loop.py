@@ -107,6 +107,7 @@ class Monitor:
         self._next_sample = 0.0
         self._started = 0.0
         self.firings: list[dict[str, Any]] = []
+        self.action_counts: dict[tuple[int, str], int] = {}  # (rule, verb) -> times run
         self.oom_kills = 0
         self.event_totals: dict[str, int] = {}
         self.gone = False  # the group was removed or emptied
@@ -282,6 +283,13 @@ class Monitor:
                     item[key] = round(item[key] + offset, 3)
         return out
 
+    def action_totals(self) -> list[dict[str, Any]]:
+        """How many times each rule ran each action verb (the metrics' actions_total)."""
+        return [
+            {"rule": rule, "action": verb, "count": n}
+            for (rule, verb), n in sorted(self.action_counts.items())
+        ]
+
     def _maybe_changed(self) -> None:
         """Tell on_change when a rule changed state or fired (not at every sample)."""
         if self.on_change is None:
@@ -394,6 +402,8 @@ class Monitor:
         for action in rule.actions:
             res = self.executor.execute(action, ctx)
             results.append(res)
+            key = (rule.index, action.verb)
+            self.action_counts[key] = self.action_counts.get(key, 0) + 1
             if action.verb == "kill" or (action.verb == "restart" and res.ok):
                 break  # nothing is left to act on
         if len(self.firings) < MAX_REPORTED_FIRINGS:

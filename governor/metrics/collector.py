@@ -1,0 +1,296 @@
+"""The Prometheus collector: at every scrape, the runtime state of each governed slice
+(governor/state.py: what its supervisor published, or the supervisor's own copy when it serves)
+and the kernel's files, read by the same code as `governor status` (governor/observe.py).
+
+Names follow Prometheus' conventions (``governor_`` prefix, base units, ``_total`` counters)
+and node_exporter's / cAdvisor's meaning for pressure (``*_waiting_seconds_total`` is PSI
+"some", ``*_stalled_seconds_total`` is "full"), so the same ``rate()`` queries work. Labels are
+bounded: the policy name, fixed enums, rule indexes, action verbs, model file names; never pids
+or prompts. Every per-slice series carries ``policy``.
+
+Unlimited values: a limit the kernel reads as ``max`` (memory.max, memory.swap.max, pids.max...)
+is exported as ``+Inf``, so ``current / limit`` is 0 and a "near max" alert cannot fire, and the
+series does not vanish when a limit is lifted. A file that does not exist (no controller, no
+swap accounting) exports no series.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector, CollectorRegistry
+
+from governor import observe
+from governor.journal import Journal
+from governor.kernel.cgroupfs import CgroupFs
+from governor.plan.model import Plan
+
+MEMORY_KINDS = ("current", "anon", "file", "working_set", "peak")
+MEMORY_EVENTS = ("low", "high", "max", "oom", "oom_kill")
+PSI = ("cpu", "memory", "io")
+
+States = Callable[[], Sequence[dict[str, Any]]]
+
+
+def version() -> str:
+    from importlib.metadata import PackageNotFoundError
+    from importlib.metadata import version as dist_version
+
+    try:
+        return dist_version("governor")
+    except PackageNotFoundError:
+        return "unknown"
+
+
+def _limit(value: int | None) -> float:
+    return math.inf if value is None or value == observe.UNLIMITED else float(value)
+
+
+class _Families:
+    """One family per name, filled slice by slice (a name appears once in an exposition)."""
+
+    def __init__(self) -> None:
+        self.all: dict[str, Metric] = {}
+
+    def _get(
+        self,
+        kind: type[GaugeMetricFamily | CounterMetricFamily],
+        name: str,
+        doc: str,
+        labels: Sequence[str],
+    ) -> Any:
+        if name not in self.all:
+            self.all[name] = kind(name, doc, labels=["policy", *labels])
+        return self.all[name]
+
+    def gauge(self, name: str, doc: str, policy: str, value: float, **labels: str) -> None:
+        fam = self._get(GaugeMetricFamily, name, doc, list(labels))
+        fam.add_metric([policy, *labels.values()], value)
+
+    def counter(self, name: str, doc: str, policy: str, value: float, **labels: str) -> None:
+        fam = self._get(CounterMetricFamily, name, doc, list(labels))
+        fam.add_metric([policy, *labels.values()], value)
+
+
+class GovernorCollector(Collector):
+    """``states()`` gives the slices to export (state dicts as governor/state.py publishes
+    them); ``run`` is where their journals live (the tunes)."""
+
+    def __init__(self, states: States, run: Path) -> None:
+        self.states = states
+        self.run = run
+        self.version = version()
+
+    def describe(self) -> Iterable[Metric]:
+        return []  # no descriptions up front: the registry must not scrape at register time
+
+    def collect(self) -> Iterator[Metric]:
+        info = GaugeMetricFamily(
+            "governor_build_info", "the governor that exports these series", labels=["version"]
+        )
+        info.add_metric([self.version], 1)
+        yield info
+        fams = _Families()
+        for st in self.states():
+            try:
+                plan = Plan.from_dict(st["plan"])
+            except (KeyError, ValueError, TypeError):
+                continue
+            self._slice(fams, st, plan)
+        yield from fams.all.values()
+
+    # ------------------------------------------------------------------ one slice
+
+    def _slice(self, f: _Families, st: dict[str, Any], plan: Plan) -> None:
+        p = plan.policy
+        fs = CgroupFs(Path(plan.cgroup_root))
+        exists = not st.get("stale") and fs.exists(plan.group)
+        up = exists and observe.populated(fs, plan.group)
+        f.gauge("governor_engine_up", "1 while the engine's processes run in the slice", p, up)
+        f.counter(
+            "governor_engine_restarts_total",
+            "engine restarts by the supervisor (launch.restart)",
+            p,
+            st.get("restarts") or 0,
+        )
+        self._rules(f, st, p)
+        self._tunes(f, p)
+        self._model(f, st, plan)
+        if not exists:
+            return
+        self._memory(f, fs, plan.group, p)
+        use = observe.usage(fs, plan.group)
+        self._usage(f, use, p)
+        drift = sum(k["state"] != "in sync" for k in observe.knobs(fs, plan))
+        f.gauge(
+            "governor_policy_drift",
+            "files of the slice whose kernel value differs from the policy (or is missing)",
+            p,
+            drift,
+        )
+        ratio = _resident_ratio(st.get("prefetch_files") or ())
+        if ratio is not None:
+            f.gauge(
+                "governor_prefetch_resident_ratio",
+                "fraction of the prefetch files (the model) resident in the page cache",
+                p,
+                ratio,
+            )
+
+    def _memory(self, f: _Families, fs: CgroupFs, group: str, p: str) -> None:
+        for name, value in observe.limits(fs, group).items():
+            f.gauge(
+                "governor_memory_limit_bytes",
+                "memory limits the kernel holds (+Inf: max, no limit)",
+                p,
+                _limit(value),
+                limit=name,
+            )
+
+    def _usage(self, f: _Families, use: dict[str, Any], p: str) -> None:
+        mem = use["memory"]
+        for kind in MEMORY_KINDS:
+            if mem.get(kind) is not None:
+                f.gauge(
+                    "governor_memory_bytes",
+                    "memory of the slice: memory.current, memory.stat anon/file, working set"
+                    " (current - inactive_file), memory.peak",
+                    p,
+                    mem[kind],
+                    kind=kind,
+                )
+        events = use["memory_events"]
+        for event in MEMORY_EVENTS:
+            if event in events:
+                f.counter(
+                    "governor_memory_events_total",
+                    "memory.events of the slice (hierarchical)",
+                    p,
+                    events[event],
+                    event=event,
+                )
+        for res in PSI:
+            psi = use["pressure"].get(res)
+            if psi is None:
+                continue
+            f.counter(
+                f"governor_pressure_{res}_waiting_seconds_total",
+                f"PSI {res} some total: time some task of the slice waited",
+                p,
+                psi["some"]["total_us"] / 1e6,
+            )
+            if psi["full"] is not None:
+                f.counter(
+                    f"governor_pressure_{res}_stalled_seconds_total",
+                    f"PSI {res} full total: time all non-idle tasks of the slice stalled",
+                    p,
+                    psi["full"]["total_us"] / 1e6,
+                )
+        cpu = use["cpu"]
+        if cpu["usage_usec"] is not None:
+            f.counter(
+                "governor_cpu_usage_seconds_total",
+                "cpu.stat usage_usec",
+                p,
+                cpu["usage_usec"] / 1e6,
+            )
+        if cpu["throttled_usec"] is not None:
+            f.counter(
+                "governor_cpu_throttled_seconds_total",
+                "cpu.stat throttled_usec (cpu.max)",
+                p,
+                cpu["throttled_usec"] / 1e6,
+            )
+        pids = use["pids"]
+        if pids["current"] is not None:
+            f.gauge("governor_pids_current", "pids.current", p, pids["current"])
+            f.gauge("governor_pids_max", "pids.max (+Inf: max)", p, _limit(pids["max"]))
+
+    def _rules(self, f: _Families, st: dict[str, Any], p: str) -> None:
+        for r in st.get("rules") or ():
+            f.counter(
+                "governor_rule_firings_total",
+                "times each [[pressure]] rule fired (rule: its index in the policy)",
+                p,
+                r.get("fired", 0),
+                rule=str(r.get("rule")),
+            )
+        for a in st.get("action_totals") or ():
+            f.counter(
+                "governor_actions_total",
+                "actions the rules ran (action: the verb)",
+                p,
+                a.get("count", 0),
+                rule=str(a.get("rule")),
+                action=str(a.get("action")),
+            )
+
+    def _tunes(self, f: _Families, p: str) -> None:
+        entries = Journal(self.run / p).entries()
+        undone = {i for e in entries if e.get("source") == "rollback" for i in e.get("undoes", ())}
+        tunes = [e for e in entries if e.get("source") == "tune"]
+        applied = len(tunes)
+        rolled_back = sum(e.get("id") in undone for e in tunes)
+        doc = "`governor tune` changes applied to the slice, and those since rolled back"
+        f.counter("governor_tunes_total", doc, p, applied, result="applied")
+        f.counter("governor_tunes_total", doc, p, rolled_back, result="rolled_back")
+
+    def _model(self, f: _Families, st: dict[str, Any], plan: Plan) -> None:
+        model = st.get("model") or {}
+        name = os.path.basename(str(model.get("model") or ""))
+        f.gauge(
+            "governor_engine_info",
+            "1 per slice: the engine kind, model file and quant (for joins)",
+            plan.policy,
+            1,
+            engine=plan.engine.kind,
+            model=name,
+            quant=str(model.get("quant") or ""),
+        )
+        if name and model.get("total") is not None:
+            f.gauge(
+                "governor_model_estimated_bytes",
+                "the GGUF estimate of the engine's resident memory (governor estimate)",
+                plan.policy,
+                float(model["total"]),
+                model=name,
+            )
+
+
+def _resident_ratio(files: Sequence[str]) -> float | None:
+    """Resident pages / pages of the files (mincore; nothing is read or faulted in)."""
+    if not files:
+        return None
+    from governor.launch.prefetch import Prefetcher, resident_pages
+
+    pre = Prefetcher()
+    resident = total = 0
+    for path in files:
+        try:
+            fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+        except OSError:
+            continue
+        try:
+            size = os.fstat(fd).st_size
+            if size == 0:
+                continue
+            vec = pre.residency(fd, size)
+        except OSError:
+            continue
+        finally:
+            os.close(fd)
+        resident += resident_pages(vec)
+        total += len(vec)
+    return None if total == 0 else resident / total
+
+
+def registry(states: States, run: Path) -> CollectorRegistry:
+    """A registry holding only the governor's collector (no process/platform collectors)."""
+    reg = CollectorRegistry(auto_describe=False)
+    reg.register(GovernorCollector(states, run))
+    return reg

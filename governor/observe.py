@@ -1,0 +1,131 @@
+"""What a governed slice holds and uses, read from the kernel at the time of asking: the one
+collector behind `governor status`, `governor top` and the Prometheus metrics
+(governor/metrics/). Standard library and the kernel door (CgroupFs) only; writes nothing.
+
+Every reader tolerates a missing file or controller (``None`` / an empty dict): a slice on a
+host without the memory controller still has its CPU and pids, and a group that disappears
+between two reads is not an error.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from typing import Any
+
+from governor.backends.cgroupfs import CgroupfsBackend
+from governor.errors import GovernorError
+from governor.kernel import files as kf
+from governor.kernel.cgroupfs import CgroupFs
+from governor.plan.model import Plan
+
+PSI_RESOURCES = ("memory", "cpu", "io")
+MEMORY_EVENTS = ("low", "high", "max", "oom", "oom_kill", "oom_group_kill")
+# policy spelling -> kernel file of the memory limits a slice can carry
+MEMORY_LIMITS = {
+    "min": kf.MEMORY_MIN,
+    "low": kf.MEMORY_LOW,
+    "high": kf.MEMORY_HIGH,
+    "max": kf.MEMORY_MAX,
+    "swap_max": kf.MEMORY_SWAP_MAX,
+}
+UNLIMITED = -1  # limits(): the kernel says "max"
+
+
+def read_int(fs: CgroupFs, cgroup: str, file: str) -> int | None:
+    """The first number in ``file``; None when it is missing or says ``max``."""
+    try:
+        text = fs.read(cgroup, file).strip()
+    except GovernorError:
+        return None
+    return None if text == "max" else int(text.split()[0])
+
+
+def knobs(fs: CgroupFs, plan: Plan) -> list[dict[str, Any]]:
+    """Each file the plan writes on the group: policy value, kernel value, state."""
+    out = []
+    for obs in CgroupfsBackend(fs).observe(plan):
+        w = obs.write
+        if w.cgroup != plan.group:
+            continue
+        state = "missing" if obs.live is None else "in sync" if obs.matches else "drifted"
+        out.append(
+            {
+                "file": w.file,
+                "reason": w.reason,
+                "policy": w.value,
+                "kernel": obs.live,
+                "state": state,
+            }
+        )
+    return out
+
+
+def limits(fs: CgroupFs, group: str) -> dict[str, int]:
+    """The memory limits the kernel holds (policy spelling -> bytes; UNLIMITED for ``max``);
+    a limit whose file is missing (no memory controller, no swap accounting) is left out."""
+    out: dict[str, int] = {}
+    for name, file in MEMORY_LIMITS.items():
+        try:
+            text = fs.read(group, file).strip()
+        except GovernorError:
+            continue
+        out[name] = UNLIMITED if text == "max" else int(text.split()[0])
+    return out
+
+
+def populated(fs: CgroupFs, group: str) -> bool:
+    """Some process lives in the group or below it (cgroup.events)."""
+    try:
+        return fs.events(group).get("populated", 0) == 1
+    except GovernorError:
+        return False
+
+
+def usage(fs: CgroupFs, group: str) -> dict[str, Any]:
+    """Memory (with memory.stat's anon/file and cAdvisor's working set: current minus
+    inactive_file), memory.events, PSI (avg10 and the total= microseconds), cpu.stat, pids."""
+    stat: dict[str, int] = {}
+    with contextlib.suppress(GovernorError):
+        stat = fs.memory_stat(group)
+    current = read_int(fs, group, kf.MEMORY_CURRENT)
+    inactive = stat.get("inactive_file")
+    memory = {
+        "current": current,
+        "peak": read_int(fs, group, kf.MEMORY_PEAK),
+        "anon": stat.get("anon"),
+        "file": stat.get("file"),
+        "swap": read_int(fs, group, "memory.swap.current"),
+        "working_set": None if current is None or inactive is None else max(current - inactive, 0),
+    }
+    try:
+        events = {k: v for k, v in fs.memory_events(group).items() if k in MEMORY_EVENTS}
+    except GovernorError:
+        events = {}
+    pressure: dict[str, Any] = {}
+    for res in PSI_RESOURCES:
+        try:
+            p = fs.read_psi(group, res)  # type: ignore[arg-type]  # one of PSI_RESOURCES
+        except GovernorError:
+            continue
+        pressure[res] = {
+            "some": {"avg10": p.some.avg10, "total_us": p.some.total},
+            "full": None if p.full is None else {"avg10": p.full.avg10, "total_us": p.full.total},
+        }
+    try:
+        cpu = fs.cpu_stat(group)
+    except GovernorError:
+        cpu = {}
+    return {
+        "memory": memory,
+        "memory_events": events,
+        "pressure": pressure,
+        "cpu": {
+            "usage_usec": cpu.get("usage_usec"),
+            "throttled_usec": cpu.get("throttled_usec"),
+            "nr_throttled": cpu.get("nr_throttled"),
+        },
+        "pids": {
+            "current": read_int(fs, group, kf.PIDS_CURRENT),
+            "max": read_int(fs, group, kf.PIDS_MAX),
+        },
+    }
