@@ -405,6 +405,7 @@ def _fail(err: GovernorError) -> NoReturn:
 
 def main(argv: list[str] | None = None) -> None:
     import governor.cli_bench  # registers `bench` and `metrics` on app
+    import governor.cli_init  # registers `init` on app
     import governor.cli_ops  # noqa: F401  # registers the operator commands on app
 
     try:

@@ -363,6 +363,13 @@ def _preflight(
     return plan, host, checked
 
 
+def init(opts: HostOptions, req: Any) -> Any:
+    """`governor init`: a policy for a GGUF model on this board (governor/initpolicy.py)."""
+    from governor.initpolicy import draft
+
+    return draft(req, probe_host(opts), root=opts.root)
+
+
 def bench(path: Path, argv: tuple[str, ...], opts: HostOptions, bopts: Any) -> Any:
     """`governor bench`: run the engine under the policy per governor/enginebench/main.py."""
     from governor.enginebench.main import bench as run_bench

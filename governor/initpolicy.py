@@ -1,0 +1,459 @@
+"""`governor init`: a commented starting policy for one GGUF model on one board (compile time).
+
+The numbers come from the GGUF estimate (governor/engines/estimate.py, the same one `estimate`,
+`check --engine-argv` and `launch` use) and the board's probed facts (governor/plan/host.py):
+
+    board    = --board-memory, else MemTotal
+    reserve  = 128 MiB + board / 16, at most 1 GiB        (left to the OS and its services)
+    ceiling  = board - reserve                             (the most the engine may have)
+    headroom = max(64 MiB, 10 % of the estimate)           (estimate error, the prefetch helper)
+    -c       = the largest multiple of 256 whose estimate + headroom <= ceiling (or --ctx,
+               refused when it does not fit)
+    memory.max  = estimate + headroom       memory.high = estimate + headroom / 2
+    memory.min  = the weights (their file pages, protected from reclaim by the rest of the board)
+
+The estimate was calibrated against memory.peak in the kernel guest within 10 %
+(docs/calibration.md), hence the headroom. The rendered policy is validated with the policy
+model before it is returned.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+import shlex
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from governor.engines.budget import estimate_argv
+from governor.engines.estimate import KV_CELL_PAD, MIB, Estimate
+from governor.engines.llama import EngineArgs, EngineArgvError, parse_llama_argv
+from governor.errors import PolicyError, UsageError
+from governor.policy.model import NAME_RE
+
+if TYPE_CHECKING:
+    from governor.plan.host import HostFacts
+
+GIB = 1 << 30
+RESERVE_BASE = 128 * MIB  # kernel, init, sshd, journald: what a headless board runs anyway
+RESERVE_SHARE = 16  # plus 1/16 of the board: page tables, slab and cache grow with it
+RESERVE_CAP = 1 * GIB
+HEADROOM_MIN = 64 * MIB  # the prefetch helper and the engine's heap spread (~4 MiB per run)
+HEADROOM_SHARE = 0.10  # the estimate's error against memory.peak (docs/calibration.md)
+DEFAULT_ENGINE = "llama-completion"  # the one-shot CLI (notes/engine.md "Which binary")
+# the options init sets itself: -m from --model, -c from --ctx (or the largest that fits)
+_MODEL_OPTS = frozenset({"-m", "--model"})
+_CTX_OPTS = frozenset({"-c", "--ctx-size"})
+_MLOCK_MODES = frozenset({"mlock", "mmap+mlock"})
+
+
+@dataclass(frozen=True)
+class Request:
+    model: Path
+    ctx: int | None = None
+    board_memory: int | None = None
+    engine_argv: tuple[str, ...] = ()
+    name: str | None = None
+    output: Path | None = None  # named in the policy's comments (POLICY without it)
+
+
+@dataclass(frozen=True)
+class Sizing:
+    """Every number behind the policy's memory values."""
+
+    board: int
+    board_source: str
+    reserve: int
+    ceiling: int
+    largest_ctx: int
+    ctx: int
+    est: Estimate
+    headroom: int
+    mem_min: int
+    mem_high: int
+    mem_max: int
+
+
+@dataclass(frozen=True)
+class Draft:
+    name: str
+    text: str
+    engine: tuple[str, ...]  # the engine command line the policy was sized for
+    sizing: Sizing
+    missing: tuple[str, ...]  # controllers the policy uses that this host lacks
+
+
+def reserve_for(board: int) -> int:
+    return min(RESERVE_CAP, RESERVE_BASE + board // RESERVE_SHARE)
+
+
+def headroom_for(total: int) -> int:
+    return max(HEADROOM_MIN, math.ceil(total * HEADROOM_SHARE))
+
+
+def fit_budget(ceiling: int) -> int:
+    """The largest estimate whose estimate + headroom_for(estimate) stays within ``ceiling``."""
+    return max(0, min(ceiling - HEADROOM_MIN, math.floor(ceiling / (1 + HEADROOM_SHARE))))
+
+
+def mib(n: int) -> int:
+    return n >> 20
+
+
+def _mib_up(n: int) -> int:
+    return -(-n // MIB)
+
+
+def policy_name(req: Request) -> str:
+    if req.name is not None:
+        if not NAME_RE.fullmatch(req.name):
+            raise UsageError(
+                f"not a policy name: {req.name!r} (--name)",
+                hint="lower-case letters, digits, '_' and '-', starting with a letter or digit",
+            )
+        return req.name
+    stem = req.model.name.removesuffix(".gguf").lower()
+    name = re.sub(r"[^a-z0-9_-]+", "-", stem).strip("-_")[:63]
+    return name if NAME_RE.fullmatch(name) else "llm"
+
+
+# ------------------------------------------------------------------------------ engine argv
+
+
+def _split_engine(req: Request) -> tuple[str, tuple[str, ...], EngineArgs]:
+    """(program, options without -m/-c, parsed options): --engine-argv is either the whole
+    command line (it starts with the program) or only llama.cpp options ('-nr -ub 128')."""
+    words = list(req.engine_argv)
+    program = DEFAULT_ENGINE
+    if words and not words[0].startswith("-"):
+        program = words.pop(0)
+    try:
+        parsed = parse_llama_argv(["llama", *words])
+    except EngineArgvError as err:
+        raise UsageError(f"{err} (--engine-argv)", hint="e.g. --engine-argv '-nr -t 4'") from err
+    if parsed.model is not None and Path(parsed.model) != req.model:
+        raise UsageError(
+            f"--engine-argv names -m {parsed.model}, --model is {req.model} (command line)",
+            hint="give the model once, with --model",
+        )
+    if parsed.ctx is not None and req.ctx is not None and parsed.ctx != req.ctx:
+        raise UsageError(
+            f"--engine-argv says -c {parsed.ctx}, --ctx says {req.ctx} (command line)",
+            hint="give the context once, with --ctx",
+        )
+    rest: list[str] = []
+    skip = False
+    for word in words:
+        name = word.partition("=")[0]
+        if skip:
+            skip = False
+        elif word in _MODEL_OPTS | _CTX_OPTS:
+            skip = True
+        elif not (name in ("--model", "--ctx-size") and "=" in word):
+            rest.append(word)
+    return program, tuple(rest), parsed
+
+
+def _args(options: tuple[str, ...], model: Path, ctx: int) -> EngineArgs:
+    return parse_llama_argv(["llama", *options, "-m", str(model), "-c", str(ctx)])
+
+
+# ------------------------------------------------------------------------------ sizing
+
+
+def size(
+    req: Request, options: tuple[str, ...], ctx: int | None, *, root: Path, board: int, source: str
+) -> Sizing:
+    """The context and the memory values, or PolicyError (65) with the estimate's terms and
+    the fixes when the model does not fit the board (at the smallest context, or at --ctx)."""
+    reserve = reserve_for(board)
+    ceiling = board - reserve
+    budget = fit_budget(ceiling)
+    first = estimate_argv(_args(options, req.model, ctx or KV_CELL_PAD), root=root, budget=budget)
+    largest = first.max_ctx
+    room = (
+        f"the board leaves {budget >> 20} MiB ({board >> 20} MiB - {reserve >> 20} MiB OS reserve"
+        " - headroom)"
+    )
+    if largest is None:
+        small = (
+            first
+            if ctx is None
+            else estimate_argv(_args(options, req.model, KV_CELL_PAD), root=root, budget=budget)
+        )
+        raise PolicyError(
+            f"the model does not fit this board even at -c {KV_CELL_PAD}: llama.cpp needs"
+            f" ~{_mib_up(small.total)} MiB ({_terms(small)} MiB), {room}",
+            file=str(req.model),
+            hint=_fixes(small, smaller_model=True),
+        )
+    if ctx is not None and not first.fits:
+        raise PolicyError(
+            f"-c {ctx} does not fit: llama.cpp needs ~{_mib_up(first.total)} MiB"
+            f" ({_terms(first)} MiB), {room}; the largest -c that fits is {largest}",
+            file=str(req.model),
+            hint=f"--ctx {largest}, or leave --ctx out; {_fixes(first, smaller_model=False)}",
+        )
+    use = ctx if ctx is not None else largest
+    est = (
+        first
+        if ctx is not None
+        else estimate_argv(_args(options, req.model, use), root=root, budget=budget)
+    )
+    headroom = headroom_for(est.total)
+    return Sizing(
+        board=board,
+        board_source=source,
+        reserve=reserve,
+        ceiling=ceiling,
+        largest_ctx=largest,
+        ctx=use,
+        est=est,
+        headroom=headroom,
+        mem_min=_mib_up(est.term("weights")) * MIB,
+        mem_high=_mib_up(est.total + headroom // 2) * MIB,
+        mem_max=_mib_up(est.total + headroom) * MIB,
+    )
+
+
+def _terms(est: Estimate) -> str:
+    return " + ".join(f"{t.name} {_mib_up(t.bytes)}" for t in est.terms)
+
+
+def _fixes(est: Estimate, *, smaller_model: bool) -> str:
+    """The estimate's own advice that changes the model or the engine (not the budget)."""
+    fixes = [a for a in est.advice if a.startswith(("-nr", "-ctk", "a smaller quant"))]
+    if smaller_model:
+        if not any(a.startswith("a smaller quant") for a in fixes):
+            fixes.append("a smaller quantisation of the model")
+        fixes.append("or a smaller model")
+    return "; ".join(fixes) + " (governor estimate shows the terms)"
+
+
+# ------------------------------------------------------------------------------ the policy
+
+
+def draft(req: Request, host: HostFacts, *, root: Path) -> Draft:
+    """Size and render the policy for ``req`` on the board ``host`` describes."""
+    name = policy_name(req)
+    program, options, parsed = _split_engine(req)
+    ctx = req.ctx if req.ctx is not None else parsed.ctx
+    if req.board_memory is not None:
+        board, source = req.board_memory, "--board-memory"
+    else:
+        board, source = host.mem_total, f"MemTotal of {root}"
+    sizing = size(req, options, ctx, root=root, board=board, source=source)
+    big = host.core_types.big if host.core_types is not None else ()
+    threads = len(big) if big else len(host.cpus_online)
+    engine = [program, "-m", str(req.model), "-c", str(sizing.ctx), *options]
+    if parsed.threads is None:
+        engine += ["-t", str(threads)]
+    needed = ["memory"] + (["cpuset"] if big else [])
+    missing = tuple(c for c in needed if c not in host.controllers)
+    text = render(name, req, host, sizing, (tuple(engine), options), parsed, missing)
+    from governor.policy.loader import load_text
+
+    load_text(text, source="governor init")  # a bug here is ours: PolicyError, never a bad file
+    return Draft(name=name, text=text, engine=tuple(engine), sizing=sizing, missing=missing)
+
+
+def _cpulist(cpus: tuple[int, ...]) -> str:
+    from governor.kernel.parse import format_cpulist
+
+    return format_cpulist(cpus)
+
+
+def _q(text: str) -> str:
+    """A TOML basic string."""
+    return '"' + text.replace("\\", "\\\\").replace('"', '\\"') + '"'
+
+
+def render(  # noqa: PLR0917  # one policy from all its inputs
+    name: str,
+    req: Request,
+    host: HostFacts,
+    s: Sizing,
+    engine_options: tuple[tuple[str, ...], tuple[str, ...]],
+    parsed: EngineArgs,
+    missing: tuple[str, ...],
+) -> str:
+    engine, options = engine_options
+    est = s.est
+    policy = shlex.quote(str(req.output)) if req.output is not None else "POLICY"
+    cmd = shlex.join(engine)
+    allow = f" --allow-missing {','.join(missing)}" if missing else ""
+    opts = shlex.join(options)
+    out = [
+        f"# {name}: written by `governor init` for {req.model.name} on a {mib(s.board)} MiB board"
+        f" ({s.board_source}).",
+        "# Check it with the engine command line it was sized for, then launch that:",
+        f"#   governor check {policy}{allow} --engine-argv {shlex.quote(cmd)}",
+        f"#   governor launch --policy {policy}{allow} -- {cmd}",
+        "#",
+        f"# llama.cpp's resident memory at -c {s.ctx} (governor estimate {req.model}"
+        f" -c {s.ctx}{' --engine-argv ' + shlex.quote(opts) if opts else ''}):",
+    ]
+    out += [f"#   {t.name:<9}{t.bytes / MIB:8.1f} MiB  {t.detail}" for t in est.terms]
+    out += [
+        f"#   {'total':<9}{est.total / MIB:8.1f} MiB",
+        f"# board {mib(s.board)} MiB - OS reserve {mib(s.reserve)} MiB (128 MiB + 1/16 of the"
+        f" board, at most 1 GiB) = {mib(s.ceiling)} MiB for the engine;",
+        f"# headroom above the estimate: max(64 MiB, 10 %) = {_mib_up(s.headroom)} MiB (the"
+        " estimate's error against memory.peak, docs/calibration.md).",
+    ]
+    if host.cgroup_mount is None:
+        out.append(
+            f"# NOTE: this host has no cgroup2 ({host.cgroup_layout} layout): check and launch"
+            " refuse here (69); governor doctor says how to mount it."
+        )
+    elif missing:
+        out.append(
+            f"# NOTE: this host lacks the {', '.join(missing)} controller(s) on cgroup2"
+            f" ({host.cgroup_layout} layout): the limits they carry are NOT in force here"
+            " (governor doctor says how to fix it)."
+        )
+    out += [
+        f"name = {_q(name)}",
+        f"description = {_q(f'llama.cpp {req.model.name} at -c {s.ctx} (governor init)')}",
+        "",
+        "[memory]",
+        f'min = "{mib(s.mem_min)}MiB"  # the weights\' file pages ({mib(s.mem_min)} MiB) stay'
+        " resident under pressure from the rest of the board",
+        f'high = "{mib(s.mem_high)}MiB"  # estimate {_mib_up(est.total)} + half the headroom:'
+        " reclaim and throttling start here",
+        f'max = "{mib(s.mem_max)}MiB"  # estimate {_mib_up(est.total)} + headroom'
+        f" {_mib_up(s.headroom)}; at most the {mib(s.ceiling)} MiB the board can give",
+        'swap_max = "0"  # boards run without swap; never swap the KV cache behind the budget',
+        "oom_group = true  # an OOM kill takes the engine's whole process tree",
+        "",
+    ]
+    if host.core_types is not None:
+        ct = host.core_types
+        out += [
+            "[cpu]",
+            f'cpus = "big"  # big cores {_cpulist(ct.big)}, LITTLE {_cpulist(ct.little)} (from'
+            f" {ct.source}): a matmul split across both runs at the LITTLE cores' pace",
+            "",
+        ]
+    out += [
+        "[process]",
+        "oom_score_adj = 500  # if the board runs out anyway, the engine goes before its services",
+    ]
+    if parsed.locks_memory:
+        out.append('memlock = "model"  # RLIMIT_MEMLOCK for -lm mlock: model size + 64 MiB')
+    threads = engine[engine.index("-t") + 1] if "-t" in engine else None
+    largest = (
+        f"the largest -c (a multiple of {KV_CELL_PAD}) whose estimate + headroom fits"
+        f" {mib(s.ceiling)} MiB"
+        if s.ctx == s.largest_ctx
+        else f"--ctx; the largest that fits is {s.largest_ctx}"
+    )
+    out += [
+        "",
+        "[engine]",
+        'kind = "llama.cpp"',
+        f"max_context_tokens = {s.ctx}  # {largest}",
+    ]
+    if threads is not None and threads.lstrip("-").isdigit() and int(threads) > 0:
+        where = "big core" if host.core_types is not None else "online CPU"
+        out.append(f"threads = {int(threads)}  # -t: one per {where}")
+    out += ["", "[prefetch]"]
+    if (parsed.load_mode or "") == "none" or "no_mmap" in parsed.flags:
+        out.append(
+            'mode = "none"  # -lm none reads the weights into anonymous memory: a page-cache'
+            " prefetch would only add a second copy"
+        )
+    else:
+        out.append(
+            'mode = "populate"  # read the weights while the engine starts, charged to this'
+            " slice and protected by memory.min"
+        )
+    out += ["", *_pressure(host)]
+    return "\n".join(out) + "\n"
+
+
+_RULES = """\
+# graded pressure rules (PSI, like policies/npu-chat.toml): one rule per severity, each firing
+# runs all of its actions in order. No `signal SIGUSR1`: llama.cpp does not handle it (it dies).
+[[pressure]]                # short stalls: note them and reclaim a little cold page cache
+when = "memory some 150ms/2s"
+do = ["log", "reclaim 64M"]
+cooldown = "5s"
+
+[[pressure]]                # the whole slice stalls: throttle earlier so reclaim starts sooner
+when = "memory full 500ms/2s"
+for = "4s"
+do = ["log", "set memory.high -10%"]
+cooldown = "15s"
+
+[[pressure]]                # a long full stall: pause the engine so the board recovers
+when = "memory full 1s/2s"
+for = "6s"
+do = ["freeze 5s"]
+cooldown = "20s"
+
+[[pressure]]                # it came back and still stalls: kill the group before the OOM killer
+when = "memory full 1500ms/2s"
+for = "15s"
+do = ["log", "kill"]
+cooldown = "60s"
+"""
+
+
+def _pressure(host: HostFacts) -> list[str]:
+    if host.psi:
+        return _RULES.splitlines()
+    return [
+        f"# no [[pressure]] rules: this board has no PSI ({host.psi_detail}); with psi=1 on the",
+        "# kernel command line, uncomment these:",
+        *("# " + line if line else "#" for line in _RULES.splitlines()),
+    ]
+
+
+def write_policy(path: Path, text: str, *, force: bool) -> None:
+    """Write ``text`` to ``path`` whole or not at all (temp file + fsync + link/rename); an
+    existing file is replaced only with ``force``. The link is the existence check: no race."""
+    import contextlib
+    import os
+    import tempfile
+
+    from governor.errors import BackendError, PermissionDenied, PolicyNotFound
+
+    if (path.exists() or path.is_symlink()) and not force:  # the link below still decides
+        raise _exists(path)
+    tmp: str | None = None
+    try:
+        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(text)
+            f.flush()
+            os.fchmod(f.fileno(), 0o644)
+            os.fsync(f.fileno())
+        if force:
+            os.replace(tmp, path)
+        else:
+            os.link(tmp, path)
+    except FileExistsError as err:
+        raise _exists(path) from err
+    except FileNotFoundError as err:
+        raise PolicyNotFound(
+            f"no such directory: {path.parent}",
+            file=str(path),
+            hint="create it, or choose another -o",
+        ) from err
+    except PermissionError as err:
+        raise PermissionDenied("cannot write", file=str(path), errno=err.errno) from err
+    except OSError as err:
+        raise BackendError("cannot write", file=str(path), errno=err.errno) from err
+    finally:
+        if tmp is not None:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(tmp)
+
+
+def _exists(path: Path) -> UsageError:
+    return UsageError(
+        f"the output file exists; not overwriting it ({path})",
+        hint="pass --force to replace it, or choose another -o",
+    )
