@@ -6,7 +6,9 @@ import json
 from pathlib import Path
 from typing import Annotated
 
+import click
 import typer
+from typer.core import TyperCommand
 
 from governor.cli import _opts, app
 
@@ -80,16 +82,34 @@ def diff(
     raise typer.Exit(0 if out["in_sync"] else 1)
 
 
-@app.command()
-def tune(
+class _TuneCommand(TyperCommand):
+    """`--confirm` takes an optional value: bare (last, or before another option or a
+    KEY=VALUE) it means "confirm now" (typer 0.21 passes no flag_value to click)."""
+
+    def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
+        out = list(args)
+        for i, arg in enumerate(out):
+            if arg == "--":
+                break
+            if arg == "--confirm":
+                following = out[i + 1] if i + 1 < len(out) else None
+                if following is None or following.startswith("-") or "=" in following:
+                    out.insert(i + 1, "now")
+                break
+        return super().parse_args(ctx, out)
+
+
+@app.command(cls=_TuneCommand)
+def tune(  # noqa: PLR0917  # typer passes every option as a parameter
     name: Annotated[str, typer.Argument(help="policy name of a governed slice")],
     assignments: Annotated[
-        list[str],
+        list[str] | None,
         typer.Argument(
             help="KEY=VALUE in the policy's spelling: memory.min/low/high/max/swap_max,"
-            " cpu.weight/max/cpus, pids.max, io.weight (e.g. memory.high=1.5GiB)"
+            " cpu.weight/max/cpus, pids.max, io.weight (e.g. memory.high=1.5GiB)",
+            show_default=False,
         ),
-    ],
+    ] = None,
     dry_run: Annotated[
         bool, typer.Option("--dry-run", help="print kernel -> new for each file; change nothing")
     ] = False,
@@ -101,20 +121,44 @@ def tune(
         bool,
         typer.Option(
             "--persist",
-            help="also write the values into the policy file (comments kept; diff shown)",
+            help="also keep the values: in the policy file (comments kept), or for an installed"
+            " policy in a drop-in of its slice unit; the diff is shown",
         ),
     ] = False,
+    confirm: Annotated[
+        str | None,
+        typer.Option(
+            "--confirm",
+            metavar="[DURATION]",
+            help="with KEY=VALUE: revert by itself after DURATION (90s, 5m, 1h) unless"
+            " confirmed; alone (`governor tune NAME --confirm`): keep the pending change",
+        ),
+    ] = None,
 ) -> None:
     """Change a running slice's limits: validated like the policy, guarded against the live
     usage (65), memory.max lowered in stages, reverted if it causes an OOM kill (71), journaled
-    for `governor rollback`."""
+    for `governor rollback`. Under systemd, slice-level knobs go through the manager (runtime
+    unit properties), so `systemctl show` agrees."""
+    import time
+
     from governor import api
 
-    out = api.tune(name, tuple(assignments), dry_run=dry_run, force=force, persist=persist)
+    out = api.tune(
+        name, tuple(assignments or ()), dry_run=dry_run, force=force, persist=persist,
+        confirm=confirm,
+    )  # fmt: skip
+    if "confirmed" in out:
+        ids = out["confirmed"]
+        typer.echo(
+            f"{name}: confirmed journal entr{'ies' if len(ids) > 1 else 'y'} {ids}"
+            if ids
+            else f"{name}: no change is waiting for a confirmation"
+        )
+        return
     saved = out.get("persisted")
     if saved is not None:
         typer.echo(saved["diff"] or f"{saved['file']}: already says so", nl=False)
-        if saved["installed"]:
+        if saved["installed"] and not saved.get("dropin"):
             typer.echo(f"hint: run `governor install {saved['file']}` to render it into the units")
     if not out["changes"]:
         typer.echo(f"{name}: nothing to change (the kernel already holds these values)")
@@ -124,7 +168,11 @@ def tune(
     for ch in out["changes"]:
         before = ch.get("kernel", ch.get("before"))
         after = ch.get("new", ch.get("after"))
-        typer.echo(f"  {ch['file']}: {before} -> {after}")
+        via = f"  (via {ch['unit']})" if ch.get("unit") else ""
+        typer.echo(f"  {ch['file']}: {before} -> {after}{via}")
+    if out.get("confirm_by"):
+        at = time.strftime("%H:%M:%S", time.localtime(out["confirm_by"]))
+        typer.echo(f"reverts at {at} unless confirmed: governor tune {name} --confirm")
 
 
 @app.command()

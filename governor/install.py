@@ -23,7 +23,7 @@ from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, ValidationError, field_validator
 
-from governor.backends.dropin import UnitFile
+from governor.backends.dropin import UNIT_DIR, UnitFile
 from governor.errors import BackendError, PermissionDenied, PolicyError, PolicyNotFound
 from governor.log import get_logger
 from governor.policy.model import NAME_RE
@@ -329,6 +329,25 @@ def _undo(
     return changes, kept
 
 
+TUNE_DROPIN = "45-governor-tune.conf"  # governor.tune.DROPIN_NAME (tune --persist)
+
+
+def _tune_dropins(root: Path, units: Sequence[str], *, dry_run: bool) -> list[Change]:
+    """The drop-ins `governor tune --persist` wrote on the policy's slice go with the policy."""
+    out: list[Change] = []
+    for unit in units:
+        path = root / UNIT_DIR / f"{unit}.d" / TUNE_DROPIN
+        text = _read(path)
+        if text is None:
+            continue
+        out.append(Change(str(path.relative_to(root)), text, None))
+        if not dry_run:
+            _remove(path)
+            with contextlib.suppress(OSError):
+                path.parent.rmdir()
+    return out
+
+
 def uninstall(
     policy: str,
     *,
@@ -345,6 +364,7 @@ def uninstall(
         )
     others = _other_entries(root, policy)
     changes, kept = _undo(root, own.files, others, dry_run=dry_run)
+    changes += _tune_dropins(root, own.units, dry_run=dry_run)
     result = Result(
         changes=changes,
         units=list(own.units),

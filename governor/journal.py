@@ -6,18 +6,28 @@ wall-clock ``time``, its ``source`` and the ``changes`` made: ``cgroup``, ``file
 and ``after`` as the kernel reads them. `rollback` restores ``before`` values in reverse order;
 the running monitor asks :meth:`Journal.tuned` for the operator's latest value of a file so
 that its own actions never undo a tune. Standard library only (the run time uses it).
+
+A tune made with ``--confirm DURATION`` carries ``confirm_by`` (epoch seconds) and the pid of
+its detached reverter (``reverter_pid``, governor/confirm.py); a later ``confirm`` entry
+(``confirms: [ids]``, no changes) keeps it, a ``rollback`` entry (``reason: "not confirmed"``)
+undoes it. :meth:`Journal.pending` lists the tunes still waiting. Decisions that read then write
+(confirm, the reverter's revert) hold :meth:`Journal.locked`.
 """
 
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import json
 import os
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 JOURNAL_FILE = "journal.jsonl"
+LOCK_FILE = "journal.lock"
+CHANGING = ("tune", "rollback", "monitor")  # the sources whose entries change a limit
 
 
 class Journal:
@@ -55,6 +65,31 @@ class Journal:
         finally:
             os.close(fd)
         return entry
+
+    @contextlib.contextmanager
+    def locked(self) -> Iterator[None]:
+        """An exclusive lock on the journal (flock), for read-decide-write sequences."""
+        self.dir.mkdir(mode=0o755, parents=True, exist_ok=True)
+        fd = os.open(self.dir / LOCK_FILE, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            yield
+        finally:
+            os.close(fd)
+
+    def confirmed(self) -> set[int]:
+        return {
+            i for e in self.entries() if e["source"] == "confirm" for i in e.get("confirms", ())
+        }
+
+    def pending(self) -> list[dict[str, Any]]:
+        """Tunes made with --confirm that are neither confirmed nor undone yet."""
+        done = self.undone() | self.confirmed()
+        return [
+            e
+            for e in self.entries()
+            if e["source"] == "tune" and e.get("confirm_by") is not None and e["id"] not in done
+        ]
 
     def undone(self) -> set[int]:
         return {i for e in self.entries() if e["source"] == "rollback" for i in e.get("undoes", ())}

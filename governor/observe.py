@@ -14,6 +14,7 @@ from typing import Any
 
 from governor.backends.cgroupfs import CgroupfsBackend
 from governor.errors import GovernorError
+from governor.journal import Journal
 from governor.kernel import files as kf
 from governor.kernel.cgroupfs import CgroupFs
 from governor.plan.model import Plan
@@ -40,21 +41,71 @@ def read_int(fs: CgroupFs, cgroup: str, file: str) -> int | None:
     return None if text == "max" else int(text.split()[0])
 
 
-def knobs(fs: CgroupFs, plan: Plan) -> list[dict[str, Any]]:
-    """Each file the plan writes on the group: policy value, kernel value, state."""
-    out = []
+def _knob_state(
+    file: str, policy: str, kernel: str | None, unit: str | None, *, tuned: str | None,
+    has_unit: bool,
+) -> str:  # fmt: skip
+    from governor.backends.manager import same
+
+    if kernel is None:
+        return "missing"
+    if has_unit and unit is not None and not same(file, kernel, unit):
+        return "unit drifted"  # the kernel file was written behind the manager's back
+    if same(file, kernel, policy):
+        return "in sync"
+    if tuned is not None and same(file, kernel, tuned):
+        return "tuned"
+    return "drifted"
+
+
+def knobs(
+    fs: CgroupFs,
+    plan: Plan,
+    *,
+    journal: Journal | None = None,
+    systemd: dict[str, Any] | None = None,
+) -> list[dict[str, Any]]:
+    """Each file the policy sets: policy value, kernel value, (under systemd, ``systemd`` from
+    the published state) the unit's value, and a state: in sync, tuned (the operator's last
+    tune in ``journal``), drifted, unit drifted, missing; a tune waiting for --confirm says
+    when it reverts (``reverts_at``)."""
+    reverts = (
+        {ch["file"]: e["confirm_by"] for e in journal.pending() for ch in e.get("changes", ())}
+        if journal is not None
+        else {}
+    )
+    rows: list[tuple[str, str, str, str, bool]] = []  # file, reason, policy, cgroup, unit?
+    unit_values: dict[str, str | None] = {}
+    if systemd:
+        from governor.backends.manager import unit_values as read_unit
+
+        unit_values = read_unit(systemd["unit"])
+        for lim in systemd.get("limits", []):
+            rows.append((lim["file"], lim["reason"], lim["policy"], systemd["cgroup"], True))
     for obs in CgroupfsBackend(fs).observe(plan):
         w = obs.write
-        if w.cgroup != plan.group:
-            continue
-        state = "missing" if obs.live is None else "in sync" if obs.matches else "drifted"
+        if w.cgroup == plan.group:
+            rows.append((w.file, w.reason, w.value, w.cgroup, False))
+    out = []
+    for file, reason, policy, cgroup, has_unit in rows:
+        try:
+            kernel: str | None = fs.read(cgroup, file).strip()
+        except GovernorError:
+            kernel = None
+        if kernel is not None and file == kf.IO_WEIGHT:
+            kernel = kernel.splitlines()[0]
+        unit = unit_values.get(file) if has_unit else None
+        tuned = journal.tuned(file) if journal is not None else None
+        state = _knob_state(file, policy, kernel, unit, tuned=tuned, has_unit=has_unit)
         out.append(
             {
-                "file": w.file,
-                "reason": w.reason,
-                "policy": w.value,
-                "kernel": obs.live,
+                "file": file,
+                "reason": reason,
+                "policy": policy,
+                "kernel": kernel,
+                "unit": unit,
                 "state": state,
+                "reverts_at": reverts.get(file) if state == "tuned" else None,
             }
         )
     return out

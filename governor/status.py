@@ -45,6 +45,8 @@ def collect(
             continue
         fs = CgroupFs(Path(plan.cgroup_root))
         exists = fs.exists(plan.group)
+        journal = Journal(run / plan.policy)
+        systemd = st.get("systemd")
         item: dict[str, Any] = {
             "format": SCHEMA_FORMAT,
             "policy": plan.policy,
@@ -57,11 +59,20 @@ def collect(
             "cgroup": f"{plan.cgroup_root}/{plan.group}",
             "uptime_s": round(now - st["started_at"], 1) if st.get("started_at") else None,
             "restarts": st.get("restarts", 0),
-            "knobs": knobs(fs, plan) if exists else [],
+            "systemd_unit": systemd["unit"] if systemd else None,
+            "knobs": knobs(fs, plan, journal=journal, systemd=systemd) if exists else [],
             "usage": usage(fs, plan.group) if exists else None,
             "rules": st.get("rules", []),
             "last_actions": st.get("last_actions", []),
-            "journal": Journal(run / plan.policy).tail(5),
+            "journal": journal.tail(5),
+            "pending_confirm": [
+                {
+                    "id": e["id"],
+                    "confirm_by": e["confirm_by"],
+                    "files": [ch["file"] for ch in e["changes"]],
+                }
+                for e in journal.pending()
+            ],
             "degraded": list(plan.degraded),
         }
         out.append(item)
@@ -96,11 +107,20 @@ def render(items: list[dict[str, Any]], *, now: float | None = None) -> str:
         if it["state"] == "stale":
             lines.append("  STALE: the supervisor that published this state is gone")
         if it["knobs"]:
-            lines.append(f"  {'knob':<18}{'policy':>14}{'kernel':>14}  state")
+            unit = it.get("systemd_unit")
+            head = f"  {'knob':<18}{'policy':>14}{'kernel':>14}"
+            lines.append(head + (f"{'unit':>14}" if unit else "") + "  state")
             for k in it["knobs"]:
-                lines.append(
-                    f"  {k['file']:<18}{k['policy']:>14}{k['kernel'] or '-':>14}  {k['state']}"
-                )
+                row = f"  {k['file']:<18}{k['policy']:>14}{k['kernel'] or '-':>14}"
+                if unit:
+                    row += f"{k.get('unit') or '-':>14}"
+                state = k["state"]
+                if k.get("reverts_at"):
+                    at = time.strftime("%H:%M:%S", time.localtime(k["reverts_at"]))
+                    state = f"tuned, reverts at {at} unless confirmed"
+                lines.append(f"{row}  {state}")
+            if unit:
+                lines.append(f"  (unit: {unit}, as `systemctl show` says)")
         usage = it["usage"]
         if usage:
             m = usage["memory"]
@@ -149,7 +169,19 @@ def render(items: list[dict[str, Any]], *, now: float | None = None) -> str:
         for e in it.get("journal", []):
             at = time.strftime("%H:%M:%S", time.localtime(e["time"]))
             done = "; ".join(f"{c['file']} {c['before']} -> {c['after']}" for c in e["changes"])
+            if e.get("confirms"):
+                done = f"kept #{', #'.join(map(str, e['confirms']))}"
+            if e.get("reason"):
+                done += f" ({e['reason']})"
+            if e.get("error"):
+                done = e["error"]
             lines.append(f"  journal  #{e['id']} {at} {e['source']}: {done}")
+        for p in it.get("pending_confirm", []):
+            at = time.strftime("%H:%M:%S", time.localtime(p["confirm_by"]))
+            lines.append(
+                f"  PENDING  #{p['id']} ({', '.join(p['files'])}) reverts at {at} unless"
+                f" confirmed: governor tune {it['policy']} --confirm"
+            )
         for d in it["degraded"]:
             lines.append(f"  NOT in force: {d}")
         lines.append("")

@@ -65,6 +65,7 @@ class Job:
     policy_sha256: str | None = None  # of the policy file, for the published state
     run_dir: Path | None = None  # where the state is published (default governor.state.run_dir)
     model_bytes: int | None = None  # the engine's model files (tune recompiles "model" sizes)
+    systemd: dict[str, Any] | None = None  # the unit carrying the limits (backends/manager.py)
 
 
 class Supervisor:
@@ -203,6 +204,7 @@ class Supervisor:
             else None,
             "prefetch_files": list(job.prefetch_files),
             "plan": plan.to_dict(),
+            "systemd": job.systemd,
         }
         self.publisher.publish(self.state)
 

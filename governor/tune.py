@@ -20,7 +20,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from governor.errors import BackendError, GovernorError, PolicyError
-from governor.journal import Journal
+from governor.journal import CHANGING, Journal
 from governor.kernel import files as kf
 from governor.kernel.cgroupfs import CgroupFs
 
@@ -141,6 +141,9 @@ def steps(
     return out
 
 
+Writer = Callable[[str, str], None]  # (file, kernel value): cgroupfs, or the systemd manager
+
+
 def apply(
     fs: CgroupFs,
     group: str,
@@ -149,9 +152,17 @@ def apply(
     journal: Journal,
     source: str = "tune",
     read_oom_kills: Callable[[], int] | None = None,
+    write: Writer | None = None,
+    unit: Mapping[str, Any] | None = None,
+    extra: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
     """Write ``changes`` (file -> kernel value) in stages; revert everything if an OOM kill
-    happened meanwhile (BackendError 71); journal what was done. Returns the journal entry."""
+    happened meanwhile (BackendError 71); journal what was done. Returns the journal entry.
+
+    ``write`` defaults to the cgroup file itself; under systemd it is the manager
+    (backends/manager.ManagerWriter) and ``unit`` ({"unit", "systemd"}) goes into each journaled
+    change so that rollback and the --confirm reverter go through the manager too. ``extra``
+    goes into the journal entry (confirm_by, reverter_pid, dropin)."""
 
     def oom_kills() -> int:
         try:
@@ -160,6 +171,7 @@ def apply(
             return 0
 
     count = read_oom_kills or oom_kills
+    put: Writer = write or (lambda file, value: fs.write(group, file, value))
     before = {f: fs.read(group, f).strip() for f in changes}
     try:
         current = _bytes(fs.read(group, kf.MEMORY_CURRENT)) or 0
@@ -174,14 +186,14 @@ def apply(
         for file, value in steps(before, changes, current):
             if file == kf.MEMORY_RECLAIM:
                 try:
-                    fs.write(group, file, value)
+                    put(file, value)
                 except BackendError as err:
                     if err.errno != errno.EAGAIN:  # EAGAIN: reclaimed less than asked
                         raise
                 continue
             if file not in before:
                 before[file] = fs.read(group, file).strip()
-            fs.write(group, file, value)
+            put(file, value)
             written.append((file, value))
         if count() > kills:
             raise BackendError(
@@ -192,23 +204,51 @@ def apply(
     except GovernorError:
         for file, _value in reversed(written):
             with contextlib.suppress(GovernorError):
-                fs.write(group, file, before[file])
+                put(file, before[file])
         raise
     changes_done = [
-        {"cgroup": group, "file": f, "before": before[f], "after": fs.read(group, f).strip()}
+        {
+            "cgroup": group,
+            "file": f,
+            "before": before[f],
+            "after": fs.read(group, f).strip(),
+            **(unit or {}),
+        }
         for f in dict.fromkeys(f for f, _v in written)
     ]
-    return journal.append(source, changes_done)
+    return journal.append(source, changes_done, **(extra or {}))
+
+
+def writer_for(fs: CgroupFs, change: Mapping[str, Any]) -> Writer:
+    """How to restore one journaled change: through the manager when it was made through it."""
+    if change.get("unit"):
+        from governor.backends.manager import ManagerWriter
+
+        return ManagerWriter(fs, change["unit"], change["cgroup"], int(change["systemd"]))
+    group = change["cgroup"]
+    return lambda file, value: fs.write(group, file, value)
 
 
 def rollback(
-    fs: CgroupFs, journal: Journal, *, to: int | None = None, everything: bool = False
+    fs: CgroupFs,
+    journal: Journal,
+    *,
+    to: int | None = None,
+    everything: bool = False,
+    ids: Sequence[int] | None = None,
+    reason: str | None = None,
+    restore_file: Callable[[Mapping[str, Any]], None] | None = None,
 ) -> dict[str, Any]:
     """Undo journal entries in reverse: the last tune (default), every entry after ``to``,
-    or ``everything`` (tunes and monitor actions). ValueError when there is nothing to undo."""
+    ``everything`` (tunes and monitor actions), or exactly ``ids`` (the --confirm reverter).
+    ValueError when there is nothing to undo. An entry that persisted into a systemd drop-in
+    (``dropin``) gets the file back first (``restore_file``), then the runtime values."""
     undone = journal.undone()
-    live = [e for e in journal.entries() if e["source"] != "rollback" and e["id"] not in undone]
-    if everything:
+    live = [e for e in journal.entries() if e["source"] in CHANGING and e["source"] != "rollback"]
+    live = [e for e in live if e["id"] not in undone]
+    if ids is not None:
+        chosen = [e for e in live if e["id"] in ids]
+    elif everything:
         chosen = live
     elif to is not None:
         chosen = [e for e in live if e["id"] > to]
@@ -219,22 +259,114 @@ def rollback(
         raise ValueError("nothing to roll back")
     changes: list[dict[str, Any]] = []
     for entry in reversed(chosen):
+        if entry.get("dropin") and restore_file is not None:
+            restore_file(entry["dropin"])
         for ch in reversed(entry["changes"]):
             now = fs.read(ch["cgroup"], ch["file"]).strip()
-            fs.write(ch["cgroup"], ch["file"], ch["before"])
+            writer_for(fs, ch)(ch["file"], ch["before"])
+            extra = {k: ch[k] for k in ("unit", "systemd") if k in ch}
             changes.append(
-                {"cgroup": ch["cgroup"], "file": ch["file"], "before": now, "after": ch["before"]}
+                {
+                    "cgroup": ch["cgroup"],
+                    "file": ch["file"],
+                    "before": now,
+                    "after": ch["before"],
+                    **extra,
+                }
             )
-    return journal.append("rollback", changes, undoes=[e["id"] for e in chosen])
+    more = {"reason": reason} if reason else {}
+    return journal.append("rollback", changes, undoes=[e["id"] for e in chosen], **more)
+
+
+def _atomic_write(path: str, text: str, mode: int) -> None:
+    import os
+    import tempfile
+
+    directory = os.path.dirname(os.path.abspath(path))
+    fd, tmp = tempfile.mkstemp(dir=directory, prefix=".governor-tune-")
+    try:
+        with os.fdopen(fd, "w") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        os.chmod(tmp, mode)
+        os.replace(tmp, path)
+    except OSError:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
+
+
+def _udiff(old: str, new: str, path: str) -> str:
+    import difflib
+
+    return "".join(
+        difflib.unified_diff(
+            old.splitlines(keepends=True), new.splitlines(keepends=True), path, path
+        )
+    )
+
+
+DROPIN_NAME = "45-governor-tune.conf"  # (install.TUNE_DROPIN removes it) before systemd's runtime 50-<Directive>.conf: a later
+# runtime tune (set-property --runtime) wins over the persisted value, as it does live
+DROPIN_HEADER = (
+    "# Written by `governor tune --persist`: limits changed on the live board, kept across\n"
+    "# daemon-reload, restarts and reboots. `governor rollback` restores the previous file.\n"
+)
+
+
+def render_dropin(old: str | None, section: str, settings: Mapping[str, str]) -> str:
+    """The tune drop-in with ``settings`` (directive -> value) merged into what it held."""
+    held: dict[str, str] = {}
+    for line in (old or "").splitlines():
+        key, sep, value = line.partition("=")
+        if sep and not line.startswith(("#", "[")):
+            held[key.strip()] = value.strip()
+    held.update(settings)
+    body = "".join(f"{k}={v}\n" for k, v in held.items())
+    return f"{DROPIN_HEADER}[{section}]\n{body}"
+
+
+def persist_dropin(path: str, section: str, settings: Mapping[str, str]) -> dict[str, Any]:
+    """Write ``settings`` into the unit's tune drop-in (atomic). Returns {path, before, diff}:
+    ``before`` is the previous text (None: there was none) for rollback."""
+    import os
+
+    try:
+        with open(path) as f:
+            old: str | None = f.read()
+    except FileNotFoundError:
+        old = None
+    new = render_dropin(old, section, settings)
+    if new == old:
+        return {"path": path, "before": old, "diff": ""}
+    os.makedirs(os.path.dirname(path), mode=0o755, exist_ok=True)
+    _atomic_write(path, new, 0o644)
+    return {"path": path, "before": old, "diff": _udiff(old or "", new, path)}
+
+
+def restore_dropin(info: Mapping[str, Any]) -> None:
+    """Put a tune drop-in back as it was before a persisted tune, then reload the manager."""
+    import os
+
+    from governor.backends.systemd import daemon_reload
+
+    path, before = info["path"], info.get("before")
+    if before is None:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(path)
+        with contextlib.suppress(OSError):
+            os.rmdir(os.path.dirname(path))  # only when empty
+    else:
+        _atomic_write(path, before, 0o644)
+    daemon_reload()
 
 
 def persist(path: str, overrides: Mapping[tuple[str, str], object]) -> str:
     """Write ``overrides`` into the policy file at ``path``, keeping its comments and layout
     (tomlkit); atomic (temp file + rename, same mode). Returns the unified diff (empty when the
     file already said so)."""
-    import difflib
     import os
-    import tempfile
 
     import tomlkit
 
@@ -250,22 +382,5 @@ def persist(path: str, overrides: Mapping[tuple[str, str], object]) -> str:
     new = tomlkit.dumps(doc)
     if new == old:
         return ""
-    directory = os.path.dirname(os.path.abspath(path))
-    mode = os.stat(path).st_mode & 0o7777
-    fd, tmp = tempfile.mkstemp(dir=directory, prefix=".governor-tune-")
-    try:
-        with os.fdopen(fd, "w") as f:
-            f.write(new)
-            f.flush()
-            os.fsync(f.fileno())
-        os.chmod(tmp, mode)
-        os.replace(tmp, path)
-    except OSError:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
-        raise
-    return "".join(
-        difflib.unified_diff(
-            old.splitlines(keepends=True), new.splitlines(keepends=True), path, path
-        )
-    )
+    _atomic_write(path, new, os.stat(path).st_mode & 0o7777)
+    return _udiff(old, new, path)

@@ -67,6 +67,16 @@ def _launch_backend(
     )
 
 
+def _systemd_state(full: Plan, backend: Any, host: HostFacts) -> dict[str, Any] | None:
+    """For the published state under systemd: the unit carrying the limits and their values."""
+    placement = getattr(backend, "placement", None)
+    if placement is None or host.systemd_version is None:
+        return None
+    from governor.backends.manager import describe
+
+    return describe(full, placement.cgroup, host.systemd_version)
+
+
 def _which(name: str, path_env: str | None) -> str | None:
     """The first $PATH entry holding ``name`` (execvp's search; shutil.which without the
     imports it pulls: bz2, lzma, fnmatch)."""
@@ -193,6 +203,7 @@ def launch(path: Path, argv: tuple[str, ...], opts: HostOptions, lopts: LaunchOp
         backend=backend_name,
         policy_sha256=compiled.chain[0][1] if compiled.chain else None,
         model_bytes=compiled.model_bytes,
+        systemd=_systemd_state(compiled.plan, backend, host),
     )
     proc = ProcFs(opts.root / "proc")
     watchdog = lopts.watchdog

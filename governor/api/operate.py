@@ -63,26 +63,132 @@ def tune(
     dry_run: bool,
     force: bool,
     persist: bool = False,
+    confirm: str | None = None,
 ) -> dict[str, Any]:
-    """`governor tune`: validate KEY=VALUE as the policy would, guard, apply in stages, journal."""
+    """`governor tune`: validate KEY=VALUE as the policy would, guard, apply in stages, journal.
+    Under systemd, slice-level knobs go through the manager (runtime properties). ``confirm``:
+    a DURATION after which the change reverts unless confirmed (governor/confirm.py); with no
+    assignments, CONFIRM_NOW confirms the pending tunes."""
+    import time
+
+    from governor import confirm as c
     from governor import tune as t
-    from governor.errors import HostError
+    from governor.errors import PolicyError, UsageError
     from governor.journal import Journal
+    from governor.state import run_dir
+
+    st = _governed(name)
+    journal = Journal(run_dir() / name)
+    if not assignments:
+        if confirm != CONFIRM_NOW:
+            raise UsageError(
+                "nothing to tune (command line)",
+                hint="governor tune NAME KEY=VALUE..., or `governor tune NAME --confirm` to keep"
+                " a change made with --confirm DURATION",
+            )
+        kept = c.confirm(journal)
+        return {"policy": name, "confirmed": [e["id"] for e in kept], "changes": []}
+    seconds = None
+    if confirm is not None:
+        try:
+            seconds = c.parse_duration("" if confirm == CONFIRM_NOW else confirm)
+        except ValueError:
+            raise PolicyError(
+                f"bad --confirm duration {confirm if confirm != CONFIRM_NOW else ''!r}",
+                file="command line",
+                field="--confirm",
+                hint="e.g. --confirm 5m (s, m, h); `governor tune NAME --confirm` alone keeps"
+                " the pending change",
+            ) from None
+    routes, plan_slice, version, values = _routes(st, name, t.parse_assignments(assignments))
+    fs = routes[0].fs if routes else None
+    for r in routes:
+        t.check_guards(r.fs, r.group, r.changes, force=force)
+    if dry_run:
+        return {
+            "policy": name,
+            "dry_run": True,
+            "changes": [
+                {"file": f, "kernel": r.live[f], "new": v, "via": r.via}
+                for r in routes
+                for f, v in r.changes.items()
+            ],
+        }
+    overrides = t.parse_assignments(assignments)
+    out: dict[str, Any] = {"policy": name, "dry_run": False, "changes": []}
+    extra: dict[str, Any] = {}
+    saved = (
+        _persist(
+            st, name, overrides=overrides, values=values, plan_slice=plan_slice, version=version
+        )
+        if persist
+        else None
+    )
+    if saved is not None:
+        out["persisted"] = saved
+        if saved.get("dropin"):
+            extra["dropin"] = saved["dropin"]
+    reverter = None
+    if seconds is not None and any(r.changes for r in routes):
+        deadline = round(time.time() + seconds, 3)
+        reverter = c.Reverter(run_dir(), name, st["plan"]["cgroup_root"], deadline)
+        extra.update(confirm_by=deadline, reverter_pid=reverter.pid)
+    ids: list[int] = []
+    try:
+        for r in routes:
+            if not r.changes:
+                continue
+            entry = t.apply(
+                r.fs, r.group, r.changes, journal=journal, write=r.write, unit=r.unit, extra=extra
+            )
+            ids.append(entry["id"])
+            out["changes"] += entry["changes"]
+        if not ids and extra.get("dropin"):
+            ids.append(journal.append("tune", [], **extra)["id"])
+    except BaseException:
+        if reverter is not None:
+            reverter.cancel()
+        if ids:  # an earlier route was applied: undo it, nothing half-applied
+            t.rollback(fs, journal, ids=ids, reason="a later write failed")  # type: ignore[arg-type]
+        elif extra.get("dropin"):
+            t.restore_dropin(extra["dropin"])
+        raise
+    if reverter is not None:
+        reverter.go(ids)
+        out["confirm_by"] = extra["confirm_by"]
+    if ids:
+        out["id"] = ids[-1]
+    return out
+
+
+CONFIRM_NOW = "now"  # the value of a bare --confirm (typer flag_value)
+
+
+class _Route:
+    """The files of one tune that go to one group the same way (cgroupfs or the manager)."""
+
+    def __init__(self, fs: Any, group: str, write: Any, unit: dict[str, Any] | None) -> None:
+        self.fs, self.group, self.write, self.unit = fs, group, write, unit
+        self.via = "systemd" if unit else "cgroupfs"
+        self.changes: dict[str, str] = {}
+        self.live: dict[str, str] = {}
+
+
+def _routes(
+    st: dict[str, Any], name: str, overrides: dict[tuple[str, str], object]
+) -> tuple[list[_Route], str, int | None, dict[str, str]]:
+    """Validate the overrides by recompiling the running policy with them, and sort the files
+    that change by where they go: under systemd the unit carrying the limits (through the
+    manager) or the engine leaf (what systemd cannot express); else the policy's group."""
+    from governor import tune as t
+    from governor.backends import manager
+    from governor.errors import HostError
     from governor.kernel.cgroupfs import CgroupFs
     from governor.plan.compiler import Workload, compile_plan
     from governor.plan.host import probe
     from governor.plan.model import Plan
     from governor.policy.loader import load
-    from governor.state import run_dir
 
-    st = _governed(name)
-    if st.get("backend") == "systemd":
-        raise HostError(
-            f"{name} runs under systemd: its slice's limits belong to the manager",
-            hint="use `systemctl set-property --runtime` for now (tune through the manager is"
-            " not built yet)",
-        )
-    overrides = t.parse_assignments(assignments)
     running = Plan.from_dict(st["plan"])
     path = st.get("policy_path") or running.source
     if not path:
@@ -99,7 +205,18 @@ def tune(
         source=str(path),
     )
     fs = CgroupFs(Path(running.cgroup_root))
-    changes: dict[str, str] = {}
+    plain = _Route(fs, running.group, None, None)
+    via_manager = None
+    version = host.systemd_version
+    if st.get("backend") == "systemd":
+        if version is None:
+            raise HostError(f"{name} runs under systemd, but systemd is not PID 1 here")
+        unit, cgroup = manager.limits_unit(running.slice)
+        via_manager = _Route(
+            fs, cgroup, manager.ManagerWriter(fs, unit, cgroup, version),
+            {"unit": unit, "systemd": version},
+        )  # fmt: skip
+    values: dict[str, str] = {}
     for section, field_ in overrides:
         key = f"{section}.{field_}"
         file = t.TUNABLE[key][2]
@@ -111,40 +228,69 @@ def tune(
                 f"cannot tune {key}: its controller is not enabled here ({file})",
                 hint="governor doctor says what this host supports",
             )
-        if fs.read(running.group, file).strip() != value:
-            changes[file] = value
-    t.check_guards(fs, running.group, changes, force=force)
-    live = {f: fs.read(running.group, f).strip() for f in changes}
-    if dry_run:
-        return {
-            "policy": name,
-            "dry_run": True,
-            "changes": [{"file": f, "kernel": live[f], "new": v} for f, v in changes.items()],
-        }
-    out: dict[str, Any] = {"policy": name, "dry_run": False, "changes": []}
-    if changes:
-        out.update(t.apply(fs, running.group, changes, journal=Journal(run_dir() / name)))
-    if persist:
-        out["persisted"] = _persist(str(path), overrides, name)
-    return out
+        values[file] = value
+        route = plain
+        if via_manager is not None and manager.managed(file, value, version or 0):
+            route = via_manager
+        live = fs.read(route.group, file).strip()
+        if live != value:
+            route.changes[file] = value
+            route.live[file] = live
+    return [r for r in (via_manager, plain) if r is not None], new.slice, version, values
 
 
-def _persist(path: str, overrides: dict[tuple[str, str], object], name: str) -> dict[str, Any]:
-    """--persist: into the policy file (comments and layout kept); an installed policy's units
-    are rendered from it by `governor install` (said in the result, not done behind the
-    operator's back)."""
+def _persist(
+    st: dict[str, Any],
+    name: str,
+    *,
+    overrides: dict[tuple[str, str], object],
+    values: dict[str, str],
+    plan_slice: str,
+    version: int | None,
+) -> dict[str, Any]:
+    """--persist: an installed policy (governor install) gets a drop-in on its slice unit, so
+    the manager keeps the values across daemon-reload, restarts and reboots; any other policy
+    gets its file rewritten (comments and layout kept). The diff is returned either way."""
     from governor import install as inst
     from governor import tune as t
-    from governor.errors import PermissionDenied
+    from governor.backends import manager, unitmap
+    from governor.backends.dropin import UNIT_DIR
+    from governor.backends.systemd import daemon_reload
+    from governor.errors import HostError, PermissionDenied
+    from governor.plan.model import Plan
 
+    running = Plan.from_dict(st["plan"])
+    path = str(st.get("policy_path") or running.source)
+    installed = inst.manifest_path(Path("/"), name).exists()
     try:
-        diff_text = t.persist(path, overrides)
+        if not installed or version is None:
+            return {"file": path, "diff": t.persist(path, overrides), "installed": installed}
+        unit = unitmap.policy_slice(plan_slice, name)
+        settings: dict[str, str] = {}
+        for section, field_ in overrides:
+            file = t.TUNABLE[f"{section}.{field_}"][2]
+            value = values[file]
+            m = manager.managed(file, value, version)
+            if m is None or m.directive is None:
+                raise HostError(
+                    f"cannot persist {section}.{field_} into a systemd drop-in: systemd"
+                    f" {version} has no directive for {file} = {value}",
+                    hint="change the policy file and run `governor install` again",
+                )
+            settings[m.directive] = m.ini(value)
+        target = f"/{UNIT_DIR}/{unit}.d/{t.DROPIN_NAME}"
+        saved = t.persist_dropin(target, "Slice", settings)
     except PermissionError as err:
         raise PermissionDenied(
-            "cannot write the policy file", file=path, errno=err.errno, hint="run as its owner"
+            "cannot write the persisted value", file=path, errno=err.errno, hint="run as root"
         ) from err
-    installed = inst.manifest_path(Path("/"), name).exists()
-    return {"file": path, "diff": diff_text, "installed": installed}
+    daemon_reload()
+    return {
+        "file": target,
+        "diff": saved["diff"],
+        "installed": True,
+        "dropin": {"path": target, "before": saved["before"]},
+    }
 
 
 def rollback(name: str, *, to: int | None, everything: bool) -> dict[str, Any]:
@@ -158,13 +304,16 @@ def rollback(name: str, *, to: int | None, everything: bool) -> dict[str, Any]:
 
     st = _governed(name)
     running = Plan.from_dict(st["plan"])
+    journal = Journal(run_dir() / name)
     try:
-        return t.rollback(
-            CgroupFs(Path(running.cgroup_root)),
-            Journal(run_dir() / name),
-            to=to,
-            everything=everything,
-        )
+        with journal.locked():  # not while the --confirm reverter decides
+            return t.rollback(
+                CgroupFs(Path(running.cgroup_root)),
+                journal,
+                to=to,
+                everything=everything,
+                restore_file=t.restore_dropin,
+            )
     except ValueError as err:
         raise PolicyError(f"{err} for {name} ({run_dir() / name / 'journal.jsonl'})") from err
 

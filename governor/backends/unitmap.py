@@ -214,6 +214,11 @@ LIMITS: tuple[Mapping, ...] = (
 _BY_FILE = {m.cgroup_file: m for m in LIMITS}
 
 
+def mapping_for(cgroup_file: str) -> Mapping | None:
+    """The row of the table for a cgroup file (None: systemd has no directive for it)."""
+    return _BY_FILE.get(cgroup_file)
+
+
 def _gate_note(m: Mapping, version: int) -> str:
     return f"{m.directive}= needs systemd >= {m.min_systemd} (this host: {version})"
 

@@ -22,7 +22,7 @@ MIB = 1 << 20
 
 
 def _gov(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
+    res = subprocess.run(
         [sys.executable, "-m", "governor", *args],
         capture_output=True,
         text=True,
@@ -31,6 +31,8 @@ def _gov(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
         env=env,
         check=False,
     )
+    print("$ governor " + " ".join(args) + "\n" + res.stdout + res.stderr, end="")  # -s: transcript
+    return res
 
 
 @pytest.mark.kernel(controllers=ALL, root=True)
@@ -112,3 +114,72 @@ def test_tune_applies_guards_dry_runs_journals_and_rolls_back(
     finally:
         gov.terminate()
         gov.wait(timeout=120)
+
+
+@pytest.mark.kernel(controllers=("memory", "cpu"), root=True)
+def test_tune_with_confirm_reverts_by_itself_unless_confirmed(
+    tmp_path: Path, scratch_slice: ScratchSlice
+) -> None:
+    run = tmp_path / "run"
+    env = {**os.environ, "GOVERNOR_RUN_DIR": str(run)}
+    policy = tmp_path / "cf.toml"
+    policy.write_text(
+        f'name = "cf"\nslice = "{scratch_slice.name}"\n[memory]\nhigh = "400M"\nmax = "512M"\n'
+        "[cpu]\nweight = 100\n"
+    )
+    gov = subprocess.Popen(
+        [sys.executable, "-m", "governor", "launch", "--policy", str(policy), "--",
+         "/bin/sleep", "600"],
+        cwd=REPO, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )  # fmt: skip
+    group = scratch_slice.path / "cf"
+    journal = run / "cf" / "journal.jsonl"
+
+    def entries() -> list[dict[str, object]]:
+        return [json.loads(ln) for ln in journal.read_text().splitlines()]
+
+    try:
+        cgroups.wait_for((run / "cf" / "state.json").exists, timeout=240, what="the state")
+        high0 = cgroups.read(group / "memory.high")
+        # a long deadline: status shows it pending; confirmed, it stays after its reverter ends
+        kept = _gov(env, "tune", "cf", "memory.high=300M", "--confirm", "1h")
+        assert kept.returncode == 0, kept.stderr
+        assert "unless confirmed" in kept.stdout
+        (item,) = json.loads(_gov(env, "status", "cf", "--json").stdout)
+        knob = next(k for k in item["knobs"] if k["file"] == "memory.high")
+        assert knob["state"] == "tuned" and knob["reverts_at"] is not None
+        assert [p["files"] for p in item["pending_confirm"]] == [["memory.high"]]
+        plain = _gov(env, "status", "cf")
+        assert "tuned, reverts at" in plain.stdout, plain.stdout
+        reverter = entries()[-1]["reverter_pid"]
+        assert isinstance(reverter, int) and Path(f"/proc/{reverter}").exists()
+        ok = _gov(env, "tune", "cf", "--confirm")
+        assert ok.returncode == 0 and "confirmed" in ok.stdout, ok.stdout + ok.stderr
+        cgroups.wait_for(
+            lambda: b"governor.confirm" not in _cmdline(reverter), timeout=60, what="the reverter"
+        )
+        assert cgroups.read(group / "memory.high") == str(300 * MIB)
+        assert entries()[-1]["source"] == "confirm"
+        # a short deadline and no confirmation: the detached reverter undoes it after the
+        # tune command has exited
+        short = _gov(env, "tune", "cf", "memory.high=200M", "cpu.weight=250", "--confirm", "3s")
+        assert short.returncode == 0, short.stderr
+        assert f"memory.high: {300 * MIB} -> {200 * MIB}" in short.stdout, short.stdout
+        cgroups.wait_for(
+            lambda: cgroups.read(group / "cpu.weight") == "100", timeout=120, what="the revert"
+        )
+        assert cgroups.read(group / "memory.high") == str(300 * MIB)
+        last = entries()[-1]
+        assert (last["source"], last["reason"]) == ("rollback", "not confirmed")
+        assert gov.poll() is None, "the engine's governor died"
+        assert high0 != str(300 * MIB)
+    finally:
+        gov.terminate()
+        gov.wait(timeout=120)
+
+
+def _cmdline(pid: int) -> bytes:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return b""
