@@ -72,6 +72,33 @@ Psi = Annotated[
 ]
 
 
+def _listen(text: str | None) -> tuple[str, int] | None:
+    if not text:
+        return None
+    from governor.errors import UsageError
+    from governor.metrics.listen import parse_listen
+
+    try:
+        return parse_listen(text)
+    except ValueError as err:
+        raise UsageError(
+            f"bad --metrics value: {err} (command line)",
+            hint="--metrics 9101 (loopback), --metrics 0.0.0.0:9101, --metrics [::1]:9101",
+        ) from None
+
+
+Metrics = Annotated[
+    str | None,
+    typer.Option(
+        "--metrics",
+        envvar="GOVERNOR_METRICS",
+        show_envvar=True,
+        help="serve Prometheus /metrics on [ADDR:]PORT while it runs (ADDR defaults to"
+        ' 127.0.0.1; see README "Metrics")',
+    ),
+]
+
+
 Force = Annotated[
     bool,
     typer.Option("--force", help="go ahead even when the GGUF memory estimate exceeds memory.max"),
@@ -189,6 +216,7 @@ def launch(  # noqa: PLR0917  # typer passes every option as a parameter
     ] = _Backend.cgroupfs,
     force: Force = False,
     psi: Psi = _Psi.trigger,
+    metrics: Metrics = None,
 ) -> None:
     """Run an engine inside the policy's cgroup; exit with its status (128+N on signal N)."""
     from governor import api
@@ -204,6 +232,7 @@ def launch(  # noqa: PLR0917  # typer passes every option as a parameter
             backend=backend.value,
             force=force,
             psi_triggers=psi is _Psi.trigger,
+            metrics=_listen(metrics),
         ),
     )
     raise typer.Exit(code)
@@ -229,6 +258,7 @@ def monitor(  # noqa: PLR0917  # typer passes every option as a parameter
     allow_missing: AllowMissing = "",
     sample_interval: SampleInterval = 1.0,
     psi: Psi = _Psi.trigger,
+    metrics: Metrics = None,
 ) -> None:
     """Act on [[pressure]] rules for an already-running slice until SIGINT/SIGTERM or it is gone."""
     from governor import api
@@ -242,6 +272,7 @@ def monitor(  # noqa: PLR0917  # typer passes every option as a parameter
             cgroup=cgroup,
             duration_s=duration,
             psi_triggers=psi is _Psi.trigger,
+            metrics=_listen(metrics),
         ),
     )
     fired = sum(r["fired"] for r in out["rules"])

@@ -26,10 +26,12 @@ _LAUNCH_VALUE = {
     "--sample-interval": "sample_interval",
     "--backend": "backend",
     "--psi": "psi",
+    "--metrics": "metrics",
 }
 _LAUNCH_FLAGS = {"--keep": "keep", "--force": "force"}
 _CHOICES = {"backend": ("cgroupfs", "systemd", "auto"), "psi": ("trigger", "poll")}
 _CONTROLLERS = frozenset({"memory", "cpu", "cpuset", "io", "pids", "psi"})
+METRICS_ENV = "GOVERNOR_METRICS"  # --metrics' default (the governor@ unit's .env file sets it)
 
 
 class _Fallback(Exception):
@@ -61,6 +63,7 @@ def parse_launch(args: list[str]) -> dict[str, Any]:
         "backend": "cgroupfs",
         "psi": "trigger",
         "policy": None,
+        "metrics": os.environ.get(METRICS_ENV) or None,
     }
     i = 0
     while i < len(args) and args[i] != "launch":
@@ -103,6 +106,13 @@ def parse_launch(args: list[str]) -> dict[str, Any]:
     if missing - _CONTROLLERS:
         raise _Fallback
     out["allow_missing"] = missing
+    if out["metrics"] is not None:
+        from governor.metrics.listen import parse_listen  # standard library only
+
+        try:
+            out["metrics"] = parse_listen(out["metrics"])
+        except ValueError:
+            raise _Fallback from None  # typer says what is wrong with it
     return out
 
 
@@ -133,6 +143,7 @@ def _launch(parsed: dict[str, Any]) -> int:
                 force=parsed["force"],
                 psi_triggers=parsed["psi"] == "trigger",
                 watchdog=watchdog,
+                metrics=parsed["metrics"],
             ),
         )
     finally:

@@ -155,6 +155,7 @@ class MonitorOptions:
     cgroup: str | None = None  # watch this cgroup (relative to the root) instead of the plan's
     duration_s: float | None = None  # stop after this long (default: until signalled or gone)
     psi_triggers: bool = True  # False: evaluate PSI rules by polling total= (--psi poll)
+    metrics: tuple[str, int] | None = None  # serve /metrics here while it runs (--metrics)
 
 
 def monitor(path: Path, opts: HostOptions, mopts: MonitorOptions) -> dict[str, Any]:
@@ -180,32 +181,53 @@ def monitor(path: Path, opts: HostOptions, mopts: MonitorOptions) -> dict[str, A
         where = plan.leaf if fs.exists(plan.leaf) else plan.group
         return fs.procs(where)
 
-    stopped: list[int] = []
-    previous = {
-        sig: signal.signal(sig, lambda n, _f: stopped.append(n))
-        for sig in (signal.SIGINT, signal.SIGTERM)
-    }
-    deadline = None if mopts.duration_s is None else time.monotonic() + mopts.duration_s
-    # no restarts here: the executor answers `restart` with "needs governor launch"
-    mon = Monitor(
-        fs,
-        plan,
-        engine_pids=engine_pids,
-        proc=ProcFs(opts.root / "proc"),
-        sample_s=mopts.sample_s,
-        psi_triggers=mopts.psi_triggers,
-    ).start()
-    try:
-        mon.run(lambda: bool(stopped) or (deadline is not None and time.monotonic() >= deadline))
-    finally:
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)
-        out = mon.finish()
-    if mopts.report is not None:
-        import json
+    # --metrics: what the endpoint exports, refreshed by the monitor's thread when a rule
+    # changes state or fires (the scrape thread only reads the list's current item)
+    snapshot: list[dict[str, Any]] = []
+    base = {"policy": plan.policy, "source": "monitor", "plan": plan.to_dict(), "restarts": 0}
 
-        mopts.report.write_text(json.dumps(out, indent=2, sort_keys=True) + "\n")
-    return out
+    def publish() -> None:
+        snapshot[:] = [base | {"rules": mon.rule_states(), "action_totals": mon.action_totals()}]
+
+    endpoint = None
+    if mopts.metrics is not None:
+        from governor.api.launch import serve_metrics
+
+        endpoint = serve_metrics(mopts.metrics, lambda: list(snapshot))
+    try:
+        stopped: list[int] = []
+        previous = {
+            sig: signal.signal(sig, lambda n, _f: stopped.append(n))
+            for sig in (signal.SIGINT, signal.SIGTERM)
+        }
+        deadline = None if mopts.duration_s is None else time.monotonic() + mopts.duration_s
+        # no restarts here: the executor answers `restart` with "needs governor launch"
+        mon = Monitor(
+            fs,
+            plan,
+            engine_pids=engine_pids,
+            proc=ProcFs(opts.root / "proc"),
+            sample_s=mopts.sample_s,
+            psi_triggers=mopts.psi_triggers,
+            on_change=publish,
+        ).start()
+        publish()
+        try:
+            mon.run(
+                lambda: bool(stopped) or (deadline is not None and time.monotonic() >= deadline)
+            )
+        finally:
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
+            out = mon.finish()
+        if mopts.report is not None:
+            import json
+
+            mopts.report.write_text(json.dumps(out, indent=2, sort_keys=True) + "\n")
+        return out
+    finally:
+        if endpoint is not None:
+            endpoint.close()
 
 
 @record(frozen=True)

@@ -4,6 +4,7 @@ every refusal launch makes before it applies anything), the child's setup, then 
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -35,6 +36,7 @@ class LaunchOptions:
     psi_triggers: bool = True  # False: evaluate PSI rules by polling total= (--psi poll)
     watchdog: Watchdog | None = None  # forked early by governor.main; else forked here
     plan_cache: bool = True  # look up / store the compiled plan (governor/compiled.py)
+    metrics: tuple[str, int] | None = None  # serve /metrics here while it runs (--metrics)
 
 
 def _backend_name(opts: HostOptions, lopts: LaunchOptions) -> str:
@@ -190,27 +192,56 @@ def launch(path: Path, argv: tuple[str, ...], opts: HostOptions, lopts: LaunchOp
     for event, message in compiled.warnings:
         log.warning(event, message=message)
     plan, backend = _launch_backend(compiled, backend_name, host, opts)
-    _announce(compiled.plan, leaf=plan.leaf)
-    job = Job(
-        plan=plan,
-        setup=_child_setup(plan, executable, argv),
-        prefetch_files=compiled.prefetch_files,
-        report=lopts.report,
-        keep=lopts.keep,
-        sample_s=lopts.sample_s,
-        psi_triggers=lopts.psi_triggers,
-        extra={} if compiled.estimate is None else {"estimate": compiled.estimate},
-        backend=backend_name,
-        policy_sha256=compiled.chain[0][1] if compiled.chain else None,
-        model_bytes=compiled.model_bytes,
-        systemd=_systemd_state(compiled.plan, backend, host),
-    )
-    proc = ProcFs(opts.root / "proc")
-    watchdog = lopts.watchdog
-    if watchdog is None and plan.launch.on_governor_exit == "kill":
-        watchdog = fork_watchdog()
-    supervisor = Supervisor(backend, Launcher(backend.fs, proc=proc), proc=proc, watchdog=watchdog)
-    return supervisor.run(job)
+    # --metrics binds first: a busy port is the one error line, before anything is applied
+    supervisors: list[Supervisor] = []
+    endpoint = None
+    if lopts.metrics is not None:
+        endpoint = serve_metrics(
+            lopts.metrics, lambda: [s.state for s in supervisors if s.state is not None]
+        )
+    try:
+        _announce(compiled.plan, leaf=plan.leaf)
+        job = Job(
+            plan=plan,
+            setup=_child_setup(plan, executable, argv),
+            prefetch_files=compiled.prefetch_files,
+            report=lopts.report,
+            keep=lopts.keep,
+            sample_s=lopts.sample_s,
+            psi_triggers=lopts.psi_triggers,
+            extra={} if compiled.estimate is None else {"estimate": compiled.estimate},
+            backend=backend_name,
+            policy_sha256=compiled.chain[0][1] if compiled.chain else None,
+            model_bytes=compiled.model_bytes,
+            systemd=_systemd_state(compiled.plan, backend, host),
+        )
+        proc = ProcFs(opts.root / "proc")
+        watchdog = lopts.watchdog
+        if watchdog is None and plan.launch.on_governor_exit == "kill":
+            watchdog = fork_watchdog()
+        supervisor = Supervisor(
+            backend, Launcher(backend.fs, proc=proc), proc=proc, watchdog=watchdog
+        )
+        supervisors.append(supervisor)
+        return supervisor.run(job)
+    finally:
+        if endpoint is not None:
+            endpoint.close()
+
+
+def serve_metrics(where: tuple[str, int], states: Callable[[], list[dict[str, Any]]]) -> Any:
+    """--metrics: bind before anything is applied (a busy port is 69 with nothing changed),
+    then serve /metrics from a thread until the run ends. prometheus_client is imported here
+    and only here (the lean launch path never loads it without --metrics)."""
+    import sys
+
+    from governor.metrics.export import serve
+    from governor.state import run_dir
+
+    endpoint = serve(where[0], where[1], states, run_dir())
+    sys.stderr.write(f"governor: metrics at {endpoint.url}\n")
+    sys.stderr.flush()
+    return endpoint
 
 
 def compiled_for_launch(

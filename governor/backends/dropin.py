@@ -193,6 +193,8 @@ SERVICE_TEMPLATE_TEXT = """\
 # The engine command comes from GOVERNOR_ENGINE in /etc/governor/<policy>.env (split at
 # whitespace), or from the ExecStart= that `governor install POLICY -- ENGINE...` writes into
 # the instance's drop-in. `governor install POLICY` also writes the policy's slice with its limits.
+# GOVERNOR_METRICS=[ADDR:]PORT in the .env file serves Prometheus /metrics while the engine
+# runs (`governor launch --metrics`; ADDR defaults to 127.0.0.1).
 [Unit]
 Description=governor: LLM engine under policy %i
 

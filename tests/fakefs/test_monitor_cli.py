@@ -67,3 +67,65 @@ def test_monitor_attaches_reports_and_stops_after_its_duration(
     assert [r["when"] for r in data["rules"]] == ["memory some 150ms/2s", "oom_kill"]
     assert data["psi"][0]["mode"] == "polled"
     assert data["sampler"]["samples"] >= 2
+
+
+def test_monitor_serves_its_rules_and_the_slice_on_metrics_while_it_runs(
+    tmp_path: Path, cgroup_root: Path, fake_fs: FakeKernelCgroupFs
+) -> None:
+    """The monitor runs in this (main) thread; a scraper thread reads /metrics until it has the
+    policy's series, then SIGTERMs this process (the monitor's handler stops it)."""
+    import os
+    import signal
+    import socket
+    import threading
+    import time
+    import urllib.request
+
+    from prometheus_client.parser import text_string_to_metric_families
+
+    from governor import api
+
+    policy = tmp_path / "chat.toml"
+    policy.write_text(POLICY)
+    for cg in ("governor.slice", "governor.slice/chat"):
+        fake_fs.mkdir(cg)
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    url = f"http://127.0.0.1:{port}/metrics"
+    samples: dict[tuple[str, str], float] = {}
+    returned = threading.Event()  # the monitor is gone: no SIGTERM for pytest itself
+
+    def scrape() -> None:
+        deadline = time.monotonic() + 60
+        while not samples and not returned.is_set() and time.monotonic() < deadline:
+            time.sleep(0.1)
+            try:
+                with urllib.request.urlopen(url, timeout=5) as r:
+                    text = r.read().decode()
+            except OSError:
+                continue
+            for fam in text_string_to_metric_families(text):
+                for smp in fam.samples:
+                    if smp.labels.get("policy") == "chat":
+                        samples[(smp.name, smp.labels.get("rule", ""))] = smp.value
+        if not returned.is_set():
+            os.kill(os.getpid(), signal.SIGTERM)
+
+    scraper = threading.Thread(target=scrape)
+    scraper.start()
+    try:
+        out = api.monitor(
+            policy,
+            api.HostOptions(root=Path(HOST), cgroup_root=cgroup_root),
+            api.MonitorOptions(sample_s=0.1, duration_s=90, metrics=("127.0.0.1", port)),
+        )
+    finally:
+        returned.set()
+        scraper.join(timeout=90)
+    assert [r["fired"] for r in out["rules"]] == [0, 0]
+    assert samples[("governor_rule_firings_total", "0")] == 0
+    assert samples[("governor_rule_firings_total", "1")] == 0
+    assert ("governor_engine_up", "") in samples
+    with pytest.raises(OSError):  # the endpoint closed with the monitor
+        urllib.request.urlopen(url, timeout=5)

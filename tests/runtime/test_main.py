@@ -63,3 +63,20 @@ def test_a_cached_launch_imports_no_compile_time_module_and_an_uncached_one_does
     second = _modules_after_launch(governor, args, tmp_path / "second.json")
     assert "governor.supervisor" in second  # the launch did run in this interpreter
     assert [n for n in COMPILE_TIME if _loaded(second, n)] == []
+    assert not _loaded(second, "prometheus_client")  # only --metrics imports it
+
+
+def test_a_cached_launch_with_metrics_imports_prometheus_client_and_still_no_compile_time(
+    governor: Governor, tmp_path: Path
+) -> None:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    args = governor.args(governor.policy(), ["/bin/true"], "--metrics", f"127.0.0.1:{port}")
+    _modules_after_launch(governor, args, tmp_path / "first.json")
+    second = _modules_after_launch(governor, args, tmp_path / "second.json")
+    assert "governor.supervisor" in second
+    assert _loaded(second, "prometheus_client")
+    assert [n for n in COMPILE_TIME if _loaded(second, n)] == []

@@ -96,6 +96,8 @@ COMMON_FORMS = {
     "engine-starts-with-dash": ["launch", "-p", "p.toml", "-", "rest"],
     "second-dashdash-is-the-engines": ["launch", "-p", "p.toml", "e", "--", "x"],
     "dashdash-twice": ["launch", "-p", "p.toml", "--", "--", "e"],
+    "metrics-port": ["launch", "-p", "p.toml", "--metrics", "9101", "e"],
+    "metrics-ipv6-equals": ["launch", "-p", "p.toml", "--metrics=[::1]:9101", "--", "e"],
 }
 
 
@@ -121,6 +123,19 @@ def test_the_parsed_values_are_those_of_the_command_line() -> None:
     assert parsed["allow_missing"] == frozenset()
 
 
+def test_metrics_comes_from_the_option_or_the_environment_on_both_paths(
+    calls: list[Call], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    assert main.parse_launch(COMMON_FORMS["metrics-port"])["metrics"] == ("127.0.0.1", 9101)
+    assert main.parse_launch(["launch", "-p", "p", "e"])["metrics"] is None
+    monkeypatch.setenv("GOVERNOR_METRICS", "0.0.0.0:9102")  # the governor@ unit's .env file
+    args = ["launch", "-p", "p.toml", "e"]
+    assert main.parse_launch(args)["metrics"] == ("0.0.0.0", 9102)
+    assert main.main(args) == 0
+    assert _typer(args) == 0
+    assert [c[3].metrics for c in calls] == [("0.0.0.0", 9102)] * 2
+
+
 FALLBACK_USAGE_ERRORS = {
     "unknown-option": ["launch", "-p", "p.toml", "--bogus", "--", "e"],
     "bad-backend": ["launch", "-p", "p.toml", "--backend", "docker", "--", "e"],
@@ -135,6 +150,8 @@ FALLBACK_USAGE_ERRORS = {
     "global-option-after-launch": ["launch", "--debug", "-p", "p.toml", "--", "e"],
     "unknown-global-option": ["--verbose", "launch", "-p", "p.toml", "--", "e"],
     "short-h-is-no-help-option": ["launch", "-h", "-p", "p.toml", "e"],
+    "metrics-port-out-of-range": ["launch", "-p", "p.toml", "--metrics", "99999", "e"],
+    "metrics-without-port": ["launch", "-p", "p.toml", "--metrics", "127.0.0.1:", "e"],
 }
 
 
