@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Annotated, NoReturn
 
 import typer
 
+from governor.cli_args import split_argv
 from governor.errors import EXIT_USAGE, GovernorError, one_line
 
 if TYPE_CHECKING:
@@ -161,10 +162,8 @@ def check(
     from governor.cli_render import show_check
 
     if engine_argv is not None:
-        import shlex
-
         plan, est, warnings = api.check_engine(
-            policy, _opts(allow_missing), tuple(shlex.split(engine_argv)), force=force
+            policy, _opts(allow_missing), split_argv(engine_argv), force=force
         )
         show_check(policy, plan, est, warnings)
     else:
@@ -375,7 +374,9 @@ def doctor(
 @app.command()
 def estimate(  # noqa: PLR0917  # typer passes every option as a parameter
     model: Annotated[Path, typer.Argument(help="GGUF model file", show_default=False)],
-    ctx: Annotated[int | None, typer.Option("-c", "--ctx-size", help="context (-c)", min=0)] = None,
+    ctx: Annotated[
+        int | None, typer.Option("-c", "--ctx-size", help="context (-c)", min=0, max=1 << 24)
+    ] = None,
     engine_argv: Annotated[
         str,
         typer.Option(
@@ -391,8 +392,6 @@ def estimate(  # noqa: PLR0917  # typer passes every option as a parameter
     as_json: Annotated[bool, typer.Option("--json", help="print the estimate as JSON")] = False,
 ) -> None:
     """Estimate llama.cpp's resident memory for a GGUF model (header only; no weights loaded)."""
-    import shlex
-
     from governor import api
     from governor.cli_render import show_estimate
 
@@ -401,7 +400,7 @@ def estimate(  # noqa: PLR0917  # typer passes every option as a parameter
         _opts(),
         api.EstimateOptions(
             ctx=ctx,
-            engine_argv=tuple(shlex.split(engine_argv)),
+            engine_argv=split_argv(engine_argv),
             policy=policy,
             budget=_size(budget),
         ),

@@ -44,6 +44,10 @@ def one_line(text: str, limit: int = MESSAGE_MAX) -> str:
     return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
+POLICY_HINT = "`governor schema` lists every key and its syntax; policies/*.toml are examples"
+HOST_HINT = "`governor doctor` says what this host supports and how to fix what is missing"
+
+
 class UsageError(GovernorError):
     exit_code = EXIT_USAGE
 
@@ -62,7 +66,7 @@ class PolicyError(GovernorError):
         hint: str | None = None,
     ) -> None:
         where = ", ".join(p for p in (file, field) if p)
-        super().__init__(f"{message} ({where})" if where else message, hint=hint)
+        super().__init__(f"{message} ({where})" if where else message, hint=hint or POLICY_HINT)
         self.reason = message
         self.file = file
         self.field = field
@@ -80,7 +84,7 @@ class HostError(GovernorError):
     def __init__(
         self, message: str, *, hint: str | None = None, missing: tuple[str, ...] = ()
     ) -> None:
-        super().__init__(message, hint=hint)
+        super().__init__(message, hint=hint or HOST_HINT)
         self.missing = missing
 
 

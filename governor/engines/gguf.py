@@ -4,7 +4,7 @@ Only the header is read (key/value and tensor-info sections, walked with a buffe
 tensor data is never touched), so a 1.1 GiB model costs ~0.1 s. The package's own reader,
 ``gguf.GGUFReader``, decodes every vocabulary string (14 s for a 151936-token model on the
 project's 2-core machine), so it serves only the type tables here. The `gguf` package is an optional extra
-(``pip install 'governor[gguf]'``); it is imported only here, and only when needed.
+(a core dependency); it is imported only here, and only when needed.
 
 GGUF layout and key names: ggml/docs/gguf.md and gguf-py/gguf/constants.py of llama.cpp
 (``<arch>.block_count``, ``<arch>.embedding_length``, ``<arch>.attention.head_count[_kv]``,
@@ -24,6 +24,7 @@ import contextlib
 import hashlib
 import json
 import os
+import stat
 import struct
 import tempfile
 from dataclasses import asdict, dataclass
@@ -120,7 +121,8 @@ def read_gguf_cached(path: Path, directory: Path | None = None) -> GgufInfo:
     except OSError:
         return read_gguf(path)  # the uncached path says what is wrong with the file
     entry = _cache_file(path, st, directory or cache_dir())
-    with contextlib.suppress(OSError, ValueError, TypeError, KeyError):
+    # the cache is untrusted input too: anything wrong in an entry means "read the file"
+    with contextlib.suppress(OSError, ValueError, TypeError, KeyError, AttributeError):
         return _from_json(entry.read_text(), path)
     info = read_gguf(path)
     with contextlib.suppress(OSError):
@@ -142,7 +144,7 @@ def _gguf_module() -> Any:
     except ImportError as err:
         raise HostError(
             "reading GGUF headers needs the python package `gguf`, which is not installed",
-            hint="pip install 'governor[gguf]' (or pip install gguf)",
+            hint="pip install gguf (a dependency of governor: reinstall governor)",
             missing=("gguf",),
         ) from err
     return gguf
@@ -159,7 +161,10 @@ def _corrupt(path: Path, why: str) -> PolicyError:
 def read_gguf(path: Path) -> GgufInfo:
     """Parse ``path``'s header. 66 when missing, 65 when corrupt/truncated, 69 without gguf."""
     try:
-        size = path.stat().st_size
+        st = path.stat()
+        size = st.st_size
+        if not stat.S_ISREG(st.st_mode):  # a FIFO would block the read forever
+            raise _corrupt(path, "not a regular file")
         with path.open("rb") as f:
             head = f.read(MIN_HEADER_BYTES)
     except OSError as err:
@@ -177,6 +182,7 @@ def read_gguf(path: Path) -> GgufInfo:
         with path.open("rb") as f:
             fields, n_tokens, raw = _walk_header(f, size)
         tensors = tuple(_tensor(gguf, *t) for t in raw)
+        _check_length(fields.pop(_HEADER_END), fields.pop(_OFFSETS), tensors, fields, size)
         ftype = fields.get("general.file_type")
         file_type = (
             gguf.LlamaFileType(int(ftype)).name.removeprefix("MOSTLY_")
@@ -202,12 +208,32 @@ class _Corrupt(Exception):
     pass
 
 
+def _check_length(
+    header_end: int, offsets: list[int], tensors: tuple[Tensor, ...], fields: dict[str, Any],
+    size: int,
+) -> None:  # fmt: skip
+    """The file must hold the tensor data its header describes: a download cut off after the
+    header would otherwise estimate fine and fail (or crash) only when the engine maps it."""
+    align = fields.get("general.alignment", DEFAULT_ALIGNMENT)
+    if not isinstance(align, int) or align <= 0 or align & (align - 1):
+        raise _Corrupt(f"general.alignment {align!r} is not a power of two")
+    start = -(-header_end // align) * align
+    end = max((o + t.n_bytes for o, t in zip(offsets, tensors, strict=True)), default=0)
+    if start + end > size:
+        raise _Corrupt(
+            f"tensor data cut off: the file is {size} bytes, its tensors end at byte {start + end}"
+        )
+
+
 # GGUF value types (gguf.md "GGUFValueType"): struct format of the scalar ones
 _SCALAR = {0: "<B", 1: "<b", 2: "<H", 3: "<h", 4: "<I", 5: "<i", 6: "<f", 7: "<?", 10: "<Q",
            11: "<q", 12: "<d"}  # fmt: skip
 _STRING, _ARRAY = 8, 9
 MAX_COUNT = 1 << 24  # more keys, tensors, array items or dims than any model has: corrupt
 MAX_STRING = 1 << 26
+MAX_ARRAY_NESTING = 4  # a vocabulary is an array of strings; ~1100 levels blew the stack
+DEFAULT_ALIGNMENT = 32  # gguf.md: general.alignment, when absent
+_HEADER_END, _OFFSETS = "\0header_end", "\0offsets"  # carried out of _walk_header in fields
 
 
 def _walk_header(f: BinaryIO, size: int) -> tuple[dict[str, Any], int, list[tuple[Any, ...]]]:
@@ -226,10 +252,12 @@ def _walk_header(f: BinaryIO, size: int) -> tuple[dict[str, Any], int, list[tupl
     def u64() -> int:
         return int(struct.unpack("<Q", read(8))[0])
 
-    def count(what: str) -> int:
+    def count(what: str, min_bytes: int = 1) -> int:
         n = u64()
-        if n > MAX_COUNT:
-            raise _Corrupt(f"implausible {what} count {n}")
+        # each item takes at least min_bytes of what is left: a count the file cannot hold is
+        # refused at once (2^24 empty strings took 11 s to walk)
+        if n > MAX_COUNT or n * min_bytes > size - f.tell():
+            raise _Corrupt(f"implausible {what} count {n} at byte {f.tell() - 8} of {size}")
         return n
 
     def string() -> str:
@@ -238,39 +266,47 @@ def _walk_header(f: BinaryIO, size: int) -> tuple[dict[str, Any], int, list[tupl
             raise _Corrupt(f"implausible string length {n} at byte {f.tell() - 8}")
         return read(n).decode("utf-8", errors="replace")
 
-    def value(vtype: int) -> Any:
+    def value(vtype: int, depth: int = 0) -> Any:
+        if depth > MAX_ARRAY_NESTING:
+            raise _Corrupt(f"arrays nested deeper than {MAX_ARRAY_NESTING} at byte {f.tell()}")
         if vtype in _SCALAR:
             fmt = _SCALAR[vtype]
             return struct.unpack(fmt, read(struct.calcsize(fmt)))[0]
         if vtype == _STRING:
             return string()
         if vtype == _ARRAY:
-            itype, n = u32(), count("array item")
+            itype = u32()
+            item = struct.calcsize(_SCALAR[itype]) if itype in _SCALAR else 8  # len or header
+            n = count("array item", item)
             if itype in _SCALAR:
-                f.seek(n * struct.calcsize(_SCALAR[itype]), 1)
+                f.seek(n * item, 1)
             else:
                 for _ in range(n):
-                    value(itype)
+                    value(itype, depth + 1)
             return _Array(n)
         raise _Corrupt(f"unknown value type {vtype} at byte {f.tell() - 4}")
 
     magic, version = read(4), u32()
     if magic != GGUF_MAGIC or version < GGUF_MIN_VERSION:
         raise _Corrupt(f"magic {magic!r} version {version}: GGUF v2+ expected")
-    n_tensors, n_kv = count("tensor"), count("key")
+    n_tensors, n_kv = count("tensor", 24), count("key", 12)
     fields: dict[str, Any] = {}
     for _ in range(n_kv):
         key = string()
         fields[key] = value(u32())
     tokens = fields.get("tokenizer.ggml.tokens")
     tensors = []
+    offsets: list[int] = []
     for _ in range(n_tensors):
         name, n_dims = string(), u32()
         if n_dims > GGML_MAX_DIMS:
             raise _Corrupt(f"tensor {name}: {n_dims} dimensions")
         dims = [u64() for _ in range(n_dims)]
-        ttype, _offset = u32(), u64()
+        ttype, offset = u32(), u64()
         tensors.append((name, dims, ttype))
+        offsets.append(offset)
+    fields[_HEADER_END] = f.tell()
+    fields[_OFFSETS] = offsets
     return fields, tokens.n if isinstance(tokens, _Array) else 0, tensors
 
 

@@ -72,6 +72,7 @@ _FLAG_OPTS = {
     "-nr": "no_repack",
     "--no-repack": "no_repack",
 }
+INT32_MAX = (1 << 31) - 1
 _SPLIT_RE = re.compile(r"^(?P<stem>.*)-(?P<idx>\d{5})-of-(?P<n>\d{5})\.gguf$")
 
 
@@ -132,6 +133,8 @@ def parse_llama_argv(argv: tuple[str, ...] | list[str]) -> EngineArgs:
         elif word in _SKIP_VALUE_OPTS:
             i += 1
         i += 1
+    if "model" in values:
+        model_parts(values["model"])  # a split name must name a part that exists
     return EngineArgs(
         argv=tuple(argv),
         model=values.get("model"),
@@ -156,6 +159,8 @@ def _int(values: dict[str, str], key: str, what: str) -> int | None:
         raise EngineArgvError(f"engine option {what} is not an integer: {raw!r}") from err
     if n < 0 and key != "threads":  # llama.cpp: -t -1 = hardware concurrency
         raise EngineArgvError(f"engine option {what} is negative: {raw!r}")
+    if abs(n) > INT32_MAX:  # llama.cpp reads these with std::stoi
+        raise EngineArgvError(f"engine option {what} is beyond llama.cpp's range: {raw[:40]!r}")
     return n
 
 
@@ -165,4 +170,6 @@ def model_parts(model: str) -> list[Path]:
     if not m:
         return [Path(model)]
     n = int(m["n"])
+    if not 1 <= int(m["idx"]) <= n:
+        raise EngineArgvError(f"split model {model!r} names part {m['idx']} of {m['n']}")
     return [Path(f"{m['stem']}-{i:05d}-of-{n:05d}.gguf") for i in range(1, n + 1)]

@@ -29,6 +29,8 @@ V1_HINT = (
 )
 
 Raw = dict[str, Any]
+MAX_POLICY_BYTES = 1 << 20  # a policy is a few KiB; 100 MB took 16 s and 240 MB of RSS
+MAX_NESTING = 8  # [[pressure]] tables sit at 2; 2000 dotted levels blew the recursion limit
 Provenance = dict[tuple[str, ...], str]
 
 
@@ -79,8 +81,18 @@ def _load_chain(path: Path, *, euid: int, stack: tuple[Path, ...]) -> tuple[Raw,
         return raw, prov
     if not isinstance(parent_ref, str):
         raise PolicyError("extends must be a string path", file=str(path), field="extends")
-    parent = (path.parent / parent_ref).resolve()
-    chain = (*stack, path.resolve())
+    try:
+        parent = (path.parent / parent_ref).resolve()
+        chain = (*stack, path.resolve())
+        parent_exists = parent.exists()
+    except (OSError, RuntimeError, ValueError) as err:  # symlink loop, NUL, ENAMETOOLONG
+        reason = getattr(err, "strerror", None) or str(err)
+        raise PolicyError(
+            f"cannot resolve extends path: {reason}",
+            file=str(path),
+            field="extends",
+            hint='extends names a policy file relative to this one, e.g. "base.toml"',
+        ) from None
     if parent in chain:
         cycle = " -> ".join(str(p) for p in (*chain, parent))
         raise PolicyError(f"extends cycle: {cycle}", file=str(path), field="extends")
@@ -88,7 +100,7 @@ def _load_chain(path: Path, *, euid: int, stack: tuple[Path, ...]) -> tuple[Raw,
         raise PolicyError(
             f"extends chain deeper than {MAX_EXTENDS_DEPTH}", file=str(path), field="extends"
         )
-    if not parent.exists():
+    if not parent_exists:
         raise PolicyNotFound(
             f"extended policy {parent_ref!r} not found", file=str(path), field="extends"
         )
@@ -108,7 +120,17 @@ def _read(path: Path, *, euid: int) -> str:
             "policy file not found", file=str(path), hint="give the path to a .toml policy"
         ) from err
     except OSError as err:
-        raise PolicyError(f"cannot stat policy: {err.strerror}", file=str(path)) from err
+        raise PolicyError(
+            f"cannot stat policy: {err.strerror}", file=str(path), hint="give a .toml file"
+        ) from err
+    except ValueError as err:  # a NUL in the path
+        raise PolicyError(f"invalid policy path: {err}", file=repr(str(path))[1:-1]) from err
+    if st.st_size > MAX_POLICY_BYTES:
+        raise PolicyError(
+            f"policy file is larger than {MAX_POLICY_BYTES >> 10} KiB ({st.st_size} bytes)",
+            file=str(path),
+            hint="a policy is a few dozen lines; is this the right file?",
+        )
     if stat.S_ISDIR(st.st_mode):
         raise PolicyNotFound(
             "policy path is a directory", file=str(path), hint="give the path to a .toml file"
@@ -137,11 +159,35 @@ def _read(path: Path, *, euid: int) -> str:
 
 def _parse_toml(text: str, source: str) -> Raw:
     try:
-        return tomllib.loads(text)
+        raw = tomllib.loads(text)
     except tomllib.TOMLDecodeError as err:
-        raise PolicyError(f"TOML syntax error: {err}", file=source) from err
+        raise PolicyError(
+            f"TOML syntax error: {err}", file=source, hint="see policies/*.toml for the syntax"
+        ) from err
     except RecursionError as err:  # tomllib recurses per nesting level
         raise PolicyError("TOML nested too deeply", file=source) from err
+    if _depth(raw) > MAX_NESTING:
+        raise PolicyError(
+            f"keys nested deeper than {MAX_NESTING} levels",
+            file=source,
+            hint="a policy has [section] key = value, and [[pressure]] tables",
+        )
+    return raw
+
+
+def _depth(raw: object) -> int:
+    """How deep tables and arrays nest (iteratively: no recursion limit to hit)."""
+    deepest, todo = 0, [(raw, 0)]
+    while todo:
+        node, level = todo.pop()
+        deepest = max(deepest, level)
+        if level > MAX_NESTING:
+            break
+        children = (
+            node.values() if isinstance(node, dict) else node if isinstance(node, list) else ()
+        )
+        todo.extend((child, level + 1) for child in children)
+    return deepest
 
 
 def _record(raw: Raw, prov: Provenance, prefix: tuple[str, ...], source: str) -> None:

@@ -23,6 +23,7 @@ from pydantic import (
 
 from governor.policy import values as v
 
+UNIT_NAME_MAX = 255  # systemd: UNIT_NAME_MAX 256 including the NUL; also a file name's limit
 NAME_RE = re.compile(r"^[a-z0-9][a-z0-9_-]{0,62}$")
 
 _SIZE_SCHEMA: dict[str, Any] = {
@@ -278,5 +279,11 @@ class Policy(_Section):
         if not name.endswith(".slice") or name == ".slice":
             raise ValueError(f"invalid slice {name!r}: must end in '.slice'")
         if not re.fullmatch(r"[A-Za-z0-9:_.\\-]+", name):
-            raise ValueError(f"invalid slice {name!r}: only letters, digits and ':_.-\\'")
+            raise ValueError(f"invalid slice {name[:80]!r}: only letters, digits and ':_.-\\'")
+        if len(name) > UNIT_NAME_MAX:
+            raise ValueError(f"invalid slice: longer than systemd's {UNIT_NAME_MAX} characters")
+        stem = name.removesuffix(".slice")
+        if stem != "-" and (stem.startswith("-") or stem.endswith("-") or "--" in stem):
+            # systemd.slice(5): dashes separate the path; an empty component is no unit name
+            raise ValueError(f"invalid slice {name!r}: '-' separates parent slices, never empty")
         return name

@@ -40,16 +40,13 @@ def run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
     return code, out, err
 
 
-def assert_one_line_error(err: str, *, hint: bool = True) -> str:
-    """stderr is exactly `governor: <message>` (+ `hint: <hint>`), no traceback; the message."""
+def assert_one_line_error(err: str) -> str:
+    """stderr is exactly `governor: <message>` and `hint: <hint>`, no traceback; the message."""
     assert "Traceback" not in err
     lines = err.splitlines()
     assert lines[0].startswith("governor: ")
-    if hint:
-        assert len(lines) == 2, err
-        assert lines[1].startswith("hint: ")
-    else:
-        assert len(lines) == 1, err
+    assert len(lines) == 2, err
+    assert lines[1].startswith("hint: ")
     return lines[0]
 
 
@@ -93,7 +90,7 @@ def test_check_non_utf8_policy_exits_65(capsys: pytest.CaptureFixture[str], tmp_
     path.write_bytes(b'name = "\xff\xfe"\n')
     code, _, err = run(capsys, "--root", RK3588, "check", str(path))
     assert code == 65
-    assert "not valid UTF-8" in assert_one_line_error(err, hint=False)
+    assert "not valid UTF-8" in assert_one_line_error(err)
 
 
 def test_check_oom_kill_disable_prints_the_v2_hint(capsys: pytest.CaptureFixture[str]) -> None:
@@ -207,7 +204,7 @@ def test_plan_of_a_bad_policy_fails_like_check(capsys: pytest.CaptureFixture[str
     code, out, err = run(capsys, "--root", RK3588, "plan", "--json", str(path))
     assert code == 65
     assert out == ""
-    assert "pressure[0].when" in assert_one_line_error(err, hint=False)
+    assert "pressure[0].when" in assert_one_line_error(err)
 
 
 # ---------------------------------------------------------------- schema and doctor
@@ -298,7 +295,7 @@ def test_deeply_nested_toml_gives_exit_65_without_traceback(
     path.write_text("name = " + "[" * 5000 + "]" * 5000 + "\n")
     code, _, err = run(capsys, "--root", RK3588, "check", str(path))
     assert code == 65
-    assert_one_line_error(err, hint=False)
+    assert_one_line_error(err)
 
 
 @settings(max_examples=60, deadline=None, suppress_health_check=list(HealthCheck))

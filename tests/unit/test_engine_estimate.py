@@ -273,3 +273,83 @@ def test_a_broken_or_unwritable_cache_is_ignored(tmp_path: Path) -> None:
         bad = tmp_path / "bad.gguf"
         bad.write_bytes(path.read_bytes()[:100])
         g.read_gguf_cached(bad, cache)
+
+
+def _header(kvs: bytes, n_kv: int, n_tensors: int = 0) -> bytes:
+    return (
+        b"GGUF" + (3).to_bytes(4, "little") + n_tensors.to_bytes(8, "little")
+        + n_kv.to_bytes(8, "little") + kvs
+    )  # fmt: skip
+
+
+def _key(name: str) -> bytes:
+    return len(name).to_bytes(8, "little") + name.encode()
+
+
+def test_arrays_nested_a_thousand_deep_are_65_not_a_recursion_error(tmp_path: Path) -> None:
+    pytest.importorskip("gguf")
+    depth = 1100
+    nested = b"".join((9).to_bytes(4, "little") + (1).to_bytes(8, "little") for _ in range(depth))
+    # type ARRAY of ARRAY of ... (each: item type 9, one item)
+    body = _key("x") + (9).to_bytes(4, "little") + nested + (4).to_bytes(4, "little")
+    bad = tmp_path / "nested.gguf"
+    bad.write_bytes(_header(body + b"\0" * 64, 1))
+    with pytest.raises(PolicyError) as err:
+        read_gguf(bad)
+    assert "nested deeper" in str(err.value)
+
+
+def test_a_count_the_file_cannot_hold_is_refused_at_once(tmp_path: Path) -> None:
+    pytest.importorskip("gguf")
+    # 2^24 empty strings claimed by a file of a few bytes
+    body = _key("x") + (9).to_bytes(4, "little") + (8).to_bytes(4, "little")
+    body += (1 << 24).to_bytes(8, "little")
+    bad = tmp_path / "count.gguf"
+    bad.write_bytes(_header(body + b"\0" * 64, 1))
+    with pytest.raises(PolicyError) as err:
+        read_gguf(bad)
+    assert "implausible array item count" in str(err.value)
+
+
+def test_a_model_whose_tensor_data_is_cut_off_is_65(tmp_path: Path) -> None:
+    good = _make(tmp_path)
+    info = read_gguf(good)
+    bad = tmp_path / "cut.gguf"
+    bad.write_bytes(good.read_bytes()[: info.file_bytes - 4096])
+    with pytest.raises(PolicyError) as err:
+        read_gguf(bad)
+    assert "tensor data cut off" in str(err.value)
+
+
+@pytest.mark.timeout(60)
+def test_a_fifo_as_model_is_refused_not_waited_on(tmp_path: Path) -> None:
+    import os
+
+    fifo = tmp_path / "model.gguf"
+    os.mkfifo(fifo)
+    with pytest.raises(PolicyError) as err:
+        read_gguf(fifo)  # would block in open() for a writer that never comes
+    assert "not a regular file" in str(err.value)
+
+
+def test_a_split_name_with_no_such_part_is_an_argv_error() -> None:
+    from governor.engines.llama import EngineArgvError
+
+    with pytest.raises(EngineArgvError):
+        parse_llama_argv(["llama-cli", "-m", "x-00001-of-00000.gguf"])
+    with pytest.raises(EngineArgvError):
+        parse_llama_argv(["llama-cli", "-c", "9" * 400])
+
+
+@pytest.mark.parametrize("entry", ['{"tensors": 5}', "[1, 2]", '"text"', '{"tensors": [1]}'])
+def test_a_corrupt_header_cache_entry_is_re_read_not_a_traceback(
+    tmp_path: Path, entry: str
+) -> None:
+    from governor.engines import gguf as g
+
+    path = _make(tmp_path)
+    cache = tmp_path / "cache"
+    info = g.read_gguf_cached(path, cache)
+    (cached,) = (cache / "gguf").glob("*.json")
+    cached.write_text(entry)
+    assert g.read_gguf_cached(path, cache) == info

@@ -540,3 +540,52 @@ def test_values_the_kernel_would_refuse_or_misread_are_policy_errors(body: str, 
 
 def test_the_kernels_largest_pids_max_is_accepted() -> None:
     assert load_text('name = "b"\n[pids]\nmax = 4194304\n').pids.max == 4194304
+
+
+def _write(path: Path, text: str) -> Path:
+    path.write_text(text)
+    return path
+
+
+def test_extends_through_a_symlink_loop_is_a_policy_error(tmp_path: Path) -> None:
+    (tmp_path / "a.toml").symlink_to(tmp_path / "b.toml")
+    (tmp_path / "b.toml").symlink_to(tmp_path / "a.toml")
+    policy = _write(tmp_path / "c.toml", 'name = "x"\nextends = "a.toml"\n')
+    with pytest.raises(PolicyError) as err:
+        load(policy)
+    assert "extends" in str(err.value) and err.value.hint
+
+
+@pytest.mark.parametrize("ref", ["a" * 300 + ".toml", "nul\\u0000.toml"])
+def test_an_impossible_extends_path_is_a_policy_error(tmp_path: Path, ref: str) -> None:
+    policy = _write(tmp_path / "c.toml", f'name = "x"\nextends = "{ref}"\n')
+    with pytest.raises(PolicyError) as err:
+        load(policy)
+    assert "extends" in str(err.value)
+
+
+def test_keys_nested_thousands_deep_are_a_policy_error(tmp_path: Path) -> None:
+    policy = _write(tmp_path / "d.toml", 'name = "x"\n' + ".".join(["a"] * 2000) + " = 1\n")
+    with pytest.raises(PolicyError) as err:
+        load(policy)
+    assert "nested deeper" in str(err.value)
+
+
+def test_a_policy_file_over_a_mebibyte_is_refused_before_parsing(tmp_path: Path) -> None:
+    policy = _write(tmp_path / "big.toml", 'name = "x"\n' + "# filler\n" * 200_000)
+    with pytest.raises(PolicyError) as err:
+        load(policy)
+    assert "larger than 1024 KiB" in str(err.value)
+
+
+@pytest.mark.parametrize("slice_", ["a--b.slice", "-a.slice", "a-.slice", "x" * 250 + ".slice"])
+def test_slice_names_systemd_would_refuse_are_policy_errors(slice_: str) -> None:
+    with pytest.raises(PolicyError) as err:
+        load_text(f'name = "x"\nslice = "{slice_}"\n')
+    assert "invalid slice" in str(err.value)
+
+
+def test_every_policy_error_carries_a_hint() -> None:
+    with pytest.raises(PolicyError) as err:
+        load_text('name = "x"\n[memory]\nmax = "lots"\n')
+    assert err.value.hint
