@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Annotated, NoReturn
 import typer
 
 from governor.cli_args import split_argv
-from governor.errors import EXIT_USAGE, GovernorError, one_line
+from governor.errors import EXIT_USAGE, GovernorError, Interrupted, one_line
 
 if TYPE_CHECKING:
     from governor.api import HostOptions
@@ -442,7 +442,11 @@ def main(argv: list[str] | None = None) -> None:
         rv = app(args=argv, standalone_mode=False)
     except GovernorError as err:
         _fail(err)
-    except typer.Abort:
+    except typer.Abort as err:
+        cause = err.__cause__  # click turns a KeyboardInterrupt into Abort
+        if isinstance(cause, Interrupted):
+            sys.stderr.write(f"governor: interrupted by signal {cause.signum}: rolled back\n")
+            sys.exit(cause.exit_code)
         sys.stderr.write("governor: aborted\n")
         sys.exit(130)
     except Exception as err:

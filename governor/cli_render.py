@@ -92,8 +92,9 @@ def show_estimate(est: Estimate, *, as_json: bool) -> None:
 def show_bench(result: BenchResult) -> None:
     for r in result.rows:
         peak = "?" if r.peak_bytes is None else f"{r.peak_bytes >> 20} MiB"
+        what = f"{r.model} -c {r.ctx}" if r.model is not None or r.ctx is not None else "engine"
         typer.echo(
-            f"run {r.run}: {r.model} -c {r.ctx}: exit {r.exit_status}, peak {peak},"
+            f"run {r.run}: {what}: exit {r.exit_status}, peak {peak},"
             f" prefill {r.prefill_tps} t/s, decode {r.decode_tps} t/s, {r.wall_s}s,"
             f" {r.outcome}, pressure rules fired {r.pressure_fired}"
         )

@@ -48,6 +48,16 @@ POLICY_HINT = "`governor schema` lists every key and its syntax; policies/*.toml
 HOST_HINT = "`governor doctor` says what this host supports and how to fix what is missing"
 
 
+class Interrupted(KeyboardInterrupt):
+    """A stop signal (SIGTERM, SIGHUP, SIGQUIT, SIGINT) while the governor was applying limits:
+    everything applied was rolled back; exit 128 + the signal's number."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signum)
+        self.signum = signum
+        self.exit_code = 128 + signum
+
+
 class UsageError(GovernorError):
     exit_code = EXIT_USAGE
 

@@ -150,6 +150,16 @@ def _launch(parsed: dict[str, Any]) -> int:
         watchdog.disarm()  # a no-op when the supervisor did it; never left waiting
 
 
+def _interrupted(err: KeyboardInterrupt) -> str:
+    """What an interrupted launch says: which signal, and that nothing stayed applied."""
+    import signal
+
+    signum = getattr(err, "signum", signal.SIGINT)
+    return (
+        f"interrupted by {signal.Signals(signum).name}: the limits applied so far were rolled back"
+    )
+
+
 def fail(err: Exception, *, debug: bool) -> int:
     """``governor: <message>`` and ``hint: ...`` on stderr; the error's exit code."""
     from governor.errors import one_line
@@ -184,9 +194,9 @@ def main(argv: list[str] | None = None) -> int:
         return _launch(parsed)
     except GovernorError as err:
         return fail(err, debug=parsed["debug"])
-    except KeyboardInterrupt:
-        sys.stderr.write("governor: interrupted\n")
-        return 130
+    except KeyboardInterrupt as err:
+        sys.stderr.write(f"governor: {_interrupted(err)}\n")
+        return int(getattr(err, "exit_code", 130))
 
 
 def run() -> None:

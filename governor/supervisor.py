@@ -17,12 +17,13 @@ from __future__ import annotations
 import contextlib
 import errno
 import os
+import signal
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, Protocol
 
-from governor.errors import BackendError, GovernorError, PermissionDenied
+from governor.errors import BackendError, GovernorError, Interrupted, PermissionDenied
 from governor.journal import Journal
 from governor.kernel.cgroupfs import CgroupFs
 from governor.kernel.procfs import ProcFs
@@ -96,14 +97,23 @@ class Supervisor:
         plan = job.plan
         try:
             with self.backend.lock(plan):
-                self.backend.apply(plan)
+                # a stop signal while the limits are written (a memory.max write can block in
+                # reclaim) rolls the apply back, as ^C does, until the watchdog is armed
+                with interruptible():
+                    self.backend.apply(plan)
+                    armed = False
+                    try:
+                        if self.watchdog is not None and plan.launch.on_governor_exit == "kill":
+                            # children first, then the slice like remove() does: the rmdir of
+                            # a slice that still holds other groups fails harmlessly (EBUSY)
+                            self.watchdog.arm(
+                                plan.cgroup_root, plan.group, tuple(reversed(plan.create))
+                            )
+                        armed = True
+                    finally:
+                        if not armed:
+                            self.backend.remove(plan)
                 try:
-                    if self.watchdog is not None and plan.launch.on_governor_exit == "kill":
-                        # children first, then the slice like remove() does: the rmdir of a
-                        # slice that still holds other groups fails harmlessly (EBUSY)
-                        self.watchdog.arm(
-                            plan.cgroup_root, plan.group, tuple(reversed(plan.create))
-                        )
                     return self._run_applied(job)
                 finally:
                     if not job.keep:
@@ -241,6 +251,25 @@ class Supervisor:
             hint="mlock needs CAP_IPC_LOCK or RLIMIT_MEMLOCK above the files' size"
             " (run as root, or use prefetch.mode = populate)",
         )
+
+
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT, signal.SIGINT)
+
+
+@contextlib.contextmanager
+def interruptible() -> Iterator[None]:
+    """Within the block a stop signal raises :class:`Interrupted` (a KeyboardInterrupt, so every
+    ``except BaseException`` rollback runs) instead of ending the process where it stands."""
+
+    def stop(signum: int, _frame: object) -> None:
+        raise Interrupted(signum)
+
+    previous = {sig: signal.signal(sig, stop) for sig in STOP_SIGNALS}
+    try:
+        yield
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
 
 
 def _write_report(path: Path, report: LaunchReport) -> None:

@@ -187,6 +187,10 @@ def launch(path: Path, argv: tuple[str, ...], opts: HostOptions, lopts: LaunchOp
             hint="governor launch --policy P -- ENGINE ARGS...",
         )
     executable = resolve_executable(argv[0], os.environ.get("PATH"))
+    if lopts.report is not None:
+        from governor.outputs import check_writable
+
+        check_writable(lopts.report, "--report")
     backend_name = _backend_name(opts, lopts)
     compiled, host = compiled_for_launch(path, argv, opts, lopts, backend_name)
     for event, message in compiled.warnings:

@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Any
 
 from governor.enginebench.run import (
+    Case,
     Row,
     RunSpec,
     cgroup_reader,
@@ -58,6 +59,22 @@ def _global_args(opts: Any) -> tuple[str, ...]:
     if opts.cgroup_root is not None:
         out += ["--cgroup-root", str(opts.cgroup_root)]
     return tuple(out)
+
+
+def _cases(plan: Any, argv: tuple[str, ...], b: BenchOptions) -> list[Case]:
+    """The matrix for a llama.cpp engine; a generic engine's argv is run as given (its words
+    are not llama.cpp options: `sh -c true` is no context size)."""
+    if plan.engine.kind == "llama.cpp":
+        return expand_matrix(argv, b.models, b.ctxs)
+    if b.models or b.ctxs:
+        from governor.errors import UsageError
+
+        raise UsageError(
+            "--model/--ctx replace llama.cpp's -m/-c: the policy's engine.kind is generic"
+            " (command line)",
+            hint='set [engine] kind = "llama.cpp" in the policy, or drop --model/--ctx',
+        )
+    return [Case(argv=tuple(argv), model=None, ctx=None)]
 
 
 def _quant_and_estimate(row: Row, argv: tuple[str, ...], root: Path) -> None:
@@ -117,11 +134,12 @@ def bench(
     )
     rows: list[Row] = []
     n = 0
-    for case in expand_matrix(argv, b.models, b.ctxs):
+    for case in _cases(plan, argv, b):
         for _ in range(b.runs):
             n += 1
             row = run_case(spec, case, n, cgroup_reader(fs, plan.group))
-            _quant_and_estimate(row, case.argv, opts.root)
+            if plan.engine.kind == "llama.cpp":
+                _quant_and_estimate(row, case.argv, opts.root)
             log.info("bench.run", **row.record())
             rows.append(row)
     board = b.board_bytes

@@ -27,12 +27,26 @@ def _report(path: Path) -> dict[str, Any]:
 def test_the_engine_status_is_kept_when_the_report_cannot_be_written(
     governor: Governor, tmp_path: Path
 ) -> None:
-    report = tmp_path / "no-such-dir" / "report.json"
-    run = governor.run(governor.policy(), ("/bin/sh", "-c", "exit 7"), "--report", str(report))
+    # the directory exists at the pre-apply check and is gone when the report is written
+    directory = tmp_path / "goes-away"
+    directory.mkdir()
+    report = directory / "report.json"
+    engine = ("/bin/sh", "-c", f"rmdir '{directory}'; exit 7")
+    run = governor.run(governor.policy(), engine, "--report", str(report))
     assert run.code == 7, run.stderr
     failed = [e for e in run.events if e["event"] == "report.failed"]
     assert [(e["file"], e["level"]) for e in failed] == [(str(report), "error")]
     assert not report.exists()
+    assert not governor.group.exists()
+
+
+def test_a_report_path_that_cannot_be_written_is_refused_before_the_apply(
+    governor: Governor, tmp_path: Path
+) -> None:
+    report = tmp_path / "no-such-dir" / "report.json"
+    run = governor.run(governor.policy(), ("/bin/sh", "-c", "exit 7"), "--report", str(report))
+    assert run.code == 66, run.stderr
+    assert "does not exist" in run.stderr
     assert not governor.group.exists()
 
 

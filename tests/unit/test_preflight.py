@@ -607,3 +607,21 @@ def test_a_prefetch_of_the_model_above_memory_high_is_said_once(tmp_path: Path) 
     assert got.files == (str(model),)
     assert [e for e, _ in got.warnings] == ["prefetch.budget"]
     assert got.notes  # the KV cache size was not known
+
+
+@pytest.mark.parametrize(
+    ("report", "code", "needle"),
+    [
+        ("", 2, "is a directory"),  # the tmp directory itself
+        ("missing/dir/report.json", 66, "does not exist"),
+    ],
+)
+def test_an_unwritable_report_is_refused_before_anything_is_applied(
+    tmp_path: Path, gov: Governor, report: str, code: int, needle: str
+) -> None:
+    policy = write_policy(tmp_path)
+    before = gov.cgroup_tree()
+    run = gov("launch", "--policy", str(policy), "--report", str(tmp_path / report), "--", ENGINE)
+    assert run.code == code, run
+    assert needle in run.error_lines[0] and run.error_lines[1].startswith("hint: ")
+    assert gov.cgroup_tree() == before
