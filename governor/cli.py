@@ -48,12 +48,21 @@ AllowMissing = Annotated[
 ]
 
 
+def _finite(value: float | None) -> float | None:
+    """typer's ranges compare, and every comparison with NaN is False: refuse it here."""
+    if value is not None and value != value:  # noqa: PLR0124  # NaN is the one value != itself
+        raise typer.BadParameter("nan is not a number of seconds")
+    return value
+
+
 SampleInterval = Annotated[
     float,
     typer.Option(
         "--sample-interval",
-        help="seconds between samples of memory.current/peak/stat (0.05 and up)",
+        callback=_finite,
+        help="seconds between samples of memory.current/peak/stat (0.05-3600)",
         min=0.05,
+        max=3600.0,
     ),
 ]
 
@@ -252,7 +261,8 @@ def monitor(  # noqa: PLR0917  # typer passes every option as a parameter
         ),
     ] = None,
     duration: Annotated[
-        float | None, typer.Option("--duration", help="stop after this many seconds", min=0.1)
+        float | None,
+        typer.Option("--duration", help="stop after this many seconds", min=0.1, callback=_finite),
     ] = None,
     allow_missing: AllowMissing = "",
     sample_interval: SampleInterval = 1.0,

@@ -100,7 +100,7 @@ def parse_launch(args: list[str]) -> dict[str, Any]:
         out["sample_interval"] = float(out["sample_interval"])
     except ValueError:
         raise _Fallback from None
-    if out["policy"] is None or not out["engine"] or out["sample_interval"] < 0.05:
+    if out["policy"] is None or not out["engine"] or not 0.05 <= out["sample_interval"] <= 3600:
         raise _Fallback
     missing = frozenset(a.strip() for a in out["allow_missing"].split(",") if a.strip())
     if missing - _CONTROLLERS:

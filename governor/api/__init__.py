@@ -158,6 +158,18 @@ class MonitorOptions:
     metrics: tuple[str, int] | None = None  # serve /metrics here while it runs (--metrics)
 
 
+def _check_cgroup_option(cgroup: str) -> None:
+    """``monitor --cgroup``: a path below the cgroup2 root, never out of it."""
+    from governor.errors import UsageError
+
+    parts = cgroup.split("/")
+    if cgroup.startswith("/") or any(p in ("", ".", "..") for p in parts) or "\0" in cgroup:
+        raise UsageError(
+            f"--cgroup {cgroup[:80]!r} is not a cgroup below the cgroup2 root (command line)",
+            hint="give it relative to the root, e.g. --cgroup system.slice/llama.service",
+        )
+
+
 def monitor(path: Path, opts: HostOptions, mopts: MonitorOptions) -> dict[str, Any]:
     """`governor monitor`: attach the pressure monitor to an already-running slice (one that
     `governor apply` or systemd created) until SIGINT/SIGTERM or the cgroup is gone."""
@@ -169,6 +181,12 @@ def monitor(path: Path, opts: HostOptions, mopts: MonitorOptions) -> dict[str, A
     from governor.kernel.procfs import ProcFs
     from governor.monitor.loop import Monitor
 
+    if mopts.cgroup is not None:
+        _check_cgroup_option(mopts.cgroup)
+    if mopts.report is not None:
+        from governor.outputs import check_writable
+
+        check_writable(mopts.report, "--report")
     plan = check(path, opts, attach=mopts.cgroup)
     fs = CgroupFs(Path(plan.cgroup_root))
     if not fs.exists(plan.group):
@@ -194,11 +212,17 @@ def monitor(path: Path, opts: HostOptions, mopts: MonitorOptions) -> dict[str, A
         from governor.api.launch import serve_metrics
 
         endpoint = serve_metrics(mopts.metrics, lambda: list(snapshot))
+    # a freeze action holds the group while it runs: the sh watchdog thaws it if the monitor
+    # dies (SIGKILL, OOM); every signal that ends it otherwise goes through finish() below
+    from governor.launch.watchdog import fork_watchdog
+
+    watchdog = fork_watchdog()
     try:
+        watchdog.arm_thaw(plan.cgroup_root, plan.group)
         stopped: list[int] = []
         previous = {
             sig: signal.signal(sig, lambda n, _f: stopped.append(n))
-            for sig in (signal.SIGINT, signal.SIGTERM)
+            for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT)
         }
         deadline = None if mopts.duration_s is None else time.monotonic() + mopts.duration_s
         # no restarts here: the executor answers `restart` with "needs governor launch"
@@ -226,6 +250,7 @@ def monitor(path: Path, opts: HostOptions, mopts: MonitorOptions) -> dict[str, A
             mopts.report.write_text(json.dumps(out, indent=2, sort_keys=True) + "\n")
         return out
     finally:
+        watchdog.disarm()
         if endpoint is not None:
             endpoint.close()
 

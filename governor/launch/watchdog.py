@@ -30,20 +30,27 @@ SHELL = "/bin/sh"
 DISARM = b"disarm\n"
 WAIT_EMPTY_S = 5  # how long to wait for "populated 0" after cgroup.kill before removing
 
-# Reads "root PATH", "kill CGROUP", "rmdir CGROUP" lines until "disarm" (exit) or EOF (act).
+# Reads "root PATH", "thaw CGROUP", "kill CGROUP", "rmdir CGROUP" lines until "disarm" (exit)
+# or EOF (act: thaw first, then kill and remove).
 _SCRIPT = r"""
 trap '' INT TERM HUP QUIT USR1 USR2 PIPE TSTP TTIN TTOU
-root= kill=
+root= kill= thaw=
 set --
 while IFS= read -r line; do
     case $line in
         disarm) exit 0 ;;
         "root "*) root=${line#root } ;;
+        "thaw "*) thaw=${line#thaw } ;;
         "kill "*) kill=${line#kill } ;;
         "rmdir "*) set -- "$@" "${line#rmdir }" ;;
     esac
 done
-[ -n "$root" ] && [ -n "$kill" ] || exit 0
+[ -n "$root" ] || exit 0
+if [ -n "$thaw" ] && [ -f "$root/$thaw/cgroup.freeze" ]; then
+    printf '{"event": "watchdog.governor_gone", "action": "thaw", "cgroup": "%s", "level": "warning"}\n' "$thaw" >&2
+    echo 0 > "$root/$thaw/cgroup.freeze" 2>/dev/null
+fi
+[ -n "$kill" ] || exit 0
 printf '{"event": "watchdog.governor_gone", "action": "kill", "cgroup": "%s", "level": "warning"}\n' "$kill" >&2
 echo 1 > "$root/$kill/cgroup.kill" 2>/dev/null
 n=0
@@ -71,6 +78,14 @@ class Watchdog:
         """From now on, the governor's death kills ``kill`` (relative to ``cgroup_root``) and
         removes the ``remove`` cgroups, in that order (children first)."""
         lines = [f"root {cgroup_root}", f"kill {kill}", *(f"rmdir {d}" for d in remove)]
+        if any("\n" in line for line in lines):
+            raise ValueError(f"a cgroup path with a newline cannot be armed: {lines!r}")
+        self._send(("\n".join(lines) + "\n").encode())
+
+    def arm_thaw(self, cgroup_root: str, group: str) -> None:
+        """From now on, the governor's death thaws ``group`` (a monitor attached to a slice it
+        does not own: a `freeze` action must not outlive it, whatever ends it)."""
+        lines = [f"root {cgroup_root}", f"thaw {group}"]
         if any("\n" in line for line in lines):
             raise ValueError(f"a cgroup path with a newline cannot be armed: {lines!r}")
         self._send(("\n".join(lines) + "\n").encode())

@@ -181,3 +181,51 @@ def test_with_on_governor_exit_keep_the_watchdog_is_not_armed(
     # the engine outlives the governor in its group (the scratch slice's teardown kills it)
     assert not _dead(sleep_pid)
     assert sleep_pid in cgroups.pids(governor.leaf)
+
+
+def test_an_armed_thaw_thaws_the_group_when_the_monitor_dies(
+    scratch_slice: cgroups.ScratchSlice,
+) -> None:
+    """`governor monitor` (attach mode) arms a thaw: a freeze action must not outlive a monitor
+    that is SIGKILLed or OOM-killed. Simulated here by closing the governor's end of the pipe,
+    which is what the kernel does when the process dies."""
+    from governor.launch.watchdog import fork_watchdog
+
+    group = scratch_slice.create()
+    if not (group / "cgroup.freeze").exists():
+        requirements.enforce(["no cgroup.freeze in a cgroup2 directory (needs Linux 5.2)"])
+    sleeper = subprocess.Popen(["sleep", "60"])
+    try:
+        (group / "cgroup.procs").write_text(str(sleeper.pid))
+        (group / "cgroup.freeze").write_text("1")
+        cgroups.wait_for(
+            lambda: cgroups.read_kv(group / "cgroup.events").get("frozen") == 1, 10, "frozen"
+        )
+        watchdog = fork_watchdog()
+        watchdog.arm_thaw(str(scratch_slice.root), scratch_slice.name)
+        assert watchdog.fd is not None
+        os.close(watchdog.fd)  # the governor's death, as the kernel sees it
+        watchdog.fd = None
+        os.waitpid(watchdog.pid, 0)
+        assert cgroups.read(group / "cgroup.freeze") == "0"
+        cgroups.wait_for(
+            lambda: cgroups.read_kv(group / "cgroup.events").get("frozen") == 0, 10, "thawed"
+        )
+        assert sleeper.poll() is None, "a thaw only: the process still runs"
+    finally:
+        sleeper.kill()
+        sleeper.wait()
+
+
+def test_a_disarmed_thaw_leaves_the_group_alone(scratch_slice: cgroups.ScratchSlice) -> None:
+    from governor.launch.watchdog import fork_watchdog
+
+    group = scratch_slice.create()
+    if not (group / "cgroup.freeze").exists():
+        requirements.enforce(["no cgroup.freeze in a cgroup2 directory (needs Linux 5.2)"])
+    (group / "cgroup.freeze").write_text("1")
+    watchdog = fork_watchdog()
+    watchdog.arm_thaw(str(scratch_slice.root), scratch_slice.name)
+    watchdog.disarm()
+    assert cgroups.read(group / "cgroup.freeze") == "1"
+    (group / "cgroup.freeze").write_text("0")

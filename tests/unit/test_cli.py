@@ -348,3 +348,25 @@ def test_python_dash_m_governor_help_runs_in_a_fresh_interpreter() -> None:
     for command in ("check", "plan", "schema", "doctor"):
         assert command in proc.stdout
     assert "Traceback" not in proc.stderr
+
+
+@pytest.mark.parametrize("cgroup", ["..", "/etc", "a//b", "governor.slice/../../x"])
+def test_monitor_cgroup_outside_the_root_is_a_usage_error(
+    capsys: pytest.CaptureFixture[str], cgroup: str
+) -> None:
+    code, _out, err = run(
+        capsys, "--root", RK3588, "monitor", "--cgroup", cgroup, str(POLICY_DIR / "npu-chat.toml")
+    )
+    assert code == 2
+    assert "is not a cgroup below the cgroup2 root" in assert_one_line_error(err)
+
+
+@pytest.mark.parametrize("value", ["nan", "1e308", "0.01"])
+def test_sample_interval_must_be_a_sane_number_of_seconds(
+    capsys: pytest.CaptureFixture[str], value: str
+) -> None:
+    code, _out, err = run(
+        capsys, "monitor", "--sample-interval", value, str(POLICY_DIR / "npu-chat.toml")
+    )
+    assert code == 2
+    assert "--sample-interval" in assert_one_line_error(err)
