@@ -168,7 +168,7 @@ def size(
     """The context and the memory values, or PolicyError (65) with the estimate's terms and
     the fixes when the model does not fit the board (at the smallest context, or at --ctx)."""
     reserve = reserve_for(board)
-    ceiling = board - reserve
+    ceiling = (board - reserve) // MIB * MIB  # whole MiB: the values are written in MiB
     budget = fit_budget(ceiling)
     first = estimate_argv(_args(options, req.model, ctx or KV_CELL_PAD), root=root, budget=budget)
     largest = first.max_ctx
