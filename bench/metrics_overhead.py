@@ -177,9 +177,14 @@ def main() -> int:
         f"  scrapes per window {med('metrics', 'scrapes'):.0f} (errors {med('metrics', 'errors'):.0f}),"
         f" latency {med('metrics', 'latency_ms'):.1f} ms, {med('metrics', 'bytes'):.0f} bytes"
     )
-    cpu0 = med("plain", "cpu_ms_per_s")
-    print("\nratios, --metrics / plain")
-    print(f"  CPU  {med('metrics', 'cpu_ms_per_s') / cpu0 if cpu0 else float('nan'):.2f}x")
+    cpu0, cpu1 = med("plain", "cpu_ms_per_s"), med("metrics", "cpu_ms_per_s")
+    per_scrape = (cpu1 - cpu0) * a.interval
+    print(
+        f"\nserving costs {cpu1 - cpu0:.2f} ms of CPU per second, ~{per_scrape:.1f} ms per scrape"
+    )
+    print(f"  (CPU is read in clock ticks: {1000 / TICK:.0f} ms over a {a.window:g} s window)")
+    print("ratios, --metrics / plain")
+    print(f"  CPU  {cpu1 / cpu0:.2f}x" if cpu0 else "  CPU  - (plain rounds to 0 ticks)")
     for key in ("pss", "uss", "rss"):
         print(f"  {key.upper()}  {med('metrics', key) / med('plain', key):.2f}x")
     return 0

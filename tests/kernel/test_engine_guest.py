@@ -111,11 +111,13 @@ def test_bench_tiny_writes_csv_json_and_gate_follows_the_peak(
 ) -> None:
     policy = _policy(tmp_path, scratch_slice, "400M", "512M")
     out_csv, out_json = tmp_path / "b.csv", tmp_path / "b.json"
+    textfiles = tmp_path / "textfile"
+    textfiles.mkdir()
     _drop_caches()
     res = _governor(
         "bench", "--policy", str(policy), "--runs", "2", "--interval", "0.05",
         "--ctx", "512", "--ctx", "2048", "--drop-caches", "--csv", str(out_csv), "--json", str(out_json),
-        "--", *TINY_ARGV,
+        "--metrics-textfile", str(textfiles), "--", *TINY_ARGV,
     )  # fmt: skip
     assert res.returncode == 0, res.stdout + res.stderr[-3000:]
     rows = list(csv.DictReader(out_csv.open()))
@@ -130,6 +132,17 @@ def test_bench_tiny_writes_csv_json_and_gate_follows_the_peak(
         assert r["quant"] == "Q8_0" and int(r["estimate_bytes"]) > 0
     data = json.loads(out_json.read_text())
     assert len(data["runs"]) == 4 and data["runs"][0]["series"]
+    # the node_exporter textfile: one series per configuration, the highest peak of its runs
+    from prometheus_client.parser import text_string_to_metric_families
+
+    peaks = {
+        s.labels["ctx"]: s.value
+        for fam in text_string_to_metric_families((textfiles / "governor_bench.prom").read_text())
+        for s in fam.samples
+        if s.name == "governor_bench_peak_bytes"
+    }
+    for ctx in ("512", "2048"):
+        assert peaks[ctx] == max(int(r["peak_bytes"]) for r in rows if r["ctx"] == ctx)
     (out_dir / "engine-bench-tiny.csv").write_text(out_csv.read_text())
     peak = max(int(r["peak_bytes"]) for r in rows)
     board = 1 << 30
