@@ -19,7 +19,7 @@ import errno
 import os
 import signal
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Collection, Iterator
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -45,9 +45,9 @@ STATE_ACTIONS = 10  # the last firings (with their actions' before/after) kept i
 class Backend(Protocol):
     fs: CgroupFs
 
-    def lock(self, plan: Plan) -> contextlib.AbstractContextManager[None]: ...
+    def lock(self, plan: Plan) -> contextlib.AbstractContextManager[list[str]]: ...
     def apply(self, plan: Plan) -> Any: ...
-    def remove(self, plan: Plan) -> Any: ...
+    def remove(self, plan: Plan, *, owned: Collection[str] | None = None) -> Any: ...
 
 
 @record(frozen=True)
@@ -96,28 +96,37 @@ class Supervisor:
         """Returns the engine's status (128+N when it died of signal N)."""
         plan = job.plan
         try:
-            with self.backend.lock(plan):
+            with self.backend.lock(plan) as locked:
                 # a stop signal while the limits are written (a memory.max write can block in
                 # reclaim) rolls the apply back, as ^C does, until the watchdog is armed
+                owned: set[str] = set(locked)
                 with interruptible():
-                    self.backend.apply(plan)
+                    applied = self.backend.apply(plan)
+                    owned.update(getattr(applied, "created", ()))
                     armed = False
                     try:
                         if self.watchdog is not None and plan.launch.on_governor_exit == "kill":
                             # children first, then the slice like remove() does: the rmdir of
-                            # a slice that still holds other groups fails harmlessly (EBUSY)
+                            # a slice that still holds other groups fails harmlessly (EBUSY);
+                            # above the group only what this run created
                             self.watchdog.arm(
-                                plan.cgroup_root, plan.group, tuple(reversed(plan.create))
+                                plan.cgroup_root,
+                                plan.group,
+                                tuple(
+                                    c
+                                    for c in reversed(plan.create)
+                                    if c in owned or c.startswith(plan.group)
+                                ),
                             )
                         armed = True
                     finally:
                         if not armed:
-                            self.backend.remove(plan)
+                            self.backend.remove(plan, owned=owned)
                 try:
                     return self._run_applied(job)
                 finally:
                     if not job.keep:
-                        self.backend.remove(plan)
+                        self.backend.remove(plan, owned=owned)
         finally:
             if self.watchdog is not None:
                 self.watchdog.disarm()

@@ -107,7 +107,11 @@ def apply(path: Path, opts: HostOptions) -> Plan:
     from governor.state import Publisher, run_dir
 
     plan = check(path, opts)
-    _backend(plan).apply(plan)
+    backend = _backend(plan)
+    # the lock a launch of the same policy holds for its whole run: apply refuses (69) then
+    with backend.lock(plan) as locked:
+        applied = backend.apply(plan)
+    created = sorted(set(locked) | set(applied.created))
     # no supervisor: the state holds while the cgroup exists (governor status shows it)
     Publisher(run_dir(), plan.policy).publish(
         {
@@ -121,6 +125,7 @@ def apply(path: Path, opts: HostOptions) -> Plan:
             "group": plan.group,
             "leaf": plan.leaf,
             "plan": plan.to_dict(),
+            "created": created,  # what remove may take away with the group (the slice)
         }
     )
     return plan
@@ -135,8 +140,15 @@ def remove(path: Path, opts: HostOptions) -> Any:
     # removal must work even where the limits could not be enforced any more
     everything = frozenset({"memory", "cpu", "cpuset", "io", "pids", "psi"})
     plan = compile_plan(policy, host, allow_missing=everything, source=str(path))
-    removed = _backend(plan).remove(plan)
     from governor.state import Publisher, read_states, run_dir
+
+    # the slice goes only when `governor apply` recorded that it created it; without a record
+    # (a launch --keep, a reboot of /run) an empty slice is left: harmless, and maybe not ours
+    recorded = [s for s in read_states(run_dir()) if s.get("policy") == plan.policy]
+    owned: set[str] = set()
+    for state in recorded:
+        owned.update(state.get("created") or ())
+    removed = _backend(plan).remove(plan, owned=owned)
 
     # the state `governor apply` published; a running launch's is its supervisor's to remove
     if all(

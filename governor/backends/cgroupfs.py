@@ -15,7 +15,7 @@ import json
 import os
 import signal
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Collection, Iterator
 from contextlib import contextmanager, suppress
 from functools import partial
 
@@ -354,14 +354,25 @@ class CgroupfsBackend:
     # --- remove --------------------------------------------------------------------------------
 
     def _subtree(self, cgroup: str) -> list[str]:
-        """``cgroup`` and its descendants, parents before children."""
+        """``cgroup`` and its descendants, parents first (none when it vanished meanwhile)."""
         out = [cgroup]
-        for child in self.fs.children(cgroup):
+        try:
+            children = self.fs.children(cgroup)
+        except BackendError as err:
+            if err.errno != errno.ENOENT:
+                raise
+            children = []
+        for child in children:
             out.extend(self._subtree(child))
         return out
 
     def _populated(self, cgroup: str) -> bool:
-        return self.fs.events(cgroup).get("populated", 0) != 0
+        try:
+            return self.fs.events(cgroup).get("populated", 0) != 0
+        except BackendError as err:
+            if err.errno != errno.ENOENT:
+                raise
+            return False  # gone meanwhile: nothing runs there
 
     def _kill_subtree(self, group: str) -> bool:
         """cgroup.kill (True), or SIGKILL each pid where the kernel has none (< 5.14, False)."""
@@ -370,8 +381,10 @@ class CgroupfsBackend:
             log.info("cgroup.kill", cgroup=group)
             return True
         except BackendError as err:
-            if err.errno != errno.ENOENT or not self.fs.exists(group):
+            if err.errno != errno.ENOENT:
                 raise
+            if not self.fs.exists(group):
+                return True  # removed meanwhile (a launch's own cleanup): nothing to kill
         for cgroup in self._subtree(group):
             for pid in self.fs.procs(cgroup):
                 # ESRCH: it exited between reading cgroup.procs and the kill
@@ -395,11 +408,12 @@ class CgroupfsBackend:
                 self._kill_subtree(group)
             self._sleep(REMOVE_POLL_S)
 
-    def remove(self, plan: Plan) -> Removed:
+    def remove(self, plan: Plan, *, owned: Collection[str] | None = None) -> Removed:
         """Kill what runs in the group, remove group and leaf, and the slice if it is empty.
 
-        Idempotent: parts already gone are skipped. Controllers enabled on ancestors stay
-        enabled (other cgroups may rely on them).
+        ``owned`` (what the lock/apply or `governor apply` created): the slice goes only when in
+        it, never an operator's; None: any empty slice the plan creates. Idempotent; ancestors'
+        controllers stay enabled (other cgroups may rely on them).
         """
         killed = False
         removed: list[str] = []
@@ -416,7 +430,10 @@ class CgroupfsBackend:
         if plan.protect_parents:
             self._protect_parents(plan, raise_only=False)
         # only a slice this plan would create; never systemd's system.slice or the root
-        if slice_ and slice_ in plan.create and self.fs.exists(slice_):
+        mine = slice_ in plan.create and (owned is None or slice_ in owned)
+        if slice_ and not mine and slice_ in plan.create and self.fs.exists(slice_):
+            kept.append(slice_)  # there before this governor: not ours to remove
+        elif slice_ and mine and self.fs.exists(slice_):
             if self.fs.children(slice_) or self.fs.procs(slice_):
                 kept.append(slice_)
             else:
@@ -442,11 +459,12 @@ class CgroupfsBackend:
     # --- lock ----------------------------------------------------------------------------------
 
     @contextmanager
-    def lock(self, plan: Plan) -> Iterator[None]:
+    def lock(self, plan: Plan) -> Iterator[list[str]]:
         """Hold ``flock(LOCK_EX)`` on the group directory: one running launch per policy.
 
-        Creates the group (and its parents) when needed; on exit removes the directories it
-        created if they are empty again (e.g. after a failed apply rolled back).
+        Creates the group (and its parents) when needed and yields what it created (the caller
+        owns those); on exit removes the directories it created if they are empty again (e.g.
+        after a failed apply rolled back).
         """
         created: list[str] = []
         for cgroup in _ancestors_and_self(plan.group):
@@ -466,7 +484,7 @@ class CgroupfsBackend:
                     "cannot lock cgroup directory", cgroup=plan.group, errno=err.errno
                 ) from err
             log.debug("cgroup.locked", cgroup=plan.group)
-            yield
+            yield list(created)
         finally:
             os.close(fd)
             for cgroup in reversed(created):

@@ -28,7 +28,7 @@ from __future__ import annotations
 import errno
 import os
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Collection, Iterator
 from contextlib import contextmanager, suppress
 from pathlib import Path
 from typing import Any, Literal, Protocol
@@ -313,10 +313,10 @@ class SystemdBackend:
         self._set_property = set_property or set_runtime_property
 
     @contextmanager
-    def lock(self, plan: Plan) -> Iterator[None]:
+    def lock(self, plan: Plan) -> Iterator[list[str]]:
         # the unit name is the lock: systemd refuses a second unit of the same name
         # (org.freedesktop.systemd1.UnitExists), and a service instance runs once
-        yield
+        yield []
 
     def _start_scope(self) -> None:
         bus = self._bus_factory()
@@ -378,10 +378,10 @@ class SystemdBackend:
                 self._set_property(unit, f"{_PROTECT_DIRECTIVE[file]}={value}")
                 log.info("systemd.protect_slice", unit=unit, file=file, value=value, previous=live)
 
-    def remove(self, plan: Plan) -> Removed:
+    def remove(self, plan: Plan, *, owned: Collection[str] | None = None) -> Removed:
         """Kill and remove the engine leaf only; U (and the supervisor in it) belong to systemd,
         which removes them when the unit ends."""
-        return self._cg.remove(plan)
+        return self._cg.remove(plan, owned=owned)
 
 
 def choose(name: BackendName, *, pid1: str, answers: Callable[[], bool] = bus_answers) -> str:

@@ -287,7 +287,9 @@ class Launcher:
             entry["cancelled"] = restarts.stopped_by
             log.info("engine.restart_cancelled", attempt=req.attempt, reason=restarts.stopped_by)
             return None
-        self._wait_group_empty(plan.group)
+        if not self._wait_group_empty(plan.group):
+            entry["error"] = "the previous run's processes did not exit"
+            return None
         try:
             return self.start(plan, setup)
         except GovernorError as err:
@@ -297,25 +299,27 @@ class Launcher:
             log.error("engine.restart_failed", attempt=req.attempt, error=str(err))
             return None
 
-    def _wait_group_empty(self, group: str) -> None:
+    def _wait_group_empty(self, group: str) -> bool:
         """The killed run's other processes (the engine's children, a locker) must be gone
-        before the next run joins: they still hold memory charged to the same budget."""
+        before the next run joins: they still hold memory charged to the same budget. False
+        when they are still there after RESTART_EMPTY_TIMEOUT_S: no relaunch on top of them."""
         deadline = self.clock() + RESTART_EMPTY_TIMEOUT_S
         while True:
             try:
                 populated = self.fs.events(group).get("populated", 0)
             except GovernorError:
-                return  # no cgroup.events to ask (test trees): nothing to wait for
+                return True  # no cgroup.events to ask (test trees): nothing to wait for
             if not populated:
-                return
+                return True
             if self.clock() >= deadline:
-                log.warning(
+                log.error(
                     "engine.restart_group_busy",
                     cgroup=group,
                     waited_s=RESTART_EMPTY_TIMEOUT_S,
-                    detail="processes of the previous run are still exiting; starting anyway",
+                    detail="processes of the previous run are still in the group (D state?);"
+                    " not relaunching on top of them",
                 )
-                return
+                return False
             self.sleep(BACKOFF_TICK_S)
 
     def _backoff(self, seconds: float, *, stop: Callable[[], bool]) -> bool:

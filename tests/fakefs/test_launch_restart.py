@@ -177,7 +177,7 @@ def test_a_relaunch_that_cannot_exec_ends_with_the_last_status(
     assert "engine not found" in entry["error"]
 
 
-def test_a_relaunch_waits_for_the_killed_runs_leftovers_then_gives_up_with_a_warning(
+def test_a_relaunch_waits_for_the_killed_runs_leftovers_and_refuses_when_they_stay(
     fake_fs: FakeKernelCgroupFs, plan: Plan
 ) -> None:
     from governor.launch import launcher as launcher_mod
@@ -192,12 +192,12 @@ def test_a_relaunch_waits_for_the_killed_runs_leftovers_then_gives_up_with_a_war
             fake_fs.reap(777)
 
     t.on_sleep = exit_after_three_ticks
-    launcher._wait_group_empty(plan.group)
+    assert launcher._wait_group_empty(plan.group) is True
     assert len(t.slept) == 3 and fake_fs.events(plan.group)["populated"] == 0
 
     fake_fs.add_process(plan.leaf, 778)  # one that never goes (D state)
     t.on_sleep = None
     with capture_logs() as logs:
-        launcher._wait_group_empty(plan.group)
+        assert launcher._wait_group_empty(plan.group) is False  # no relaunch on top of it
     assert t.now >= launcher_mod.RESTART_EMPTY_TIMEOUT_S
-    assert [e["event"] for e in logs] == ["engine.restart_group_busy"]
+    assert [(e["event"], e["log_level"]) for e in logs] == [("engine.restart_group_busy", "error")]
