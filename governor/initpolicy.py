@@ -299,7 +299,7 @@ def render(  # noqa: PLR0917  # one policy from all its inputs
         f"#   {'total':<9}{est.total / MIB:8.1f} MiB",
         f"# board {mib(s.board)} MiB - OS reserve {mib(s.reserve)} MiB (128 MiB + 1/16 of the"
         f" board, at most 1 GiB) = {mib(s.ceiling)} MiB for the engine;",
-        f"# headroom above the estimate: max(64 MiB, 10 %) = {_mib_up(s.headroom)} MiB (the"
+        f"# headroom above the estimate: max(64 MiB, 10 %) = {s.headroom / MIB:.1f} MiB (the"
         " estimate's error against memory.peak, docs/calibration.md).",
     ]
     if host.cgroup_mount is None:
@@ -320,10 +320,10 @@ def render(  # noqa: PLR0917  # one policy from all its inputs
         "[memory]",
         f'min = "{mib(s.mem_min)}MiB"  # the weights\' file pages ({mib(s.mem_min)} MiB) stay'
         " resident under pressure from the rest of the board",
-        f'high = "{mib(s.mem_high)}MiB"  # estimate {_mib_up(est.total)} + half the headroom:'
-        " reclaim and throttling start here",
-        f'max = "{mib(s.mem_max)}MiB"  # estimate {_mib_up(est.total)} + headroom'
-        f" {_mib_up(s.headroom)}; at most the {mib(s.ceiling)} MiB the board can give",
+        f'high = "{mib(s.mem_high)}MiB"  # estimate {est.total / MIB:.1f} + half the headroom'
+        f" ({s.headroom / 2 / MIB:.1f}), rounded up: reclaim and throttling start here",
+        f'max = "{mib(s.mem_max)}MiB"  # estimate {est.total / MIB:.1f} + headroom'
+        f" {s.headroom / MIB:.1f}, rounded up; at most the {mib(s.ceiling)} MiB the board can give",
         'swap_max = "0"  # boards run without swap; never swap the KV cache behind the budget',
         "oom_group = true  # an OOM kill takes the engine's whole process tree",
         "",
