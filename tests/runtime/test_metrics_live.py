@@ -31,6 +31,9 @@ from prometheus_client.parser import text_string_to_metric_families
 from .conftest import Governor
 
 T = TypeVar("T")
+EXAMPLE_RULES = (
+    Path(__file__).resolve().parents[2] / "examples" / "prometheus" / "governor.rules.yml"
+)
 WAIT_S = 90  # generous: the host is shared and a TCG guest may be running beside the tests
 
 
@@ -155,7 +158,8 @@ def test_prometheus_scrapes_a_running_launch_and_promql_returns_the_policys_seri
     target = urllib.parse.urlsplit(url).netloc
     config = tmp_path / "prometheus.yml"
     config.write_text(
-        "global:\n  scrape_interval: 1s\n"
+        "global:\n  scrape_interval: 1s\n  evaluation_interval: 1s\n"
+        f"rule_files:\n  - {EXAMPLE_RULES}\n"
         "scrape_configs:\n  - job_name: governor\n"
         f"    static_configs:\n      - targets: ['{target}']\n"
     )
@@ -184,6 +188,19 @@ def test_prometheus_scrapes_a_running_launch_and_promql_returns_the_policys_seri
         assert result["metric"]["policy"] == "rt"
         assert result["value"][1] == "1"
         assert proc.poll() is None
+
+        # the example alerting rules evaluate on the live series without error
+        def rules() -> list[dict[str, Any]] | None:
+            out = json.loads(_get(f"http://{api}/api/v1/rules"))
+            found = [r for g in out["data"]["groups"] for r in g["rules"]]
+            evaluated = all(r.get("lastEvaluation", "0001").startswith("20") for r in found)
+            return found if found and evaluated else None
+
+        found = _wait("Prometheus evaluated the example rules", rules, prom)
+        assert {r["name"] for r in found} >= {"GovernorEngineDown", "GovernorMemoryNearMax"}
+        assert [r["name"] for r in found if r["health"] != "ok"] == []
+        down = next(r for r in found if r["name"] == "GovernorEngineDown")
+        assert down["alerts"] == []  # the engine runs
     finally:
         _stop(prom)
 
