@@ -2,7 +2,8 @@
 the qemu guest): slice-level knobs go through the manager as runtime properties, so
 `systemctl show` agrees with the kernel; `--persist` writes a drop-in on the policy's slice that
 survives `systemctl daemon-reload` and a restart of the service; `rollback --all` restores the
-kernel, the manager's view and the drop-in; `status` shows the unit's value next to the kernel's.
+kernel, the manager's view and the drop-in; `status` shows the unit's value next to the kernel's;
+an unconfirmed `--confirm 3s` tune is reverted through the manager by the detached reverter.
 
 Runs in the systemd guest: flock /tmp/governor-guest.lock scripts/test --tier systemd -k tune
 """
@@ -126,3 +127,17 @@ def test_tune_goes_through_the_manager_persists_a_drop_in_and_rolls_back(
     agree(200 * MIB, 150)
     status = _run(*GOVERNOR, "status", name)
     assert "unit" in status.stdout and "in sync" in status.stdout, status.stdout
+    # --confirm: not confirmed, the detached reverter goes back through the manager too
+    short = _run(*GOVERNOR, "tune", name, "memory.high=180M", "--confirm", "3s")
+    assert short.returncode == 0, short.stderr
+    cgroups.wait_for(
+        lambda: (
+            systemctl_show(slice_unit, "MemoryHigh")["MemoryHigh"] == str(200 * MIB)
+            and cgroups.read(slice_dir / "memory.high") == str(200 * MIB)
+        ),
+        TIMEOUT,
+        "the unconfirmed tune to revert",
+    )
+    last = json.loads((RUN / name / "journal.jsonl").read_text().splitlines()[-1])
+    assert (last["source"], last["reason"]) == ("rollback", "not confirmed")
+    assert last["changes"][0]["unit"] == slice_unit
