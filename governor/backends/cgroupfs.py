@@ -19,6 +19,7 @@ from collections.abc import Callable, Collection, Iterator
 from contextlib import contextmanager, suppress
 from functools import partial
 
+from governor.backends.protect import children_protection, protect_parents
 from governor.errors import BackendError, GovernorError, HostError
 from governor.kernel import files
 from governor.kernel.cgroupfs import CgroupFs
@@ -117,16 +118,6 @@ def _same(file: str, live: str, planned: str) -> bool:
     if file == files.IO_WEIGHT:
         return _restorable(file, live) == planned.strip()
     return live.strip() == planned.strip()
-
-
-def protection(text: str) -> int | None:
-    """memory.min/low as bytes; None for "max"."""
-    return None if text == "max" else int(text)
-
-
-def at_least(a: int | None, b: int | None) -> bool:
-    """a >= b where None is "max"."""
-    return a is None or (b is not None and a >= b)
 
 
 def _ancestors_and_self(cgroup: str) -> list[str]:
@@ -230,48 +221,14 @@ class CgroupfsBackend:
     # --- protection of the slices above the group --------------------------------------------
 
     def _protect_parents(self, plan: Plan, *, raise_only: bool) -> list[WriteRecord]:
-        """Keep each governor-made ancestor's memory.min/low at the sum of its children's.
-
-        A cgroup's effective protection is capped by its parent's (mm/memcontrol.c,
-        mem_cgroup_calculate_protection): a group's memory.min under a slice with memory.min 0
-        protects nothing. Nearest ancestor first, so each sum sees the raised value below it.
-        ``raise_only`` (apply) never lowers an operator's larger value; remove lowers the
-        slices back to what the remaining children need."""
-        done: list[WriteRecord] = []
+        """Keep each governor-made ancestor's memory.min/low at the sum of its children's
+        (governor/backends/protect.py), under a lock on each ancestor."""
         parents = [p for p in _ancestors_and_self(plan.group)[:-1] if p in plan.create]
-        for file in plan.protect_parents:
-            for parent in reversed(parents):
-                if not self.fs.exists(parent):
-                    continue
-                need = self.children_protection(parent, file)
-                live = self.fs.read(parent, file).strip()
-                have = protection(live)
-                if need == have or (raise_only and at_least(have, need)):
-                    continue
-                if not raise_only and at_least(need, have):
-                    continue  # remove never raises
-                value = "max" if need is None else str(need)
-                self.fs.write(parent, file, value)
-                done.append(WriteRecord(cgroup=parent, file=file, previous=live, value=value))
-                log.info(
-                    "cgroup.protect_parent", cgroup=parent, file=file, value=value, previous=live
-                )
-        return done
+        done = protect_parents(self.fs, parents, plan.protect_parents, raise_only=raise_only)
+        return [WriteRecord(cgroup=c, file=f, previous=p, value=v) for c, f, p, v in done]
 
     def children_protection(self, parent: str, file: str) -> int | None:
-        """Sum of the children's ``file`` (None: a child asks for "max")."""
-        total = 0
-        for child in self.fs.children(parent):
-            try:
-                value = protection(self.fs.read(child, file).strip())
-            except BackendError as err:
-                if err.errno == errno.ENOENT:  # no memory controller there, or gone meanwhile
-                    continue
-                raise
-            if value is None:
-                return None
-            total += value
-        return total
+        return children_protection(self.fs, parent, file)
 
     # --- rollback ------------------------------------------------------------------------------
 

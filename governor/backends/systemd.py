@@ -34,7 +34,7 @@ from pathlib import Path
 from typing import Any, Literal, Protocol
 
 from governor.backends import dropin
-from governor.backends.cgroupfs import Applied, CgroupfsBackend, Removed, at_least, protection
+from governor.backends.cgroupfs import Applied, CgroupfsBackend, Removed
 from governor.backends.placement import (
     CompiledPlacement,
     Placement,
@@ -42,6 +42,7 @@ from governor.backends.placement import (
     own_cgroup,
     pick,
 )
+from governor.backends.protect import at_least, protection
 from governor.errors import BackendError, GovernorError, HostError, PermissionDenied
 from governor.kernel.cgroupfs import CgroupFs
 from governor.log import get_logger

@@ -107,3 +107,48 @@ def test_a_failed_slice_write_restores_the_whole_tree(tmp_path: Path) -> None:
     assert info.value is fs.injected and info.value.file == files.MEMORY_MIN
     assert info.value.cgroup == SLICE
     assert snapshot(tmp_path / "cgroup") == before
+
+
+class LockCheckingFs(FakeKernelCgroupFs):
+    """Records, at every read and write of the slice's memory.min/low, whether some other open
+    file description holds an exclusive flock on the slice's directory."""
+
+    def __init__(self, root: Path) -> None:
+        super().__init__(root)
+        self.seen: list[tuple[str, bool]] = []
+
+    def _held(self, cgroup: str) -> bool:
+        import fcntl
+        import os
+
+        fd = os.open(self.path(cgroup), os.O_RDONLY | os.O_DIRECTORY)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return True
+        finally:
+            os.close(fd)
+        return False
+
+    def read(self, cgroup: str, file: str) -> str:
+        if cgroup == SLICE and file in (files.MEMORY_MIN, files.MEMORY_LOW):
+            self.seen.append((f"read {file}", self._held(cgroup)))
+        return super().read(cgroup, file)
+
+    def write(self, cgroup: str, file: str, value: str) -> None:
+        if cgroup == SLICE and file in (files.MEMORY_MIN, files.MEMORY_LOW):
+            self.seen.append((f"write {file}", self._held(cgroup)))
+        super().write(cgroup, file, value)
+
+
+def test_the_slices_sum_is_read_and_written_under_a_lock_on_the_slice(cgroup_root: Path) -> None:
+    """Two launches in one slice: without the lock both read the old sum and the second write
+    loses the first's share."""
+    fs = LockCheckingFs(cgroup_root)
+    backend = CgroupfsBackend(fs)
+    plan = _plan("chat", min_=600 * MIB)
+    backend.apply(plan)
+    backend.remove(plan)
+    rmw = [(what, held) for what, held in fs.seen if what.endswith(files.MEMORY_MIN)]
+    assert ("write memory.min", True) in rmw
+    assert all(held for _, held in rmw), rmw
