@@ -22,6 +22,8 @@ from governor.kernel.cgroupfs import CgroupFs
 from governor.state import Publisher
 from governor.status import collect, render
 
+from .plans import make_plan
+
 G = 1 << 30
 M = 1 << 20
 GROUP = "governor.slice/t"
@@ -283,3 +285,35 @@ def test_uninstall_removes_the_persisted_tune_drop_in(tmp_path: Path) -> None:
     assert not conf.exists() and not conf.parent.exists()
     assert any(c.path.endswith(tune.DROPIN_NAME) and c.new is None for c in res.changes)
     assert not (tmp_path / "etc/systemd/system/governor-t.slice").exists()
+
+
+def test_status_knobs_under_systemd_carry_the_units_value_and_its_drift(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from governor import observe
+
+    fs = _tree(tmp_path)
+    unit_says = {kf.MEMORY_HIGH: str(2 * G), kf.MEMORY_MAX: str(3 * G), kf.CPU_WEIGHT: "100"}
+    monkeypatch.setattr(manager, "unit_values", lambda unit: dict(unit_says))
+    systemd = {
+        "unit": "governor-t.slice",
+        "cgroup": GROUP,
+        "version": 252,
+        "limits": [
+            {"file": kf.MEMORY_HIGH, "reason": "memory.high", "policy": str(2 * G)},
+            {"file": kf.MEMORY_MAX, "reason": "memory.max", "policy": str(3 * G)},
+            {"file": kf.CPU_WEIGHT, "reason": "cpu.weight", "policy": "100"},
+        ],
+    }
+    plan = make_plan(writes=(), group=f"{GROUP}/engine")
+    journal = Journal(tmp_path / "run" / "t")
+    # tuned through the manager: kernel and unit agree, both differ from the policy
+    tune.apply(fs, GROUP, {kf.MEMORY_HIGH: str(G)}, journal=journal)
+    unit_says[kf.MEMORY_HIGH] = str(G)
+    # written behind the manager's back: the kernel differs from the unit
+    fs.write(GROUP, kf.CPU_WEIGHT, "50")
+    rows = {k["file"]: k for k in observe.knobs(fs, plan, journal=journal, systemd=systemd)}
+    assert (rows[kf.MEMORY_HIGH]["unit"], rows[kf.MEMORY_HIGH]["state"]) == (str(G), "tuned")
+    assert rows[kf.MEMORY_MAX]["state"] == "in sync"
+    assert (rows[kf.CPU_WEIGHT]["kernel"], rows[kf.CPU_WEIGHT]["unit"]) == ("50", "100")
+    assert rows[kf.CPU_WEIGHT]["state"] == "unit drifted"
