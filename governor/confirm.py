@@ -3,7 +3,8 @@ operator confirms it (`governor tune NAME --confirm`) in time.
 
 The revert must not depend on the tune command staying in the foreground, nor on a supervisor
 (slices made by `governor apply` have none), so each such tune starts one small detached
-process, ``python -m governor.confirm`` (standard library only, ~10 MB), in its own session:
+process, ``python -m governor.confirm`` (standard library only; 13 MB resident while it
+waits, measured on the CI machine), in its own session:
 
 1. it is started *before* anything is written and waits on its stdin, so its pid goes into the
    tune's journal entry (``reverter_pid``) next to ``confirm_by`` (epoch seconds);
