@@ -238,7 +238,7 @@ def _field_path(loc: tuple[int | str, ...]) -> str:
         if isinstance(part, int):
             out += f"[{part}]"
         else:
-            out += ("." if out else "") + ("for" if part == "for_" else part)
+            out += ("." if out else "") + part
     return out
 
 
@@ -275,16 +275,28 @@ def _message(error: Any) -> str:
     if kind == "value_error":
         return str(error["ctx"]["error"]) if "ctx" in error else error["msg"]
     if kind == "bool_type":
-        return f"expected true or false, got {error['input']!r}"
+        return f"expected true or false, got {_shown(error['input'])}"
     if kind in ("int_type", "int_parsing"):
-        return f"expected an integer, got {error['input']!r}"
+        return f"expected an integer, got {_shown(error['input'])}"
     if kind == "string_type":
-        return f"expected a string, got {error['input']!r}"
+        return f"expected a string, got {_shown(error['input'])}"
     if kind == "missing":
         return "required key missing"
     if kind in ("model_type", "model_attributes_type", "dict_type"):
-        return f"expected a table, got {error['input']!r}"
+        return f"expected a table, got {_shown(error['input'])}"
+    if kind == "too_short":
+        return f"needs at least {error.get('ctx', {}).get('min_length', 1)} item(s), got none"
+    if kind == "too_long":
+        return f"has more than {error.get('ctx', {}).get('max_length', '?')} items"
+    if kind in ("tuple_type", "list_type"):
+        return f"expected a list, got {_shown(error['input'])}"
     msg = str(error["msg"])
     if "input" in error and not isinstance(error["input"], dict | list):
-        msg += f", got {error['input']!r}"
+        msg += f", got {_shown(error['input'])}"
     return msg
+
+
+def _shown(value: object) -> str:
+    """A value echoed in an error, cut (a 1 MB string is not repeated back in full)."""
+    text = repr(value)
+    return text if len(text) <= 80 else text[:77] + "..."

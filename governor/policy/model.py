@@ -215,10 +215,20 @@ class ProcessSection(_Section):
     @field_validator("env")
     @classmethod
     def _env_names(cls, env: dict[str, str]) -> dict[str, str]:
-        for key in env:
+        for key, value in env.items():
             if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", key):
-                raise ValueError(f"invalid environment variable name {key!r}")
+                raise ValueError(f"invalid environment variable name {key[:80]!r}")
+            if "\0" in value:  # execve cannot pass it: the launch would fail in the child
+                raise ValueError(f"environment variable {key} holds a NUL byte")
         return env
+
+    @field_validator("user", "group")
+    @classmethod
+    def _account_name(cls, name: str | None) -> str | None:
+        # useradd(8)'s portable name: what getpwnam can look up (a NUL raised ValueError there)
+        if name is not None and not re.fullmatch(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,31}\$?", name):
+            raise ValueError(f"invalid user or group name {name[:80]!r}")
+        return name
 
 
 class EngineSection(_Section):
@@ -239,7 +249,8 @@ class PrefetchSection(_Section):
 
 
 class PressureRule(_Section):
-    model_config = ConfigDict(frozen=True, extra="forbid", strict=True, populate_by_name=True)
+    # `for` is the key (a Python keyword, hence the attribute for_); `for_` is not a key
+    model_config = ConfigDict(frozen=True, extra="forbid", strict=True)
 
     when: Trigger
     for_: Duration | None = Field(default=None, alias="for")

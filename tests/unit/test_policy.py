@@ -103,7 +103,7 @@ BAD_CASES: list[tuple[str, int, str | None, str]] = [
     ("pressure-no-actions.toml", EXIT_POLICY, "pressure[0].do", "at least 1 item"),
     ("pressure-missing-when.toml", EXIT_POLICY, "pressure[0].when", "required key missing"),
     ("pressure-bad-for.toml", EXIT_POLICY, "pressure[0].for", "expected a duration string"),
-    ("pressure-as-table.toml", EXIT_POLICY, "pressure", "tuple"),
+    ("pressure-as-table.toml", EXIT_POLICY, "pressure", "expected a list"),
     # actions
     ("action-unknown.toml", EXIT_POLICY, "pressure[0].do[1]", "unknown action 'reboot'"),
     ("action-unknown-signal.toml", EXIT_POLICY, "pressure[0].do[0]", "unknown signal 'SIGFOO'"),
@@ -589,3 +589,37 @@ def test_every_policy_error_carries_a_hint() -> None:
     with pytest.raises(PolicyError) as err:
         load_text('name = "x"\n[memory]\nmax = "lots"\n')
     assert err.value.hint
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        '[process]\nuser = "a\\u0000b"\n',
+        '[process]\ngroup = "x y"\n',
+        '[process]\nuser = "../root"\n',
+        '[process]\nenv = { A = "x\\u0000y" }\n',
+    ],
+)
+def test_account_names_and_env_values_exec_cannot_pass_are_policy_errors(body: str) -> None:
+    with pytest.raises(PolicyError) as err:
+        load_text(f'name = "x"\n{body}')
+    assert "process." in str(err.value)
+
+
+def test_ordinary_account_names_are_accepted() -> None:
+    p = load_text('name = "x"\n[process]\nuser = "llama"\ngroup = "video"\n')
+    assert (p.process.user, p.process.group) == ("llama", "video")
+
+
+def test_for_underscore_is_not_a_key_and_errors_use_the_policys_own_words() -> None:
+    with pytest.raises(PolicyError) as err:
+        load_text(
+            'name = "x"\n[[pressure]]\nwhen = "memory some 150ms/2s"\nfor_ = "2s"\ndo = ["log"]\n'
+        )
+    assert str(err.value) == "unknown key (<string>, pressure[0].for_)"
+    with pytest.raises(PolicyError) as err:
+        load_text('name = "x"\n[[pressure]]\nwhen = "memory some 150ms/2s"\ndo = []\n')
+    assert "needs at least 1 item" in str(err.value) and "Tuple" not in str(err.value)
+    with pytest.raises(PolicyError) as err:
+        load_text('name = "x"\n[memory]\noom_group = "' + "x" * 100_000 + '"\n')
+    assert len(str(err.value)) < 200
