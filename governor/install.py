@@ -121,6 +121,14 @@ def _read(path: Path) -> str | None:
         return path.read_text(encoding="utf-8")
     except FileNotFoundError:
         return None
+    except UnicodeDecodeError as err:
+        # install keeps the old text to restore it on uninstall: it cannot keep what it
+        # cannot read back exactly, so it leaves the file alone
+        raise PolicyError(
+            f"existing file is not UTF-8 text (byte {err.start}); not replacing it",
+            file=str(path),
+            hint="look at the file: move it aside if it is not needed, then install again",
+        ) from None
     except OSError as err:
         raise _oserror(err, "cannot read", path) from err
 

@@ -109,7 +109,10 @@ def apply(path: Path, opts: HostOptions) -> Plan:
     plan = check(path, opts)
     backend = _backend(plan)
     # the lock a launch of the same policy holds for its whole run: apply refuses (69) then
-    with backend.lock(plan) as locked:
+    from governor.supervisor import interruptible
+
+    # a stop signal while the limits are written rolls them back (exit 128+N), as ^C does
+    with backend.lock(plan) as locked, interruptible():
         applied = backend.apply(plan)
     created = sorted(set(locked) | set(applied.created))
     # no supervisor: the state holds while the cgroup exists (governor status shows it)
@@ -429,56 +432,8 @@ def init(opts: HostOptions, req: Any) -> Any:
     return draft(req, probe_host(opts), root=opts.root)
 
 
-def bench(path: Path, argv: tuple[str, ...], opts: HostOptions, bopts: Any) -> Any:
-    """`governor bench`: run the engine under the policy per governor/enginebench/main.py."""
-    from governor.enginebench.main import bench as run_bench
-
-    _check_bench_options(bopts)
-    plan = check(path, opts)
-    return run_bench(plan, path, argv, opts, bopts)
-
-
-BENCH_INTERVAL_MAX_S = 60.0
-BENCH_CTX_MAX = 1 << 24
-
-
-def _check_bench_options(bopts: Any) -> None:
-    """Refuse what would only fail (or mislead) after every run: NaN or absurd numbers, and
-    output files that cannot be written."""
-    import math
-
-    from governor.errors import UsageError
-    from governor.outputs import check_writable
-
-    numbers = {
-        "--interval": bopts.interval,
-        "--max-peak-fraction": bopts.max_fraction,
-        "--min-decode-tps": bopts.min_decode_tps,
-        "--timeout": bopts.timeout,
-    }
-    for option, value in numbers.items():
-        if value is not None and (not math.isfinite(value) or value < 0):
-            raise UsageError(
-                f"{option} {value} is not a finite, non-negative number (command line)",
-                hint=f"governor bench --help shows what {option} takes",
-            )
-    if bopts.interval > BENCH_INTERVAL_MAX_S:
-        raise UsageError(
-            f"--interval {bopts.interval:g} s samples less than once a minute (command line)",
-            hint="memory is sampled every --interval seconds: 0.05-60",
-        )
-    for ctx in bopts.ctxs:
-        if not 0 < ctx <= BENCH_CTX_MAX:
-            raise UsageError(
-                f"--ctx {ctx} is not a context size (command line)",
-                hint=f"a context is 1..{BENCH_CTX_MAX} tokens",
-            )
-    for option, out in (("--csv", bopts.csv), ("--json", bopts.json), ("--plot", bopts.plot)):
-        if out is not None:
-            check_writable(out, option)
-
-
 # launch: the run-time path; operate: status, diff, tune, rollback (their own modules)
+from governor.api.bench import bench  # noqa: E402
 from governor.api.launch import (  # noqa: E402  # after the names they import from here
     LaunchOptions,
     compiled_for_launch,
@@ -489,6 +444,7 @@ from governor.api.operate import diff, metrics, rollback, status, tune  # noqa: 
 
 __all__ = [
     "LaunchOptions",
+    "bench",
     "compiled_for_launch",
     "diff",
     "launch",

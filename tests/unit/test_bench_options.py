@@ -9,7 +9,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from governor.api import _check_bench_options
+from governor.api.bench import _check_bench_options
 from governor.enginebench.main import BenchOptions, _cases
 from governor.errors import GovernorError, PolicyNotFound, UsageError
 

@@ -275,3 +275,23 @@ def test_a_policy_path_with_a_newline_cannot_inject_unit_directives(
     assert "\\x0a[Service]\\x0aExecStartPre=touch pwned" in "".join(
         unit.read_text() for unit in units
     )
+
+
+def test_an_existing_unit_that_is_not_utf8_is_left_alone_with_65(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    unit_dir = tmp_path / UNIT_DIR
+    unit_dir.mkdir(parents=True)
+    (unit_dir / "governor.slice").write_bytes(b"\xff\xfe not text")
+    before = tree_bytes(tmp_path)
+    code, _, err = cli_install(capsys, tmp_path, "npu-chat")
+    assert code == 65, err
+    assert "not UTF-8" in err.splitlines()[0] and err.splitlines()[1].startswith("hint: ")
+    assert tree_bytes(tmp_path) == before
+
+
+def tree_bytes(root: Path) -> dict[str, bytes | None]:
+    return {
+        str(p.relative_to(root)): (p.read_bytes() if p.is_file() else None)
+        for p in sorted(root.rglob("*"))
+    }
