@@ -47,7 +47,7 @@ def main(argv: list[str]) -> int:
     print(f"   pressure rules     {fired} firing(s)")
     pre, dec = timings.prefill_tps, timings.decode_tps
     print(
-        f"   tokens/s           prefill {pre or 0:.1f}  decode {dec or 0:.1f}"
+        f"   tokens/s           prefill {pre or 0:.2f}  decode {dec or 0:.2f}"
         f"  ({timings.decode_tokens} tokens generated)"
     )
     degraded = report.get("degraded") or []
