@@ -345,6 +345,11 @@ def _run(
             print(
                 f"  {name} / systemd-run --scope, time-to-exec {med(tte, name) / med(tte, s):5.2f}"
             )
+        # what any Python launcher starts from here: the interpreter against a C peer
+        print(f"  floor / systemd-run --scope, wall {med(wall, 'floor') / med(wall, s):5.2f}")
+        print(
+            f"  floor -I -S / systemd-run --scope, wall {med(wall, 'floor -I -S') / med(wall, s):5.2f}"
+        )
     return 0
 
 
