@@ -11,9 +11,11 @@
 
 from __future__ import annotations
 
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import textwrap
 import time
 from pathlib import Path
@@ -51,8 +53,11 @@ def test_the_engine_inherits_no_fd_and_default_signals_across_the_real_start(
     secret = tmp_path / "secret"
     secret.write_text("root only\n")
     secret.chmod(0o600)
-    out = tmp_path / "out"
-    tmp_path.chmod(0o777)  # the engine runs as nobody and writes its findings here
+    # the engine runs as nobody: it writes its findings where nobody can (pytest's own tmp
+    # directories are 0700 root)
+    shared = Path(tempfile.mkdtemp(prefix="governor-inh-"))
+    shared.chmod(0o777)
+    out = shared / "out"
     policy = _policy(
         tmp_path,
         scratch_slice,
@@ -78,8 +83,11 @@ def test_the_engine_inherits_no_fd_and_default_signals_across_the_real_start(
         timeout=300,
         check=False,
     )
-    assert done.returncode == 0, done.stderr[-2000:]
-    text = out.read_text()
+    try:
+        assert done.returncode == 0, done.stderr[-2000:]
+        text = out.read_text()
+    finally:
+        shutil.rmtree(shared, ignore_errors=True)
     print(text)
     assert str(secret) not in text, "the engine inherited the shell's fd 9"
     assert "root only" not in text
