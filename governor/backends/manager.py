@@ -28,7 +28,7 @@ from governor.backends.unitmap import (
     mapping_for,
     split,
 )
-from governor.errors import BackendError, HostError
+from governor.errors import HostError
 from governor.kernel import files as kf
 from governor.kernel.cgroupfs import CgroupFs
 from governor.plan.model import Plan
@@ -94,17 +94,13 @@ def _set_over_dbus(unit: str, props: list[tuple[str, Any]]) -> None:
 
 
 def _set_with_systemctl(unit: str, m: Mapping, value: str) -> None:
-    assignment = f"{m.directive}={m.ini(value)}"
-    try:
-        subprocess.run(
-            ["systemctl", "set-property", "--runtime", unit, assignment],
-            check=True, capture_output=True, text=True, timeout=60,
-        )  # fmt: skip
-    except (OSError, subprocess.SubprocessError) as err:
-        raise BackendError(
-            f"cannot set {assignment} on {unit}: {getattr(err, 'stderr', '') or err}".strip(),
-            hint=f"is the manager running? `systemctl show {unit}` says what it holds",
-        ) from err
+    from governor.backends.systemd import set_runtime_property
+
+    set_runtime_property(
+        unit,
+        f"{m.directive}={m.ini(value)}",
+        hint=f"is the manager running? `systemctl show {unit}` says what it holds",
+    )
 
 
 class ManagerWriter:

@@ -241,7 +241,7 @@ def bus_answers() -> bool:
 _PROTECT_DIRECTIVE = {"memory.min": "MemoryMin", "memory.low": "MemoryLow"}
 
 
-def set_runtime_property(unit: str, assignment: str) -> None:
+def set_runtime_property(unit: str, assignment: str, *, hint: str | None = None) -> None:
     """``systemctl set-property --runtime UNIT KEY=VALUE`` (until reboot; no pystemd needed)."""
     import subprocess
 
@@ -253,7 +253,8 @@ def set_runtime_property(unit: str, assignment: str) -> None:
     except (OSError, subprocess.SubprocessError) as err:
         raise BackendError(
             f"cannot set {assignment} on {unit}: {getattr(err, 'stderr', '') or err}".strip(),
-            hint=f"the policy's memory protection needs {unit} to grant it too;"
+            hint=hint
+            or f"the policy's memory protection needs {unit} to grant it too;"
             f" set it by hand: systemctl set-property {unit} {assignment}",
         ) from err
 

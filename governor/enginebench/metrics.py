@@ -12,10 +12,9 @@ from collections.abc import Sequence
 from pathlib import Path
 from statistics import fmean
 
-from prometheus_client import CollectorRegistry, Gauge, write_to_textfile
+from prometheus_client import CollectorRegistry, Gauge
 
 from governor.enginebench.run import Row
-from governor.errors import HostError, PermissionDenied, PolicyNotFound
 
 TEXTFILE = "governor_bench.prom"
 LABELS = ("policy", "model", "quant", "ctx")
@@ -69,21 +68,6 @@ def registry(policy: str, rows: Sequence[Row], now: float | None = None) -> Coll
 
 
 def write(directory: Path, policy: str, rows: Sequence[Row]) -> Path:
-    if not directory.is_dir():
-        raise PolicyNotFound(
-            f"no such directory: {directory} (--metrics-textfile)",
-            hint="create it, or give node_exporter's --collector.textfile.directory",
-        )
-    path = directory / TEXTFILE
-    try:
-        write_to_textfile(str(path), registry(policy, rows))
-    except PermissionError as err:
-        raise PermissionDenied(
-            "cannot write the bench textfile", file=str(path), errno=err.errno, hint="run as root"
-        ) from err
-    except OSError as err:
-        raise HostError(
-            f"cannot write the bench textfile: {err.strerror or err} ({path})",
-            hint="check the directory's file system (full? read-only?)",
-        ) from err
-    return path
+    from governor.metrics.export import write_registry
+
+    return write_registry(directory, TEXTFILE, registry(policy, rows), "--metrics-textfile")

@@ -96,21 +96,27 @@ def write_textfile(directory: Path, run: Path, name: str | None = None) -> Path:
     """``DIR/governor.prom`` for every governed slice (or ``name``), replaced atomically
     (prometheus_client.write_to_textfile: a temporary file in DIR, then rename)."""
     states = _states(run, name)
+    return write_registry(directory, TEXTFILE, registry(lambda: states, run), "--textfile")
+
+
+def write_registry(directory: Path, filename: str, reg: Any, option: str) -> Path:
+    """Write ``reg`` as ``directory/filename`` for node_exporter's textfile collector, atomically;
+    the one-line errors name ``option`` (governor metrics --textfile, bench --metrics-textfile)."""
     if not directory.is_dir():
         raise PolicyNotFound(
-            f"no such directory: {directory} (--textfile)",
+            f"no such directory: {directory} ({option})",
             hint="create it, or give node_exporter's --collector.textfile.directory",
         )
-    path = directory / TEXTFILE
+    path = directory / filename
     try:
-        write_to_textfile(str(path), registry(lambda: states, run))
+        write_to_textfile(str(path), reg)
     except PermissionError as err:
         raise PermissionDenied(
-            "cannot write the metrics textfile", file=str(path), errno=err.errno, hint="run as root"
+            f"cannot write {path.name}", file=str(path), errno=err.errno, hint="run as root"
         ) from err
     except OSError as err:
         raise HostError(
-            f"cannot write the metrics textfile: {err.strerror or err} ({path})",
+            f"cannot write {path.name}: {err.strerror or err} ({path})",
             hint="check the directory's file system (full? read-only?)",
         ) from err
     return path
