@@ -270,7 +270,12 @@ def interruptible() -> Iterator[None]:
     """Within the block a stop signal raises :class:`Interrupted` (a KeyboardInterrupt, so every
     ``except BaseException`` rollback runs) instead of ending the process where it stands."""
 
+    raised: list[int] = []
+
     def stop(signum: int, _frame: object) -> None:
+        if raised:
+            return  # the rollback of the first one is running: a second must not cut it short
+        raised.append(signum)
         raise Interrupted(signum)
 
     previous = {sig: signal.signal(sig, stop) for sig in STOP_SIGNALS}

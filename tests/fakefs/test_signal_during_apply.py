@@ -58,3 +58,27 @@ def test_a_stop_signal_during_apply_rolls_back_and_exits_128_plus_n(
     assert snapshot(cgroup_root) == before, "a limit stayed applied"
     # the handlers are the process's own again afterwards
     assert {s: signal.getsignal(s) for s in handlers} == handlers
+
+
+class StormFs(SignalledFs):
+    """Sends the signal at the ``nth`` limit write and at every write after it (the rollback's
+    own restoring writes included): an operator pressing ^C again and again."""
+
+    def write(self, cgroup: str, file: str, value: str) -> None:
+        FakeKernelCgroupFs.write(self, cgroup, file, value)
+        if file == files.CGROUP_SUBTREE_CONTROL:
+            return
+        self.writes += 1
+        if self.writes >= self.nth:
+            os.kill(os.getpid(), self.signum)
+
+
+def test_more_signals_during_the_rollback_do_not_cut_it_short(cgroup_root: Path) -> None:
+    fs = StormFs(cgroup_root, signal.SIGTERM, nth=2)
+    before = snapshot(cgroup_root)
+    setup = ChildSetup(executable="/bin/true", argv=("/bin/true",), env={}, pdeathsig=False)
+    supervisor = Supervisor(CgroupfsBackend(fs), Launcher(fs), proc=ProcFs(), watchdog=None)
+    with pytest.raises(Interrupted):
+        supervisor.run(Job(plan=make_plan(), setup=setup))
+    assert fs.writes > 2, "the rollback restored values (and was signalled meanwhile)"
+    assert snapshot(cgroup_root) == before
