@@ -145,12 +145,15 @@ def remove(path: Path, opts: HostOptions) -> Any:
     plan = compile_plan(policy, host, allow_missing=everything, source=str(path))
     from governor.state import Publisher, read_states, run_dir
 
-    # the slice goes only when `governor apply` recorded that it created it; without a record
-    # (a launch --keep, a reboot of /run) an empty slice is left: harmless, and maybe not ours
-    recorded = [s for s in read_states(run_dir()) if s.get("policy") == plan.policy]
-    owned: set[str] = set()
-    for state in recorded:
-        owned.update(state.get("created") or ())
+    # `governor apply` records what it created: then the slice goes only when it is among
+    # them (an operator's slice stays). Without a record (a launch --keep, /run lost) an empty
+    # slice the plan would create goes, as before
+    recorded = [
+        s for s in read_states(run_dir()) if s.get("policy") == plan.policy and "created" in s
+    ]
+    owned: set[str] | None = None
+    if recorded:
+        owned = {c for state in recorded for c in state.get("created") or ()}
     removed = _backend(plan).remove(plan, owned=owned)
 
     # the state `governor apply` published; a running launch's is its supervisor's to remove
