@@ -36,6 +36,13 @@ class GovernorError(Exception):
 MESSAGE_MAX = 4000  # characters of one error line: every problem listed, but a 1 MB key is cut
 
 
+def shown(value: object, limit: int = 80) -> str:
+    """``repr(value)`` for an error message, cut to ``limit`` characters (a 1 MB string or a
+    400-digit number is not echoed back in full)."""
+    text = repr(value)
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
 def one_line(text: str, limit: int = MESSAGE_MAX) -> str:
     """``text`` as exactly one terminal line: control characters (a newline in a file name) as
     visible escapes, and cut to ``limit`` characters."""

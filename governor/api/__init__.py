@@ -179,13 +179,17 @@ class MonitorOptions:
 def _check_cgroup_option(cgroup: str) -> None:
     """``monitor --cgroup``: a path below the cgroup2 root, never out of it."""
     from governor.errors import UsageError
+    from governor.kernel.cgroupfs import CgroupFs
 
-    parts = cgroup.split("/")
-    if cgroup.startswith("/") or any(p in ("", ".", "..") for p in parts) or "\0" in cgroup:
+    try:
+        if not cgroup:
+            raise ValueError("empty")  # the root itself: never the engine's cgroup
+        CgroupFs(Path("/")).path(cgroup)  # the kernel door's own rule for a cgroup path
+    except ValueError:
         raise UsageError(
             f"--cgroup {cgroup[:80]!r} is not a cgroup below the cgroup2 root (command line)",
             hint="give it relative to the root, e.g. --cgroup system.slice/llama.service",
-        )
+        ) from None
 
 
 def monitor(path: Path, opts: HostOptions, mopts: MonitorOptions) -> dict[str, Any]:

@@ -18,6 +18,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from governor.errors import PermissionDenied, PolicyError, PolicyNotFound
+from governor.errors import shown as _shown
 from governor.policy.model import Policy
 
 MAX_EXTENDS_DEPTH = 8
@@ -294,9 +295,3 @@ def _message(error: Any) -> str:
     if "input" in error and not isinstance(error["input"], dict | list):
         msg += f", got {_shown(error['input'])}"
     return msg
-
-
-def _shown(value: object) -> str:
-    """A value echoed in an error, cut (a 1 MB string is not repeated back in full)."""
-    text = repr(value)
-    return text if len(text) <= 80 else text[:77] + "..."

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from decimal import Decimal, InvalidOperation
 from typing import Literal
 
+from governor.errors import shown as _shown
 from governor.policy.cpus import MAX_CPU, CpuSpec, parse_cpus
 from governor.units import BINARY, format_bytes, human_bytes
 
@@ -87,7 +88,7 @@ def parse_size(
         raise ValueError(f"expected a size (int bytes or string like '1.5GiB'), got {value!r}")
     text = value.strip()
     if len(text) > _MAX_DIGITS + 8:
-        raise ValueError(f"size {_short(value)} is too long; write 'max' for no limit")
+        raise ValueError(f"size {_shown(value, 40)} is too long; write 'max' for no limit")
     if text in ("max", "model", "unlimited"):
         return _checked(Size(text), allow, value)  # type: ignore[arg-type]  # narrowed by `in`
     if m := _PERCENT_RE.match(text):
@@ -113,15 +114,10 @@ def parse_size(
     return _checked(_bounded(Decimal(int(amount)), value), allow, value)
 
 
-def _short(value: object) -> str:
-    text = repr(value)
-    return text if len(text) <= 40 else text[:37] + "..."
-
-
 def _bounded(amount: Decimal, raw: object) -> Size:
     if amount > SIZE_MAX_BYTES:
         raise ValueError(
-            f"size {_short(raw)} is beyond what the kernel can hold ({SIZE_MAX_BYTES} bytes,"
+            f"size {_shown(raw, 40)} is beyond what the kernel can hold ({SIZE_MAX_BYTES} bytes,"
             " 8 EiB); write 'max' for no limit"
         )
     return Size("bytes", amount)
@@ -165,7 +161,7 @@ def parse_duration(value: object) -> Duration:
         raise ValueError(f"expected a duration string like '150ms' or '2s', got {value!r}")
     m = _DURATION_RE.match(value) if len(value) <= _MAX_DIGITS else None
     if not m:
-        raise ValueError(f"cannot parse duration {_short(value)} (examples: 500ms, 2s, 1m)")
+        raise ValueError(f"cannot parse duration {_shown(value, 40)} (examples: 500ms, 2s, 1m)")
     us = Decimal(m["num"]) * _DURATION_US[m["unit"]]
     if us != us.to_integral_value():
         raise ValueError(f"duration {value!r} is finer than a microsecond")
@@ -212,7 +208,7 @@ def parse_cpu_max(value: object) -> CpuMax:
         or len(value) > _MAX_DIGITS
         or not (m := _PERCENT_RE.match(value))
     ):
-        shown = _short(value)
+        shown = _shown(value, 40)
         raise ValueError(f"expected a share of one CPU like '350%' or 'max', got {shown}")
     pct = Decimal(m["num"])
     if pct * 100_000 / 100 < CPU_MAX_MIN_QUOTA_US:
