@@ -16,6 +16,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import threading
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -41,10 +42,24 @@ class Publisher:
     def __init__(self, directory: Path, name: str) -> None:
         self.dir = directory / name
         self.path = self.dir / STATE_FILE
+        # the monitor's thread and the main thread both publish: one temp file at a time
+        self._lock = threading.Lock()
+
+    def read(self) -> dict[str, Any] | None:
+        """What is published under this name now (by anyone), None when nothing readable is."""
+        try:
+            state = json.loads(self.path.read_text())
+        except (OSError, ValueError):
+            return None
+        return state if isinstance(state, dict) else None
 
     def publish(self, state: Mapping[str, Any]) -> bool:
         """Atomically replace the state file; False (never raises) when it cannot be written:
         publishing must not stop the engine."""
+        with self._lock:
+            return self._publish(state)
+
+    def _publish(self, state: Mapping[str, Any]) -> bool:
         data = json.dumps({"format": FORMAT, **state}, default=str).encode()
         tmp = self.dir / f".{STATE_FILE}.{os.getpid()}"
         try:

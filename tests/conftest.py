@@ -49,6 +49,22 @@ def _private_cache_dir(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Non
         os.environ["GOVERNOR_CACHE_DIR"] = before
 
 
+@pytest.fixture(autouse=True)
+def _private_run_dir(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[None]:
+    """Runtime state (/run/governor) of every test and every governor it starts lives in a tmp
+    directory; not in the systemd tier, whose services publish under the real /run/governor."""
+    if request.node.get_closest_marker("systemd") is not None or "GOVERNOR_RUN_DIR" in os.environ:
+        yield
+        return
+    os.environ["GOVERNOR_RUN_DIR"] = str(tmp_path_factory.mktemp("governor-run"))
+    try:
+        yield
+    finally:
+        os.environ.pop("GOVERNOR_RUN_DIR", None)
+
+
 @pytest.hookimpl(tryfirst=True)
 def pytest_runtest_setup(item: pytest.Item) -> None:
     """Check the kernel/systemd/engine requirement markers (skip, or fail when CI=true)."""

@@ -167,117 +167,6 @@ def remove(path: Path, opts: HostOptions) -> Any:
 
 
 @record(frozen=True)
-class MonitorOptions:
-    sample_s: float = 1.0
-    report: Path | None = None
-    cgroup: str | None = None  # watch this cgroup (relative to the root) instead of the plan's
-    duration_s: float | None = None  # stop after this long (default: until signalled or gone)
-    psi_triggers: bool = True  # False: evaluate PSI rules by polling total= (--psi poll)
-    metrics: tuple[str, int] | None = None  # serve /metrics here while it runs (--metrics)
-
-
-def _check_cgroup_option(cgroup: str) -> None:
-    """``monitor --cgroup``: a path below the cgroup2 root, never out of it."""
-    from governor.errors import UsageError
-    from governor.kernel.cgroupfs import CgroupFs
-
-    try:
-        if not cgroup:
-            raise ValueError("empty")  # the root itself: never the engine's cgroup
-        CgroupFs(Path("/")).path(cgroup)  # the kernel door's own rule for a cgroup path
-    except ValueError:
-        raise UsageError(
-            f"--cgroup {cgroup[:80]!r} is not a cgroup below the cgroup2 root (command line)",
-            hint="give it relative to the root, e.g. --cgroup system.slice/llama.service",
-        ) from None
-
-
-def monitor(path: Path, opts: HostOptions, mopts: MonitorOptions) -> dict[str, Any]:
-    """`governor monitor`: attach the pressure monitor to an already-running slice (one that
-    `governor apply` or systemd created) until SIGINT/SIGTERM or the cgroup is gone."""
-    import signal
-    import time
-
-    from governor.errors import HostError
-    from governor.kernel.cgroupfs import CgroupFs
-    from governor.kernel.procfs import ProcFs
-    from governor.monitor.loop import Monitor
-
-    if mopts.cgroup is not None:
-        _check_cgroup_option(mopts.cgroup)
-    if mopts.report is not None:
-        from governor.outputs import check_writable
-
-        check_writable(mopts.report, "--report")
-    plan = check(path, opts, attach=mopts.cgroup)
-    fs = CgroupFs(Path(plan.cgroup_root))
-    if not fs.exists(plan.group):
-        raise HostError(
-            f"nothing to monitor: {plan.cgroup_root}/{plan.group} does not exist (cgroup root)",
-            hint="start it first (governor apply / launch, or its systemd unit), or pass --cgroup",
-        )
-
-    def engine_pids() -> list[int]:
-        where = plan.leaf if fs.exists(plan.leaf) else plan.group
-        return fs.procs(where)
-
-    # --metrics: what the endpoint exports, refreshed by the monitor's thread when a rule
-    # changes state or fires (the scrape thread only reads the list's current item)
-    snapshot: list[dict[str, Any]] = []
-    base = {"policy": plan.policy, "source": "monitor", "plan": plan.to_dict(), "restarts": 0}
-
-    def publish() -> None:
-        snapshot[:] = [base | {"rules": mon.rule_states(), "action_totals": mon.action_totals()}]
-
-    endpoint = None
-    if mopts.metrics is not None:
-        from governor.api.launch import serve_metrics
-
-        endpoint = serve_metrics(mopts.metrics, lambda: list(snapshot))
-    # a freeze action holds the group while it runs: the sh watchdog thaws it if the monitor
-    # dies (SIGKILL, OOM); every signal that ends it otherwise goes through finish() below
-    from governor.launch.watchdog import fork_watchdog
-
-    watchdog = fork_watchdog()
-    try:
-        watchdog.arm_thaw(plan.cgroup_root, plan.group)
-        stopped: list[int] = []
-        previous = {
-            sig: signal.signal(sig, lambda n, _f: stopped.append(n))
-            for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT)
-        }
-        deadline = None if mopts.duration_s is None else time.monotonic() + mopts.duration_s
-        # no restarts here: the executor answers `restart` with "needs governor launch"
-        mon = Monitor(
-            fs,
-            plan,
-            engine_pids=engine_pids,
-            proc=ProcFs(opts.root / "proc"),
-            sample_s=mopts.sample_s,
-            psi_triggers=mopts.psi_triggers,
-            on_change=publish,
-        ).start()
-        publish()
-        try:
-            mon.run(
-                lambda: bool(stopped) or (deadline is not None and time.monotonic() >= deadline)
-            )
-        finally:
-            for sig, handler in previous.items():
-                signal.signal(sig, handler)
-            out = mon.finish()
-        if mopts.report is not None:
-            import json
-
-            mopts.report.write_text(json.dumps(out, indent=2, sort_keys=True) + "\n")
-        return out
-    finally:
-        watchdog.disarm()
-        if endpoint is not None:
-            endpoint.close()
-
-
-@record(frozen=True)
 class InstallOptions:
     root: Path = Path("/")  # where etc/systemd/system is written (a DESTDIR)
     dry_run: bool = False
@@ -440,6 +329,7 @@ def init(opts: HostOptions, req: Any) -> Any:
 
 
 # launch: the run-time path; operate: status, diff, tune, rollback (their own modules)
+from governor.api.attach import MonitorOptions, monitor  # noqa: E402
 from governor.api.bench import bench  # noqa: E402
 from governor.api.launch import (  # noqa: E402  # after the names they import from here
     LaunchOptions,
@@ -451,11 +341,13 @@ from governor.api.operate import diff, metrics, rollback, status, tune  # noqa: 
 
 __all__ = [
     "LaunchOptions",
+    "MonitorOptions",
     "bench",
     "compiled_for_launch",
     "diff",
     "launch",
     "metrics",
+    "monitor",
     "resolve_executable",
     "rollback",
     "status",

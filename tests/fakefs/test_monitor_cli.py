@@ -129,3 +129,103 @@ def test_monitor_serves_its_rules_and_the_slice_on_metrics_while_it_runs(
     assert ("governor_engine_up", "") in samples
     with pytest.raises(OSError):  # the endpoint closed with the monitor
         urllib.request.urlopen(url, timeout=5)
+
+
+def _plan_dict(policy: Path, cgroup_root: Path) -> dict[str, object]:
+    from governor import api
+
+    return api.check(policy, api.HostOptions(root=Path(HOST), cgroup_root=cgroup_root)).to_dict()
+
+
+def test_monitor_publishes_its_state_for_status_and_gives_apply_its_state_back(
+    tmp_path: Path, cgroup_root: Path, fake_fs: FakeKernelCgroupFs
+) -> None:
+    """While it runs, `governor status` sees the monitor (its pid, its rules); apply's record
+    of what it created rides along (remove needs it) and is the state again afterwards."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    from governor.state import Publisher, run_dir
+
+    policy = tmp_path / "chat.toml"
+    policy.write_text(POLICY)
+    for cg in ("governor.slice", "governor.slice/chat"):
+        fake_fs.mkdir(cg)
+    applied = {
+        "policy": "chat",
+        "source": "apply",
+        "pid": None,
+        "created": ["governor.slice", "governor.slice/chat"],
+        "plan": _plan_dict(policy, cgroup_root),
+    }
+    publisher = Publisher(run_dir(), "chat")
+    assert publisher.publish(applied)
+    gov = [sys.executable, "-m", "governor", "--root", HOST, "--cgroup-root", str(cgroup_root)]
+    mon = subprocess.Popen(
+        [*gov, "monitor", str(policy), "--sample-interval", "0.1"],
+        cwd=REPO, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        deadline = time.monotonic() + 60
+        while (publisher.read() or {}).get("source") != "monitor":
+            assert mon.poll() is None and time.monotonic() < deadline, mon.stderr
+            time.sleep(0.05)
+        state = publisher.read()
+        shown = subprocess.run(
+            [*gov, "status", "chat", "--json"],
+            check=False, cwd=REPO, capture_output=True, text=True,
+        )  # fmt: skip
+    finally:
+        mon.send_signal(signal.SIGTERM)
+        _, err = mon.communicate(timeout=60)
+    assert mon.returncode == 0, err
+    assert state is not None and state["pid"] == mon.pid, state
+    assert state["created"] == applied["created"]
+    assert shown.returncode == 0, shown.stderr
+    (item,) = json.loads(shown.stdout)
+    assert (item["source"], item["state"], item["pid"]) == ("monitor", "running", mon.pid)
+    assert [r["when"] for r in item["rules"]] == ["memory some 150ms/2s", "oom_kill"]
+    after = publisher.read()
+    assert after is not None and after["source"] == "apply", after
+    assert after["created"] == applied["created"]
+    assert os.path.exists(publisher.path)
+
+
+def test_monitor_refuses_a_name_a_live_supervisor_governs_and_replaces_a_stale_one(
+    capsys: pytest.CaptureFixture[str],
+    tmp_path: Path,
+    cgroup_root: Path,
+    fake_fs: FakeKernelCgroupFs,
+) -> None:
+    import subprocess
+    import sys
+
+    from governor.state import Publisher, run_dir
+
+    policy = tmp_path / "chat.toml"
+    policy.write_text(POLICY)
+    for cg in ("governor.slice", "governor.slice/chat"):
+        fake_fs.mkdir(cg)
+    publisher = Publisher(run_dir(), "chat")
+    # a running `governor launch` of the same name (what alive() recognises: a governor)
+    other = subprocess.Popen(
+        [sys.executable, "-c", "import time; time.sleep(120)", "governor", "launch"]
+    )
+    try:
+        launched = {"policy": "chat", "source": "launch", "pid": other.pid}
+        publisher.publish(launched)
+        argv = ("--root", HOST, "--cgroup-root", str(cgroup_root), "monitor", str(policy))
+        code, _, err = _run(capsys, *argv, "--duration", "0.3", "--sample-interval", "0.1")
+        assert code == 69, err
+        assert f"governed already by governor pid {other.pid}" in err, err
+        assert publisher.read() == {"format": 1, **launched}  # untouched
+    finally:
+        other.kill()
+        other.wait()
+    # its supervisor gone: a stale state, which the monitor replaces and removes at its end
+    code, _, err = _run(capsys, *argv, "--duration", "0.3", "--sample-interval", "0.1")
+    assert code == 0, err
+    assert publisher.read() is None

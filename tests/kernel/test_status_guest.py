@@ -108,3 +108,61 @@ def test_status_of_a_running_engine_shows_knobs_usage_and_a_stale_state_after_si
     missing = _status(env, "nope")
     assert missing.returncode == 66
     assert f"governor: no governed slice named nope ({run})" in missing.stderr
+
+
+def _gov(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "governor", *args],
+        capture_output=True, text=True, timeout=240, cwd=REPO, env=env, check=False,
+    )  # fmt: skip
+
+
+@pytest.mark.kernel(controllers=ALL, root=True)
+def test_a_monitor_attached_to_an_applied_slice_is_a_supervisor_status_and_tune_see(
+    tmp_path: Path, scratch_slice: ScratchSlice
+) -> None:
+    """apply, then monitor: status shows the monitor (pid, rules) while it runs, tune works on
+    it and is journaled, a second monitor is refused; SIGTERM hands the state back to apply's,
+    and remove still takes away what apply created."""
+    run = tmp_path / "run"
+    env = {**os.environ, "GOVERNOR_RUN_DIR": str(run)}
+    policy = tmp_path / "am.toml"
+    policy.write_text(
+        f'name = "am"\nslice = "{scratch_slice.name}"\n'
+        '[memory]\nhigh = "200M"\nmax = "300M"\n'
+        '[[pressure]]\nwhen = "oom_kill"\ndo = ["log"]\n'
+    )
+    applied = _gov(env, "apply", str(policy))
+    assert applied.returncode == 0, applied.stderr
+    group = scratch_slice.path / "am"
+    assert _item(env, "am")["source"] == "apply"
+    mon = subprocess.Popen(
+        [sys.executable, "-m", "governor", "monitor", str(policy), "--sample-interval", "0.5"],
+        cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+
+        def monitoring() -> dict[str, Any] | None:
+            it = _item(env, "am")
+            return it if it["source"] == "monitor" else None
+
+        item = cgroups.wait_for(monitoring, timeout=240, what="the monitor's state")
+        assert (item["state"], item["pid"]) == ("running", mon.pid), item
+        assert [r["when"] for r in item["rules"]] == ["oom_kill"]
+        tuned = _gov(env, "tune", "am", "memory.high=150M")
+        assert tuned.returncode == 0, tuned.stderr
+        assert cgroups.read(group / "memory.high") == str(150 << 20)
+        knob = next(k for k in _item(env, "am")["knobs"] if k["file"] == "memory.high")
+        assert knob["state"] == "tuned", knob
+        second = _gov(env, "monitor", str(policy), "--duration", "1")
+        assert second.returncode == 69, second.stderr
+        assert f"governed already by governor pid {mon.pid}" in second.stderr
+    finally:
+        mon.send_signal(signal.SIGTERM)
+        _, err = mon.communicate(timeout=120)
+    assert mon.returncode == 0, err
+    assert _item(env, "am")["source"] == "apply"
+    removed = _gov(env, "remove", str(policy))
+    assert removed.returncode == 0, removed.stderr
+    assert not group.exists()
+    assert _gov(env, "status", "am").returncode == 66
