@@ -269,7 +269,10 @@ def monitor(  # noqa: PLR0917  # typer passes every option as a parameter
     psi: Psi = _Psi.trigger,
     metrics: Metrics = None,
 ) -> None:
-    """Act on [[pressure]] rules for an already-running slice until SIGINT/SIGTERM or it is gone."""
+    """Act on [[pressure]] rules for an already-running slice until SIGINT/SIGTERM or it is gone.
+
+    Publishes its state under /run/governor/NAME like launch (status, tune and metrics see it);
+    exit 69 when NAME already has a live supervisor."""
     from governor import api
 
     out = api.monitor(
