@@ -144,6 +144,10 @@ def steps(
 Writer = Callable[[str, str], None]  # (file, kernel value): cgroupfs, or the systemd manager
 
 
+class OomReverted(BackendError):
+    """An OOM kill happened while a tune was applied: every write was reverted (71)."""
+
+
 def apply(
     fs: CgroupFs,
     group: str,
@@ -196,7 +200,7 @@ def apply(
             put(file, value)
             written.append((file, value))
         if count() > kills:
-            raise BackendError(
+            raise OomReverted(
                 "the change was reverted: an OOM kill happened while it was applied",
                 cgroup=group,
                 hint="raise the value, or lower memory.high first and let it reclaim",

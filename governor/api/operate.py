@@ -102,8 +102,13 @@ def tune(
             ) from None
     routes, plan_slice, version, values = _routes(st, name, t.parse_assignments(assignments))
     fs = routes[0].fs if routes else None
-    for r in routes:
-        t.check_guards(r.fs, r.group, r.changes, force=force)
+    try:
+        for r in routes:
+            t.check_guards(r.fs, r.group, r.changes, force=force)
+    except PolicyError as err:
+        if not dry_run:  # a refusal is a fact about the slice (governor_tunes_total{refused})
+            _journal_failure(journal, "tune-refused", routes, err)
+        raise
     if dry_run:
         return {
             "policy": name,
@@ -145,9 +150,11 @@ def tune(
             out["changes"] += entry["changes"]
         if not ids and extra.get("dropin"):
             ids.append(journal.append("tune", [], **extra)["id"])
-    except BaseException:
+    except BaseException as err:
         if reverter is not None:
             reverter.cancel()
+        if isinstance(err, t.OomReverted):
+            _journal_failure(journal, "tune-reverted", routes, err)
         if ids:  # an earlier route was applied: undo it, nothing half-applied
             t.rollback(fs, journal, ids=ids, reason="a later write failed")  # type: ignore[arg-type]
         elif extra.get("dropin"):
@@ -159,6 +166,19 @@ def tune(
     if ids:
         out["id"] = ids[-1]
     return out
+
+
+def _journal_failure(journal: Any, source: str, routes: list[_Route], err: Exception) -> None:
+    """A tune that changed nothing in the end: refused by a guard, or reverted after an OOM
+    kill. Journaled without changes (rollback and the monitor skip it; status and the
+    governor_tunes_total{result} counter show it)."""
+    import contextlib
+
+    from governor.errors import one_line
+
+    asked = [{"file": f, "new": v} for r in routes for f, v in r.changes.items()]
+    with contextlib.suppress(OSError):
+        journal.append(source, [], asked=asked, error=one_line(str(err)))
 
 
 CONFIRM_NOW = "now"  # the value of a bare --confirm (typer flag_value)

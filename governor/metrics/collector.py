@@ -236,9 +236,15 @@ class GovernorCollector(Collector):
         tunes = [e for e in entries if e.get("source") == "tune"]
         applied = len(tunes)
         rolled_back = sum(e.get("id") in undone for e in tunes)
-        doc = "`governor tune` changes applied to the slice, and those since rolled back"
+        doc = (
+            "`governor tune` changes applied to the slice, those since rolled back, those a"
+            " guard refused and those reverted after an OOM kill"
+        )
         f.counter("governor_tunes_total", doc, p, applied, result="applied")
         f.counter("governor_tunes_total", doc, p, rolled_back, result="rolled_back")
+        for result in ("refused", "reverted"):
+            done = sum(e.get("source") == f"tune-{result}" for e in entries)
+            f.counter("governor_tunes_total", doc, p, done, result=result)
 
     def _model(self, f: _Families, st: dict[str, Any], plan: Plan) -> None:
         model = st.get("model") or {}
