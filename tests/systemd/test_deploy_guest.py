@@ -240,3 +240,55 @@ def test_transient_scope_and_cgroupfs_launch_write_the_same_values(
     assert fs["top"]["memory.min"] == sd["top"]["memory.min"] == str(16 << 20)
     assert not (cgroup2_root / slice_unit / name).exists()
     assert os.path.exists(cgroup2_root)
+
+
+def test_the_service_serves_metrics_set_in_its_env_file_and_status_shows_the_unit(
+    policy: Path,
+) -> None:
+    """GOVERNOR_METRICS in /etc/governor/<name>.env (what the unit file documents): the running
+    service answers /metrics with the policy's series; `governor status` shows it as a
+    launch under systemd."""
+    import socket
+    import urllib.request
+
+    from prometheus_client.parser import text_string_to_metric_families
+
+    name = policy.stem
+    _run(*GOVERNOR, "install", str(policy), "--", "/bin/sleep", "600")
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    env_file = Path("/etc/governor") / f"{name}.env"
+    env_file.write_text(f"GOVERNOR_METRICS=127.0.0.1:{port}\n")
+    unit = dropin.service_unit(name)
+    try:
+        start = _run("systemctl", "start", unit, check=False)
+        assert start.returncode == 0, (
+            start.stderr + _run("journalctl", "-u", unit, "-n", "60").stdout
+        )
+        got: dict[tuple[str, str], float] = {}
+
+        def scraped() -> bool:
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as r:
+                    text = r.read().decode()
+            except OSError:
+                return False
+            for fam in text_string_to_metric_families(text):
+                for smp in fam.samples:
+                    if smp.labels.get("policy") == name:
+                        got[(smp.name, smp.labels.get("limit", ""))] = smp.value
+            return ("governor_engine_up", "") in got
+
+        cgroups.wait_for(scraped, TIMEOUT, "the service's /metrics")
+        assert got[("governor_engine_up", "")] == 1
+        assert got[("governor_memory_limit_bytes", "max")] == 256 << 20
+        status = _run(*GOVERNOR, "status", name, "--json")
+        (item,) = json.loads(status.stdout)
+        assert (item["source"], item["backend"], item["state"]) == (
+            "launch", "systemd", "running"
+        ), item  # fmt: skip
+        assert item["systemd_unit"] is not None
+    finally:
+        _run("systemctl", "stop", unit, check=False)
+        env_file.unlink(missing_ok=True)
