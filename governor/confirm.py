@@ -106,13 +106,9 @@ def confirm(journal: Journal) -> list[dict[str, Any]]:
 
 def _stop(pid: int | None) -> None:
     """SIGTERM a reverter, only if that pid is still ours (its cmdline names governor.confirm)."""
-    if not pid:
-        return
-    try:
-        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
-    except OSError:
-        return
-    if b"governor.confirm" in cmdline:
+    from governor.state import REVERTER, alive
+
+    if pid and alive(pid, marker=REVERTER):
         with contextlib.suppress(OSError):
             os.kill(pid, signal.SIGTERM)
 

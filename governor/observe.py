@@ -69,8 +69,15 @@ def knobs(
     the published state) the unit's value, and a state: in sync, tuned (the operator's last
     tune in ``journal``), drifted, unit drifted, missing; a tune waiting for --confirm says
     when it reverts (``reverts_at``)."""
+    from governor.state import REVERTER, alive
+
     reverts = (
-        {ch["file"]: e["confirm_by"] for e in journal.pending() for ch in e.get("changes", ())}
+        {
+            ch["file"]: e["confirm_by"]
+            for e in journal.pending()
+            if alive(e.get("reverter_pid"), marker=REVERTER)  # gone: nothing will revert it
+            for ch in e.get("changes", ())
+        }
         if journal is not None
         else {}
     )

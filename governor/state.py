@@ -83,15 +83,19 @@ class Publisher:
             self.dir.rmdir()  # only when nothing else lives there (a journal stays)
 
 
-def alive(pid: int | None, proc: Path = Path("/proc")) -> bool:
-    """``pid`` runs and is a governor (not a recycled pid of another program)."""
+def alive(pid: int | None, proc: Path = Path("/proc"), *, marker: bytes = b"governor") -> bool:
+    """``pid`` runs and is a governor (its command line has ``marker``: not a recycled pid of
+    another program)."""
     if not pid:
         return False
     try:
         cmdline = (proc / str(pid) / "cmdline").read_bytes()
     except OSError:
         return False
-    return b"governor" in cmdline
+    return marker in cmdline
+
+
+REVERTER = b"governor.confirm"  # the --confirm reverter's command line (governor/confirm.py)
 
 
 def read_states(directory: Path, proc: Path = Path("/proc")) -> list[dict[str, Any]]:

@@ -17,7 +17,7 @@ from governor.journal import Journal
 from governor.kernel.cgroupfs import CgroupFs
 from governor.observe import knobs, usage
 from governor.plan.model import Plan
-from governor.state import read_states
+from governor.state import REVERTER, alive, read_states
 from governor.units import human_bytes
 
 SCHEMA_FORMAT = 1
@@ -70,6 +70,9 @@ def collect(
                     "id": e["id"],
                     "confirm_by": e["confirm_by"],
                     "files": [ch["file"] for ch in e["changes"]],
+                    "reverter_pid": e.get("reverter_pid"),
+                    # killed (a logout with KillUserProcesses, the OOM killer): no revert
+                    "reverter_alive": alive(e.get("reverter_pid"), marker=REVERTER),
                 }
                 for e in journal.pending()
             ],
@@ -178,10 +181,18 @@ def render(items: list[dict[str, Any]], *, now: float | None = None) -> str:
             lines.append(f"  journal  #{e['id']} {at} {e['source']}: {done}")
         for p in it.get("pending_confirm", []):
             at = time.strftime("%H:%M:%S", time.localtime(p["confirm_by"]))
-            lines.append(
-                f"  PENDING  #{p['id']} ({', '.join(p['files'])}) reverts at {at} unless"
-                f" confirmed: governor tune {it['policy']} --confirm"
-            )
+            files = ", ".join(p["files"])
+            if p.get("reverter_alive", True):
+                lines.append(
+                    f"  PENDING  #{p['id']} ({files}) reverts at {at} unless"
+                    f" confirmed: governor tune {it['policy']} --confirm"
+                )
+            else:
+                lines.append(
+                    f"  PENDING  #{p['id']} ({files}) will NOT revert at {at}: its reverter"
+                    f" (pid {p.get('reverter_pid')}) is gone; keep it: governor tune"
+                    f" {it['policy']} --confirm, undo it: governor rollback {it['policy']}"
+                )
         for d in it["degraded"]:
             lines.append(f"  NOT in force: {d}")
         lines.append("")

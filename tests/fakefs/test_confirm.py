@@ -8,6 +8,9 @@ drop-in that --persist writes for an installed policy; `status` saying "tuned, r
 from __future__ import annotations
 
 import shutil
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -253,20 +256,47 @@ def test_status_says_tuned_and_when_it_reverts_unless_confirmed(tmp_path: Path) 
     )
     fs = CgroupFs(cg)
     journal = Journal(run / "st")
-    entry = tune.apply(
-        fs, plan.group, {kf.MEMORY_HIGH: str(900 * M)}, journal=journal,
-        extra={"confirm_by": 2_000_000_000.0},
-    )  # fmt: skip
-    (item,) = collect(run, "st")
+    # what status recognises as the reverter: a process whose command line names it
+    reverter = subprocess.Popen(
+        [sys.executable, "-c", "import time; time.sleep(120)", "governor.confirm"]
+    )
+    try:
+        # its command line shows once the exec has finished (Popen returns a little earlier)
+        for _ in range(500):
+            if b"governor.confirm" in Path(f"/proc/{reverter.pid}/cmdline").read_bytes():
+                break
+            time.sleep(0.01)
+        entry = tune.apply(
+            fs, plan.group, {kf.MEMORY_HIGH: str(900 * M)}, journal=journal,
+            extra={"confirm_by": 2_000_000_000.0, "reverter_pid": reverter.pid},
+        )  # fmt: skip
+        (item,) = collect(run, "st")
+    finally:
+        reverter.kill()
+        reverter.wait()
     knobs = {k["file"]: k for k in item["knobs"]}
     assert knobs[kf.MEMORY_HIGH]["state"] == "tuned"
     assert knobs[kf.MEMORY_HIGH]["reverts_at"] == 2_000_000_000.0
     assert knobs[kf.MEMORY_MAX]["state"] == "in sync" and knobs[kf.MEMORY_MAX]["unit"] is None
     assert item["pending_confirm"] == [
-        {"id": entry["id"], "confirm_by": 2_000_000_000.0, "files": [kf.MEMORY_HIGH]}
+        {
+            "id": entry["id"],
+            "confirm_by": 2_000_000_000.0,
+            "files": [kf.MEMORY_HIGH],
+            "reverter_pid": reverter.pid,
+            "reverter_alive": True,
+        }
     ]
     text = render([item])
     assert "tuned, reverts at" in text and "unless confirmed" in text
+    # the reverter killed (a logout with KillUserProcesses=yes): status no longer promises
+    (item,) = collect(run, "st")
+    knob = next(k for k in item["knobs"] if k["file"] == kf.MEMORY_HIGH)
+    assert (knob["state"], knob["reverts_at"]) == ("tuned", None)
+    assert item["pending_confirm"][0]["reverter_alive"] is False
+    text = render([item])
+    assert "will NOT revert" in text and f"(pid {reverter.pid}) is gone" in text, text
+    assert "reverts at" not in text
     confirm(journal)
     (item,) = collect(run, "st")
     knob = next(k for k in item["knobs"] if k["file"] == kf.MEMORY_HIGH)

@@ -202,6 +202,7 @@ def test_monitor_refuses_a_name_a_live_supervisor_governs_and_replaces_a_stale_o
 ) -> None:
     import subprocess
     import sys
+    import time
 
     from governor.state import Publisher, run_dir
 
@@ -215,6 +216,10 @@ def test_monitor_refuses_a_name_a_live_supervisor_governs_and_replaces_a_stale_o
         [sys.executable, "-c", "import time; time.sleep(120)", "governor", "launch"]
     )
     try:
+        for _ in range(500):  # its command line shows once its exec has finished
+            if b"governor" in Path(f"/proc/{other.pid}/cmdline").read_bytes():
+                break
+            time.sleep(0.01)
         launched = {"policy": "chat", "source": "launch", "pid": other.pid}
         publisher.publish(launched)
         argv = ("--root", HOST, "--cgroup-root", str(cgroup_root), "monitor", str(policy))
