@@ -130,7 +130,8 @@ def _child_setup(plan: Plan, executable: str, argv: tuple[str, ...]) -> ChildSet
             pw = pwd.getpwnam(plan.launch.user)
         except KeyError:
             raise HostError(
-                f"process.user {plan.launch.user!r} does not exist on this host",
+                f"process.user {plan.launch.user!r} does not exist on this host"
+                f" ({plan.source or 'policy'}, process.user; /etc/passwd)",
                 hint=f"useradd --system {plan.launch.user}, or change process.user",
             ) from None
         uid, gid, user, home = pw.pw_uid, pw.pw_gid, pw.pw_name, pw.pw_dir
@@ -140,7 +141,8 @@ def _child_setup(plan: Plan, executable: str, argv: tuple[str, ...]) -> ChildSet
             gid = grp.getgrnam(plan.launch.group).gr_gid
         except KeyError:
             raise HostError(
-                f"process.group {plan.launch.group!r} does not exist on this host",
+                f"process.group {plan.launch.group!r} does not exist on this host"
+                f" ({plan.source or 'policy'}, process.group; /etc/group)",
                 hint=f"groupadd --system {plan.launch.group}, or change process.group",
             ) from None
     return ChildSetup(

@@ -208,11 +208,15 @@ def _routes(
     from governor.plan.host import probe
     from governor.plan.model import Plan
     from governor.policy.loader import load
+    from governor.state import run_dir
 
     running = Plan.from_dict(st["plan"])
     path = st.get("policy_path") or running.source
     if not path:
-        raise HostError(f"the state of {name} names no policy file", hint="launch it again")
+        raise HostError(
+            f"the state of {name} names no policy file ({run_dir() / name})",
+            hint="launch it again",
+        )
     policy = load(path, overrides=overrides)
     host = probe(cgroup_root=running.cgroup_root, target=running.group)
     everything = frozenset({"memory", "cpu", "cpuset", "io", "pids", "psi"})
@@ -230,7 +234,10 @@ def _routes(
     version = host.systemd_version
     if st.get("backend") == "systemd":
         if version is None:
-            raise HostError(f"{name} runs under systemd, but systemd is not PID 1 here")
+            raise HostError(
+                f"{name} runs under systemd, but systemd is not PID 1 here (/proc/1)",
+                hint="tune it where its service runs",
+            )
         unit, cgroup = manager.limits_unit(running.slice)
         via_manager = _Route(
             fs, cgroup, manager.ManagerWriter(fs, unit, cgroup, version),
@@ -294,7 +301,7 @@ def _persist(
             if m is None or m.directive is None:
                 raise HostError(
                     f"cannot persist {section}.{field_} into a systemd drop-in: systemd"
-                    f" {version} has no directive for {file} = {value}",
+                    f" {version} has no directive for {file} = {value} (--persist)",
                     hint="change the policy file and run `governor install` again",
                 )
             settings[m.directive] = m.ini(value)

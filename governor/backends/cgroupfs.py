@@ -433,7 +433,8 @@ class CgroupfsBackend:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except BlockingIOError:
                 raise HostError(
-                    f"policy {plan.policy} is already running in {plan.group}",
+                    f"policy {plan.policy} is already running in {plan.group}"
+                    f" (a lock on {self.fs.root}/{plan.group})",
                     hint="stop the other launch or use a different policy name",
                 ) from None
             except OSError as err:

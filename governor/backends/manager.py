@@ -131,7 +131,7 @@ class ManagerWriter:
         m = managed(file, value, self.version)
         if m is None:
             raise HostError(
-                f"systemd {self.version} cannot express {file} = {value} on {self.unit}",
+                f"systemd {self.version} cannot express {file} = {value} ({self.unit})",
                 hint="governor writes it on the engine leaf at launch; change the policy",
             )
         self._set(self.unit, m, value)

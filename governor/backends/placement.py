@@ -104,7 +104,8 @@ def pick(placements: tuple[CompiledPlacement, ...], own_cgroup: str) -> Compiled
         return scope
     if own_cgroup != service.cgroup:
         raise HostError(
-            f"{service.unit} runs in /{own_cgroup}, not in its policy slice /{service.cgroup}",
+            f"{service.unit} runs in /{own_cgroup}, not in its policy slice /{service.cgroup}"
+            " (/proc/self/cgroup)",
             hint=f"run `governor install {service.plan.source or service.plan.policy}` and"
             " `systemctl daemon-reload`, then restart the service",
         )

@@ -252,7 +252,8 @@ def set_runtime_property(unit: str, assignment: str, *, hint: str | None = None)
         )  # fmt: skip
     except (OSError, subprocess.SubprocessError) as err:
         raise BackendError(
-            f"cannot set {assignment} on {unit}: {getattr(err, 'stderr', '') or err}".strip(),
+            f"cannot set {assignment} on {unit}:"
+            f" {str(getattr(err, 'stderr', '') or err).strip()} (systemctl set-property)",
             hint=hint
             or f"the policy's memory protection needs {unit} to grant it too;"
             f" set it by hand: systemctl set-property {unit} {assignment}",
@@ -274,7 +275,8 @@ def daemon_reload() -> str:
         )
     except (OSError, subprocess.SubprocessError) as err:
         raise BackendError(
-            f"systemctl daemon-reload failed: {getattr(err, 'stderr', '') or err}".strip(),
+            f"systemctl daemon-reload failed: {str(getattr(err, 'stderr', '') or err).strip()}"
+            " (systemd manager)",
             hint="is systemd running? reload later with `systemctl daemon-reload`",
         ) from err
     return "systemctl daemon-reload"
@@ -330,7 +332,7 @@ class SystemdBackend:
         while bus.job_pending(job):
             if self._clock() >= deadline:
                 raise BackendError(
-                    f"systemd job for {unit} did not finish in {self._job_timeout_s:g}s",
+                    f"systemd job for {unit} did not finish in {self._job_timeout_s:g}s ({job})",
                     hint="see `systemctl status` and the journal",
                 )
             self._sleep(JOB_POLL_S)
@@ -339,7 +341,7 @@ class SystemdBackend:
         if state != "active" or cgroup != self.placement.cgroup:
             raise BackendError(
                 f"transient scope {unit} is {state} in /{cgroup}, expected active in"
-                f" /{self.placement.cgroup}",
+                f" /{self.placement.cgroup} ({unit})",
                 hint=f"journalctl -u {unit}",
             )
 

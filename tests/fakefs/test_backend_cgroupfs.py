@@ -348,7 +348,9 @@ def test_a_second_lock_on_the_same_group_is_host_error(fake_fs: FakeKernelCgroup
         assert fake_fs.exists(GROUP)
         with pytest.raises(HostError) as exc, second.lock(plan):
             pass
-        assert str(exc.value) == f"policy npu-chat is already running in {GROUP}"
+        assert str(exc.value) == (
+            f"policy npu-chat is already running in {GROUP} (a lock on {fake_fs.root}/{GROUP})"
+        )
         assert exc.value.hint == "stop the other launch or use a different policy name"
         assert exc.value.exit_code == 69
         assert fake_fs.exists(GROUP)  # the loser does not clean up the winner's group
