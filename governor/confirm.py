@@ -15,6 +15,12 @@ waits, measured on the CI machine), in its own session:
    changes made through it) unless a ``confirm`` entry or a rollback came first. The revert is
    a ``rollback`` entry with ``reason: "not confirmed"``.
 
+Under systemd the reverter is moved into a scope of its own right after its start
+(``governor-confirm-<name>-<pid>.scope``, recorded as ``reverter_unit``): a logout with
+logind's ``KillUserProcesses=yes``, or the stop of the unit the tune ran from, does not take it
+along. Elsewhere it lives in the caller's cgroup; if it dies anyway, `governor status` says the
+tune will not revert.
+
 `governor tune NAME --confirm` appends ``confirm`` (``confirms: [ids]``) under the same lock,
 and stops the waiting reverters. A board that reboots loses /run and the runtime values with it.
 """
@@ -74,6 +80,7 @@ class Reverter:
             start_new_session=True, close_fds=True, cwd="/", env=env,
         )  # fmt: skip
         self.pid = self.proc.pid
+        self.unit = detach(self.pid, name)
 
     def _close(self, text: str) -> None:
         stdin: IO[bytes] | None = self.proc.stdin
@@ -89,6 +96,47 @@ class Reverter:
 
     def cancel(self) -> None:
         self._close("")
+
+
+SCOPE_WAIT_S = 2.0  # how long the tune waits to see the reverter in its own scope
+
+
+def detach(pid: int, name: str) -> str | None:
+    """Under systemd, move the reverter into a scope of its own (the manager's
+    StartTransientUnit with ``PIDs=``, through busctl, as `systemd-run --scope` does for a new
+    process), so that neither a logout (logind's ``KillUserProcesses=yes`` stops the session's
+    scope) nor the stop of the unit the tune ran from takes it along. Returns the scope's
+    name; None without systemd, or when the manager did not take it (the reverter then stays
+    where it is: status says so if it dies)."""
+    import shutil
+
+    busctl = shutil.which("busctl")
+    if not os.path.isdir("/run/systemd/system") or busctl is None:
+        return None
+    safe = "".join(ch if ch.isalnum() or ch in "_-" else "_" for ch in name)
+    unit = f"governor-confirm-{safe}-{pid}.scope"
+    try:
+        subprocess.run(
+            [busctl, "call", "--timeout=10", "org.freedesktop.systemd1",
+             "/org/freedesktop/systemd1", "org.freedesktop.systemd1.Manager",
+             "StartTransientUnit", "ssa(sv)a(sa(sv))", unit, "fail", "3",
+             "PIDs", "au", "1", str(pid),
+             "CollectMode", "s", "inactive-or-failed",
+             "Description", "s", f"governor: revert of a tune of {name} unless confirmed",
+             "0"],
+            check=True, capture_output=True, timeout=15,
+        )  # fmt: skip
+    except (OSError, subprocess.SubprocessError):
+        return None
+    deadline = time.monotonic() + SCOPE_WAIT_S
+    while time.monotonic() < deadline:
+        try:
+            if f"/{unit}" in Path(f"/proc/{pid}/cgroup").read_text():
+                return unit
+        except OSError:
+            return None
+        time.sleep(0.02)
+    return None
 
 
 def confirm(journal: Journal) -> list[dict[str, Any]]:

@@ -138,6 +138,8 @@ def tune(
         deadline = round(time.time() + seconds, 3)
         reverter = c.Reverter(run_dir(), name, st["plan"]["cgroup_root"], deadline)
         extra.update(confirm_by=deadline, reverter_pid=reverter.pid)
+        if reverter.unit is not None:
+            extra["reverter_unit"] = reverter.unit  # its own scope: survives a logout
     ids: list[int] = []
     try:
         for r in routes:

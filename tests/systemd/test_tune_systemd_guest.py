@@ -147,3 +147,26 @@ def test_tune_goes_through_the_manager_persists_a_drop_in_and_rolls_back(
     last = last_entry()
     assert last.get("reason") == "not confirmed", last
     assert last["changes"][0]["unit"] == slice_unit
+    # a tune made from a login session that ends right after it (logind's
+    # KillUserProcesses=yes stops the session's scope): the reverter moved to a scope of its
+    # own, survives the stop and still reverts
+    session = f"gtest-session-{uuid.uuid4().hex[:6]}.scope"
+    made = _run(
+        "systemd-run", "--scope", "--quiet", "--unit", session,
+        *GOVERNOR, "tune", name, "memory.high=170M", "--confirm", "30s",
+    )  # fmt: skip
+    assert made.returncode == 0, made.stderr
+    tuned = last_entry()
+    assert tuned["source"] == "tune", tuned
+    reverter, scope = tuned["reverter_pid"], tuned.get("reverter_unit")
+    assert scope == f"governor-confirm-{name}-{reverter}.scope", tuned
+    assert f"/{scope}" in Path(f"/proc/{reverter}/cgroup").read_text()
+    _run("systemctl", "stop", session)  # the session's end: gone already, or stopped now
+    assert systemctl_show(session, "ActiveState")["ActiveState"] != "active"
+    assert b"governor.confirm" in Path(f"/proc/{reverter}/cmdline").read_bytes()
+    assert cgroups.read(slice_dir / "memory.high") == str(170 * MIB)
+    cgroups.wait_for(
+        lambda: last_entry()["source"] == "rollback", TIMEOUT, "the reverter that outlived it"
+    )
+    assert last_entry().get("reason") == "not confirmed"
+    assert cgroups.read(slice_dir / "memory.high") == str(200 * MIB)
