@@ -209,7 +209,12 @@ def launch(  # noqa: PLR0917  # typer passes every option as a parameter
         Path | None, typer.Option("--report", help="write a JSON summary of the run here")
     ] = None,
     keep: Annotated[
-        bool, typer.Option("--keep", help="leave the slice (and any stragglers) after exit")
+        bool,
+        typer.Option(
+            "--keep",
+            help="leave the slice (and any stragglers) after exit; status shows it and"
+            " `governor remove` takes it away",
+        ),
     ] = False,
     allow_missing: AllowMissing = "",
     sample_interval: SampleInterval = 1.0,

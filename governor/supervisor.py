@@ -127,9 +127,34 @@ class Supervisor:
                 finally:
                     if not job.keep:
                         self.backend.remove(plan, owned=owned)
+                    else:
+                        self._publish_kept(job, owned)
         finally:
             if self.watchdog is not None:
                 self.watchdog.disarm()
+
+    def _publish_kept(self, job: Job, owned: set[str]) -> None:
+        """--keep: the group outlives the run, as one `governor apply` made (status shows it;
+        `governor remove` takes away what this run created, never an operator's slice)."""
+        plan = job.plan
+        if job.backend != "cgroupfs":
+            return  # a transient scope ends with its last process
+        Publisher(job.run_dir or run_dir(), plan.policy).publish(
+            {
+                "policy": plan.policy,
+                "source": "apply",
+                "policy_path": plan.source,
+                "pid": None,
+                "started_at": round(self.started_at, 3),
+                "backend": job.backend,
+                "cgroup_root": plan.cgroup_root,
+                "group": plan.group,
+                "leaf": plan.leaf,
+                "plan": plan.to_dict(),
+                "created": sorted(owned),
+                "kept_by": "launch --keep",
+            }
+        )
 
     def _run_applied(self, job: Job) -> int:
         started = self.clock()

@@ -145,9 +145,10 @@ def remove(path: Path, opts: HostOptions) -> Any:
     plan = compile_plan(policy, host, allow_missing=everything, source=str(path))
     from governor.state import Publisher, read_states, run_dir
 
-    # `governor apply` records what it created: then the slice goes only when it is among
-    # them (an operator's slice stays). Without a record (a launch --keep, /run lost) an empty
-    # slice the plan would create goes, as before
+    # `governor apply` (and `launch --keep`) record what they created: then the slice goes
+    # only when it is among them (an operator's slice stays). Without a record (/run lost in a
+    # reboot, a kept group from before this record existed) an empty slice the plan would
+    # create goes, as before
     recorded = [
         s for s in read_states(run_dir()) if s.get("policy") == plan.policy and "created" in s
     ]

@@ -85,11 +85,43 @@ def test_an_engine_that_fails_at_exec_after_the_apply_exits_126_and_leaves_no_cg
     assert not governor.group.exists()
 
 
-def test_keep_leaves_the_group_and_its_leaf(governor: Governor) -> None:
-    # the scratch slice's teardown removes what is kept
-    run = governor.run(governor.policy(), ("/bin/true",), "--keep")
+def test_keep_leaves_the_group_recorded_like_apply_and_remove_keeps_the_operators_slice(
+    governor: Governor,
+) -> None:
+    """--keep: the group outlives the run and is published as `governor apply`'s would be
+    (status shows it; remove knows what the run created): the scratch slice, made before the
+    run like an operator's, stays after remove."""
+    import os
+    import subprocess
+    import sys
+
+    policy = governor.policy()
+    governor.slice.path.mkdir(exist_ok=True)  # the operator's, before any governor ran
+    run = governor.run(policy, ("/bin/true",), "--keep")
     assert run.code == 0, run.stderr
     assert governor.group.is_dir() and governor.leaf.is_dir()
+    state_file = Path(os.environ["GOVERNOR_RUN_DIR"]) / governor.group.name / "state.json"
+    state = json.loads(state_file.read_text())
+    assert (state["source"], state["pid"], state["kept_by"]) == ("apply", None, "launch --keep")
+    slice_ = governor.slice.name
+    assert sorted(state["created"]) == [
+        f"{slice_}/{governor.group.name}",
+        f"{slice_}/{governor.group.name}/{governor.leaf.name}",
+    ]
+    shown = subprocess.run(
+        [sys.executable, "-m", "governor", "status", governor.group.name, "--json"],
+        capture_output=True, text=True, env=governor.env(), check=False,
+    )  # fmt: skip
+    assert shown.returncode == 0, shown.stderr
+    assert json.loads(shown.stdout)[0]["state"] == "running"
+    removed = subprocess.run(
+        [sys.executable, "-m", "governor", "--cgroup-root", str(governor.cgroup_root),
+         "remove", str(policy)],
+        capture_output=True, text=True, env=governor.env(), check=False,
+    )  # fmt: skip
+    assert removed.returncode == 0, removed.stderr
+    assert not governor.group.exists() and governor.slice.path.is_dir()
+    assert not state_file.exists()
 
 
 def _psi_modes(report: Path) -> list[str]:
