@@ -88,6 +88,8 @@ def render(out: dict[str, Any]) -> str:
             )
     for u in out["systemd"]:
         state = "missing" if u["installed"] is None else "differs from what install renders now"
+        if u["rendered"] == "":
+            state = "a persisted tune overrides the policy (governor rollback NAME --all undoes it)"
         lines.append(f"  systemd {u['file']}: {state}")
     if not out["systemd_checked"]:
         lines.append("  systemd: not installed for this policy (no manifest), not compared")

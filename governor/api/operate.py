@@ -33,6 +33,16 @@ def diff(path: Path, opts: HostOptions, *, install_root: Path = Path("/")) -> di
                 on_disk[f.path] = (install_root / f.path).read_text()
             except OSError:
                 on_disk[f.path] = None
+        # a `tune --persist` drop-in overrides the policy's values until rolled back: drift
+        from governor.backends.unitmap import policy_slice
+        from governor.tune import DROPIN_NAME
+
+        tuned = f"{dropin.UNIT_DIR}/{policy_slice(plan.slice, plan.policy)}.d/{DROPIN_NAME}"
+        try:
+            on_disk[tuned] = (install_root / tuned).read_text()
+            rendered[tuned] = ""  # install renders none: the policy says nothing else
+        except OSError:
+            pass
     return d.report(plan, host, observed, rendered, on_disk)
 
 

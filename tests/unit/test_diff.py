@@ -6,7 +6,7 @@ from __future__ import annotations
 import shutil
 from pathlib import Path
 
-from governor import api
+from governor import api, tune
 from governor.backends import dropin
 from governor.diff import render
 from governor.install import manifest_path
@@ -71,3 +71,14 @@ def test_installed_units_are_compared_with_what_install_renders_now(tmp_path: Pa
     unit.write_text(unit.read_text().replace("MemoryMax=", "MemoryMax=1 #"))
     out = api.diff(policy, opts, install_root=root)
     assert [u["file"] for u in out["systemd"]] == [str(unit.relative_to(root))]
+    # put back; then a `tune --persist` drop-in on the slice: the policy no longer rules
+    unit.write_text(unit.read_text().replace("MemoryMax=1 #", "MemoryMax="))
+    assert api.diff(policy, opts, install_root=root)["in_sync"]
+    tuned = Path(f"{unit}.d") / tune.DROPIN_NAME
+    tuned.parent.mkdir()
+    tuned.write_text("[Slice]\nMemoryHigh=300M\n")
+    out = api.diff(policy, opts, install_root=root)
+    assert not out["in_sync"]
+    (u,) = out["systemd"]
+    assert u["file"] == str(tuned.relative_to(root)) and "MemoryHigh=300M" in u["installed"]
+    assert "a persisted tune overrides the policy" in render(out)
