@@ -241,7 +241,7 @@ class Supervisor:
             "restarts": len(self.restarts.history) if self.restarts else 0,
             "model_bytes": job.model_bytes,
             "rules": monitor.rule_states() if monitor is not None else [],
-            "last_actions": monitor.firings[-STATE_ACTIONS:] if monitor is not None else [],
+            "last_actions": list(monitor.recent)[-STATE_ACTIONS:] if monitor is not None else [],
             "action_totals": monitor.action_totals() if monitor is not None else [],
             "model": {k: estimate.get(k) for k in ("model", "quant", "total")}
             if estimate

@@ -142,7 +142,7 @@ def monitor(path: Path, opts: HostOptions, mopts: MonitorOptions) -> dict[str, A
         state = base | {
             "engine_pid": engine,
             "rules": mon.rule_states(),
-            "last_actions": mon.firings[-STATE_ACTIONS:],
+            "last_actions": list(mon.recent)[-STATE_ACTIONS:],
             "action_totals": mon.action_totals(),
         }
         snapshot[:] = [state]

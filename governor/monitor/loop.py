@@ -29,6 +29,7 @@ monitor at the new pid. Sources stay armed in between: the group is not removed.
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import os
 import select
@@ -53,6 +54,7 @@ from governor.plan.model import Plan, WatchTrigger
 
 log = get_logger(__name__)
 
+RECENT_FIRINGS = 10  # kept for the published state (status: the last actions)
 MAX_REPORTED_FIRINGS = 200  # the report keeps the first ones; counts are always complete
 _PRI = select.EPOLLPRI | select.EPOLLERR
 _EXIT = object()  # the engine's pidfd in the epoll (launch)
@@ -106,7 +108,9 @@ class Monitor:
         self._polled_files: list[EventFile] = []
         self._next_sample = 0.0
         self._started = 0.0
-        self.firings: list[dict[str, Any]] = []
+        self.firings: list[dict[str, Any]] = []  # the report's: the first ones
+        # the latest ones, whatever the count (the published state's last actions)
+        self.recent: collections.deque[dict[str, Any]] = collections.deque(maxlen=RECENT_FIRINGS)
         self.action_counts: dict[tuple[int, str], int] = {}  # (rule, verb) -> times run
         self.oom_kills = 0
         self.event_totals: dict[str, int] = {}
@@ -406,18 +410,18 @@ class Monitor:
             self.action_counts[key] = self.action_counts.get(key, 0) + 1
             if action.verb == "kill" or (action.verb == "restart" and res.ok):
                 break  # nothing is left to act on
+        firing = {
+            "rule": rule.index,
+            "when": rule.when,
+            "at": round(self.wall(), 3),
+            "t_s": round(f.now - self._started, 3),
+            "active_s": round(f.active_s, 3),
+            "value": f.value,
+            "actions": [r.as_dict() for r in results],
+        }
+        self.recent.append(firing)
         if len(self.firings) < MAX_REPORTED_FIRINGS:
-            self.firings.append(
-                {
-                    "rule": rule.index,
-                    "when": rule.when,
-                    "at": round(self.wall(), 3),
-                    "t_s": round(f.now - self._started, 3),
-                    "active_s": round(f.active_s, 3),
-                    "value": f.value,
-                    "actions": [r.as_dict() for r in results],
-                }
-            )
+            self.firings.append(firing)
 
     # ------------------------------------------------------------------ report
 

@@ -279,6 +279,36 @@ def test_monitor_polls_psi_and_events_where_triggers_cannot_be_armed(
     assert out["sampler"]["samples"] == 12
 
 
+def test_the_state_keeps_the_latest_firings_after_the_report_is_full(
+    fake_fs: FakeKernelCgroupFs, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The report keeps the first MAX_REPORTED_FIRINGS; the published state's last actions
+    must go on moving (a board that fired 200 times still shows what happened just now)."""
+    from governor.monitor import loop
+
+    monkeypatch.setattr(loop, "MAX_REPORTED_FIRINGS", 1)
+    watch = (
+        watch_rule(
+            index=0,
+            trigger=WatchCondition(condition="event", event="oom_kill", file="memory.events"),
+            actions=("log",),
+        ),
+    )
+    plan = replace(make_plan(), watch=watch)
+    CgroupfsBackend(fake_fs).apply(plan)
+    now = [0.0]
+    mon = Monitor(
+        fake_fs, plan, engine_pids=lambda: [1], proc=ProcFs(tmp_path), clock=lambda: now[0]
+    ).start()
+    for kills in (1, 2, 3):
+        now[0] = float(kills)
+        _kset(fake_fs, GROUP, files.MEMORY_EVENTS, f"max {kills}\noom {kills}\noom_kill {kills}\n")
+        mon.dispatch()
+    out = mon.finish()
+    assert len(out["firings"]) == 1 and out["firings"][0]["t_s"] == 1.0
+    assert [f["t_s"] for f in mon.recent] == [1.0, 2.0, 3.0]
+
+
 def test_a_stopping_monitor_never_leaves_the_group_frozen(
     fake_fs: FakeKernelCgroupFs, tmp_path: Path
 ) -> None:
