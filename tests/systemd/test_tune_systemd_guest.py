@@ -153,7 +153,7 @@ def test_tune_goes_through_the_manager_persists_a_drop_in_and_rolls_back(
     session = f"gtest-session-{uuid.uuid4().hex[:6]}.scope"
     made = _run(
         "systemd-run", "--scope", "--quiet", "--unit", session,
-        *GOVERNOR, "tune", name, "memory.high=170M", "--confirm", "30s",
+        *GOVERNOR, "tune", name, "memory.high=170M", "--confirm", "60s",
     )  # fmt: skip
     assert made.returncode == 0, made.stderr
     tuned = last_entry()

@@ -185,3 +185,61 @@ def test_precompile_fills_pytests_rewrite_cache(tmp_path: Path) -> None:
         p.name.split(".")[0] for p in (tmp_path / "t" / "__pycache__").glob("*-pytest-*.pyc")
     )
     assert cached == ["conftest", "test_x"]
+
+
+def _fake_tiers(monkeypatch: pytest.MonkeyPatch, kernel_ok: bool = True) -> list[tuple[str, str]]:
+    """Tiers that record when they start and end; the kernel guest takes longest."""
+    import threading
+    import time
+
+    events: list[tuple[str, str]] = []
+    lock = threading.Lock()
+
+    def fake(tier: str, seconds: float, ok: bool = True) -> TierResult:
+        with lock:
+            events.append(("start", tier))
+        time.sleep(seconds)
+        with lock:
+            events.append(("end", tier))
+        return TierResult(tier, ok=ok, wall=seconds, counts=Counts(tests=1))
+
+    monkeypatch.setattr(harness, "find_kernel", lambda: Path("/boot/vmlinuz-fake"))
+    monkeypatch.setattr(harness, "detect_accel", lambda *_a: ("tcg", "requested"))
+    monkeypatch.setattr(harness, "precompile", lambda **_k: None)
+    monkeypatch.setattr(harness, "tier_lint", lambda _o: fake("lint", 0.05))
+    monkeypatch.setattr(harness, "tier_host", lambda _o: fake("host", 0.05))
+    monkeypatch.setattr(
+        harness,
+        "tier_qemu",
+        lambda _o, tier, *_a: fake(
+            tier, 0.6 if tier == "kernel" else 0.1, kernel_ok or tier != "kernel"
+        ),
+    )
+    return events
+
+
+def test_the_kernel_guest_runs_alongside_the_other_tiers_and_its_result_counts(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    events = _fake_tiers(monkeypatch)
+    assert harness.main(["--results", str(tmp_path / "r")]) == 0
+    # the others started and ended while the kernel guest ran
+    assert events[0] == ("start", "kernel") or ("start", "kernel") in events[:2]
+    assert events[-1] == ("end", "kernel")
+    table = capsys.readouterr().out
+    assert [
+        ln.split()[0]
+        for ln in table.splitlines()
+        if ln.split()[:1] in (["lint"], ["host"], ["kernel"], ["systemd"])
+    ][-4:] == ["lint", "host", "kernel", "systemd"]
+    # a failing kernel guest fails the run, as it does when serial
+    _fake_tiers(monkeypatch, kernel_ok=False)
+    assert harness.main(["--results", str(tmp_path / "r2")]) == 1
+
+
+def test_serial_runs_one_tier_at_a_time(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    events = _fake_tiers(monkeypatch)
+    assert harness.main(["--serial", "--results", str(tmp_path / "r")]) == 0
+    assert events == [
+        (e, t) for t in ("lint", "host", "kernel", "systemd") for e in ("start", "end")
+    ]
