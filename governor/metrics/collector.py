@@ -123,10 +123,12 @@ class GovernorCollector(Collector):
         self._model(f, st, plan)
         if not exists:
             return
-        self._memory(f, fs, plan.group, p)
+        # under systemd the policy's limits are on its slice unit, not on the service's cgroup
+        systemd = st.get("systemd") or None
+        self._memory(f, fs, systemd["cgroup"] if systemd else plan.group, p)
         use = observe.usage(fs, plan.group)
         self._usage(f, use, p)
-        drift = sum(k["state"] != "in sync" for k in observe.knobs(fs, plan))
+        drift = sum(k["state"] != "in sync" for k in observe.knobs(fs, plan, systemd=systemd))
         f.gauge(
             "governor_policy_drift",
             "files of the slice whose kernel value differs from the policy (or is missing)",

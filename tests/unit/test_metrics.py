@@ -312,3 +312,30 @@ def test_promtool_check_metrics_accepts_the_exposition(tmp_path: Path) -> None:
         check=False,
     )
     assert out.returncode == 0, out.stdout.decode() + out.stderr.decode()
+
+
+def test_under_systemd_the_limits_are_read_from_the_slice_unit_that_carries_them(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A governor@ service: the engine's group is the service's cgroup (no limits there); the
+    policy's limits are on its slice unit, which the published state names."""
+    from governor.backends import manager
+
+    plan, group, run = _slice(tmp_path)
+    (group / "memory.max").write_text("max\n")  # the service's own cgroup: unlimited
+    carrier = group.parent / "governor-mx.slice"
+    carrier.mkdir()
+    (carrier / "memory.max").write_text(f"{256 << 20}\n")
+    (carrier / "memory.high").write_text(f"{200 << 20}\n")
+    monkeypatch.setattr(manager, "unit_values", lambda _unit: {"memory.max": str(256 << 20)})
+    systemd = {
+        "unit": "governor-mx.slice",
+        "cgroup": str(carrier.relative_to(tmp_path / "cg")),
+        "limits": [
+            {"file": "memory.max", "reason": "memory.max", "policy": str(256 << 20)},
+        ],
+    }
+    _publish(run, plan, systemd=systemd)
+    s = _samples(exposition(run, "mx"))
+    assert _get(s, "governor_memory_limit_bytes", limit="max", policy="mx") == 256 << 20
+    assert _get(s, "governor_memory_limit_bytes", limit="high", policy="mx") == 200 << 20
