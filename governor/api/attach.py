@@ -195,8 +195,10 @@ def monitor(path: Path, opts: HostOptions, mopts: MonitorOptions) -> dict[str, A
         watchdog.disarm()
         if endpoint is not None:
             endpoint.close()
-        # apply's state again while its slice stands (status, remove's record); else none
-        if prior is not None and fs.exists(plan.group):
-            publisher.publish({k: v for k, v in prior.items() if k != "format"})
-        else:
-            publisher.remove()
+        # apply's state again while its slice stands (status, remove's record); else none.
+        # Only our own: a launch of the name may have started meanwhile and published its own
+        if (publisher.read() or {}).get("pid") in (os.getpid(), None):
+            if prior is not None and fs.exists(plan.group):
+                publisher.publish({k: v for k, v in prior.items() if k != "format"})
+            else:
+                publisher.remove()

@@ -234,3 +234,40 @@ def test_monitor_refuses_a_name_a_live_supervisor_governs_and_replaces_a_stale_o
     code, _, err = _run(capsys, *argv, "--duration", "0.3", "--sample-interval", "0.1")
     assert code == 0, err
     assert publisher.read() is None
+
+
+def test_a_monitor_leaves_a_state_it_does_not_own_when_it_ends(
+    tmp_path: Path, cgroup_root: Path, fake_fs: FakeKernelCgroupFs
+) -> None:
+    """A launch of the same name that started while the monitor ran published its own state:
+    the monitor's end must not remove (or overwrite) it."""
+    import threading
+    import time
+
+    from governor import api
+    from governor.state import Publisher, run_dir
+
+    policy = tmp_path / "chat.toml"
+    policy.write_text(POLICY)
+    for cg in ("governor.slice", "governor.slice/chat"):
+        fake_fs.mkdir(cg)
+    publisher = Publisher(run_dir(), "chat")
+    theirs = {"policy": "chat", "source": "launch", "pid": 2**22 + 11}
+
+    def replace_state() -> None:
+        deadline = time.monotonic() + 30
+        while (publisher.read() or {}).get("source") != "monitor":
+            if time.monotonic() > deadline:
+                return
+            time.sleep(0.02)
+        publisher.publish(theirs)
+
+    other = threading.Thread(target=replace_state)
+    other.start()
+    api.monitor(
+        policy,
+        api.HostOptions(root=Path(HOST), cgroup_root=cgroup_root),
+        api.MonitorOptions(sample_s=0.1, duration_s=1.5),
+    )
+    other.join(timeout=30)
+    assert publisher.read() == {"format": 1, **theirs}
