@@ -110,7 +110,8 @@ def test_tune_applies_guards_dry_runs_journals_and_rolls_back(
         assert again.returncode == 0, again.stdout + again.stderr
         status = _gov(env, "status", "tn", "--json")
         (item,) = json.loads(status.stdout)
-        assert [e["source"] for e in item["journal"]][-2:] == ["tune", "rollback"]
+        # the unsafe tune was refused: journaled without changes, not rolled back
+        assert [e["source"] for e in item["journal"]][-3:] == ["tune", "tune-refused", "rollback"]
     finally:
         gov.terminate()
         gov.wait(timeout=120)

@@ -222,7 +222,7 @@ def test_the_kernel_guest_runs_alongside_the_other_tiers_and_its_result_counts(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     events = _fake_tiers(monkeypatch)
-    assert harness.main(["--results", str(tmp_path / "r")]) == 0
+    assert harness.main(["--parallel", "--results", str(tmp_path / "r")]) == 0
     # the others started and ended while the kernel guest ran
     assert events[0] == ("start", "kernel") or ("start", "kernel") in events[:2]
     assert events[-1] == ("end", "kernel")
@@ -234,12 +234,12 @@ def test_the_kernel_guest_runs_alongside_the_other_tiers_and_its_result_counts(
     ][-4:] == ["lint", "host", "kernel", "systemd"]
     # a failing kernel guest fails the run, as it does when serial
     _fake_tiers(monkeypatch, kernel_ok=False)
-    assert harness.main(["--results", str(tmp_path / "r2")]) == 1
+    assert harness.main(["--parallel", "--results", str(tmp_path / "r2")]) == 1
 
 
 def test_serial_runs_one_tier_at_a_time(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     events = _fake_tiers(monkeypatch)
-    assert harness.main(["--serial", "--results", str(tmp_path / "r")]) == 0
+    assert harness.main(["--results", str(tmp_path / "r")]) == 0
     assert events == [
         (e, t) for t in ("lint", "host", "kernel", "systemd") for e in ("start", "end")
     ]
