@@ -187,33 +187,36 @@ def test_precompile_fills_pytests_rewrite_cache(tmp_path: Path) -> None:
     assert cached == ["conftest", "test_x"]
 
 
-def _fake_tiers(monkeypatch: pytest.MonkeyPatch, kernel_ok: bool = True) -> list[tuple[str, str]]:
-    """Tiers that record when they start and end; the kernel guest takes longest."""
+def _fake_tiers(
+    monkeypatch: pytest.MonkeyPatch, *, kernel_ok: bool = True, parallel: bool = True
+) -> list[tuple[str, str]]:
+    """Tiers that record when they start and end. In parallel mode the fake kernel guest
+    ends only once the systemd tier has ended (an event, not a sleep: no timing involved);
+    if the harness did not overlap them, it gives up after 30 s and the order shows it."""
     import threading
-    import time
 
     events: list[tuple[str, str]] = []
     lock = threading.Lock()
+    systemd_done = threading.Event()
 
-    def fake(tier: str, seconds: float, ok: bool = True) -> TierResult:
+    def fake(tier: str, ok: bool = True) -> TierResult:
         with lock:
             events.append(("start", tier))
-        time.sleep(seconds)
+        if tier == "kernel" and parallel:
+            systemd_done.wait(timeout=30)
         with lock:
             events.append(("end", tier))
-        return TierResult(tier, ok=ok, wall=seconds, counts=Counts(tests=1))
+        if tier == "systemd":
+            systemd_done.set()
+        return TierResult(tier, ok=ok, wall=0.0, counts=Counts(tests=1))
 
     monkeypatch.setattr(harness, "find_kernel", lambda: Path("/boot/vmlinuz-fake"))
     monkeypatch.setattr(harness, "detect_accel", lambda *_a: ("tcg", "requested"))
     monkeypatch.setattr(harness, "precompile", lambda **_k: None)
-    monkeypatch.setattr(harness, "tier_lint", lambda _o: fake("lint", 0.05))
-    monkeypatch.setattr(harness, "tier_host", lambda _o: fake("host", 0.05))
+    monkeypatch.setattr(harness, "tier_lint", lambda _o: fake("lint"))
+    monkeypatch.setattr(harness, "tier_host", lambda _o: fake("host"))
     monkeypatch.setattr(
-        harness,
-        "tier_qemu",
-        lambda _o, tier, *_a: fake(
-            tier, 0.6 if tier == "kernel" else 0.1, kernel_ok or tier != "kernel"
-        ),
+        harness, "tier_qemu", lambda _o, tier, *_a: fake(tier, kernel_ok or tier != "kernel")
     )
     return events
 
@@ -224,7 +227,7 @@ def test_the_kernel_guest_runs_alongside_the_other_tiers_and_its_result_counts(
     events = _fake_tiers(monkeypatch)
     assert harness.main(["--parallel", "--results", str(tmp_path / "r")]) == 0
     # the others started and ended while the kernel guest ran
-    assert events[0] == ("start", "kernel") or ("start", "kernel") in events[:2]
+    assert events.index(("start", "kernel")) < events.index(("end", "systemd"))
     assert events[-1] == ("end", "kernel")
     table = capsys.readouterr().out
     assert [
@@ -238,7 +241,7 @@ def test_the_kernel_guest_runs_alongside_the_other_tiers_and_its_result_counts(
 
 
 def test_serial_runs_one_tier_at_a_time(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
-    events = _fake_tiers(monkeypatch)
+    events = _fake_tiers(monkeypatch, parallel=False)
     assert harness.main(["--results", str(tmp_path / "r")]) == 0
     assert events == [
         (e, t) for t in ("lint", "host", "kernel", "systemd") for e in ("start", "end")
