@@ -83,6 +83,33 @@ class Publisher:
             self.dir.rmdir()  # only when nothing else lives there (a journal stays)
 
 
+def applied(
+    plan_dict: Mapping[str, Any],
+    *,
+    policy_path: str | None,
+    created: list[str],
+    started_at: float,
+    **extra: Any,
+) -> dict[str, Any]:
+    """The state of a slice no process supervises (`governor apply`, a `launch --keep`'s
+    group): it holds while the cgroup exists, and ``created`` is what `governor remove` may
+    take away with the group (never an operator's own slice)."""
+    return {
+        "policy": plan_dict["policy"],
+        "source": "apply",
+        "policy_path": policy_path,
+        "pid": None,
+        "started_at": round(started_at, 3),
+        "backend": "cgroupfs",
+        "cgroup_root": plan_dict["cgroup_root"],
+        "group": plan_dict["group"],
+        "leaf": plan_dict["leaf"],
+        "plan": dict(plan_dict),
+        "created": created,
+        **extra,
+    }
+
+
 def alive(pid: int | None, proc: Path = Path("/proc"), *, marker: bytes = b"governor") -> bool:
     """``pid`` runs and is a governor (its command line has ``marker``: not a recycled pid of
     another program)."""

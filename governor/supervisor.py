@@ -36,10 +36,9 @@ from governor.monitor.restart import Restarts
 from governor.plan.model import Plan
 from governor.record import field, record
 from governor.sdnotify import notify
-from governor.state import Publisher, run_dir
+from governor.state import Publisher, applied, run_dir
 
 log = get_logger("governor.launch")
-STATE_ACTIONS = 10  # the last firings (with their actions' before/after) kept in the state
 
 
 class Backend(Protocol):
@@ -140,20 +139,13 @@ class Supervisor:
         if job.backend != "cgroupfs":
             return  # a transient scope ends with its last process
         Publisher(job.run_dir or run_dir(), plan.policy).publish(
-            {
-                "policy": plan.policy,
-                "source": "apply",
-                "policy_path": plan.source,
-                "pid": None,
-                "started_at": round(self.started_at, 3),
-                "backend": job.backend,
-                "cgroup_root": plan.cgroup_root,
-                "group": plan.group,
-                "leaf": plan.leaf,
-                "plan": plan.to_dict(),
-                "created": sorted(owned),
-                "kept_by": "launch --keep",
-            }
+            applied(
+                plan.to_dict(),
+                policy_path=plan.source,
+                created=sorted(owned),
+                started_at=self.started_at,
+                kept_by="launch --keep",
+            )
         )
 
     def _run_applied(self, job: Job) -> int:
@@ -241,7 +233,7 @@ class Supervisor:
             "restarts": len(self.restarts.history) if self.restarts else 0,
             "model_bytes": job.model_bytes,
             "rules": monitor.rule_states() if monitor is not None else [],
-            "last_actions": list(monitor.recent)[-STATE_ACTIONS:] if monitor is not None else [],
+            "last_actions": list(monitor.recent) if monitor is not None else [],
             "action_totals": monitor.action_totals() if monitor is not None else [],
             "model": {k: estimate.get(k) for k in ("model", "quant", "total")}
             if estimate

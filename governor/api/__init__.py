@@ -105,6 +105,7 @@ def apply(path: Path, opts: HostOptions) -> Plan:
     import time
 
     from governor.state import Publisher, run_dir
+    from governor.state import applied as applied_state
 
     plan = check(path, opts)
     backend = _backend(plan)
@@ -117,19 +118,12 @@ def apply(path: Path, opts: HostOptions) -> Plan:
     created = sorted(set(locked) | set(applied.created))
     # no supervisor: the state holds while the cgroup exists (governor status shows it)
     Publisher(run_dir(), plan.policy).publish(
-        {
-            "policy": plan.policy,
-            "source": "apply",
-            "policy_path": str(path.resolve()),
-            "pid": None,
-            "started_at": round(time.time(), 3),
-            "backend": "cgroupfs",
-            "cgroup_root": plan.cgroup_root,
-            "group": plan.group,
-            "leaf": plan.leaf,
-            "plan": plan.to_dict(),
-            "created": created,  # what remove may take away with the group (the slice)
-        }
+        applied_state(
+            plan.to_dict(),
+            policy_path=str(path.resolve()),
+            created=created,
+            started_at=time.time(),
+        )
     )
     return plan
 

@@ -21,7 +21,6 @@ if TYPE_CHECKING:
     from governor.plan.model import Plan
     from governor.state import Publisher
 
-STATE_ACTIONS = 10  # the last firings kept in the state (as a launch's supervisor does)
 # what the monitor's state carries over from `governor apply`'s
 KEPT_FROM_APPLY = ("created", "backend", "systemd")
 
@@ -142,7 +141,7 @@ def monitor(path: Path, opts: HostOptions, mopts: MonitorOptions) -> dict[str, A
         state = base | {
             "engine_pid": engine,
             "rules": mon.rule_states(),
-            "last_actions": list(mon.recent)[-STATE_ACTIONS:],
+            "last_actions": list(mon.recent),
             "action_totals": mon.action_totals(),
         }
         snapshot[:] = [state]
