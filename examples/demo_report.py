@@ -11,7 +11,7 @@ import sys
 import tomllib
 from pathlib import Path
 
-from governor.enginebench.timings import parse_timings
+from governor.bench.timings import parse_timings
 
 MIB = 1 << 20
 

@@ -3,10 +3,10 @@
 `governor launch` is on the engine's critical path (a llama-server restart, a systemd start),
 so it does not pay for the compile-time stack: this module parses the launch command line with
 the standard library, forks the watchdog while the interpreter is still nearly empty
-(governor/launch/watchdog.py), and calls governor.api.launch, which finds the compiled plan in
-the cache (governor/compiled.py) and hands it to the supervisor. Only a cache miss imports
+(governor/supervise/watchdog.py), and calls governor.api.launch, which finds the compiled plan in
+the cache (governor/cache/plans.py) and hands it to the supervisor. Only a cache miss imports
 pydantic and the compiler. Anything this parser does not recognise (``--help``, a typo, another
-command) goes to the typer CLI (governor/cli.py), which owns the help texts and the usage
+command) goes to the typer CLI (governor/cli/app.py), which owns the help texts and the usage
 errors, so both paths accept the same command line.
 """
 
@@ -117,7 +117,7 @@ def parse_launch(args: list[str]) -> dict[str, Any]:
 
 
 def _launch(parsed: dict[str, Any]) -> int:
-    from governor.launch.watchdog import fork_watchdog
+    from governor.supervise.watchdog import fork_watchdog
 
     # before anything else is imported: the watchdog is a copy of a nearly empty interpreter
     watchdog = fork_watchdog()
@@ -184,7 +184,7 @@ def main(argv: list[str] | None = None) -> int:
     except _Fallback:
         parsed = None
     if parsed is None or {"-h", "--help"} & set(args[: len(args) - len(parsed["engine"])]):
-        from governor.cli import main as cli_main
+        from governor.cli.app import main as cli_main
 
         cli_main(args)
         return 0

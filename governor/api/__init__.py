@@ -10,12 +10,12 @@ from typing import TYPE_CHECKING, Any
 from governor.record import field, record
 
 if TYPE_CHECKING:
+    from governor.engines.preflight import Preflight
     from governor.plan.compiler import Workload
     from governor.plan.doctor import Finding
     from governor.plan.host import HostFacts
     from governor.plan.model import Plan
     from governor.policy.model import Policy
-    from governor.preflight import Preflight
 
 
 @record(frozen=True)
@@ -104,13 +104,13 @@ def apply(path: Path, opts: HostOptions) -> Plan:
     """`governor apply`: create the slice with its limits, no process."""
     import time
 
-    from governor.state import Publisher, run_dir
-    from governor.state import applied as applied_state
+    from governor.rundir.state import Publisher, run_dir
+    from governor.rundir.state import applied as applied_state
 
     plan = check(path, opts)
     backend = _backend(plan)
     # the lock a launch of the same policy holds for its whole run: apply refuses (69) then
-    from governor.supervisor import interruptible
+    from governor.supervise.supervisor import interruptible
 
     # a stop signal while the limits are written rolls them back (exit 128+N), as ^C does
     with backend.lock(plan) as locked, interruptible():
@@ -137,7 +137,7 @@ def remove(path: Path, opts: HostOptions) -> Any:
     # removal must work even where the limits could not be enforced any more
     everything = frozenset({"memory", "cpu", "cpuset", "io", "pids", "psi"})
     plan = compile_plan(policy, host, allow_missing=everything, source=str(path))
-    from governor.state import Publisher, read_states, run_dir
+    from governor.rundir.state import Publisher, read_states, run_dir
 
     # `governor apply` (and `launch --keep`) record what they created: then the slice goes
     # only when it is among them (an operator's slice stays). Without a record (/run lost in a
@@ -181,12 +181,12 @@ def _governor_executable() -> str:
 
 def install(path: Path, opts: HostOptions, iopts: InstallOptions) -> Any:
     """`governor install`: render the policy's units for this host's systemd and write them."""
-    from governor import install as inst
-    from governor.backends import dropin
     from governor.backends.systemd import daemon_reload
+    from governor.deploy import dropin
+    from governor.deploy import install as inst
+    from governor.engines.preflight import engine_args
+    from governor.engines.preflight import model_bytes as model_size
     from governor.errors import HostError
-    from governor.preflight import engine_args
-    from governor.preflight import model_bytes as model_size
 
     policy = load_policy(path)
     model_bytes = None
@@ -227,7 +227,7 @@ def _precompile_for_service(policy_path: Path, engine: tuple[str, ...], opts: Ho
     working directory /, root's cache) so that `systemctl start` takes the lean path. Best
     effort: a refusal here is said now and again by the service when it starts."""
     from governor.api.launch import LaunchOptions, compiled_for_launch
-    from governor.cachedir import cache_dir
+    from governor.cache.store import cache_dir
     from governor.errors import GovernorError
     from governor.log import get_logger
 
@@ -251,8 +251,8 @@ def _precompile_for_service(policy_path: Path, engine: tuple[str, ...], opts: Ho
 def uninstall(policy: str, root: Path, *, dry_run: bool = False) -> Any:
     """`governor uninstall`: remove what install wrote for a policy (a file or its name) and
     restore the files it replaced."""
-    from governor import install as inst
     from governor.backends.systemd import daemon_reload
+    from governor.deploy import install as inst
 
     name = load_policy(Path(policy)).name if policy.endswith(".toml") else policy
     live = root.resolve() == Path("/")
@@ -302,9 +302,9 @@ def _preflight(
     force: bool,
     cwd: Path | None = None,
 ) -> tuple[Plan, HostFacts, Preflight]:
-    """load + engine argv + model + probe + compile + governor/preflight.py: what check
+    """load + engine argv + model + probe + compile + governor/engines/preflight.py: what check
     --engine-argv and launch both run, in this order, before anything is applied."""
-    from governor.preflight import engine_args, model_bytes, preflight
+    from governor.engines.preflight import engine_args, model_bytes, preflight
 
     policy = load_policy(path)
     args = engine_args(policy.engine.kind, policy.engine.max_context_tokens, argv)
@@ -317,8 +317,8 @@ def _preflight(
 
 
 def init(opts: HostOptions, req: Any) -> Any:
-    """`governor init`: a policy for a GGUF model on this board (governor/initpolicy.py)."""
-    from governor.initpolicy import draft
+    """`governor init`: a policy for a GGUF model on this board (governor/engines/draft.py)."""
+    from governor.engines.draft import draft
 
     return draft(req, probe_host(opts), root=opts.root)
 

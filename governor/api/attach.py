@@ -19,7 +19,7 @@ from governor.record import record
 if TYPE_CHECKING:
     from governor.api import HostOptions
     from governor.plan.model import Plan
-    from governor.state import Publisher
+    from governor.rundir.state import Publisher
 
 # what the monitor's state carries over from `governor apply`'s
 KEPT_FROM_APPLY = ("created", "backend", "systemd")
@@ -57,7 +57,7 @@ def _take_over(publisher: Publisher, plan: Plan) -> dict[str, Any] | None:
     import os
 
     from governor.errors import HostError
-    from governor.state import alive
+    from governor.rundir.state import alive
 
     prior = publisher.read()
     if prior is None or prior.get("source") == "apply":
@@ -83,16 +83,16 @@ def monitor(path: Path, opts: HostOptions, mopts: MonitorOptions) -> dict[str, A
 
     from governor.api import check
     from governor.errors import HostError
-    from governor.journal import Journal
     from governor.kernel.cgroupfs import CgroupFs
     from governor.kernel.procfs import ProcFs
     from governor.monitor.loop import Monitor
-    from governor.state import Publisher, run_dir
+    from governor.rundir.journal import Journal
+    from governor.rundir.state import Publisher, run_dir
 
     if mopts.cgroup is not None:
         _check_cgroup_option(mopts.cgroup)
     if mopts.report is not None:
-        from governor.outputs import check_writable
+        from governor.api.outputs import check_writable
 
         check_writable(mopts.report, "--report")
     plan = check(path, opts, attach=mopts.cgroup)
@@ -154,7 +154,7 @@ def monitor(path: Path, opts: HostOptions, mopts: MonitorOptions) -> dict[str, A
         endpoint = serve_metrics(mopts.metrics, lambda: list(snapshot))
     # a freeze action holds the group while it runs: the sh watchdog thaws it if the monitor
     # dies (SIGKILL, OOM); every signal that ends it otherwise goes through finish() below
-    from governor.launch.watchdog import fork_watchdog
+    from governor.supervise.watchdog import fork_watchdog
 
     watchdog = fork_watchdog()
     try:

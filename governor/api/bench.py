@@ -9,8 +9,8 @@ from governor.api import HostOptions, check
 
 
 def bench(path: Path, argv: tuple[str, ...], opts: HostOptions, bopts: Any) -> Any:
-    """`governor bench`: run the engine under the policy per governor/enginebench/main.py."""
-    from governor.enginebench.main import bench as run_bench
+    """`governor bench`: run the engine under the policy per governor/bench/main.py."""
+    from governor.bench.main import bench as run_bench
 
     _check_bench_options(bopts)
     plan = check(path, opts)
@@ -26,8 +26,8 @@ def _check_bench_options(bopts: Any) -> None:
     output files that cannot be written."""
     import math
 
+    from governor.api.outputs import check_writable
     from governor.errors import UsageError
-    from governor.outputs import check_writable
 
     numbers = {
         "--interval": bopts.interval,

@@ -1,6 +1,6 @@
 """`governor launch` in the composition root: the compiled plan (cached, else compiled with
 every refusal launch makes before it applies anything), the child's setup, then the supervisor
-(governor/supervisor.py)."""
+(governor/supervise/supervisor.py)."""
 
 from __future__ import annotations
 
@@ -17,11 +17,11 @@ from governor.log import get_logger
 from governor.record import record
 
 if TYPE_CHECKING:
-    from governor.compiled import Compiled
+    from governor.cache.plans import Compiled
     from governor.launch.launcher import ChildSetup
-    from governor.launch.watchdog import Watchdog
     from governor.plan.host import HostFacts
     from governor.plan.model import Plan
+    from governor.supervise.watchdog import Watchdog
 
 log = get_logger("governor.launch")
 
@@ -35,7 +35,7 @@ class LaunchOptions:
     force: bool = False  # launch even when the GGUF estimate exceeds memory.max
     psi_triggers: bool = True  # False: evaluate PSI rules by polling total= (--psi poll)
     watchdog: Watchdog | None = None  # forked early by governor.main; else forked here
-    plan_cache: bool = True  # look up / store the compiled plan (governor/compiled.py)
+    plan_cache: bool = True  # look up / store the compiled plan (governor/cache/plans.py)
     metrics: tuple[str, int] | None = None  # serve /metrics here while it runs (--metrics)
 
 
@@ -180,8 +180,8 @@ def launch(path: Path, argv: tuple[str, ...], opts: HostOptions, lopts: LaunchOp
     from governor.errors import UsageError
     from governor.kernel.procfs import ProcFs
     from governor.launch.launcher import Launcher
-    from governor.launch.watchdog import fork_watchdog
-    from governor.supervisor import Job, Supervisor
+    from governor.supervise.supervisor import Job, Supervisor
+    from governor.supervise.watchdog import fork_watchdog
 
     if not argv:
         raise UsageError(
@@ -190,7 +190,7 @@ def launch(path: Path, argv: tuple[str, ...], opts: HostOptions, lopts: LaunchOp
         )
     executable = resolve_executable(argv[0], os.environ.get("PATH"))
     if lopts.report is not None:
-        from governor.outputs import check_writable
+        from governor.api.outputs import check_writable
 
         check_writable(lopts.report, "--report")
     backend_name = _backend_name(opts, lopts)
@@ -242,7 +242,7 @@ def serve_metrics(where: tuple[str, int], states: Callable[[], list[dict[str, An
     import sys
 
     from governor.metrics.export import serve
-    from governor.state import run_dir
+    from governor.rundir.state import run_dir
 
     endpoint = serve(where[0], where[1], states, run_dir())
     sys.stderr.write(f"governor: metrics at {endpoint.url}\n")
@@ -263,7 +263,7 @@ def compiled_for_launch(
     """The plan cache's entry for this launch, else a compile (which stores it). ``cwd`` and
     ``cache`` stand for another process's view (install compiles for the service: cwd /, the
     cache directory of root without GOVERNOR_CACHE_DIR)."""
-    from governor import compiled
+    from governor.cache import plans as compiled
 
     name = None
     if lopts.plan_cache:
@@ -310,10 +310,10 @@ def _compile_launch(
     cwd: Path,
 ) -> tuple[Compiled, HostFacts]:
     """Compile time for a launch: policy, host, plan and every refusal before apply (the
-    same preflight as `check --engine-argv`: governor/preflight.py)."""
-    from governor import compiled
+    same preflight as `check --engine-argv`: governor/engines/preflight.py)."""
+    from governor.cache import plans as compiled
     from governor.engines.llama import model_parts
-    from governor.preflight import engine_args
+    from governor.engines.preflight import engine_args
 
     # under systemd the manager enables controllers along the unit's path itself
     plan, host, checked = _preflight(

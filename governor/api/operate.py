@@ -10,11 +10,11 @@ from governor.api import HostOptions, _compile, load_policy, probe_host
 
 def diff(path: Path, opts: HostOptions, *, install_root: Path = Path("/")) -> dict[str, Any]:
     """`governor diff`: compiled on this host vs the kernel vs the installed unit files."""
-    from governor import diff as d
-    from governor import install as inst
-    from governor.backends import dropin
     from governor.backends.cgroupfs import CgroupfsBackend
+    from governor.deploy import dropin
+    from governor.deploy import install as inst
     from governor.kernel.cgroupfs import CgroupFs
+    from governor.operate import diff as d
 
     policy = load_policy(path)
     host = probe_host(opts, target=f"{policy.slice}/{policy.name}")
@@ -35,7 +35,7 @@ def diff(path: Path, opts: HostOptions, *, install_root: Path = Path("/")) -> di
                 on_disk[f.path] = None
         # a `tune --persist` drop-in overrides the policy's values until rolled back: drift
         from governor.backends.unitmap import policy_slice
-        from governor.tune import DROPIN_NAME
+        from governor.operate.tune import DROPIN_NAME
 
         tuned = f"{dropin.UNIT_DIR}/{policy_slice(plan.slice, plan.policy)}.d/{DROPIN_NAME}"
         try:
@@ -49,7 +49,7 @@ def diff(path: Path, opts: HostOptions, *, install_root: Path = Path("/")) -> di
 def _governed(name: str) -> dict[str, Any]:
     """The published state of NAME (66 when none; 69 when its supervisor is gone)."""
     from governor.errors import HostError, PolicyNotFound
-    from governor.state import read_states, run_dir
+    from governor.rundir.state import read_states, run_dir
 
     states = [s for s in read_states(run_dir()) if s.get("policy") == name]
     if not states:
@@ -77,15 +77,15 @@ def tune(
 ) -> dict[str, Any]:
     """`governor tune`: validate KEY=VALUE as the policy would, guard, apply in stages, journal.
     Under systemd, slice-level knobs go through the manager (runtime properties). ``confirm``:
-    a DURATION after which the change reverts unless confirmed (governor/confirm.py); with no
+    a DURATION after which the change reverts unless confirmed (governor/operate/confirm.py); with no
     assignments, CONFIRM_NOW confirms the pending tunes."""
     import time
 
-    from governor import confirm as c
-    from governor import tune as t
     from governor.errors import PolicyError, UsageError
-    from governor.journal import Journal
-    from governor.state import run_dir
+    from governor.operate import confirm as c
+    from governor.operate import tune as t
+    from governor.rundir.journal import Journal
+    from governor.rundir.state import run_dir
 
     st = _governed(name)
     journal = Journal(run_dir() / name)
@@ -212,15 +212,15 @@ def _routes(
     """Validate the overrides by recompiling the running policy with them, and sort the files
     that change by where they go: under systemd the unit carrying the limits (through the
     manager) or the engine leaf (what systemd cannot express); else the policy's group."""
-    from governor import tune as t
     from governor.backends import manager
     from governor.errors import HostError
     from governor.kernel.cgroupfs import CgroupFs
+    from governor.operate import tune as t
     from governor.plan.compiler import Workload, compile_plan
     from governor.plan.host import probe
     from governor.plan.model import Plan
     from governor.policy.loader import load
-    from governor.state import run_dir
+    from governor.rundir.state import run_dir
 
     running = Plan.from_dict(st["plan"])
     path = st.get("policy_path") or running.source
@@ -290,12 +290,12 @@ def _persist(
     """--persist: an installed policy (governor install) gets a drop-in on its slice unit, so
     the manager keeps the values across daemon-reload, restarts and reboots; any other policy
     gets its file rewritten (comments and layout kept). The diff is returned either way."""
-    from governor import install as inst
-    from governor import tune as t
     from governor.backends import manager, unitmap
-    from governor.backends.dropin import UNIT_DIR
     from governor.backends.systemd import daemon_reload
+    from governor.deploy import install as inst
+    from governor.deploy.dropin import UNIT_DIR
     from governor.errors import HostError, PermissionDenied
+    from governor.operate import tune as t
     from governor.plan.model import Plan
 
     running = Plan.from_dict(st["plan"])
@@ -334,12 +334,12 @@ def _persist(
 
 def rollback(name: str, *, to: int | None, everything: bool) -> dict[str, Any]:
     """`governor rollback`: undo the last tune (or back to an entry, or all) from the journal."""
-    from governor import tune as t
     from governor.errors import PolicyError
-    from governor.journal import Journal
     from governor.kernel.cgroupfs import CgroupFs
+    from governor.operate import tune as t
     from governor.plan.model import Plan
-    from governor.state import run_dir
+    from governor.rundir.journal import Journal
+    from governor.rundir.state import run_dir
 
     st = _governed(name)
     running = Plan.from_dict(st["plan"])
@@ -358,9 +358,9 @@ def rollback(name: str, *, to: int | None, everything: bool) -> dict[str, Any]:
 
 
 def status(name: str | None) -> list[dict[str, Any]]:
-    """`governor status`: governor/status.py over the published states."""
-    from governor.state import run_dir
-    from governor.status import collect
+    """`governor status`: governor/operate/status.py over the published states."""
+    from governor.operate.status import collect
+    from governor.rundir.state import run_dir
 
     return collect(run_dir(), name)
 
@@ -369,7 +369,7 @@ def metrics(textfile: Path | None, name: str | None) -> Path | bytes:
     """`governor metrics`: the exposition of the governed slices, written to
     ``textfile/governor.prom`` (atomically) or returned."""
     from governor.metrics.export import exposition, write_textfile
-    from governor.state import run_dir
+    from governor.rundir.state import run_dir
 
     if textfile is not None:
         return write_textfile(textfile, run_dir(), name)

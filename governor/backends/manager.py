@@ -5,7 +5,7 @@
 "restores" its own idea of the value over a file written behind its back. `governor status`
 reads the unit's values back (:func:`unit_values`) for its third column.
 
-Which unit carries the limits follows from the unit's cgroup U (backends/dropin.py): the
+Which unit carries the limits follows from the unit's cgroup U (deploy/dropin.py): the
 installed ``governor@<name>.service`` runs inside the policy's slice, which carries them
 (``<...>/governor-<name>.slice/governor@<name>.service`` -> the slice); a transient scope
 carries them itself. Standard library only (the reverter runs it); pystemd is imported lazily.

@@ -11,7 +11,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Literal
 
-from governor.backends import dropin
+from governor.backends import unitmap
 from governor.errors import HostError
 from governor.kernel.procfs import ProcFs
 from governor.plan.model import EnableControllers, Plan
@@ -28,8 +28,8 @@ def delegated_plan(plan: Plan, unit_cgroup: str, systemd_version: int) -> Plan:
     ``<slice>/<name>`` in the cgroupfs layout, so the monitor's freeze/kill/reclaim and the
     launch report act on the engine and never on the supervising governor in U/supervisor.
     """
-    leaf = f"{unit_cgroup}/{dropin.ENGINE_LEAF}"
-    deferred = dropin.split(plan, systemd_version).governor
+    leaf = f"{unit_cgroup}/{unitmap.ENGINE_LEAF}"
+    deferred = unitmap.split(plan, systemd_version).governor
     writes = tuple(replace(d.write, cgroup=leaf) for d in deferred)
     # every controller of the plan, not only the deferred writes': memory.events, memory.peak
     # and cpu.stat of the leaf feed the launch report and the monitor
@@ -78,17 +78,17 @@ def compile_placements(plan: Plan, systemd_version: int) -> tuple[CompiledPlacem
     """Both places, at compile time: the installed service and the transient scope. Which one
     applies is known only at run time (the process's own cgroup), so both are compiled and the
     run time picks one; nothing is patched after the compiler."""
-    service, scope = dropin.service_cgroup(plan), dropin.scope_cgroup(plan)
+    service, scope = unitmap.service_cgroup(plan), unitmap.scope_cgroup(plan)
     return (
         CompiledPlacement(
             "service",
-            dropin.service_unit(plan.policy),
+            unitmap.service_unit(plan.policy),
             service,
             delegated_plan(plan, service, systemd_version),
         ),
         CompiledPlacement(
             "scope",
-            dropin.scope_unit(plan.policy),
+            unitmap.scope_unit(plan.policy),
             scope,
             delegated_plan(plan, scope, systemd_version),
         ),

@@ -1,7 +1,7 @@
 """The systemd backend: the engine runs in a systemd unit whose cgroup subtree is delegated to
 the governor (``governor launch --backend systemd``).
 
-Two ways in, one layout (backends/dropin.py explains the unit names):
+Two ways in, one layout (backends/unitmap.py explains the unit names):
 
 - **service**: the governor is the main process of an installed ``governor@<name>.service``
   (Delegate=yes, in the policy's slice that ``governor install`` wrote). systemd already set
@@ -13,10 +13,10 @@ Two ways in, one layout (backends/dropin.py explains the unit names):
 Then, in both cases, inside the unit's cgroup U: the governor moves itself to ``U/supervisor``
 (no internal processes: U enables controllers for its children), creates ``U/engine``, writes
 there what systemd cannot express (memory.oom.group, directives this systemd is too old for;
-dropin.split decides) and the launcher starts the engine in ``U/engine``. Removing kills and
+unitmap.split decides) and the launcher starts the engine in ``U/engine``. Removing kills and
 removes only ``U/engine``; systemd removes U when the unit ends.
 (systemd >= 254 has DelegateSubgroup= which would do the supervisor move itself; Debian 12
-ships 252, see dropin.DELEGATE_SUBGROUP_MIN_SYSTEMD.)
+ships 252, see unitmap.DELEGATE_SUBGROUP_MIN_SYSTEMD.)
 
 pystemd is imported lazily and only for the scope (and for daemon-reload in install); the
 D-Bus signatures are our own table because pystemd's lacks several (AllowedCPUs "ay",
@@ -33,7 +33,7 @@ from contextlib import contextmanager, suppress
 from pathlib import Path
 from typing import Any, Literal, Protocol
 
-from governor.backends import dropin
+from governor.backends import unitmap
 from governor.backends.cgroupfs import Applied, CgroupfsBackend, Removed
 from governor.backends.placement import (
     CompiledPlacement,
@@ -53,7 +53,7 @@ log = get_logger(__name__)
 BackendName = Literal["systemd", "cgroupfs", "auto"]
 
 # D-Bus signatures of every property this module (or the renderer) can send; a test checks
-# that each directive and bus property in dropin's tables has one (org.freedesktop.systemd1(5))
+# that each directive and bus property in unitmap's tables has one (org.freedesktop.systemd1(5))
 DBUS_SIGNATURES: dict[str, str] = {
     "Description": "s",
     "Slice": "s",
@@ -100,7 +100,7 @@ Prop = tuple[str, str, Any]  # (name, D-Bus signature, value)
 # --- pure: properties, cgroup paths, the delegated plan -----------------------------------------
 
 
-def signed(props: list[dropin.DbusProp]) -> list[Prop]:
+def signed(props: list[unitmap.DbusProp]) -> list[Prop]:
     out: list[Prop] = []
     for name, value in props:
         sig = DBUS_SIGNATURES.get(name)
@@ -112,7 +112,7 @@ def signed(props: list[dropin.DbusProp]) -> list[Prop]:
 
 def scope_properties(plan: Plan, systemd_version: int, pid: int) -> list[Prop]:
     """StartTransientUnit properties of the policy's scope: its limits and the delegation."""
-    props: list[dropin.DbusProp] = [
+    props: list[unitmap.DbusProp] = [
         ("Description", f"governor policy {plan.policy} (transient)"),
         ("Slice", plan.slice),
         ("Delegate", True),
@@ -120,9 +120,9 @@ def scope_properties(plan: Plan, systemd_version: int, pid: int) -> list[Prop]:
         # a failed scope is garbage-collected too, so the name is free for the next launch
         ("CollectMode", "inactive-or-failed"),
     ]
-    for setting in dropin.split(plan, systemd_version).unit:
+    for setting in unitmap.split(plan, systemd_version).unit:
         props += setting.bus()
-    if systemd_version >= dropin.OOM_POLICY_SCOPE_MIN_SYSTEMD:
+    if systemd_version >= unitmap.OOM_POLICY_SCOPE_MIN_SYSTEMD:
         props.append(("OOMPolicy", "continue"))
     return signed(props)
 
@@ -349,7 +349,7 @@ class SystemdBackend:
         if self.placement.mode == "scope":
             self._start_scope()
         unit_cg = self.placement.cgroup
-        supervisor = f"{unit_cg}/{dropin.SUPERVISOR_LEAF}"
+        supervisor = f"{unit_cg}/{unitmap.SUPERVISOR_LEAF}"
         self.fs.mkdir(supervisor)
         # no internal processes: U enables controllers for its children only once it is empty.
         # The governor and what it started before (the /bin/sh watchdog) move together.
@@ -369,7 +369,7 @@ class SystemdBackend:
         kernel protects usage, up to memory.min)."""
         if not self._full.protect_parents or not self._full.slice.endswith(".slice"):
             return
-        path = dropin.slice_cgroup(self._full.slice)
+        path = unitmap.slice_cgroup(self._full.slice)
         parts = path.split("/") if path else []
         for i in reversed(range(len(parts))):  # nearest first: each sum sees the one below
             cgroup, unit = "/".join(parts[: i + 1]), parts[i]

@@ -1,6 +1,6 @@
 """Plan -> systemd, the part shared by unit files and D-Bus: unit names and ONE mapping table
 (policy field -> directive -> cgroup file) with the systemd version each directive needs. Pure:
-no files, no environment, no clock. backends/dropin.py renders the table's settings into unit
+no files, no environment, no clock. deploy/dropin.py renders the table's settings into unit
 files; the transient backend (backends/systemd.py) sends them over D-Bus.
 
 Layout under systemd (documented in README "Deploy with systemd"):

@@ -2,7 +2,7 @@
 repack family, resolve a policy's memory.max as the budget.
 
 The refusal itself (an estimate above memory.max is 65 unless --force) is made by the one
-preflight of `governor launch` and `governor check --engine-argv` (governor/preflight.py).
+preflight of `governor launch` and `governor check --engine-argv` (governor/engines/preflight.py).
 """
 
 from __future__ import annotations

@@ -31,7 +31,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, BinaryIO
 
-from governor.cachedir import cache_dir
+from governor.cache.store import cache_dir
 from governor.errors import HostError, PolicyError, PolicyNotFound
 
 GGUF_MAGIC = b"GGUF"

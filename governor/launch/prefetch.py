@@ -19,7 +19,7 @@ Modes (``[prefetch] mode``):
 - ``lock``: populate, then the helper mlock()s every file and holds the lock for the engine's
   lifetime (governor/launch/helper.py says why a separate process and not RLIMIT_MEMLOCK).
 
-Measured (bench/prefetch.py, 1 GiB, cold cache, host virtual disk, noisy: a TCG guest shared
+Measured (perf/prefetch.py, 1 GiB, cold cache, host virtual disk, noisy: a TCG guest shared
 the 2 cores): MADV_POPULATE_READ 2.05-2.25 GB/s, MAP_POPULATE 2.16-2.36, read loop 0.62-1.15,
 chunked fadvise until resident 1.27-1.48, cat 1.97-2.13, vmtouch -t 1.14-1.64, dd iflag=direct
 0.61-1.36.
@@ -39,7 +39,7 @@ from typing import TYPE_CHECKING, Literal, TextIO
 
 from governor.log import get_logger
 from governor.record import record
-from governor.units import human_bytes
+from governor.sizes import human_bytes
 
 if TYPE_CHECKING:
     from governor.launch.launcher import LaunchReport

@@ -1,6 +1,6 @@
 """The Prometheus collector: at every scrape, the runtime state of each governed slice
-(governor/state.py: what its supervisor published, or the supervisor's own copy when it serves)
-and the kernel's files, read by the same code as `governor status` (governor/observe.py).
+(governor/rundir/state.py: what its supervisor published, or the supervisor's own copy when it serves)
+and the kernel's files, read by the same code as `governor status` (governor/operate/observe.py).
 
 Names follow Prometheus' conventions (``governor_`` prefix, base units, ``_total`` counters)
 and node_exporter's / cAdvisor's meaning for pressure (``*_waiting_seconds_total`` is PSI
@@ -25,10 +25,10 @@ from typing import Any
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector, CollectorRegistry
 
-from governor import observe
-from governor.journal import Journal
 from governor.kernel.cgroupfs import CgroupFs
+from governor.operate import observe
 from governor.plan.model import Plan
+from governor.rundir.journal import Journal
 
 MEMORY_KINDS = ("current", "anon", "file", "working_set", "peak")
 MEMORY_EVENTS = ("low", "high", "max", "oom", "oom_kill")
@@ -78,7 +78,7 @@ class _Families:
 
 
 class GovernorCollector(Collector):
-    """``states()`` gives the slices to export (state dicts as governor/state.py publishes
+    """``states()`` gives the slices to export (state dicts as governor/rundir/state.py publishes
     them); ``run`` is where their journals live (the tunes)."""
 
     def __init__(self, states: States, run: Path) -> None:

@@ -16,7 +16,7 @@ from prometheus_client import start_http_server, write_to_textfile
 from governor.errors import GovernorError, HostError, PermissionDenied, PolicyNotFound
 from governor.metrics.collector import registry
 from governor.metrics.listen import url
-from governor.state import read_states
+from governor.rundir.state import read_states
 
 TEXTFILE = "governor.prom"
 

@@ -20,7 +20,6 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from governor.errors import BackendError, GovernorError
-from governor.journal import Journal
 from governor.kernel import files as kf
 from governor.kernel.cgroupfs import CgroupFs
 from governor.kernel.parse import format_max, parse_flat_keyed, parse_max
@@ -28,6 +27,7 @@ from governor.log import get_logger
 from governor.monitor.restart import NO_SUPERVISOR, Restarts
 from governor.plan.model import Action, Plan
 from governor.record import record
+from governor.rundir.journal import Journal
 
 log = get_logger(__name__)
 
@@ -83,7 +83,7 @@ class Executor:
     frozen_by_us: bool = False
     # the launcher's relaunch budget (governor launch); None when attached (governor monitor)
     restarts: Restarts | None = None
-    # the slice's change journal (governor/journal.py): set actions are journaled, and a file
+    # the slice's change journal (governor/rundir/journal.py): set actions are journaled, and a file
     # the operator tuned keeps its value (absolute sets skip it; bounds follow the tune)
     journal: Journal | None = None
 

@@ -38,7 +38,6 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from governor.errors import GovernorError
-from governor.journal import Journal
 from governor.kernel import files as kf
 from governor.kernel.cgroupfs import CgroupFs
 from governor.kernel.procfs import ProcFs
@@ -51,6 +50,7 @@ from governor.monitor.rules import Firing, Observations, Rule, RuleEngine
 from governor.monitor.sampler import DEFAULT_INTERVAL_S, Sampler
 from governor.monitor.sources import Board, EventFile, open_optional
 from governor.plan.model import Plan, WatchTrigger
+from governor.rundir.journal import Journal
 
 log = get_logger(__name__)
 
@@ -116,7 +116,9 @@ class Monitor:
         self.event_totals: dict[str, int] = {}
         self.gone = False  # the group was removed or emptied
         self.populated: int | None = None
-        self.on_change = on_change  # the supervisor republishes its state (governor/state.py)
+        self.on_change = (
+            on_change  # the supervisor republishes its state (governor/rundir/state.py)
+        )
         self.wall = wall
         self._published: tuple[tuple[int, str], ...] | None = None
 

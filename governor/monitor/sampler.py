@@ -3,7 +3,7 @@ with its own CPU cost measured (process CPU time spent inside :meth:`Sampler.sam
 
 Used for reports and live views, for the leak detector, and (where no PSI trigger could be
 armed) to poll ``total=``. The default interval is 1 s; 50 ms is the floor (the seed's psutil
-scaffold polled at 50 ms; measured cost: bench/pressure.py).
+scaffold polled at 50 ms; measured cost: perf/pressure.py).
 """
 
 from __future__ import annotations

@@ -13,7 +13,7 @@ from typing import Literal
 
 from governor.errors import shown as _shown
 from governor.policy.cpus import MAX_CPU, CpuSpec, parse_cpus
-from governor.units import BINARY, format_bytes, human_bytes
+from governor.sizes import BINARY, format_bytes, human_bytes
 
 __all__ = [
     "MAX_CPU",

@@ -15,15 +15,16 @@ from pathlib import Path
 
 import pytest
 
-from governor import api, tune
+from governor import api
 from governor.backends import manager
 from governor.backends.unitmap import Mapping
-from governor.confirm import Reverter, confirm, parse_duration, revert_if_pending
-from governor.journal import Journal
 from governor.kernel import files as kf
 from governor.kernel.cgroupfs import CgroupFs
-from governor.state import Publisher
-from governor.status import collect, render
+from governor.operate import tune
+from governor.operate.confirm import Reverter, confirm, parse_duration, revert_if_pending
+from governor.operate.status import collect, render
+from governor.rundir.journal import Journal
+from governor.rundir.state import Publisher
 
 from .plans import make_plan
 
@@ -258,12 +259,12 @@ def test_status_says_tuned_and_when_it_reverts_unless_confirmed(tmp_path: Path) 
     journal = Journal(run / "st")
     # what status recognises as the reverter: a process whose command line names it
     reverter = subprocess.Popen(
-        [sys.executable, "-c", "import time; time.sleep(120)", "governor.confirm"]
+        [sys.executable, "-c", "import time; time.sleep(120)", "governor.operate.confirm"]
     )
     try:
         # its command line shows once the exec has finished (Popen returns a little earlier)
         for _ in range(500):
-            if b"governor.confirm" in Path(f"/proc/{reverter.pid}/cmdline").read_bytes():
+            if b"governor.operate.confirm" in Path(f"/proc/{reverter.pid}/cmdline").read_bytes():
                 break
             time.sleep(0.01)
         entry = tune.apply(
@@ -304,8 +305,8 @@ def test_status_says_tuned_and_when_it_reverts_unless_confirmed(tmp_path: Path) 
 
 
 def test_uninstall_removes_the_persisted_tune_drop_in(tmp_path: Path) -> None:
-    from governor import install as inst
-    from governor.backends.dropin import UnitFile
+    from governor.deploy import install as inst
+    from governor.deploy.dropin import UnitFile
 
     files = [UnitFile("etc/systemd/system/governor-t.slice", "[Slice]\nMemoryHigh=1\n")]
     inst.install("t", files, ["governor-t.slice", "governor@t.service"], root=tmp_path)
@@ -320,7 +321,7 @@ def test_uninstall_removes_the_persisted_tune_drop_in(tmp_path: Path) -> None:
 def test_status_knobs_under_systemd_carry_the_units_value_and_its_drift(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from governor import observe
+    from governor.operate import observe
 
     fs = _tree(tmp_path)
     unit_says = {kf.MEMORY_HIGH: str(2 * G), kf.MEMORY_MAX: str(3 * G), kf.CPU_WEIGHT: "100"}

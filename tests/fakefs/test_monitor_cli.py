@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from governor.cli import main
+from governor.cli.app import main
 
 from .fakekernel import FakeKernelCgroupFs
 
@@ -148,7 +148,7 @@ def test_monitor_publishes_its_state_for_status_and_gives_apply_its_state_back(
     import sys
     import time
 
-    from governor.state import Publisher, run_dir
+    from governor.rundir.state import Publisher, run_dir
 
     policy = tmp_path / "chat.toml"
     policy.write_text(POLICY)
@@ -204,7 +204,7 @@ def test_monitor_refuses_a_name_a_live_supervisor_governs_and_replaces_a_stale_o
     import sys
     import time
 
-    from governor.state import Publisher, run_dir
+    from governor.rundir.state import Publisher, run_dir
 
     policy = tmp_path / "chat.toml"
     policy.write_text(POLICY)
@@ -245,7 +245,7 @@ def test_a_monitor_leaves_a_state_it_does_not_own_when_it_ends(
     import time
 
     from governor import api
-    from governor.state import Publisher, run_dir
+    from governor.rundir.state import Publisher, run_dir
 
     policy = tmp_path / "chat.toml"
     policy.write_text(POLICY)

@@ -74,7 +74,7 @@ def test_apply_refuses_while_a_launch_holds_the_policys_lock(
     import os
     import shutil
 
-    from governor.cli import main
+    from governor.cli.app import main
 
     hosts = Path(__file__).resolve().parents[1] / "fixtures" / "hosts" / "rk3588"
     root = tmp_path / "cgroup"

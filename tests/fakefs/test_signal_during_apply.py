@@ -17,7 +17,7 @@ from governor.errors import Interrupted
 from governor.kernel import files
 from governor.kernel.procfs import ProcFs
 from governor.launch.launcher import ChildSetup, Launcher
-from governor.supervisor import Job, Supervisor
+from governor.supervise.supervisor import Job, Supervisor
 
 from .fakekernel import FakeKernelCgroupFs
 from .plans import GROUP, make_plan, snapshot

@@ -9,13 +9,10 @@ import pytest
 
 from governor.backends.cgroupfs import CgroupfsBackend
 from governor.errors import BackendError, PolicyError
-from governor.journal import Journal
 from governor.kernel import files as kf
 from governor.kernel.cgroupfs import CgroupFs
 from governor.monitor.actions import Context, Executor
-from governor.plan.compiler import compile_action
-from governor.policy.values import parse_action
-from governor.tune import (
+from governor.operate.tune import (
     apply,
     check_guards,
     margin,
@@ -24,6 +21,9 @@ from governor.tune import (
     rollback,
     steps,
 )
+from governor.plan.compiler import compile_action
+from governor.policy.values import parse_action
+from governor.rundir.journal import Journal
 
 from .fakekernel import FakeKernelCgroupFs
 from .plans import GROUP as PLAN_GROUP

@@ -15,12 +15,12 @@ import pytest
 
 from governor import api
 from governor.errors import BackendError, PolicyError
-from governor.journal import Journal
 from governor.kernel import files as kf
 from governor.kernel.cgroupfs import CgroupFs
 from governor.metrics.export import exposition
-from governor.state import Publisher
-from governor.status import collect, render
+from governor.operate.status import collect, render
+from governor.rundir.journal import Journal
+from governor.rundir.state import Publisher
 
 M = 1 << 20
 HOSTS = Path(__file__).resolve().parents[1] / "fixtures" / "hosts"

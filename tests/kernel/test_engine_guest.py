@@ -98,7 +98,7 @@ def test_tiny_model_launch_reports_speed_peak_and_estimate(
     est = data["extra"]["estimate"]
     assert est["fits"] and est["ctx"] == 512
     # the tiny model's timing lines, parsed by bench, from the same stderr
-    from governor.enginebench.timings import parse_timings
+    from governor.bench.timings import parse_timings
 
     t = parse_timings(res.stderr)
     assert t.prefill_tps and t.decode_tps and t.decode_tokens == 7
@@ -122,7 +122,7 @@ def test_bench_tiny_writes_csv_json_and_gate_follows_the_peak(
     assert res.returncode == 0, res.stdout + res.stderr[-3000:]
     rows = list(csv.DictReader(out_csv.open()))
     assert len(rows) == 4
-    from governor.enginebench.run import COLUMNS
+    from governor.bench.run import COLUMNS
 
     assert tuple(rows[0]) == COLUMNS
     for r in rows:

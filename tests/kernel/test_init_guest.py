@@ -76,7 +76,7 @@ def _launch_and_measure(policy: Path, engine: list[str], n: int, tmp_path: Path)
     data = json.loads(report.read_text())
     mem = tomllib.loads(policy.read_text())["memory"]
     limit = int(mem["max"].removesuffix("MiB")) * MIB
-    from governor.enginebench.timings import parse_timings
+    from governor.bench.timings import parse_timings
 
     t = parse_timings(res.stderr)
     sampler = data["extra"]["monitor"]["sampler"]

@@ -157,7 +157,9 @@ def test_tune_with_confirm_reverts_by_itself_unless_confirmed(
         ok = _gov(env, "tune", "cf", "--confirm")
         assert ok.returncode == 0 and "confirmed" in ok.stdout, ok.stdout + ok.stderr
         cgroups.wait_for(
-            lambda: b"governor.confirm" not in _cmdline(reverter), timeout=60, what="the reverter"
+            lambda: b"governor.operate.confirm" not in _cmdline(reverter),
+            timeout=60,
+            what="the reverter",
         )
         assert cgroups.read(group / "memory.high") == str(300 * MIB)
         assert entries()[-1]["source"] == "confirm"

@@ -1,4 +1,4 @@
-"""The compiled-plan cache through real `governor launch` runs (governor/compiled.py,
+"""The compiled-plan cache through real `governor launch` runs (governor/cache/plans.py,
 governor/api/launch.py compiled_for_launch): the first launch compiles and stores, an identical
 one hits, and any input the plan was compiled from (the policy, a policy it extends, the model
 file) changing makes it a miss. A cache directory another user could write is neither read nor
@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from governor.compiled import SUBDIR
+from governor.cache.plans import SUBDIR
 
 from .conftest import Governor, Run
 

@@ -21,7 +21,7 @@ COMPILE_TIME = (
     "structlog",
     "governor.policy.model",
     "governor.plan.compiler",
-    "governor.cli",
+    "governor.cli.app",
 )
 
 # governor.main.main(args), then what was imported, as JSON into argv[1]
@@ -61,7 +61,7 @@ def test_a_cached_launch_imports_no_compile_time_module_and_an_uncached_one_does
     first = _modules_after_launch(governor, args, tmp_path / "first.json")
     assert "governor.plan.compiler" in first  # a compile happened: the probe sees imports
     second = _modules_after_launch(governor, args, tmp_path / "second.json")
-    assert "governor.supervisor" in second  # the launch did run in this interpreter
+    assert "governor.supervise.supervisor" in second  # the launch did run in this interpreter
     assert [n for n in COMPILE_TIME if _loaded(second, n)] == []
     assert not _loaded(second, "prometheus_client")  # only --metrics imports it
 
@@ -77,6 +77,6 @@ def test_a_cached_launch_with_metrics_imports_prometheus_client_and_still_no_com
     args = governor.args(governor.policy(), ["/bin/true"], "--metrics", f"127.0.0.1:{port}")
     _modules_after_launch(governor, args, tmp_path / "first.json")
     second = _modules_after_launch(governor, args, tmp_path / "second.json")
-    assert "governor.supervisor" in second
+    assert "governor.supervise.supervisor" in second
     assert _loaded(second, "prometheus_client")
     assert [n for n in COMPILE_TIME if _loaded(second, n)] == []

@@ -1,4 +1,4 @@
-"""The supervisor (governor/supervisor.py) through real launches: the engine's status is what
+"""The supervisor (governor/supervise/supervisor.py) through real launches: the engine's status is what
 `governor launch` exits with, whatever else fails (a report that cannot be written); nothing
 is left in the cgroup tree unless --keep says so; an engine that cannot be started leaves no
 cgroup; --psi reaches the monitor (also on a cached plan); the prefetch helper runs in the

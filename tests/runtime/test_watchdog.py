@@ -1,4 +1,4 @@
-"""The /bin/sh watchdog (governor/launch/watchdog.py) with a real governor: SIGKILL of the
+"""The /bin/sh watchdog (governor/supervise/watchdog.py) with a real governor: SIGKILL of the
 governor kills the whole group (cgroup.kill reaches the engine's own children, which
 PR_SET_PDEATHSIG does not) and removes the group and leaf; a normal exit disarms it and reaps
 it; it is small (PSS, a documented bound: a shell, not a copy of the interpreter); with
@@ -189,7 +189,7 @@ def test_an_armed_thaw_thaws_the_group_when_the_monitor_dies(
     """`governor monitor` (attach mode) arms a thaw: a freeze action must not outlive a monitor
     that is SIGKILLed or OOM-killed. Simulated here by closing the governor's end of the pipe,
     which is what the kernel does when the process dies."""
-    from governor.launch.watchdog import fork_watchdog
+    from governor.supervise.watchdog import fork_watchdog
 
     group = scratch_slice.create()
     if not (group / "cgroup.freeze").exists():
@@ -218,7 +218,7 @@ def test_an_armed_thaw_thaws_the_group_when_the_monitor_dies(
 
 
 def test_a_disarmed_thaw_leaves_the_group_alone(scratch_slice: cgroups.ScratchSlice) -> None:
-    from governor.launch.watchdog import fork_watchdog
+    from governor.supervise.watchdog import fork_watchdog
 
     group = scratch_slice.create()
     if not (group / "cgroup.freeze").exists():

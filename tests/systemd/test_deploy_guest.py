@@ -26,7 +26,7 @@ import pytest
 from helpers import cgroups
 from helpers.units import systemctl_show
 
-from governor.backends import dropin
+from governor.deploy import dropin
 from governor.plan.compiler import compile_plan
 from governor.plan.host import probe
 from governor.plan.model import Plan

@@ -22,8 +22,8 @@ import pytest
 from helpers import cgroups
 from helpers.units import systemctl_show
 
-from governor.backends import dropin
-from governor.tune import DROPIN_NAME
+from governor.deploy import dropin
+from governor.operate.tune import DROPIN_NAME
 
 pytestmark = pytest.mark.systemd(min_version=252)
 
@@ -163,7 +163,7 @@ def test_tune_goes_through_the_manager_persists_a_drop_in_and_rolls_back(
     assert f"/{scope}" in Path(f"/proc/{reverter}/cgroup").read_text()
     _run("systemctl", "stop", session)  # the session's end: gone already, or stopped now
     assert systemctl_show(session, "ActiveState")["ActiveState"] != "active"
-    assert b"governor.confirm" in Path(f"/proc/{reverter}/cmdline").read_bytes()
+    assert b"governor.operate.confirm" in Path(f"/proc/{reverter}/cmdline").read_bytes()
     assert cgroups.read(slice_dir / "memory.high") == str(170 * MIB)
     cgroups.wait_for(
         lambda: last_entry()["source"] == "rollback", TIMEOUT, "the reverter that outlived it"

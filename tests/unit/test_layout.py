@@ -261,11 +261,11 @@ def test_imports_of_sees_function_level_and_relative_imports_but_not_type_checki
         ("governor.monitor.loop", "governor.kernel.psi", False),
         ("governor.launch.prefetch", "governor.launch.launcher", True),
         ("governor.launch.launcher", "governor.launch.prefetch", False),
-        ("governor.install", "governor.api", True),
-        ("governor.enginebench.main", "governor.cli_render", True),
-        ("governor.cli", "governor.api", False),
-        ("governor.cli_render", "governor.engines.estimate", False),
-        ("governor.__main__", "governor.cli", False),
+        ("governor.deploy.install", "governor.api", True),
+        ("governor.bench.main", "governor.cli.render", True),
+        ("governor.cli.app", "governor.api", False),
+        ("governor.cli.render", "governor.engines.estimate", False),
+        ("governor.__main__", "governor.cli.app", False),
     ],
 )
 def test_arrows_forbid_what_the_layout_says(importer: str, imported: str, broken: bool) -> None:

@@ -1,5 +1,5 @@
 """The lean launch command line (governor/main.py parse_launch) against the typer CLI
-(governor/cli.py): for the forms the lean parser accepts, both paths call governor.api.launch
+(governor/cli/app.py): for the forms the lean parser accepts, both paths call governor.api.launch
 with the same policy, engine argv, host options, launch options and log level; every form it
 is unsure of (help, a typo, a bad choice or range) goes to typer, which prints the usage error
 and exits 2, without launching anything.
@@ -15,7 +15,8 @@ from typing import Any
 
 import pytest
 
-from governor import api, cli, log, main
+from governor import api, log, main
+from governor.cli import app as cli
 from governor.record import replace
 
 Call = tuple[Path, tuple[str, ...], Any, Any, int]  # path, argv, HostOptions, LaunchOptions, level

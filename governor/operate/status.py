@@ -1,0 +1,199 @@
+"""`governor status`: per governed slice, what the policy asks next to what the kernel holds,
+what the slice uses, and what the governor will do next.
+
+Reads the published runtime state (governor/rundir/state.py) and the kernel (through CgroupFs); writes
+nothing. The JSON form is a documented, stable schema (docs/status.schema.json, format 1):
+fields are only ever added.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any
+
+from governor.errors import PolicyNotFound
+from governor.kernel.cgroupfs import CgroupFs
+from governor.operate.observe import knobs, usage
+from governor.plan.model import Plan
+from governor.rundir.journal import Journal
+from governor.rundir.state import REVERTER, alive, read_states
+from governor.sizes import human_bytes
+
+SCHEMA_FORMAT = 1
+
+
+def collect(
+    run: Path, name: str | None = None, *, now: float | None = None
+) -> list[dict[str, Any]]:
+    """The status of every governed slice (or of ``name``; PolicyNotFound when there is none)."""
+    now = time.time() if now is None else now
+    states = read_states(run)
+    if name is not None:
+        states = [s for s in states if s.get("policy") == name]
+        if not states:
+            raise PolicyNotFound(
+                f"no governed slice named {name} ({run})",
+                hint="`governor status` lists what runs; start it with `governor launch` or"
+                " `governor apply`",
+            )
+    out = []
+    for st in states:
+        try:
+            plan = Plan.from_dict(st["plan"])
+        except (KeyError, ValueError, TypeError):
+            continue
+        fs = CgroupFs(Path(plan.cgroup_root))
+        exists = fs.exists(plan.group)
+        journal = Journal(run / plan.policy)
+        systemd = st.get("systemd")
+        item: dict[str, Any] = {
+            "format": SCHEMA_FORMAT,
+            "policy": plan.policy,
+            "source": st.get("source"),
+            "policy_path": st.get("policy_path"),
+            "state": "stale" if st.get("stale") else ("running" if exists else "gone"),
+            "pid": st.get("pid"),
+            "engine_pid": st.get("engine_pid"),
+            "backend": st.get("backend"),
+            "cgroup": f"{plan.cgroup_root}/{plan.group}",
+            "uptime_s": round(now - st["started_at"], 1) if st.get("started_at") else None,
+            "restarts": st.get("restarts", 0),
+            "systemd_unit": systemd["unit"] if systemd else None,
+            "knobs": knobs(fs, plan, journal=journal, systemd=systemd) if exists else [],
+            "usage": usage(fs, plan.group) if exists else None,
+            "rules": st.get("rules", []),
+            "last_actions": st.get("last_actions", []),
+            "journal": journal.tail(5),
+            "pending_confirm": [
+                {
+                    "id": e["id"],
+                    "confirm_by": e["confirm_by"],
+                    "files": [ch["file"] for ch in e["changes"]],
+                    "reverter_pid": e.get("reverter_pid"),
+                    # killed (a logout with KillUserProcesses, the OOM killer): no revert
+                    "reverter_alive": alive(e.get("reverter_pid"), marker=REVERTER),
+                }
+                for e in journal.pending()
+            ],
+            "degraded": list(plan.degraded),
+        }
+        out.append(item)
+    return out
+
+
+def _size(value: int | None) -> str:
+    return "-" if value is None else human_bytes(value)
+
+
+def _duration(seconds: float | None) -> str:
+    if seconds is None:
+        return "-"
+    s = int(seconds)
+    return f"{s // 3600}h{s % 3600 // 60:02d}m" if s >= 3600 else f"{s // 60}m{s % 60:02d}s"
+
+
+def render(items: list[dict[str, Any]], *, now: float | None = None) -> str:
+    """The plain form, one block per slice."""
+    now = time.time() if now is None else now
+    if not items:
+        return "no governed slices\n"
+    lines: list[str] = []
+    for it in items:
+        head = f"{it['policy']}  {it['state']}"
+        if it["pid"]:
+            head += f"  pid {it['pid']}"
+        if it["engine_pid"]:
+            head += f" (engine {it['engine_pid']})"
+        head += f"  up {_duration(it['uptime_s'])}  restarts {it['restarts']}"
+        lines += [head, f"  cgroup   {it['cgroup']}  ({it['backend'] or it['source']})"]
+        if it["state"] == "stale":
+            lines.append("  STALE: the supervisor that published this state is gone")
+        if it["knobs"]:
+            unit = it.get("systemd_unit")
+            head = f"  {'knob':<18}{'policy':>14}{'kernel':>14}"
+            lines.append(head + (f"{'unit':>14}" if unit else "") + "  state")
+            for k in it["knobs"]:
+                row = f"  {k['file']:<18}{k['policy']:>14}{k['kernel'] or '-':>14}"
+                if unit:
+                    row += f"{k.get('unit') or '-':>14}"
+                state = k["state"]
+                if k.get("reverts_at"):
+                    at = time.strftime("%H:%M:%S", time.localtime(k["reverts_at"]))
+                    state = f"tuned, reverts at {at} unless confirmed"
+                lines.append(f"{row}  {state}")
+            if unit:
+                lines.append(f"  (unit: {unit}, as `systemctl show` says)")
+        usage = it["usage"]
+        if usage:
+            m = usage["memory"]
+            lines.append(
+                f"  memory   current {_size(m['current'])}  peak {_size(m['peak'])}"
+                f"  anon {_size(m['anon'])}  file {_size(m['file'])}  swap {_size(m['swap'])}"
+            )
+            ev = usage["memory_events"]
+            if ev:
+                lines.append("  events   " + "  ".join(f"{k} {v}" for k, v in ev.items()))
+            psi = [
+                f"{res} some {p['some']['avg10']:.2f}"
+                + (f" full {p['full']['avg10']:.2f}" if p["full"] else "")
+                for res, p in usage["pressure"].items()
+            ]
+            if psi:
+                lines.append("  pressure " + "; ".join(psi) + "  (avg10 %)")
+            cpu = usage["cpu"]
+            if cpu["usage_usec"] is not None:
+                thr = cpu["throttled_usec"]
+                lines.append(
+                    f"  cpu      usage {cpu['usage_usec'] / 1e6:.1f}s"
+                    + (f"  throttled {thr / 1e6:.1f}s" if thr is not None else "")
+                )
+            pids = usage["pids"]
+            if pids["current"] is not None:
+                lines.append(f"  pids     {pids['current']} / {pids['max'] or 'max'}")
+        for r in it["rules"]:
+            state = r["state"]
+            if r.get("cooldown_until"):
+                state += f" until {time.strftime('%H:%M:%S', time.localtime(r['cooldown_until']))}"
+            elif r.get("hold_until"):
+                state += f" until {time.strftime('%H:%M:%S', time.localtime(r['hold_until']))}"
+            lines.append(
+                f"  rule #{r['rule']} {r['when']:<24} {state:<22} fired {r['fired']}"
+                f"  next: {', '.join(r['next_actions'])}"
+            )
+        for a in it["last_actions"][-5:]:
+            at = time.strftime("%H:%M:%S", time.localtime(a["at"])) if a.get("at") else "?"
+            done = "; ".join(
+                f"{x['action']}"
+                + (f" {x.get('before')} -> {x.get('after')}" if "before" in x else "")
+                for x in a.get("actions", [])
+            )
+            lines.append(f"  action   {at} #{a['rule']} {a['when']}: {done}")
+        for e in it.get("journal", []):
+            at = time.strftime("%H:%M:%S", time.localtime(e["time"]))
+            done = "; ".join(f"{c['file']} {c['before']} -> {c['after']}" for c in e["changes"])
+            if e.get("confirms"):
+                done = f"kept #{', #'.join(map(str, e['confirms']))}"
+            if e.get("reason"):
+                done += f" ({e['reason']})"
+            if e.get("error"):
+                done = e["error"]
+            lines.append(f"  journal  #{e['id']} {at} {e['source']}: {done}")
+        for p in it.get("pending_confirm", []):
+            at = time.strftime("%H:%M:%S", time.localtime(p["confirm_by"]))
+            files = ", ".join(p["files"])
+            if p.get("reverter_alive", True):
+                lines.append(
+                    f"  PENDING  #{p['id']} ({files}) reverts at {at} unless"
+                    f" confirmed: governor tune {it['policy']} --confirm"
+                )
+            else:
+                lines.append(
+                    f"  PENDING  #{p['id']} ({files}) will NOT revert at {at}: its reverter"
+                    f" (pid {p.get('reverter_pid')}) is gone; keep it: governor tune"
+                    f" {it['policy']} --confirm, undo it: governor rollback {it['policy']}"
+                )
+        for d in it["degraded"]:
+            lines.append(f"  NOT in force: {d}")
+        lines.append("")
+    return "\n".join(lines)

@@ -1,0 +1,148 @@
+"""Runtime state: what each supervisor (and `governor apply`) publishes under
+``/run/governor/<name>/state.json``, and the reader that `governor status` uses.
+
+The file is written atomically (temp file + rename in the same directory) when the run starts,
+when a rule changes state or fires, and at a restart; it is removed when the run ends. It is
+never trusted blindly: a state whose ``pid`` is gone (or is no longer a governor) is reported as
+*stale*. Times are wall-clock epoch seconds so that another process can compare them with its
+own clock. The run time writes it with the standard library only.
+
+Where: ``$GOVERNOR_RUN_DIR`` if set, else ``/run/governor`` for root, else
+``$XDG_RUNTIME_DIR/governor`` (or ``/tmp/governor-<uid>``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import threading
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+STATE_FILE = "state.json"
+FORMAT = 1
+
+
+def run_dir(environ: Mapping[str, str] | None = None) -> Path:
+    env = os.environ if environ is None else environ
+    if env.get("GOVERNOR_RUN_DIR"):
+        return Path(env["GOVERNOR_RUN_DIR"])
+    if os.geteuid() == 0:
+        return Path("/run/governor")
+    if env.get("XDG_RUNTIME_DIR"):
+        return Path(env["XDG_RUNTIME_DIR"]) / "governor"
+    return Path(f"/tmp/governor-{os.geteuid()}")
+
+
+class Publisher:
+    """Writes one policy's state file; ``remove()`` at the end of the run."""
+
+    def __init__(self, directory: Path, name: str) -> None:
+        self.dir = directory / name
+        self.path = self.dir / STATE_FILE
+        # the monitor's thread and the main thread both publish: one temp file at a time
+        self._lock = threading.Lock()
+
+    def read(self) -> dict[str, Any] | None:
+        """What is published under this name now (by anyone), None when nothing readable is."""
+        try:
+            state = json.loads(self.path.read_text())
+        except (OSError, ValueError):
+            return None
+        return state if isinstance(state, dict) else None
+
+    def publish(self, state: Mapping[str, Any]) -> bool:
+        """Atomically replace the state file; False (never raises) when it cannot be written:
+        publishing must not stop the engine."""
+        with self._lock:
+            return self._publish(state)
+
+    def _publish(self, state: Mapping[str, Any]) -> bool:
+        data = json.dumps({"format": FORMAT, **state}, default=str).encode()
+        tmp = self.dir / f".{STATE_FILE}.{os.getpid()}"
+        try:
+            self.dir.mkdir(mode=0o755, parents=True, exist_ok=True)
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o644)
+            try:
+                os.write(fd, data)
+            finally:
+                os.close(fd)
+            os.replace(tmp, self.path)
+        except OSError:
+            with contextlib.suppress(OSError):
+                os.unlink(tmp)
+            return False
+        return True
+
+    def remove(self) -> None:
+        with contextlib.suppress(OSError):
+            os.unlink(self.path)
+        with contextlib.suppress(OSError):
+            self.dir.rmdir()  # only when nothing else lives there (a journal stays)
+
+
+def applied(
+    plan_dict: Mapping[str, Any],
+    *,
+    policy_path: str | None,
+    created: list[str],
+    started_at: float,
+    **extra: Any,
+) -> dict[str, Any]:
+    """The state of a slice no process supervises (`governor apply`, a `launch --keep`'s
+    group): it holds while the cgroup exists, and ``created`` is what `governor remove` may
+    take away with the group (never an operator's own slice)."""
+    return {
+        "policy": plan_dict["policy"],
+        "source": "apply",
+        "policy_path": policy_path,
+        "pid": None,
+        "started_at": round(started_at, 3),
+        "backend": "cgroupfs",
+        "cgroup_root": plan_dict["cgroup_root"],
+        "group": plan_dict["group"],
+        "leaf": plan_dict["leaf"],
+        "plan": dict(plan_dict),
+        "created": created,
+        **extra,
+    }
+
+
+def alive(pid: int | None, proc: Path = Path("/proc"), *, marker: bytes = b"governor") -> bool:
+    """``pid`` runs and is a governor (its command line has ``marker``: not a recycled pid of
+    another program)."""
+    if not pid:
+        return False
+    try:
+        cmdline = (proc / str(pid) / "cmdline").read_bytes()
+    except OSError:
+        return False
+    return marker in cmdline
+
+
+REVERTER = b"governor.operate.confirm"  # the --confirm reverter's command line (governor/operate/confirm.py)
+
+
+def read_states(directory: Path, proc: Path = Path("/proc")) -> list[dict[str, Any]]:
+    """Every published state, with ``stale`` set from its pid (False for `apply`'s, which
+    have no process: they hold while the cgroup exists)."""
+    out: list[dict[str, Any]] = []
+    try:
+        names = sorted(p.name for p in directory.iterdir() if p.is_dir())
+    except OSError:
+        return out
+    for name in names:
+        try:
+            state = json.loads((directory / name / STATE_FILE).read_text())
+        except (OSError, ValueError):
+            continue
+        if not isinstance(state, dict):
+            continue
+        if state.get("source") == "apply":
+            state["stale"] = False
+        else:
+            state["stale"] = not alive(state.get("pid"), proc)
+        out.append(state)
+    return out

@@ -1,0 +1,313 @@
+"""The supervisor of one engine run: lock -> apply -> watchdog -> start -> notify -> prefetch
+alongside -> monitor -> supervise -> report -> remove.
+
+Run time only: the standard library and governor's runtime modules (plan model, kernel doors,
+backends, launcher, monitor); never pydantic, typer or structlog (tests/runtime/test_main.py).
+Everything it needs was resolved before (governor/api.py: the compiled plan, the child's
+setup, the prefetch files): a :class:`Job`.
+
+Cleanup is unconditional: whatever fails after the apply (the start, the monitor, the report),
+the group is removed (unless ``keep``) before the watchdog is disarmed, so neither a traceback
+nor SIGKILL leaves a cgroup behind. The PSI trigger fds are closed after the report is written
+and side by side (governor/monitor/loop.py close_triggers), off the engine's exit path.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import os
+import signal
+import time
+from collections.abc import Callable, Collection, Iterator
+from pathlib import Path
+from typing import Any, Protocol
+
+from governor.errors import BackendError, GovernorError, Interrupted, PermissionDenied
+from governor.kernel.cgroupfs import CgroupFs
+from governor.kernel.procfs import ProcFs
+from governor.launch.helper import PrefetchHelper
+from governor.launch.launcher import ChildSetup, Launcher, LaunchReport
+from governor.log import get_logger
+from governor.monitor.loop import Monitor
+from governor.monitor.restart import Restarts
+from governor.plan.model import Plan
+from governor.record import field, record
+from governor.rundir.journal import Journal
+from governor.rundir.state import Publisher, applied, run_dir
+from governor.supervise.sdnotify import notify
+from governor.supervise.watchdog import Watchdog
+
+log = get_logger("governor.launch")
+
+
+class Backend(Protocol):
+    fs: CgroupFs
+
+    def lock(self, plan: Plan) -> contextlib.AbstractContextManager[list[str]]: ...
+    def apply(self, plan: Plan) -> Any: ...
+    def remove(self, plan: Plan, *, owned: Collection[str] | None = None) -> Any: ...
+
+
+@record(frozen=True)
+class Job:
+    """One launch, resolved: what to apply, what to exec, what to prefetch, where to report."""
+
+    plan: Plan  # the plan the backend applies (the delegated part under systemd)
+    setup: ChildSetup
+    prefetch_files: tuple[str, ...] = ()
+    report: Path | None = None
+    keep: bool = False
+    sample_s: float = 1.0
+    psi_triggers: bool = True
+    extra: dict[str, Any] = field(default_factory=dict)  # into the report (the estimate)
+    backend: str = "cgroupfs"  # for the published state
+    policy_sha256: str | None = None  # of the policy file, for the published state
+    run_dir: Path | None = (
+        None  # where the state is published (default governor.rundir.state.run_dir)
+    )
+    model_bytes: int | None = None  # the engine's model files (tune recompiles "model" sizes)
+    systemd: dict[str, Any] | None = None  # the unit carrying the limits (backends/manager.py)
+
+
+class Supervisor:
+    def __init__(
+        self,
+        backend: Backend,
+        launcher: Launcher,
+        *,
+        proc: ProcFs,
+        watchdog: Watchdog | None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.backend = backend
+        self.launcher = launcher
+        self.proc = proc
+        self.watchdog = watchdog
+        self.clock = clock
+        self.helper: PrefetchHelper | None = None
+        self.publisher: Publisher | None = None
+        self.monitor: Monitor | None = None
+        self.restarts: Restarts | None = None
+        self.engine_pid: int | None = None
+        self.started_at = 0.0
+        self.state: dict[str, Any] | None = None  # the last published state (served metrics)
+
+    def run(self, job: Job) -> int:
+        """Returns the engine's status (128+N when it died of signal N)."""
+        plan = job.plan
+        try:
+            with self.backend.lock(plan) as locked:
+                # a stop signal while the limits are written (a memory.max write can block in
+                # reclaim) rolls the apply back, as ^C does, until the watchdog is armed
+                owned: set[str] = set(locked)
+                with interruptible():
+                    applied = self.backend.apply(plan)
+                    owned.update(getattr(applied, "created", ()))
+                    armed = False
+                    try:
+                        if self.watchdog is not None and plan.launch.on_governor_exit == "kill":
+                            # children first, then the slice like remove() does: the rmdir of
+                            # a slice that still holds other groups fails harmlessly (EBUSY);
+                            # above the group only what this run created
+                            self.watchdog.arm(
+                                plan.cgroup_root,
+                                plan.group,
+                                tuple(
+                                    c
+                                    for c in reversed(plan.create)
+                                    if c in owned or c.startswith(plan.group)
+                                ),
+                            )
+                        armed = True
+                    finally:
+                        if not armed:
+                            self.backend.remove(plan, owned=owned)
+                try:
+                    return self._run_applied(job)
+                finally:
+                    if not job.keep:
+                        self.backend.remove(plan, owned=owned)
+                    else:
+                        self._publish_kept(job, owned)
+        finally:
+            if self.watchdog is not None:
+                self.watchdog.disarm()
+
+    def _publish_kept(self, job: Job, owned: set[str]) -> None:
+        """--keep: the group outlives the run, as one `governor apply` made (status shows it;
+        `governor remove` takes away what this run created, never an operator's slice)."""
+        plan = job.plan
+        if job.backend != "cgroupfs":
+            return  # a transient scope ends with its last process
+        Publisher(job.run_dir or run_dir(), plan.policy).publish(
+            applied(
+                plan.to_dict(),
+                policy_path=plan.source,
+                created=sorted(owned),
+                started_at=self.started_at,
+                kept_by="launch --keep",
+            )
+        )
+
+    def _run_applied(self, job: Job) -> int:
+        started = self.clock()
+        self.publisher = Publisher(job.run_dir or run_dir(), job.plan.policy)
+        try:
+            return self._run_published(job, started)
+        finally:
+            self.publisher.remove()
+
+    def _run_published(self, job: Job, started: float) -> int:
+        plan, setup = job.plan, job.setup
+        self.started_at = time.time()
+        pid = self.engine_pid = self.launcher.start(plan, setup)
+        # Type=notify services: the engine has been exec'd (no-op without $NOTIFY_SOCKET)
+        try:
+            notify(f"READY=1\nSTATUS={plan.policy}: engine pid {pid} in {plan.leaf}")
+        except OSError as err:
+            log.warning("sdnotify.failed", error=str(err))
+        self._start_helper(job, pid)
+        restarts = self.restarts = Restarts(plan.launch.restart_max, plan.launch.restart_backoff_s)
+        monitor = self.monitor = Monitor(
+            self.launcher.fs,
+            plan,
+            proc=self.proc,
+            sample_s=job.sample_s,
+            restarts=restarts,
+            psi_triggers=job.psi_triggers,
+            on_change=lambda: self._publish(job),
+            journal=Journal((job.run_dir or run_dir()) / plan.policy),
+        )
+        monitor.engine_started(pid)
+        try:
+            monitor.start()
+            self._publish(job)
+            pid, code, sig = self.launcher.supervise_restarting(
+                plan,
+                setup,
+                pid,
+                watcher=monitor,
+                restarts=restarts,
+                on_restart=lambda new_pid: self._restarted(job, new_pid),
+            )
+            wall = self.clock() - started
+            report = self.launcher.summarize(
+                plan, pid=pid, argv=setup.argv, code=code, sig=sig, wall=wall
+            )
+            report.extra["monitor"] = monitor.report()
+            report.extra["restarts"] = restarts.history
+            report.extra.update(job.extra)
+            lock_error = self._collect_prefetch(report)
+            log.info("engine.exit", **{k: v for k, v in vars(report).items() if k != "argv"})
+            if job.report is not None:
+                _write_report(job.report, report)
+        finally:
+            monitor.close()
+        if lock_error is not None:
+            raise lock_error
+        return code
+
+    def _restarted(self, job: Job, engine_pid: int) -> None:
+        self.engine_pid = engine_pid
+        self._start_helper(job, engine_pid)
+        self._publish(job)
+
+    def _publish(self, job: Job) -> None:
+        """The state `governor status` reads (governor/rundir/state.py)."""
+        if self.publisher is None:
+            return
+        plan = job.plan
+        monitor = self.monitor
+        estimate = job.extra.get("estimate") or {}
+        self.state = {
+            "policy": plan.policy,
+            "source": "launch",
+            "policy_path": plan.source,
+            "policy_sha256": job.policy_sha256,
+            "pid": os.getpid(),
+            "engine_pid": self.engine_pid,
+            "started_at": round(self.started_at, 3),
+            "backend": job.backend,
+            "cgroup_root": plan.cgroup_root,
+            "group": plan.group,
+            "leaf": plan.leaf,
+            "restarts": len(self.restarts.history) if self.restarts else 0,
+            "model_bytes": job.model_bytes,
+            "rules": monitor.rule_states() if monitor is not None else [],
+            "last_actions": list(monitor.recent) if monitor is not None else [],
+            "action_totals": monitor.action_totals() if monitor is not None else [],
+            "model": {k: estimate.get(k) for k in ("model", "quant", "total")}
+            if estimate
+            else None,
+            "prefetch_files": list(job.prefetch_files),
+            "plan": plan.to_dict(),
+            "systemd": job.systemd,
+        }
+        self.publisher.publish(self.state)
+
+    def _start_helper(self, job: Job, engine_pid: int) -> None:
+        """The prefetch helper for this start of the engine (mode none: nothing)."""
+        mode = job.plan.prefetch.mode
+        if mode == "none" or not job.prefetch_files:
+            return
+        if self.helper is not None:
+            self.helper.finish()
+        fs, leaf, group = self.launcher.fs, job.plan.leaf, job.plan.group
+        self.helper = PrefetchHelper(files=job.prefetch_files, mode=mode)
+        self.helper.start(
+            engine_pid,
+            spawn=lambda: self.launcher.spawn(leaf),
+            join=lambda: fs.move(0, leaf),
+            kill_group=lambda: fs.kill(group),
+        )
+
+    def _collect_prefetch(self, report: LaunchReport) -> GovernorError | None:
+        if self.helper is None:
+            return None
+        result, lock_errno = self.helper.finish()
+        if result is None:
+            return None
+        result.fill(report)
+        if lock_errno is None:
+            return None
+        cls = PermissionDenied if lock_errno in (errno.EPERM, errno.EACCES) else BackendError
+        return cls(
+            "prefetch.mode = lock could not lock the model; the engine was stopped",
+            file=", ".join(result.files),
+            errno=lock_errno,
+            hint="mlock needs CAP_IPC_LOCK or RLIMIT_MEMLOCK above the files' size"
+            " (run as root, or use prefetch.mode = populate)",
+        )
+
+
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT, signal.SIGINT)
+
+
+@contextlib.contextmanager
+def interruptible() -> Iterator[None]:
+    """Within the block a stop signal raises :class:`Interrupted` (a KeyboardInterrupt, so every
+    ``except BaseException`` rollback runs) instead of ending the process where it stands."""
+
+    raised: list[int] = []
+
+    def stop(signum: int, _frame: object) -> None:
+        if raised:
+            return  # the rollback of the first one is running: a second must not cut it short
+        raised.append(signum)
+        raise Interrupted(signum)
+
+    previous = {sig: signal.signal(sig, stop) for sig in STOP_SIGNALS}
+    try:
+        yield
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+
+
+def _write_report(path: Path, report: LaunchReport) -> None:
+    try:
+        path.write_text(report.to_json() + "\n")
+    except OSError as err:
+        # the engine ran: its status is what the caller gets; the report's loss is said
+        log.error("report.failed", file=str(path), error=err.strerror or str(err))

@@ -1,0 +1,288 @@
+"""`governor init` (governor/engines/draft.py, governor/cli/compile.py): a policy sized from the GGUF
+estimate and a board's facts, which `governor check --engine-argv` then accepts on that board.
+
+Round trips write a tiny GGUF with tests/engine/make_gguf.py (the `gguf` package of the dev
+extra) and probe the fixture trees in tests/fixtures/hosts/ through the global --root. The
+1.1 GiB model's numbers use its header shape (test_estimate._qwen18b) in place of a file.
+"""
+
+from __future__ import annotations
+
+import shlex
+import sys
+import tomllib
+from pathlib import Path
+
+import pytest
+
+from governor.cli.app import main
+from governor.engines import budget
+from governor.engines import draft as ip
+from governor.engines.estimate import MIB
+from governor.errors import EXIT_NOINPUT, EXIT_POLICY, EXIT_USAGE
+
+REPO = Path(__file__).resolve().parents[3]
+HOSTS = REPO / "tests" / "fixtures" / "hosts"
+GIB = 1 << 30
+
+
+def run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
+    with pytest.raises(SystemExit) as info:
+        main(list(argv))
+    out, err = capsys.readouterr()
+    assert isinstance(info.value.code, int)
+    return info.value.code, out, err
+
+
+def one_line_error(err: str) -> str:
+    lines = err.splitlines()
+    assert "Traceback" not in err and len(lines) == 2, err
+    assert lines[0].startswith("governor: ") and lines[1].startswith("hint: ")
+    return lines[0]
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    pytest.importorskip("gguf")
+    sys.path.insert(0, str(REPO / "tests" / "engine"))
+    try:
+        import make_gguf  # type: ignore[import-not-found,unused-ignore]
+    finally:
+        sys.path.pop(0)
+    out = tmp_path_factory.mktemp("model") / "tiny.gguf"
+    assert make_gguf.main(["--preset", "tiny", "-o", str(out)]) == 0
+    return out
+
+
+def _init(capsys: pytest.CaptureFixture[str], root: str, *argv: str) -> tuple[dict, str, str]:  # type: ignore[type-arg]
+    code, out, err = run(capsys, "--root", root, "init", *argv)
+    assert code == 0, err
+    return tomllib.loads(out), out, err
+
+
+def _engine_line(text: str) -> tuple[str, str]:
+    """The `governor check POLICY [--allow-missing X] --engine-argv '...'` comment's parts."""
+    line = next(x for x in text.splitlines() if x.startswith("#   governor check "))
+    words = shlex.split(line[1:])
+    allow = words[words.index("--allow-missing") + 1] if "--allow-missing" in words else ""
+    return allow, words[words.index("--engine-argv") + 1]
+
+
+# ------------------------------------------------------------------ round trips through check
+
+
+@pytest.mark.parametrize(
+    ("host", "board"),
+    [
+        ("rk3588", None),
+        ("cgroup2-full", "2G"),
+        ("cgroup2-full", "4G"),
+        ("cgroup2-full", "8G"),
+        ("cgroup2-full", "232M"),  # tight: the context is cut below n_ctx_train
+        ("no-psi", None),
+        ("hybrid-host", None),
+    ],
+)
+def test_generated_policy_passes_check_with_its_engine_argv(
+    tiny: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str], host: str, board: str | None
+) -> None:
+    root = str(HOSTS / host)
+    extra = ("--board-memory", board) if board else ()
+    out_file = tmp_path / "p.toml"
+    code, out, err = run(
+        capsys, "--root", root, "init", "--model", str(tiny), *extra, "-o", str(out_file)
+    )
+    assert code == 0, err
+    assert out.startswith(f"wrote {out_file}: -c ")
+    text = out_file.read_text()
+    policy = tomllib.loads(text)
+    allow, argv = _engine_line(text)
+    check = ["--root", root, "check", str(out_file), "--engine-argv", argv]
+    code, out, err = run(capsys, *check, *(("--allow-missing", allow) if allow else ()))
+    assert code == 0, out + err
+    # without the memory controller the limits are listed as NOT in force, nothing to fit
+    assert ("memory.max: fits" in out) != bool(allow), out
+    # the argv asks for exactly the context the policy allows, and one more block is refused
+    ctx = policy["engine"]["max_context_tokens"]
+    assert f"-c {ctx}" in argv
+    bigger = argv.replace(f"-c {ctx}", f"-c {ctx + 256}")
+    code, _, err = run(capsys, *check[:-1], bigger, *(("--allow-missing", allow) if allow else ()))
+    assert code == EXIT_POLICY and "max_context_tokens" in err
+    # where the board has the controllers, nothing needs --allow-missing
+    assert bool(allow) == (host in ("no-psi", "hybrid-host"))
+
+
+def test_big_little_board_gets_the_big_cores_and_one_thread_each(
+    tiny: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    policy, text, _ = _init(capsys, str(HOSTS / "rk3588"), "--model", str(tiny))
+    assert policy["cpu"]["cpus"] == "big"
+    assert policy["engine"]["threads"] == 4  # cpu4-7, the A76 cluster
+    assert "big cores 4-7, LITTLE 0-3" in text
+    assert " -t 4" in _engine_line(text)[1]
+    plain, _, _ = _init(capsys, str(HOSTS / "cgroup2-full"), "--model", str(tiny))
+    assert "cpu" not in plain  # 4 alike CPUs: no pinning
+
+
+def test_memory_values_follow_the_estimate_and_the_board(
+    tiny: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    root = str(HOSTS / "cgroup2-full")
+    for board in (232 * MIB, 2 * GIB, 8 * GIB):
+        policy, text, _ = _init(capsys, root, "--model", str(tiny), "--board-memory", str(board))
+        mem = policy["memory"]
+        size = {k: int(mem[k].removesuffix("MiB")) * MIB for k in ("min", "high", "max")}
+        ctx = policy["engine"]["max_context_tokens"]
+        args = ip._args((), tiny, ctx)
+        est = budget.estimate_argv(args, root=Path(root), budget=None)
+        assert size["min"] >= est.term("weights") > size["min"] - MIB
+        assert size["max"] - MIB < est.total + ip.headroom_for(est.total) <= size["max"]
+        assert est.total < size["high"] < size["max"]
+        ceiling = board - ip.reserve_for(board)
+        assert size["max"] <= ceiling
+        more = budget.estimate_argv(ip._args((), tiny, ctx + 256), root=Path(root), budget=None)
+        assert ctx == 2048 or more.total + ip.headroom_for(more.total) > ceiling
+        assert mem["swap_max"] == "0" and mem["oom_group"] is True
+        assert policy["prefetch"]["mode"] == "populate"
+        assert len(policy["pressure"]) == 4  # graded: some, full, longer full (freeze), kill
+        assert f"{est.total / MIB:8.1f} MiB" in text  # the numbers behind the values
+
+
+def test_reserve_scales_with_the_board() -> None:
+    sizes = [ip.reserve_for(b) for b in (1 * GIB, 2 * GIB, 4 * GIB, 8 * GIB, 64 * GIB)]
+    assert sizes == sorted(sizes) and sizes[1] == 256 * MIB and sizes[-1] == GIB
+    for ceiling in (100 * MIB, 1700 * MIB, 7 * GIB):
+        fit = ip.fit_budget(ceiling)
+        assert fit + ip.headroom_for(fit) <= ceiling < fit + 1 + ip.headroom_for(fit + 1)
+
+
+def test_no_psi_board_gets_the_rules_commented_out(
+    tiny: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    policy, text, _ = _init(capsys, str(HOSTS / "no-psi"), "--model", str(tiny))
+    assert "pressure" not in policy
+    assert "# [[pressure]]" in text and "no PSI" in text
+    assert "memory controller(s) on cgroup2" in text  # the Pi's cgroup_disable=memory
+
+
+def test_ctx_is_checked_against_the_largest_that_fits(
+    tiny: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    root = str(HOSTS / "cgroup2-full")
+    policy, _, _ = _init(capsys, root, "--model", str(tiny), "--board-memory", "232M")
+    largest = policy["engine"]["max_context_tokens"]
+    assert 256 <= largest < 2048
+    asked, _, _ = _init(capsys, root, "--model", str(tiny), "--board-memory", "232M", "-c", "300")
+    assert asked["engine"]["max_context_tokens"] == 300
+    code, _, err = run(
+        capsys, "--root", root, "init", "--model", str(tiny), "--board-memory", "232M",
+        "--ctx", str(largest + 256),
+    )  # fmt: skip
+    assert code == EXIT_POLICY
+    msg = one_line_error(err)
+    assert f"-c {largest + 256} does not fit" in msg and f"largest -c that fits is {largest}" in msg
+
+
+def test_a_model_that_does_not_fit_even_a_small_context_is_65_with_terms_and_fixes(
+    tiny: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    out = tmp_path / "p.toml"
+    code, stdout, err = run(
+        capsys, "--root", str(HOSTS / "rk3588"), "init", "--model", str(tiny),
+        "--board-memory", "160M", "-o", str(out),
+    )  # fmt: skip
+    assert code == EXIT_POLICY and stdout == ""
+    msg = one_line_error(err)
+    assert "does not fit this board even at -c 256" in msg
+    assert "llama.cpp needs ~23 MiB (weights 6 + " in msg and "margin 15 MiB)" in msg
+    assert "160 MiB - 138 MiB OS reserve" in msg
+    assert "a smaller model" in err.splitlines()[1]
+    assert not out.exists() and list(tmp_path.iterdir()) == []
+
+
+def test_the_big_model_on_a_2g_board_needs_no_repack(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The README's story: on an x86 (AVX2) board of 2 GiB the 1.1 GiB model with its 651 MiB
+    repack copy does not fit at any context; with -nr it does, with a context near 2048."""
+    from .test_estimate import _qwen18b
+
+    root = tmp_path / "board"
+    import shutil
+
+    shutil.copytree(HOSTS / "cgroup2-full", root, symlinks=True)
+    (root / "proc" / "cpuinfo").write_text("flags\t\t: fpu sse avx avx2 fma\n")
+    monkeypatch.setattr(budget, "read_gguf", lambda _path: _qwen18b())
+    monkeypatch.setattr("platform.machine", lambda: "x86_64")
+    model = tmp_path / "qwen18b.gguf"
+    model.write_bytes(b"")
+    argv = ("--root", str(root), "init", "--model", str(model), "--board-memory", "2G")
+    code, _, err = run(capsys, *argv)
+    assert code == EXIT_POLICY
+    msg = one_line_error(err)
+    assert "repack 652" in msg and "weights 1134" in msg
+    assert err.splitlines()[1].startswith("hint: -nr (no weight repack: -651 MiB)")
+    policy, text, _ = _init(capsys, str(root), *argv[3:], "--engine-argv", "-nr")
+    assert 1792 <= policy["engine"]["max_context_tokens"] <= 2560
+    assert policy["memory"]["min"] == "1134MiB"
+    assert " -nr" in _engine_line(text)[1]
+
+
+# ------------------------------------------------------------------ output and errors
+
+
+def test_stdout_without_o_and_o_refuses_to_overwrite_without_force(
+    tiny: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    root = str(HOSTS / "rk3588")
+    out = tmp_path / "p.toml"
+    out.write_text("# mine\n")
+    code, stdout, err = run(capsys, "--root", root, "init", "--model", str(tiny), "-o", str(out))
+    assert code == EXIT_USAGE and stdout == ""
+    assert "exists" in one_line_error(err) and "--force" in err
+    assert out.read_text() == "# mine\n"
+    assert [p.name for p in tmp_path.iterdir()] == ["p.toml"]  # no temp file left
+    code, _, err = run(
+        capsys, "--root", root, "init", "--model", str(tiny), "-o", str(out), "--force"
+    )
+    assert code == 0, err
+    assert tomllib.loads(out.read_text())["name"] == "tiny"
+    assert f"governor check {out}" in out.read_text()  # the comment names the real file
+
+
+@pytest.mark.parametrize(
+    ("argv", "code", "words"),
+    [
+        (("--model", "/nonexistent/m.gguf"), EXIT_NOINPUT, "model file not readable"),
+        (("--name", "Bad Name"), EXIT_USAGE, "not a policy name"),
+        (("--board-memory", "2X"), EXIT_USAGE, "not a size"),
+        (("--engine-argv", "-c abc"), EXIT_USAGE, "not an integer"),
+        (("--engine-argv", "-c 512", "--ctx", "1024"), EXIT_USAGE, "give the context once"),
+        (("--engine-argv", "-m other.gguf"), EXIT_USAGE, "--engine-argv names -m"),
+        (("-o", "/nonexistent/dir/p.toml"), EXIT_NOINPUT, "no such directory"),
+    ],
+)
+def test_bad_input_is_one_line_with_a_hint(
+    tiny: Path, capsys: pytest.CaptureFixture[str], argv: tuple[str, ...], code: int, words: str
+) -> None:
+    model = () if "--model" in argv else ("--model", str(tiny))
+    got, stdout, err = run(capsys, "--root", str(HOSTS / "rk3588"), "init", *model, *argv)
+    assert got == code and stdout == ""
+    assert words in err, err
+    one_line_error(err)
+
+
+def test_name_comes_from_the_model_file_and_engine_argv_keeps_its_program(
+    tiny: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    policy, text, _ = _init(
+        capsys, str(HOSTS / "rk3588"), "--model", str(tiny),
+        "--engine-argv", f"/opt/llama/llama-server -m {tiny} -ub 128 -t 2", "--name", "chat",
+    )  # fmt: skip
+    assert policy["name"] == "chat"
+    argv = _engine_line(text)[1]
+    assert argv.startswith(f"/opt/llama/llama-server -m {tiny} -c ")
+    assert argv.endswith("-ub 128 -t 2") and argv.count("-m ") == 1
+    assert policy["engine"]["threads"] == 2
+    named, _, _ = _init(capsys, str(HOSTS / "rk3588"), "--model", str(tiny))
+    assert named["name"] == "tiny"

@@ -1,0 +1,164 @@
+"""Runtime state (governor/rundir/state.py) and `governor status` (governor/operate/status.py).
+
+Fake cgroup trees for the policy-vs-kernel comparison; the host's real cgroup2 (no memory
+controller on this kind of machine) for a live launch, its state, and the stale state a
+SIGKILLed supervisor leaves.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from helpers import cgroups
+from helpers.cgroups import ScratchSlice
+
+from governor import api
+from governor.errors import PolicyNotFound
+from governor.operate.status import collect, render
+from governor.plan.model import Plan
+from governor.rundir.state import Publisher, read_states
+
+REPO = Path(__file__).resolve().parents[3]
+HOSTS = REPO / "tests" / "fixtures" / "hosts"
+SCHEMA = json.loads((REPO / "docs" / "status.schema.json").read_text())
+
+POLICY = """name = "st"
+[memory]
+high = "1G"
+max = "1536M"
+[[pressure]]
+when = "memory some 150ms/2s"
+do = ["log", "reclaim 64M"]
+cooldown = "5s"
+"""
+
+
+def _tree_plan(tmp_path: Path) -> tuple[Plan, Path]:
+    cg = tmp_path / "cg"
+    shutil.copytree(HOSTS / "rk3588" / "sys" / "fs" / "cgroup", cg)
+    policy = tmp_path / "st.toml"
+    policy.write_text(POLICY)
+    plan = api.check(policy, api.HostOptions(root=HOSTS / "rk3588", cgroup_root=cg))
+    group = cg / plan.group
+    group.mkdir(parents=True)
+    for w in plan.writes:
+        (group / w.file).write_text(w.value + "\n")
+    return plan, group
+
+
+def _required_keys(item: dict[str, object]) -> None:
+    assert set(SCHEMA["items"]["required"]) <= set(item), "status JSON lost a documented field"
+
+
+def test_knobs_say_in_sync_drifted_or_missing_against_the_kernel(tmp_path: Path) -> None:
+    plan, group = _tree_plan(tmp_path)
+    (group / "memory.max").write_text("1073741824\n")  # an operator's echo behind our back
+    (group / "memory.oom.group").unlink(missing_ok=True)
+    run = tmp_path / "run"
+    Publisher(run, plan.policy).publish(
+        {"policy": plan.policy, "source": "apply", "pid": None, "plan": plan.to_dict()}
+    )
+    (item,) = collect(run, "st")
+    _required_keys(item)
+    states = {k["file"]: k["state"] for k in item["knobs"]}
+    assert states["memory.high"] == "in sync"
+    assert states["memory.max"] == "drifted"
+    assert item["state"] == "running"
+    drifted = next(k for k in item["knobs"] if k["file"] == "memory.max")
+    assert (drifted["policy"], drifted["kernel"]) == (str(plan.limit("memory.max")), "1073741824")
+    assert "drifted" in render([item])
+
+
+def test_an_unknown_name_is_66_and_says_where_it_looked(tmp_path: Path) -> None:
+    with pytest.raises(PolicyNotFound) as info:
+        collect(tmp_path / "run", "nope")
+    assert info.value.exit_code == 66
+    assert str(info.value) == f"no governed slice named nope ({tmp_path / 'run'})"
+
+
+def test_a_state_whose_pid_is_not_a_governor_is_stale(tmp_path: Path) -> None:
+    plan, _group = _tree_plan(tmp_path)
+    run = tmp_path / "run"
+    sleeper = subprocess.Popen(["sleep", "30"])
+    try:
+        for name, pid in (("alive-not-governor", sleeper.pid), ("dead", 2**22 + 1)):
+            Publisher(run, name).publish(
+                {"policy": name, "source": "launch", "pid": pid, "plan": plan.to_dict()}
+            )
+        states = {s["policy"]: s["stale"] for s in read_states(run)}
+    finally:
+        sleeper.kill()
+        sleeper.wait()
+    assert states == {"alive-not-governor": True, "dead": True}
+
+
+def test_publisher_removes_its_file_and_directory(tmp_path: Path) -> None:
+    pub = Publisher(tmp_path, "x")
+    assert pub.publish({"policy": "x"})
+    assert json.loads((tmp_path / "x" / "state.json").read_text())["format"] == 1
+    pub.remove()
+    assert not (tmp_path / "x").exists()
+
+
+def _governor(run: Path, *argv: str) -> subprocess.Popen[str]:
+    env = {**os.environ, "GOVERNOR_RUN_DIR": str(run), "PYTHONPATH": str(REPO)}
+    return subprocess.Popen(
+        [sys.executable, "-m", "governor", *argv],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+
+
+def test_a_live_launch_publishes_its_state_and_a_killed_one_is_reported_stale(
+    tmp_path: Path, scratch_slice: ScratchSlice
+) -> None:
+    """Real cgroup2 (this host's has PSI but no memory controller): the supervisor's state
+    appears while the engine runs, status shows it running with its rules armed, and after
+    SIGKILL (the watchdog removes the cgroup) the state left behind is reported stale."""
+    run = tmp_path / "run"
+    policy = tmp_path / "live.toml"
+    policy.write_text(
+        f'name = "live"\nslice = "{scratch_slice.name}"\n'
+        '[[pressure]]\nwhen = "memory some 150ms/2s"\ndo = ["log"]\n'
+    )
+    gov = _governor(
+        run, "launch", "--policy", str(policy), "--allow-missing", "memory,cpu,cpuset,io,pids",
+        "--", "sleep", "60",
+    )  # fmt: skip
+    state_file = run / "live" / "state.json"
+    try:
+        cgroups.wait_for(state_file.exists, timeout=60, what="the published state")
+        status = subprocess.run(
+            [sys.executable, "-m", "governor", "status", "live", "--json"],
+            env={**os.environ, "GOVERNOR_RUN_DIR": str(run), "PYTHONPATH": str(REPO)},
+            capture_output=True,
+            text=True,
+            check=True,
+        )
+        (item,) = json.loads(status.stdout)
+        _required_keys(item)
+        assert item["state"] == "running" and item["pid"] == gov.pid
+        assert item["engine_pid"] and item["cgroup"].endswith(f"{scratch_slice.name}/live")
+        assert [(r["rule"], r["state"], r["next_actions"]) for r in item["rules"]] == [
+            (0, "armed", ["log"])
+        ]
+        gov.send_signal(signal.SIGKILL)
+        gov.wait(timeout=30)
+        group = scratch_slice.path / "live"
+        cgroups.wait_for(lambda: not group.exists(), timeout=30, what="the watchdog's cleanup")
+        (stale,) = collect(run, "live")
+        assert stale["state"] == "stale"
+        assert "STALE" in render([stale])
+    finally:
+        if gov.poll() is None:
+            gov.kill()
+            gov.wait()
