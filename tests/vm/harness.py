@@ -26,11 +26,23 @@ Python process a test starts.
 
 Results (junit xml, guest console logs, pytest output) go to out/test-results/<stamp>/<tier>/,
 which the guests share read-write. A tier fails when pytest fails, collects no tests (exit 5),
-or when a guest does not boot or return an exit code before --timeout.
+when a guest does not boot or return an exit code before the tier's timeout, or, with CI=true,
+when a test was skipped for a reason not on the allow list in tests/vm/skips.py.
+
+Time: every tier has a timeout (TIER_TIMEOUTS, sized from measured durations; --timeout sets
+one for all), every test a pytest-timeout, and the whole run one deadline (--deadline, default
+DEADLINE_S from the start of scripts/setup): a tier is cut at the deadline (the guests stop
+their pytest with SIGINT before the host kills qemu, so the junit xml of what ran survives), a
+tier that can no longer start is not started and fails with a note, and the summary table and
+the duration report (durations.txt: wall time per phase and tier, the slowest 15 tests of each
+tier) are printed in every case. --full selects the tests marked `full` (the seed's full
+scale), which default runs deselect, with FULL_* timeouts.
 
 Environment: GOVERNOR_VM_ACCEL=auto|kvm|tcg, GOVERNOR_VM_KERNEL=/boot/vmlinuz-...,
-GOVERNOR_VM_TIMEOUT=seconds, GOVERNOR_KERNEL_VM=qemu|vng, CI (exported to the guests; CI=true
-turns missing-requirement skips into failures).
+GOVERNOR_VM_TIMEOUT=seconds, GOVERNOR_TEST_DEADLINE=seconds, GOVERNOR_TEST_FULL=1,
+GOVERNOR_TEST_STARTED (epoch seconds; scripts/test sets it before setup), GOVERNOR_KERNEL_VM=
+qemu|vng, CI (exported to the guests; CI=true turns missing-requirement skips into failures and
+fails a tier on a skip not on the allow list).
 """
 
 from __future__ import annotations
@@ -50,24 +62,46 @@ import tempfile
 import threading
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime
 from pathlib import Path
 from typing import IO
 
 from vm import initramfs
-from vm.junit import Counts, TierResult, format_table, judge_pytest
+from vm.junit import Case, Counts, TierResult, format_durations, format_table, judge_pytest
+from vm.skips import is_ci
 
 ROOT = Path(__file__).resolve().parents[2]
 TIERS: tuple[str, ...] = ("lint", "host", "kernel", "systemd")
 GUEST_TIERS: tuple[str, ...] = ("kernel", "systemd")
 HOST_MARKEXPR = "not kernel and not systemd and not engine"
-DEFAULT_TIMEOUT = 3000  # per tier; the kernel tier with the real engine takes ~32 min under TCG
+# tests marked `full` run at the seed's full scale (1.1 GiB model, 2 GiB board): only --full
+FULL_MARK = "full"
+# The whole run, setup included, ends by this many seconds after scripts/test started (CI's
+# limit is 90 min; the target is 45)
+DEADLINE_S = 80 * 60
+FULL_DEADLINE_S = 150 * 60
+# Per tier, seconds; a tier is stopped after it. Sized from measured wall times on the 2-core
+# CI machine with margin: lint 4 s (10 s with a cold mypy cache), host 105 s (150 s beside a
+# build), kernel ~25 min and systemd ~15 min before issue 21 (durations.txt of each run has
+# the current numbers)
+TIER_TIMEOUTS: dict[str, float] = {"lint": 300, "host": 600, "kernel": 2400, "systemd": 1800}
+FULL_TIER_TIMEOUTS: dict[str, float] = {**TIER_TIMEOUTS, "kernel": 4200, "systemd": 3000}
+# a tier with less time than this left before the deadline is not started
+MIN_START_S: dict[str, float] = {"lint": 30, "host": 60, "kernel": 300, "systemd": 300}
+# of a guest tier's timeout, what the boot before pytest and the power-off after may take: the
+# guest's pytest gets the rest (timeout -s INT), so it ends and writes its junit xml before the
+# host kills qemu
+GUEST_OVERHEAD_S = 120
+# seconds for the host to wait after SIGINT (pytest writes its junit xml) before SIGTERM/KILL
+INTERRUPT_GRACE_S = 20.0
 # per test (pytest-timeout): a hung test fails alone instead of eating the tier's timeout
 HOST_TEST_TIMEOUT_S = 300
-GUEST_TEST_TIMEOUT_S = 1500  # the 1.1 GiB model's forced run is ~6 min of it under TCG
+GUEST_TEST_TIMEOUT_S = 900
+FULL_GUEST_TEST_TIMEOUT_S = 1800  # the 1.1 GiB model test took 723 s at the last full run
 GUEST_CPUS = 4
 GUEST_MEMORY_MIB = 2048
+FULL_GUEST_MEMORY_MIB = 2048  # the seed's 2 GiB board
 # environment variables handed to the guest command (when set on the host)
 PASS_ENV: tuple[str, ...] = (
     "CI", "LANG", "LC_ALL", "TERM", "PYTEST_ADDOPTS", "HYPOTHESIS_PROFILE", "NO_COLOR",
@@ -204,8 +238,12 @@ class Run:
     wall: float
 
 
-def _kill_group(proc: subprocess.Popen[bytes]) -> None:
-    for sig, wait in ((signal.SIGTERM, 10.0), (signal.SIGKILL, 10.0)):
+def _kill_group(proc: subprocess.Popen[bytes], grace: float = 0.0) -> None:
+    """SIGINT first when `grace` (pytest then writes its junit xml), then SIGTERM, SIGKILL."""
+    steps = [(signal.SIGTERM, 10.0), (signal.SIGKILL, 10.0)]
+    if grace > 0:
+        steps.insert(0, (signal.SIGINT, grace))
+    for sig, wait in steps:
         with contextlib.suppress(ProcessLookupError):
             os.killpg(proc.pid, sig)
         try:
@@ -229,7 +267,7 @@ def run_streamed(
     cwd: Path = ROOT,
 ) -> Run:
     """Run argv in its own process group, copy its output to stdout (with `prefix`) and to
-    `logfile`; on timeout kill the whole group and return rc None."""
+    `logfile`; on timeout interrupt, then kill the whole group and return rc None."""
     start = time.monotonic()
     with logfile.open("wb") as lf:
         proc = subprocess.Popen(
@@ -253,8 +291,8 @@ def run_streamed(
         try:
             rc = proc.wait(timeout=timeout)
         except subprocess.TimeoutExpired:
-            log(f"timeout after {timeout:.0f}s: killing {argv[0]}")
-            _kill_group(proc)
+            log(f"timeout after {timeout:.0f}s: stopping {argv[0]}")
+            _kill_group(proc, INTERRUPT_GRACE_S)
             rc = None
         except BaseException:
             _kill_group(proc)
@@ -332,13 +370,26 @@ def guest_env(environ: dict[str, str] | None = None) -> dict[str, str]:
 
 
 def guest_script(
-    tier: str, guest_dir: str, pytest_args: Sequence[str], environ: dict[str, str] | None = None
+    tier: str,
+    guest_dir: str,
+    pytest_args: Sequence[str],
+    environ: dict[str, str] | None = None,
+    *,
+    full: bool = False,
+    budget: float | None = None,
 ) -> str:
     """Bash script run inside the guest: environment, pytest for `tier`, exit code to
-    `guest_dir`/rc (the shared results directory as the guest sees it)."""
+    `guest_dir`/rc (the shared results directory as the guest sees it). With `budget`, pytest
+    gets SIGINT after that many seconds (it stops, writes its junit xml, exit 124)."""
     env = guest_env(environ)
     env["GOVERNOR_TEST_TIER"] = tier
-    argv = guest_pytest_argv(tier, guest_dir, pytest_args)
+    if full:
+        env["GOVERNOR_TEST_FULL"] = "1"
+    else:
+        env.pop("GOVERNOR_TEST_FULL", None)
+    argv = guest_pytest_argv(tier, guest_dir, pytest_args, full=full)
+    if budget is not None:
+        argv = ["timeout", "--signal=INT", "--kill-after=30", f"{max(1, int(budget))}", *argv]
     lines = ["#!/bin/bash", f"# governor test guest: {tier} tier"]
     lines += [f"export {k}={shlex.quote(v)}" for k, v in sorted(env.items())]
     lines += [
@@ -355,12 +406,21 @@ def guest_script(
     return "\n".join(lines) + "\n"
 
 
-def guest_pytest_argv(tier: str, guest_dir: str, pytest_args: Sequence[str]) -> list[str]:
+def markexpr(base: str, full: bool) -> str:
+    """The pytest -m expression of a tier: default runs deselect the `full` tests (neither
+    run nor counted as skips), --full keeps them."""
+    return base if full else f"{base} and not {FULL_MARK}"
+
+
+def guest_pytest_argv(
+    tier: str, guest_dir: str, pytest_args: Sequence[str], *, full: bool = False
+) -> list[str]:
     py = ROOT / ".venv" / "bin" / "python"
+    per_test = FULL_GUEST_TEST_TIMEOUT_S if full else GUEST_TEST_TIMEOUT_S
     return [
-        str(py), "-m", "pytest", *GUEST_PYTEST_OFF, "-m", tier, f"tests/{tier}",
+        str(py), "-m", "pytest", *GUEST_PYTEST_OFF, "-m", markexpr(tier, full), f"tests/{tier}",
         f"--junitxml={guest_dir}/junit.xml", "-o", f"junit_suite_name={tier}", "--durations=10",
-        f"--timeout={GUEST_TEST_TIMEOUT_S}", *pytest_args,
+        f"--timeout={per_test}", *pytest_args,
     ]  # fmt: skip
 
 
@@ -416,9 +476,12 @@ def read_rc(path: Path) -> int | None:
 class Options:
     tiers: list[str]
     pytest_args: list[str]
-    timeout: float
     accel: str
     results: Path
+    timeout: float = 0.0  # the running tier's limit (run_tier sets it from `timeouts`)
+    timeouts: dict[str, float] = field(default_factory=lambda: dict(TIER_TIMEOUTS))
+    deadline: float = DEADLINE_S  # seconds from the start of scripts/test (setup included)
+    full: bool = False  # --full: the `full` tests too, larger timeouts
     kernel_vm: str = "qemu"
     serial: bool = True  # one tier at a time (--parallel: the kernel guest alongside the rest)
     cpus: int = GUEST_CPUS
@@ -440,16 +503,25 @@ def tier_lint(opts: Options) -> TierResult:
         "mypy": [venv_bin("mypy")],
     }
     start = time.monotonic()
+    end = start + opts.timeout
     res = TierResult("lint", ok=True, wall=0.0)
     passed = 0
     for i, (name, argv) in enumerate(checks.items()):
+        left = end - time.monotonic()
+        if left < 1:
+            res.ok = False
+            res.notes.append(f"{name} not run: the tier's {opts.timeout:.0f}s were used up")
+            res.cases.append(Case(name, 0.0, "failed"))
+            continue
         log(f"lint: {name}")
-        r = run_streamed(argv, d / f"{i}-{name.split()[0]}-{i}.log", timeout=opts.timeout)
+        r = run_streamed(argv, d / f"{i}-{name.split()[0]}-{i}.log", timeout=left)
+        res.cases.append(Case(name, r.wall, "passed" if r.rc == 0 else "failed"))
         if r.rc == 0:
             passed += 1
         else:
             res.ok = False
-            res.notes.append(f"{name} failed (exit {r.rc})")
+            why = f"exit {r.rc}" if r.rc is not None else f"killed at the {opts.timeout:.0f}s limit"
+            res.notes.append(f"{name} failed ({why})")
     res.counts = Counts(tests=len(checks), failures=len(checks) - passed)
     res.wall = time.monotonic() - start
     return res
@@ -460,12 +532,19 @@ def tier_host(opts: Options) -> TierResult:
     d.mkdir(parents=True, exist_ok=True)
     junit = d / "junit.xml"
     argv = [
-        venv_bin("python"), "-m", "pytest", "-m", HOST_MARKEXPR, f"--junitxml={junit}",
-        "-o", "junit_suite_name=host", f"--timeout={HOST_TEST_TIMEOUT_S}", *opts.pytest_args,
+        venv_bin("python"), "-m", "pytest", "-m", markexpr(HOST_MARKEXPR, opts.full),
+        f"--junitxml={junit}", "-o", "junit_suite_name=host", f"--timeout={HOST_TEST_TIMEOUT_S}",
+        *opts.pytest_args,
     ]  # fmt: skip
+    env = {k: v for k, v in os.environ.items() if k != "GOVERNOR_TEST_FULL"}
+    if opts.full:
+        env["GOVERNOR_TEST_FULL"] = "1"
     log("host: " + shlex.join(argv))
-    r = run_streamed(argv, d / "output.log", timeout=opts.timeout)
-    return judge_pytest("host", r.rc, junit, r.wall)
+    r = run_streamed(argv, d / "output.log", timeout=opts.timeout, env=env)
+    res = judge_pytest("host", r.rc, junit, r.wall, ci=is_ci())
+    if r.rc is None:
+        res.notes.append(f"pytest stopped at the {opts.timeout:.0f}s timeout")
+    return res
 
 
 def tier_kernel(opts: Options, kernel: Path, accel: str) -> TierResult:
@@ -474,7 +553,8 @@ def tier_kernel(opts: Options, kernel: Path, accel: str) -> TierResult:
     d = opts.results / "kernel"
     d.mkdir(parents=True, exist_ok=True)
     script = d / "guest.sh"
-    script.write_text(guest_script("kernel", str(d), opts.pytest_args))
+    script.write_text(guest_script("kernel", str(d), opts.pytest_args, full=opts.full,
+                                   budget=opts.timeout - GUEST_OVERHEAD_S))  # fmt: skip
     vng = shutil.which("vng")
     if vng is None or shutil.which("virtme-run") is None:
         res = TierResult("kernel", ok=False, wall=0.0)
@@ -490,7 +570,7 @@ def tier_kernel(opts: Options, kernel: Path, accel: str) -> TierResult:
     log("kernel: " + shlex.join(argv))
     r = run_streamed(argv, d / "console.log", timeout=opts.timeout, prefix="[kernel] ")
     rc = read_rc(d / "rc")
-    res = judge_pytest("kernel", rc, d / "junit.xml", r.wall)
+    res = judge_pytest("kernel", rc, d / "junit.xml", r.wall, ci=is_ci())
     if r.rc is None:
         res.notes.append(f"guest killed after the {opts.timeout:.0f}s timeout")
     if rc is None:
@@ -604,7 +684,9 @@ def tier_qemu(opts: Options, tier: str, kernel: Path, accel: str) -> TierResult:
     start = time.monotonic()
     (d / "stage2.sh").write_text(systemd_stage2() if tier == "systemd" else PLAIN_STAGE2)
     (d / "runcmd.sh").write_text(GUEST_RUNCMD)
-    (d / "cmd.sh").write_text(guest_script(tier, "/run/vmshare", opts.pytest_args))
+    (d / "cmd.sh").write_text(guest_script(tier, "/run/vmshare", opts.pytest_args,
+                                           full=opts.full,
+                                           budget=opts.timeout - GUEST_OVERHEAD_S))  # fmt: skip
     (d / "output.log").write_bytes(b"")
     with tempfile.TemporaryDirectory(prefix="governor-initrd.") as tmp:
         initrd = Path(tmp) / "initrd.cpio"
@@ -618,7 +700,7 @@ def tier_qemu(opts: Options, tier: str, kernel: Path, accel: str) -> TierResult:
             r = run_streamed(argv, d / "qemu.log", timeout=opts.timeout, prefix="[qemu] ")
     wall = time.monotonic() - start
     rc = read_rc(d / "rc")
-    res = judge_pytest(tier, rc, d / "junit.xml", wall)
+    res = judge_pytest(tier, rc, d / "junit.xml", wall, ci=is_ci())
     if r.rc is None:
         res.notes.append(f"guest killed after the {opts.timeout:.0f}s timeout")
     if rc is None or rc == 125:
@@ -654,9 +736,19 @@ def parse_args(argv: Sequence[str]) -> Options:
     p.add_argument("--tier", action="append", default=[], metavar="TIER[,TIER]",
                    help=f"tiers to run, repeatable or comma list: {','.join(TIERS)} (default all)")  # fmt: skip
     p.add_argument("--host-only", action="store_true", help="only lint and host tiers")
-    p.add_argument("--timeout", type=float,
-                   default=float(os.environ.get("GOVERNOR_VM_TIMEOUT", DEFAULT_TIMEOUT)),
-                   help="seconds per tier before the guest is killed (default %(default)s)")  # fmt: skip
+    env_timeout = os.environ.get("GOVERNOR_VM_TIMEOUT")
+    env_deadline = os.environ.get("GOVERNOR_TEST_DEADLINE")
+    p.add_argument("--timeout", type=float, default=float(env_timeout) if env_timeout else None,
+                   help="seconds for every tier before it is stopped (default per tier: "
+                   f"{_fmt_timeouts(TIER_TIMEOUTS)}; with --full {_fmt_timeouts(FULL_TIER_TIMEOUTS)})")  # fmt: skip
+    p.add_argument("--deadline", type=float, default=float(env_deadline) if env_deadline else None,
+                   help="seconds for the whole run from the start of scripts/test, setup included: "
+                   "a tier running then is stopped, later tiers are not started, the summary is "
+                   f"printed (default {DEADLINE_S}; with --full {FULL_DEADLINE_S})")  # fmt: skip
+    p.add_argument("--full", action="store_true",
+                   default=os.environ.get("GOVERNOR_TEST_FULL") == "1",
+                   help="run the tests marked `full` too (the seed's full scale: 1.1 GiB model on "
+                   "a 2 GiB board), with GOVERNOR_TEST_FULL=1 and larger timeouts")  # fmt: skip
     p.add_argument("--accel", choices=("auto", "kvm", "tcg"),
                    default=os.environ.get("GOVERNOR_VM_ACCEL", "auto"))  # fmt: skip
     p.add_argument("--kernel-vm", choices=("qemu", "vng"),
@@ -684,9 +776,54 @@ def parse_args(argv: Sequence[str]) -> Options:
     results = args.results or (
         ROOT / "out" / "test-results" / datetime.now().strftime("%Y%m%d-%H%M%S")
     )
-    return Options(tiers=tiers, pytest_args=rest, timeout=args.timeout, accel=args.accel,
-                   results=results.resolve(), kernel_vm=args.kernel_vm,
-                   serial=not args.parallel)  # fmt: skip
+    timeouts = dict(FULL_TIER_TIMEOUTS if args.full else TIER_TIMEOUTS)
+    if args.timeout is not None:
+        timeouts = dict.fromkeys(TIERS, args.timeout)
+    deadline = args.deadline if args.deadline is not None else (
+        FULL_DEADLINE_S if args.full else DEADLINE_S)  # fmt: skip
+    return Options(tiers=tiers, pytest_args=rest, accel=args.accel, results=results.resolve(),
+                   timeouts=timeouts, deadline=deadline, full=args.full,
+                   memory_mib=FULL_GUEST_MEMORY_MIB if args.full else GUEST_MEMORY_MIB,
+                   kernel_vm=args.kernel_vm, serial=not args.parallel)  # fmt: skip
+
+
+def _fmt_timeouts(t: dict[str, float]) -> str:
+    return ", ".join(f"{k} {v:.0f}s" for k, v in t.items())
+
+
+def setup_seconds(environ: dict[str, str] | None = None, now: float | None = None) -> float:
+    """Seconds since scripts/test started (GOVERNOR_TEST_STARTED, epoch seconds, set before
+    scripts/setup): the setup's share of the deadline. 0 when unset or implausible."""
+    env = os.environ if environ is None else environ
+    try:
+        started = float(env.get("GOVERNOR_TEST_STARTED", ""))
+    except ValueError:
+        return 0.0
+    spent = (time.time() if now is None else now) - started
+    return spent if 0 <= spent < 86400 else 0.0
+
+
+@dataclass
+class Clock:
+    """The run's overall deadline, on the monotonic clock."""
+
+    end: float
+    deadline: float  # seconds from the start of scripts/test (for the notes)
+
+    def left(self) -> float:
+        return self.end - time.monotonic()
+
+
+def start_or_skip(tier: str, opts: Options, clock: Clock) -> tuple[float, TierResult | None]:
+    """(timeout for `tier`, None) or (0, a failed result saying why it was not started)."""
+    left = clock.left()
+    need = MIN_START_S.get(tier, 60.0)
+    if left < need:
+        why = (f"not started: {max(left, 0):.0f}s left before the overall deadline "
+               f"(--deadline {clock.deadline:.0f}s from the start of scripts/test), the tier "
+               f"needs at least {need:.0f}s")  # fmt: skip
+        return 0.0, TierResult(tier, ok=False, wall=0.0, notes=[why])
+    return min(opts.timeouts.get(tier, DEADLINE_S), left), None
 
 
 def prune_results(base: Path, keep: int = 10) -> None:
@@ -698,6 +835,11 @@ def prune_results(base: Path, keep: int = 10) -> None:
 def main(argv: Sequence[str] | None = None) -> int:
     opts = parse_args(sys.argv[1:] if argv is None else argv)
     t0 = time.monotonic()
+    setup_s = setup_seconds()
+    clock = Clock(end=t0 + opts.deadline - setup_s, deadline=opts.deadline)
+    phases: list[tuple[str, float]] = []
+    if setup_s:
+        phases.append(("setup (scripts/setup)", setup_s))
     opts.results.mkdir(parents=True, exist_ok=True)
     base = opts.results.parent
     if base.name == "test-results":
@@ -707,11 +849,15 @@ def main(argv: Sequence[str] | None = None) -> int:
             latest.unlink(missing_ok=True)
             latest.symlink_to(opts.results.name)
     log(f"tiers: {', '.join(opts.tiers)}; results in {opts.results}")
+    log(f"time: {clock.left():.0f}s left of the {opts.deadline:.0f}s deadline; tier timeouts "
+        f"{_fmt_timeouts({t: opts.timeouts[t] for t in opts.tiers})}"
+        + ("; --full: the `full` tests too" if opts.full else ""))  # fmt: skip
     if opts.pytest_args:
         log(f"extra pytest arguments: {shlex.join(opts.pytest_args)}")
     kernel: Path | None = None
     accel = "tcg"
     if any(t in GUEST_TIERS for t in opts.tiers):
+        t_prep = time.monotonic()
         try:
             kernel = find_kernel()
             accel, why = detect_accel(kernel, ROOT / "out" / "vm-cache", opts.accel)
@@ -725,22 +871,32 @@ def main(argv: Sequence[str] | None = None) -> int:
             log(f"bytecode: compiled {', '.join(BYTECODE_DIRS)} in {time.monotonic() - t:.1f}s")
         else:
             log(f"bytecode: {why_not}; the guests compile what is missing from source")
+        phases.append(("guest preparation (kernel, accel, bytecode)", time.monotonic() - t_prep))
 
     def run_tier(tier: str) -> TierResult:
         log(f"===== tier {tier} =====")
+        timeout, skipped = start_or_skip(tier, opts, clock)
+        if skipped is not None:
+            log(f"tier {tier}: {skipped.notes[0]}")
+            return skipped
+        cut = timeout < opts.timeouts.get(tier, DEADLINE_S)
+        topts = replace(opts, timeout=timeout)
         try:
             if tier == "lint":
-                res = tier_lint(opts)
+                res = tier_lint(topts)
             elif tier == "host":
-                res = tier_host(opts)
+                res = tier_host(topts)
             elif kernel is None:
                 res = TierResult(tier, ok=False, wall=0.0, notes=["no guest kernel/qemu"])
             elif tier == "kernel" and opts.kernel_vm == "vng":
-                res = tier_kernel(opts, kernel, accel)
+                res = tier_kernel(topts, kernel, accel)
             else:
-                res = tier_qemu(opts, tier, kernel, accel)
+                res = tier_qemu(topts, tier, kernel, accel)
         except (RuntimeError, OSError, subprocess.SubprocessError) as exc:
             res = TierResult(tier, ok=False, wall=0.0, notes=[f"harness error: {exc}"])
+        if cut and not res.ok:
+            res.notes.append(f"the overall deadline (--deadline {opts.deadline:.0f}s) cut the "
+                             f"tier's timeout to {timeout:.0f}s")  # fmt: skip
         log(f"tier {tier}: {'ok' if res.ok else 'FAIL'} in {res.wall:.1f}s")
         return res
 
@@ -769,9 +925,16 @@ def main(argv: Sequence[str] | None = None) -> int:
         done.setdefault(tier, TierResult(tier, ok=False, wall=0.0, notes=["no result"]))
     results = [done[t] for t in opts.tiers]
     total = time.monotonic() - t0
+    table = format_table(results, total)
+    report = format_durations(results, setup_s + total, phases=phases, budget=opts.deadline)
+    for name, text in (("summary.txt", table), ("durations.txt", report)):
+        with contextlib.suppress(OSError):
+            (opts.results / name).write_text(text + "\n")
     print()
-    print(format_table(results, total))
-    print(f"\nresults: {opts.results}", flush=True)
+    print(table)
+    print()
+    print(report)
+    print(f"\nresults: {opts.results} (summary.txt, durations.txt)", flush=True)
     return 0 if results and all(r.ok for r in results) else 1
 
 

@@ -27,6 +27,8 @@ from pathlib import Path
 
 import pytest
 
+from vm.skips import is_ci
+
 DEFAULT_CONTROLLERS: tuple[str, ...] = ("memory", "cpu", "cpuset", "io", "pids")
 DEFAULT_SYSTEMD_VERSION = 252
 PSI_RESOURCES: tuple[str, ...] = ("cpu", "memory", "io")
@@ -53,11 +55,6 @@ class Probe:
     fs_root: Path = Path("/")
     geteuid: Callable[[], int] = os.geteuid
     systemctl: Callable[[], str | None] = field(default=systemctl_version_output)
-
-
-def is_ci(environ: Mapping[str, str] | None = None) -> bool:
-    env = os.environ if environ is None else environ
-    return env.get("CI", "").strip().lower() in {"1", "true", "yes", "on"}
 
 
 # ----------------------------------------------------------------------- mountinfo / cgroup2

@@ -3,14 +3,26 @@ writer, option parsing, guest scripts and qemu argv."""
 
 from __future__ import annotations
 
+import re
 import shutil
 import subprocess
+import sys
+import time
 from pathlib import Path
 
 import pytest
 
-from vm import harness, initramfs
-from vm.junit import Counts, TierResult, format_table, judge_pytest, parse_junit
+from vm import harness, initramfs, skips
+from vm.junit import (
+    Case,
+    Counts,
+    TierResult,
+    format_durations,
+    format_table,
+    judge_pytest,
+    parse_cases,
+    parse_junit,
+)
 
 JUNIT = """<?xml version="1.0" encoding="utf-8"?><testsuites name="pytest tests">
 <testsuite name="kernel" errors="1" failures="2" skipped="3" tests="10" time="1.0">
@@ -108,7 +120,7 @@ def test_guest_script_exports_ci_and_writes_rc() -> None:
     assert "export GOVERNOR_TEST_TIER=kernel\n" in s
     assert "export GOVERNOR_FOO=1\n" in s
     assert "SECRET_TOKEN" not in s
-    assert "-m kernel tests/kernel --junitxml=/res/kernel/junit.xml" in s
+    assert "-m 'kernel and not full' tests/kernel --junitxml=/res/kernel/junit.xml" in s
     assert "-k 'a b'" in s
     assert "-p no:hypothesispytest" in s, "hypothesis's plugin costs ~25 s of a TCG guest's start"
     assert "echo $rc > /res/kernel/rc" in s
@@ -210,6 +222,7 @@ def _fake_tiers(
             systemd_done.set()
         return TierResult(tier, ok=ok, wall=0.0, counts=Counts(tests=1))
 
+    monkeypatch.delenv("GOVERNOR_TEST_STARTED", raising=False)
     monkeypatch.setattr(harness, "find_kernel", lambda: Path("/boot/vmlinuz-fake"))
     monkeypatch.setattr(harness, "detect_accel", lambda *_a: ("tcg", "requested"))
     monkeypatch.setattr(harness, "precompile", lambda **_k: None)
@@ -246,3 +259,256 @@ def test_serial_runs_one_tier_at_a_time(monkeypatch: pytest.MonkeyPatch, tmp_pat
     assert events == [
         (e, t) for t in ("lint", "host", "kernel", "systemd") for e in ("start", "end")
     ]
+
+
+# ------------------------------------------------------------------ skips, deadline, durations
+
+CASES = """<?xml version="1.0" encoding="utf-8"?><testsuites name="pytest tests">
+<testsuite name="host" errors="1" failures="1" skipped="2" tests="6" time="9.0">
+<testcase classname="tests.unit.test_a" name="test_ok" time="1.5"/>
+<testcase classname="tests.unit.test_a" name="test_bad" time="0.2"><failure message="x"/></testcase>
+<testcase classname="tests.unit.test_a" name="test_err" time="0.1"><error message="y"/></testcase>
+<testcase classname="tests.unit.test_b" name="test_sk[1]" time="0.0">
+<skipped type="pytest.skip" message="needs a hybrid host">tests/unit/test_b.py:3: needs</skipped>
+</testcase>
+<testcase classname="tests.unit.test_b" name="test_xf" time="0.3">
+<skipped type="pytest.xfail" message="known bug"/></testcase>
+<testcase time="4.0"/>
+</testsuite></testsuites>"""
+
+
+def _junit(tmp_path: Path, text: str = CASES) -> Path:
+    f = tmp_path / "junit.xml"
+    f.write_text(text)
+    return f
+
+
+def test_parse_cases_reads_outcomes_times_and_skip_reasons(tmp_path: Path) -> None:
+    cases = parse_cases(_junit(tmp_path))
+    assert [(c.id, c.outcome, c.reason) for c in cases] == [
+        ("tests.unit.test_a::test_ok", "passed", ""),
+        ("tests.unit.test_a::test_bad", "failed", ""),
+        ("tests.unit.test_a::test_err", "error", ""),
+        ("tests.unit.test_b::test_sk[1]", "skipped", "needs a hybrid host"),
+        ("tests.unit.test_b::test_xf", "xfail", "known bug"),
+        ("(interrupted test)", "passed", ""),
+    ]
+    assert [c.time for c in cases] == [1.5, 0.2, 0.1, 0.0, 0.3, 4.0]
+
+
+SKIPPED_ONLY = """<testsuites><testsuite name="host" tests="3" failures="0" errors="0"
+skipped="1"><testcase classname="m" name="test_ok" time="1"/>
+<testcase classname="m" name="test_two" time="1"/>
+<testcase classname="m" name="test_sk" time="0">
+<skipped type="pytest.skip" message="systemd-analyze not installed"/></testcase>
+</testsuite></testsuites>"""
+
+
+def test_a_skip_not_on_the_allow_list_fails_the_tier_only_in_ci(tmp_path: Path) -> None:
+    f = _junit(tmp_path, SKIPPED_ONLY)
+    dev = judge_pytest("host", 0, f, 1.0, ci=False, allowed=())
+    assert dev.ok, "a developer's run reports the skip but passes"
+    assert any("would fail it under CI=true" in n for n in dev.notes)
+    ci = judge_pytest("host", 0, f, 1.0, ci=True, allowed=())
+    assert not ci.ok
+    assert any("m::test_sk: systemd-analyze not installed" in n for n in ci.notes)
+    entry = skips.Allowed("host", r"^systemd-analyze not installed", "why")
+    assert judge_pytest("host", 0, f, 1.0, ci=True, allowed=(entry,)).ok
+    other_tier = skips.Allowed("kernel", r"systemd-analyze", "why")
+    assert not judge_pytest("host", 0, f, 1.0, ci=True, allowed=(other_tier,)).ok
+    anywhere = skips.Allowed("*", r"systemd-analyze", "why")
+    assert judge_pytest("host", 0, f, 1.0, ci=True, allowed=(anywhere,)).ok
+
+
+def test_an_xfail_is_judged_like_a_skip(tmp_path: Path) -> None:
+    text = SKIPPED_ONLY.replace('type="pytest.skip"', 'type="pytest.xfail"')
+    res = judge_pytest("host", 0, _junit(tmp_path, text), 1.0, ci=True, allowed=())
+    assert not res.ok
+    assert any("xfail m::test_sk" in n for n in res.notes)
+
+
+def test_the_allow_list_says_why_for_every_entry() -> None:
+    for e in skips.ALLOWED:
+        assert e.tier in (*harness.TIERS, "*"), e
+        assert len(e.why) > 20, f"say why {e.reason!r} is legitimate in CI"
+        re.compile(e.reason)
+    assert skips.is_ci({"CI": "true"}) and skips.is_ci({"CI": "1"})
+    assert not skips.is_ci({}) and not skips.is_ci({"CI": "false"})
+
+
+def test_the_duration_report_lists_the_slowest_15_per_tier() -> None:
+    cases = [Case(f"m::test_{i:02d}", float(i), "passed") for i in range(20)]
+    cases[19] = Case("m::test_19", 19.0, "failed")
+    lint = [Case("ruff check", 1.0), Case("mypy", 30.0)]
+    results = [
+        TierResult("lint", True, 31.0, cases=lint),
+        TierResult("host", False, 200.0, cases=cases),
+        TierResult("kernel", False, 0.0, notes=["not started"]),
+    ]
+    out = format_durations(results, 300.0, phases=[("setup (scripts/setup)", 12.5)], budget=4800)
+    lines = out.splitlines()
+    assert lines[1].split() == ["setup", "(scripts/setup)", "12.5"]
+    assert [ln.split()[:3] for ln in lines[2:5]] == [
+        ["tier", "lint", "31.0"], ["tier", "host", "200.0"], ["tier", "kernel", "0.0"],
+    ]  # fmt: skip
+    assert lines[5].split()[:2] == ["total", "300.0"] and "budget 4800s" in lines[5]
+    host = lines[lines.index("slowest 15 of 20 in tier host:") + 1 :]
+    listed = [ln.split()[1] for ln in host[:15]]
+    assert listed == [f"m::test_{i:02d}" for i in range(19, 4, -1)]
+    assert host[0].endswith("[failed]")
+    assert "m::test_04" not in out
+    assert "slowest 2 of 2 in tier lint:" in out
+    assert out.index("mypy") < out.index("ruff check")
+
+
+def test_start_or_skip_cuts_the_timeout_and_refuses_a_late_tier(tmp_path: Path) -> None:
+    opts = harness.parse_args(["--results", str(tmp_path)])
+    now = time.monotonic()
+    t, res = harness.start_or_skip("kernel", opts, harness.Clock(now + 10_000, 4800))
+    assert res is None and t == harness.TIER_TIMEOUTS["kernel"]
+    t, res = harness.start_or_skip("kernel", opts, harness.Clock(now + 1000, 4800))
+    assert res is None and 0 < t <= 1000
+    t, res = harness.start_or_skip("kernel", opts, harness.Clock(now + 100, 4800))
+    assert res is not None and not res.ok and "not started" in res.notes[0]
+
+
+def test_setup_seconds_from_the_start_stamp() -> None:
+    assert harness.setup_seconds({"GOVERNOR_TEST_STARTED": "1000"}, now=1042.0) == 42.0
+    assert harness.setup_seconds({}, now=5.0) == 0.0
+    assert harness.setup_seconds({"GOVERNOR_TEST_STARTED": "x"}, now=5.0) == 0.0
+    assert harness.setup_seconds({"GOVERNOR_TEST_STARTED": "99"}, now=5.0) == 0.0
+
+
+def test_the_deadline_stops_a_running_tier_skips_the_rest_and_the_summary_prints(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A fake host tier that would run for 10 minutes: the overall deadline stops it; the
+    guest tiers after it are not started; the summary and the duration report still print
+    and the run fails."""
+    _fake_tiers(monkeypatch, parallel=False)
+    monkeypatch.delenv("GOVERNOR_TEST_STARTED", raising=False)
+    monkeypatch.setattr(harness, "MIN_START_S", dict.fromkeys(harness.TIERS, 1.0))
+    monkeypatch.setattr(harness, "INTERRUPT_GRACE_S", 5.0)
+    seen: dict[str, object] = {}
+
+    def hanging_host(opts: harness.Options) -> TierResult:
+        seen["timeout"] = opts.timeout
+        r = harness.run_streamed([sys.executable, "-c", "import time; time.sleep(600)"],
+                                 tmp_path / "host.log", timeout=opts.timeout)  # fmt: skip
+        seen["rc"] = r.rc
+        return judge_pytest("host", r.rc, tmp_path / "none.xml", r.wall)
+
+    monkeypatch.setattr(harness, "tier_host", hanging_host)
+    rc = harness.main(["--deadline", "3", "--results", str(tmp_path / "r")])
+    assert rc == 1
+    assert seen["rc"] is None, "the hanging tier was stopped, not waited for"
+    assert isinstance(seen["timeout"], float) and seen["timeout"] <= 3
+    out = capsys.readouterr().out
+    table = out[out.index("\ntier ") + 1 :]
+    assert [ln.split()[:2] for ln in table.splitlines()[2:6]] == [
+        ["lint", "ok"], ["host", "FAIL"], ["kernel", "FAIL"], ["systemd", "FAIL"],
+    ]  # fmt: skip
+    assert "kernel: not started:" in table and "systemd: not started:" in table
+    assert "cut the tier's timeout" in table
+    assert "durations (wall seconds)" in out
+    assert (tmp_path / "r" / "durations.txt").read_text().startswith("durations")
+    assert "FAIL" in (tmp_path / "r" / "summary.txt").read_text()
+
+
+def test_an_interrupted_pytest_leaves_its_junit_xml(tmp_path: Path) -> None:
+    """What a tier's time limit does to pytest (SIGINT first): it stops and writes the junit
+    xml of what ran, so the report still shows the tier's tests. Synchronised on a file the
+    slow test writes when it starts, not on time."""
+    started = tmp_path / "started"
+    (tmp_path / "test_slow.py").write_text(
+        "import pathlib, time\n"
+        "def test_fast() -> None:\n    pass\n"
+        f"def test_slow() -> None:\n    pathlib.Path({str(started)!r}).touch()\n"
+        "    time.sleep(600)\n"
+    )
+    junit = tmp_path / "j.xml"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "no:randomly",
+         f"--junitxml={junit}", "--rootdir", str(tmp_path), str(tmp_path / "test_slow.py")],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
+        cwd=tmp_path,
+    )  # fmt: skip
+    try:
+        for _ in range(1200):
+            if started.exists() or proc.poll() is not None:
+                break
+            time.sleep(0.1)
+        assert started.exists(), "the slow test never started"
+    finally:
+        harness._kill_group(proc, grace=30.0)
+    cases = parse_cases(junit)
+    assert ("test_slow::test_fast", "passed") in [(c.id, c.outcome) for c in cases]
+
+
+def test_guest_script_stops_pytest_before_the_host_kills_the_guest() -> None:
+    s = harness.guest_script("kernel", "/res", [], environ={}, budget=600)
+    assert "timeout --signal=INT --kill-after=30 600 " in s
+    assert "timeout --signal" not in harness.guest_script("kernel", "/res", [], environ={})
+    subprocess.run(["bash", "-n", "-c", s], check=True)
+
+
+def test_full_selects_the_full_tests_with_larger_limits(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    monkeypatch.delenv("GOVERNOR_TEST_FULL", raising=False)
+    monkeypatch.delenv("GOVERNOR_VM_TIMEOUT", raising=False)
+    monkeypatch.delenv("GOVERNOR_TEST_DEADLINE", raising=False)
+    default = harness.parse_args([])
+    full = harness.parse_args(["--full"])
+    assert not default.full and full.full
+    assert default.deadline == harness.DEADLINE_S < 90 * 60
+    assert full.deadline == harness.FULL_DEADLINE_S
+    assert full.timeouts["kernel"] > default.timeouts["kernel"]
+    assert full.memory_mib == harness.FULL_GUEST_MEMORY_MIB
+    argv = harness.guest_pytest_argv("kernel", "/r", [])
+    assert argv[argv.index("-m", argv.index("pytest")) + 1] == "kernel and not full"
+    assert f"--timeout={harness.GUEST_TEST_TIMEOUT_S}" in argv
+    fargv = harness.guest_pytest_argv("kernel", "/r", [], full=True)
+    assert fargv[fargv.index("-m", fargv.index("pytest")) + 1] == "kernel"
+    assert f"--timeout={harness.FULL_GUEST_TEST_TIMEOUT_S}" in fargv
+    env = {"GOVERNOR_TEST_FULL": "1"}
+    assert "GOVERNOR_TEST_FULL" not in harness.guest_script("kernel", "/r", [], environ=env)
+    assert "export GOVERNOR_TEST_FULL=1\n" in harness.guest_script(
+        "kernel", "/r", [], environ={}, full=True
+    )
+    assert harness.parse_args(["--timeout", "77"]).timeouts == dict.fromkeys(harness.TIERS, 77)
+    monkeypatch.setenv("GOVERNOR_TEST_FULL", "1")
+    assert harness.parse_args([]).full
+
+
+def test_per_tier_limits_stay_inside_the_deadline_and_per_test_limits_inside_the_tier() -> None:
+    for table in (harness.TIER_TIMEOUTS, harness.FULL_TIER_TIMEOUTS):
+        assert set(table) == set(harness.TIERS)
+    assert max(harness.TIER_TIMEOUTS.values()) < harness.DEADLINE_S
+    # "well below": a test may take at most two thirds of its tier's pytest time
+    for tier in harness.GUEST_TIERS:
+        guest_pytest = harness.TIER_TIMEOUTS[tier] - harness.GUEST_OVERHEAD_S
+        assert guest_pytest * 2 / 3 >= harness.GUEST_TEST_TIMEOUT_S
+        full_pytest = harness.FULL_TIER_TIMEOUTS[tier] - harness.GUEST_OVERHEAD_S
+        assert full_pytest * 2 / 3 >= harness.FULL_GUEST_TEST_TIMEOUT_S
+    assert harness.TIER_TIMEOUTS["host"] * 2 / 3 >= harness.HOST_TEST_TIMEOUT_S
+
+
+def test_default_runs_deselect_full_tests_so_they_are_not_skips(tmp_path: Path) -> None:
+    """The marker expression of a default run leaves the `full` tests out of the junit xml
+    altogether (not counted as skipped); --full's expression runs them."""
+    (tmp_path / "test_m.py").write_text(
+        "import pytest\n"
+        "@pytest.mark.kernel\ndef test_small() -> None:\n    pass\n"
+        "@pytest.mark.kernel\n@pytest.mark.full\ndef test_big() -> None:\n    pass\n"
+    )
+    (tmp_path / "pytest.ini").write_text("[pytest]\nmarkers =\n    kernel: k\n    full: f\n")
+    for full, want in ((False, ["test_small"]), (True, ["test_small", "test_big"])):
+        junit = tmp_path / f"j{full}.xml"
+        subprocess.run(
+            [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--strict-markers",
+             "-m", harness.markexpr("kernel", full), f"--junitxml={junit}", "test_m.py"],
+            cwd=tmp_path, check=True, capture_output=True,
+        )  # fmt: skip
+        assert [c.id.split("::")[1] for c in parse_cases(junit)] == want
+        assert parse_junit(junit).skipped == 0
