@@ -1,30 +1,78 @@
 """Bad input, generated: whatever a policy, a value, a GGUF header or an engine argv holds, the
 governor answers with its own error (the documented exit code, one line, a hint) and never a
-traceback. Bounded example counts keep the host tier fast; the shapes come from the hostile
-inputs of issue 14 (huge numbers, NUL, control characters, deep nesting, wrong types).
+traceback.
+
+The generators write mostly WELL-FORMED but hostile input (small counts with matching payloads,
+values at the kernel's limits, unknown keys, `extends` chains, nesting), so that most examples
+get past the first check and reach the code behind it: most GGUF headers parse and go on to the
+memory estimate, most policies pass the loader and reach the compiler. Each test counts how far
+its examples got, prints one line (`-s`, and the terminal summary of tests/unit/conftest.py)
+and asserts a floor, so a generator that drifts back to junk fails instead of passing quietly.
+
+Replay: the hypothesis profile comes from tests/unit/conftest.py ("ci", derandomized, when
+CI=true; otherwise "dev"); a failure prints a @reproduce_failure blob.
 
 Needs: the host fixtures; the GGUF cases need the `gguf` package.
 """
 
 from __future__ import annotations
 
+import collections
 import os
+import re
 import struct
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
 from governor.engines.llama import EngineArgvError, parse_llama_argv
-from governor.errors import GovernorError, PolicyError
-from governor.plan.compiler import compile_plan
-from governor.plan.host import probe
-from governor.policy.loader import load_text
+from governor.engines.preflight import engine_args
+from governor.errors import GovernorError
+from governor.plan.compiler import Workload, compile_plan
+from governor.plan.host import HostFacts, probe
+from governor.plan.render import plan_table
+from governor.policy.loader import load, load_text
 
 HOSTS = Path(__file__).resolve().parents[1] / "fixtures" / "hosts"
-RK3588 = probe(HOSTS / "rk3588")
+# the board the policies are written for (the simplest draw), and hosts that reach the host
+# checks: no big/LITTLE, no PSI and no memory controller, controllers held by cgroup v1
+# (old-big-little has no cgroup2 mount: every policy would stop at the compiler's first line)
+HOST_NAMES = ("rk3588", "rk3588", "rk3588", "cgroup2-full", "no-psi", "hybrid-host")
+_HOSTS: dict[str, HostFacts] = {}
+
+
+def _host(name: str) -> HostFacts:
+    if name not in _HOSTS:
+        _HOSTS[name] = probe(HOSTS / name)
+    return _HOSTS[name]
+
+
+Reach = collections.Counter[str]
+
+
+def _check_error(err: GovernorError, codes: tuple[int, ...]) -> None:
+    """What a user sees: `governor: <one line>` and `hint: <one line>`, a documented code."""
+    assert err.exit_code in codes, (err.exit_code, str(err))
+    assert "\n" not in str(err) and str(err).strip(), repr(str(err))
+    assert err.hint and "\n" not in err.hint, (str(err), err.hint)
+    assert "Traceback" not in str(err)
+
+
+def _fraction(reach: Reach, stage: str) -> float:
+    return reach[stage] / max(1, reach["examples"])
+
+
+def _summary(what: str, reach: Reach, stages: tuple[str, ...]) -> str:
+    parts = [f"{s} {reach[s]}/{reach['examples']} ({_fraction(reach, s):.0%})" for s in stages]
+    return f"fuzz reach, {what}: " + ", ".join(parts)
+
+
+# ---------------------------------------------------------------- hostile scalars
 
 # values as hostile as the ones that broke things: bounds, digits, NUL, newlines, wrong types
 _NUMBERS = st.one_of(
@@ -65,16 +113,326 @@ _TEXTS = st.one_of(
         ]
     ),
 )
-_VALUES = st.one_of(_NUMBERS, _TEXTS, st.booleans(), st.floats(allow_nan=True), st.none())
-_KEYS = {
-    "memory": ["min", "low", "high", "max", "swap_max", "oom_group"],
-    "cpu": ["cpus", "weight", "max"],
-    "io": ["weight"],
-    "pids": ["max"],
-    "process": ["user", "group", "oom_score_adj", "nice", "memlock", "on_governor_exit"],
-    "engine": ["kind", "max_context_tokens", "threads"],
-    "prefetch": ["mode", "files"],
+_VALUES = st.one_of(
+    _NUMBERS,
+    _TEXTS,
+    st.booleans(),
+    st.floats(allow_nan=True),
+    st.none(),
+    st.lists(_TEXTS, max_size=3),
+)
+
+
+# Hypothesis draws the simplest choice (0, the first item) far more often than its share,
+# especially late in a large example: the simplest choice is always the well-formed branch, and
+# a hostile branch sits at the high end (it also shrinks towards well-formed input).
+_PERCENT = st.integers(0, 99)
+
+
+def _usually(draw: st.DrawFn, percent: int) -> bool:
+    """True in about ``percent`` % of examples (and when the draw is the simplest)."""
+    return draw(_PERCENT) < percent
+
+
+def _rarely(draw: st.DrawFn, percent: int) -> bool:
+    """True in about ``percent`` % of examples (never when the draw is the simplest)."""
+    return not _usually(draw, 100 - percent)
+
+
+# ---------------------------------------------------------------- policy values near the limits
+
+_UNITS = {"": 1, "B": 1, "K": 1 << 10, "KiB": 1 << 10, "M": 1 << 20, "MiB": 1 << 20,
+          "G": 1 << 30, "GiB": 1 << 30, "T": 1 << 40, "TiB": 1 << 40}  # fmt: skip
+SIZE_MAX_BYTES = (1 << 63) - 1  # the kernel's page counter: LONG_MAX bytes
+
+
+@st.composite
+def _byte_size(draw: st.DrawFn) -> tuple[object, int]:
+    """A size in bytes as a policy writes it, with its byte value (limits included)."""
+    edge = draw(st.integers(0, 9))
+    if edge == 9:
+        n = draw(st.sampled_from([0, 1, 4095, 4096, SIZE_MAX_BYTES, SIZE_MAX_BYTES + 1]))
+        return n, n
+    if edge == 8:  # the largest that fits, and the first that does not
+        text = draw(st.sampled_from(["8388607T", "8388608T", "8589934591G", "8589934592GiB"]))
+        num, unit = re.fullmatch(r"([0-9]+)(\D*)", text).groups()  # type: ignore[union-attr]
+        return text, int(num) * _UNITS[unit]
+    unit = draw(st.sampled_from(sorted(_UNITS)))
+    num = draw(st.integers(1, 4096))
+    if draw(st.booleans()):
+        frac = draw(st.integers(1, 99))
+        return f"{num}.{frac:02d}{unit}", (num * 100 + frac) * _UNITS[unit] // 100
+    if unit == "" and draw(st.booleans()):
+        return num * 4096, num * 4096  # an integer of bytes
+    return f"{num}{unit}", num * _UNITS[unit]
+
+
+_SIZE = _byte_size()
+_SIZE_TEXT = _SIZE.map(lambda s: s[0])
+
+
+def _percent(draw: st.DrawFn) -> tuple[str, float]:
+    pct = draw(st.sampled_from(["0.01", "0.5", "1", "10", "50", "70", "99.99", "100"]))
+    return f"{pct}%", float(pct)
+
+
+_DURATION_UNITS = {"us": 1, "ms": 1000, "s": 10**6, "m": 60 * 10**6, "h": 3600 * 10**6}
+
+
+@st.composite
+def _duration(draw: st.DrawFn, lo_us: int = 1, hi_us: int = 366 * 86400 * 10**6) -> str:
+    """A duration between lo_us and hi_us (a year: the governor's cap), in some unit."""
+    if _rarely(draw, 15):
+        edge = draw(st.sampled_from([lo_us, hi_us]))
+        return f"{edge}us" if edge % 1000 else f"{edge // 1000}ms"
+    unit = draw(st.sampled_from(sorted(_DURATION_UNITS)))
+    mult = _DURATION_UNITS[unit]
+    lo, hi = -(-lo_us // mult), hi_us // mult
+    assume(lo <= hi)
+    return f"{draw(st.integers(lo, min(hi, lo + 5000)))}{unit}"
+
+
+_DURATION = _duration()
+
+
+@st.composite
+def _memory_section(draw: st.DrawFn) -> dict[str, object]:
+    """min <= low <= high <= max as the loader demands (bytes among bytes, percent among
+    percent, "max" last); bytes against percent is left for the compiler to resolve."""
+    out: dict[str, object] = {}
+    keys = [k for k in ("min", "low", "high", "max") if draw(st.booleans())]
+    sizes = sorted(draw(st.lists(_SIZE, min_size=len(keys), max_size=len(keys))),
+                   key=lambda s: s[1])  # fmt: skip
+    pcts = sorted((_percent(draw) for _ in keys), key=lambda p: p[1])
+    seen_max = False
+    for i, key in enumerate(keys):
+        kind = draw(st.integers(0, 9))
+        if seen_max or (kind == 0 and i == len(keys) - 1):
+            out[key], seen_max = "max", True
+        elif kind <= 2:
+            out[key] = pcts[i][0]
+        elif kind == 3 and key in ("min", "low"):
+            out[key] = "model"
+        else:
+            out[key] = sizes[i][0]
+    if draw(st.booleans()):
+        out["swap_max"] = draw(st.one_of(st.just("0"), st.just("max"), _SIZE_TEXT))
+    if draw(st.booleans()):
+        out["oom_group"] = draw(st.booleans())
+    return out
+
+
+_CPU_LISTS = ["big", "little", "all", "0", "7", "0-3", "4-7", "0-7", "0-3,6", "4-5,7", "0,2,4,6",
+              "8", "0-8191", "8191", "3-1"]  # fmt: skip
+
+
+@st.composite
+def _cpu_section(draw: st.DrawFn) -> dict[str, object]:
+    out: dict[str, object] = {}
+    if draw(st.booleans()):
+        if draw(st.booleans()):
+            out["cpus"] = draw(st.sampled_from(_CPU_LISTS))
+        else:  # a generated list of CPUs 0..7 (rk3588 has 8)
+            cpus = sorted(draw(st.sets(st.integers(0, 7), min_size=1, max_size=8)))
+            out["cpus"] = ",".join(map(str, cpus))
+    if draw(st.booleans()):
+        out["weight"] = draw(st.one_of(st.integers(1, 10000), st.sampled_from([1, 100, 10000])))
+    if draw(st.booleans()):
+        # 1% is the kernel's 1 ms quota minimum; 17592186044% its max_cfs_runtime
+        out["max"] = draw(
+            st.one_of(
+                st.sampled_from(["max", "1%", "1.0%", "17592186044%", "17592186045%", "0.99%"]),
+                st.integers(1, 800).map(lambda n: f"{n}%"),
+            )
+        )
+    return out
+
+
+_NAME = st.from_regex(r"[a-z0-9][a-z0-9_-]{0,20}", fullmatch=True)
+_ACCOUNT = st.sampled_from(["root", "llm", "nobody", "_svc", "a" * 32, "a" * 33, "x$", "ünï"])
+_ENV_NAME = st.from_regex(r"[A-Za-z_][A-Za-z0-9_]{0,10}", fullmatch=True)
+
+
+@st.composite
+def _process_section(draw: st.DrawFn) -> dict[str, object]:
+    out: dict[str, object] = {}
+    if draw(st.booleans()):
+        out["user"] = draw(_ACCOUNT)
+    if _usually(draw, 30):
+        out["group"] = draw(_ACCOUNT)
+    if draw(st.booleans()):
+        out["oom_score_adj"] = draw(
+            st.one_of(st.integers(-1000, 1000), st.sampled_from([-1000, 1000]))
+        )
+    if draw(st.booleans()):
+        out["nice"] = draw(st.integers(-20, 19))
+    if draw(st.booleans()):
+        out["memlock"] = draw(st.one_of(st.sampled_from(["model", "unlimited"]), _SIZE_TEXT))
+    if _usually(draw, 30):
+        out["env"] = draw(st.dictionaries(_ENV_NAME, st.text(max_size=8), max_size=3))
+    if draw(st.booleans()):
+        out["on_governor_exit"] = draw(st.sampled_from(["kill", "keep"]))
+    if _usually(draw, 30):
+        out["restart_max"] = draw(st.integers(0, 10))
+    if _usually(draw, 30):
+        out["restart_backoff"] = draw(_DURATION)
+    return out
+
+
+@st.composite
+def _trigger(draw: st.DrawFn) -> str:
+    kind = draw(st.integers(0, 9))
+    if kind <= 4:  # PSI: window 500ms..10s, stall <= window
+        window_us = draw(st.sampled_from([500_000, 1_000_000, 2_000_000, 10_000_000]))
+        window = draw(_duration(window_us, window_us))
+        stall = draw(_duration(1, window_us))
+        res = draw(st.sampled_from(["memory", "cpu", "io"]))
+        full = draw(st.sampled_from(["some", "full"]))
+        scope = "system " if draw(st.booleans()) or (res, full) == ("cpu", "full") else ""
+        return f"{scope}{res} {full} {stall}/{window}"
+    if kind <= 6:
+        num, unit = draw(st.integers(1, 9999)), draw(st.sampled_from(["K", "KB", "kB", "MiB", "M"]))
+        return f"leak > {num}{unit}/s for {draw(_duration(10_000_000))}"
+    if kind == 7:
+        size = draw(_SIZE_TEXT)
+        return f"memavailable < {size}"
+    return draw(st.sampled_from(["oom_kill", "oom_group_kill", "oom", "max", "high"]))
+
+
+_TRIGGER = _trigger()
+_SIGNALS = ["SIGUSR1", "USR2", "SIGTERM", "SIGINT", "SIGHUP", "SIGKILL", "SIGRTMIN", "SIGSTOP"]
+_SETTABLE = ["memory.min", "memory.low", "memory.high", "memory.max", "memory.swap.max",
+             "cpu.weight", "cpu.max"]  # fmt: skip
+
+
+@st.composite
+def _action(draw: st.DrawFn) -> str:
+    verb = draw(st.sampled_from(["log", "thaw", "kill", "restart", "signal", "reclaim", "set",
+                                 "freeze", "exec"]))  # fmt: skip
+    if verb == "signal":
+        return f"signal {draw(st.sampled_from(_SIGNALS))}"
+    if verb == "reclaim":
+        return f"reclaim {draw(_SIZE_TEXT)}"
+    if verb == "freeze":
+        return f"freeze {draw(_DURATION)}"
+    if verb == "exec":
+        word = st.text(st.characters(codec="utf-8", exclude_characters="\x00"), max_size=6)
+        argv = draw(st.lists(word, min_size=1, max_size=3))
+        return "exec /bin/echo " + " ".join(f"'{w}'" if "'" not in w else w for w in argv)
+    if verb == "set":
+        file = draw(st.sampled_from(_SETTABLE))
+        if file == "cpu.weight":
+            value = str(draw(st.integers(1, 10000)))
+        elif file == "cpu.max":
+            value = draw(st.sampled_from(["max", "1%", "350%", "17592186044%"]))
+        elif draw(st.booleans()):
+            value = draw(st.sampled_from(["+10%", "-10%", "-99.9%", "+1000%", "+0.01%"]))
+        else:
+            value = draw(st.one_of(st.just("max"), _SIZE_TEXT.map(str)))
+        return f"set {file} {value}"
+    return verb
+
+
+_ACTION = _action()
+
+
+@st.composite
+def _pressure_rule(draw: st.DrawFn) -> dict[str, object]:
+    rule: dict[str, object] = {"when": draw(_TRIGGER)}
+    if draw(st.booleans()):
+        rule["for"] = draw(_DURATION)
+    rule["do"] = draw(st.lists(_ACTION, min_size=1, max_size=3))
+    if draw(st.booleans()):
+        rule["cooldown"] = draw(_DURATION)
+    return rule
+
+
+_RULE = _pressure_rule()
+_SECTIONS: dict[str, st.SearchStrategy[Any]] = {
+    "memory": _memory_section(),
+    "cpu": _cpu_section(),
+    "process": _process_section(),
+    "io": st.fixed_dictionaries({"weight": st.integers(1, 10000)}),
+    "pids": st.fixed_dictionaries(
+        {"max": st.one_of(st.just("max"), st.integers(1, 4194304), st.just(4194304))}
+    ),
+    "engine": st.fixed_dictionaries(
+        {},
+        optional={
+            "kind": st.sampled_from(["llama.cpp", "generic"]),
+            "max_context_tokens": st.integers(1, 2**31),
+            "threads": st.integers(1, 64),
+        },
+    ),
+    "prefetch": st.fixed_dictionaries(
+        {},
+        optional={
+            "mode": st.sampled_from(["none", "advise", "populate", "lock"]),
+            "files": st.one_of(
+                st.just("auto"), st.lists(st.sampled_from(["*.gguf", "/m/q.gguf"]), min_size=1)
+            ),
+        },
+    ),
 }
+_SECTION_NAMES = st.lists(st.sampled_from(sorted(_SECTIONS)), max_size=7, unique=True)
+_SLICES = ["governor.slice", "llm.slice", "a-b.slice", "gov_1:x.slice", "x" * 249 + ".slice"]
+
+
+@st.composite
+def _policy_doc(draw: st.DrawFn) -> dict[str, Any]:
+    """A policy as a dict (what the TOML will hold): valid structure and values near limits."""
+    doc: dict[str, Any] = {"name": draw(_NAME)}
+    if _usually(draw, 30):
+        doc["description"] = draw(st.text(max_size=20))
+    if _usually(draw, 20):
+        doc["slice"] = draw(st.sampled_from(_SLICES))
+    for name in draw(_SECTION_NAMES):
+        doc[name] = draw(_SECTIONS[name])
+    rules = draw(st.lists(_RULE, max_size=4))
+    if rules:
+        doc["pressure"] = rules
+    return doc
+
+
+_UNKNOWN_KEYS = ["colour", "memory_max", "Max", "max ", "oom_kill_disable", "swap", "for_",
+                 "ünï", ""]  # fmt: skip
+
+
+@st.composite
+def _hostile(draw: st.DrawFn, doc: dict[str, Any]) -> dict[str, Any]:
+    """One hostile change in a few examples: an unknown key, a wrong-typed or out-of-range
+    value, a nested table, a bad name, nesting past the loader's limit."""
+    what = 99 - draw(st.integers(0, 99))  # 99: the simplest draw, no change
+    tables = [k for k, v in doc.items() if isinstance(v, dict)]
+    if what < 5:  # an unknown key, at the top or in a section
+        in_section = bool(tables) and draw(st.booleans())
+        where = doc[draw(st.sampled_from(tables))] if in_section else doc
+        where[draw(st.sampled_from(_UNKNOWN_KEYS))] = draw(_VALUES)
+    elif what < 12:  # a hostile value where a good one was
+        if tables:
+            table = doc[draw(st.sampled_from(tables))]
+            if table:
+                table[draw(st.sampled_from(sorted(table)))] = draw(_VALUES)
+        elif doc.get("pressure"):
+            doc["pressure"][0][draw(st.sampled_from(sorted(doc["pressure"][0])))] = draw(_VALUES)
+    elif what < 14:  # a table where a value belongs
+        if tables:
+            table = doc[draw(st.sampled_from(tables))]
+            table[draw(st.sampled_from(sorted(table) or ["x"]))] = {"x": draw(_VALUES)}
+    elif what < 17:  # a name no cgroup or unit may carry
+        doc["name"] = draw(st.sampled_from(["A", "a" * 80, "n\x00", "", "-x", "a/b", ".."]))
+    elif what < 19:  # nesting deeper than the loader's limit (8), or just at it
+        depth = draw(st.integers(6, 12))
+        node: dict[str, Any] = {}
+        doc["memory" if draw(st.booleans()) else "deep"] = node
+        for _ in range(depth):
+            node["n"] = {}
+            node = node["n"]
+    return doc
+
+
+def _key(key: str) -> str:
+    return key if re.fullmatch(r"[A-Za-z0-9_-]+", key) else _toml(key)
 
 
 def _toml(value: object) -> str:
@@ -86,98 +444,341 @@ def _toml(value: object) -> str:
         return str(value)
     if isinstance(value, float):
         return {"nan": "nan", "inf": "inf", "-inf": "-inf"}.get(str(value), repr(value))
+    if isinstance(value, list | tuple):
+        return "[" + ", ".join(_toml(v) for v in value) + "]"
+    if isinstance(value, dict):
+        return "{" + ", ".join(f"{_key(k)} = {_toml(v)}" for k, v in value.items()) + "}"
     text = str(value)
     return '"' + "".join(c if c.isprintable() and c not in '"\\' else f"\\u{ord(c):04x}"
                          for c in text) + '"'  # fmt: skip
 
 
-@st.composite
-def _policies(draw: st.DrawFn) -> str:
-    name = draw(st.sampled_from(["x", "ok-1", "A", "a" * 80, "n\x00"]))
-    lines = [f"name = {_toml(name)}"]
-    for section in draw(st.lists(st.sampled_from(sorted(_KEYS)), max_size=4, unique=True)):
-        lines.append(f"[{section}]")
-        for key in draw(st.lists(st.sampled_from(_KEYS[section]), max_size=3, unique=True)):
-            lines.append(f"{key} = {_toml(draw(_VALUES))}")
-    for _ in range(draw(st.integers(0, 2))):
-        lines += [
-            "[[pressure]]",
-            f"when = {_toml(draw(_TEXTS))}",
-            f"do = [{_toml(draw(_TEXTS))}]",
-            f"cooldown = {_toml(draw(_TEXTS))}",
-        ]
+def _dump(doc: dict[str, Any]) -> str:
+    """TOML text of a policy dict: scalars first, then [tables], then [[pressure]]."""
+    lines = [f"{_key(k)} = {_toml(v)}" for k, v in doc.items() if not isinstance(v, dict)
+             and k != "pressure"]  # fmt: skip
+    if isinstance(doc.get("pressure"), dict):
+        lines.append(f"pressure = {_toml(doc['pressure'])}")
+    for name, table in doc.items():
+        if isinstance(table, dict):
+            lines.append(f"[{_key(name)}]")
+            lines += [f"{_key(k)} = {_toml(v)}" for k, v in table.items()]
+    if isinstance(doc.get("pressure"), list):
+        for rule in doc["pressure"]:
+            if isinstance(rule, dict):
+                lines.append("[[pressure]]")
+                lines += [f"{_key(k)} = {_toml(v)}" for k, v in rule.items()]
     return "\n".join(lines) + "\n"
 
 
-@settings(max_examples=400, deadline=None)
-@given(_policies())
-def test_any_policy_loads_and_compiles_or_gives_one_governor_error(text: str) -> None:
-    try:
-        policy = load_text(text, source="fuzz.toml")
-    except PolicyError as err:
-        assert err.exit_code == 65
-        assert "\n" not in str(err) and err.hint
-        return
-    try:
-        compile_plan(policy, RK3588)
-    except GovernorError as err:
-        assert err.exit_code in (2, 65, 66, 69, 71, 77)
-        assert "\n" not in str(err) and err.hint
+@st.composite
+def _policy_files(draw: st.DrawFn) -> tuple[str, list[tuple[str, str]]]:
+    """(text, chain): a policy and, in some examples, the `extends` chain it is split into:
+    [(file name, TOML text)], the first one loaded. Keys are spread over the chain so that the
+    merged policy is the generated one; a few chains are hostile (cycle, missing, too deep)."""
+    doc = draw(_hostile(draw(_policy_doc())))
+    text = _dump(doc)
+    if _usually(draw, 60):
+        return text, []
+    depth = draw(st.integers(1, 3))
+    files: list[dict[str, Any]] = [{"name": doc.get("name")}] + [{} for _ in range(depth)]
+    for key, value in doc.items():
+        if key == "name":
+            continue
+        if isinstance(value, dict):
+            for k, v in value.items():
+                files[draw(st.integers(0, depth))].setdefault(key, {})[k] = v
+        else:
+            files[draw(st.integers(0, depth))][key] = value
+    names = [f"p{i}.toml" for i in range(depth + 1)]
+    refs: list[object] = [*names[1:], None]
+    trouble = 99 - draw(st.integers(0, 99))  # 99: the simplest draw, a good chain
+    if trouble < 3:
+        refs[-1] = names[0]  # a cycle back to the first
+    elif trouble < 6:
+        refs[draw(st.integers(0, depth))] = draw(
+            st.sampled_from(["missing.toml", "../nope.toml", "x\x00y.toml", 7, ".", ""])
+        )
+    elif trouble < 8:  # deeper than the loader's 8
+        refs = [f"p{i}.toml" for i in range(1, 10)] + [None]
+        names = [f"p{i}.toml" for i in range(10)]
+        files += [{} for _ in range(10 - len(files))]
+    chain = []
+    for i, name in enumerate(names):
+        head = {"extends": refs[i]} if refs[i] is not None else {}
+        chain.append((name, _dump({**head, **files[i]})))
+    return text, chain
 
+
+@st.composite
+def _policy_case(draw: st.DrawFn) -> tuple[str, list[tuple[str, str]], str, int | None]:
+    text, chain = draw(_policy_files())
+    host = draw(st.sampled_from(HOST_NAMES))
+    model = draw(st.one_of(st.none(), st.integers(1, 2**40), st.just(SIZE_MAX_BYTES)))
+    return text, chain, host, model
+
+
+def test_any_policy_loads_and_compiles_or_gives_one_governor_error(
+    tmp_path: Path, report_reach: Callable[[str], None]
+) -> None:
+    reach: Reach = collections.Counter()
+
+    @settings(max_examples=400)
+    @given(_policy_case())
+    def run(case: tuple[str, list[tuple[str, str]], str, int | None]) -> None:
+        text, chain, host, model = case
+        reach["examples"] += 1
+        try:
+            if chain:
+                for old in tmp_path.iterdir():
+                    old.unlink()
+                for name, body in chain:
+                    (tmp_path / name).write_text(body)
+                policy = load(tmp_path / chain[0][0], euid=0)
+            else:
+                policy = load_text(text, source="fuzz.toml")
+        except GovernorError as err:
+            _check_error(err, (65, 66))
+            return
+        reach["loader ok"] += 1
+        try:
+            plan = compile_plan(
+                policy, _host(host), workload=Workload(model_bytes=model), source="fuzz.toml"
+            )
+        except GovernorError as err:
+            _check_error(err, (2, 65, 66, 69, 71, 77))
+            return
+        reach["compiler ok"] += 1
+        assert plan_table(plan)
+        assert type(plan).from_json(plan.to_json()) == plan
+
+    run()
+    report_reach(_summary("policies", reach, ("loader ok", "compiler ok")))
+    assert _fraction(reach, "loader ok") >= 0.5, "most policies must reach the compiler"
+    assert _fraction(reach, "compiler ok") >= 0.3, "many policies must compile"
+
+
+# ---------------------------------------------------------------- engine argv
 
 _ARGV_WORDS = st.one_of(
     st.sampled_from(["-m", "--model", "-c", "--ctx-size", "-t", "-b", "-ub", "-ctk", "-ctv",
-                     "-nr", "--no-repack", "--mlock", "--no-mmap", "-ngl", "--", "-fa"]),
+                     "-nr", "--no-repack", "--mlock", "--no-mmap", "-ngl", "--", "-fa", "-lm",
+                     "--ctx-size=", "--model=m.gguf", "-p"]),
     st.text(max_size=12),
     _NUMBERS.map(str),
-    st.sampled_from(["x-00001-of-00000.gguf", "m-00002-of-00001.gguf", "9" * 400, "-5", "q.gguf"]),
+    st.sampled_from(["x-00001-of-00000.gguf", "m-00002-of-00001.gguf", "m-00001-of-00003.gguf",
+                     "9" * 400, "-5", "q.gguf", str(2**31 - 1), str(2**31), "0"]),
 )  # fmt: skip
 
 
-@settings(max_examples=500, deadline=None)
-@given(st.lists(_ARGV_WORDS, max_size=12))
-def test_any_engine_argv_parses_or_gives_an_argv_error(words: list[str]) -> None:
-    try:
-        parse_llama_argv(["llama-cli", *words])
-    except EngineArgvError as err:
-        assert len(str(err)) < 300
-
-
-def _header(n_tensors: int, kvs: list[tuple[str, int, bytes]]) -> bytes:
-    out = b"GGUF" + struct.pack("<IQQ", 3, n_tensors, len(kvs))
-    for key, vtype, payload in kvs:
-        out += struct.pack("<Q", len(key)) + key.encode() + struct.pack("<I", vtype) + payload
-    return out
-
-
-@settings(
-    max_examples=300, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
-)
-@given(
-    st.integers(0, 2**64 - 1),
-    st.lists(
-        st.tuples(st.text(max_size=8), st.integers(0, 15), st.binary(max_size=24)), max_size=4
-    ),
-    st.binary(max_size=64),
-)
-def test_any_gguf_header_reads_or_gives_a_policy_error(
-    n_tensors: int, kvs: list[tuple[str, int, bytes]], tail: bytes
+def test_any_engine_argv_parses_or_gives_an_argv_error(
+    report_reach: Callable[[str], None],
 ) -> None:
-    pytest.importorskip("gguf")
+    reach: Reach = collections.Counter()
+
+    @settings(max_examples=500)
+    @given(st.lists(_ARGV_WORDS, max_size=12), st.one_of(st.none(), st.integers(1, 8192)))
+    def run(words: list[str], cap: int | None) -> None:
+        reach["examples"] += 1
+        argv = ["llama-cli", *words]
+        try:
+            parse_llama_argv(argv)
+        except EngineArgvError as err:
+            assert len(str(err)) < 300 and "\n" not in str(err), str(err)
+        else:
+            reach["parsed"] += 1
+        # what a user sees: the preflight of launch/check turns it into a PolicyError (65)
+        try:
+            engine_args("llama.cpp", cap, argv)
+        except GovernorError as err:
+            _check_error(err, (65,))
+            return
+        reach["preflight ok"] += 1
+
+    run()
+    report_reach(_summary("engine argv", reach, ("parsed", "preflight ok")))
+    assert _fraction(reach, "parsed") >= 0.3, "many argvs must be read to the end"
+
+
+# ---------------------------------------------------------------- GGUF headers
+
+_U8, _I8, _U16, _I16, _U32, _I32, _F32, _BOOL, _STR, _ARR, _U64, _I64, _F64 = range(13)
+_FMT = {_U8: "<B", _I8: "<b", _U16: "<H", _I16: "<h", _U32: "<I", _I32: "<i", _F32: "<f",
+        _BOOL: "<?", _U64: "<Q", _I64: "<q", _F64: "<d"}  # fmt: skip
+_INT_TYPES = (_U8, _U16, _U32, _U64, _I8, _I16, _I32, _I64)
+
+
+def _gstr(text: bytes) -> bytes:
+    return struct.pack("<Q", len(text)) + text
+
+
+def _int_range(vtype: int) -> tuple[int, int]:
+    bits = struct.calcsize(_FMT[vtype]) * 8
+    return (-(1 << (bits - 1)), (1 << (bits - 1)) - 1) if vtype in (_I8, _I16, _I32, _I64) else (
+        0, (1 << bits) - 1)  # fmt: skip
+
+
+@st.composite
+def _gint(draw: st.DrawFn, lo: int = 1, hi: int = 4096, edge: bool = False) -> tuple[int, bytes]:
+    """An integer in [lo, hi] in any integer type that holds it; with ``edge``, the type's
+    bounds, 0 or -1 instead."""
+    vtype = draw(st.sampled_from([t for t in _INT_TYPES if _int_range(t)[1] >= lo]))
+    tlo, thi = _int_range(vtype)
+    if edge:
+        n = draw(st.sampled_from([tlo, thi, 0, -1 if tlo else 0]))
+    else:
+        n = draw(st.integers(max(lo, tlo), min(hi, thi)))
+    return vtype, struct.pack(_FMT[vtype], n)
+
+
+@st.composite
+def _gvalue(draw: st.DrawFn, depth: int = 0, max_depth: int = 3) -> tuple[int, bytes]:
+    """Any GGUF value with a matching payload; arrays of scalars, strings and arrays."""
+    kinds = [*_FMT, _STR, _ARR] if depth < max_depth else [*_FMT, _STR]
+    vtype = draw(st.sampled_from(kinds))
+    if vtype in _FMT:
+        if vtype in (_F32, _F64):
+            return vtype, struct.pack(
+                _FMT[vtype], draw(st.floats(width=32 if vtype == _F32 else 64))
+            )
+        if vtype == _BOOL:
+            return vtype, struct.pack("<?", draw(st.booleans()))
+        lo, hi = _int_range(vtype)
+        return vtype, struct.pack(_FMT[vtype], draw(st.integers(lo, hi)))
+    if vtype == _STR:
+        return vtype, _gstr(draw(st.binary(max_size=12)))
+    items = [draw(_gvalue(depth + 1, max_depth)) for _ in range(draw(st.integers(0, 3)))]
+    itype = items[0][0] if items else draw(st.sampled_from([*_FMT, _STR]))
+    items = [i for i in items if i[0] == itype]
+    return _ARR, struct.pack("<IQ", itype, len(items)) + b"".join(p for _, p in items)
+
+
+# one flaw in about a fifth of the files (none in the simplest draw); the rest are well formed
+_FLAWS = ("qtype", "file_type", "alignment", "n_dims", "missing key", "edge value", "odd row",
+          "version", "n_tensors", "cut", "no arch", "nested")  # fmt: skip
+
+
+@st.composite
+def _gguf_file(draw: st.DrawFn, qtypes: list[tuple[int, int, int]],
+               file_types: list[int]) -> tuple[bytes, int]:  # fmt: skip
+    """(header bytes, file length): a GGUF v2/v3 header with the keys an estimate needs in
+    integer types of every width, other keys of every type (arrays of arrays included), a
+    vocabulary, tensor infos with plausible dims, types and aligned offsets, and a file as long
+    as its tensor data; about a fifth of the files carry one flaw of _FLAWS."""
+    flaw = None if _usually(draw, 80) else draw(st.sampled_from(_FLAWS))
+    arch = "" if flaw == "no arch" else draw(st.sampled_from(["llama", "qwen2", "gemma3", "ünï",
+                                                              "l\x00a", "a" * 300]))  # fmt: skip
+    kvs: list[tuple[bytes, int, bytes]] = [(b"general.architecture", _STR, _gstr(arch.encode()))]
+    need = {"block_count": 256, "embedding_length": 1 << 16, "attention.head_count": 256,
+            "context_length": 1 << 20}  # fmt: skip
+    opt = {"attention.head_count_kv": 256, "attention.key_length": 1024,
+           "attention.value_length": 1024, "vocab_size": 1 << 18}  # fmt: skip
+    missing = draw(st.sampled_from(sorted(need))) if flaw == "missing key" else None
+    edge = draw(st.sampled_from(sorted(need | opt))) if flaw == "edge value" else None
+    for key, hi in {**need, **opt}.items():
+        if key != missing and (key in need or draw(st.booleans())):
+            kvs.append(((f"{arch}.{key}").encode(), *draw(_gint(key in need, hi, key == edge))))
+    align = 32
+    if flaw == "alignment":
+        align = draw(st.sampled_from([0, 3, 48, 2**32 - 1]))
+        kvs.append((b"general.alignment", _U32, struct.pack("<I", align)))
+    elif draw(st.booleans()):
+        align = draw(st.sampled_from([32, 1, 2, 8, 64, 4096]))
+        vtype, _ = draw(_gint(align, align))
+        kvs.append((b"general.alignment", vtype, struct.pack(_FMT[vtype], align)))
+    if flaw == "file_type" or draw(st.booleans()):
+        ftype = draw(st.integers(0, 1000) if flaw == "file_type" else st.sampled_from(file_types))
+        assume(flaw != "file_type" or ftype not in file_types)
+        kvs.append((b"general.file_type", _U32, struct.pack("<I", ftype)))
+    if draw(st.booleans()):
+        tokens = draw(st.lists(st.binary(max_size=6), max_size=20))
+        kvs.append((b"tokenizer.ggml.tokens", _ARR,
+                    struct.pack("<IQ", _STR, len(tokens)) + b"".join(map(_gstr, tokens))))  # fmt: skip
+    for _ in range(draw(st.integers(0, 4))):
+        kvs.append((b"x." + draw(st.binary(max_size=8)), *draw(_gvalue())))
+    if flaw == "nested":  # arrays of arrays deeper than the reader's 4 levels
+        payload = struct.pack("<IQ", _U8, 0)
+        for _ in range(draw(st.integers(5, 40))):
+            payload = struct.pack("<IQ", _ARR, 1) + payload
+        kvs.append((b"x.nested", _ARR, payload))
+    kvs = [kvs[0], *draw(st.permutations(kvs[1:]))]
+
+    tensors: list[bytes] = []
+    offset, end = 0, 0
+    n_tensors = draw(st.integers(1 if flaw in ("qtype", "n_dims", "odd row") else 0, 6))
+    bad = draw(st.integers(0, n_tensors - 1)) if n_tensors else -1  # the flawed tensor
+    for i in range(n_tensors):
+        qtype, block, type_size = draw(st.sampled_from(qtypes))
+        if flaw == "qtype" and i == bad:
+            qtype = draw(st.sampled_from([4, 5, 31, 200, 2**32 - 1]))  # removed or never used
+        n_dims = draw(st.sampled_from([0, 5, 2**32 - 1]) if flaw == "n_dims" and i == bad
+                      else st.integers(1, 4))  # fmt: skip
+        dims = [block * draw(st.integers(1, 4))] + [draw(st.integers(1, 8)) for _ in range(3)]
+        dims = dims[: min(n_dims, 5)]
+        if flaw == "odd row" and i == bad and block > 1:
+            dims[0] += 1  # a row that is not a whole number of blocks
+        n_bytes = 1
+        for d in dims:
+            n_bytes *= d
+        n_bytes = n_bytes // block * type_size
+        name = draw(st.sampled_from([b"token_embd.weight", b"output.weight", b""])) if i == 0 else (
+            f"blk.{i}.attn_q.weight".encode())  # fmt: skip
+        tensors.append(_gstr(name) + struct.pack("<I", n_dims) + b"".join(
+            struct.pack("<Q", d) for d in dims) + struct.pack("<IQ", qtype, offset))  # fmt: skip
+        end = offset + n_bytes
+        offset = -(-end // max(align, 1)) * max(align, 1)
+    version = draw(st.sampled_from([1, 0, 2**32 - 1])) if flaw == "version" else (
+        draw(st.sampled_from([3, 2])))  # fmt: skip
+    count = draw(st.sampled_from([1 << 24, 2**64 - 1])) if flaw == "n_tensors" else len(tensors)
+    header = b"GGUF" + struct.pack("<IQQ", version, count, len(kvs))
+    header += b"".join(_gstr(k) + struct.pack("<I", t) + p for k, t, p in kvs) + b"".join(tensors)
+    length = -(-len(header) // max(align, 1)) * max(align, 1) + end
+    if flaw == "cut":  # inside the tensor data, or inside the header
+        length = draw(st.integers(0, max(0, length - 1)))
+    return header, length
+
+
+def test_any_gguf_header_reads_or_gives_a_policy_error(
+    report_reach: Callable[[str], None],
+) -> None:
+    gguf = pytest.importorskip("gguf")
+    from governor.engines.estimate import Settings, estimate, render
     from governor.engines.gguf import read_gguf
 
-    try:
-        data = _header(n_tensors, kvs) + tail
-    except (struct.error, UnicodeEncodeError):
-        return
+    qtypes = [(q.value, *gguf.GGML_QUANT_SIZES[q]) for q in gguf.GGMLQuantizationType]
+    file_types = [t.value for t in gguf.LlamaFileType]
+    reach: Reach = collections.Counter()
     fd, name = tempfile.mkstemp(suffix=".gguf")
-    try:
-        os.write(fd, data)
-        os.close(fd)
+    os.close(fd)
+    path = Path(name)
+
+    @settings(max_examples=300, suppress_health_check=[HealthCheck.too_slow])
+    @given(
+        _gguf_file(qtypes, file_types),
+        st.one_of(st.none(), st.integers(1, 1 << 20)),
+        st.one_of(st.none(), st.integers(0, 1 << 34)),
+    )
+    def run(case: tuple[bytes, int], ctx: int | None, budget: int | None) -> None:
+        header, length = case
+        reach["examples"] += 1
+        with path.open("wb") as f:
+            f.write(header[:length])
+            f.truncate(length)  # the tensor data: a hole of the right length
         try:
-            read_gguf(Path(name))
+            info = read_gguf(path)
         except GovernorError as err:
-            assert err.exit_code in (65, 66, 69)
-            assert "\n" not in str(err)
+            _check_error(err, (65, 66, 69))
+            return
+        reach["header parsed"] += 1
+        est = estimate(
+            info, Settings(ctx=ctx or info.n_ctx_train), family="arm-dotprod", budget=budget
+        )
+        assert render(est)
+        reach["estimated"] += 1
+
+    try:
+        run()
     finally:
-        os.unlink(name)
+        path.unlink()
+    report_reach(_summary("GGUF headers", reach, ("header parsed", "estimated")))
+    assert _fraction(reach, "header parsed") >= 0.5, "most GGUF headers must parse"
