@@ -36,7 +36,11 @@ def estimate_argv(args: EngineArgs, *, root: Path, budget: int | None) -> Estima
         extra = tuple(t for p in parts[1:] for t in read_gguf(p).tensors)
         info = replace(info, tensors=info.tensors + extra)
     return estimate(
-        info, settings_from_argv(args, info.n_ctx_train), family=host_family(root), budget=budget
+        info,
+        settings_from_argv(args, info.n_ctx_train),
+        family=host_family(root),
+        budget=budget,
+        unsized=args.unsized,
     )
 
 

@@ -12,6 +12,8 @@ The numbers come from the GGUF estimate (governor/engines/estimate.py, the same 
     memory.max  = estimate + headroom       memory.high = estimate + headroom / 2
     memory.min  = the weights (their file pages, protected from reclaim by the rest of the board)
 
+llama-server's prompt cache and [engine] caps: governor/engines/draft_server.py.
+
 The estimate was calibrated against memory.peak in the kernel guest within 10 %
 (docs/calibration.md), hence the headroom. The rendered policy is validated with the policy
 model before it is returned.
@@ -26,9 +28,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from governor.engines import draft_server
 from governor.engines.budget import estimate_argv
 from governor.engines.estimate import KV_CELL_PAD, MIB, Estimate
-from governor.engines.llama import EngineArgs, EngineArgvError, parse_llama_argv
+from governor.engines.llama import (
+    EngineArgs,
+    EngineArgvError,
+    parse_llama_argv,
+)
 from governor.errors import PolicyError, UsageError
 from governor.policy.model import NAME_RE
 
@@ -45,6 +52,7 @@ DEFAULT_ENGINE = "llama-completion"  # the one-shot CLI (notes/engine.md "Which 
 # the options init sets itself: -m from --model, -c from --ctx (or the largest that fits)
 _MODEL_OPTS = frozenset({"-m", "--model"})
 _CTX_OPTS = frozenset({"-c", "--ctx-size"})
+_CACHE_OPTS = frozenset({"-cram", "--cache-ram"})  # llama-server: init sizes it when absent
 _MLOCK_MODES = frozenset({"mlock", "mmap+mlock"})
 
 
@@ -129,7 +137,7 @@ def _split_engine(req: Request) -> tuple[str, tuple[str, ...], EngineArgs]:
     if words and not words[0].startswith("-"):
         program = words.pop(0)
     try:
-        parsed = parse_llama_argv(["llama", *words])
+        parsed = parse_llama_argv([program, *words])
     except EngineArgvError as err:
         raise UsageError(f"{err} (--engine-argv)", hint="e.g. --engine-argv '-nr -t 4'") from err
     if parsed.model is not None and Path(parsed.model) != req.model:
@@ -144,33 +152,48 @@ def _split_engine(req: Request) -> tuple[str, tuple[str, ...], EngineArgs]:
         )
     rest: list[str] = []
     skip = False
+    # an unlimited prompt cache (-1) is replaced by a sized one, like an absent --cache-ram
+    sized = _MODEL_OPTS | _CTX_OPTS | (_CACHE_OPTS if (parsed.cache_ram or 0) < 0 else set())
     for word in words:
         name = word.partition("=")[0]
         if skip:
             skip = False
-        elif word in _MODEL_OPTS | _CTX_OPTS:
+        elif word in sized:
             skip = True
-        elif not (name in ("--model", "--ctx-size") and "=" in word):
+        elif not (name in ("--model", "--ctx-size", "--cache-ram") and "=" in word) or (
+            name == "--cache-ram" and "--cache-ram" not in sized
+        ):
             rest.append(word)
     return program, tuple(rest), parsed
 
 
-def _args(options: tuple[str, ...], model: Path, ctx: int) -> EngineArgs:
-    return parse_llama_argv(["llama", *options, "-m", str(model), "-c", str(ctx)])
+def _args(
+    options: tuple[str, ...], model: Path, ctx: int, program: str = DEFAULT_ENGINE
+) -> EngineArgs:
+    return parse_llama_argv([program, *options, "-m", str(model), "-c", str(ctx)])
 
 
 # ------------------------------------------------------------------------------ sizing
 
 
-def size(
-    req: Request, options: tuple[str, ...], ctx: int | None, *, root: Path, board: int, source: str
+def size(  # the request, the engine and the board
+    req: Request,
+    options: tuple[str, ...],
+    ctx: int | None,
+    *,
+    root: Path,
+    board: int,
+    source: str,
+    program: str = DEFAULT_ENGINE,
 ) -> Sizing:
     """The context and the memory values, or PolicyError (65) with the estimate's terms and
     the fixes when the model does not fit the board (at the smallest context, or at --ctx)."""
     reserve = reserve_for(board)
     ceiling = (board - reserve) // MIB * MIB  # whole MiB: the values are written in MiB
     budget = fit_budget(ceiling)
-    first = estimate_argv(_args(options, req.model, ctx or KV_CELL_PAD), root=root, budget=budget)
+    first = estimate_argv(
+        _args(options, req.model, ctx or KV_CELL_PAD, program), root=root, budget=budget
+    )
     largest = first.max_ctx
     room = (
         f"the board leaves {budget >> 20} MiB ({board >> 20} MiB - {reserve >> 20} MiB OS reserve"
@@ -180,7 +203,9 @@ def size(
         small = (
             first
             if ctx is None
-            else estimate_argv(_args(options, req.model, KV_CELL_PAD), root=root, budget=budget)
+            else estimate_argv(
+                _args(options, req.model, KV_CELL_PAD, program), root=root, budget=budget
+            )
         )
         raise PolicyError(
             f"the model does not fit this board even at -c {KV_CELL_PAD}: llama.cpp needs"
@@ -199,7 +224,7 @@ def size(
     est = (
         first
         if ctx is not None
-        else estimate_argv(_args(options, req.model, use), root=root, budget=budget)
+        else estimate_argv(_args(options, req.model, use, program), root=root, budget=budget)
     )
     headroom = headroom_for(est.total)
     return Sizing(
@@ -243,7 +268,19 @@ def draft(req: Request, host: HostFacts, *, root: Path) -> Draft:
         board, source = req.board_memory, "--board-memory"
     else:
         board, source = host.mem_total, f"MemTotal of {root}"
-    sizing = size(req, options, ctx, root=root, board=board, source=source)
+    budget = fit_budget((board - reserve_for(board)) // MIB * MIB)
+    options, server_ctx = draft_server.server_cache(
+        req.model, program, options, ctx, root=root, budget=budget
+    )
+    sizing = size(
+        req,
+        options,
+        ctx if server_ctx is None else server_ctx,
+        root=root,
+        board=board,
+        source=source,
+        program=program,
+    )
     big = host.core_types.big if host.core_types is not None else ()
     threads = len(big) if big else len(host.cpus_online)
     engine = [program, "-m", str(req.model), "-c", str(sizing.ctx), *options]
@@ -283,7 +320,8 @@ def render(  # noqa: PLR0917  # one policy from all its inputs
     policy = shlex.quote(str(req.output)) if req.output is not None else "POLICY"
     cmd = shlex.join(engine)
     allow = f" --allow-missing {','.join(missing)}" if missing else ""
-    opts = shlex.join(options)
+    # the estimate needs the program to know a server (its first word; options only otherwise)
+    opts = shlex.join((engine[0], *options) if est.settings.server else options)
     out = [
         f"# {name}: written by `governor init` for {req.model.name} on a {mib(s.board)} MiB board"
         f" ({s.board_source}).",
@@ -315,7 +353,7 @@ def render(  # noqa: PLR0917  # one policy from all its inputs
         )
     out += [
         f"name = {_q(name)}",
-        f"description = {_q(f'llama.cpp {req.model.name} at -c {s.ctx} (governor init)')}",
+        f"description = {_q(f'{draft_server.kind(est)} {req.model.name} at -c {s.ctx} (governor init)')}",
         "",
         "[memory]",
         f'min = "{mib(s.mem_min)}MiB"  # the weights\' file pages ({mib(s.mem_min)} MiB) stay'
@@ -355,6 +393,8 @@ def render(  # noqa: PLR0917  # one policy from all its inputs
         'kind = "llama.cpp"',
         f"max_context_tokens = {s.ctx}  # {largest}",
     ]
+    if est.settings.server:
+        out += draft_server.engine_lines(est)
     if threads is not None and threads.lstrip("-").isdigit() and int(threads) > 0:
         where = "big core" if host.core_types is not None else "online CPU"
         out.append(f"threads = {int(threads)}  # -t: one per {where}")

@@ -18,16 +18,19 @@
   rows of tokens that need logits are written. It is printed, and counted at
   COMPUTE_TOUCHED_SHARE.
 - margin: binary, libc/OpenMP arenas, thread stacks, page tables; measured (docs/calibration.md).
+
+llama-server adds slots, its prompt cache and context checkpoints: governor/engines/server.py.
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
+from governor.engines import server
 from governor.engines.gguf import GgufInfo
-from governor.engines.llama import EngineArgs
+from governor.engines.llama import SERVER_CACHE_RAM_MIB, EngineArgs
 
 MIB = 1 << 20
 KV_CELL_PAD = 256  # llama.cpp pads the KV cache size to a multiple of 256 cells
@@ -116,16 +119,39 @@ class Settings:
     cache_type_v: str = "f16"
     repack: bool = True
     load_mode: str = "mmap"
+    # llama-server (server False: a one-shot engine, none of these apply)
+    server: bool = False
+    slots: int = 1
+    kv_unified: bool = True
+    cache_ram_mib: int = 0  # -1: no limit
+    ctx_checkpoints: int = 0
 
     @property
     def mmap(self) -> bool:
         return self.load_mode in ("mmap", "mmap+mlock", "auto")
 
+    @property
+    def kv_cells(self) -> int:
+        """KV cells llama.cpp allocates: -c padded to 256; without a unified KV buffer each of
+        the slots gets -c / slots padded to 256 (llama-context.cpp)."""
+        cells = math.ceil(self.ctx / KV_CELL_PAD) * KV_CELL_PAD
+        if self.server and not self.kv_unified and self.slots > 1:
+            per_slot = math.ceil(cells // self.slots / KV_CELL_PAD) * KV_CELL_PAD
+            return max(per_slot, KV_CELL_PAD) * self.slots
+        return cells
+
+    @property
+    def slot_cells(self) -> int:
+        """The context one slot can hold."""
+        if self.server and not self.kv_unified and self.slots > 1:
+            return self.kv_cells // self.slots
+        return self.kv_cells
+
 
 def settings_from_argv(args: EngineArgs, n_ctx_train: int) -> Settings:
     """-c absent or 0 means n_ctx_train (tools/common/arg.cpp); --no-mmap = -lm none."""
     load_mode = args.load_mode or ("none" if "no_mmap" in args.flags else "mmap")
-    return Settings(
+    base = Settings(
         ctx=args.ctx or n_ctx_train,
         batch=args.batch or DEFAULT_BATCH,
         ubatch=args.ubatch or DEFAULT_UBATCH,
@@ -133,6 +159,20 @@ def settings_from_argv(args: EngineArgs, n_ctx_train: int) -> Settings:
         cache_type_v=(args.cache_type_v or "f16").lower(),
         repack=args.repacks,
         load_mode=load_mode,
+    )
+    if not args.server:
+        return base
+    auto = args.parallel is None or args.parallel < 0
+    return replace(
+        base,
+        server=True,
+        slots=server.AUTO_SLOTS if auto else (args.parallel or 1),
+        # auto slots force a unified KV buffer; an explicit -np defaults to one per slot
+        kv_unified=True if auto else bool(args.kv_unified),
+        cache_ram_mib=SERVER_CACHE_RAM_MIB if args.cache_ram is None else args.cache_ram,
+        ctx_checkpoints=(
+            server.CTX_CHECKPOINTS if args.ctx_checkpoints is None else args.ctx_checkpoints
+        ),
     )
 
 
@@ -153,14 +193,26 @@ class Estimate:
     max_ctx: int | None = None  # largest -c that fits the budget (None: no budget / none fits)
     advice: tuple[str, ...] = field(default_factory=tuple)
     quant: str | None = None  # the weights' dominant type (GgufInfo.quant): metrics' engine_info
+    # llama-server: the largest --cache-ram (MiB) that fits the budget at this -c (None: no
+    # budget, not a server, or none fits)
+    max_cache_ram: int | None = None
+    # what the estimate does not size (options, a recurrent model's checkpoints): warned about
+    warnings: tuple[str, ...] = ()
 
     @property
     def total(self) -> int:
         return sum(t.bytes for t in self.terms)
 
     @property
+    def unbounded(self) -> bool:
+        """A term with no limit (llama-server --cache-ram -1): nothing bounds the total."""
+        return self.settings.server and self.settings.cache_ram_mib < 0
+
+    @property
     def fits(self) -> bool:
-        return self.budget is None or self.total <= self.budget
+        if self.budget is None:
+            return True
+        return not self.unbounded and self.total <= self.budget
 
     def term(self, name: str) -> int:
         return next((t.bytes for t in self.terms if t.name == name), 0)
@@ -177,14 +229,33 @@ class Estimate:
             "max_ctx": self.max_ctx,
             "advice": list(self.advice),
             "quant": self.quant,
+            **(self._server_dict() if self.settings.server else {}),
+            "warnings": list(self.warnings),
+        }
+
+    def _server_dict(self) -> dict[str, object]:
+        s = self.settings
+        return {
+            "server": {
+                "slots": s.slots,
+                "kv_unified": s.kv_unified,
+                "slot_ctx": s.slot_cells,
+                "cache_ram_mib": s.cache_ram_mib,
+                "ctx_checkpoints": s.ctx_checkpoints,
+                "max_cache_ram_mib": self.max_cache_ram,
+            }
         }
 
 
-def kv_bytes(info: GgufInfo, s: Settings) -> int:
-    cells = math.ceil(s.ctx / KV_CELL_PAD) * KV_CELL_PAD
+def kv_token_bytes(info: GgufInfo, s: Settings) -> float:
+    """KV bytes of one token over all layers (K and V at -ctk/-ctv)."""
     k = KV_TYPE_BYTES.get(s.cache_type_k, 2.0) * info.n_embd_k
     v = KV_TYPE_BYTES.get(s.cache_type_v, 2.0) * info.n_embd_v
-    return int(info.n_layer * cells * (k + v))
+    return info.n_layer * (k + v)
+
+
+def kv_bytes(info: GgufInfo, s: Settings) -> int:
+    return int(s.kv_cells * kv_token_bytes(info, s))
 
 
 def repack_bytes(info: GgufInfo, family: str) -> int:
@@ -210,37 +281,38 @@ def estimate(
     family: str,
     budget: int | None = None,
     margin: int = MARGIN_BYTES,
+    unsized: tuple[str, ...] = (),
 ) -> Estimate:
-    """Every term of the resident-memory estimate; with a budget, the largest -c that fits and
-    what to change when it does not."""
+    """Every term of the resident-memory estimate; with a budget, the largest -c (and for
+    llama-server the largest --cache-ram) that fits and what to change when it does not.
+    ``unsized``: the engine options it does not size (EngineArgs.unsized), kept as warnings."""
     terms = _terms(info, s, family, margin)
-    reserved = compute_reserved(info, s)
+    warnings = tuple(f"not sized: {u}" for u in unsized)
+    if s.server and info.recurrent and s.ctx_checkpoints > 0:
+        warnings += (
+            f"not sized: the context checkpoints of a recurrent model ({info.architecture}:"
+            f" up to {s.ctx_checkpoints} states per slot; --ctx-checkpoints 0 turns them off)",
+        )
     est = Estimate(
-        model=info.path, settings=s, terms=terms, compute_reserved=reserved, quant=info.quant
+        model=info.path,
+        settings=s,
+        terms=terms,
+        compute_reserved=compute_reserved(info, s),
+        quant=info.quant,
+        warnings=warnings,
     )
     if budget is None:
         return est
-    max_ctx = largest_ctx(info, s, family=family, budget=budget, margin=margin)
-    est = Estimate(
-        model=info.path,
-        settings=s,
-        terms=terms,
-        compute_reserved=reserved,
+    est = replace(
+        est,
         budget=budget,
-        max_ctx=max_ctx,
-        quant=info.quant,
+        max_ctx=largest_ctx(info, s, family=family, budget=budget, margin=margin),
+        max_cache_ram=largest_cache_ram(info, s, family=family, budget=budget, margin=margin),
     )
     if est.fits:
         return est
-    return Estimate(
-        model=info.path,
-        settings=s,
-        terms=terms,
-        compute_reserved=reserved,
-        budget=budget,
-        max_ctx=max_ctx,
-        advice=tuple(_advice(info, s, est, family=family, budget=budget, margin=margin)),
-        quant=info.quant,
+    return replace(
+        est, advice=tuple(_advice(info, s, est, family=family, budget=budget, margin=margin))
     )
 
 
@@ -252,13 +324,16 @@ def _terms(info: GgufInfo, s: Settings, family: str, margin: int) -> tuple[Term,
     if s.repack and s.mmap:
         rep = repack_bytes(info, family)
         out.append(Term("repack", rep, f"CPU_REPACK copy of repackable weights ({family}); -nr"))
-    cells = math.ceil(s.ctx / KV_CELL_PAD) * KV_CELL_PAD
+    slots = ""
+    if s.server:
+        shared = "one unified buffer" if s.kv_unified or s.slots == 1 else "split per slot"
+        slots = f", {s.slots} slots: {shared}, {s.slot_cells} cells each"
     out.append(
         Term(
             "kv_cache",
             kv_bytes(info, s),
-            f"2 x {info.n_layer} layers x {cells} cells x n_embd_kv {info.n_embd_k}"
-            f" ({s.cache_type_k}/{s.cache_type_v})",
+            f"2 x {info.n_layer} layers x {s.kv_cells} cells x n_embd_kv {info.n_embd_k}"
+            f" ({s.cache_type_k}/{s.cache_type_v}){slots}",
         )
     )
     reserved = compute_reserved(info, s)
@@ -270,6 +345,10 @@ def _terms(info: GgufInfo, s: Settings, family: str, margin: int) -> tuple[Term,
             f" (vocab {info.vocab} x ubatch {min(s.ubatch, s.batch, s.ctx)} logits)",
         )
     )
+    if s.server:
+        tok = kv_token_bytes(info, s)
+        out += [Term(*t) for t in server.terms(info, s, tok)]
+        margin += server.MARGIN_BYTES
     out.append(Term("margin", margin, "binary, libs, threads, page tables (measured)"))
     return tuple(out)
 
@@ -281,9 +360,10 @@ def total_for(info: GgufInfo, s: Settings, *, family: str, margin: int = MARGIN_
 def largest_ctx(
     info: GgufInfo, s: Settings, *, family: str, budget: int, margin: int = MARGIN_BYTES
 ) -> int | None:
-    """The largest -c (a multiple of 256, up to n_ctx_train) whose total fits ``budget``."""
-    from dataclasses import replace
-
+    """The largest -c (a multiple of 256, up to n_ctx_train) whose total fits ``budget``
+    (None when none does, or when an unlimited prompt cache leaves no bound)."""
+    if s.server and s.cache_ram_mib < 0:
+        return None
     lo, hi = 0, max(1, info.n_ctx_train // KV_CELL_PAD)
     while lo < hi:  # total is monotone in ctx
         mid = (lo + hi + 1) // 2
@@ -297,14 +377,34 @@ def largest_ctx(
     return lo * KV_CELL_PAD if lo else None
 
 
+def largest_cache_ram(
+    info: GgufInfo, s: Settings, *, family: str, budget: int, margin: int = MARGIN_BYTES
+) -> int | None:
+    """llama-server: the largest --cache-ram in MiB that fits ``budget`` beside the other terms
+    at this -c (None: not a server, or not even --cache-ram 0 fits)."""
+    if not s.server:
+        return None
+    rest = total_for(info, replace(s, cache_ram_mib=0), family=family, margin=margin)
+    return (budget - rest) // MIB if rest <= budget else None
+
+
 def _advice(
     info: GgufInfo, s: Settings, est: Estimate, *, family: str, budget: int, margin: int
 ) -> Iterable[str]:
-    from dataclasses import replace
-
     over = est.total - budget
+    if s.server and s.cache_ram_mib < 0:
+        yield (
+            f"--cache-ram {est.max_cache_ram} (the prompt cache has no limit with -1:"
+            " largest that fits)"
+            if est.max_cache_ram
+            else "--cache-ram 0 (the prompt cache has no limit with -1)"
+        )
+    elif s.server and est.term("prompt_cache") and est.max_cache_ram is not None:
+        yield f"--cache-ram {est.max_cache_ram} (largest prompt cache that fits at -c {s.ctx})"
     if est.max_ctx is not None and est.max_ctx < s.ctx:
         yield f"-c {est.max_ctx} (largest context that fits)"
+    if s.server and not s.kv_unified and s.slots > 1 and s.kv_cells > s.ctx:
+        yield f"--kv-unified ({s.slots} slots share -c {s.ctx} instead of padding each)"
     rep = est.term("repack")
     if rep:
         fits = total_for(info, replace(s, repack=False), family=family, margin=margin) <= budget
@@ -317,7 +417,8 @@ def _advice(
     if smaller is not None:
         name, size = smaller
         yield f"a smaller quant ({name}: weights ~{size / MIB:.0f} MiB)"
-    yield f"or raise memory.max by {math.ceil(over / MIB)} MiB"
+    if over > 0:
+        yield f"or raise memory.max by {math.ceil(over / MIB)} MiB"
 
 
 def smaller_quant(info: GgufInfo) -> tuple[str, int] | None:
@@ -343,17 +444,37 @@ def render(est: Estimate) -> str:
     lines = [
         f"model {est.model}: -c {s.ctx}, -ub {min(s.ubatch, s.batch, s.ctx)},"
         f" load {s.load_mode}, repack {'on' if s.repack else 'off'}"
+        + (
+            f"; llama-server -np {s.slots}, --cache-ram {s.cache_ram_mib},"
+            f" --ctx-checkpoints {s.ctx_checkpoints}"
+            if s.server
+            else ""
+        )
     ]
     lines += [f"  {t.name:<10}{mib(t.bytes)}  {t.detail}" for t in est.terms]
     lines.append(f"  {'total':<10}{mib(est.total)}")
     if est.budget is not None:
-        verdict = "fits" if est.fits else f"does NOT fit (over by {mib(est.total - est.budget)})"
+        verdict = (
+            "fits"
+            if est.fits
+            else "does NOT fit: the prompt cache has no limit"
+            if est.unbounded
+            else f"does NOT fit (over by {mib(est.total - est.budget)})"
+        )
         lines.append(f"  {'budget':<10}{mib(est.budget)}  memory.max: {verdict.strip()}")
         lines.append(
             f"  largest -c that fits: {est.max_ctx}"
             if est.max_ctx is not None
             else "  no context fits this budget"
         )
+        if s.server:
+            lines.append(
+                f"  largest --cache-ram that fits at -c {s.ctx}: {est.max_cache_ram} MiB"
+                if est.max_cache_ram is not None
+                else f"  no --cache-ram fits at -c {s.ctx}"
+            )
+    for w in est.warnings:
+        lines.append(f"  warning: {w}")
     for a in est.advice:
         lines.append(f"  fix: {a}")
     return "\n".join(lines) + "\n"

@@ -66,6 +66,11 @@ class GgufInfo:
     value_length: int
     file_type: str | None
     tensors: tuple[Tensor, ...]
+    # <arch>.attention.sliding_window (0: none): llama-server checkpoints the SWA part of a slot
+    sliding_window: int = 0
+    # a recurrent/hybrid model (ssm/wkv keys): its checkpoints hold a state the estimate does
+    # not size
+    recurrent: bool = False
 
     @property
     def n_embd_k(self) -> int:
@@ -97,7 +102,7 @@ class GgufInfo:
         return out
 
 
-CACHE_VERSION = 1  # bump when GgufInfo or the parse changes
+CACHE_VERSION = 2  # bump when GgufInfo or the parse changes
 
 
 def _cache_file(path: Path, st: os.stat_result, directory: Path) -> Path:
@@ -363,6 +368,8 @@ def info_from_fields(
     key_len = fields.get(f"{arch}.attention.key_length")
     val_len = fields.get(f"{arch}.attention.value_length")
     vocab = fields.get(f"{arch}.vocab_size")
+    swa = fields.get(f"{arch}.attention.sliding_window")
+    recurrent = any(k.startswith((f"{arch}.ssm.", f"{arch}.wkv.")) for k in fields)
     return GgufInfo(
         path=path,
         file_bytes=size,
@@ -377,4 +384,6 @@ def info_from_fields(
         value_length=val_len if isinstance(val_len, int) and val_len > 0 else head_dim,
         file_type=file_type,
         tensors=tensors,
+        sliding_window=swa if isinstance(swa, int) and swa > 0 else 0,
+        recurrent=recurrent,
     )

@@ -5,11 +5,20 @@ llama.cpp flags (tools/common/arg.cpp of the version in notes/engine.md): ``-m/-
 ``-c/--ctx-size`` (0 or absent = n_ctx_train from the GGUF), ``-t/--threads``,
 ``-lm/--load-mode none|mmap|mlock|mmap+mlock|dio`` (newer), ``--mlock``/``--no-mmap`` (older),
 ``-nr/--no-repack``, ``-b/--batch-size``, ``-ub/--ubatch-size``, ``-ctk/-ctv`` cache types.
+llama-server adds ``-np/--parallel`` (slots; -1 or absent = auto: 4 slots sharing one unified KV
+buffer), ``-kvu/--kv-unified`` / ``-no-kvu/--no-kv-unified``, ``-cram/--cache-ram`` (the prompt
+cache in MiB: default 8192, -1 = no limit, 0 = off), ``-ctxcp/--ctx-checkpoints`` (per slot,
+default 32) and ``--host``/``--port``.
+
+llama.cpp reads each option from a ``LLAMA_ARG_*`` environment variable too (common/arg.cpp:
+the environment is applied first, the command line overrides it), so the engine's environment
+is read with the argv (:data:`ENV_OPTS`).
 """
 
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -31,6 +40,47 @@ _VALUE_OPTS = {
     "--cache-type-k": "cache_type_k",
     "-ctv": "cache_type_v",
     "--cache-type-v": "cache_type_v",
+    "-np": "parallel",
+    "--parallel": "parallel",
+    "-cram": "cache_ram",
+    "--cache-ram": "cache_ram",
+    "-ctxcp": "ctx_checkpoints",
+    "--ctx-checkpoints": "ctx_checkpoints",
+    "--swa-checkpoints": "ctx_checkpoints",
+    "--host": "host",
+    "--port": "port",
+}
+# LLAMA_ARG_* variables of the same options (common/arg.cpp set_env); booleans below
+ENV_OPTS = {
+    "LLAMA_ARG_MODEL": "model",
+    "LLAMA_ARG_CTX_SIZE": "ctx",
+    "LLAMA_ARG_THREADS": "threads",
+    "LLAMA_ARG_LOAD_MODE": "load_mode",
+    "LLAMA_ARG_BATCH": "batch",
+    "LLAMA_ARG_UBATCH": "ubatch",
+    "LLAMA_ARG_CACHE_TYPE_K": "cache_type_k",
+    "LLAMA_ARG_CACHE_TYPE_V": "cache_type_v",
+    "LLAMA_ARG_N_PARALLEL": "parallel",
+    "LLAMA_ARG_CACHE_RAM": "cache_ram",
+    "LLAMA_ARG_CTX_CHECKPOINTS": "ctx_checkpoints",
+    "LLAMA_ARG_HOST": "host",
+    "LLAMA_ARG_PORT": "port",
+}
+_TRUTHY = frozenset(["on", "enabled", "true", "1"])  # common_arg_utils::is_truthy
+_FALSEY = frozenset(["off", "disabled", "false", "0"])  # common_arg_utils::is_falsey
+# options that change the engine's memory in ways the estimate does not size: named in a
+# warning, never silently ignored (value-taking ones; flags in _UNSIZED_FLAGS)
+_UNSIZED_VALUE_OPTS = {
+    "-mm": "--mmproj (multimodal projector: its weights and image buffers)",
+    "--mmproj": "--mmproj (multimodal projector: its weights and image buffers)",
+    "-md": "--model-draft (a second model and its KV cache)",
+    "--model-draft": "--model-draft (a second model and its KV cache)",
+    "--spec-draft-model": "--model-draft (a second model and its KV cache)",
+    "--lora": "--lora (adapter weights)",
+    "--kv-unified-per-slot": "--kv-unified-per-slot (sizes the KV pool without -c)",
+}
+_UNSIZED_FLAGS = {
+    "--swa-full": "--swa-full (full-size SWA cache)",
 }
 # other options that take a value: skipped so that e.g. `-p "-c"` is not read as -c
 _SKIP_VALUE_OPTS = frozenset(
@@ -71,8 +121,13 @@ _FLAG_OPTS = {
     "--no-mmap": "no_mmap",
     "-nr": "no_repack",
     "--no-repack": "no_repack",
+    "-kvu": "kv_unified",
+    "--kv-unified": "kv_unified",
+    "-no-kvu": "no_kv_unified",
+    "--no-kv-unified": "no_kv_unified",
 }
 INT32_MAX = (1 << 31) - 1
+SERVER_CACHE_RAM_MIB = 8192  # llama-server --cache-ram default (common/common.h cache_ram_mib)
 _SPLIT_RE = re.compile(r"^(?P<stem>.*)-(?P<idx>\d{5})-of-(?P<n>\d{5})\.gguf$")
 
 
@@ -90,6 +145,26 @@ class EngineArgs:
     cache_type_k: str | None = None
     cache_type_v: str | None = None
     flags: frozenset[str] = field(default_factory=frozenset)
+    # llama-server (None = not given: the server's default applies)
+    parallel: int | None = None
+    cache_ram: int | None = None  # MiB; -1 = no limit, 0 = prompt cache off
+    ctx_checkpoints: int | None = None
+    host: str | None = None
+    port: int | None = None
+    # options present that the estimate does not size (each: what it adds)
+    unsized: tuple[str, ...] = ()
+
+    @property
+    def server(self) -> bool:
+        """Whether the program is llama-server (its slots and prompt cache count)."""
+        return Path(self.argv[0]).name.startswith("llama-server") if self.argv else False
+
+    @property
+    def kv_unified(self) -> bool | None:
+        """-kvu / -no-kvu as given (None: the server decides, unified when -np is auto)."""
+        if "no_kv_unified" in self.flags:
+            return False
+        return True if "kv_unified" in self.flags else None
 
     @property
     def locks_memory(self) -> bool:
@@ -110,10 +185,19 @@ class EngineArgvError(ValueError):
     """An engine argv the governor cannot read (e.g. `-c abc`)."""
 
 
-def parse_llama_argv(argv: tuple[str, ...] | list[str]) -> EngineArgs:
-    """Read llama.cpp's options out of ``argv`` (argv[0] is the program)."""
+def parse_llama_argv(
+    argv: tuple[str, ...] | list[str], env: Mapping[str, str] | None = None
+) -> EngineArgs:
+    """Read llama.cpp's options out of ``argv`` (argv[0] is the program) and, when given, the
+    engine's environment (``LLAMA_ARG_*``; the command line overrides it, as in llama.cpp)."""
     values: dict[str, str] = {}
     flags: set[str] = set()
+    unsized: list[str] = []
+    for var, key in ENV_OPTS.items():
+        if env is not None and env.get(var, "") != "":
+            values[key] = env[var]
+    if env is not None:
+        _env_flags(env, flags)
     words = list(argv[1:])
     i = 0
     while i < len(words):
@@ -129,12 +213,23 @@ def parse_llama_argv(argv: tuple[str, ...] | list[str]) -> EngineArgs:
             values[_VALUE_OPTS[word]] = words[i + 1]
             i += 1
         elif word in _FLAG_OPTS:
-            flags.add(_FLAG_OPTS[word])
+            key = _FLAG_OPTS[word]
+            flags.discard(
+                {"kv_unified": "no_kv_unified", "no_kv_unified": "kv_unified"}.get(key, "")
+            )
+            flags.add(key)
+        elif (name if eq else word) in _UNSIZED_VALUE_OPTS:
+            unsized.append(_UNSIZED_VALUE_OPTS[name if eq else word])
+            i += 0 if eq else 1
+        elif word in _UNSIZED_FLAGS:
+            unsized.append(_UNSIZED_FLAGS[word])
         elif word in _SKIP_VALUE_OPTS:
             i += 1
         i += 1
     if "model" in values:
         model_parts(values["model"])  # a split name must name a part that exists
+    if values.get("parallel", "").strip() == "0":
+        raise EngineArgvError("engine option -np/--parallel is 0 (llama-server refuses it)")
     return EngineArgs(
         argv=tuple(argv),
         model=values.get("model"),
@@ -146,7 +241,27 @@ def parse_llama_argv(argv: tuple[str, ...] | list[str]) -> EngineArgs:
         cache_type_k=values.get("cache_type_k"),
         cache_type_v=values.get("cache_type_v"),
         flags=frozenset(flags),
+        parallel=_int(values, "parallel", "-np/--parallel"),
+        cache_ram=_int(values, "cache_ram", "--cache-ram"),
+        ctx_checkpoints=_int(values, "ctx_checkpoints", "--ctx-checkpoints"),
+        host=values.get("host"),
+        port=_int(values, "port", "--port"),
+        unsized=tuple(dict.fromkeys(unsized)),
     )
+
+
+def _env_flags(env: Mapping[str, str], flags: set[str]) -> None:
+    """The boolean LLAMA_ARG_* variables (is_truthy / is_falsey of common/arg.cpp)."""
+    unified = env.get("LLAMA_ARG_KV_UNIFIED", "").lower()
+    if unified in _TRUTHY:
+        flags.add("kv_unified")
+    elif unified in _FALSEY:
+        flags.add("no_kv_unified")
+    if env.get("LLAMA_ARG_REPACK", "").lower() in _FALSEY:
+        flags.add("no_repack")
+
+
+_MINUS_ONE_OK = frozenset(["parallel", "cache_ram"])
 
 
 def _int(values: dict[str, str], key: str, what: str) -> int | None:
@@ -157,7 +272,8 @@ def _int(values: dict[str, str], key: str, what: str) -> int | None:
         n = int(raw)
     except ValueError as err:
         raise EngineArgvError(f"engine option {what} is not an integer: {raw!r}") from err
-    if n < 0 and key != "threads":  # llama.cpp: -t -1 = hardware concurrency
+    # llama.cpp: -t -1 = hardware concurrency, -np -1 = auto slots, --cache-ram -1 = no limit
+    if n < 0 and not (key in _MINUS_ONE_OK and n == -1) and key != "threads":
         raise EngineArgvError(f"engine option {what} is negative: {raw!r}")
     if abs(n) > INT32_MAX:  # llama.cpp reads these with std::stoi
         raise EngineArgvError(f"engine option {what} is beyond llama.cpp's range: {raw[:40]!r}")

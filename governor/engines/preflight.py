@@ -34,12 +34,13 @@ from __future__ import annotations
 import glob as glob_mod
 import os
 import stat
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Literal
 
 from governor.engines.llama import (
+    SERVER_CACHE_RAM_MIB,
     EngineArgs,
     EngineArgvError,
     is_gguf,
@@ -80,15 +81,22 @@ class Preflight:
 
 
 def engine_args(
-    kind: str, max_context_tokens: int | None, argv: Sequence[str]
+    kind: str,
+    max_context_tokens: int | None,
+    argv: Sequence[str],
+    *,
+    max_cache_ram: int | None = None,
+    env: Mapping[str, str] | None = None,
 ) -> EngineArgs | None:
     """Engine facts of a llama.cpp argv (None for a generic engine); refuses an argv it cannot
-    read or a context above ``max_context_tokens`` (65, with the numbers). ``kind`` and the cap
-    come from the policy's or the compiled plan's [engine]."""
+    read or a context above ``max_context_tokens`` (65, with the numbers), and a llama-server
+    prompt cache above ``max_cache_ram`` MiB (its default 8192 and -1 = no limit included).
+    ``kind`` and the caps come from the policy's or the compiled plan's [engine]; ``env`` is
+    the engine's environment (llama.cpp reads LLAMA_ARG_* from it)."""
     if kind != "llama.cpp":
         return None
     try:
-        args = parse_llama_argv(tuple(argv))
+        args = parse_llama_argv(tuple(argv), env)
     except EngineArgvError as err:
         raise PolicyError(str(err), file="engine argv", hint="check the command after --") from err
     cap = max_context_tokens
@@ -100,7 +108,29 @@ def engine_args(
             field="engine.max_context_tokens",
             hint=f"pass -c {cap} or less, or raise engine.max_context_tokens in the policy",
         )
+    if args.server and max_cache_ram is not None:
+        _check_cache_ram(args, max_cache_ram)
     return args
+
+
+def _check_cache_ram(args: EngineArgs, cap: int) -> None:
+    asked = args.cache_ram
+    if asked is not None and 0 <= asked <= cap:
+        return
+    said = (
+        f"no --cache-ram (llama-server's default {SERVER_CACHE_RAM_MIB} MiB)"
+        if asked is None
+        else "--cache-ram -1 (no limit)"
+        if asked < 0
+        else f"--cache-ram {asked}"
+    )
+    raise PolicyError(
+        f"engine prompt cache: {said} exceeds engine.max_cache_ram = {cap} MiB",
+        file="engine argv",
+        field="engine.max_cache_ram",
+        hint=f"pass --cache-ram {cap} or less (0 turns the prompt cache off),"
+        " or raise engine.max_cache_ram in the policy",
+    )
 
 
 def model_bytes(args: EngineArgs | None) -> int | None:

@@ -183,6 +183,7 @@ def compile_plan(
         engine=EngineSpec(
             kind=policy.engine.kind,
             max_context_tokens=policy.engine.max_context_tokens,
+            max_cache_ram=policy.engine.max_cache_ram,
             threads=policy.engine.threads,
         ),
         prefetch=PrefetchSpec(files=policy.prefetch.files, mode=policy.prefetch.mode),

@@ -64,6 +64,7 @@ class LaunchSpec:
 class EngineSpec:
     kind: Literal["llama.cpp", "generic"] = "generic"
     max_context_tokens: int | None = None
+    max_cache_ram: int | None = None  # MiB (llama-server --cache-ram cap)
     threads: int | None = None
 
 

@@ -48,6 +48,8 @@ def plan_table(plan: Plan) -> str:
         eng = [f"kind={plan.engine.kind}"]
         if plan.engine.max_context_tokens:
             eng.append(f"max_context_tokens={plan.engine.max_context_tokens}")
+        if plan.engine.max_cache_ram is not None:
+            eng.append(f"max_cache_ram={plan.engine.max_cache_ram}MiB")
         if plan.engine.threads:
             eng.append(f"threads={plan.engine.threads}")
         lines.append("engine   " + " ".join(eng))

@@ -234,6 +234,8 @@ class ProcessSection(_Section):
 class EngineSection(_Section):
     kind: Literal["llama.cpp", "generic"] = "generic"
     max_context_tokens: Annotated[StrictInt, Field(ge=1)] | None = None
+    # llama-server's prompt cache cap in MiB, as --cache-ram takes it (absent: no cap)
+    max_cache_ram: Annotated[StrictInt, Field(ge=0, le=1 << 30)] | None = None
     threads: Annotated[StrictInt, Field(ge=1)] | None = None
 
 
