@@ -55,6 +55,24 @@ POLICY_HINT = "`governor schema` lists every key and its syntax; policies/*.toml
 HOST_HINT = "`governor doctor` says what this host supports and how to fix what is missing"
 
 
+def report(err: BaseException, *, debug: bool) -> int:
+    """The one error printer of both command lines (governor/main.py, governor/cli/app.py):
+    ``governor: <message>`` and ``hint: ...`` on stderr, the traceback too with --debug; returns
+    the error's exit code."""
+    import sys
+
+    sys.stderr.write(f"governor: {one_line(str(err))}\n")
+    hint = getattr(err, "hint", None)
+    if hint:
+        sys.stderr.write(f"hint: {one_line(hint)}\n")
+    if debug:
+        import traceback
+
+        traceback.print_exception(err)
+    code = getattr(err, "exit_code", 1)
+    return code if isinstance(code, int) else 1
+
+
 class Interrupted(KeyboardInterrupt):
     """A stop signal (SIGTERM, SIGHUP, SIGQUIT, SIGINT) while the governor was applying limits:
     everything applied was rolled back; exit 128 + the signal's number."""

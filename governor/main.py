@@ -30,7 +30,6 @@ _LAUNCH_VALUE = {
 }
 _LAUNCH_FLAGS = {"--keep": "keep", "--force": "force"}
 _CHOICES = {"backend": ("cgroupfs", "systemd", "auto"), "psi": ("trigger", "poll")}
-_CONTROLLERS = frozenset({"memory", "cpu", "cpuset", "io", "pids", "psi"})
 METRICS_ENV = "GOVERNOR_METRICS"  # --metrics' default (the governor@ unit's .env file sets it)
 
 
@@ -103,7 +102,9 @@ def parse_launch(args: list[str]) -> dict[str, Any]:
     if out["policy"] is None or not out["engine"] or not 0.05 <= out["sample_interval"] <= 3600:
         raise _Fallback
     missing = frozenset(a.strip() for a in out["allow_missing"].split(",") if a.strip())
-    if missing - _CONTROLLERS:
+    from governor.kernel.files import MISSABLE  # standard library only
+
+    if missing - MISSABLE:
         raise _Fallback
     out["allow_missing"] = missing
     if out["metrics"] is not None:
@@ -123,19 +124,21 @@ def _launch(parsed: dict[str, Any]) -> int:
     watchdog = fork_watchdog()
     from pathlib import Path
 
-    from governor import api, log
+    from governor import log
+    from governor.api import host as api_host
+    from governor.api import launch as api_launch
 
     log.configure(debug=parsed["debug"])
     try:
-        return api.launch(
+        return api_launch.launch(
             Path(parsed["policy"]),
             parsed["engine"],
-            api.HostOptions(
+            api_host.HostOptions(
                 root=Path(parsed["root"]),
                 cgroup_root=None if parsed["cgroup_root"] is None else Path(parsed["cgroup_root"]),
                 allow_missing=parsed["allow_missing"],
             ),
-            api.LaunchOptions(
+            api_launch.LaunchOptions(
                 report=None if parsed["report"] is None else Path(parsed["report"]),
                 keep=parsed["keep"],
                 sample_s=parsed["sample_interval"],
@@ -160,22 +163,6 @@ def _interrupted(err: KeyboardInterrupt) -> str:
     )
 
 
-def fail(err: Exception, *, debug: bool) -> int:
-    """``governor: <message>`` and ``hint: ...`` on stderr; the error's exit code."""
-    from governor.errors import one_line
-
-    sys.stderr.write(f"governor: {one_line(str(err))}\n")
-    hint = getattr(err, "hint", None)
-    if hint:
-        sys.stderr.write(f"hint: {one_line(hint)}\n")
-    if debug:
-        import traceback
-
-        traceback.print_exception(err)
-    code = getattr(err, "exit_code", 1)
-    return code if isinstance(code, int) else 1
-
-
 def main(argv: list[str] | None = None) -> int:
     """Run the command line; returns the exit status (the typer path exits itself)."""
     args = sys.argv[1:] if argv is None else list(argv)
@@ -188,12 +175,12 @@ def main(argv: list[str] | None = None) -> int:
 
         cli_main(args)
         return 0
-    from governor.errors import GovernorError
+    from governor.errors import GovernorError, report
 
     try:
         return _launch(parsed)
     except GovernorError as err:
-        return fail(err, debug=parsed["debug"])
+        return report(err, debug=parsed["debug"])
     except KeyboardInterrupt as err:
         sys.stderr.write(f"governor: {_interrupted(err)}\n")
         return int(getattr(err, "exit_code", 130))

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 from governor.record import record
 
 if TYPE_CHECKING:
-    from governor.api import HostOptions
+    from governor.api.host import HostOptions
     from governor.plan.model import Plan
     from governor.rundir.state import Publisher
 
@@ -81,7 +81,7 @@ def monitor(path: Path, opts: HostOptions, mopts: MonitorOptions) -> dict[str, A
     import signal
     import time
 
-    from governor.api import check
+    from governor.api.host import check
     from governor.errors import HostError
     from governor.kernel.cgroupfs import CgroupFs
     from governor.kernel.procfs import ProcFs

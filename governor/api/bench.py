@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from governor.api import HostOptions, check
+from governor.api.host import HostOptions, check
 
 
 def bench(path: Path, argv: tuple[str, ...], opts: HostOptions, bopts: Any) -> Any:

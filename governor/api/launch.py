@@ -8,11 +8,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from governor.api import (
-    HostOptions,
-    _backend,
-    _preflight,
-)
+from governor.api.host import HostOptions, cgroupfs_backend, preflight_engine
 from governor.log import get_logger
 from governor.record import record
 
@@ -56,7 +52,7 @@ def _launch_backend(
     """(plan, backend) for launch: the cgroupfs layout, or the compiled placement inside a
     systemd unit (the installed service or a transient scope, whichever this process is in)."""
     if name != "systemd":
-        return entry.plan, _backend(entry.plan)
+        return entry.plan, cgroupfs_backend(entry.plan)
     from governor.backends.placement import CompiledPlacement
     from governor.backends.systemd import for_launch
 
@@ -316,7 +312,7 @@ def _compile_launch(
     from governor.engines.preflight import engine_args
 
     # under systemd the manager enables controllers along the unit's path itself
-    plan, host, checked = _preflight(
+    plan, host, checked = preflight_engine(
         path, argv, opts, probe_target=backend_name != "systemd", force=lopts.force, cwd=cwd
     )
     target = None if backend_name == "systemd" else plan.group

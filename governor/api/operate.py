@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from governor.api import HostOptions, _compile, load_policy, probe_host
+from governor.api.host import HostOptions, compile_policy, load_policy, probe_host
 
 
 def diff(path: Path, opts: HostOptions, *, install_root: Path = Path("/")) -> dict[str, Any]:
@@ -14,12 +14,12 @@ def diff(path: Path, opts: HostOptions, *, install_root: Path = Path("/")) -> di
     from governor.deploy import dropin
     from governor.deploy import install as inst
     from governor.kernel.cgroupfs import CgroupFs
+    from governor.kernel.files import MISSABLE
     from governor.operate import diff as d
 
     policy = load_policy(path)
     host = probe_host(opts, target=f"{policy.slice}/{policy.name}")
-    everything = frozenset({"memory", "cpu", "cpuset", "io", "pids", "psi"})
-    plan = _compile(policy, host, HostOptions(opts.root, opts.cgroup_root, everything), path)
+    plan = compile_policy(policy, host, HostOptions(opts.root, opts.cgroup_root, MISSABLE), path)
     fs = CgroupFs(Path(plan.cgroup_root))
     observed = CgroupfsBackend(fs).observe(plan) if fs.exists(plan.group) else None
     rendered: dict[str, str] | None = None
@@ -215,6 +215,7 @@ def _routes(
     from governor.backends import manager
     from governor.errors import HostError
     from governor.kernel.cgroupfs import CgroupFs
+    from governor.kernel.files import MISSABLE
     from governor.operate import tune as t
     from governor.plan.compiler import Workload, compile_plan
     from governor.plan.host import probe
@@ -231,13 +232,12 @@ def _routes(
         )
     policy = load(path, overrides=overrides)
     host = probe(cgroup_root=running.cgroup_root, target=running.group)
-    everything = frozenset({"memory", "cpu", "cpuset", "io", "pids", "psi"})
     model = st.get("model_bytes")
     new = compile_plan(
         policy,
         host,
         workload=Workload(model_bytes=model) if model else None,
-        allow_missing=everything,
+        allow_missing=MISSABLE,
         source=str(path),
     )
     fs = CgroupFs(Path(running.cgroup_root))

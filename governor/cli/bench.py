@@ -1,18 +1,15 @@
-"""`governor bench` and `governor metrics` (registered on governor.cli.app.app): what the engine
-costs under a policy, and the Prometheus exposition of the governed slices."""
+"""`governor bench`: what the engine costs under a policy (governor/bench/)."""
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 from typing import Annotated
 
 import typer
 
-from governor.cli.app import AllowMissing, Force, _opts, _size, app
+from governor.cli.options import AllowMissing, Force, host_options, size_option
 
 
-@app.command(context_settings={"allow_interspersed_args": False})
 def bench(  # noqa: PLR0917  # typer passes every option as a parameter
     policy: Annotated[Path, typer.Option("--policy", "-p", help="policy TOML file")],
     engine: Annotated[list[str], typer.Argument(help="the engine command after --")],
@@ -57,14 +54,14 @@ def bench(  # noqa: PLR0917  # typer passes every option as a parameter
     ] = None,
 ) -> None:
     """Run an engine under a policy N times: memory peak/samples, tokens/s, CSV/JSON, CI gate."""
-    from governor import api
+    from governor.api import bench as api_bench
     from governor.bench.main import BenchOptions
     from governor.cli.render import show_bench
 
-    result = api.bench(
+    result = api_bench.bench(
         policy,
         tuple(engine),
-        _opts(allow_missing),
+        host_options(allow_missing),
         BenchOptions(
             runs=runs,
             interval=interval,
@@ -73,7 +70,7 @@ def bench(  # noqa: PLR0917  # typer passes every option as a parameter
             csv=csv_out,
             json=json_out,
             plot=plot_out,
-            board_bytes=_size(board_memory),
+            board_bytes=size_option(board_memory),
             max_fraction=max_peak_fraction,
             min_decode_tps=min_decode_tps,
             force=force,
@@ -85,30 +82,3 @@ def bench(  # noqa: PLR0917  # typer passes every option as a parameter
     show_bench(result)
     if result.failures:
         raise typer.Exit(1)
-
-
-@app.command()
-def metrics(
-    name: Annotated[
-        str | None, typer.Argument(help="policy name (default: every governed slice)")
-    ] = None,
-    textfile: Annotated[
-        Path | None,
-        typer.Option(
-            "--textfile",
-            help="write DIR/governor.prom atomically for node_exporter's textfile collector"
-            " (--collector.textfile.directory DIR) instead of printing",
-        ),
-    ] = None,
-) -> None:
-    """The governed slices' Prometheus metrics (the names `launch --metrics` serves), once:
-    printed, or written for node_exporter (run it from a timer). Exit 66 when NAME is not
-    governed here or DIR does not exist."""
-    from governor import api
-
-    out = api.metrics(textfile, name)
-    if isinstance(out, bytes):
-        sys.stdout.buffer.write(out)
-        sys.stdout.flush()
-    else:
-        typer.echo(f"wrote {out}")

@@ -1,18 +1,125 @@
-"""`governor init` (registered on governor.cli.app.app): a commented policy for a GGUF model on
-this board, sized from the GGUF estimate and the probed host (governor/engines/draft.py)."""
+"""Compile-time commands: `check`, `plan`, `schema`, `doctor`, `estimate` and `init` (a
+commented policy for a GGUF model on this board, governor/engines/draft.py)."""
 
 from __future__ import annotations
 
+import json
 import shlex
 from pathlib import Path
 from typing import Annotated
 
 import typer
 
-from governor.cli.app import STATE, _opts, _size, app
+from governor.cli.options import (
+    STATE,
+    AllowMissing,
+    Force,
+    PolicyArg,
+    host_options,
+    size_option,
+    split_argv,
+)
 
 
-@app.command()
+def check(
+    policy: PolicyArg,
+    allow_missing: AllowMissing = "",
+    engine_argv: Annotated[
+        str | None,
+        typer.Option(
+            "--engine-argv",
+            help="the engine command line (one quoted string) to check as launch would:"
+            " engine.max_context_tokens, the model files, the GGUF memory estimate",
+        ),
+    ] = None,
+    force: Force = False,
+) -> None:
+    """Validate a policy and compile it against this host (exit 0 when it can be enforced)."""
+    from governor.api import compile as api_compile
+    from governor.api import host as api_host
+    from governor.cli.render import show_check
+
+    if engine_argv is not None:
+        plan, est, warnings = api_compile.check_engine(
+            policy, host_options(allow_missing), split_argv(engine_argv), force=force
+        )
+        show_check(policy, plan, est, warnings)
+    else:
+        show_check(policy, api_host.check(policy, host_options(allow_missing)))
+
+
+def plan(
+    policy: PolicyArg,
+    as_json: Annotated[bool, typer.Option("--json", help="print the Plan as JSON")] = False,
+    allow_missing: AllowMissing = "",
+) -> None:
+    """Show what the policy means on this host: every cgroup write, in order, with its reason."""
+    from governor.api import host as api_host
+    from governor.cli.render import show_plan
+
+    show_plan(api_host.check(policy, host_options(allow_missing)), as_json=as_json)
+
+
+def schema() -> None:
+    """Print the JSON Schema of the policy language."""
+    from governor.api import compile as api_compile
+
+    typer.echo(json.dumps(api_compile.schema(), indent=2, sort_keys=True))
+
+
+def doctor(
+    as_json: Annotated[
+        bool, typer.Option("--json", help="print facts and findings as JSON")
+    ] = False,
+) -> None:
+    """What this host supports, what is missing, and how to fix each (exit 69 on errors)."""
+    from governor.api import compile as api_compile
+    from governor.cli.render import show_doctor
+
+    host, findings = api_compile.doctor(host_options())
+    show_doctor(host, findings, as_json=as_json)
+    if any(f.level == "error" for f in findings):
+        raise typer.Exit(69)
+
+
+def estimate(  # noqa: PLR0917  # typer passes every option as a parameter
+    model: Annotated[Path, typer.Argument(help="GGUF model file", show_default=False)],
+    ctx: Annotated[
+        int | None, typer.Option("-c", "--ctx-size", help="context (-c)", min=0, max=1 << 24)
+    ] = None,
+    engine_argv: Annotated[
+        str,
+        typer.Option(
+            "--engine-argv", help="llama.cpp options to honour, one string: '-nr -ub 128 -ctk q8_0'"
+        ),
+    ] = "",
+    policy: Annotated[
+        Path | None, typer.Option("--policy", "-p", help="budget = this policy's memory.max")
+    ] = None,
+    budget: Annotated[
+        str | None, typer.Option("--budget", help="budget as a size (e.g. 1900M) instead")
+    ] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="print the estimate as JSON")] = False,
+) -> None:
+    """Estimate llama.cpp's resident memory for a GGUF model (header only; no weights loaded)."""
+    from governor.api import compile as api_compile
+    from governor.cli.render import show_estimate
+
+    est = api_compile.estimate(
+        model,
+        host_options(),
+        api_compile.EstimateOptions(
+            ctx=ctx,
+            engine_argv=split_argv(engine_argv),
+            policy=policy,
+            budget=size_option(budget),
+        ),
+    )
+    show_estimate(est, as_json=as_json)
+    if not est.fits:
+        raise typer.Exit(1)
+
+
 def init(  # noqa: PLR0917  # typer passes every option as a parameter
     model: Annotated[
         Path, typer.Option("--model", "-m", help="the GGUF model file", show_default=False)
@@ -46,16 +153,16 @@ def init(  # noqa: PLR0917  # typer passes every option as a parameter
     """Write a commented policy for a GGUF model on this board (--root: another board's facts):
     memory.min/high/max from the estimate, the largest context that fits, big cores, prefetch,
     graded pressure rules. Exit 65 when the model does not fit even a small context."""
-    from governor import api
+    from governor.api import compile as api_compile
     from governor.engines.draft import Request, write_policy
 
-    board = _size(board_memory)
+    board = size_option(board_memory)
     if board is not None and board <= 0:
         from governor.errors import UsageError
 
         raise UsageError("--board-memory must be above 0 (command line)", hint="e.g. 2G")
-    draft = api.init(
-        _opts(),
+    draft = api_compile.init(
+        host_options(),
         Request(
             model=model,
             ctx=ctx,

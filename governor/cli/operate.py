@@ -1,8 +1,10 @@
-"""Operator commands on a live board (registered on governor.cli.app.app): `status`."""
+"""Operator commands on a live board: `status`, `top`, `diff`, `tune`, `rollback` and
+`metrics` (the Prometheus exposition of the governed slices, once)."""
 
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 from typing import Annotated
 
@@ -10,10 +12,9 @@ import click
 import typer
 from typer.core import TyperCommand
 
-from governor.cli.app import _opts, app
+from governor.cli.options import host_options
 
 
-@app.command()
 def status(
     name: Annotated[
         str | None, typer.Argument(help="policy name (default: every governed slice)")
@@ -25,17 +26,16 @@ def status(
     """What each governed slice enforces and uses: policy vs kernel per knob, usage, memory
     events, pressure, CPU, pids, rules and what they do next, the last actions. Exit 66 when
     NAME is not governed here."""
-    from governor import api
+    from governor.api import operate as api_operate
     from governor.operate.status import render
 
-    items = api.status(name)
+    items = api_operate.status(name)
     if as_json:
         typer.echo(json.dumps(items, indent=2))
     else:
         typer.echo(render(items), nl=False)
 
 
-@app.command()
 def top(
     delay: Annotated[
         float, typer.Option("--delay", "-d", help="seconds between refreshes", min=0.1)
@@ -66,7 +66,6 @@ def top(
         interactive(run_dir(), delay=delay, iterations=iterations)
 
 
-@app.command()
 def diff(
     policy: Annotated[Path, typer.Argument(help="policy TOML file", show_default=False)],
     as_json: Annotated[bool, typer.Option("--json", help="machine-readable output")] = False,
@@ -74,15 +73,15 @@ def diff(
     """The policy compiled on this host vs the kernel's files vs the installed systemd units
     (what `install` would render now), and the prerequisites (cgroup2, controllers, PSI).
     Exit 0 when everything is in sync, 1 on any drift (each mismatch listed with its values)."""
-    from governor import api
+    from governor.api import operate as api_operate
     from governor.operate.diff import render
 
-    out = api.diff(policy, _opts())
+    out = api_operate.diff(policy, host_options())
     typer.echo(json.dumps(out, indent=2) if as_json else render(out), nl=as_json)
     raise typer.Exit(0 if out["in_sync"] else 1)
 
 
-class _TuneCommand(TyperCommand):
+class TuneCommand(TyperCommand):
     """`--confirm` takes an optional value: bare (last, or before another option or a
     KEY=VALUE) it means "confirm now" (typer 0.21 passes no flag_value to click)."""
 
@@ -99,7 +98,6 @@ class _TuneCommand(TyperCommand):
         return super().parse_args(ctx, out)
 
 
-@app.command(cls=_TuneCommand)
 def tune(  # noqa: PLR0917  # typer passes every option as a parameter
     name: Annotated[str, typer.Argument(help="policy name of a governed slice")],
     assignments: Annotated[
@@ -141,9 +139,9 @@ def tune(  # noqa: PLR0917  # typer passes every option as a parameter
     unit properties), so `systemctl show` agrees."""
     import time
 
-    from governor import api
+    from governor.api import operate as api_operate
 
-    out = api.tune(
+    out = api_operate.tune(
         name, tuple(assignments or ()), dry_run=dry_run, force=force, persist=persist,
         confirm=confirm,
     )  # fmt: skip
@@ -175,7 +173,6 @@ def tune(  # noqa: PLR0917  # typer passes every option as a parameter
         typer.echo(f"reverts at {at} unless confirmed: governor tune {name} --confirm")
 
 
-@app.command()
 def rollback(
     name: Annotated[str, typer.Argument(help="policy name of a governed slice")],
     to: Annotated[
@@ -186,9 +183,35 @@ def rollback(
     ] = False,
 ) -> None:
     """Undo changes from the slice's journal in reverse order: the last tune by default."""
-    from governor import api
+    from governor.api import operate as api_operate
 
-    out = api.rollback(name, to=to, everything=everything)
+    out = api_operate.rollback(name, to=to, everything=everything)
     typer.echo(f"{name}: rolled back entries {out['undoes']} (journal entry {out['id']})")
     for ch in out["changes"]:
         typer.echo(f"  {ch['file']}: {ch['before']} -> {ch['after']}")
+
+
+def metrics(
+    name: Annotated[
+        str | None, typer.Argument(help="policy name (default: every governed slice)")
+    ] = None,
+    textfile: Annotated[
+        Path | None,
+        typer.Option(
+            "--textfile",
+            help="write DIR/governor.prom atomically for node_exporter's textfile collector"
+            " (--collector.textfile.directory DIR) instead of printing",
+        ),
+    ] = None,
+) -> None:
+    """The governed slices' Prometheus metrics (the names `launch --metrics` serves), once:
+    printed, or written for node_exporter (run it from a timer). Exit 66 when NAME is not
+    governed here or DIR does not exist."""
+    from governor.api import operate as api_operate
+
+    out = api_operate.metrics(textfile, name)
+    if isinstance(out, bytes):
+        sys.stdout.buffer.write(out)
+        sys.stdout.flush()
+    else:
+        typer.echo(f"wrote {out}")

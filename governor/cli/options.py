@@ -1,8 +1,18 @@
-"""Command-line values that need more than typer's own checks."""
+"""What the commands share: the global options' state, the option types more than one command
+takes, and the converters for values that need more than typer's own checks."""
 
 from __future__ import annotations
 
+import enum
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated
+
+import typer
+
 from governor.errors import UsageError as GovernorUsage
+
+if TYPE_CHECKING:
+    from governor.api.host import HostOptions
 
 
 def split_argv(text: str, option: str = "--engine-argv") -> tuple[str, ...]:
@@ -16,3 +26,121 @@ def split_argv(text: str, option: str = "--engine-argv") -> tuple[str, ...]:
             f"cannot split {option}: {err} (command line)",
             hint=f"quote {option} as one shell word: {option} 'llama-cli -m model.gguf -c 2048'",
         ) from None
+
+
+class _State:
+    debug = False
+    root = Path("/")
+    cgroup_root: Path | None = None
+
+
+STATE = _State()
+
+
+PolicyArg = Annotated[Path, typer.Argument(help="policy TOML file", show_default=False)]
+
+
+AllowMissing = Annotated[
+    str,
+    typer.Option(
+        "--allow-missing",
+        help="comma list of controllers (memory,cpu,cpuset,io,pids) or 'psi' to run without;"
+        " the limits they carry are reported as NOT in force",
+    ),
+]
+
+
+def finite(value: float | None) -> float | None:
+    """typer's ranges compare, and every comparison with NaN is False: refuse it here."""
+    if value is not None and value != value:  # noqa: PLR0124  # NaN is the one value != itself
+        raise typer.BadParameter("nan is not a number of seconds")
+    return value
+
+
+SampleInterval = Annotated[
+    float,
+    typer.Option(
+        "--sample-interval",
+        callback=finite,
+        help="seconds between samples of memory.current/peak/stat (0.05-3600)",
+        min=0.05,
+        max=3600.0,
+    ),
+]
+
+
+class PsiMode(enum.StrEnum):
+    trigger = "trigger"
+    poll = "poll"
+
+
+Psi = Annotated[
+    PsiMode,
+    typer.Option(
+        "--psi",
+        help="trigger: PSI trigger fds (the kernel wakes the monitor); poll: read total= at"
+        " every sample instead (kernels or delegations that refuse triggers, comparisons)",
+    ),
+]
+
+
+def listen_option(text: str | None) -> tuple[str, int] | None:
+    if not text:
+        return None
+    from governor.errors import UsageError
+    from governor.metrics.listen import parse_listen
+
+    try:
+        return parse_listen(text)
+    except ValueError as err:
+        raise UsageError(
+            f"bad --metrics value: {err} (command line)",
+            hint="--metrics 9101 (loopback), --metrics 0.0.0.0:9101, --metrics [::1]:9101",
+        ) from None
+
+
+Metrics = Annotated[
+    str | None,
+    typer.Option(
+        "--metrics",
+        envvar="GOVERNOR_METRICS",
+        show_envvar=True,
+        help="serve Prometheus /metrics on [ADDR:]PORT while it runs (ADDR defaults to"
+        ' 127.0.0.1; see README "Metrics")',
+    ),
+]
+
+
+Force = Annotated[
+    bool,
+    typer.Option("--force", help="go ahead even when the GGUF memory estimate exceeds memory.max"),
+]
+
+
+def host_options(allow_missing: str = "") -> HostOptions:
+    from governor.api.host import HostOptions
+
+    allowed = frozenset(a.strip() for a in allow_missing.split(",") if a.strip())
+    from governor.kernel.files import MISSABLE
+
+    unknown = allowed - MISSABLE
+    if unknown:
+        from governor.errors import UsageError
+
+        raise UsageError(
+            f"unknown name in --allow-missing: {','.join(sorted(unknown))} (command line)",
+            hint="use memory, cpu, cpuset, io, pids or psi",
+        )
+    return HostOptions(root=STATE.root, cgroup_root=STATE.cgroup_root, allow_missing=allowed)
+
+
+def size_option(text: str | None) -> int | None:
+    if text is None:
+        return None
+    from governor.errors import UsageError
+    from governor.policy.values import parse_size
+
+    try:
+        return parse_size(text).bytes
+    except ValueError as err:
+        raise UsageError(f"not a size: {text!r} ({err}) (command line)", hint="e.g. 1900M") from err

@@ -44,6 +44,10 @@ PIDS_CURRENT = "pids.current"
 
 # controllers, in the order runc writes them at runtime: pids -> memory -> io -> cpu -> cpuset
 CONTROLLER_ORDER: tuple[str, ...] = ("pids", "memory", "io", "cpu", "cpuset")
+# THE controller list: the controllers the governor uses. --allow-missing also takes "psi"
+# (pressure stall information: a kernel feature the pressure rules need, not a controller)
+CONTROLLERS: frozenset[str] = frozenset(CONTROLLER_ORDER)
+MISSABLE: frozenset[str] = CONTROLLERS | {"psi"}
 
 
 def controller_of(filename: str) -> str | None:

@@ -16,6 +16,7 @@ from governor.kernel.files import (
     CGROUP_KILL,
     CGROUP_SUBTREE_CONTROL,
     CONTROLLER_ORDER,
+    CONTROLLERS,
     MEMORY_PEAK,
     MEMORY_RECLAIM,
 )
@@ -24,7 +25,7 @@ from governor.plan.host import HostFacts
 
 Level = Literal["ok", "warn", "error"]
 
-DEFAULT_NEEDS: frozenset[str] = frozenset({"memory", "cpu", "cpuset", "io", "pids"})
+DEFAULT_NEEDS: frozenset[str] = CONTROLLERS
 
 # kernel feature gates (Documentation/admin-guide/cgroup-v2.rst, madvise(2), clone(2))
 CGROUP_FREEZE_MIN = (5, 2)  # cgroup.freeze: the "freeze" pressure action

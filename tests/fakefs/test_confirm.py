@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from governor import api
+from governor.api import host as api_host
 from governor.backends import manager
 from governor.backends.unitmap import Mapping
 from governor.kernel import files as kf
@@ -245,7 +245,7 @@ def test_status_says_tuned_and_when_it_reverts_unless_confirmed(tmp_path: Path) 
     shutil.copytree(HOSTS / "rk3588" / "sys" / "fs" / "cgroup", cg)
     policy = tmp_path / "st.toml"
     policy.write_text('name = "st"\n[memory]\nhigh = "1G"\nmax = "1536M"\n')
-    plan = api.check(policy, api.HostOptions(root=HOSTS / "rk3588", cgroup_root=cg))
+    plan = api_host.check(policy, api_host.HostOptions(root=HOSTS / "rk3588", cgroup_root=cg))
     group = cg / plan.group
     group.mkdir(parents=True)
     for w in plan.writes:

@@ -83,7 +83,8 @@ def test_monitor_serves_its_rules_and_the_slice_on_metrics_while_it_runs(
 
     from prometheus_client.parser import text_string_to_metric_families
 
-    from governor import api
+    from governor.api import attach as api_attach
+    from governor.api import host as api_host
 
     policy = tmp_path / "chat.toml"
     policy.write_text(POLICY)
@@ -115,10 +116,10 @@ def test_monitor_serves_its_rules_and_the_slice_on_metrics_while_it_runs(
     scraper = threading.Thread(target=scrape)
     scraper.start()
     try:
-        out = api.monitor(
+        out = api_attach.monitor(
             policy,
-            api.HostOptions(root=Path(HOST), cgroup_root=cgroup_root),
-            api.MonitorOptions(sample_s=0.1, duration_s=90, metrics=("127.0.0.1", port)),
+            api_host.HostOptions(root=Path(HOST), cgroup_root=cgroup_root),
+            api_attach.MonitorOptions(sample_s=0.1, duration_s=90, metrics=("127.0.0.1", port)),
         )
     finally:
         returned.set()
@@ -132,9 +133,11 @@ def test_monitor_serves_its_rules_and_the_slice_on_metrics_while_it_runs(
 
 
 def _plan_dict(policy: Path, cgroup_root: Path) -> dict[str, object]:
-    from governor import api
+    from governor.api import host as api_host
 
-    return api.check(policy, api.HostOptions(root=Path(HOST), cgroup_root=cgroup_root)).to_dict()
+    return api_host.check(
+        policy, api_host.HostOptions(root=Path(HOST), cgroup_root=cgroup_root)
+    ).to_dict()
 
 
 def test_monitor_publishes_its_state_for_status_and_gives_apply_its_state_back(
@@ -244,7 +247,8 @@ def test_a_monitor_leaves_a_state_it_does_not_own_when_it_ends(
     import threading
     import time
 
-    from governor import api
+    from governor.api import attach as api_attach
+    from governor.api import host as api_host
     from governor.rundir.state import Publisher, run_dir
 
     policy = tmp_path / "chat.toml"
@@ -264,10 +268,10 @@ def test_a_monitor_leaves_a_state_it_does_not_own_when_it_ends(
 
     other = threading.Thread(target=replace_state)
     other.start()
-    api.monitor(
+    api_attach.monitor(
         policy,
-        api.HostOptions(root=Path(HOST), cgroup_root=cgroup_root),
-        api.MonitorOptions(sample_s=0.1, duration_s=1.5),
+        api_host.HostOptions(root=Path(HOST), cgroup_root=cgroup_root),
+        api_attach.MonitorOptions(sample_s=0.1, duration_s=1.5),
     )
     other.join(timeout=30)
     assert publisher.read() == {"format": 1, **theirs}

@@ -15,8 +15,10 @@ from typing import Any
 
 import pytest
 
-from governor import api, log, main
+from governor import log, main
+from governor.api import launch as api
 from governor.cli import app as cli
+from governor.cli.options import STATE
 from governor.record import replace
 
 Call = tuple[Path, tuple[str, ...], Any, Any, int]  # path, argv, HostOptions, LaunchOptions, level
@@ -35,7 +37,7 @@ def calls(monkeypatch: pytest.MonkeyPatch) -> list[Call]:
     # both paths configure logging and typer's global state: restored after the test
     monkeypatch.setattr(log._CONFIG, "threshold", log._CONFIG.threshold)
     for attr in ("debug", "root", "cgroup_root"):
-        monkeypatch.setattr(cli.STATE, attr, getattr(cli.STATE, attr))
+        monkeypatch.setattr(STATE, attr, getattr(STATE, attr))
     return recorded
 
 

@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from governor import api
+from governor.api import host as api_host
 from governor.bench import metrics as bench_metrics
 from governor.bench.run import Row
 from governor.errors import HostError, PolicyNotFound
@@ -63,7 +63,7 @@ def _slice(tmp_path: Path) -> tuple[Plan, Path, Path]:
     shutil.copytree(HOSTS / "rk3588" / "sys" / "fs" / "cgroup", cg)
     policy = tmp_path / "mx.toml"
     policy.write_text(POLICY)
-    plan = api.check(policy, api.HostOptions(root=HOSTS / "rk3588", cgroup_root=cg))
+    plan = api_host.check(policy, api_host.HostOptions(root=HOSTS / "rk3588", cgroup_root=cg))
     group = cg / plan.group
     group.mkdir(parents=True)
     for w in plan.writes:

@@ -1,4 +1,4 @@
-"""`governor diff` (governor/operate/diff.py, api.diff): compiled plan vs kernel files vs installed units,
+"""`governor diff` (governor/operate/diff.py, api_operate.diff): compiled plan vs kernel files vs installed units,
 over fixture hosts and tmp cgroup/unit trees."""
 
 from __future__ import annotations
@@ -6,7 +6,8 @@ from __future__ import annotations
 import shutil
 from pathlib import Path
 
-from governor import api
+from governor.api import host as api_host
+from governor.api import operate as api_operate
 from governor.deploy import dropin
 from governor.deploy.install import manifest_path
 from governor.operate import tune
@@ -17,13 +18,13 @@ HOSTS = REPO / "tests" / "fixtures" / "hosts"
 POLICY = 'name = "df"\n[memory]\nhigh = "1G"\nmax = "1536M"\n[pids]\nmax = 64\n'
 
 
-def _setup(tmp_path: Path) -> tuple[Path, api.HostOptions]:
+def _setup(tmp_path: Path) -> tuple[Path, api_host.HostOptions]:
     cg = tmp_path / "cg"
     shutil.copytree(HOSTS / "rk3588" / "sys" / "fs" / "cgroup", cg)
     policy = tmp_path / "df.toml"
     policy.write_text(POLICY)
-    opts = api.HostOptions(root=HOSTS / "rk3588", cgroup_root=cg)
-    plan = api.check(policy, opts)
+    opts = api_host.HostOptions(root=HOSTS / "rk3588", cgroup_root=cg)
+    plan = api_host.check(policy, opts)
     group = cg / plan.group
     group.mkdir(parents=True)
     for level in (group.parent, group):  # probe() reads each existing level's controllers
@@ -36,12 +37,12 @@ def _setup(tmp_path: Path) -> tuple[Path, api.HostOptions]:
 
 def test_in_sync_then_a_kernel_write_is_drift_with_both_values(tmp_path: Path) -> None:
     policy, opts = _setup(tmp_path)
-    out = api.diff(policy, opts, install_root=tmp_path / "root")
+    out = api_operate.diff(policy, opts, install_root=tmp_path / "root")
     assert out["in_sync"], render(out)
     assert not out["systemd_checked"]
     group = Path(str(opts.cgroup_root)) / "governor.slice" / "df"
     (group / "memory.high").write_text("536870912\n")
-    out = api.diff(policy, opts, install_root=tmp_path / "root")
+    out = api_operate.diff(policy, opts, install_root=tmp_path / "root")
     assert not out["in_sync"]
     (k,) = out["kernel"]
     assert (k["file"], k["plan"], k["kernel"]) == ("memory.high", str(1 << 30), "536870912")
@@ -51,34 +52,34 @@ def test_in_sync_then_a_kernel_write_is_drift_with_both_values(tmp_path: Path) -
 def test_a_group_that_does_not_exist_is_drift(tmp_path: Path) -> None:
     policy, opts = _setup(tmp_path)
     shutil.rmtree(Path(str(opts.cgroup_root)) / "governor.slice" / "df")
-    out = api.diff(policy, opts, install_root=tmp_path / "root")
+    out = api_operate.diff(policy, opts, install_root=tmp_path / "root")
     assert not out["in_sync"] and out["kernel"][0]["kernel"] == "does not exist"
 
 
 def test_installed_units_are_compared_with_what_install_renders_now(tmp_path: Path) -> None:
     policy, opts = _setup(tmp_path)
     root = tmp_path / "root"
-    plan = api.check(policy, opts)
-    host = api.probe_host(opts)
+    plan = api_host.check(policy, opts)
+    host = api_host.probe_host(opts)
     assert host.systemd_version is not None
     for f in dropin.render_install(plan, host.systemd_version, policy_path=str(policy.resolve())):
         (root / f.path).parent.mkdir(parents=True, exist_ok=True)
         (root / f.path).write_text(f.text)
     manifest_path(root, "df").parent.mkdir(parents=True, exist_ok=True)
     manifest_path(root, "df").write_text("{}")
-    out = api.diff(policy, opts, install_root=root)
+    out = api_operate.diff(policy, opts, install_root=root)
     assert out["systemd_checked"] and out["in_sync"], render(out)
     unit = root / "etc/systemd/system" / dropin.policy_slice(plan.slice, plan.policy)
     unit.write_text(unit.read_text().replace("MemoryMax=", "MemoryMax=1 #"))
-    out = api.diff(policy, opts, install_root=root)
+    out = api_operate.diff(policy, opts, install_root=root)
     assert [u["file"] for u in out["systemd"]] == [str(unit.relative_to(root))]
     # put back; then a `tune --persist` drop-in on the slice: the policy no longer rules
     unit.write_text(unit.read_text().replace("MemoryMax=1 #", "MemoryMax="))
-    assert api.diff(policy, opts, install_root=root)["in_sync"]
+    assert api_operate.diff(policy, opts, install_root=root)["in_sync"]
     tuned = Path(f"{unit}.d") / tune.DROPIN_NAME
     tuned.parent.mkdir()
     tuned.write_text("[Slice]\nMemoryHigh=300M\n")
-    out = api.diff(policy, opts, install_root=root)
+    out = api_operate.diff(policy, opts, install_root=root)
     assert not out["in_sync"]
     (u,) = out["systemd"]
     assert u["file"] == str(tuned.relative_to(root)) and "MemoryHigh=300M" in u["installed"]

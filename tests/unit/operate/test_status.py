@@ -19,7 +19,7 @@ import pytest
 from helpers import cgroups
 from helpers.cgroups import ScratchSlice
 
-from governor import api
+from governor.api import host as api_host
 from governor.errors import PolicyNotFound
 from governor.operate.status import collect, render
 from governor.plan.model import Plan
@@ -45,7 +45,7 @@ def _tree_plan(tmp_path: Path) -> tuple[Plan, Path]:
     shutil.copytree(HOSTS / "rk3588" / "sys" / "fs" / "cgroup", cg)
     policy = tmp_path / "st.toml"
     policy.write_text(POLICY)
-    plan = api.check(policy, api.HostOptions(root=HOSTS / "rk3588", cgroup_root=cg))
+    plan = api_host.check(policy, api_host.HostOptions(root=HOSTS / "rk3588", cgroup_root=cg))
     group = cg / plan.group
     group.mkdir(parents=True)
     for w in plan.writes:

@@ -1,0 +1,72 @@
+"""`governor apply` and `governor remove`: a slice with its limits and no supervisor."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from governor.api.host import HostOptions, cgroupfs_backend, check, load_policy, probe_host
+
+if TYPE_CHECKING:
+    from governor.plan.model import Plan
+
+
+def apply(path: Path, opts: HostOptions) -> Plan:
+    """`governor apply`: create the slice with its limits, no process."""
+    import time
+
+    from governor.rundir.state import Publisher, run_dir
+    from governor.rundir.state import applied as applied_state
+
+    plan = check(path, opts)
+    backend = cgroupfs_backend(plan)
+    # the lock a launch of the same policy holds for its whole run: apply refuses (69) then
+    from governor.supervise.supervisor import interruptible
+
+    # a stop signal while the limits are written rolls them back (exit 128+N), as ^C does
+    with backend.lock(plan) as locked, interruptible():
+        applied = backend.apply(plan)
+    created = sorted(set(locked) | set(applied.created))
+    # no supervisor: the state holds while the cgroup exists (governor status shows it)
+    Publisher(run_dir(), plan.policy).publish(
+        applied_state(
+            plan.to_dict(),
+            policy_path=str(path.resolve()),
+            created=created,
+            started_at=time.time(),
+        )
+    )
+    return plan
+
+
+def remove(path: Path, opts: HostOptions) -> Any:
+    """`governor remove`: kill what runs in the policy's group and remove its cgroups."""
+    from governor.kernel.files import MISSABLE
+    from governor.plan.compiler import compile_plan
+
+    policy = load_policy(path)
+    host = probe_host(opts, target=f"{policy.slice}/{policy.name}")
+    # removal must work even where the limits could not be enforced any more
+    plan = compile_plan(policy, host, allow_missing=MISSABLE, source=str(path))
+    from governor.rundir.state import Publisher, read_states, run_dir
+
+    # `governor apply` (and `launch --keep`) record what they created: then the slice goes
+    # only when it is among them (an operator's slice stays). Without a record (/run lost in a
+    # reboot, a kept group from before this record existed) an empty slice the plan would
+    # create goes, as before
+    recorded = [
+        s for s in read_states(run_dir()) if s.get("policy") == plan.policy and "created" in s
+    ]
+    owned: set[str] | None = None
+    if recorded:
+        owned = {c for state in recorded for c in state.get("created") or ()}
+    removed = cgroupfs_backend(plan).remove(plan, owned=owned)
+
+    # the state `governor apply` published; a running launch's is its supervisor's to remove
+    if all(
+        s.get("source") == "apply" or s.get("stale")
+        for s in read_states(run_dir())
+        if s.get("policy") == plan.policy
+    ):
+        Publisher(run_dir(), plan.policy).remove()
+    return removed

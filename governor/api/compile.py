@@ -1,0 +1,71 @@
+"""Compile-time commands in the composition root: `doctor`, `schema`, `estimate`, `check
+--engine-argv` and `init`."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from governor.api.host import HostOptions, load_policy, preflight_engine, probe_host
+from governor.record import record
+
+if TYPE_CHECKING:
+    from governor.plan.doctor import Finding
+    from governor.plan.host import HostFacts
+
+
+def doctor(opts: HostOptions) -> tuple[HostFacts, list[Finding]]:
+    from governor.plan.doctor import diagnose
+
+    host = probe_host(opts)
+    return host, diagnose(host)
+
+
+def schema() -> dict[str, Any]:
+    from governor.policy.model import Policy
+
+    out = Policy.model_json_schema(by_alias=True, mode="validation")
+    out["$schema"] = "https://json-schema.org/draft/2020-12/schema"
+    out["title"] = "governor policy"
+    return out
+
+
+@record(frozen=True)
+class EstimateOptions:
+    ctx: int | None = None  # -c (overrides the one in engine_argv)
+    engine_argv: tuple[str, ...] = ()  # llama.cpp options to honour (-nr, -ctk, -ub, -lm ...)
+    policy: Path | None = None  # budget = the policy's memory.max on this host
+    budget: int | None = None  # budget in bytes (instead of a policy)
+
+
+def estimate(model: Path, opts: HostOptions, eopts: EstimateOptions) -> Any:
+    """`governor estimate`: the resident-memory estimate of llama.cpp for a GGUF model."""
+    from governor.engines.budget import estimate_argv, policy_budget
+    from governor.engines.llama import parse_llama_argv
+    from governor.errors import PolicyError
+
+    argv = ["llama", *eopts.engine_argv, "-m", str(model)]
+    if eopts.ctx is not None:
+        argv += ["-c", str(eopts.ctx)]
+    try:
+        args = parse_llama_argv(argv)
+    except ValueError as err:
+        raise PolicyError(str(err), file="--engine-argv", hint="check the engine options") from err
+    budget = eopts.budget
+    if budget is None and eopts.policy is not None:
+        budget = policy_budget(load_policy(eopts.policy), root=opts.root)
+    return estimate_argv(args, root=opts.root, budget=budget)
+
+
+def check_engine(path: Path, opts: HostOptions, argv: tuple[str, ...], *, force: bool) -> Any:
+    """`governor check --engine-argv`: the plan plus every refusal launch makes before it
+    applies anything (the same preflight); returns (plan, estimate, warnings)."""
+    plan, _host, checked = preflight_engine(path, argv, opts, probe_target=True, force=force)
+    return plan, checked.estimate, checked.messages
+
+
+def init(opts: HostOptions, req: Any) -> Any:
+    """`governor init`: a policy for a GGUF model on this board (governor/engines/draft.py)."""
+    from governor.engines.draft import draft
+
+    return draft(req, probe_host(opts), root=opts.root)

@@ -1,0 +1,107 @@
+"""`governor install` and `governor uninstall` in the composition root (governor/deploy/)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from governor.api.host import HostOptions, compile_policy, load_policy, probe_host
+from governor.record import record
+
+
+@record(frozen=True)
+class InstallOptions:
+    root: Path = Path("/")  # where etc/systemd/system is written (a DESTDIR)
+    dry_run: bool = False
+    engine: tuple[str, ...] = ()  # engine argv for the instance's ExecStart= (optional)
+    governor: str | None = None  # governor executable in ExecStart= (default: this one)
+
+
+def _governor_executable() -> str:
+    import shutil
+    import sys
+
+    beside = Path(sys.executable).with_name("governor")  # the venv's console script
+    if beside.exists():
+        return str(beside)
+    return shutil.which("governor") or "/usr/local/bin/governor"
+
+
+def install(path: Path, opts: HostOptions, iopts: InstallOptions) -> Any:
+    """`governor install`: render the policy's units for this host's systemd and write them."""
+    from governor.backends.systemd import daemon_reload
+    from governor.deploy import dropin
+    from governor.deploy import install as inst
+    from governor.engines.preflight import engine_args
+    from governor.engines.preflight import model_bytes as model_size
+    from governor.errors import HostError
+
+    policy = load_policy(path)
+    model_bytes = None
+    if iopts.engine:
+        kind, cap = policy.engine.kind, policy.engine.max_context_tokens
+        model_bytes = model_size(engine_args(kind, cap, iopts.engine))
+    host = probe_host(opts)  # systemd enables controllers along the unit's path itself
+    if host.systemd_version is None:
+        raise HostError(
+            f"systemd is not PID 1 on the probed host ({host.root}/proc/1/comm: {host.pid1!r})",
+            hint="install on the board itself, or render for it with --root of the global"
+            " options pointing at a copy of its /proc and /sys",
+        )
+    plan = compile_policy(policy, host, opts, path, model_bytes=model_bytes)
+    files = dropin.render_install(
+        plan,
+        host.systemd_version,
+        policy_path=str(path.resolve()),
+        governor=iopts.governor or _governor_executable(),
+        engine=iopts.engine or None,
+    )
+    live = iopts.root.resolve() == Path("/")
+    result = inst.install(
+        plan.policy,
+        files,
+        dropin.unit_names(plan),
+        root=iopts.root,
+        dry_run=iopts.dry_run,
+        reload=daemon_reload if live else None,
+    )
+    if live and not iopts.dry_run and iopts.engine:
+        _precompile_for_service(path.resolve(), iopts.engine, opts)
+    return result
+
+
+def _precompile_for_service(policy_path: Path, engine: tuple[str, ...], opts: HostOptions) -> None:
+    """Compile the plan the installed service will ask for (its ExecStart= command line, its
+    working directory /, root's cache) so that `systemctl start` takes the lean path. Best
+    effort: a refusal here is said now and again by the service when it starts."""
+    from governor.api.launch import LaunchOptions, compiled_for_launch
+    from governor.cache.store import cache_dir
+    from governor.errors import GovernorError
+    from governor.log import get_logger
+
+    service_opts = HostOptions(root=opts.root, cgroup_root=opts.cgroup_root)
+    try:
+        compiled_for_launch(
+            policy_path,
+            engine,
+            service_opts,
+            LaunchOptions(backend="systemd"),
+            "systemd",
+            cwd=Path("/"),
+            cache=cache_dir(environ={}),
+        )
+    except GovernorError as err:
+        get_logger("governor.install").warning(
+            "plan.precompile_failed", message=str(err), hint=err.hint
+        )
+
+
+def uninstall(policy: str, root: Path, *, dry_run: bool = False) -> Any:
+    """`governor uninstall`: remove what install wrote for a policy (a file or its name) and
+    restore the files it replaced."""
+    from governor.backends.systemd import daemon_reload
+    from governor.deploy import install as inst
+
+    name = load_policy(Path(policy)).name if policy.endswith(".toml") else policy
+    live = root.resolve() == Path("/")
+    return inst.uninstall(name, root=root, dry_run=dry_run, reload=daemon_reload if live else None)

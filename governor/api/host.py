@@ -1,0 +1,105 @@
+"""What every command that touches a host starts with: where to look (HostOptions), the policy
+loaded, the host probed, the plan compiled, and for an engine the preflight."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from governor.record import field, record
+
+if TYPE_CHECKING:
+    from governor.engines.preflight import Preflight
+    from governor.plan.compiler import Workload
+    from governor.plan.host import HostFacts
+    from governor.plan.model import Plan
+    from governor.policy.model import Policy
+
+
+@record(frozen=True)
+class HostOptions:
+    """Where to look: the filesystem root for /proc and /sys, and the cgroup2 mount."""
+
+    root: Path = Path("/")
+    cgroup_root: Path | None = None
+    allow_missing: frozenset[str] = field(default_factory=frozenset)
+
+
+def load_policy(path: Path) -> Policy:
+    from governor.policy.loader import load
+
+    return load(path)
+
+
+def probe_host(opts: HostOptions, *, target: str | None = None) -> HostFacts:
+    from governor.plan.host import probe
+
+    return probe(opts.root, cgroup_root=opts.cgroup_root, target=target)
+
+
+def check(
+    path: Path,
+    opts: HostOptions,
+    *,
+    workload: Workload | None = None,
+    attach: str | None = None,
+) -> Plan:
+    """load + probe + compile: what every command that touches a host starts with."""
+    policy = load_policy(path)
+    host = probe_host(opts, target=attach or f"{policy.slice}/{policy.name}")
+    return compile_policy(policy, host, opts, path, workload=workload, attach=attach)
+
+
+def compile_policy(
+    policy: Policy,
+    host: HostFacts,
+    opts: HostOptions,
+    path: Path,
+    *,
+    workload: Workload | None = None,
+    model_bytes: int | None = None,
+    attach: str | None = None,
+) -> Plan:
+    """compile_plan with the options every command passes the same way."""
+    from governor.plan.compiler import Workload, compile_plan
+
+    if workload is None and model_bytes is not None:
+        workload = Workload(model_bytes=model_bytes)
+    return compile_plan(
+        policy,
+        host,
+        workload=workload,
+        allow_missing=opts.allow_missing,
+        source=str(path),
+        attach=attach,
+    )
+
+
+def preflight_engine(
+    path: Path,
+    argv: tuple[str, ...],
+    opts: HostOptions,
+    *,
+    probe_target: bool,
+    force: bool,
+    cwd: Path | None = None,
+) -> tuple[Plan, HostFacts, Preflight]:
+    """load + engine argv + model + probe + compile + governor/engines/preflight.py: what check
+    --engine-argv and launch both run, in this order, before anything is applied."""
+    from governor.engines.preflight import engine_args, model_bytes, preflight
+
+    policy = load_policy(path)
+    args = engine_args(policy.engine.kind, policy.engine.max_context_tokens, argv)
+    size = model_bytes(args)
+    target = f"{policy.slice}/{policy.name}" if probe_target else None
+    host = probe_host(opts, target=target)
+    plan = compile_policy(policy, host, opts, path, model_bytes=size)
+    checked = preflight(plan, args, root=opts.root, cwd=cwd or Path.cwd(), force=force, host=host)
+    return plan, host, checked
+
+
+def cgroupfs_backend(plan: Plan) -> Any:
+    from governor.backends.cgroupfs import CgroupfsBackend
+    from governor.kernel.cgroupfs import CgroupFs
+
+    return CgroupfsBackend(CgroupFs(Path(plan.cgroup_root)))
