@@ -17,6 +17,8 @@ import os
 import sys
 from typing import Any
 
+from governor.cli.choices import BACKENDS, METRICS_ENV, PSI_MODES
+
 _GLOBAL_VALUE = ("--root", "--cgroup-root")
 _LAUNCH_VALUE = {
     "--policy": "policy",
@@ -29,8 +31,7 @@ _LAUNCH_VALUE = {
     "--metrics": "metrics",
 }
 _LAUNCH_FLAGS = {"--keep": "keep", "--force": "force"}
-_CHOICES = {"backend": ("cgroupfs", "systemd", "auto"), "psi": ("trigger", "poll")}
-METRICS_ENV = "GOVERNOR_METRICS"  # --metrics' default (the governor@ unit's .env file sets it)
+_CHOICES = {"backend": BACKENDS, "psi": PSI_MODES}
 
 
 class _Fallback(Exception):

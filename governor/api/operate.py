@@ -35,7 +35,7 @@ def diff(path: Path, opts: HostOptions, *, install_root: Path = Path("/")) -> di
                 on_disk[f.path] = None
         # a `tune --persist` drop-in overrides the policy's values until rolled back: drift
         from governor.backends.unitmap import policy_slice
-        from governor.operate.tune import DROPIN_NAME
+        from governor.deploy.tunedropin import DROPIN_NAME
 
         tuned = f"{dropin.UNIT_DIR}/{policy_slice(plan.slice, plan.policy)}.d/{DROPIN_NAME}"
         try:
@@ -81,6 +81,7 @@ def tune(
     assignments, CONFIRM_NOW confirms the pending tunes."""
     import time
 
+    from governor.deploy import tunedropin
     from governor.errors import PolicyError, UsageError
     from governor.operate import confirm as c
     from governor.operate import tune as t
@@ -170,7 +171,7 @@ def tune(
         if ids:  # an earlier route was applied: undo it, nothing half-applied
             t.rollback(fs, journal, ids=ids, reason="a later write failed")  # type: ignore[arg-type]
         elif extra.get("dropin"):
-            t.restore_dropin(extra["dropin"])
+            tunedropin.restore_dropin(extra["dropin"])
         raise
     if reverter is not None:
         reverter.go(ids)
@@ -293,6 +294,7 @@ def _persist(
     from governor.backends import manager, unitmap
     from governor.backends.systemd import daemon_reload
     from governor.deploy import install as inst
+    from governor.deploy import tunedropin
     from governor.deploy.dropin import UNIT_DIR
     from governor.errors import HostError, PermissionDenied
     from governor.operate import tune as t
@@ -317,8 +319,8 @@ def _persist(
                     hint="change the policy file and run `governor install` again",
                 )
             settings[m.directive] = m.ini(value)
-        target = f"/{UNIT_DIR}/{unit}.d/{t.DROPIN_NAME}"
-        saved = t.persist_dropin(target, "Slice", settings)
+        target = f"/{UNIT_DIR}/{unit}.d/{tunedropin.DROPIN_NAME}"
+        saved = tunedropin.persist_dropin(target, "Slice", settings)
     except PermissionError as err:
         raise PermissionDenied(
             "cannot write the persisted value", file=path, errno=err.errno, hint="run as root"
@@ -334,6 +336,7 @@ def _persist(
 
 def rollback(name: str, *, to: int | None, everything: bool) -> dict[str, Any]:
     """`governor rollback`: undo the last tune (or back to an entry, or all) from the journal."""
+    from governor.deploy import tunedropin
     from governor.errors import PolicyError
     from governor.kernel.cgroupfs import CgroupFs
     from governor.operate import tune as t
@@ -351,7 +354,7 @@ def rollback(name: str, *, to: int | None, everything: bool) -> dict[str, Any]:
                 journal,
                 to=to,
                 everything=everything,
-                restore_file=t.restore_dropin,
+                restore_file=tunedropin.restore_dropin,
             )
     except ValueError as err:
         raise PolicyError(f"{err} for {name} ({run_dir() / name / 'journal.jsonl'})") from err

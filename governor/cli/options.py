@@ -3,12 +3,13 @@ takes, and the converters for values that need more than typer's own checks."""
 
 from __future__ import annotations
 
-import enum
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
 
+import click
 import typer
 
+from governor.cli.choices import METRICS_ENV, PSI_MODES
 from governor.errors import UsageError as GovernorUsage
 
 if TYPE_CHECKING:
@@ -69,15 +70,11 @@ SampleInterval = Annotated[
 ]
 
 
-class PsiMode(enum.StrEnum):
-    trigger = "trigger"
-    poll = "poll"
-
-
 Psi = Annotated[
-    PsiMode,
+    str,
     typer.Option(
         "--psi",
+        click_type=click.Choice(PSI_MODES),
         help="trigger: PSI trigger fds (the kernel wakes the monitor); poll: read total= at"
         " every sample instead (kernels or delegations that refuse triggers, comparisons)",
     ),
@@ -103,7 +100,7 @@ Metrics = Annotated[
     str | None,
     typer.Option(
         "--metrics",
-        envvar="GOVERNOR_METRICS",
+        envvar=METRICS_ENV,
         show_envvar=True,
         help="serve Prometheus /metrics on [ADDR:]PORT while it runs (ADDR defaults to"
         ' 127.0.0.1; see README "Metrics")',

@@ -3,30 +3,24 @@
 
 from __future__ import annotations
 
-import enum
 from pathlib import Path
 from typing import Annotated
 
+import click
 import typer
 
+from governor.cli.choices import BACKENDS
 from governor.cli.options import (
     AllowMissing,
     Force,
     Metrics,
     PolicyArg,
     Psi,
-    PsiMode,
     SampleInterval,
     finite,
     host_options,
     listen_option,
 )
-
-
-class BackendChoice(enum.StrEnum):
-    cgroupfs = "cgroupfs"
-    systemd = "systemd"
-    auto = "auto"
 
 
 def launch(  # noqa: PLR0917  # typer passes every option as a parameter
@@ -49,16 +43,17 @@ def launch(  # noqa: PLR0917  # typer passes every option as a parameter
     allow_missing: AllowMissing = "",
     sample_interval: SampleInterval = 1.0,
     backend: Annotated[
-        BackendChoice,
+        str,
         typer.Option(
             "--backend",
+            click_type=click.Choice(BACKENDS),
             help="cgroupfs: write <slice>/<name> directly; systemd: run in a delegated unit"
             " (the installed governor@ service, else a transient scope over D-Bus); auto:"
             " systemd when it is PID 1 and answers on the bus",
         ),
-    ] = BackendChoice.cgroupfs,
+    ] = "cgroupfs",
     force: Force = False,
-    psi: Psi = PsiMode.trigger,
+    psi: Psi = "trigger",
     metrics: Metrics = None,
 ) -> None:
     """Run an engine inside the policy's cgroup; exit with its status (128+N on signal N)."""
@@ -72,9 +67,9 @@ def launch(  # noqa: PLR0917  # typer passes every option as a parameter
             report=report,
             keep=keep,
             sample_s=sample_interval,
-            backend=backend.value,
+            backend=backend,
             force=force,
-            psi_triggers=psi is PsiMode.trigger,
+            psi_triggers=psi == "trigger",
             metrics=listen_option(metrics),
         ),
     )
@@ -100,7 +95,7 @@ def monitor(  # noqa: PLR0917  # typer passes every option as a parameter
     ] = None,
     allow_missing: AllowMissing = "",
     sample_interval: SampleInterval = 1.0,
-    psi: Psi = PsiMode.trigger,
+    psi: Psi = "trigger",
     metrics: Metrics = None,
 ) -> None:
     """Act on [[pressure]] rules for an already-running slice until SIGINT/SIGTERM or it is gone.
@@ -117,7 +112,7 @@ def monitor(  # noqa: PLR0917  # typer passes every option as a parameter
             report=report,
             cgroup=cgroup,
             duration_s=duration,
-            psi_triggers=psi is PsiMode.trigger,
+            psi_triggers=psi == "trigger",
             metrics=listen_option(metrics),
         ),
     )

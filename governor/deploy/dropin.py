@@ -11,45 +11,15 @@ from dataclasses import dataclass
 from typing import Literal
 
 from governor.backends.unitmap import (
-    DELEGATE_SUBGROUP_MIN_SYSTEMD,
     ENGINE_LEAF,
-    LIMITS,
     OOM_POLICY_MIN_SYSTEMD,
-    OOM_POLICY_SCOPE_MIN_SYSTEMD,
-    SUPERVISOR_LEAF,
-    DbusProp,
     Split,
-    cpu_mask,
-    escape,
     policy_slice,
-    scope_cgroup,
-    scope_unit,
-    service_cgroup,
     service_unit,
-    slice_cgroup,
     split,
 )
 from governor.errors import PolicyError
 from governor.plan.model import Plan
-
-# what backends/systemd.py and the tests reach as dropin.<name>; new code imports unitmap
-__all__ = [
-    "DELEGATE_SUBGROUP_MIN_SYSTEMD",
-    "ENGINE_LEAF",
-    "LIMITS",
-    "OOM_POLICY_SCOPE_MIN_SYSTEMD",
-    "SUPERVISOR_LEAF",
-    "DbusProp",
-    "cpu_mask",
-    "escape",
-    "policy_slice",
-    "scope_cgroup",
-    "scope_unit",
-    "service_cgroup",
-    "service_unit",
-    "slice_cgroup",
-    "split",
-]
 
 SERVICE_TEMPLATE = "governor@.service"
 ROOT_SLICE = "governor.slice"

@@ -24,6 +24,7 @@ from pathlib import Path
 from pydantic import BaseModel, ConfigDict, ValidationError, field_validator
 
 from governor.deploy.dropin import UNIT_DIR, UnitFile
+from governor.deploy.tunedropin import DROPIN_NAME
 from governor.errors import BackendError, PermissionDenied, PolicyError, PolicyNotFound
 from governor.log import get_logger
 from governor.policy.model import NAME_RE
@@ -337,14 +338,11 @@ def _undo(
     return changes, kept
 
 
-TUNE_DROPIN = "45-governor-tune.conf"  # governor.operate.tune.DROPIN_NAME (tune --persist)
-
-
 def _tune_dropins(root: Path, units: Sequence[str], *, dry_run: bool) -> list[Change]:
     """The drop-ins `governor tune --persist` wrote on the policy's slice go with the policy."""
     out: list[Change] = []
     for unit in units:
-        path = root / UNIT_DIR / f"{unit}.d" / TUNE_DROPIN
+        path = root / UNIT_DIR / f"{unit}.d" / DROPIN_NAME
         text = _read(path)
         if text is None:
             continue

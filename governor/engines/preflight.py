@@ -276,11 +276,6 @@ def check_readable(path: Path, *, source: str | None = None) -> int:
 # ------------------------------------------------------------------------------ the budget (pure)
 
 
-def kv_cache_bytes(n_layer: int, n_ctx: int, n_embd_kv: int, bytes_per_elem: float = 2) -> int:
-    """llama.cpp's KV cache: K and V, per layer, per context position (notes/kernel.md)."""
-    return int(2 * n_layer * n_ctx * n_embd_kv * bytes_per_elem)
-
-
 def fit_model_size(
     *,
     model_bytes: int | None,

@@ -27,6 +27,16 @@ MEMORY_STAT = "memory.stat"
 MEMORY_RECLAIM = "memory.reclaim"  # 5.19+
 MEMORY_PRESSURE = "memory.pressure"
 
+# the policy's [memory] keys -> their files, in one table (compiler, status, metrics)
+MEMORY_FILES: dict[str, str] = {
+    "min": MEMORY_MIN,
+    "low": MEMORY_LOW,
+    "high": MEMORY_HIGH,
+    "max": MEMORY_MAX,
+    "swap_max": MEMORY_SWAP_MAX,
+    "oom_group": MEMORY_OOM_GROUP,
+}
+
 # cpu / cpuset
 CPU_WEIGHT = "cpu.weight"
 CPU_MAX = "cpu.max"

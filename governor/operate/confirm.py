@@ -165,7 +165,8 @@ def revert_if_pending(
     journal: Journal, fs: CgroupFs, entry_ids: list[int]
 ) -> dict[str, Any] | None:
     """The reverter's work at the deadline: undo the entries unless confirmed or undone."""
-    from governor.operate.tune import restore_dropin, rollback
+    from governor.deploy.tunedropin import restore_dropin
+    from governor.operate.tune import rollback
 
     with journal.locked():
         waiting = [e["id"] for e in journal.pending() if e["id"] in entry_ids]

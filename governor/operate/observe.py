@@ -21,14 +21,8 @@ from governor.rundir.journal import Journal
 
 PSI_RESOURCES = ("memory", "cpu", "io")
 MEMORY_EVENTS = ("low", "high", "max", "oom", "oom_kill", "oom_group_kill")
-# policy spelling -> kernel file of the memory limits a slice can carry
-MEMORY_LIMITS = {
-    "min": kf.MEMORY_MIN,
-    "low": kf.MEMORY_LOW,
-    "high": kf.MEMORY_HIGH,
-    "max": kf.MEMORY_MAX,
-    "swap_max": kf.MEMORY_SWAP_MAX,
-}
+# policy spelling -> kernel file of the memory limits a slice can carry (oom.group is no limit)
+MEMORY_LIMITS = {k: file for k, file in kf.MEMORY_FILES.items() if k != "oom_group"}
 UNLIMITED = -1  # limits(): the kernel says "max"
 
 

@@ -38,14 +38,7 @@ MEMORY_MIN_MODEL_MARGIN = 64 << 20
 # Memory files in the order they are written: oom.group first so that a limit that takes
 # effect at once already kills the group together; protection before limits.
 _MEMORY_ORDER = ("oom_group", "swap_max", "min", "low", "high", "max")
-_MEMORY_FILE = {
-    "min": kf.MEMORY_MIN,
-    "low": kf.MEMORY_LOW,
-    "high": kf.MEMORY_HIGH,
-    "max": kf.MEMORY_MAX,
-    "swap_max": kf.MEMORY_SWAP_MAX,
-    "oom_group": kf.MEMORY_OOM_GROUP,
-}
+_MEMORY_FILE = kf.MEMORY_FILES
 
 
 @dataclass(frozen=True)

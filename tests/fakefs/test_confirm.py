@@ -18,6 +18,7 @@ import pytest
 from governor.api import host as api_host
 from governor.backends import manager
 from governor.backends.unitmap import Mapping
+from governor.deploy import tunedropin
 from governor.kernel import files as kf
 from governor.kernel.cgroupfs import CgroupFs
 from governor.operate import tune
@@ -225,17 +226,19 @@ def test_the_persisted_drop_in_merges_and_rollback_restores_it(
 ) -> None:
     reloads: list[str] = []
     monkeypatch.setattr("governor.backends.systemd.daemon_reload", lambda: reloads.append("r"))
-    path = tmp_path / "etc" / "governor-t.slice.d" / tune.DROPIN_NAME
-    first = tune.persist_dropin(str(path), "Slice", {"MemoryHigh": "300M"})
+    path = tmp_path / "etc" / "governor-t.slice.d" / tunedropin.DROPIN_NAME
+    first = tunedropin.persist_dropin(str(path), "Slice", {"MemoryHigh": "300M"})
     assert first["before"] is None and "+MemoryHigh=300M" in first["diff"]
-    second = tune.persist_dropin(str(path), "Slice", {"CPUWeight": "300", "MemoryHigh": "250M"})
+    second = tunedropin.persist_dropin(
+        str(path), "Slice", {"CPUWeight": "300", "MemoryHigh": "250M"}
+    )
     text = path.read_text()
     assert "[Slice]\nMemoryHigh=250M\nCPUWeight=300\n" in text
     assert "-MemoryHigh=300M" in second["diff"] and "+MemoryHigh=250M" in second["diff"]
-    assert tune.persist_dropin(str(path), "Slice", {"MemoryHigh": "250M"})["diff"] == ""
-    tune.restore_dropin({"path": str(path), "before": second["before"]})
+    assert tunedropin.persist_dropin(str(path), "Slice", {"MemoryHigh": "250M"})["diff"] == ""
+    tunedropin.restore_dropin({"path": str(path), "before": second["before"]})
     assert "MemoryHigh=300M" in path.read_text() and "CPUWeight" not in path.read_text()
-    tune.restore_dropin({"path": str(path), "before": None})
+    tunedropin.restore_dropin({"path": str(path), "before": None})
     assert not path.exists() and not path.parent.exists()
     assert reloads == ["r", "r"]
 
@@ -310,11 +313,11 @@ def test_uninstall_removes_the_persisted_tune_drop_in(tmp_path: Path) -> None:
 
     files = [UnitFile("etc/systemd/system/governor-t.slice", "[Slice]\nMemoryHigh=1\n")]
     inst.install("t", files, ["governor-t.slice", "governor@t.service"], root=tmp_path)
-    conf = tmp_path / "etc/systemd/system/governor-t.slice.d" / tune.DROPIN_NAME
-    tune.persist_dropin(str(conf), "Slice", {"MemoryHigh": "2"})
+    conf = tmp_path / "etc/systemd/system/governor-t.slice.d" / tunedropin.DROPIN_NAME
+    tunedropin.persist_dropin(str(conf), "Slice", {"MemoryHigh": "2"})
     res = inst.uninstall("t", root=tmp_path)
     assert not conf.exists() and not conf.parent.exists()
-    assert any(c.path.endswith(tune.DROPIN_NAME) and c.new is None for c in res.changes)
+    assert any(c.path.endswith(tunedropin.DROPIN_NAME) and c.new is None for c in res.changes)
     assert not (tmp_path / "etc/systemd/system/governor-t.slice").exists()
 
 

@@ -26,7 +26,7 @@ import pytest
 from helpers import cgroups
 from helpers.units import systemctl_show
 
-from governor.deploy import dropin
+from governor.backends import unitmap
 from governor.plan.compiler import compile_plan
 from governor.plan.host import probe
 from governor.plan.model import Plan
@@ -107,7 +107,7 @@ def policy(tmp_path: Path) -> Iterator[Path]:
     path = tmp_path / f"{name}.toml"
     path.write_text(POLICY.format(name=name))
     yield path
-    unit = dropin.service_unit(name)
+    unit = unitmap.service_unit(name)
     _run("systemctl", "stop", unit, check=False)
     _run("systemctl", "reset-failed", unit, check=False)
     _run(*GOVERNOR, "uninstall", name, check=False)
@@ -130,23 +130,23 @@ def test_installed_service_runs_the_engine_under_the_plan_and_uninstall_restores
     again = _run(*GOVERNOR, "install", str(policy), "--", *engine)
     assert "0 file(s) changed" in again.stdout  # idempotent
 
-    unit = dropin.service_unit(name)
+    unit = unitmap.service_unit(name)
     plan = _plan(policy)
-    slice_unit = dropin.policy_slice(plan.slice, name)
-    slice_dir = cgroup2_root / dropin.slice_cgroup(slice_unit)
-    unit_dir = cgroup2_root / dropin.service_cgroup(plan)
+    slice_unit = unitmap.policy_slice(plan.slice, name)
+    slice_dir = cgroup2_root / unitmap.slice_cgroup(slice_unit)
+    unit_dir = cgroup2_root / unitmap.service_cgroup(plan)
 
     start = _run("systemctl", "start", unit, check=False)  # Type=notify: returns on READY=1
     assert start.returncode == 0, start.stderr + _run("journalctl", "-u", unit, "-n", "60").stdout
     state = systemctl_show(unit, "ActiveState", "MainPID", "ControlGroup")
     assert state["ActiveState"] == "active"
-    assert state["ControlGroup"] == f"/{dropin.service_cgroup(plan)}"
+    assert state["ControlGroup"] == f"/{unitmap.service_cgroup(plan)}"
     main_pid = int(state["MainPID"])
     assert main_pid in cgroups.pids(unit_dir / "supervisor")
     assert cgroups.pids(unit_dir) == []  # no internal processes
     cgroups.wait_for(lambda: out.exists() and out.stat().st_size > 0, TIMEOUT, "engine dump")
     dump = json.loads(out.read_text())
-    assert dump["cgroup"] == f"/{dropin.service_cgroup(plan)}/engine"
+    assert dump["cgroup"] == f"/{unitmap.service_cgroup(plan)}/engine"
     assert dump["leaf"]["memory.oom.group"] == "1"
 
     # the plan's limits, through cgroupfs on the policy slice...
@@ -195,7 +195,7 @@ def test_a_bad_policy_fails_the_service_once_with_65_and_no_restart(policy: Path
     name = policy.stem
     _run(*GOVERNOR, "install", str(policy), "--", "/bin/sleep", "600")
     policy.write_text(policy.read_text() + "\n[memory]\nbogus = 1\n")  # now invalid
-    unit = dropin.service_unit(name)
+    unit = unitmap.service_unit(name)
     start = _run("systemctl", "start", unit, check=False)
     assert start.returncode != 0
     time.sleep(3)  # RestartSec is 100ms: a restart loop would have shown by now
@@ -227,7 +227,7 @@ def test_transient_scope_and_cgroupfs_launch_write_the_same_values(
         _run("systemctl", "stop", slice_unit, check=False)
     fs, sd = dumps["cgroupfs"], dumps["systemd"]
     assert fs["cgroup"] == f"/{slice_unit}/{name}/engine"
-    assert sd["cgroup"] == f"/{slice_unit}/governor-{dropin.escape(name)}.scope/engine"
+    assert sd["cgroup"] == f"/{slice_unit}/governor-{unitmap.escape(name)}.scope/engine"
     for file in fs["parent"]:
         if file == "memory.oom.group":
             # cgroupfs: on <slice>/<name>; systemd: on the engine leaf (the scope holds the
@@ -260,7 +260,7 @@ def test_the_service_serves_metrics_set_in_its_env_file_and_status_shows_the_uni
         port = s.getsockname()[1]
     env_file = Path("/etc/governor") / f"{name}.env"
     env_file.write_text(f"GOVERNOR_METRICS=127.0.0.1:{port}\n")
-    unit = dropin.service_unit(name)
+    unit = unitmap.service_unit(name)
     try:
         start = _run("systemctl", "start", unit, check=False)
         assert start.returncode == 0, (

@@ -22,8 +22,8 @@ import pytest
 from helpers import cgroups
 from helpers.units import systemctl_show
 
-from governor.deploy import dropin
-from governor.operate.tune import DROPIN_NAME
+from governor.backends import unitmap
+from governor.deploy.tunedropin import DROPIN_NAME
 
 pytestmark = pytest.mark.systemd(min_version=252)
 
@@ -61,10 +61,10 @@ def installed(tmp_path: Path) -> Iterator[str]:
     path = tmp_path / f"{name}.toml"
     path.write_text(POLICY.format(name=name))
     _run(*GOVERNOR, "install", str(path), "--", "/bin/sleep", "600", check=True)
-    slice_unit = dropin.policy_slice("governor.slice", name)
+    slice_unit = unitmap.policy_slice("governor.slice", name)
     yield name
-    _run("systemctl", "stop", dropin.service_unit(name))
-    _run("systemctl", "reset-failed", dropin.service_unit(name))
+    _run("systemctl", "stop", unitmap.service_unit(name))
+    _run("systemctl", "reset-failed", unitmap.service_unit(name))
     _run(*GOVERNOR, "uninstall", name)
     Path(f"/etc/systemd/system/{slice_unit}.d/{DROPIN_NAME}").unlink(missing_ok=True)
     _run("systemctl", "daemon-reload")
@@ -80,9 +80,9 @@ def test_tune_goes_through_the_manager_persists_a_drop_in_and_rolls_back(
     installed: str, cgroup2_root: Path
 ) -> None:
     name = installed
-    unit = dropin.service_unit(name)
-    slice_unit = dropin.policy_slice("governor.slice", name)
-    slice_dir = cgroup2_root / dropin.slice_cgroup(slice_unit)
+    unit = unitmap.service_unit(name)
+    slice_unit = unitmap.policy_slice("governor.slice", name)
+    slice_dir = cgroup2_root / unitmap.slice_cgroup(slice_unit)
     conf = Path(f"/etc/systemd/system/{slice_unit}.d/{DROPIN_NAME}")
     _start(unit)
     cgroups.wait_for((RUN / name / "state.json").exists, TIMEOUT, "the service's state")

@@ -18,7 +18,7 @@ from fakefs.fakekernel import FakeKernelCgroupFs, make_root
 
 from governor.backends import placement as pl
 from governor.backends import systemd as sd
-from governor.deploy import dropin
+from governor.backends import unitmap
 from governor.errors import BackendError, HostError, PermissionDenied
 from governor.kernel import files as kf
 from governor.plan.compiler import compile_plan
@@ -61,7 +61,7 @@ class FakeBus:
     def start_transient_unit(self, name: str, props: list[sd.Prop]) -> str:
         self.started.append((name, props))
         values = {n: v for n, _, v in props}
-        cgroup = self.lands_in or f"{dropin.slice_cgroup(values['Slice'])}/{name}"
+        cgroup = self.lands_in or f"{unitmap.slice_cgroup(values['Slice'])}/{name}"
         parts = cgroup.split("/")
         for i in range(len(parts)):  # systemd creates the path and enables what it needs
             parent = "/".join(parts[:i])
@@ -79,7 +79,7 @@ class FakeBus:
     def unit_property(self, unit: str, interface: bytes, prop: str) -> Any:
         name, props = self.started[-1]
         values = {n: v for n, _, v in props}
-        cgroup = self.lands_in or f"{dropin.slice_cgroup(values['Slice'])}/{name}"
+        cgroup = self.lands_in or f"{unitmap.slice_cgroup(values['Slice'])}/{name}"
         return {"ActiveState": "active", "ControlGroup": f"/{cgroup}"}[prop]
 
     def reload(self) -> None:
@@ -91,7 +91,7 @@ def _plan() -> Plan:
 
 
 def _backend(fs: MovingFs, bus: FakeBus, plan: Plan, **kw: Any) -> sd.SystemdBackend:
-    placement = pl.Placement("scope", dropin.scope_unit(plan.policy), dropin.scope_cgroup(plan))
+    placement = pl.Placement("scope", unitmap.scope_unit(plan.policy), unitmap.scope_cgroup(plan))
     return sd.SystemdBackend(
         fs,
         placement=placement,
@@ -108,7 +108,7 @@ def test_scope_apply_moves_the_governor_first_then_delegates(tmp_path: Path) -> 
     fs = MovingFs(make_root(tmp_path / "cg"))
     plan = _plan()
     bus = FakeBus(fs)
-    unit = dropin.scope_cgroup(plan)
+    unit = unitmap.scope_cgroup(plan)
     delegated = pl.delegated_plan(plan, unit, 252)
     backend = _backend(fs, bus, plan)
     with backend.lock(delegated):
@@ -136,7 +136,7 @@ def test_a_scope_in_an_unexpected_cgroup_is_an_error(tmp_path: Path) -> None:
     bus = FakeBus(fs, lands_in="elsewhere.slice/governor-npu\\x2dchat.scope")
     backend = _backend(fs, bus, plan)
     with pytest.raises(BackendError, match="expected active in"):
-        backend.apply(pl.delegated_plan(plan, dropin.scope_cgroup(plan), 252))
+        backend.apply(pl.delegated_plan(plan, unitmap.scope_cgroup(plan), 252))
 
 
 def test_a_job_that_never_finishes_times_out(tmp_path: Path) -> None:
@@ -152,7 +152,7 @@ def test_a_job_that_never_finishes_times_out(tmp_path: Path) -> None:
 
     backend = _backend(fs, bus, plan, clock=clock, job_timeout_s=30)
     with pytest.raises(BackendError, match="did not finish in 30s"):
-        backend.apply(pl.delegated_plan(plan, dropin.scope_cgroup(plan), 252))
+        backend.apply(pl.delegated_plan(plan, unitmap.scope_cgroup(plan), 252))
 
 
 class _DBusError(Exception):
@@ -218,14 +218,14 @@ def test_scope_apply_raises_the_slice_protection_through_the_manager(tmp_path: P
         def start_transient_unit(self, name: str, props: list[sd.Prop]) -> str:
             job = super().start_transient_unit(name, props)
             mem_min = next(v for n, _, v in props if n == "MemoryMin")
-            fs.write(dropin.scope_cgroup(plan), kf.MEMORY_MIN, str(mem_min))
+            fs.write(unitmap.scope_cgroup(plan), kf.MEMORY_MIN, str(mem_min))
             return job
 
     def set_property(unit: str, assignment: str) -> None:
         calls.append((unit, assignment))
-        fs.write(dropin.slice_cgroup(unit), kf.MEMORY_MIN, assignment.split("=")[1])
+        fs.write(unitmap.slice_cgroup(unit), kf.MEMORY_MIN, assignment.split("=")[1])
 
-    unit = dropin.scope_cgroup(plan)
+    unit = unitmap.scope_cgroup(plan)
     delegated = pl.delegated_plan(plan, unit, 252)
     backend = _backend(fs, ScopeBus(fs), plan, set_property=set_property)
     backend.apply(delegated)
@@ -239,7 +239,7 @@ def test_no_protection_in_the_policy_never_touches_the_slice(tmp_path: Path) -> 
     fs = MovingFs(make_root(tmp_path / "cg"))
     plan = _plan()
     calls: list[tuple[str, str]] = []
-    unit = dropin.scope_cgroup(plan)
+    unit = unitmap.scope_cgroup(plan)
     backend = _backend(fs, FakeBus(fs), plan, set_property=lambda u, a: calls.append((u, a)))
     backend.apply(pl.delegated_plan(plan, unit, 252))
     assert calls == []

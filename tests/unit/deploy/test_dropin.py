@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from governor.backends import placement
+from governor.backends import placement, unitmap
 from governor.backends import systemd as sd
 from governor.deploy import dropin
 from governor.errors import HostError, PolicyError
@@ -71,7 +71,7 @@ CASES = [(p, h) for p in EXAMPLE_POLICIES for h in HOST_NAMES if _plan(p, h) is 
     ],
 )
 def test_escape_follows_systemd_escape(text: str, escaped: str) -> None:
-    assert dropin.escape(text) == escaped
+    assert unitmap.escape(text) == escaped
     tool = shutil.which("systemd-escape")
     if tool is not None:
         out = subprocess.run([tool, "--", text], capture_output=True, text=True, check=True)
@@ -89,26 +89,26 @@ def test_escape_follows_systemd_escape(text: str, escaped: str) -> None:
     ],
 )
 def test_a_dash_in_a_slice_name_means_nesting(unit: str, path: str) -> None:
-    assert dropin.slice_cgroup(unit) == path
+    assert unitmap.slice_cgroup(unit) == path
 
 
 def test_policy_names_with_dashes_get_their_own_slice_not_a_nested_one() -> None:
-    ps = dropin.policy_slice("governor.slice", "npu-chat")
+    ps = unitmap.policy_slice("governor.slice", "npu-chat")
     assert ps == "governor-npu\\x2dchat.slice"
     # without escaping, governor-npu-chat.slice would live in governor-npu.slice
-    assert dropin.slice_cgroup(ps) == "governor.slice/governor-npu\\x2dchat.slice"
-    assert dropin.policy_slice("system-llm.slice", "a-b") == "system-llm-a\\x2db.slice"
-    assert dropin.slice_cgroup(dropin.policy_slice("system-llm.slice", "a-b")) == (
+    assert unitmap.slice_cgroup(ps) == "governor.slice/governor-npu\\x2dchat.slice"
+    assert unitmap.policy_slice("system-llm.slice", "a-b") == "system-llm-a\\x2db.slice"
+    assert unitmap.slice_cgroup(unitmap.policy_slice("system-llm.slice", "a-b")) == (
         "system.slice/system-llm.slice/system-llm-a\\x2db.slice"
     )
 
 
 def test_unit_cgroups_for_the_service_and_the_scope() -> None:
     plan = _text_plan('name = "npu-chat"\n[memory]\nmax = "1GiB"\n')
-    assert dropin.service_cgroup(plan) == (
+    assert unitmap.service_cgroup(plan) == (
         "governor.slice/governor-npu\\x2dchat.slice/governor@npu-chat.service"
     )
-    assert dropin.scope_cgroup(plan) == "governor.slice/governor-npu\\x2dchat.scope"
+    assert unitmap.scope_cgroup(plan) == "governor.slice/governor-npu\\x2dchat.scope"
 
 
 # ---------------------------------------------------------------- goldens
@@ -208,7 +208,7 @@ def test_exec_words_escape_specifiers_variables_and_quotes() -> None:
 def test_old_systemd_leaves_allowed_cpus_and_memory_min_to_the_governor() -> None:
     plan = _plan("npu-chat", "rk3588")
     assert plan is not None
-    parts = dropin.split(plan, 239)
+    parts = unitmap.split(plan, 239)
     deferred = {d.write.file: d.why for d in parts.governor}
     assert "AllowedCPUs= needs systemd >= 244 (this host: 239)" in deferred[kf.CPUSET_CPUS]
     assert "MemoryMin= needs systemd >= 240" in deferred[kf.MEMORY_MIN]
@@ -228,9 +228,9 @@ def test_a_cpu_quota_percent_needs_two_decimals_or_the_governor_writes_it() -> N
     plan = _text_plan('name = "q"\n[cpu]\nmax = "33.333%"\n')
     (w,) = [w for w in plan.writes if w.file == kf.CPU_MAX]
     assert w.value == "33333 100000"
-    parts = dropin.split(plan, 252)
+    parts = unitmap.split(plan, 252)
     assert [d.write.file for d in parts.governor] == [kf.CPU_MAX]
-    ok = dropin.split(_text_plan('name = "q"\n[cpu]\nmax = "12.5%"\n'), 252)
+    ok = unitmap.split(_text_plan('name = "q"\n[cpu]\nmax = "12.5%"\n'), 252)
     assert [s.ini for s in ok.unit] == ["12.5%"]
     assert ok.unit[0].bus() == [("CPUQuotaPerSecUSec", 125000)]
 
@@ -239,9 +239,9 @@ def test_a_cpu_quota_percent_needs_two_decimals_or_the_governor_writes_it() -> N
 
 
 def test_cpu_mask_is_a_little_endian_bitmask() -> None:
-    assert dropin.cpu_mask([4, 5, 6, 7]) == b"\xf0"
-    assert dropin.cpu_mask([0, 9]) == b"\x01\x02"
-    assert dropin.cpu_mask([]) == b""
+    assert unitmap.cpu_mask([4, 5, 6, 7]) == b"\xf0"
+    assert unitmap.cpu_mask([0, 9]) == b"\x01\x02"
+    assert unitmap.cpu_mask([]) == b""
 
 
 _SAMPLE = {
@@ -262,7 +262,7 @@ _SAMPLE = {
 
 def test_every_property_the_renderer_can_emit_has_a_dbus_signature() -> None:
     names: set[str] = set()
-    for m in dropin.LIMITS:
+    for m in unitmap.LIMITS:
         if m.directive is None:
             continue
         assert m.bus is not None, m
@@ -322,7 +322,7 @@ def test_infinity_is_uint64_max_on_the_bus() -> None:
 def test_delegated_plan_keeps_only_what_systemd_cannot_express_on_the_engine_leaf() -> None:
     plan = _plan("npu-chat", "rk3588")
     assert plan is not None
-    unit = dropin.service_cgroup(plan)
+    unit = unitmap.service_cgroup(plan)
     d = placement.delegated_plan(plan, unit, 252)
     assert d.group == d.leaf == f"{unit}/engine"
     assert d.create == (f"{unit}/engine",)
@@ -337,7 +337,7 @@ def test_delegated_plan_keeps_only_what_systemd_cannot_express_on_the_engine_lea
 
 def test_proc_cgroup_line_and_mode_detection() -> None:
     plan = _text_plan('name = "npu-chat"\n')
-    unit = dropin.service_cgroup(plan)
+    unit = unitmap.service_cgroup(plan)
     assert placement.parse_proc_cgroup(f"0::/{unit}\n") == unit
     hybrid = "12:memory:/x\n1:name=systemd:/y\n0::/user.slice/s.scope\n"
     assert placement.parse_proc_cgroup(hybrid) == "user.slice/s.scope"
@@ -345,7 +345,7 @@ def test_proc_cgroup_line_and_mode_detection() -> None:
     assert placement.pick(placements, unit).mode == "service"
     assert placement.pick(placements, unit).plan == placement.delegated_plan(plan, unit, 252)
     scope = placement.pick(placements, "system.slice/ssh.service")
-    assert (scope.mode, scope.cgroup) == ("scope", dropin.scope_cgroup(plan))
+    assert (scope.mode, scope.cgroup) == ("scope", unitmap.scope_cgroup(plan))
     with pytest.raises(HostError, match="not in its policy slice"):
         placement.pick(placements, "governor.slice/governor@npu-chat.service")
 

@@ -8,9 +8,9 @@ from pathlib import Path
 
 from governor.api import host as api_host
 from governor.api import operate as api_operate
-from governor.deploy import dropin
+from governor.backends import unitmap
+from governor.deploy import dropin, tunedropin
 from governor.deploy.install import manifest_path
-from governor.operate import tune
 from governor.operate.diff import render
 
 REPO = Path(__file__).resolve().parents[3]
@@ -69,14 +69,14 @@ def test_installed_units_are_compared_with_what_install_renders_now(tmp_path: Pa
     manifest_path(root, "df").write_text("{}")
     out = api_operate.diff(policy, opts, install_root=root)
     assert out["systemd_checked"] and out["in_sync"], render(out)
-    unit = root / "etc/systemd/system" / dropin.policy_slice(plan.slice, plan.policy)
+    unit = root / "etc/systemd/system" / unitmap.policy_slice(plan.slice, plan.policy)
     unit.write_text(unit.read_text().replace("MemoryMax=", "MemoryMax=1 #"))
     out = api_operate.diff(policy, opts, install_root=root)
     assert [u["file"] for u in out["systemd"]] == [str(unit.relative_to(root))]
     # put back; then a `tune --persist` drop-in on the slice: the policy no longer rules
     unit.write_text(unit.read_text().replace("MemoryMax=1 #", "MemoryMax="))
     assert api_operate.diff(policy, opts, install_root=root)["in_sync"]
-    tuned = Path(f"{unit}.d") / tune.DROPIN_NAME
+    tuned = Path(f"{unit}.d") / tunedropin.DROPIN_NAME
     tuned.parent.mkdir()
     tuned.write_text("[Slice]\nMemoryHigh=300M\n")
     out = api_operate.diff(policy, opts, install_root=root)
