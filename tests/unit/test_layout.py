@@ -1,5 +1,6 @@
-"""The layout shows the architecture (issue 17): no module is over 500 lines, and the import
-arrows that would tie a lower layer to a higher one do not exist.
+"""The layout shows the architecture (issues 17 and 20): one folder per lifetime, no module over
+500 lines, no import arrow that ties a lower layer to a higher one, no import circle, and no new
+top-level module outside the short list of the ground floor.
 
 Checked on the source with ast, nothing is imported: every ``import governor.x`` and
 ``from governor.x import y`` counts, at module level and inside functions (the lazy imports
@@ -59,6 +60,44 @@ def _matches(name: str, patterns: tuple[str, ...]) -> bool:
     return any(fnmatchcase(name, p) for p in patterns)
 
 
+# the lifetimes (README "Layout"): compile time makes a plan, the run time runs one, the live board
+# (operate/) and deployment act on what runs, the command line and the composition root wire it all
+COMPILE_TIME = _tree("governor.policy", "governor.plan", "governor.engines")
+RUN_TIME = _tree(
+    "governor.kernel",
+    "governor.backends",
+    "governor.launch",
+    "governor.monitor",
+    "governor.supervise",
+    "governor.rundir",
+    "governor.cache",
+)
+WIRING = _tree("governor.api", "governor.cli")
+
+# the ground floor and the folders: a new top-level module must find its folder (or be added
+# here with a reason)
+TOP_LEVEL_MODULES = frozenset({"__init__", "__main__", "main", "errors", "log", "record", "sizes"})
+TOP_LEVEL_PACKAGES = frozenset(
+    {
+        "api",
+        "backends",
+        "bench",
+        "cache",
+        "cli",
+        "deploy",
+        "engines",
+        "kernel",
+        "launch",
+        "metrics",
+        "monitor",
+        "operate",
+        "plan",
+        "policy",
+        "rundir",
+        "supervise",
+    }
+)
+
 ARROWS = (
     Arrow(
         _tree("governor.kernel"),
@@ -77,6 +116,27 @@ ARROWS = (
         "the compiler is pure: it never reaches the code that applies or runs a plan",
     ),
     Arrow(
+        COMPILE_TIME,
+        (
+            *_tree("governor.launch", "governor.monitor", "governor.supervise", "governor.rundir"),
+            *_tree("governor.operate", "governor.deploy", "governor.bench", "governor.metrics"),
+            *WIRING,
+        ),
+        "compile time makes a plan; it never reaches a run, the live board or deployment",
+    ),
+    Arrow(
+        RUN_TIME,
+        (*_tree("governor.operate", "governor.deploy", "governor.bench"), *WIRING),
+        "the run time never imports the live board's tools, deployment, the composition root"
+        " or the command line",
+    ),
+    Arrow(
+        _tree("governor.operate"),
+        _tree("governor.supervise", "governor.launch", "governor.monitor"),
+        "the live board reads what a run leaves (rundir/) and the kernel; it never reaches into"
+        " a run",
+    ),
+    Arrow(
         _tree("governor.monitor"),
         _tree("governor.policy", "governor.launch"),
         "the run time acts on the compiled plan, not on the policy or the launcher",
@@ -88,10 +148,15 @@ ARROWS = (
     ),
     Arrow(
         ("*",),
-        (*_tree("governor.api"), "governor.cli*"),
-        "only the command line uses the composition root; nothing below uses the command line",
-        # the composition root is a package (governor/api/): its modules import each other
-        except_importers=("governor.cli*", "governor.main", "governor.__main__", "governor.api*"),
+        _tree("governor.api"),
+        "only the command line uses the composition root",
+        except_importers=(*WIRING, "governor.main", "governor.__main__"),
+    ),
+    Arrow(
+        ("*",),
+        _tree("governor.cli"),
+        "nothing but cli/ itself and the entry (main.py) imports the command line",
+        except_importers=(*_tree("governor.cli"), "governor.main", "governor.__main__"),
     ),
 )
 
@@ -174,6 +239,55 @@ def _arrows() -> dict[tuple[str, str], str]:
     return out
 
 
+def _graph() -> dict[str, set[str]]:
+    """{module: the governor modules it imports (any depth, TYPE_CHECKING excluded)}."""
+    modules = _modules()
+    known = set(modules)
+    out: dict[str, set[str]] = {}
+    for module, path in modules.items():
+        found = imports_of(
+            path.read_text(), module, is_package=path.name == "__init__.py", known=known
+        )
+        out[module] = {m for m in found if m in known and m != module}
+    return out
+
+
+def circles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected components with more than one module (Tarjan): each is an
+    import circle."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    found: list[list[str]] = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on_stack.add(v)
+        for w in sorted(graph.get(v, ())):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on_stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = []
+            while True:
+                w = stack.pop()
+                on_stack.discard(w)
+                component.append(w)
+                if w == v:
+                    break
+            if len(component) > 1:
+                found.append(sorted(component))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return found
+
+
 # ------------------------------------------------------------------ the checks
 
 
@@ -205,6 +319,35 @@ def test_known_violations_name_modules_that_exist() -> None:
     assert not stale, f"KNOWN_VIOLATIONS names modules that do not exist: {stale}"
     missing = sorted(p for p in KNOWN_LONG if not (REPO / p).is_file())
     assert not missing, f"KNOWN_LONG names files that do not exist: {missing}"
+
+
+def test_no_import_circle_anywhere_in_governor() -> None:
+    found = circles(_graph())
+    assert not found, "import circles (break them: a module each side imports both ways):\n" + (
+        "\n".join(" <-> ".join(c) for c in found)
+    )
+
+
+def test_no_new_top_level_module() -> None:
+    modules = {p.stem for p in PACKAGE.glob("*.py")}
+    packages = {p.parent.name for p in PACKAGE.glob("*/__init__.py")}
+    new = sorted((modules - TOP_LEVEL_MODULES) | (packages - TOP_LEVEL_PACKAGES))
+    assert not new, (
+        f"new at governor/'s top level: {new}; put it in the folder of its lifetime (README"
+        ' "Layout"), or add it to TOP_LEVEL_* here with the README line that explains it'
+    )
+    gone = sorted((TOP_LEVEL_MODULES - modules) | (TOP_LEVEL_PACKAGES - packages))
+    assert not gone, f"listed in TOP_LEVEL_* but gone: {gone}"
+
+
+def test_the_readme_layout_map_names_every_folder_and_top_level_module() -> None:
+    text = (REPO / "README.md").read_text()
+    block = text[text.index("## Layout") :].split("```")[1]
+    named = {line.split()[0] for line in block.splitlines() if line.strip()}
+    want = {f"governor/{m}.py" for m in TOP_LEVEL_MODULES - {"__init__"}}
+    want |= {f"governor/{p}/" for p in TOP_LEVEL_PACKAGES}
+    missing = sorted(want - named)
+    assert not missing, f"README's layout map does not name: {missing}"
 
 
 # ------------------------------------------------------------------ the checker itself
@@ -266,7 +409,25 @@ def test_imports_of_sees_function_level_and_relative_imports_but_not_type_checki
         ("governor.cli.app", "governor.api", False),
         ("governor.cli.render", "governor.engines.estimate", False),
         ("governor.__main__", "governor.cli.app", False),
+        ("governor.main", "governor.cli.choices", False),
+        ("governor.api.launch", "governor.cli.options", True),
+        ("governor.supervise.supervisor", "governor.operate.status", True),
+        ("governor.backends.systemd", "governor.deploy.dropin", True),
+        ("governor.rundir.state", "governor.api.host", True),
+        ("governor.launch.launcher", "governor.cli.app", True),
+        ("governor.operate.status", "governor.supervise.supervisor", True),
+        ("governor.operate.tune", "governor.rundir.journal", False),
+        ("governor.deploy.install", "governor.operate.tune", False),
+        ("governor.engines.preflight", "governor.rundir.state", True),
+        ("governor.plan.compiler", "governor.kernel.files", False),
     ],
 )
 def test_arrows_forbid_what_the_layout_says(importer: str, imported: str, broken: bool) -> None:
     assert any(a.applies(importer) and a.forbids(imported) for a in ARROWS) is broken
+
+
+def test_circles_finds_each_circle_once_and_nothing_in_a_tree() -> None:
+    tree = {"a": {"b", "c"}, "b": {"c"}, "c": set()}
+    assert circles(tree) == []
+    graph = {"a": {"b"}, "b": {"c"}, "c": {"a", "d"}, "d": {"e"}, "e": {"d"}, "f": {"a"}}
+    assert sorted(circles(graph)) == [["a", "b", "c"], ["d", "e"]]
