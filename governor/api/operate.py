@@ -81,8 +81,7 @@ def tune(
     assignments, CONFIRM_NOW confirms the pending tunes."""
     import time
 
-    from governor.deploy import tunedropin
-    from governor.errors import PolicyError, UsageError
+    from governor.errors import UsageError
     from governor.operate import confirm as c
     from governor.operate import tune as t
     from governor.rundir.journal import Journal
@@ -99,27 +98,9 @@ def tune(
             )
         kept = c.confirm(journal)
         return {"policy": name, "confirmed": [e["id"] for e in kept], "changes": []}
-    seconds = None
-    if confirm is not None:
-        try:
-            seconds = c.parse_duration("" if confirm == CONFIRM_NOW else confirm)
-        except ValueError:
-            raise PolicyError(
-                f"bad --confirm duration {confirm if confirm != CONFIRM_NOW else ''!r}",
-                file="command line",
-                field="--confirm",
-                hint="e.g. --confirm 5m (s, m, h); `governor tune NAME --confirm` alone keeps"
-                " the pending change",
-            ) from None
+    seconds = _confirm_seconds(confirm)
     routes, plan_slice, version, values = _routes(st, name, t.parse_assignments(assignments))
-    fs = routes[0].fs if routes else None
-    try:
-        for r in routes:
-            t.check_guards(r.fs, r.group, r.changes, force=force)
-    except PolicyError as err:
-        if not dry_run:  # a refusal is a fact about the slice (governor_tunes_total{refused})
-            _journal_failure(journal, "tune-refused", routes, err)
-        raise
+    _guard(routes, journal, force=force, dry_run=dry_run)
     if dry_run:
         return {
             "policy": name,
@@ -151,6 +132,63 @@ def tune(
         extra.update(confirm_by=deadline, reverter_pid=reverter.pid)
         if reverter.unit is not None:
             extra["reverter_unit"] = reverter.unit  # its own scope: survives a logout
+    ids = _apply_routes(routes, journal, extra, reverter, out["changes"])
+    if reverter is not None:
+        reverter.go(ids)
+        out["confirm_by"] = extra["confirm_by"]
+    if ids:
+        out["id"] = ids[-1]
+    return out
+
+
+def _confirm_seconds(confirm: str | None) -> float | None:
+    """--confirm DURATION as seconds (None: no --confirm); PolicyError (65) for a bad one."""
+    from governor.errors import PolicyError
+    from governor.operate import confirm as c
+
+    if confirm is None:
+        return None
+    try:
+        return c.parse_duration("" if confirm == CONFIRM_NOW else confirm)
+    except ValueError:
+        raise PolicyError(
+            f"bad --confirm duration {confirm if confirm != CONFIRM_NOW else ''!r}",
+            file="command line",
+            field="--confirm",
+            hint="e.g. --confirm 5m (s, m, h); `governor tune NAME --confirm` alone keeps"
+            " the pending change",
+        ) from None
+
+
+def _guard(routes: list[_Route], journal: Any, *, force: bool, dry_run: bool) -> None:
+    """The guards against the live groups (tune.check_guards); a refusal is journaled, a fact
+    about the slice (governor_tunes_total{refused}), unless it was a dry run."""
+    from governor.errors import PolicyError
+    from governor.operate import tune as t
+
+    try:
+        for r in routes:
+            t.check_guards(r.fs, r.group, r.changes, force=force)
+    except PolicyError as err:
+        if not dry_run:
+            _journal_failure(journal, "tune-refused", routes, err)
+        raise
+
+
+def _apply_routes(
+    routes: list[_Route],
+    journal: Any,
+    extra: dict[str, Any],
+    reverter: Any,
+    changes: list[Any],
+) -> list[int]:
+    """Apply each route (one journal entry each; ``changes`` collects what they changed) and
+    return the entry ids. All or nothing: a failure undoes the routes already applied (or the
+    persisted drop-in), cancels the reverter and journals an OOM revert."""
+    from governor.deploy import tunedropin
+    from governor.operate import tune as t
+
+    fs = routes[0].fs if routes else None
     ids: list[int] = []
     try:
         for r in routes:
@@ -160,7 +198,7 @@ def tune(
                 r.fs, r.group, r.changes, journal=journal, write=r.write, unit=r.unit, extra=extra
             )
             ids.append(entry["id"])
-            out["changes"] += entry["changes"]
+            changes += entry["changes"]
         if not ids and extra.get("dropin"):
             ids.append(journal.append("tune", [], **extra)["id"])
     except BaseException as err:
@@ -173,12 +211,7 @@ def tune(
         elif extra.get("dropin"):
             tunedropin.restore_dropin(extra["dropin"])
         raise
-    if reverter is not None:
-        reverter.go(ids)
-        out["confirm_by"] = extra["confirm_by"]
-    if ids:
-        out["id"] = ids[-1]
-    return out
+    return ids
 
 
 def _journal_failure(journal: Any, source: str, routes: list[_Route], err: Exception) -> None:

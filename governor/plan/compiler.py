@@ -48,52 +48,25 @@ class Workload:
     model_bytes: int | None = None
 
 
-def compile_plan(
-    policy: Policy,
-    host: HostFacts,
-    *,
-    workload: Workload | None = None,
-    allow_missing: frozenset[str] = frozenset(),
-    source: str | None = None,
-    attach: str | None = None,
-) -> Plan:
-    """Resolve a policy against one host. Raises HostError (69) listing every problem, or
-    PolicyError (65) when the policy contradicts itself once resolved on this host.
+Write = tuple[str, str, str]  # (kernel file, value, the policy field that asked for it)
 
-    ``attach``: the plan of an existing cgroup (relative to the root; `governor monitor
-    --cgroup`, e.g. a systemd unit's): group and leaf are that cgroup, and so are the writes."""
-    workload = workload or Workload()
-    if host.cgroup_mount is None:
-        raise HostError(
-            "no cgroup2 hierarchy is mounted (/proc/self/mountinfo)",
-            hint="mount -t cgroup2 none /sys/fs/cgroup, or boot with systemd.unified_cgroup_hierarchy=1",
-        )
-    notes: list[str] = []
-    writes: list[CgroupWrite] = []
-    group = attach if attach is not None else f"{policy.slice}/{policy.name}"
 
-    def add(file: str, value: str, reason: str) -> None:
-        writes.append(
-            CgroupWrite(
-                cgroup=group,
-                file=file,
-                value=value,
-                reason=reason,
-                controller=kf.controller_of(file),
-            )
-        )
+def _pids(policy: Policy) -> list[Write]:
+    return [] if policy.pids.max is None else [(kf.PIDS_MAX, str(policy.pids.max), "pids.max")]
 
-    # -- pids
-    if policy.pids.max is not None:
-        add(kf.PIDS_MAX, str(policy.pids.max), "pids.max")
 
-    # -- memory
+def _memory(
+    policy: Policy, host: HostFacts, workload: Workload, notes: list[str], source: str | None
+) -> list[Write]:
+    """memory.* in _MEMORY_ORDER, sizes resolved on this host (percentages, "model"), page
+    aligned; PolicyError when min <= low <= high <= max does not hold once resolved."""
     mem = policy.memory
+    out: list[Write] = []
     resolved: dict[str, int | None] = {}
     for key in _MEMORY_ORDER:
         if key == "oom_group":
             if mem.oom_group is not None:
-                add(kf.MEMORY_OOM_GROUP, "1" if mem.oom_group else "0", "memory.oom_group")
+                out.append((kf.MEMORY_OOM_GROUP, "1" if mem.oom_group else "0", "memory.oom_group"))
             continue
         size: v.Size | None = getattr(mem, key)
         if size is None:
@@ -103,31 +76,50 @@ def compile_plan(
         )
         resolved[key] = nbytes
         value = "max" if nbytes is None else str(_page_floor(nbytes, host.page_size))
-        add(_MEMORY_FILE[key], value, f"memory.{key}")
+        out.append((_MEMORY_FILE[key], value, f"memory.{key}"))
     _check_memory_order(resolved, source)
+    return out
 
-    # -- io
-    if policy.io.weight is not None:
-        add(kf.IO_WEIGHT, f"default {policy.io.weight}", "io.weight")
 
-    # -- cpu
+def _io(policy: Policy) -> list[Write]:
+    w = policy.io.weight
+    return [] if w is None else [(kf.IO_WEIGHT, f"default {w}", "io.weight")]
+
+
+def _cpu(policy: Policy) -> list[Write]:
+    out: list[Write] = []
     if policy.cpu.weight is not None:
-        add(kf.CPU_WEIGHT, str(policy.cpu.weight), "cpu.weight")
+        out.append((kf.CPU_WEIGHT, str(policy.cpu.weight), "cpu.weight"))
     if policy.cpu.max is not None:
-        add(kf.CPU_MAX, policy.cpu.max.kernel_value(), "cpu.max")
+        out.append((kf.CPU_MAX, policy.cpu.max.kernel_value(), "cpu.max"))
+    return out
 
-    # -- cpuset
-    problems: list[str] = []
-    affinity: tuple[int, ...] | None = None
-    if policy.cpu.cpus is not None:
-        affinity = _resolve_cpus(policy.cpu.cpus, host, problems, notes)
-        if affinity and policy.cpu.cpus.kind != "all":
-            add(kf.CPUSET_CPUS, format_cpulist(affinity), "cpu.cpus")
 
-    # -- controllers: every one the writes need, checked along the whole path
+def _cpuset(
+    policy: Policy, host: HostFacts, problems: list[str], notes: list[str]
+) -> tuple[list[Write], tuple[int, ...] | None]:
+    """cpuset.cpus and the engine's affinity (None: no cpu.cpus in the policy)."""
+    if policy.cpu.cpus is None:
+        return [], None
+    affinity = _resolve_cpus(policy.cpu.cpus, host, problems, notes)
+    if affinity and policy.cpu.cpus.kind != "all":
+        return [(kf.CPUSET_CPUS, format_cpulist(affinity), "cpu.cpus")], affinity
+    return [], affinity
+
+
+def _available(
+    writes: list[CgroupWrite],
+    policy: Policy,
+    host: HostFacts,
+    allow_missing: frozenset[str],
+    problems: list[str],
+) -> tuple[list[CgroupWrite], tuple[str, ...], list[str]]:
+    """Every controller the writes need, checked along the whole path, and PSI for the
+    [[pressure]] rules: (the writes that can be made, the controllers, what is degraded).
+    HostError listing every problem unless ``allow_missing`` names what is missing."""
     asked = {w.controller for w in writes}
     if policy.cpu.cpus is not None and policy.cpu.cpus.kind != "all":
-        asked.add("cpuset")  # even when the CPU list itself was refused above
+        asked.add("cpuset")  # even when the CPU list itself was refused
     needed = tuple(c for c in kf.CONTROLLER_ORDER if c in asked)
     missing = _missing_controllers(needed, host)
     degraded: list[str] = []
@@ -149,8 +141,45 @@ def compile_plan(
             hint=_host_hint(host, missing, allow_missing),
             missing=tuple(missing),
         )
-    writes = [w for w in writes if w.controller not in missing]
-    controllers = tuple(c for c in needed if c not in missing)
+    kept = [w for w in writes if w.controller not in missing]
+    return kept, tuple(c for c in needed if c not in missing), degraded
+
+
+def compile_plan(
+    policy: Policy,
+    host: HostFacts,
+    *,
+    workload: Workload | None = None,
+    allow_missing: frozenset[str] = frozenset(),
+    source: str | None = None,
+    attach: str | None = None,
+) -> Plan:
+    """Resolve a policy against one host. Raises HostError (69) listing every problem, or
+    PolicyError (65) when the policy contradicts itself once resolved on this host.
+
+    ``attach``: the plan of an existing cgroup (relative to the root; `governor monitor
+    --cgroup`, e.g. a systemd unit's): group and leaf are that cgroup, and so are the writes."""
+    workload = workload or Workload()
+    if host.cgroup_mount is None:
+        raise HostError(
+            "no cgroup2 hierarchy is mounted (/proc/self/mountinfo)",
+            hint="mount -t cgroup2 none /sys/fs/cgroup, or boot with systemd.unified_cgroup_hierarchy=1",
+        )
+    notes: list[str] = []
+    problems: list[str] = []
+    group = attach if attach is not None else f"{policy.slice}/{policy.name}"
+    # one helper per controller, called in the order the files are written (runc's: pids
+    # first); memory's PolicyError comes before the CPU list is resolved
+    files = [*_pids(policy), *_memory(policy, host, workload, notes, source), *_io(policy)]
+    files += _cpu(policy)
+    cpuset, affinity = _cpuset(policy, host, problems, notes)
+    writes = [
+        CgroupWrite(
+            cgroup=group, file=file, value=value, reason=reason, controller=kf.controller_of(file)
+        )
+        for file, value, reason in (*files, *cpuset)
+    ]
+    writes, controllers, degraded = _available(writes, policy, host, allow_missing, problems)
 
     create = (policy.slice, group, f"{group}/{LEAF}") if attach is None else ()
     enable = (
