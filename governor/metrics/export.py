@@ -16,7 +16,7 @@ from prometheus_client import start_http_server, write_to_textfile
 from governor.errors import GovernorError, HostError, PermissionDenied, PolicyNotFound
 from governor.metrics.collector import registry
 from governor.metrics.listen import url
-from governor.rundir.state import read_states
+from governor.rundir.state import states_of
 
 TEXTFILE = "governor.prom"
 
@@ -73,15 +73,7 @@ def serve(
 
 
 def _states(run: Path, name: str | None) -> list[dict[str, Any]]:
-    states = read_states(run)
-    if name is not None:
-        states = [s for s in states if s.get("policy") == name]
-        if not states:
-            raise PolicyNotFound(
-                f"no governed slice named {name} ({run})",
-                hint="`governor status` lists what runs",
-            )
-    return states
+    return states_of(run, name, hint="`governor status` lists what runs")
 
 
 def exposition(run: Path, name: str | None = None) -> bytes:

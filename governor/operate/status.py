@@ -12,12 +12,11 @@ import time
 from pathlib import Path
 from typing import Any
 
-from governor.errors import PolicyNotFound
 from governor.kernel.cgroupfs import CgroupFs
 from governor.operate.observe import knobs, usage
 from governor.plan.model import Plan
 from governor.rundir.journal import Journal
-from governor.rundir.state import REVERTER, alive, read_states
+from governor.rundir.state import REVERTER, alive, states_of
 from governor.sizes import human_bytes
 
 SCHEMA_FORMAT = 1
@@ -28,15 +27,12 @@ def collect(
 ) -> list[dict[str, Any]]:
     """The status of every governed slice (or of ``name``; PolicyNotFound when there is none)."""
     now = time.time() if now is None else now
-    states = read_states(run)
-    if name is not None:
-        states = [s for s in states if s.get("policy") == name]
-        if not states:
-            raise PolicyNotFound(
-                f"no governed slice named {name} ({run})",
-                hint="`governor status` lists what runs; start it with `governor launch` or"
-                " `governor apply`",
-            )
+    states = states_of(
+        run,
+        name,
+        hint="`governor status` lists what runs; start it with `governor launch` or"
+        " `governor apply`",
+    )
     out = []
     for st in states:
         try:

@@ -21,8 +21,73 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from governor.errors import PolicyNotFound
+from governor.record import field, record
+
 STATE_FILE = "state.json"
 FORMAT = 1
+
+
+@record(frozen=True)
+class RunState:
+    """THE run-state record: what a supervisor (``source`` "launch"), `governor monitor`
+    ("monitor") or `governor apply` ("apply") publishes in state.json, built once per publish
+    here and nowhere else. :meth:`to_json` is the file's object: which keys each source writes
+    (and in which order) is the stable format status, top, metrics and tune read."""
+
+    policy: str
+    source: str  # launch, monitor, apply
+    policy_path: str | None
+    pid: int | None  # the publishing governor (None: apply, no process)
+    started_at: float
+    backend: str | None
+    cgroup_root: str
+    group: str
+    leaf: str
+    plan: dict[str, Any]
+    policy_sha256: str | None = None
+    engine_pid: int | None = None
+    restarts: int = 0
+    model_bytes: int | None = None
+    rules: list[dict[str, Any]] = field(default_factory=list)
+    last_actions: list[dict[str, Any]] = field(default_factory=list)
+    action_totals: list[dict[str, Any]] = field(default_factory=list)
+    model: dict[str, Any] | None = None  # the GGUF estimate's model, quant and total
+    prefetch_files: list[str] = field(default_factory=list)
+    systemd: dict[str, Any] | None = None  # the unit carrying the limits (backends/manager.py)
+    created: list[str] | None = None  # what `governor remove` may take away (apply, --keep)
+    kept_by: str | None = None  # "launch --keep": the group outlived the run
+
+    def to_json(self) -> dict[str, Any]:
+        """The state file's object (without ``format``, which Publisher adds)."""
+        out: dict[str, Any] = {}
+        for key in _KEYS[self.source]:
+            value = getattr(self, key)
+            if value is None and key in _WHEN_SET and self.source != "launch":
+                continue  # carried over from `governor apply`'s state only when it had it
+            out[key] = round(value, 3) if key == "started_at" else value
+        return out
+
+
+# the keys each source writes, in its order (docs/status.schema.json documents what status
+# makes of them)
+_KEYS = {
+    "launch": (
+        "policy", "source", "policy_path", "policy_sha256", "pid", "engine_pid", "started_at",
+        "backend", "cgroup_root", "group", "leaf", "restarts", "model_bytes", "rules",
+        "last_actions", "action_totals", "model", "prefetch_files", "plan", "systemd",
+    ),
+    "monitor": (
+        "policy", "source", "policy_path", "policy_sha256", "pid", "started_at", "backend",
+        "cgroup_root", "group", "leaf", "restarts", "plan", "created", "systemd", "engine_pid",
+        "rules", "last_actions", "action_totals",
+    ),
+    "apply": (
+        "policy", "source", "policy_path", "pid", "started_at", "backend", "cgroup_root",
+        "group", "leaf", "plan", "created", "kept_by",
+    ),
+}  # fmt: skip
+_WHEN_SET = frozenset({"created", "systemd", "kept_by"})
 
 
 def run_dir(environ: Mapping[str, str] | None = None) -> Path:
@@ -53,11 +118,11 @@ class Publisher:
             return None
         return state if isinstance(state, dict) else None
 
-    def publish(self, state: Mapping[str, Any]) -> bool:
+    def publish(self, state: RunState | Mapping[str, Any]) -> bool:
         """Atomically replace the state file; False (never raises) when it cannot be written:
-        publishing must not stop the engine."""
+        publishing must not stop the engine. A mapping is a state read back (put back as is)."""
         with self._lock:
-            return self._publish(state)
+            return self._publish(state.to_json() if isinstance(state, RunState) else state)
 
     def _publish(self, state: Mapping[str, Any]) -> bool:
         data = json.dumps({"format": FORMAT, **state}, default=str).encode()
@@ -89,25 +154,25 @@ def applied(
     policy_path: str | None,
     created: list[str],
     started_at: float,
-    **extra: Any,
-) -> dict[str, Any]:
+    kept_by: str | None = None,
+) -> RunState:
     """The state of a slice no process supervises (`governor apply`, a `launch --keep`'s
     group): it holds while the cgroup exists, and ``created`` is what `governor remove` may
     take away with the group (never an operator's own slice)."""
-    return {
-        "policy": plan_dict["policy"],
-        "source": "apply",
-        "policy_path": policy_path,
-        "pid": None,
-        "started_at": round(started_at, 3),
-        "backend": "cgroupfs",
-        "cgroup_root": plan_dict["cgroup_root"],
-        "group": plan_dict["group"],
-        "leaf": plan_dict["leaf"],
-        "plan": dict(plan_dict),
-        "created": created,
-        **extra,
-    }
+    return RunState(
+        policy=plan_dict["policy"],
+        source="apply",
+        policy_path=policy_path,
+        pid=None,
+        started_at=started_at,
+        backend="cgroupfs",
+        cgroup_root=plan_dict["cgroup_root"],
+        group=plan_dict["group"],
+        leaf=plan_dict["leaf"],
+        plan=dict(plan_dict),
+        created=created,
+        kept_by=kept_by,
+    )
 
 
 def alive(pid: int | None, proc: Path = Path("/proc"), *, marker: bytes = b"governor") -> bool:
@@ -146,3 +211,13 @@ def read_states(directory: Path, proc: Path = Path("/proc")) -> list[dict[str, A
             state["stale"] = not alive(state.get("pid"), proc)
         out.append(state)
     return out
+
+
+def states_of(directory: Path, name: str | None, *, hint: str) -> list[dict[str, Any]]:
+    """:func:`read_states`, only NAME's when given: PolicyNotFound (66) when it has none."""
+    states = read_states(directory)
+    if name is not None:
+        states = [s for s in states if s.get("policy") == name]
+        if not states:
+            raise PolicyNotFound(f"no governed slice named {name} ({directory})", hint=hint)
+    return states

@@ -26,7 +26,7 @@ from governor.kernel.procfs import ProcFs
 from governor.monitor.loop import Monitor
 from governor.plan.model import Plan
 from governor.rundir.journal import Journal
-from governor.rundir.state import Publisher, alive, run_dir
+from governor.rundir.state import Publisher, RunState, alive, run_dir
 
 # what the monitor's state carries over from `governor apply`'s
 KEPT_FROM_APPLY = ("created", "backend", "systemd")
@@ -81,22 +81,8 @@ def attach(
         sha256: str | None = hashlib.sha256(policy_path.read_bytes()).hexdigest()
     except OSError:
         sha256 = None
-    base: dict[str, Any] = {
-        "policy": plan.policy,
-        "source": "monitor",
-        "policy_path": str(policy_path.resolve()),
-        "policy_sha256": sha256,
-        "pid": os.getpid(),
-        "started_at": round(time.time(), 3),
-        "backend": "cgroupfs",
-        "cgroup_root": plan.cgroup_root,
-        "group": plan.group,
-        "leaf": plan.leaf,
-        "restarts": 0,
-        "plan": plan.to_dict(),
-    }
-    if prior is not None:
-        base.update({k: prior[k] for k in KEPT_FROM_APPLY if k in prior})
+    started_at, where = time.time(), str(policy_path.resolve())
+    carried = {k: prior[k] for k in KEPT_FROM_APPLY if k in prior} if prior is not None else {}
     # what status and the --metrics endpoint read; refreshed by the monitor's thread when a
     # rule changes state or fires (the scrape thread only reads the list's current item)
     snapshot: list[dict[str, Any]] = []
@@ -106,13 +92,26 @@ def attach(
             engine: int | None = next(iter(engine_pids()), None)
         except OSError:
             engine = None
-        state = base | {
-            "engine_pid": engine,
-            "rules": mon.rule_states(),
-            "last_actions": list(mon.recent),
-            "action_totals": mon.action_totals(),
-        }
-        snapshot[:] = [state]
+        state = RunState(
+            policy=plan.policy,
+            source="monitor",
+            policy_path=where,
+            policy_sha256=sha256,
+            pid=os.getpid(),
+            started_at=started_at,
+            backend=carried.get("backend", "cgroupfs"),
+            cgroup_root=plan.cgroup_root,
+            group=plan.group,
+            leaf=plan.leaf,
+            plan=plan.to_dict(),
+            created=carried.get("created"),
+            systemd=carried.get("systemd"),
+            engine_pid=engine,
+            rules=mon.rule_states(),
+            last_actions=list(mon.recent),
+            action_totals=mon.action_totals(),
+        )
+        snapshot[:] = [state.to_json()]
         publisher.publish(state)
 
     endpoint = None if serve is None else serve(lambda: list(snapshot))

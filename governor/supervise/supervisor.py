@@ -34,7 +34,7 @@ from governor.monitor.restart import Restarts
 from governor.plan.model import Plan
 from governor.record import field, record
 from governor.rundir.journal import Journal
-from governor.rundir.state import Publisher, applied, run_dir
+from governor.rundir.state import Publisher, RunState, applied, run_dir
 from governor.supervise.sdnotify import notify
 from governor.supervise.watchdog import Watchdog
 
@@ -220,31 +220,30 @@ class Supervisor:
         plan = job.plan
         monitor = self.monitor
         estimate = job.extra.get("estimate") or {}
-        self.state = {
-            "policy": plan.policy,
-            "source": "launch",
-            "policy_path": plan.source,
-            "policy_sha256": job.policy_sha256,
-            "pid": os.getpid(),
-            "engine_pid": self.engine_pid,
-            "started_at": round(self.started_at, 3),
-            "backend": job.backend,
-            "cgroup_root": plan.cgroup_root,
-            "group": plan.group,
-            "leaf": plan.leaf,
-            "restarts": len(self.restarts.history) if self.restarts else 0,
-            "model_bytes": job.model_bytes,
-            "rules": monitor.rule_states() if monitor is not None else [],
-            "last_actions": list(monitor.recent) if monitor is not None else [],
-            "action_totals": monitor.action_totals() if monitor is not None else [],
-            "model": {k: estimate.get(k) for k in ("model", "quant", "total")}
-            if estimate
-            else None,
-            "prefetch_files": list(job.prefetch_files),
-            "plan": plan.to_dict(),
-            "systemd": job.systemd,
-        }
-        self.publisher.publish(self.state)
+        state = RunState(
+            policy=plan.policy,
+            source="launch",
+            policy_path=plan.source,
+            policy_sha256=job.policy_sha256,
+            pid=os.getpid(),
+            engine_pid=self.engine_pid,
+            started_at=self.started_at,
+            backend=job.backend,
+            cgroup_root=plan.cgroup_root,
+            group=plan.group,
+            leaf=plan.leaf,
+            restarts=len(self.restarts.history) if self.restarts else 0,
+            model_bytes=job.model_bytes,
+            rules=monitor.rule_states() if monitor is not None else [],
+            last_actions=list(monitor.recent) if monitor is not None else [],
+            action_totals=monitor.action_totals() if monitor is not None else [],
+            model={k: estimate.get(k) for k in ("model", "quant", "total")} if estimate else None,
+            prefetch_files=list(job.prefetch_files),
+            plan=plan.to_dict(),
+            systemd=job.systemd,
+        )
+        self.state = state.to_json()  # also what --metrics serves
+        self.publisher.publish(state)
 
     def _start_helper(self, job: Job, engine_pid: int) -> None:
         """The prefetch helper for this start of the engine (mode none: nothing)."""
