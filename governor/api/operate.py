@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from governor.api.host import HostOptions, compile_policy, load_policy, probe_host
+
+if TYPE_CHECKING:
+    from governor.rundir.state import RunState
 
 
 def diff(path: Path, opts: HostOptions, *, install_root: Path = Path("/")) -> dict[str, Any]:
@@ -46,19 +49,13 @@ def diff(path: Path, opts: HostOptions, *, install_root: Path = Path("/")) -> di
     return d.report(plan, host, observed, rendered, on_disk)
 
 
-def _governed(name: str) -> dict[str, Any]:
+def _governed(name: str) -> RunState:
     """The published state of NAME (66 when none; 69 when its supervisor is gone)."""
-    from governor.errors import HostError, PolicyNotFound
-    from governor.rundir.state import read_states, run_dir
+    from governor.errors import HostError
+    from governor.rundir.state import RunState, run_dir, states_of
 
-    states = [s for s in read_states(run_dir()) if s.get("policy") == name]
-    if not states:
-        raise PolicyNotFound(
-            f"no governed slice named {name} ({run_dir()})",
-            hint="`governor status` lists what runs",
-        )
-    st = states[0]
-    if st.get("stale"):
+    st = RunState.read(states_of(run_dir(), name, hint="`governor status` lists what runs")[0])
+    if st.stale:
         raise HostError(
             f"the supervisor of {name} is gone (stale state in {run_dir() / name})",
             hint="start it again (governor launch / systemctl start governor@NAME)",
@@ -128,7 +125,7 @@ def tune(
     reverter = None
     if seconds is not None and any(r.changes for r in routes):
         deadline = round(time.time() + seconds, 3)
-        reverter = c.Reverter(run_dir(), name, st["plan"]["cgroup_root"], deadline)
+        reverter = c.Reverter(run_dir(), name, st.plan["cgroup_root"], deadline)
         extra.update(confirm_by=deadline, reverter_pid=reverter.pid)
         if reverter.unit is not None:
             extra["reverter_unit"] = reverter.unit  # its own scope: survives a logout
@@ -241,7 +238,7 @@ class _Route:
 
 
 def _routes(
-    st: dict[str, Any], name: str, overrides: dict[tuple[str, str], object]
+    st: RunState, name: str, overrides: dict[tuple[str, str], object]
 ) -> tuple[list[_Route], str, int | None, dict[str, str]]:
     """Validate the overrides by recompiling the running policy with them, and sort the files
     that change by where they go: under systemd the unit carrying the limits (through the
@@ -257,8 +254,8 @@ def _routes(
     from governor.policy.loader import load
     from governor.rundir.state import run_dir
 
-    running = Plan.from_dict(st["plan"])
-    path = st.get("policy_path") or running.source
+    running = Plan.from_dict(st.plan)
+    path = st.policy_path or running.source
     if not path:
         raise HostError(
             f"the state of {name} names no policy file ({run_dir() / name})",
@@ -266,7 +263,7 @@ def _routes(
         )
     policy = load(path, overrides=overrides)
     host = probe(cgroup_root=running.cgroup_root, target=running.group)
-    model = st.get("model_bytes")
+    model = st.model_bytes
     new = compile_plan(
         policy,
         host,
@@ -278,7 +275,7 @@ def _routes(
     plain = _Route(fs, running.group, None, None)
     via_manager = None
     version = host.systemd_version
-    if st.get("backend") == "systemd":
+    if st.backend == "systemd":
         if version is None:
             raise HostError(
                 f"{name} runs under systemd, but systemd is not PID 1 here (/proc/1)",
@@ -313,7 +310,7 @@ def _routes(
 
 
 def _persist(
-    st: dict[str, Any],
+    st: RunState,
     name: str,
     *,
     overrides: dict[tuple[str, str], object],
@@ -333,8 +330,8 @@ def _persist(
     from governor.operate import tune as t
     from governor.plan.model import Plan
 
-    running = Plan.from_dict(st["plan"])
-    path = str(st.get("policy_path") or running.source)
+    running = Plan.from_dict(st.plan)
+    path = str(st.policy_path or running.source)
     installed = inst.manifest_path(Path("/"), name).exists()
     try:
         if not installed or version is None:
@@ -378,7 +375,7 @@ def rollback(name: str, *, to: int | None, everything: bool) -> dict[str, Any]:
     from governor.rundir.state import run_dir
 
     st = _governed(name)
-    running = Plan.from_dict(st["plan"])
+    running = Plan.from_dict(st.plan)
     journal = Journal(run_dir() / name)
     try:
         with journal.locked():  # not while the --confirm reverter decides

@@ -29,6 +29,7 @@ from governor.kernel.cgroupfs import CgroupFs
 from governor.operate import observe
 from governor.plan.model import Plan
 from governor.rundir.journal import Journal
+from governor.rundir.state import RunState
 
 MEMORY_KINDS = ("current", "anon", "file", "working_set", "peak")
 MEMORY_EVENTS = ("low", "high", "max", "oom", "oom_kill")
@@ -96,9 +97,9 @@ class GovernorCollector(Collector):
         info.add_metric([self.version], 1)
         yield info
         fams = _Families()
-        for st in self.states():
+        for st in map(RunState.read, self.states()):
             try:
-                plan = Plan.from_dict(st["plan"])
+                plan = Plan.from_dict(st.plan)
             except (KeyError, ValueError, TypeError):
                 continue
             self._slice(fams, st, plan)
@@ -106,17 +107,17 @@ class GovernorCollector(Collector):
 
     # ------------------------------------------------------------------ one slice
 
-    def _slice(self, f: _Families, st: dict[str, Any], plan: Plan) -> None:
+    def _slice(self, f: _Families, st: RunState, plan: Plan) -> None:
         p = plan.policy
         fs = CgroupFs(Path(plan.cgroup_root))
-        exists = not st.get("stale") and fs.exists(plan.group)
+        exists = not st.stale and fs.exists(plan.group)
         up = exists and observe.populated(fs, plan.group)
         f.gauge("governor_engine_up", "1 while the engine's processes run in the slice", p, up)
         f.counter(
             "governor_engine_restarts_total",
             "engine restarts by the supervisor (launch.restart)",
             p,
-            st.get("restarts") or 0,
+            st.restarts or 0,
         )
         self._rules(f, st, p)
         self._tunes(f, p)
@@ -124,7 +125,7 @@ class GovernorCollector(Collector):
         if not exists:
             return
         # under systemd the policy's limits are on its slice unit, not on the service's cgroup
-        systemd = st.get("systemd") or None
+        systemd = st.systemd or None
         self._memory(f, fs, systemd["cgroup"] if systemd else plan.group, p)
         use = observe.usage(fs, plan.group)
         self._usage(f, use, p)
@@ -135,7 +136,7 @@ class GovernorCollector(Collector):
             p,
             drift,
         )
-        ratio = _resident_ratio(st.get("prefetch_files") or ())
+        ratio = _resident_ratio(st.prefetch_files or ())
         if ratio is not None:
             f.gauge(
                 "governor_prefetch_resident_ratio",
@@ -213,8 +214,8 @@ class GovernorCollector(Collector):
             f.gauge("governor_pids_current", "pids.current", p, pids["current"])
             f.gauge("governor_pids_max", "pids.max (+Inf: max)", p, _limit(pids["max"]))
 
-    def _rules(self, f: _Families, st: dict[str, Any], p: str) -> None:
-        for r in st.get("rules") or ():
+    def _rules(self, f: _Families, st: RunState, p: str) -> None:
+        for r in st.rules or ():
             f.counter(
                 "governor_rule_firings_total",
                 "times each [[pressure]] rule fired (rule: its index in the policy)",
@@ -222,7 +223,7 @@ class GovernorCollector(Collector):
                 r.get("fired", 0),
                 rule=str(r.get("rule")),
             )
-        for a in st.get("action_totals") or ():
+        for a in st.action_totals or ():
             f.counter(
                 "governor_actions_total",
                 "actions the rules ran (action: the verb)",
@@ -248,8 +249,8 @@ class GovernorCollector(Collector):
             done = sum(e.get("source") == f"tune-{result}" for e in entries)
             f.counter("governor_tunes_total", doc, p, done, result=result)
 
-    def _model(self, f: _Families, st: dict[str, Any], plan: Plan) -> None:
-        model = st.get("model") or {}
+    def _model(self, f: _Families, st: RunState, plan: Plan) -> None:
+        model = st.model or {}
         name = os.path.basename(str(model.get("model") or ""))
         f.gauge(
             "governor_engine_info",

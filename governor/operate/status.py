@@ -16,7 +16,7 @@ from governor.kernel.cgroupfs import CgroupFs
 from governor.operate.observe import knobs, usage
 from governor.plan.model import Plan
 from governor.rundir.journal import Journal
-from governor.rundir.state import REVERTER, alive, states_of
+from governor.rundir.state import REVERTER, RunState, alive, states_of
 from governor.sizes import human_bytes
 
 SCHEMA_FORMAT = 1
@@ -34,32 +34,32 @@ def collect(
         " `governor apply`",
     )
     out = []
-    for st in states:
+    for st in map(RunState.read, states):
         try:
-            plan = Plan.from_dict(st["plan"])
+            plan = Plan.from_dict(st.plan)
         except (KeyError, ValueError, TypeError):
             continue
         fs = CgroupFs(Path(plan.cgroup_root))
         exists = fs.exists(plan.group)
         journal = Journal(run / plan.policy)
-        systemd = st.get("systemd")
+        systemd = st.systemd
         item: dict[str, Any] = {
             "format": SCHEMA_FORMAT,
             "policy": plan.policy,
-            "source": st.get("source"),
-            "policy_path": st.get("policy_path"),
-            "state": "stale" if st.get("stale") else ("running" if exists else "gone"),
-            "pid": st.get("pid"),
-            "engine_pid": st.get("engine_pid"),
-            "backend": st.get("backend"),
+            "source": st.source,
+            "policy_path": st.policy_path,
+            "state": "stale" if st.stale else ("running" if exists else "gone"),
+            "pid": st.pid,
+            "engine_pid": st.engine_pid,
+            "backend": st.backend,
             "cgroup": f"{plan.cgroup_root}/{plan.group}",
-            "uptime_s": round(now - st["started_at"], 1) if st.get("started_at") else None,
-            "restarts": st.get("restarts", 0),
+            "uptime_s": round(now - st.started_at, 1) if st.started_at else None,
+            "restarts": st.restarts,
             "systemd_unit": systemd["unit"] if systemd else None,
             "knobs": knobs(fs, plan, journal=journal, systemd=systemd) if exists else [],
             "usage": usage(fs, plan.group) if exists else None,
-            "rules": st.get("rules", []),
-            "last_actions": st.get("last_actions", []),
+            "rules": st.rules,
+            "last_actions": st.last_actions,
             "journal": journal.tail(5),
             "pending_confirm": [
                 {

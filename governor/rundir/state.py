@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from governor.errors import PolicyNotFound
-from governor.record import field, record
+from governor.record import field, fields, record
 
 STATE_FILE = "state.json"
 FORMAT = 1
@@ -57,6 +57,17 @@ class RunState:
     systemd: dict[str, Any] | None = None  # the unit carrying the limits (backends/manager.py)
     created: list[str] | None = None  # what `governor remove` may take away (apply, --keep)
     kept_by: str | None = None  # "launch --keep": the group outlived the run
+    stale: bool = False  # set by the reader (read_states), never written
+
+    @classmethod
+    def read(cls, state: Mapping[str, Any]) -> RunState:
+        """A state as read back (read_states, or the one a supervisor serves /metrics from):
+        another process wrote it, so its values pass as they are and a key it lacks has its
+        default (None for the ones every writer sets: a reader skips a state without a plan)."""
+        known = {f.name for f in fields(cls)}
+        values: dict[str, Any] = dict.fromkeys(_REQUIRED)
+        values.update((k, v) for k, v in state.items() if k in known)
+        return cls(**values)
 
     def to_json(self) -> dict[str, Any]:
         """The state file's object (without ``format``, which Publisher adds)."""
@@ -88,6 +99,7 @@ _KEYS = {
     ),
 }  # fmt: skip
 _WHEN_SET = frozenset({"created", "systemd", "kept_by"})
+_REQUIRED = _KEYS["apply"][:10]  # what every writer sets (the fields without a default)
 
 
 def run_dir(environ: Mapping[str, str] | None = None) -> Path:
