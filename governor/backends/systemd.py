@@ -286,7 +286,7 @@ def daemon_reload() -> str:
 
 
 class SystemdBackend:
-    """Same surface as CgroupfsBackend for api.launch: ``fs``, ``lock``, ``apply``, ``remove``.
+    """Same surface as CgroupfsBackend for api/launch.py: ``fs``, ``lock``, ``apply``, ``remove``.
 
     ``apply`` takes the *delegated* plan (see :func:`delegated_plan`)."""
 

@@ -3,7 +3,7 @@ alongside -> monitor -> supervise -> report -> remove.
 
 Run time only: the standard library and governor's runtime modules (plan model, kernel doors,
 backends, launcher, monitor); never pydantic, typer or structlog (tests/runtime/test_main.py).
-Everything it needs was resolved before (governor/api.py: the compiled plan, the child's
+Everything it needs was resolved before (api/launch.py: the compiled plan, the child's
 setup, the prefetch files): a :class:`Job`.
 
 Cleanup is unconditional: whatever fails after the apply (the start, the monitor, the report),
