@@ -5,8 +5,9 @@ slice and a slow anonymous-memory hog (tests/helpers/hog.py) as the engine, in a
 memory.high is below the hog's working set: the kernel throttles the hog and accounts the
 throttling as memory stall (mm/memcontrol.c mem_cgroup_handle_over_high ->
 psi_memstall_enter), which is what the PSI triggers see. Assertions are on the governor's
-structured log (JSON lines on stderr), its --report and the kernel's files. Time bounds are
-generous (TCG guests run 5-10x slower) and only bound reaction, never speed.
+structured log (JSON lines on stderr), its --report and the kernel's files. Nothing is timed:
+waits are for events (log lines, kernel files) with generous bounds (TCG guests run 5-10x
+slower); durations are checked only from below (a `for`, a cooldown, a backoff was waited).
 """
 
 from __future__ import annotations
@@ -148,15 +149,16 @@ def test_rules_escalate_in_order_set_respects_bounds_and_kill_takes_the_group(
     )  # fmt: skip
     group = scratch_slice.path / "eng"
     cgroups.wait_for((group / "memory.pressure").exists, 60, "the group")
-    stall = _stall_start(group, 120)
+    _stall_start(group, 120)  # the kernel accounts the hog's throttling as memory stall
     rc = gov.wait()
     assert rc == 128 + signal.SIGKILL, gov.stderr()
 
-    fired = gov.events("rule.fired")
-    assert [rec["rule"] for _, rec in fired] == [0, 1, 2], gov.stderr()
-    latency = fired[0][0] - stall
-    print(f"first rule fired {latency:.2f}s after the stall started")
-    assert latency < 5.0, gov.stderr()  # one window + 1 s, with room for TCG
+    fired = [rec for _, rec in gov.events("rule.fired")]
+    assert [rec["rule"] for rec in fired] == [0, 1, 2], gov.stderr()
+    # in order of severity, each after its condition held for its `for` (checked from below)
+    assert fired[0]["t_s"] <= fired[1]["t_s"] <= fired[2]["t_s"], fired
+    assert fired[1]["active_s"] >= 2 and fired[2]["active_s"] >= 6, fired
+    print("fired at t_s", [rec["t_s"] for rec in fired])
 
     # set memory.high -10%: 48M -> 43.2M page-floored, above memory.min, logged before/after
     (_, set_done), *_ = [e for e in gov.events("action.done") if e[1]["rule"] == 1]
@@ -309,15 +311,26 @@ def test_cooldown_prevents_an_action_storm_over_a_sustained_stall(
     assert data["rules"][1]["fired"] == len(cooled)
 
 
-def _cpu_seconds(pid: int) -> float:
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # utime + stime
+# the syscalls a supervisor waits in: poll, select, epoll_wait, pselect6, ppoll, epoll_pwait(2)
+WAITING = {"7", "23", "232", "270", "271", "281", "441"}
+
+
+def _waiting_in(pid: int) -> str | None:
+    """The syscall `pid` sleeps in (/proc/PID/syscall), None while it runs."""
+    try:
+        words = Path(f"/proc/{pid}/syscall").read_text().split()
+    except OSError:
+        return None
+    return words[0] if words and words[0] != "running" else None
 
 
 @pytest.mark.kernel(**NEEDS)
-def test_idle_monitor_costs_under_half_a_percent_of_a_core(
+def test_an_idle_monitor_sleeps_in_its_wait_and_wakes_once_per_sample(
     tmp_path: Path, scratch_slice: ScratchSlice
 ) -> None:
+    """Idle cost as behaviour (the CPU share is a benchmark's, perf/): with the triggers armed
+    in the kernel and a quiet engine, the supervisor sleeps in its wait and wakes for its
+    samples only: never more samples than sample intervals passed, no rule fired."""
     policy = _policy(
         tmp_path,
         scratch_slice,
@@ -335,24 +348,28 @@ def test_idle_monitor_costs_under_half_a_percent_of_a_core(
         do = ["log"]
         """,
     )
-    report = tmp_path / "report.json"
-    gov = Governor("launch", "--policy", str(policy), "--report", str(report), "--", "sleep", "600")
+    report, stop = tmp_path / "report.json", tmp_path / "stop"
+    engine = ["/bin/sh", "-c", f"while [ ! -e {stop} ]; do sleep 0.5; done"]
+    gov = Governor("launch", "--policy", str(policy), "--report", str(report), "--", *engine)
     try:
-        cgroups.wait_for(lambda: gov.events("psi.armed"), 60, "the monitor")
-        time.sleep(2)
-        cpu0, t0 = _cpu_seconds(gov.proc.pid), time.monotonic()
-        time.sleep(60)
-        cpu1, t1 = _cpu_seconds(gov.proc.pid), time.monotonic()
+        cgroups.wait_for(lambda: len(gov.events("psi.armed")) >= 2, 120, "the monitor")
+        seen = []
+        for _ in range(20):  # where it is, 4 times a second for 5 s
+            seen.append(_waiting_in(gov.proc.pid))
+            time.sleep(0.25)
     finally:
-        gov.proc.send_signal(signal.SIGTERM)
-        gov.wait()
-    share = (cpu1 - cpu0) / (t1 - t0)
-    sampler = json.loads(report.read_text())["extra"]["monitor"]["sampler"]
-    print(f"sampler: {sampler}")
-    print(
-        f"idle governor: {cpu1 - cpu0:.3f}s CPU over {t1 - t0:.1f}s = {share * 100:.3f}% of a core"
-    )
-    assert share < 0.005
+        stop.touch()
+        rc = gov.wait()
+    assert rc == 0, gov.stderr()
+    data = json.loads(report.read_text())
+    monitor, wall = data["extra"]["monitor"], data["wall_seconds"]
+    print(f"sampler: {monitor['sampler']}; wall {wall}s; waiting in {seen}")
+    asleep = [s for s in seen if s in WAITING]
+    assert len(asleep) >= len(seen) // 2, f"the idle supervisor was not waiting: {seen}"
+    assert [p["mode"] for p in monitor["psi"]] == ["trigger", "trigger"], monitor["psi"]
+    assert all(r["fired"] == 0 for r in monitor["rules"]), monitor["rules"]
+    sampler = monitor["sampler"]
+    assert 1 <= sampler["samples"] <= wall / sampler["interval_s"] + 2, sampler
 
 
 @pytest.mark.kernel(**NEEDS)
@@ -464,7 +481,7 @@ LEAK_AND_FLOOR = """
 max = "900M"
 swap_max = "0"
 [[pressure]]
-when = "leak > 500KB/s for 12s"
+when = "leak > 500KB/s for {window}s"
 do = ["log"]
 [[pressure]]
 when = "memavailable < {floor}M"
@@ -472,14 +489,40 @@ do = ["log"]
 """
 
 
+LEAK_WINDOW_S = 10  # the shortest the policy accepts
+
+
 def _leak_run(
-    tmp_path: Path, scratch_slice: ScratchSlice, hog: list[str], seconds: float, floor_mib: int
+    tmp_path: Path, scratch_slice: ScratchSlice, hog: list[str], floor_mib: int, *, grows: bool
 ) -> list[dict[str, Any]]:
-    """Launch ``hog`` under the leak and board-floor rules for ``seconds``; its firings."""
-    policy = _policy(tmp_path, scratch_slice, LEAK_AND_FLOOR.format(floor=floor_mib))
+    """Launch ``hog`` under the leak and board-floor rules; its firings. A growing hog runs
+    until both rules fired, then until it holds its memory and a window of samples more; a
+    flat one until it holds its memory and the leak window was covered by flat samples."""
+    policy = _policy(
+        tmp_path, scratch_slice, LEAK_AND_FLOOR.format(floor=floor_mib, window=LEAK_WINDOW_S)
+    )
     gov = Governor("launch", "--policy", str(policy), "--sample-interval", "0.5", "--", *hog)
+
+    def fired(rule: int) -> bool:
+        return any(rec["rule"] == rule for _, rec in gov.events("rule.fired"))
+
+    def ended() -> bool:
+        assert gov.proc.poll() is None, gov.stderr()
+        return False
+
     try:
-        time.sleep(seconds)
+        if grows:
+            cgroups.wait_for(
+                lambda: ended() or (fired(0) and fired(1)), 240, "the leak and floor rules"
+            )
+        cgroups.wait_for(
+            lambda: ended() or any(line.endswith(" done") for _, line in gov.out),
+            240,
+            "the hog's memory",
+        )
+        # a level condition fires once per episode: give it a window of samples to repeat;
+        # the flat run needs them to cover its window at all (a negative check takes time)
+        time.sleep(LEAK_WINDOW_S + 2)
         assert gov.proc.poll() is None, gov.stderr()
     finally:
         gov.proc.send_signal(signal.SIGTERM)
@@ -491,18 +534,18 @@ def _leak_run(
 def test_leak_and_memavailable_rules_fire_on_growth_and_stay_quiet_when_flat(
     tmp_path: Path, scratch_slice: ScratchSlice
 ) -> None:
-    # the board floor sits 200 MiB below what is available now: a 400 MiB hog crosses it
-    floor_mib = (_memavailable() >> 20) - 200
-    # control: 48 MiB at once, then flat — no sustained slope over the 12 s window
-    quiet = _leak_run(tmp_path, scratch_slice, _hog(48, 48, 0), 30, floor_mib)
+    # the board floor sits 120 MiB below what is available now: a 320 MiB hog crosses it
+    floor_mib = (_memavailable() >> 20) - 120
+    # control: 48 MiB at once, then flat — no sustained slope over the window
+    quiet = _leak_run(tmp_path, scratch_slice, _hog(48, 48, 0), floor_mib, grows=False)
     assert quiet == [], quiet
-    # growth: 4 MiB every 0.5 s (~8 MiB/s, far above 500 KB/s) up to 400 MiB, then held
-    fired = _leak_run(tmp_path, scratch_slice, _hog(400, 4, 0.5), 75, floor_mib)
+    # growth: 8 MiB every 0.5 s (~16 MiB/s, far above 500 KB/s) up to 320 MiB, then held
+    fired = _leak_run(tmp_path, scratch_slice, _hog(320, 8, 0.5), floor_mib, grows=True)
     leak = [f for f in fired if f["rule"] == 0]
     floor = [f for f in fired if f["rule"] == 1]
     assert leak, fired
     assert leak[0]["value"] > 500 * 1024, leak[0]  # the slope, bytes/s
-    assert leak[0]["t_s"] >= 0.9 * 12, leak[0]  # not before the window was covered
+    assert leak[0]["t_s"] >= 0.9 * LEAK_WINDOW_S, leak[0]  # not before the window was covered
     assert floor, fired
     assert floor[0]["value"] < floor_mib << 20, floor[0]  # MemAvailable when it fired
     # a level condition fires once per episode, not at every sample
