@@ -42,6 +42,7 @@ import time
 import tomllib
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from perf.launch import cgroup_mount, compile_governor, governor_argv, missing_controllers, user_env
 
@@ -179,19 +180,14 @@ def main(argv: list[str] | None = None) -> int:
         print(f"governor: init --board-memory {a.board_memory}: memory.max {conf['memory']['max']},"
               f" engine.max_cache_ram {conf['engine'].get('max_cache_ram')} MiB; engine:"
               f" {shlex.join(engine[1:])}")  # fmt: skip
-        est = subprocess.run(
-            [*governor_argv(), "estimate", str(a.model), "--engine-argv", shlex.join(engine),
-             "--json"], env=env, capture_output=True, text=True, check=True, cwd=REPO,
-        )  # fmt: skip
-        estimate = json.loads(est.stdout)
-        print(
-            f"governor estimate of that command line: {estimate['total'] / MIB:.0f} MiB ("
-            + ", ".join(f"{k} {v / MIB:.0f}" for k, v in estimate["terms"].items() if v)
-            + ")"
-        )
+        estimates = {name: estimate(a.model, cmd, env) for name, cmd in (("bare", bare),
+                                                                            ("governor", engine))}  # fmt: skip
+        for name, e in estimates.items():
+            print(f"governor estimate, {name}: {e['total'] / MIB:.0f} MiB ("
+                  + ", ".join(f"{k} {v / MIB:.0f}" for k, v in e["terms"].items() if v) + ")")  # fmt: skip
         runs: dict[str, list[str]] = {"bare": bare, "governor": governed("populate")}
         if not a.no_growth:
-            growth(a, env, runs, port, estimate["total"])
+            growth(a, env, runs, port, estimates)
         if not a.no_latency:
             latency(
                 a,
@@ -206,12 +202,22 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
+def estimate(model: Path, engine: list[str], env: dict[str, str]) -> dict[str, Any]:
+    """`governor estimate --json` of a server command line (its terms in bytes)."""
+    res = subprocess.run(
+        [*governor_argv(), "estimate", str(model), "--engine-argv", shlex.join(engine), "--json"],
+        env=env, capture_output=True, text=True, check=True, cwd=REPO,
+    )  # fmt: skip
+    got: dict[str, Any] = json.loads(res.stdout)
+    return got
+
+
 def growth(
     a: argparse.Namespace,
     env: dict[str, str],
     runs: dict[str, list[str]],
     port: int,
-    estimate: int,
+    estimates: dict[str, dict[str, Any]],
 ) -> None:
     curves: dict[str, list[Memory]] = {}
     seconds: dict[str, float] = {}
@@ -233,7 +239,7 @@ def growth(
         curves[name] = curve
     print()
     print(f"1. resident memory after n distinct conversations (~{a.words + 53} prompt tokens"
-          f" each, one at a time), MiB; estimate {estimate / MIB:.0f} MiB")  # fmt: skip
+          f" each, one at a time), MiB")  # fmt: skip
     names = list(curves)
     print(f"{'n':>3}  " + "  ".join(f"{n + ' RSS':>13} {n + ' PSS':>13}" for n in names)
           + f"  {'RSS gov/bare':>12}")  # fmt: skip
@@ -246,10 +252,13 @@ def growth(
     last = {k: c[-1].rss for k, c in curves.items()}
     per = {k: (c[-1].rss - c[0].rss) / a.conversations for k, c in curves.items()}
     for k in names:
+        total = estimates[k]["total"]
+        bounded = total - estimates[k]["terms"]["prompt_cache"]
         print(f"  {k}: at ready {curves[k][0].rss / MIB:.0f} MiB, after {a.conversations}"
-              f" {last[k] / MIB:.0f} MiB ({last[k] / estimate:.2f}x the estimate), +"
-              f"{per[k] / MIB:.0f} MiB per conversation on average; {seconds[k]:.0f} s of"
-              f" conversations")  # fmt: skip
+              f" {last[k] / MIB:.0f} MiB, +{per[k] / MIB:.0f} MiB per conversation on average"
+              f" ({seconds[k]:.0f} s of conversations); its estimate {total / MIB:.0f} MiB"
+              f" ({last[k] / total:.2f}x), {bounded / MIB:.0f} MiB without the prompt cache"
+              f" ({last[k] / bounded:.2f}x)")  # fmt: skip
     print(
         f"  ratio governor/bare after {a.conversations}: RSS {last['governor'] / last['bare']:.2f}"
     )
