@@ -276,7 +276,7 @@ def latency(
     def one(cmd: list[str], i: int) -> tuple[float, float, float]:
         s = Server(cmd, env, a.server, port)
         try:
-            wait_ready(s.base, s.proc, timeout=300)
+            wait_ready(s.base, s.proc, timeout=300, interval=0.005)
             ready = time.perf_counter() - s.t0
             answer = chat(s.base, i, prompt(1000 + i, a.latency_words), 4, True)
             total = time.perf_counter() - s.t0

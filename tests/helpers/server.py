@@ -56,10 +56,14 @@ def health(base: str, timeout: float = 2.0) -> int | None:
 
 
 def wait_ready(
-    base: str, proc: subprocess.Popen[str] | None = None, timeout: float = 120.0
+    base: str,
+    proc: subprocess.Popen[str] | None = None,
+    timeout: float = 120.0,
+    interval: float = 0.1,
 ) -> float:
-    """Poll base/health until it answers 200; the seconds it took. Fails at once if `proc`
-    (the server, or the governor running it) exits first, with the tail of its stderr."""
+    """Poll base/health every `interval` s until it answers 200; the seconds it took. Fails
+    at once if `proc` (the server, or the governor running it) exits first, with the tail of
+    its stderr."""
     t0 = time.monotonic()
     while True:
         if health(base) == 200:
@@ -69,7 +73,7 @@ def wait_ready(
             raise AssertionError(f"server exited {proc.returncode} before ready:\n{err}")
         if time.monotonic() - t0 > timeout:
             raise AssertionError(f"{base}/health not 200 after {timeout:.0f} s")
-        time.sleep(0.1)
+        time.sleep(interval)
 
 
 def prompt(i: int, words: int) -> str:
