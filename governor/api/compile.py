@@ -40,15 +40,21 @@ class EstimateOptions:
 
 def estimate(model: Path, opts: HostOptions, eopts: EstimateOptions) -> Any:
     """`governor estimate`: the resident-memory estimate of llama.cpp for a GGUF model."""
+    import os
+
     from governor.engines.budget import estimate_argv, policy_budget
     from governor.engines.llama import parse_llama_argv
     from governor.errors import PolicyError
 
-    argv = ["llama", *eopts.engine_argv, "-m", str(model)]
+    # --engine-argv is options only, or the whole command line starting with the program
+    # (llama-server: its slots and prompt cache count)
+    words = list(eopts.engine_argv)
+    program = words.pop(0) if words and not words[0].startswith("-") else "llama"
+    argv = [program, *words, "-m", str(model)]
     if eopts.ctx is not None:
         argv += ["-c", str(eopts.ctx)]
     try:
-        args = parse_llama_argv(argv)
+        args = parse_llama_argv(argv, os.environ)
     except ValueError as err:
         raise PolicyError(str(err), file="--engine-argv", hint="check the engine options") from err
     budget = eopts.budget

@@ -40,7 +40,14 @@ def install(path: Path, opts: HostOptions, iopts: InstallOptions) -> Any:
     model_bytes = None
     if iopts.engine:
         kind, cap = policy.engine.kind, policy.engine.max_context_tokens
-        model_bytes = model_size(engine_args(kind, cap, iopts.engine))
+        args = engine_args(
+            kind,
+            cap,
+            iopts.engine,
+            max_cache_ram=policy.engine.max_cache_ram,
+            env=policy.process.env,  # the service's environment beyond the unit's own
+        )
+        model_bytes = model_size(args)
     host = probe_host(opts)  # systemd enables controllers along the unit's path itself
     if host.systemd_version is None:
         raise HostError(

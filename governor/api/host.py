@@ -3,6 +3,7 @@ loaded, the host probed, the plan compiled, and for an engine the preflight."""
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -89,7 +90,13 @@ def preflight_engine(
     from governor.engines.preflight import engine_args, model_bytes, preflight
 
     policy = load_policy(path)
-    args = engine_args(policy.engine.kind, policy.engine.max_context_tokens, argv)
+    args = engine_args(
+        policy.engine.kind,
+        policy.engine.max_context_tokens,
+        argv,
+        max_cache_ram=policy.engine.max_cache_ram,
+        env={**os.environ, **policy.process.env},  # what the engine will be given
+    )
     size = model_bytes(args)
     target = f"{policy.slice}/{policy.name}" if probe_target else None
     host = probe_host(opts, target=target)

@@ -332,9 +332,10 @@ def render(  # noqa: PLR0917  # one policy from all its inputs
         f"# llama.cpp's resident memory at -c {s.ctx} (governor estimate {req.model}"
         f" -c {s.ctx}{' --engine-argv ' + shlex.quote(opts) if opts else ''}):",
     ]
-    out += [f"#   {t.name:<9}{t.bytes / MIB:8.1f} MiB  {t.detail}" for t in est.terms]
+    w = max(9, 1 + max(len(t.name) for t in est.terms))
+    out += [f"#   {t.name:<{w}}{t.bytes / MIB:8.1f} MiB  {t.detail}" for t in est.terms]
     out += [
-        f"#   {'total':<9}{est.total / MIB:8.1f} MiB",
+        f"#   {'total':<{w}}{est.total / MIB:8.1f} MiB",
         f"# board {mib(s.board)} MiB - OS reserve {mib(s.reserve)} MiB (128 MiB + 1/16 of the"
         f" board, at most 1 GiB) = {mib(s.ceiling)} MiB for the engine;",
         f"# headroom above the estimate: max(64 MiB, 10 %) = {s.headroom / MIB:.1f} MiB (the"

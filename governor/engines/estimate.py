@@ -242,7 +242,7 @@ class Estimate:
                 "slot_ctx": s.slot_cells,
                 "cache_ram_mib": s.cache_ram_mib,
                 "ctx_checkpoints": s.ctx_checkpoints,
-                "max_cache_ram_mib": self.max_cache_ram,
+                "largest_cache_ram_mib": self.max_cache_ram,
             }
         }
 
@@ -456,8 +456,9 @@ def render(est: Estimate) -> str:
             else ""
         )
     ]
-    lines += [f"  {t.name:<10}{mib(t.bytes)}  {t.detail}" for t in est.terms]
-    lines.append(f"  {'total':<10}{mib(est.total)}")
+    w = max(10, 1 + max(len(t.name) for t in est.terms))  # prompt_cache is 12 long
+    lines += [f"  {t.name:<{w}}{mib(t.bytes)}  {t.detail}" for t in est.terms]
+    lines.append(f"  {'total':<{w}}{mib(est.total)}")
     if est.budget is not None:
         verdict = (
             "fits"
@@ -466,7 +467,7 @@ def render(est: Estimate) -> str:
             if est.unbounded
             else f"does NOT fit (over by {mib(est.total - est.budget)})"
         )
-        lines.append(f"  {'budget':<10}{mib(est.budget)}  memory.max: {verdict.strip()}")
+        lines.append(f"  {'budget':<{w}}{mib(est.budget)}  memory.max: {verdict.strip()}")
         lines.append(
             f"  largest -c that fits: {est.max_ctx}"
             if est.max_ctx is not None
@@ -478,8 +479,7 @@ def render(est: Estimate) -> str:
                 if est.max_cache_ram is not None
                 else f"  no --cache-ram fits at -c {s.ctx}"
             )
-    for w in est.warnings:
-        lines.append(f"  warning: {w}")
+    lines += [f"  warning: {warning}" for warning in est.warnings]
     for a in est.advice:
         lines.append(f"  fix: {a}")
     return "\n".join(lines) + "\n"

@@ -26,7 +26,7 @@ FIELDS = {
 INLINE = {
     ("plan/host.py", "HostError"),
     ("backends/systemd.py", "HostError"),
-    ("enginebench/run.py", "HostError"),
+    ("bench/run.py", "HostError"),
     ("engines/gguf.py", "HostError"),
     ("plan/compiler.py", "HostError"),  # "...: controller memory is not available (<file>)"
 }
