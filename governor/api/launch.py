@@ -14,6 +14,7 @@ from governor.record import record
 
 if TYPE_CHECKING:
     from governor.cache.plans import Compiled
+    from governor.engines.llama import EngineArgs
     from governor.launch.launcher import ChildSetup
     from governor.plan.host import HostFacts
     from governor.plan.model import Plan
@@ -216,6 +217,8 @@ def launch(path: Path, argv: tuple[str, ...], opts: HostOptions, lopts: LaunchOp
             policy_sha256=compiled.chain[0][1] if compiled.chain else None,
             model_bytes=compiled.model_bytes,
             systemd=_systemd_state(compiled.plan, backend, host),
+            ready_url=compiled.ready_url,
+            ready_timeout_s=plan.engine.ready_timeout_s,
         )
         proc = ProcFs(opts.root / "proc")
         watchdog = lopts.watchdog
@@ -307,6 +310,8 @@ def _compile_launch(
 ) -> tuple[Compiled, HostFacts]:
     """Compile time for a launch: policy, host, plan and every refusal before apply (the
     same preflight as `check --engine-argv`: governor/engines/preflight.py)."""
+    import os
+
     from governor.cache import plans as compiled
     from governor.engines.llama import model_parts
     from governor.engines.preflight import engine_args
@@ -318,7 +323,13 @@ def _compile_launch(
     target = None if backend_name == "systemd" else plan.group
     for note in checked.notes:
         log.debug("preflight.note", note=note)
-    args = engine_args(plan.engine.kind, plan.engine.max_context_tokens, argv)
+    args = engine_args(
+        plan.engine.kind,
+        plan.engine.max_context_tokens,
+        argv,
+        max_cache_ram=plan.engine.max_cache_ram,
+        env={**os.environ, **plan.launch.env},  # what the engine will be given
+    )
     files = checked.files
     models = [str(p) for p in (model_parts(args.model) if args and args.model else [])]
     inputs = [*models, *files]
@@ -338,8 +349,20 @@ def _compile_launch(
         host_key=compiled.host_key(host),
         placements=_placements(plan, host) if backend_name == "systemd" else (),
         model_bytes=sum(i[3] for i in idents if i[0] in models) if models else None,
+        ready_url=_ready_url(plan, args),
     )
     return entry, host
+
+
+def _ready_url(plan: Plan, args: EngineArgs | None) -> str | None:
+    """engine.ready ("exec" = at exec), else llama-server's /health from its --host/--port."""
+    if plan.engine.ready is not None:
+        return None if plan.engine.ready == "exec" else plan.engine.ready
+    if args is not None and args.server:
+        from governor.supervise.ready import server_url
+
+        return server_url(args.host, args.port)
+    return None
 
 
 def _placements(plan: Plan, host: HostFacts) -> tuple[tuple[str, str, str, Plan], ...]:

@@ -62,6 +62,9 @@ class Compiled:
     # and the transient scope, compiled ahead (governor/backends/systemd.py compile_placements)
     placements: tuple[tuple[str, str, str, Plan], ...] = ()
     model_bytes: int | None = None  # the engine's model file(s), for the published state
+    # the URL that answers 200 once the engine is ready (engine.ready, or llama-server's
+    # --host/--port); None: ready once exec'd
+    ready_url: str | None = None
     from_cache: bool = False
 
     def to_json(self) -> bytes:
@@ -77,6 +80,7 @@ class Compiled:
             "host_key": self.host_key,
             "placements": [[m, u, c, p.to_dict()] for m, u, c, p in self.placements],
             "model_bytes": self.model_bytes,
+            "ready_url": self.ready_url,
         }
         return json.dumps(d).encode()
 
@@ -97,6 +101,7 @@ class Compiled:
                 (str(m), str(u), str(c), Plan.from_dict(p)) for m, u, c, p in d["placements"]
             ),
             model_bytes=d.get("model_bytes"),
+            ready_url=d.get("ready_url"),
             from_cache=True,
         )
 

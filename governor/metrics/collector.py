@@ -113,6 +113,13 @@ class GovernorCollector(Collector):
         exists = not st.stale and fs.exists(plan.group)
         up = exists and observe.populated(fs, plan.group)
         f.gauge("governor_engine_up", "1 while the engine's processes run in the slice", p, up)
+        if st.ready is not None:  # engines with a ready URL (llama-server's /health)
+            f.gauge(
+                "governor_engine_ready",
+                "1 once the engine answered 200 on its ready URL (engine.ready)",
+                p,
+                up and st.ready,
+            )
         f.counter(
             "governor_engine_restarts_total",
             "engine restarts by the supervisor (launch.restart)",

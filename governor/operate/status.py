@@ -55,6 +55,7 @@ def collect(
             "cgroup": f"{plan.cgroup_root}/{plan.group}",
             "uptime_s": round(now - st.started_at, 1) if st.started_at else None,
             "restarts": st.restarts,
+            "ready": st.ready,
             "systemd_unit": systemd["unit"] if systemd else None,
             "knobs": knobs(fs, plan, journal=journal, systemd=systemd) if exists else [],
             "usage": usage(fs, plan.group) if exists else None,
@@ -102,6 +103,8 @@ def render(items: list[dict[str, Any]], *, now: float | None = None) -> str:
         if it["engine_pid"]:
             head += f" (engine {it['engine_pid']})"
         head += f"  up {_duration(it['uptime_s'])}  restarts {it['restarts']}"
+        if it.get("ready") is not None:
+            head += "  ready" if it["ready"] else "  NOT ready (loading)"
         lines += [head, f"  cgroup   {it['cgroup']}  ({it['backend'] or it['source']})"]
         if it["state"] == "stale":
             lines.append("  STALE: the supervisor that published this state is gone")

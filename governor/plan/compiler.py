@@ -206,6 +206,8 @@ def compile_plan(
             kind=policy.engine.kind,
             max_context_tokens=policy.engine.max_context_tokens,
             max_cache_ram=policy.engine.max_cache_ram,
+            ready=policy.engine.ready,
+            ready_timeout_s=policy.engine.ready_timeout.seconds,
             threads=policy.engine.threads,
         ),
         prefetch=PrefetchSpec(files=policy.prefetch.files, mode=policy.prefetch.mode),

@@ -66,6 +66,8 @@ class EngineSpec:
     max_context_tokens: int | None = None
     max_cache_ram: int | None = None  # MiB (llama-server --cache-ram cap)
     threads: int | None = None
+    ready: str | None = None  # URL answering 200 once the engine is ready, or "exec"
+    ready_timeout_s: float = 300.0
 
 
 @record(frozen=True)

@@ -50,6 +50,8 @@ def plan_table(plan: Plan) -> str:
             eng.append(f"max_context_tokens={plan.engine.max_context_tokens}")
         if plan.engine.max_cache_ram is not None:
             eng.append(f"max_cache_ram={plan.engine.max_cache_ram}MiB")
+        if plan.engine.ready is not None:
+            eng.append(f"ready={plan.engine.ready} within {plan.engine.ready_timeout_s:g}s")
         if plan.engine.threads:
             eng.append(f"threads={plan.engine.threads}")
         lines.append("engine   " + " ".join(eng))

@@ -8,6 +8,7 @@ import re
 from typing import Annotated, Any, Literal
 
 from pydantic import (
+    AfterValidator,
     BaseModel,
     BeforeValidator,
     ConfigDict,
@@ -231,12 +232,37 @@ class ProcessSection(_Section):
         return name
 
 
+def _ready_url(url: str) -> str:
+    """`ready`: "exec", or an http:// URL with a host and a port (no https: loopback health)."""
+    from urllib.parse import urlsplit
+
+    if url == "exec":
+        return url
+    try:
+        parts = urlsplit(url)
+        port = parts.port
+    except ValueError as err:
+        raise ValueError(f"not a URL with a valid port: {url[:80]!r}") from err
+    if parts.scheme != "http" or not parts.hostname or port is None:
+        raise ValueError(
+            f'expected "exec" or http://HOST:PORT/PATH (e.g. http://127.0.0.1:8080/health),'
+            f" got {url[:80]!r}"
+        )
+    return url
+
+
 class EngineSection(_Section):
     kind: Literal["llama.cpp", "generic"] = "generic"
     max_context_tokens: Annotated[StrictInt, Field(ge=1)] | None = None
     # llama-server's prompt cache cap in MiB, as --cache-ram takes it (absent: no cap)
     max_cache_ram: Annotated[StrictInt, Field(ge=0, le=1 << 30)] | None = None
     threads: Annotated[StrictInt, Field(ge=1)] | None = None
+    # the engine is ready when this answers 200 (llama-server: derived from --host/--port when
+    # absent); "exec" = ready once exec'd (what a one-shot engine gets)
+    ready: Annotated[StrictStr, AfterValidator(_ready_url)] | None = None
+    ready_timeout: Duration = Field(
+        default=v.Duration(300_000_000), json_schema_extra={"default": "300s"}
+    )
 
 
 class PrefetchSection(_Section):

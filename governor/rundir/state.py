@@ -57,6 +57,9 @@ class RunState:
     systemd: dict[str, Any] | None = None  # the unit carrying the limits (backends/manager.py)
     created: list[str] | None = None  # what `governor remove` may take away (apply, --keep)
     kept_by: str | None = None  # "launch --keep": the group outlived the run
+    # the engine's readiness (engine.ready / llama-server's /health): None when it is ready once
+    # exec'd, False while loading, True once it answered 200
+    ready: bool | None = None
     stale: bool = False  # set by the reader (read_states), never written
 
     @classmethod
@@ -86,7 +89,7 @@ _KEYS = {
     "launch": (
         "policy", "source", "policy_path", "policy_sha256", "pid", "engine_pid", "started_at",
         "backend", "cgroup_root", "group", "leaf", "restarts", "model_bytes", "rules",
-        "last_actions", "action_totals", "model", "prefetch_files", "plan", "systemd",
+        "last_actions", "action_totals", "model", "prefetch_files", "plan", "systemd", "ready",
     ),
     "monitor": (
         "policy", "source", "policy_path", "policy_sha256", "pid", "started_at", "backend",

@@ -21,7 +21,7 @@ import signal
 import time
 from collections.abc import Callable, Collection, Iterator
 from pathlib import Path
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from governor.errors import BackendError, GovernorError, Interrupted, PermissionDenied
 from governor.kernel.cgroupfs import CgroupFs
@@ -37,6 +37,9 @@ from governor.rundir.journal import Journal
 from governor.rundir.state import Publisher, RunState, applied, run_dir
 from governor.supervise.sdnotify import notify
 from governor.supervise.watchdog import Watchdog
+
+if TYPE_CHECKING:
+    from governor.supervise.ready import ReadyWait
 
 log = get_logger("governor.launch")
 
@@ -68,6 +71,9 @@ class Job:
     )
     model_bytes: int | None = None  # the engine's model files (tune recompiles "model" sizes)
     systemd: dict[str, Any] | None = None  # the unit carrying the limits (backends/manager.py)
+    # the engine is ready when this URL answers 200 (READY=1 then, not at exec); None = at exec
+    ready_url: str | None = None
+    ready_timeout_s: float = 300.0
 
 
 class Supervisor:
@@ -92,6 +98,10 @@ class Supervisor:
         self.engine_pid: int | None = None
         self.started_at = 0.0
         self.state: dict[str, Any] | None = None  # the last published state (served metrics)
+        # readiness (job.ready_url): None = ready at exec, False = loading, True = answered 200
+        self.ready: bool | None = None
+        self.ready_wait: ReadyWait | None = None
+        self.not_ready: str | None = None  # why the engine was stopped as never ready
 
     def run(self, job: Job) -> int:
         """Returns the engine's status (128+N when it died of signal N)."""
@@ -162,11 +172,7 @@ class Supervisor:
         plan, setup = job.plan, job.setup
         self.started_at = time.time()
         pid = self.engine_pid = self.launcher.start(plan, setup)
-        # Type=notify services: the engine has been exec'd (no-op without $NOTIFY_SOCKET)
-        try:
-            notify(f"READY=1\nSTATUS={plan.policy}: engine pid {pid} in {plan.leaf}")
-        except OSError as err:
-            log.warning("sdnotify.failed", error=str(err))
+        self._await_ready(job, pid)
         self._start_helper(job, pid)
         restarts = self.restarts = Restarts(plan.launch.restart_max, plan.launch.restart_backoff_s)
         monitor = self.monitor = Monitor(
@@ -204,12 +210,63 @@ class Supervisor:
                 _write_report(job.report, report)
         finally:
             monitor.close()
+            if self.ready_wait is not None:
+                self.ready_wait.stop()
+        if self.not_ready is not None:
+            from governor.supervise.ready import EngineNotReady
+
+            raise EngineNotReady(
+                f"engine not ready: {self.not_ready}; it was stopped (exit {code})",
+                hint="raise engine.ready_timeout for a slow load, or fix engine.ready (the"
+                " URL the engine answers 200 on once loaded)",
+            )
         if lock_error is not None:
             raise lock_error
         return code
 
+    def _await_ready(self, job: Job, pid: int) -> None:
+        """READY=1 for Type=notify services (no-op without $NOTIFY_SOCKET): at exec, or once
+        ``job.ready_url`` answers 200 (governor/supervise/ready.py); a server that does not
+        answer within the timeout is stopped and the run fails (EngineNotReady, 69)."""
+        plan = job.plan
+        if job.ready_url is None:
+            self._notify(f"READY=1\nSTATUS={plan.policy}: engine pid {pid} in {plan.leaf}")
+            return
+        from governor.supervise import ready
+
+        self.not_ready = None
+        self.ready = False
+        ep = ready.parse(job.ready_url)
+        self._notify(f"STATUS={plan.policy}: engine pid {pid} loading, waiting for {ep.url}")
+
+        def on_ready(waited: float) -> None:
+            self.ready = True
+            log.info("engine.ready", pid=pid, url=ep.url, waited_s=round(waited, 3))
+            self._notify(f"READY=1\nSTATUS={plan.policy}: engine pid {pid} ready at {ep.url}")
+            self._publish(job)
+
+        def on_timeout(why: str) -> None:
+            self.not_ready = why
+            log.error("engine.not_ready", pid=pid, why=why)
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGTERM)
+
+        self.ready_wait = ready.ReadyWait(
+            ep, job.ready_timeout_s, on_ready=on_ready, on_timeout=on_timeout
+        ).start()
+
+    def _notify(self, state: str) -> None:
+        try:
+            notify(state)
+        except OSError as err:
+            log.warning("sdnotify.failed", error=str(err))
+
     def _restarted(self, job: Job, engine_pid: int) -> None:
         self.engine_pid = engine_pid
+        if job.ready_url is not None:  # a relaunched server loads again: probe it again
+            if self.ready_wait is not None:
+                self.ready_wait.stop()
+            self._await_ready(job, engine_pid)
         self._start_helper(job, engine_pid)
         self._publish(job)
 
@@ -241,6 +298,7 @@ class Supervisor:
             prefetch_files=list(job.prefetch_files),
             plan=plan.to_dict(),
             systemd=job.systemd,
+            ready=self.ready,
         )
         self.state = state.to_json()  # also what --metrics serves
         self.publisher.publish(state)

@@ -1,0 +1,128 @@
+"""Ready means ready: an engine that serves (llama-server) is ready when its health endpoint
+answers 200, not when it was exec'd. While the model loads llama-server's /health answers 503.
+
+The supervisor sends READY=1 to systemd (Type=notify) only then, so `systemctl start
+governor@chat` returns once the server can answer, and a unit ordered After= it talks to a
+server that is up. A server that does not answer 200 within the policy's ``ready_timeout`` is
+stopped and the launch fails (69). Standard library only (the run time's import set): one HTTP/1.0
+GET over a socket per probe.
+"""
+
+from __future__ import annotations
+
+import socket
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from governor.errors import HostError
+
+PROBE_INTERVAL_S = 0.25
+PROBE_TIMEOUT_S = 2.0
+
+
+class EngineNotReady(HostError):
+    """The engine never answered 200 on its ready URL within the timeout (69)."""
+
+
+@dataclass(frozen=True)
+class Endpoint:
+    host: str
+    port: int
+    path: str
+
+    @property
+    def url(self) -> str:
+        host = f"[{self.host}]" if ":" in self.host else self.host
+        return f"http://{host}:{self.port}{self.path}"
+
+
+def parse(url: str) -> Endpoint:
+    """An http://HOST:PORT/PATH URL (validated by the policy model) as an endpoint."""
+    from urllib.parse import urlsplit
+
+    parts = urlsplit(url)
+    if parts.hostname is None or parts.port is None:
+        raise ValueError(f"not an http://HOST:PORT URL: {url!r}")
+    return Endpoint(parts.hostname, parts.port, parts.path or "/")
+
+
+def server_url(host: str | None, port: int | None) -> str:
+    """llama-server's health URL from its --host/--port (defaults 127.0.0.1:8080); a wildcard
+    listen address is probed on loopback."""
+    h = host or "127.0.0.1"
+    if h in ("0.0.0.0", ""):
+        h = "127.0.0.1"
+    elif h == "::":
+        h = "::1"
+    return Endpoint(h, port or 8080, "/health").url
+
+
+def probe(ep: Endpoint, timeout: float = PROBE_TIMEOUT_S) -> int | None:
+    """The HTTP status the endpoint answers, None when nothing answers."""
+    try:
+        with socket.create_connection((ep.host, ep.port), timeout=timeout) as sock:
+            sock.sendall(
+                f"GET {ep.path} HTTP/1.0\r\nHost: {ep.host}:{ep.port}\r\n"
+                "Connection: close\r\n\r\n".encode()
+            )
+            head = b""
+            while b"\r\n" not in head and len(head) < 256:
+                chunk = sock.recv(256)
+                if not chunk:
+                    break
+                head += chunk
+    except OSError:
+        return None
+    words = head.split(b"\r\n", 1)[0].split()
+    if len(words) >= 2 and words[0].startswith(b"HTTP/") and words[1].isdigit():
+        return int(words[1])
+    return None
+
+
+class ReadyWait:
+    """Probe ``ep`` in a thread until it answers 200 (then ``on_ready()``), or until
+    ``timeout_s`` passed (then ``on_timeout(why)``), or :meth:`stop`."""
+
+    def __init__(
+        self,
+        ep: Endpoint,
+        timeout_s: float,
+        *,
+        on_ready: Callable[[float], None],
+        on_timeout: Callable[[str], None],
+        clock: Callable[[], float] = time.monotonic,
+        interval_s: float = PROBE_INTERVAL_S,
+    ) -> None:
+        self.ep, self.timeout_s = ep, timeout_s
+        self.on_ready, self.on_timeout = on_ready, on_timeout
+        self.clock, self.interval_s = clock, interval_s
+        self.last_status: int | None = None
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="ready-wait", daemon=True)
+
+    def start(self) -> ReadyWait:
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread.is_alive() and self._thread is not threading.current_thread():
+            self._thread.join(timeout=PROBE_TIMEOUT_S + 1)
+
+    def _run(self) -> None:
+        start = self.clock()
+        while not self._stop.is_set():
+            status = self.last_status = probe(self.ep)
+            waited = self.clock() - start
+            if status == 200:
+                self.on_ready(waited)
+                return
+            if waited >= self.timeout_s:
+                said = f"answered {status}" if status is not None else "did not answer"
+                self.on_timeout(
+                    f"{self.ep.url} {said} within {self.timeout_s:g}s (engine.ready_timeout)"
+                )
+                return
+            self._stop.wait(self.interval_s)
