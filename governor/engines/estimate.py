@@ -332,7 +332,7 @@ def _terms(info: GgufInfo, s: Settings, family: str, margin: int) -> tuple[Term,
     slots = ""
     if s.server:
         shared = "one unified buffer" if s.kv_unified or s.slots == 1 else "split per slot"
-        slots = f", {s.slots} slots: {shared}, {s.slot_cells} cells each"
+        slots = f", -np {s.slots}: {shared}, {s.slot_cells} cells a slot"
     out.append(
         Term(
             "kv_cache",

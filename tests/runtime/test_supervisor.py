@@ -193,3 +193,77 @@ def test_the_prefetch_helper_runs_in_the_engines_leaf_while_the_engine_runs(
     assert sorted(int(p) for p in seen.read_text().split()) == sorted([engine_pid, helper])
     assert _report(report)["prefetch_bytes"] == 1 << 20
     assert not governor.group.exists()
+
+
+# a stand-in server: /health answers 503 until the file `loaded` exists, then 200 (as
+# llama-server while it loads its model); it records the first 200 it gave
+_SERVER = r"""
+import http.server, os, sys, time
+port, work = int(sys.argv[1]), sys.argv[2]
+class H(http.server.BaseHTTPRequestHandler):
+    def do_GET(self):
+        ok = os.path.exists(os.path.join(work, "loaded"))
+        if ok and not os.path.exists(os.path.join(work, "first200")):
+            open(os.path.join(work, "first200"), "w").write(str(time.time()))
+        self.send_response(200 if ok else 503); self.end_headers()
+    def log_message(self, *a): pass
+http.server.HTTPServer(("127.0.0.1", port), H).serve_forever()
+"""
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def test_ready_is_sent_when_the_ready_url_answers_200_not_at_exec(
+    governor: Governor, tmp_path: Path
+) -> None:
+    import os
+    import socket
+    import sys
+
+    port = _free_port()
+    sock_path = tmp_path / "notify.sock"
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    sock.bind(str(sock_path))
+    sock.settimeout(60)
+    policy = governor.policy(f'[engine]\nready = "http://127.0.0.1:{port}/health"\n')
+    os.environ["NOTIFY_SOCKET"] = str(sock_path)  # Governor.env copies os.environ
+    try:
+        p = governor.start(policy, (sys.executable, "-c", _SERVER, str(port), str(tmp_path)))
+    finally:
+        del os.environ["NOTIFY_SOCKET"]
+    try:
+        first = sock.recv(4096).decode()
+        assert first.startswith("STATUS=") and "READY=1" not in first  # loading: not ready
+        assert f"waiting for http://127.0.0.1:{port}/health" in first
+        (tmp_path / "loaded").touch()  # the model is loaded: /health says 200 from now on
+        ready_msg = sock.recv(4096).decode()
+        assert ready_msg.startswith("READY=1\n"), ready_msg
+        assert (tmp_path / "first200").exists()  # READY=1 came after a 200, not before
+    finally:
+        p.terminate()
+        _out, err = p.communicate(timeout=60)
+        sock.close()
+    assert '"event": "engine.ready"' in err
+    assert not governor.group.exists()
+
+
+def test_an_engine_that_never_answers_its_ready_url_is_stopped_and_launch_exits_69(
+    governor: Governor,
+) -> None:
+    port = _free_port()  # nothing listens there
+    policy = governor.policy(
+        f'[engine]\nready = "http://127.0.0.1:{port}/health"\nready_timeout = "1s"\n'
+    )
+    run = governor.run(policy, ("sleep", "60"))
+    assert run.code == 69, run.stderr
+    assert f"engine not ready: http://127.0.0.1:{port}/health did not answer within 1s" in (
+        run.stderr
+    )
+    assert "(engine.ready_timeout)" in run.stderr and "hint:" in run.stderr
+    assert not governor.group.exists()
