@@ -41,7 +41,7 @@ def _check_cgroup_option(cgroup: str) -> None:
         CgroupFs(Path("/")).path(cgroup)  # the kernel door's own rule for a cgroup path
     except ValueError:
         raise UsageError(
-            f"--cgroup {cgroup[:80]!r} is not a cgroup below the cgroup2 root (command line)",
+            f"--cgroup {cgroup[:80]!r} is not a cgroup below the cgroup2 root (--cgroup)",
             hint="give it relative to the root, e.g. --cgroup system.slice/llama.service",
         ) from None
 

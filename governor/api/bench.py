@@ -38,18 +38,18 @@ def _check_bench_options(bopts: Any) -> None:
     for option, value in numbers.items():
         if value is not None and (not math.isfinite(value) or value < 0):
             raise UsageError(
-                f"{option} {value} is not a finite, non-negative number (command line)",
+                f"{option} {value} is not a finite, non-negative number ({option})",
                 hint=f"governor bench --help shows what {option} takes",
             )
     if bopts.interval > BENCH_INTERVAL_MAX_S:
         raise UsageError(
-            f"--interval {bopts.interval:g} s samples less than once a minute (command line)",
+            f"--interval {bopts.interval:g} s samples less than once a minute (--interval)",
             hint="memory is sampled every --interval seconds: 0.05-60",
         )
     for ctx in bopts.ctxs:
         if not 0 < ctx <= BENCH_CTX_MAX:
             raise UsageError(
-                f"--ctx {ctx} is not a context size (command line)",
+                f"--ctx {ctx} is not a context size (--ctx)",
                 hint=f"a context is 1..{BENCH_CTX_MAX} tokens",
             )
     for option, out in (("--csv", bopts.csv), ("--json", bopts.json), ("--plot", bopts.plot)):

@@ -43,7 +43,7 @@ def estimate(model: Path, opts: HostOptions, eopts: EstimateOptions) -> Any:
     import os
 
     from governor.engines.budget import estimate_argv, policy_budget
-    from governor.engines.llama import parse_llama_argv
+    from governor.engines.llama import EngineArgvError, parse_llama_argv
     from governor.errors import PolicyError
 
     # --engine-argv is options only, or the whole command line starting with the program
@@ -55,8 +55,10 @@ def estimate(model: Path, opts: HostOptions, eopts: EstimateOptions) -> Any:
         argv += ["-c", str(eopts.ctx)]
     try:
         args = parse_llama_argv(argv, os.environ)
-    except ValueError as err:
-        raise PolicyError(str(err), file="--engine-argv", hint="check the engine options") from err
+    except EngineArgvError as err:
+        raise PolicyError(
+            err.reason, file="--engine-argv", field=err.option, hint="check the engine options"
+        ) from err
     budget = eopts.budget
     if budget is None and eopts.policy is not None:
         budget = policy_budget(load_policy(eopts.policy), root=opts.root)

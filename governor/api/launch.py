@@ -97,13 +97,13 @@ def resolve_executable(argv0: str, path_env: str | None) -> str:
     found = argv0 if "/" in argv0 else _which(argv0, path_env)
     if found is None or not os.path.exists(found):
         raise LaunchError(
-            f"engine not found: {argv0} (command line)",
+            f"engine not found: {argv0} (-- ENGINE)",
             exit_code=127,
             hint="give the engine's path after --, e.g. -- ./llama-completion -m model.gguf",
         )
     if os.path.isdir(found) or not os.access(found, os.X_OK):
         raise LaunchError(
-            f"engine is not executable: {found} (command line)",
+            f"engine is not executable: {found} (-- ENGINE)",
             exit_code=126,
             hint=f"chmod +x {found}",
         )
@@ -182,7 +182,7 @@ def launch(path: Path, argv: tuple[str, ...], opts: HostOptions, lopts: LaunchOp
 
     if not argv:
         raise UsageError(
-            "no engine command given (command line)",
+            "no engine command given (-- ENGINE)",
             hint="governor launch --policy P -- ENGINE ARGS...",
         )
     executable = resolve_executable(argv[0], os.environ.get("PATH"))

@@ -89,7 +89,7 @@ def tune(
     if not assignments:
         if confirm != CONFIRM_NOW:
             raise UsageError(
-                "nothing to tune (command line)",
+                "nothing to tune (KEY=VALUE, --confirm)",
                 hint="governor tune NAME KEY=VALUE..., or `governor tune NAME --confirm` to keep"
                 " a change made with --confirm DURATION",
             )
@@ -150,7 +150,6 @@ def _confirm_seconds(confirm: str | None) -> float | None:
     except ValueError:
         raise PolicyError(
             f"bad --confirm duration {confirm if confirm != CONFIRM_NOW else ''!r}",
-            file="command line",
             field="--confirm",
             hint="e.g. --confirm 5m (s, m, h); `governor tune NAME --confirm` alone keeps"
             " the pending change",

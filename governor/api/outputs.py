@@ -14,14 +14,14 @@ def check_writable(path: Path, option: str) -> None:
     and this user may write there. Nothing is created."""
     if path.is_dir():
         raise UsageError(
-            f"{option} {path} is a directory (command line)",
+            f"{option} {path} is a directory ({option})",
             hint=f"give a file name: {option} {path / 'report.json'}",
         )
     parent = path.parent if str(path.parent) else Path(".")
     if not parent.is_dir():
         raise PolicyNotFound(
             f"{option}: directory {parent} does not exist",
-            file="command line",
+            file=str(path),
             hint=f"mkdir -p {parent}",
         )
     target = path if path.exists() else parent

@@ -253,7 +253,7 @@ def set_runtime_property(unit: str, assignment: str, *, hint: str | None = None)
     except (OSError, subprocess.SubprocessError) as err:
         raise BackendError(
             f"cannot set {assignment} on {unit}:"
-            f" {str(getattr(err, 'stderr', '') or err).strip()} (systemctl set-property)",
+            f" {str(getattr(err, 'stderr', '') or err).strip()} ({unit})",
             hint=hint
             or f"the policy's memory protection needs {unit} to grant it too;"
             f" set it by hand: systemctl set-property {unit} {assignment}",
@@ -276,7 +276,7 @@ def daemon_reload() -> str:
     except (OSError, subprocess.SubprocessError) as err:
         raise BackendError(
             f"systemctl daemon-reload failed: {str(getattr(err, 'stderr', '') or err).strip()}"
-            " (systemd manager)",
+            " (systemd, pid 1)",
             hint="is systemd running? reload later with `systemctl daemon-reload`",
         ) from err
     return "systemctl daemon-reload"

@@ -71,7 +71,7 @@ def _cases(plan: Any, argv: tuple[str, ...], b: BenchOptions) -> list[Case]:
 
         raise UsageError(
             "--model/--ctx replace llama.cpp's -m/-c: the policy's engine.kind is generic"
-            " (command line)",
+            " (--model, --ctx, engine.kind)",
             hint='set [engine] kind = "llama.cpp" in the policy, or drop --model/--ctx',
         )
     return [Case(argv=tuple(argv), model=None, ctx=None)]

@@ -211,7 +211,7 @@ def pyplot() -> Any:
         from governor.errors import HostError
 
         raise HostError(
-            "--plot needs the python package matplotlib, which is not installed",
+            "--plot needs the python package matplotlib, which is not installed (--plot)",
             hint="pip install 'governor[plot]'",
             missing=("matplotlib",),
         ) from err

@@ -70,7 +70,7 @@ def bench(  # noqa: PLR0917  # typer passes every option as a parameter
             csv=csv_out,
             json=json_out,
             plot=plot_out,
-            board_bytes=size_option(board_memory),
+            board_bytes=size_option(board_memory, "--board-memory"),
             max_fraction=max_peak_fraction,
             min_decode_tps=min_decode_tps,
             force=force,

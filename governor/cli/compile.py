@@ -112,7 +112,7 @@ def estimate(  # noqa: PLR0917  # typer passes every option as a parameter
             ctx=ctx,
             engine_argv=split_argv(engine_argv),
             policy=policy,
-            budget=size_option(budget),
+            budget=size_option(budget, "--budget"),
         ),
     )
     show_estimate(est, as_json=as_json)
@@ -156,11 +156,11 @@ def init(  # noqa: PLR0917  # typer passes every option as a parameter
     from governor.api import compile as api_compile
     from governor.engines.draft import Request, write_policy
 
-    board = size_option(board_memory)
+    board = size_option(board_memory, "--board-memory")
     if board is not None and board <= 0:
         from governor.errors import UsageError
 
-        raise UsageError("--board-memory must be above 0 (command line)", hint="e.g. 2G")
+        raise UsageError("--board-memory must be above 0 (--board-memory)", hint="e.g. 2G")
     draft = api_compile.init(
         host_options(),
         Request(

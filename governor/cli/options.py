@@ -24,7 +24,7 @@ def split_argv(text: str, option: str = "--engine-argv") -> tuple[str, ...]:
         return tuple(shlex.split(text))
     except ValueError as err:  # an unbalanced quote
         raise GovernorUsage(
-            f"cannot split {option}: {err} (command line)",
+            f"cannot split {option}: {err} ({option})",
             hint=f"quote {option} as one shell word: {option} 'llama-cli -m model.gguf -c 2048'",
         ) from None
 
@@ -91,7 +91,7 @@ def listen_option(text: str | None) -> tuple[str, int] | None:
         return parse_listen(text)
     except ValueError as err:
         raise UsageError(
-            f"bad --metrics value: {err} (command line)",
+            f"bad --metrics value: {err} (--metrics)",
             hint="--metrics 9101 (loopback), --metrics 0.0.0.0:9101, --metrics [::1]:9101",
         ) from None
 
@@ -125,13 +125,13 @@ def host_options(allow_missing: str = "") -> HostOptions:
         from governor.errors import UsageError
 
         raise UsageError(
-            f"unknown name in --allow-missing: {','.join(sorted(unknown))} (command line)",
+            f"unknown name in --allow-missing: {','.join(sorted(unknown))} (--allow-missing)",
             hint="use memory, cpu, cpuset, io, pids or psi",
         )
     return HostOptions(root=STATE.root, cgroup_root=STATE.cgroup_root, allow_missing=allowed)
 
 
-def size_option(text: str | None) -> int | None:
+def size_option(text: str | None, option: str) -> int | None:
     if text is None:
         return None
     from governor.errors import UsageError
@@ -140,4 +140,4 @@ def size_option(text: str | None) -> int | None:
     try:
         return parse_size(text).bytes
     except ValueError as err:
-        raise UsageError(f"not a size: {text!r} ({err}) (command line)", hint="e.g. 1900M") from err
+        raise UsageError(f"not a size: {text!r} ({err}) ({option})", hint="e.g. 1900M") from err

@@ -193,7 +193,7 @@ def check_name(policy: str) -> str:
     """A policy name as install/uninstall take it: the policy-name pattern, nothing path-like."""
     if not NAME_RE.fullmatch(policy):
         raise PolicyError(
-            f"{policy[:80]!r} is not a policy name (install manifest name)",
+            f"{policy[:80]!r} is not a policy name (POLICY)",
             hint="a name is 1-63 of a-z 0-9 _ - starting with a letter or digit, as the"
             " policy's `name`",
         )

@@ -133,21 +133,20 @@ def _split_engine(req: Request) -> tuple[str, tuple[str, ...], EngineArgs]:
     """(program, options without -m/-c, parsed options): --engine-argv is either the whole
     command line (it starts with the program) or only llama.cpp options ('-nr -ub 128')."""
     words = list(req.engine_argv)
-    program = DEFAULT_ENGINE
-    if words and not words[0].startswith("-"):
-        program = words.pop(0)
+    program = words.pop(0) if words and not words[0].startswith("-") else DEFAULT_ENGINE
     try:
         parsed = parse_llama_argv([program, *words])
     except EngineArgvError as err:
-        raise UsageError(f"{err} (--engine-argv)", hint="e.g. --engine-argv '-nr -t 4'") from err
+        hint = "e.g. --engine-argv '-nr -t 4'"
+        raise UsageError(f"{err.reason} (--engine-argv, {err.option})", hint=hint) from err
     if parsed.model is not None and Path(parsed.model) != req.model:
         raise UsageError(
-            f"--engine-argv names -m {parsed.model}, --model is {req.model} (command line)",
+            f"--engine-argv names -m {parsed.model}, --model is {req.model} (--engine-argv, --model)",
             hint="give the model once, with --model",
         )
     if parsed.ctx is not None and req.ctx is not None and parsed.ctx != req.ctx:
         raise UsageError(
-            f"--engine-argv says -c {parsed.ctx}, --ctx says {req.ctx} (command line)",
+            f"--engine-argv says -c {parsed.ctx}, --ctx says {req.ctx} (--engine-argv, --ctx)",
             hint="give the context once, with --ctx",
         )
     rest: list[str] = []

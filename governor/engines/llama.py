@@ -182,7 +182,14 @@ def is_gguf(args: EngineArgs | None) -> bool:
 
 
 class EngineArgvError(ValueError):
-    """An engine argv the governor cannot read (e.g. `-c abc`)."""
+    """An engine argv the governor cannot read (e.g. `-c abc`); ``str()`` ends with the option
+    it is about, ``reason`` and ``option`` let a caller that adds its own coordinates (the
+    policy check's "engine argv", estimate's --engine-argv) put them in one parenthesis."""
+
+    def __init__(self, reason: str, *, option: str) -> None:
+        super().__init__(f"{reason} ({option})")
+        self.reason = reason
+        self.option = option
 
 
 def parse_llama_argv(
@@ -209,7 +216,7 @@ def parse_llama_argv(
             values[_VALUE_OPTS[name]] = inline
         elif word in _VALUE_OPTS:
             if i + 1 >= len(words):
-                raise EngineArgvError(f"engine option {word} has no value")
+                raise EngineArgvError(f"engine option {word} has no value", option=word)
             values[_VALUE_OPTS[word]] = words[i + 1]
             i += 1
         elif word in _FLAG_OPTS:
@@ -229,7 +236,9 @@ def parse_llama_argv(
     if "model" in values:
         model_parts(values["model"])  # a split name must name a part that exists
     if values.get("parallel", "").strip() == "0":
-        raise EngineArgvError("engine option -np/--parallel is 0 (llama-server refuses it)")
+        raise EngineArgvError(
+            "engine option -np/--parallel is 0: llama-server refuses it", option="-np/--parallel"
+        )
     return EngineArgs(
         argv=tuple(argv),
         model=values.get("model"),
@@ -271,12 +280,16 @@ def _int(values: dict[str, str], key: str, what: str) -> int | None:
     try:
         n = int(raw)
     except ValueError as err:
-        raise EngineArgvError(f"engine option {what} is not an integer: {raw!r}") from err
+        raise EngineArgvError(
+            f"engine option {what} is not an integer: {raw!r}", option=what
+        ) from err
     # llama.cpp: -t -1 = hardware concurrency, -np -1 = auto slots, --cache-ram -1 = no limit
     if n < 0 and not (key in _MINUS_ONE_OK and n == -1) and key != "threads":
-        raise EngineArgvError(f"engine option {what} is negative: {raw!r}")
+        raise EngineArgvError(f"engine option {what} is negative: {raw!r}", option=what)
     if abs(n) > INT32_MAX:  # llama.cpp reads these with std::stoi
-        raise EngineArgvError(f"engine option {what} is beyond llama.cpp's range: {raw[:40]!r}")
+        raise EngineArgvError(
+            f"engine option {what} is beyond llama.cpp's range: {raw[:40]!r}", option=what
+        )
     return n
 
 
@@ -287,5 +300,7 @@ def model_parts(model: str) -> list[Path]:
         return [Path(model)]
     n = int(m["n"])
     if not 1 <= int(m["idx"]) <= n:
-        raise EngineArgvError(f"split model {model!r} names part {m['idx']} of {m['n']}")
+        raise EngineArgvError(
+            f"split model {model!r} names part {m['idx']} of {m['n']}", option="-m/--model"
+        )
     return [Path(f"{m['stem']}-{i:05d}-of-{n:05d}.gguf") for i in range(1, n + 1)]

@@ -98,7 +98,9 @@ def engine_args(
     try:
         args = parse_llama_argv(tuple(argv), env)
     except EngineArgvError as err:
-        raise PolicyError(str(err), file="engine argv", hint="check the command after --") from err
+        raise PolicyError(
+            err.reason, file="engine argv", field=err.option, hint="check the command after --"
+        ) from err
     cap = max_context_tokens
     if cap is not None and args.ctx is not None and (args.ctx == 0 or args.ctx > cap):
         asked = "0 (= the model's n_ctx_train)" if args.ctx == 0 else str(args.ctx)

@@ -461,12 +461,12 @@ def _child_error(
     if step == "exec":
         if code in (errno_mod.ENOENT, errno_mod.ENOTDIR):
             return LaunchError(
-                f"engine not found: {setup.argv[0]} (exec: {name})",
+                f"engine not found: {setup.argv[0]} (-- ENGINE, exec: {name})",
                 exit_code=127,
                 hint="check the path after --; relative paths are resolved from the current directory",
             )
         return LaunchError(
-            f"engine cannot be executed: {setup.argv[0]} (exec: {name}: {os.strerror(code) if code else message})",
+            f"engine cannot be executed: {setup.argv[0]} (-- ENGINE, exec: {name}: {os.strerror(code) if code else message})",
             exit_code=126,
             hint=f"chmod +x {setup.executable}, and check the user the policy runs it as",
         )

@@ -62,7 +62,6 @@ def parse_assignments(args: Sequence[str]) -> dict[tuple[str, str], object]:
         if not sep or key not in TUNABLE:
             raise PolicyError(
                 f"cannot tune {key!r}" if sep else f"expected KEY=VALUE, got {arg!r}",
-                file="command line",
                 field=key or arg,
                 hint="keys: " + ", ".join(TUNABLE),
             )
@@ -98,14 +97,12 @@ def check_guards(fs: CgroupFs, group: str, changes: Mapping[str, str], *, force:
         raise PolicyError(
             f"memory.max {new_max} is below memory.current {current} + margin"
             f" {margin(current)} = {need}: the engine would be OOM-killed or thrash",
-            file="command line",
             field="memory.max",
             hint="lower memory.high first (it throttles and reclaims), or pass --force",
         )
     if new_max < floor:
         raise PolicyError(
             f"memory.max {new_max} is below memory.min {floor}",
-            file="command line",
             field="memory.max",
             hint="lower memory.min in the same tune, or pass --force",
         )

@@ -173,7 +173,7 @@ def _read(path: Path) -> str:
         return path.read_text(encoding="utf-8", errors="surrogateescape")
     except OSError as err:
         raise HostError(
-            f"cannot probe host: {path}: {err.strerror or err}",
+            f"cannot probe host: {err.strerror or err} ({path})",
             hint="run on Linux with /proc and /sys mounted",
         ) from err
 
@@ -185,7 +185,7 @@ def _read_optional(path: Path) -> str | None:
     except (FileNotFoundError, NotADirectoryError):
         return None
     except OSError as err:
-        raise HostError(f"cannot probe host: {path}: {err.strerror or err}") from err
+        raise HostError(f"cannot probe host: {err.strerror or err} ({path})") from err
 
 
 _T = TypeVar("_T")
@@ -197,7 +197,7 @@ def _parse_file(path: Path, parser: Callable[[str], _T], text: str | None = None
     try:
         return parser(body)
     except ValueError as err:
-        raise HostError(f"cannot probe host: {path}: {err}") from err
+        raise HostError(f"cannot probe host: {err} ({path})") from err
 
 
 def _rebase(root: Path, absolute: str) -> Path:
@@ -300,10 +300,10 @@ def _page_size(root: Path, live: bool) -> int:
                     return _parse_file(path, parse.parse_meminfo, line)["KernelPageSize"]
     except OSError as err:
         if not live:
-            raise HostError(f"cannot probe host: {path}: {err.strerror or err}") from err
+            raise HostError(f"cannot probe host: {err.strerror or err} ({path})") from err
     if live:
         return os.sysconf("SC_PAGE_SIZE")
-    raise HostError(f"cannot probe host: no KernelPageSize line in {path}")
+    raise HostError(f"cannot probe host: no KernelPageSize line ({path})")
 
 
 def _kernel_version(release: str) -> tuple[int, int]:
@@ -404,7 +404,7 @@ def probe(
 
     meminfo = _parse_file(base / PROC_MEMINFO, parse.parse_meminfo)
     if "MemTotal" not in meminfo:
-        raise HostError(f"cannot probe host: no MemTotal in {base / PROC_MEMINFO}")
+        raise HostError(f"cannot probe host: no MemTotal ({base / PROC_MEMINFO})")
 
     release = _read(base / PROC_OSRELEASE).strip()
     psi, psi_detail = _psi(base)

@@ -67,7 +67,7 @@ def attach(
     fs = CgroupFs(Path(plan.cgroup_root))
     if not fs.exists(plan.group):
         raise HostError(
-            f"nothing to monitor: {plan.cgroup_root}/{plan.group} does not exist (cgroup root)",
+            f"nothing to monitor: {plan.group} does not exist ({plan.cgroup_root}/{plan.group})",
             hint="start it first (governor apply / launch, or its systemd unit), or pass --cgroup",
         )
     publisher = Publisher(run_dir(), plan.policy)

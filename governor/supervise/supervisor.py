@@ -216,7 +216,7 @@ class Supervisor:
             from governor.supervise.ready import EngineNotReady
 
             raise EngineNotReady(
-                f"engine not ready: {self.not_ready}; it was stopped (exit {code})",
+                f"engine not ready: {self.not_ready}; it was stopped (engine.ready, exit {code})",
                 hint="raise engine.ready_timeout for a slow load, or fix engine.ready (the"
                 " URL the engine answers 200 on once loaded)",
             )

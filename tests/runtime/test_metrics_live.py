@@ -278,5 +278,5 @@ def test_a_bad_metrics_address_is_a_usage_error(governor: Governor, run_dir: Pat
     proc = _launch(governor, run_dir, "--metrics", "127.0.0.1:99999", engine=("true",))
     _out, err = proc.communicate(timeout=120)
     assert proc.returncode == 2, err
-    assert "governor: bad --metrics value: not a TCP port: '99999' (command line)" in err
+    assert "governor: bad --metrics value: not a TCP port: '99999' (--metrics)" in err
     assert not governor.group.exists()
