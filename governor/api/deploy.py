@@ -111,4 +111,32 @@ def uninstall(policy: str, root: Path, *, dry_run: bool = False) -> Any:
 
     name = load_policy(Path(policy)).name if policy.endswith(".toml") else policy
     live = root.resolve() == Path("/")
-    return inst.uninstall(name, root=root, dry_run=dry_run, reload=daemon_reload if live else None)
+    result = inst.uninstall(
+        name, root=root, dry_run=dry_run, reload=daemon_reload if live else None
+    )
+    if live and not dry_run:
+        _stop_policy_slices(name, result.units)
+    return result
+
+
+def _stop_policy_slices(name: str, units: list[str]) -> None:
+    """A slice unit stays active (its cgroup too) after its file is gone: stop the policy's
+    slice once nothing runs in it, so uninstall leaves no cgroup behind. A governor@ service
+    still running keeps it (it runs in that slice; stop it first)."""
+    import subprocess
+
+    from governor.backends.unitmap import service_unit
+
+    def systemctl(*argv: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            ["systemctl", *argv], capture_output=True, text=True, timeout=120, check=False
+        )
+
+    try:
+        if systemctl("is-active", "--quiet", service_unit(name)).returncode == 0:
+            return
+        for unit in units:
+            if unit.endswith(".slice") and unit != "governor.slice":
+                systemctl("stop", unit)
+    except (OSError, subprocess.SubprocessError):
+        pass  # no systemctl (a board rendered with --root): nothing is running there

@@ -259,6 +259,12 @@ def render_instance(
     for field, directive, value in service_settings(plan, systemd_version):
         lines.append(f"# {field}")
         lines.append(f"{directive}={value}")
+    if plan.engine.kind == "llama.cpp":
+        # READY=1 waits for the engine's ready URL (llama-server's /health) up to
+        # engine.ready_timeout, then governor stops it itself (69): systemd must not give up
+        # first (its default TimeoutStartSec is 90 s). Unit-file only: no transient scope waits.
+        lines.append("# engine.ready_timeout + 60 s")
+        lines.append(f"TimeoutStartSec={int(plan.engine.ready_timeout_s) + 60}s")
     if engine:
         cmd = [
             governor,
