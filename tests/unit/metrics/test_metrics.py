@@ -339,3 +339,15 @@ def test_under_systemd_the_limits_are_read_from_the_slice_unit_that_carries_them
     s = _samples(exposition(run, "mx"))
     assert _get(s, "governor_memory_limit_bytes", limit="max", policy="mx") == 256 << 20
     assert _get(s, "governor_memory_limit_bytes", limit="high", policy="mx") == 200 << 20
+
+
+def test_engine_ready_follows_the_published_readiness_and_is_absent_without_a_ready_url(
+    tmp_path: Path,
+) -> None:
+    plan, _group, run = _slice(tmp_path)
+    _publish(run, plan)  # an engine that is ready once exec'd: no readiness series
+    assert not [k for k in _samples(exposition(run)) if k[0] == "governor_engine_ready"]
+    _publish(run, plan, ready=False)  # llama-server still loading
+    assert _get(_samples(exposition(run)), "governor_engine_ready", policy="mx") == 0
+    _publish(run, plan, ready=True)  # /health answered 200
+    assert _get(_samples(exposition(run)), "governor_engine_ready", policy="mx") == 1
