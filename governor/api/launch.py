@@ -310,11 +310,9 @@ def _compile_launch(
 ) -> tuple[Compiled, HostFacts]:
     """Compile time for a launch: policy, host, plan and every refusal before apply (the
     same preflight as `check --engine-argv`: governor/engines/preflight.py)."""
-    import os
 
     from governor.cache import plans as compiled
     from governor.engines.llama import model_parts
-    from governor.engines.preflight import engine_args
 
     # under systemd the manager enables controllers along the unit's path itself
     plan, host, checked = preflight_engine(
@@ -323,13 +321,7 @@ def _compile_launch(
     target = None if backend_name == "systemd" else plan.group
     for note in checked.notes:
         log.debug("preflight.note", note=note)
-    args = engine_args(
-        plan.engine.kind,
-        plan.engine.max_context_tokens,
-        argv,
-        max_cache_ram=plan.engine.max_cache_ram,
-        env={**os.environ, **plan.launch.env},  # what the engine will be given
-    )
+    args = checked.args  # the argv preflight_engine read and checked (engine_args)
     files = checked.files
     models = [str(p) for p in (model_parts(args.model) if args and args.model else [])]
     inputs = [*models, *files]

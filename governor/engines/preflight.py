@@ -71,6 +71,7 @@ class Preflight:
     prefetch_bytes: int
     warnings: tuple[Said, ...] = ()
     notes: tuple[str, ...] = ()
+    args: EngineArgs | None = None  # the engine argv it checked (engine_args), for the caller
 
     @property
     def messages(self) -> list[str]:
@@ -494,4 +495,5 @@ def preflight(
         prefetch_bytes=prefetch_bytes,
         warnings=tuple(warnings),
         notes=tuple(notes),
+        args=args,
     )
