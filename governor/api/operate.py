@@ -141,12 +141,12 @@ def tune(
 def _confirm_seconds(confirm: str | None) -> float | None:
     """--confirm DURATION as seconds (None: no --confirm); PolicyError (65) for a bad one."""
     from governor.errors import PolicyError
-    from governor.operate import confirm as c
+    from governor.policy.values import parse_seconds
 
     if confirm is None:
         return None
     try:
-        return c.parse_duration("" if confirm == CONFIRM_NOW else confirm)
+        return parse_seconds("" if confirm == CONFIRM_NOW else confirm)
     except ValueError:
         raise PolicyError(
             f"bad --confirm duration {confirm if confirm != CONFIRM_NOW else ''!r}",

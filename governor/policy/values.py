@@ -172,6 +172,27 @@ def parse_duration(value: object) -> Duration:
     return Duration(int(us))
 
 
+_SUMMED_RE = re.compile(r"([0-9]+(?:\.[0-9]+)?)(us|ms|s|m|h)")
+
+
+def parse_seconds(text: str) -> float:
+    """A duration on the command line (``--confirm``) -> seconds (> 0); ValueError otherwise.
+
+    The policy's units (:func:`parse_duration`), and, as an operator types them, bare seconds
+    (``90``) and sums (``1m30s``)."""
+    text = text.strip()
+    if re.fullmatch(r"[0-9]+(?:\.[0-9]+)?", text):
+        seconds = float(text)
+    else:
+        parts = _SUMMED_RE.findall(text)
+        if not parts or "".join(num + unit for num, unit in parts) != text:
+            raise ValueError(text)
+        seconds = sum(float(num) * _DURATION_US[unit] for num, unit in parts) / 1_000_000
+    if seconds <= 0 or seconds * 1_000_000 > DURATION_MAX_US:
+        raise ValueError(text)
+    return seconds
+
+
 # ---------------------------------------------------------------- CPUs
 
 
