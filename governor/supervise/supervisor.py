@@ -216,7 +216,7 @@ class Supervisor:
             from governor.supervise.ready import EngineNotReady
 
             raise EngineNotReady(
-                f"engine not ready: {self.not_ready}; it was stopped (engine.ready, exit {code})",
+                f"engine not ready: {self.not_ready}, exit {code} (engine.ready)",
                 hint="raise engine.ready_timeout for a slow load, or fix engine.ready (the"
                 " URL the engine answers 200 on once loaded)",
             )
@@ -248,8 +248,8 @@ class Supervisor:
         def on_timeout(why: str) -> None:
             self.not_ready = why
             log.error("engine.not_ready", pid=pid, why=why)
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGTERM)
+            sent = ready.stop_engine(pid)
+            self.not_ready = f"{why}; it was stopped ({sent})"
 
         self.ready_wait = ready.ReadyWait(
             ep, job.ready_timeout_s, on_ready=on_ready, on_timeout=on_timeout
