@@ -330,8 +330,10 @@ def _run(
         )
     g = "governor launch"
     print("\nratios (goal):")
-    print(f"  governor / floor, wall           {med(wall, g) / med(wall, 'floor'):5.2f}  (<= 3)")
-    print(f"  governor / floor -I -S, wall     {med(wall, g) / med(wall, 'floor -I -S'):5.2f}")
+    print(f"  governor / floor, wall           {med(wall, g) / med(wall, 'floor'):5.2f}")
+    print(
+        f"  governor / floor -I -S, wall     {med(wall, g) / med(wall, 'floor -I -S'):5.2f}  (<= 3)"
+    )
     print(f"  governor / floor, time-to-exec   {med(tte, g) / med(tte, 'floor'):5.2f}")
     print(f"  governor / floor, CPU            {med(cpu, g) / med(cpu, 'floor'):5.2f}")
     if systemd:
