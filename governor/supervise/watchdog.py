@@ -16,6 +16,8 @@ governor) and with every signal a terminal or a service manager sends ignored. T
 must remove reach it as lines on the pipe (:meth:`Watchdog.arm`): cgroup names come from a
 validated policy (no newline can be in them) and are quoted by the shell's ``read -r``.
 
+The supervisor's published state (/run/governor/<name>/state.json) is removed too, after the
+kill, when it still names the dead supervisor's pid (so `status` does not list it as stale).
 Left to the next apply/remove on this path: lowering the slices' memory.min/low (the backend
 re-sums them from the children that are left). The policy's slice is removed when it is empty.
 """
@@ -34,7 +36,7 @@ WAIT_EMPTY_S = 5  # how long to wait for "populated 0" after cgroup.kill before 
 # or EOF (act: thaw first, then kill and remove).
 _SCRIPT = r"""
 trap '' INT TERM HUP QUIT USR1 USR2 PIPE TSTP TTIN TTOU
-root= kill= thaw=
+root= kill= thaw= state= spid=
 set --
 while IFS= read -r line; do
     case $line in
@@ -42,6 +44,7 @@ while IFS= read -r line; do
         "root "*) root=${line#root } ;;
         "thaw "*) thaw=${line#thaw } ;;
         "kill "*) kill=${line#kill } ;;
+        "state "*) spid=${line#state }; spid=${spid%% *}; state=${line#state $spid } ;;
         "rmdir "*) set -- "$@" "${line#rmdir }" ;;
     esac
 done
@@ -53,6 +56,11 @@ fi
 [ -n "$kill" ] || exit 0
 printf '{"event": "watchdog.governor_gone", "action": "kill", "cgroup": "%s", "level": "warning"}\n' "$kill" >&2
 echo 1 > "$root/$kill/cgroup.kill" 2>/dev/null
+# the published state of the supervisor that is gone (not one a new run wrote since)
+if [ -n "$state" ] && grep -q "\"pid\": $spid[,}]" "$state" 2>/dev/null; then
+    rm -f "$state"
+    rmdir "${state%/*}" 2>/dev/null
+fi
 n=0
 while [ $n -lt $((WAIT_S * 50)) ] && ! grep -q '^populated 0' "$root/$kill/cgroup.events" 2>/dev/null; do
     sleep 0.02 2>/dev/null || sleep 1
@@ -74,10 +82,15 @@ class Watchdog:
         self.pid = pid
         self.fd: int | None = fd
 
-    def arm(self, cgroup_root: str, kill: str, remove: tuple[str, ...]) -> None:
+    def arm(
+        self, cgroup_root: str, kill: str, remove: tuple[str, ...], *, state: str | None = None
+    ) -> None:
         """From now on, the governor's death kills ``kill`` (relative to ``cgroup_root``) and
-        removes the ``remove`` cgroups, in that order (children first)."""
+        removes the ``remove`` cgroups, in that order (children first), and the published
+        ``state`` file (governor/rundir/state.py) while it still names this process."""
         lines = [f"root {cgroup_root}", f"kill {kill}", *(f"rmdir {d}" for d in remove)]
+        if state is not None:
+            lines.append(f"state {os.getpid()} {state}")
         if any("\n" in line for line in lines):
             raise ValueError(f"a cgroup path with a newline cannot be armed: {lines!r}")
         self._send(("\n".join(lines) + "\n").encode())
