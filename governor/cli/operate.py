@@ -190,9 +190,12 @@ def rollback(
         bool, typer.Option("--all", help="undo every change in the journal (tunes and monitor)")
     ] = False,
 ) -> None:
-    """Undo changes from the slice's journal in reverse order: the last tune by default."""
+    """Undo changes from the slice's journal in reverse order: the last tune by default.
+    --to and --all are mutually exclusive (exit 2)."""
     from governor.api import operate as api_operate
+    from governor.cli.options import exclusive
 
+    exclusive("--to", to is not None, "--all", everything, "give one: --to ID or --all")
     out = api_operate.rollback(name, to=to, everything=everything)
     typer.echo(f"{name}: rolled back entries {out['undoes']} (journal entry {out['id']})")
     for ch in out["changes"]:

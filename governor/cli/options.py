@@ -131,6 +131,16 @@ def host_options(allow_missing: str = "") -> HostOptions:
     return HostOptions(root=STATE.root, cgroup_root=STATE.cgroup_root, allow_missing=allowed)
 
 
+def exclusive(first: str, first_given: bool, second: str, second_given: bool, hint: str) -> None:
+    """Two options that contradict each other: a usage error (2), never one silently winning."""
+    if first_given and second_given:
+        from governor.errors import UsageError
+
+        raise UsageError(
+            f"{first} and {second} are mutually exclusive ({first}, {second})", hint=hint
+        )
+
+
 def size_option(text: str | None, option: str) -> int | None:
     if text is None:
         return None
