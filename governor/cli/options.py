@@ -131,13 +131,14 @@ def host_options(allow_missing: str = "") -> HostOptions:
     return HostOptions(root=STATE.root, cgroup_root=STATE.cgroup_root, allow_missing=allowed)
 
 
-def exclusive(first: str, first_given: bool, second: str, second_given: bool, hint: str) -> None:
+def exclusive(option_a: str, a_given: bool, option_b: str, b_given: bool, hint: str) -> None:
     """Two options that contradict each other: a usage error (2), never one silently winning."""
-    if first_given and second_given:
+    if a_given and b_given:
         from governor.errors import UsageError
 
         raise UsageError(
-            f"{first} and {second} are mutually exclusive ({first}, {second})", hint=hint
+            f"{option_a} and {option_b} are mutually exclusive ({option_a}, {option_b})",
+            hint=hint,
         )
 
 
