@@ -10,7 +10,7 @@ Two mechanisms, because each covers what the other cannot:
 
 The watchdog is a POSIX shell (``/bin/sh``: dash or busybox on a board), not a copy of the
 governor's interpreter: a fork of Python holds 5+ MiB that drift apart from the parent's as
-both run, the shell about 0.3 MiB of PSS. It is forked and exec'd before the governor imports
+both run, the shell about 0.3 MiB of PSS. It is spawned (posix_spawn) before the governor imports
 anything but ``os`` (governor/main.py), in its own session (a ^C at the terminal is for the
 governor) and with every signal a terminal or a service manager sends ignored. The cgroups it
 must remove reach it as lines on the pipe (:meth:`Watchdog.arm`): cgroup names come from a
@@ -128,16 +128,29 @@ def fork_watchdog(shell: str = SHELL) -> Watchdog:
     """Start the watchdog now (call it before heavy imports); it waits, unarmed."""
     r, w = os.pipe2(os.O_CLOEXEC)  # the engine never holds either end
     script = _SCRIPT.replace("WAIT_S", str(WAIT_EMPTY_S))
-    pid = os.fork()
-    if pid == 0:  # pragma: no cover - observed through its effects (tests kill the governor)
-        try:
-            os.setsid()
-            os.dup2(r, 0)  # dup2 clears close-on-exec on the new fd
-            os.closerange(3, os.sysconf("SC_OPEN_MAX"))
-            for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT):
-                signal.signal(sig, signal.SIG_IGN)  # before the shell's own trap is set
-            os.execv(shell, [shell, "-c", script])
-        finally:
-            os._exit(127)
+    # posix_spawn (vfork + exec): the shell runs at once, no copy-on-write of this process
+    # (a forked child took 20+ ms to reach exec on a loaded 2-core board, and disarm waited
+    # for it). Ignored dispositions survive exec: ignore the stop signals around the spawn.
+    actions: list[tuple[int, ...]] = [(os.POSIX_SPAWN_DUP2, r, 0)]
+    try:
+        inherited = [int(fd) for fd in os.listdir("/proc/self/fd")]
+    except OSError:
+        inherited = []
+    for fd in inherited:
+        if fd > 2 and fd not in (r, w):
+            try:
+                if os.get_inheritable(fd):
+                    actions.append((os.POSIX_SPAWN_CLOSE, fd))
+            except OSError:
+                pass  # the listing's own descriptor, closed meanwhile
+    stops = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT)
+    before = [signal.signal(sig, signal.SIG_IGN) for sig in stops]
+    try:
+        pid = os.posix_spawn(
+            shell, [shell, "-c", script], os.environ, file_actions=actions, setsid=True
+        )
+    finally:
+        for sig, handler in zip(stops, before, strict=True):
+            signal.signal(sig, signal.SIG_DFL if handler is None else handler)
     os.close(r)
     return Watchdog(pid, w)
