@@ -390,12 +390,29 @@ def rollback(name: str, *, to: int | None, everything: bool) -> dict[str, Any]:
         raise PolicyError(f"{err} for {name} ({run_dir() / name / 'journal.jsonl'})") from err
 
 
-def status(name: str | None) -> list[dict[str, Any]]:
-    """`governor status`: governor/operate/status.py over the published states."""
-    from governor.operate.status import collect
-    from governor.rundir.state import run_dir
+def status(name: str | None, *, prune: bool = False) -> list[dict[str, Any]]:
+    """`governor status`: governor/operate/status.py over the published states; ``prune``
+    first removes the published state of stale entries (their supervisor is gone), one
+    `pruned NAME` line each on stderr."""
+    import sys
 
+    from governor.operate.status import collect
+    from governor.rundir.state import prune_stale, run_dir
+
+    if prune:
+        pruned = prune_stale(run_dir(), name)
+        for policy, pid in pruned:
+            sys.stderr.write(f"pruned {policy}: its supervisor (pid {pid}) is gone\n")
+        if name is not None and pruned and not collect_names(run_dir(), name):
+            return []  # NAME was only that stale entry
     return collect(run_dir(), name)
+
+
+def collect_names(directory: Path, name: str) -> bool:
+    """Whether NAME still has a published state."""
+    from governor.rundir.state import read_states
+
+    return any(s.get("policy") == name for s in read_states(directory))
 
 
 def metrics(textfile: Path | None, name: str | None) -> Path | bytes:

@@ -133,6 +133,7 @@ class Supervisor:
                                     for c in reversed(plan.create)
                                     if c in owned or c.startswith(plan.group)
                                 ),
+                                state=str(Publisher(job.run_dir or run_dir(), plan.policy).path),
                             )
                         armed = True
                     finally:
