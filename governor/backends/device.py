@@ -4,8 +4,9 @@ memcg cannot bound it (contiguous NPU buffers are charged to no cgroup: README "
 memory"), so the one place to refuse it is before anything is applied, against what the
 board has now: MemAvailable (pool "system": the page allocator, where rknpu's IOMMU and
 shmem-backed buffers come from) or CmaFree (pool "cma": a board whose NPU/GPU buffers must be
-physically contiguous), minus the memory.min the other governed groups in the slice hold (a
-protected page counts in MemAvailable but the kernel will not reclaim it for us).
+physically contiguous); from MemAvailable the memory.min the other governed groups in the
+slice hold is taken away (a protected page counts in MemAvailable, but the kernel will not
+reclaim it for us).
 
 Read live at every launch and check, never from the plan cache: MemAvailable moves.
 """
@@ -67,13 +68,20 @@ def fit_device(
             field="device.memory",
             hint="a kernel before 3.14 has no MemAvailable; remove [device] memory",
         )
+    # protected pages are ordinary memory: they are in MemAvailable, not (as such) in CmaFree
+    others = others if pool == "system" else 0
     left = max(have - others, 0)
     if need > left:
         said = "" if reason == "device.memory" else f" ({reason})"
+        minus = (
+            f" minus {human_bytes(others)} held by other governed groups' memory.min ="
+            f" {human_bytes(left)}"
+            if pool == "system"
+            else ""
+        )
         raise PolicyError(
             f"device memory {human_bytes(need)}{said} ({need} bytes) does not fit what the"
-            f" board can give: {key} {human_bytes(have)} minus {human_bytes(others)} held by"
-            f" other governed groups' memory.min = {human_bytes(left)}",
+            f" board can give: {key} {human_bytes(have)}{minus}",
             file=source,
             field="device.memory",
             hint="stop another engine or free memory on the board, or lower device.memory"
@@ -110,3 +118,55 @@ def check_device(plan: Plan, fs: CgroupFs, proc: ProcFs) -> int | None:
         reason=spec.reason,
         source=plan.source,
     )
+
+
+# ------------------------------------------------------------------ what no slice was charged
+
+
+def _board_used(proc: ProcFs) -> int | None:
+    try:
+        m = proc.meminfo()
+        return m["MemTotal"] - m["MemAvailable"]
+    except (OSError, ValueError, KeyError):
+        return None
+
+
+def _slices_current(fs: CgroupFs, slice_: str) -> int | None:
+    try:
+        return int(fs.read(slice_, kf.MEMORY_CURRENT).split()[0])
+    except (GovernorError, ValueError, IndexError):
+        return None
+
+
+def board_baseline(fs: CgroupFs, proc: ProcFs, slice_: str) -> dict[str, int] | None:
+    """What the board used (MemTotal - MemAvailable) and the governed slice charged
+    (memory.current of the slice that holds every governed group) when the engine started;
+    None without the memory controller or MemAvailable."""
+    used, charged = _board_used(proc), _slices_current(fs, slice_)
+    if used is None or charged is None:
+        return None
+    return {"used": used, "slices": charged}
+
+
+def board_unaccounted(
+    baseline: Mapping[str, int] | None, fs: CgroupFs, proc: ProcFs, slice_: str
+) -> int | None:
+    """Memory the board lost since the baseline that no slice was charged for:
+    Δ(MemTotal - MemAvailable) - Δ(slices' memory.current). Contiguous NPU buffers, kernel
+    allocations and processes outside the slices land here (negative: the board got memory
+    back from outside the slices). None when the baseline or a reading is missing."""
+    if not baseline:
+        return None
+    used, charged = _board_used(proc), _slices_current(fs, slice_)
+    if used is None or charged is None:
+        return None
+    return (used - baseline["used"]) - (charged - baseline["slices"])
+
+
+def cma(proc: ProcFs) -> dict[str, int]:
+    """CmaTotal / CmaFree in bytes (empty without CONFIG_CMA)."""
+    try:
+        m = proc.meminfo()
+    except (OSError, ValueError):
+        return {}
+    return {k: m[k] for k in ("CmaTotal", "CmaFree") if k in m}
