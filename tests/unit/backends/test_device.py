@@ -118,7 +118,7 @@ def test_check_device_on_the_rk3588_board(tmp_path: Path) -> None:
     ok = _plan(f"[device]\nmemory = {avail - 600 * MIB}\n")
     assert check_device(ok, fs, proc) == avail - 512 * MIB
     too_big = _plan(f"[device]\nmemory = {avail - 400 * MIB}\n")
-    with pytest.raises(PolicyError, match="device memory .* does not fit"):
+    with pytest.raises(PolicyError, match=r"device memory .* does not fit"):
         check_device(too_big, fs, proc)
     cma = _plan('[device]\nmemory = "200MiB"\npool = "cma"\n')
     assert check_device(cma, fs, proc) == proc.meminfo()["CmaFree"]
@@ -140,7 +140,7 @@ def test_rkllm_argv_is_positional(tmp_path: Path) -> None:
     args = parse_rkllm_argv(["llm_demo", str(model), "256", "2048"])
     assert (args.model, args.max_new_tokens, args.max_context_len) == (model, 256, 2048)
     assert check_rkllm(["llm_demo", str(model), "256", "2048"], 4096) == (model, 4096)
-    with pytest.raises(PolicyError, match="exceeds engine.max_context_tokens = 1024"):
+    with pytest.raises(PolicyError, match=r"exceeds engine\.max_context_tokens = 1024"):
         check_rkllm(["llm_demo", str(model), "256", "2048"], 1024)
     with pytest.raises(PolicyError, match="MAX_NEW_TOKENS must be a positive integer"):
         parse_rkllm_argv(["llm_demo", str(model), "many"])
