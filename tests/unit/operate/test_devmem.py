@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import shutil
 from pathlib import Path
+from typing import Any
 
 from governor.backends.device import board_baseline
 from governor.kernel.cgroupfs import CgroupFs
@@ -72,7 +73,7 @@ def test_status_device_lines_and_board_figures(tmp_path: Path) -> None:
 
 def test_top_shows_the_device_total(tmp_path: Path) -> None:
     fs, proc, plan = _setup(tmp_path)
-    item = {
+    item: dict[str, Any] = {
         "policy": "npu", "state": "running", "usage": None, "knobs": [], "rules": [],
         "device_memory": device_memory(fs, plan, proc),
     }  # fmt: skip
