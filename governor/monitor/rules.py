@@ -9,9 +9,9 @@ it began one window before its first event); it *fires* on evidence once it has 
 for ``for`` (hold) and its cooldown has passed.
 
 Without a cooldown a PSI or event rule fires on every piece of evidence (the kernel already
-limits a trigger to one event per window), and a level rule (leak, memavailable) fires once
-per episode (so does a device memory rule). Rules that fire in the same step fire in policy order, so a ladder written from
-mild to severe (log -> reclaim -> set -> freeze -> kill) escalates in order as pressure rises.
+limits a trigger to one event per window), and a level rule (leak, memavailable, device
+memory) fires once per episode. Rules that fire in the same step fire in policy order, so a
+ladder written from mild to severe (log -> reclaim -> set -> freeze -> kill) escalates in order as pressure rises.
 """
 
 from __future__ import annotations
