@@ -41,9 +41,9 @@ MIB = 1 << 20
 
 def _vgem_card() -> Path:
     subprocess.run(["modprobe", "vgem"], check=True, capture_output=True, timeout=60)
-    for card in sorted(Path("/sys/class/drm").glob("card*")):
-        driver = card / "device" / "driver"
-        if driver.exists() and driver.resolve().name == "vgem":
+    for card in sorted(Path("/sys/class/drm").glob("card[0-9]*")):
+        # vgem registers a bare platform device named "vgem" (no platform driver binds it)
+        if (card / "device").resolve().name == "vgem":
             return Path("/dev/dri") / card.name
     raise AssertionError("modprobe vgem made no /sys/class/drm/card* of driver vgem")
 
