@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -40,7 +41,11 @@ MIB = 1 << 20
 
 
 def _vgem_card() -> Path:
-    subprocess.run(["modprobe", "vgem"], check=True, capture_output=True, timeout=60)
+    modprobe = shutil.which("modprobe") or "/usr/sbin/modprobe"
+    res = subprocess.run(
+        [modprobe, "vgem"], capture_output=True, text=True, timeout=60, check=False
+    )
+    assert res.returncode == 0, f"modprobe vgem: {res.stderr}"
     for card in sorted(Path("/sys/class/drm").glob("card[0-9]*")):
         # vgem registers a bare platform device named "vgem" (no platform driver binds it)
         if (card / "device").resolve().name == "vgem":
