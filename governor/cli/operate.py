@@ -24,8 +24,9 @@ def status(
     ] = False,
 ) -> None:
     """What each governed slice enforces and uses: policy vs kernel per knob, usage, memory
-    events, pressure, CPU, pids, rules and what they do next, the last actions. Exit 66 when
-    NAME is not governed here."""
+    events, pressure, CPU, pids, device memory (DRM/dma-buf) and the board's CMA and
+    unaccounted memory, rules and what they do next, the last actions. Exit 66 when NAME is
+    not governed here."""
     from governor.api import operate as api_operate
     from governor.operate.status import render
 
@@ -50,7 +51,7 @@ def top(
         str, typer.Option("--sort", help="memory, pressure or cpu (keys m, p, c)")
     ] = "memory",
 ) -> None:
-    """A live view of every governed slice: memory vs high/max, anon/file, memory PSI, CPU and
+    """A live view of every governed slice: memory vs high/max, anon/file, device memory, memory PSI, CPU and
     throttling, memory.events since the last frame, rule states. Keys: m p c sort, q quits."""
     import sys
 
