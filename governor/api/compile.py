@@ -6,7 +6,13 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from governor.api.host import HostOptions, load_policy, preflight_engine, probe_host
+from governor.api.host import (
+    HostOptions,
+    check_device,
+    load_policy,
+    preflight_engine,
+    probe_host,
+)
 from governor.record import record
 
 if TYPE_CHECKING:
@@ -69,6 +75,7 @@ def check_engine(path: Path, opts: HostOptions, argv: tuple[str, ...], *, force:
     """`governor check --engine-argv`: the plan plus every refusal launch makes before it
     applies anything (the same preflight); returns (plan, estimate, warnings)."""
     plan, _host, checked = preflight_engine(path, argv, opts, probe_target=True, force=force)
+    check_device(plan, opts)
     return plan, checked.estimate, checked.messages
 
 

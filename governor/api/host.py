@@ -98,11 +98,27 @@ def preflight_engine(
         env={**os.environ, **policy.process.env},  # what the engine will be given
     )
     size = model_bytes(args)
+    if policy.engine.kind == "rkllm":
+        from governor.engines.rkllm import check_rkllm
+
+        size = check_rkllm(argv, policy.engine.max_context_tokens)[1]
     target = f"{policy.slice}/{policy.name}" if probe_target else None
     host = probe_host(opts, target=target)
     plan = compile_policy(policy, host, opts, path, model_bytes=size)
     checked = preflight(plan, args, root=opts.root, cwd=cwd or Path.cwd(), force=force, host=host)
     return plan, host, checked
+
+
+def check_device(plan: Plan, opts: HostOptions) -> int | None:
+    """[device] memory against the board now (governor/backends/device.py): run at every
+    check and launch, never cached (MemAvailable moves)."""
+    if plan.device is None:
+        return None
+    from governor.backends.device import check_device as fit
+    from governor.kernel.cgroupfs import CgroupFs
+    from governor.kernel.procfs import ProcFs
+
+    return fit(plan, CgroupFs(Path(plan.cgroup_root)), ProcFs(opts.root / "proc"))
 
 
 def cgroupfs_backend(plan: Plan) -> Any:

@@ -8,7 +8,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from governor.api.host import HostOptions, cgroupfs_backend, preflight_engine
+from governor.api.host import HostOptions, cgroupfs_backend, check_device, preflight_engine
 from governor.log import get_logger
 from governor.record import record
 
@@ -198,6 +198,7 @@ def launch(path: Path, argv: tuple[str, ...], opts: HostOptions, lopts: LaunchOp
     compiled, host = compiled_for_launch(path, argv, opts, lopts, backend_name)
     for event, message in compiled.warnings:
         log.warning(event, message=message)
+    check_device(compiled.plan, opts)  # live, also on a cached plan: MemAvailable moves
     plan, backend = _launch_backend(compiled, backend_name, host, opts)
     # --metrics binds first: a busy port is the one error line, before anything is applied
     supervisors: list[Supervisor] = []
@@ -374,6 +375,10 @@ def _compile_launch(
     args = checked.args  # the argv preflight_engine read and checked (engine_args)
     files = checked.files
     models = [str(p) for p in (model_parts(args.model) if args and args.model else [])]
+    if plan.engine.kind == "rkllm":  # its .rkllm file: the device memory (engines/rkllm.py)
+        from governor.engines.rkllm import parse_rkllm_argv
+
+        models = [str(parse_rkllm_argv(argv).model)]
     inputs = [*models, *files]
     idents = tuple(i for i in (compiled.file_identity(p) for p in inputs) if i is not None)
     chain = tuple(

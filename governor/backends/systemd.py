@@ -1,7 +1,7 @@
 """The systemd backend: the engine runs in a systemd unit whose cgroup subtree is delegated to
 the governor (``governor launch --backend systemd``).
 
-Two ways in, one layout (backends/unitmap.py explains the unit names):
+Two ways in, one layout (plan/unitmap.py explains the unit names):
 
 - **service**: the governor is the main process of an installed ``governor@<name>.service``
   (Delegate=yes, in the policy's slice that ``governor install`` wrote). systemd already set

@@ -31,7 +31,7 @@ COLUMNS = (
     "run", "model", "quant", "ctx", "peak_bytes", "anon_at_peak", "file_at_peak",
     "prefill_tps", "decode_tps", "wall_s", "exit_status", "oom_kill", "memory_events_max",
     "memory_events_high", "outcome", "pressure_fired", "estimate_bytes", "estimate_error",
-    "samples",
+    "samples", "device_peak_bytes",
 )  # fmt: skip
 
 
@@ -73,6 +73,7 @@ class Row:
     estimate_bytes: int | None = None
     estimate_error: float | None = None  # (estimate - peak) / peak
     samples: int = 0
+    device_peak_bytes: int | None = None  # DRM + dma-buf peak (monitor report; [device] / rule)
     series: list[Sample] = field(default_factory=list)
     error: str | None = None  # a failed run (non-zero status): the last lines of its stderr
 
@@ -352,6 +353,9 @@ def run_case(
         memory_events_high=data.get("memory_events_high"),
         pressure_fired=_pressure_fired(data),
         samples=len(series),
+        device_peak_bytes=(data.get("extra", {}).get("monitor") or {}).get(
+            "device_memory_peak_bytes"
+        ),
         series=series,
         error=None if status == 0 else _tail(text),
     )

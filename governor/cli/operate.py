@@ -32,8 +32,9 @@ def status(
     ] = False,
 ) -> None:
     """What each governed slice enforces and uses: policy vs kernel per knob, usage, memory
-    events, pressure, CPU, pids, rules and what they do next, the last actions. Exit 66 when
-    NAME is not governed here (with --prune: when it had nothing to prune either)."""
+    events, pressure, CPU, pids, device memory (DRM/dma-buf) and the board's CMA and
+    unaccounted memory, rules and what they do next, the last actions. Exit 66 when NAME is
+    not governed here (with --prune: when it had nothing to prune either)."""
     from governor.api import operate as api_operate
     from governor.operate.status import render
 
@@ -58,7 +59,7 @@ def top(
         str, typer.Option("--sort", help="memory, pressure or cpu (keys m, p, c)")
     ] = "memory",
 ) -> None:
-    """A live view of every governed slice: memory vs high/max, anon/file, memory PSI, CPU and
+    """A live view of every governed slice: memory vs high/max, anon/file, device memory, memory PSI, CPU and
     throttling, memory.events since the last frame, rule states. Keys: m p c sort, q quits."""
     import sys
 

@@ -1,5 +1,5 @@
 """Plan -> systemd unit files and drop-ins (text), from the mapping table in
-backends/unitmap.py. Pure: no files, no environment, no clock; ``governor install`` writes the
+plan/unitmap.py. Pure: no files, no environment, no clock; ``governor install`` writes the
 result. Everything systemd cannot express (or this systemd version cannot) is applied by
 ``governor launch`` on the engine leaf at start, and the rendered files say so in a comment.
 """

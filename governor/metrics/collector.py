@@ -27,6 +27,7 @@ from prometheus_client.registry import Collector, CollectorRegistry
 
 from governor.kernel.cgroupfs import CgroupFs
 from governor.operate import observe
+from governor.operate.devmem import device_board
 from governor.plan.model import Plan
 from governor.rundir.journal import Journal
 from governor.rundir.state import RunState
@@ -104,6 +105,7 @@ class GovernorCollector(Collector):
                 continue
             self._slice(fams, st, plan)
         yield from fams.all.values()
+        yield from _cma()
 
     # ------------------------------------------------------------------ one slice
 
@@ -136,6 +138,7 @@ class GovernorCollector(Collector):
         self._memory(f, fs, systemd["cgroup"] if systemd else plan.group, p)
         use = observe.usage(fs, plan.group)
         self._usage(f, use, p)
+        _device(f, fs, plan, st)
         drift = sum(k["state"] != "in sync" for k in observe.knobs(fs, plan, systemd=systemd))
         f.gauge(
             "governor_policy_drift",
@@ -285,6 +288,43 @@ class GovernorCollector(Collector):
                 float(model["total"]),
                 model=name,
             )
+
+
+def _device(f: _Families, fs: CgroupFs, plan: Plan, st: RunState) -> None:
+    """Device memory of the slice (fdinfo: governor/kernel/devmem.py) and what the board lost
+    since the engine started that no slice was charged for (absent without a baseline)."""
+    dev, board = device_board(fs, plan, st.board)
+    for row in dev["rows"]:
+        f.gauge(
+            "governor_device_memory_bytes",
+            "DRM (drm-total-<region>) and dma-buf memory the slice's processes hold, by driver"
+            " and region (dma-bufs: exporter, region dma-buf), deduplicated",
+            plan.policy,
+            row["bytes"],
+            driver=row["driver"],
+            region=row["region"],
+        )
+    if board["unaccounted"] is not None:
+        f.gauge(
+            "governor_board_unaccounted_bytes",
+            "since the engine started: delta(MemTotal - MemAvailable) - delta(memory.current of"
+            " the governed slice): memory the board lost that no slice was charged for",
+            plan.policy,
+            board["unaccounted"],
+        )
+
+
+def _cma() -> Iterator[Metric]:
+    """/proc/meminfo CmaTotal / CmaFree: board-wide, no policy label (absent without CMA)."""
+    from governor.backends.device import cma
+    from governor.kernel.procfs import ProcFs
+
+    values = cma(ProcFs())
+    for key, name in (("CmaTotal", "total"), ("CmaFree", "free")):
+        if key in values:
+            g = GaugeMetricFamily(f"governor_cma_{name}_bytes", f"/proc/meminfo {key}")
+            g.add_metric([], values[key])
+            yield g
 
 
 def _resident_ratio(files: Sequence[str]) -> float | None:

@@ -48,7 +48,7 @@ from governor.monitor.leak import LeakDetector
 from governor.monitor.restart import Restarts
 from governor.monitor.rules import Firing, Observations, Rule, RuleEngine
 from governor.monitor.sampler import DEFAULT_INTERVAL_S, Sampler
-from governor.monitor.sources import Board, EventFile, open_optional
+from governor.monitor.sources import Board, DeviceMemory, EventFile, open_optional
 from governor.plan.model import Plan, WatchTrigger
 from governor.rundir.journal import Journal
 
@@ -97,6 +97,7 @@ class Monitor:
         self.psi_triggers = psi_triggers
         self.sampler = Sampler(fs, self.group, interval_s=sample_s)
         self.board = Board(proc or ProcFs())
+        self.devmem = DeviceMemory(fs, self.board.proc, self.rules, plan.device is not None)
         self.needs_meminfo = any(r.kind == "memavailable" for r in self.rules)
         self.leaks = {r.index: LeakDetector(r.window_s) for r in self._leak_rules()}
         self.armed: list[psi.Armed] = []
@@ -362,6 +363,7 @@ class Monitor:
                     fired_psi.add(armed.rule)
         if self.needs_meminfo:
             out["memavailable"] = self.board.memavailable()
+        out["device"] = self.devmem.sample(self.group)
         if s.anon is not None:
             leak: dict[int, float] = {}
             for index, det in self.leaks.items():
@@ -388,6 +390,7 @@ class Monitor:
             counters=counters,
             memavailable=sampled.get("memavailable"),
             leak=sampled.get("leak", {}),
+            device=sampled.get("device"),
         )
         for firing in self.engine.step(now, obs):
             self._fire(firing)
@@ -439,6 +442,7 @@ class Monitor:
             "memory_events": self.event_totals,
             "psi": [a.describe() for a in self.armed],
             "sampler": self.sampler.summary(),
+            **self.devmem.report(),
         }
 
 

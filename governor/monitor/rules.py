@@ -9,9 +9,9 @@ it began one window before its first event); it *fires* on evidence once it has 
 for ``for`` (hold) and its cooldown has passed.
 
 Without a cooldown a PSI or event rule fires on every piece of evidence (the kernel already
-limits a trigger to one event per window), and a level rule (leak, memavailable) fires once
-per episode. Rules that fire in the same step fire in policy order, so a ladder written from
-mild to severe (log -> reclaim -> set -> freeze -> kill) escalates in order as pressure rises.
+limits a trigger to one event per window), and a level rule (leak, memavailable, device
+memory) fires once per episode. Rules that fire in the same step fire in policy order, so a
+ladder written from mild to severe (log -> reclaim -> set -> freeze -> kill) escalates in order as pressure rises.
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from typing import Any, Literal
 from governor.plan.model import Action, WatchRule, WatchTrigger
 from governor.record import field, record
 
-RuleKind = Literal["psi", "leak", "memavailable", "event"]
+RuleKind = Literal["psi", "leak", "memavailable", "event", "device"]
 # a PSI episode ends when no trigger event came for this many windows (+ PSI_GRACE_S)
 PSI_GAP_WINDOWS = 2.5
 PSI_GRACE_S = 1.0
@@ -39,7 +39,7 @@ class Rule:
     hold_s: float = 0.0
     cooldown_s: float | None = None
     window_s: float = 0.0  # PSI: the trigger window
-    threshold: int = 0  # leak: bytes/s (fires above); memavailable: bytes (fires below)
+    threshold: int = 0  # leak: bytes/s, device: bytes (fire above); memavailable: bytes (below)
     event: str | None = None  # event: the memory.events key
 
     @classmethod
@@ -56,7 +56,7 @@ class Rule:
             return cls(kind="psi", window_s=t.window_us / 1e6, **common)  # type: ignore[arg-type]  # keys above
         if t.condition == "event":
             return cls(kind="event", event=t.event, **common)  # type: ignore[arg-type]
-        kind: RuleKind = "leak" if t.condition == "leak" else "memavailable"
+        kind: RuleKind = t.condition if t.condition in ("leak", "device") else "memavailable"
         return cls(
             kind=kind,
             threshold=t.threshold,
@@ -73,6 +73,7 @@ class Observations:
     counters: Mapping[str, int] = field(default_factory=dict)  # memory.events increases
     memavailable: int | None = None  # bytes, when sampled this step
     leak: Mapping[int, float] = field(default_factory=dict)  # rule index -> slope B/s
+    device: int | None = None  # the group's device memory (kernel/devmem.py total), when sampled
 
 
 @record(frozen=True)
@@ -154,7 +155,7 @@ class RuleEngine:
             if rule.cooldown_s is not None:
                 if st.last_fired is not None and now - st.last_fired < rule.cooldown_s - 1e-9:
                     continue
-            elif rule.kind in ("leak", "memavailable") and st.fired_in_episode:
+            elif rule.kind in ("leak", "memavailable", "device") and st.fired_in_episode:
                 continue
             st.last_fired = now
             st.fired_in_episode = True
@@ -181,6 +182,11 @@ def _evidence(
             return False, None, False
         below = obs.memavailable < rule.threshold
         return below, obs.memavailable, not below
+    if rule.kind == "device":
+        if obs.device is None:
+            return False, None, False
+        above = obs.device > rule.threshold
+        return above, obs.device, not above
     slope = obs.leak.get(rule.index)
     if slope is None:
         return False, None, False

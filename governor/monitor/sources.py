@@ -10,12 +10,16 @@ refuses (EPERM); the monitor then re-reads them at every sample instead and says
 from __future__ import annotations
 
 import os
+from collections.abc import Sequence
 
 from governor.errors import BackendError, GovernorError
 from governor.kernel.cgroupfs import CgroupFs
+from governor.kernel.devmem import DeviceMemoryReader, as_rows, total
 from governor.kernel.parse import parse_flat_keyed, parse_psi
 from governor.kernel.procfs import ProcFs
 from governor.log import get_logger
+from governor.monitor.rules import Rule
+from governor.record import record
 
 log = get_logger(__name__)
 
@@ -78,3 +82,40 @@ class Board:
             return parse_psi(self.proc.pressure("memory")).some.avg10
         except (OSError, ValueError):
             return None
+
+
+@record
+class DeviceMemory:
+    """The group's device memory at each sample (governor/kernel/devmem.py), read only when a
+    rule needs it (``device memory > SIZE``) or the plan has [device]: fdinfo of every fd of
+    every process costs more than the cgroup files. Keeps the peak per (driver, region) and
+    of the total, for the launch report."""
+
+    fs: CgroupFs
+    proc: ProcFs
+    rules: Sequence[Rule]  # the monitor's rules (kind "device" asks for samples)
+    budgeted: bool  # the plan has [device]
+
+    def __post_init__(self) -> None:
+        self.on = self.budgeted or any(r.kind == "device" for r in self.rules)
+        self.reader = DeviceMemoryReader(self.fs, self.proc)
+        self.peak: dict[tuple[str, str], int] = {}
+        self.peak_total = 0
+
+    def sample(self, group: str) -> int | None:
+        if not self.on:
+            return None
+        summary = self.reader.group(group)
+        for key, n in summary.items():
+            self.peak[key] = max(self.peak.get(key, 0), n)
+        now = total(summary)
+        self.peak_total = max(self.peak_total, now)
+        return now
+
+    def report(self) -> dict[str, object]:
+        if not self.on:
+            return {}
+        return {
+            "device_memory_peak": as_rows(self.peak),
+            "device_memory_peak_bytes": self.peak_total,
+        }

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from governor.kernel.cgroupfs import CgroupFs
+from governor.operate.devmem import device_board, render_device
 from governor.operate.observe import knobs, usage
 from governor.plan.model import Plan
 from governor.rundir.journal import Journal
@@ -75,6 +76,8 @@ def collect(
             ],
             "degraded": list(plan.degraded),
         }
+        if exists:  # NPU/GPU memory memcg may not see, and the board (operate/devmem.py)
+            item["device_memory"], item["board"] = device_board(fs, plan, st.board)
         out.append(item)
     return out
 
@@ -153,6 +156,7 @@ def render(items: list[dict[str, Any]], *, now: float | None = None) -> str:
             pids = usage["pids"]
             if pids["current"] is not None:
                 lines.append(f"  pids     {pids['current']} / {pids['max'] or 'max'}")
+        lines += render_device(it)
         for r in it["rules"]:
             state = r["state"]
             if r.get("cooldown_until"):

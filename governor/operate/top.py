@@ -20,7 +20,7 @@ from governor.sizes import human_bytes
 
 SORT_KEYS = {"m": "memory", "p": "pressure", "c": "cpu"}
 HEADER = (
-    f"{'SLICE':<16}{'MEM':>9}{'HIGH':>9}{'MAX':>9}{'%HIGH':>7}{'ANON':>9}{'FILE':>9}"
+    f"{'SLICE':<16}{'MEM':>9}{'HIGH':>9}{'MAX':>9}{'%HIGH':>7}{'ANON':>9}{'FILE':>9}{'DEV':>9}"
     f"{'PSI-S':>7}{'PSI-F':>7}{'CPU%':>7}{'THR%':>6}{'EV-H':>6}{'EV-M':>6}{'OOMK':>6}  RULES"
 )
 
@@ -58,6 +58,7 @@ class Frame:
                 "max": _knob(it, "memory.max"),
                 "anon": mem.get("anon"),
                 "file": mem.get("file"),
+                "device": (it.get("device_memory") or {}).get("total"),  # DRM + dma-buf
                 "psi_some": psi["some"]["avg10"] if psi else None,
                 "psi_full": psi["full"]["avg10"] if psi and psi["full"] else None,
                 "cpu": None,
@@ -106,7 +107,8 @@ def format_row(r: dict[str, Any]) -> str:
     name = r["name"] if r["state"] == "running" else f"{r['name']}({r['state']})"
     return (
         f"{name[:15]:<16}{_size(r['current']):>9}{_size(r['high']):>9}{_size(r['max']):>9}"
-        f"{pct:>7}{_size(r['anon']):>9}{_size(r['file']):>9}{num(r['psi_some']):>7}"
+        f"{pct:>7}{_size(r['anon']):>9}{_size(r['file']):>9}{_size(r.get('device')):>9}"
+        f"{num(r['psi_some']):>7}"
         f"{num(r['psi_full']):>7}{num(r['cpu']):>7}{num(r['throttled']):>6}"
         f"{ev['high']:>6}{ev['max']:>6}{ev['oom_kill']:>6}  {r['rules']}"
     )

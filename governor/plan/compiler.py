@@ -16,6 +16,7 @@ from governor.plan.host import HostFacts
 from governor.plan.model import (
     Action,
     CgroupWrite,
+    DeviceSpec,
     EnableControllers,
     EngineSpec,
     LaunchSpec,
@@ -227,7 +228,23 @@ def compile_plan(
         ),
         notes=tuple(notes),
         degraded=tuple(degraded),
+        device=_device(policy, workload),
     )
+
+
+def _device(policy: Policy, workload: Workload) -> DeviceSpec | None:
+    """[device] memory: a size, or "model" (the model file's size; what an rkllm engine gets
+    when it says nothing: RKLLM loads the .rkllm file into NPU memory)."""
+    size = policy.device.memory
+    reason = "device.memory"
+    if size is None and policy.engine.kind == "rkllm":
+        size, reason = v.Size("model"), "engine.kind = rkllm (the .rkllm file)"
+    if size is None:
+        return None
+    memory: int | Literal["model"] = size.bytes if size.kind == "bytes" else "model"
+    if memory == "model" and workload.model_bytes is not None:
+        memory = workload.model_bytes
+    return DeviceSpec(memory=memory, pool=policy.device.pool, reason=reason)
 
 
 def when_text(t: WatchTrigger | WatchCondition) -> str:
@@ -239,6 +256,8 @@ def when_text(t: WatchTrigger | WatchCondition) -> str:
         return f"leak > {v.format_bytes(t.threshold)}/s for {window}"
     if t.condition == "memavailable":
         return f"memavailable < {v.format_bytes(t.threshold)}"
+    if t.condition == "device":
+        return f"device memory > {v.format_bytes(t.threshold)}"
     return str(t.event)
 
 
@@ -305,6 +324,8 @@ def _watch_trigger(when: v.Condition) -> WatchTrigger | WatchCondition:
         )
     if isinstance(when, v.MemAvailableCondition):
         return WatchCondition(condition="memavailable", threshold=when.below, file="/proc/meminfo")
+    if isinstance(when, v.DeviceMemoryCondition):
+        return WatchCondition(condition="device", threshold=when.above, file="/proc/PID/fdinfo")
     return WatchCondition(condition="event", event=when.event, file=kf.MEMORY_EVENTS)
 
 

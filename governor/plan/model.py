@@ -61,8 +61,18 @@ class LaunchSpec:
 
 
 @record(frozen=True)
+class DeviceSpec:
+    """[device]: the device memory the engine needs (bytes; "model" until the model file's
+    size is known), the pool it comes from, and the field that asked for it."""
+
+    memory: int | Literal["model"]
+    pool: Literal["system", "cma"] = "system"
+    reason: str = "device.memory"
+
+
+@record(frozen=True)
 class EngineSpec:
-    kind: Literal["llama.cpp", "generic"] = "generic"
+    kind: Literal["llama.cpp", "rkllm", "generic"] = "generic"
     max_context_tokens: int | None = None
     max_cache_ram: int | None = None  # MiB (llama-server --cache-ram cap)
     threads: int | None = None
@@ -96,9 +106,9 @@ class WatchCondition:
     """A non-PSI rule condition: a leak slope, the board-wide MemAvailable floor, or a
     memory.events counter that went up."""
 
-    condition: Literal["leak", "memavailable", "event"]
-    file: str  # where it is read: "memory.stat", "/proc/meminfo", "memory.events"
-    threshold: int = 0  # leak: bytes/s; memavailable: bytes
+    condition: Literal["leak", "memavailable", "event", "device"]
+    file: str  # where it is read: "memory.stat", "/proc/meminfo", "memory.events", fdinfo
+    threshold: int = 0  # leak: bytes/s; memavailable, device: bytes
     window_s: float | None = None  # leak: the slope's window
     event: str | None = None  # event: the memory.events key ("oom_kill")
 
@@ -107,6 +117,8 @@ class WatchCondition:
             return f"leak > {self.threshold}B/s for {self.window_s:g}s"
         if self.condition == "memavailable":
             return f"memavailable < {self.threshold}"
+        if self.condition == "device":
+            return f"device memory > {self.threshold}"
         return str(self.event)
 
 
@@ -164,6 +176,7 @@ class Plan:
     protect_parents: tuple[str, ...] = ()
     notes: tuple[str, ...] = ()  # resolutions worth telling the operator ("big" -> 4-7)
     degraded: tuple[str, ...] = ()  # limits NOT in force (allowed missing controllers)
+    device: DeviceSpec | None = None  # [device] (left out of the JSON when None)
     format: int = FORMAT
 
     def writes_for(self, controller: str) -> tuple[CgroupWrite, ...]:
@@ -181,6 +194,8 @@ class Plan:
 
     def to_dict(self) -> dict[str, Any]:
         out: dict[str, Any] = asdict(self)
+        if out.get("device") is None:
+            out.pop("device", None)  # plans without [device] keep their shape (goldens, caches)
         return out
 
     def to_json(self, *, indent: int | None = 2) -> str:
@@ -225,6 +240,7 @@ class Plan:
                 protect_parents=tuple(d.get("protect_parents", ())),
                 notes=tuple(d.get("notes", ())),
                 degraded=tuple(d.get("degraded", ())),
+                device=DeviceSpec(**d["device"]) if d.get("device") else None,
                 format=d["format"],
             )
         except (KeyError, TypeError) as err:

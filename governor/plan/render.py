@@ -61,6 +61,12 @@ def plan_table(plan: Plan) -> str:
         else ",".join(plan.prefetch.files)
     )
     lines.append(f"prefetch mode={plan.prefetch.mode} files={files}")
+    if plan.device is not None:  # checked live at launch: backends/device.py
+        dev = plan.device
+        pool = "MemAvailable" if dev.pool == "system" else "CmaFree"
+        lines.append(
+            f"device   memory={dev.memory} ({dev.reason}) checked against {pool} at launch"
+        )
     for rule in plan.watch:
         t = rule.trigger
         extra = ""

@@ -94,7 +94,8 @@ Trigger = Annotated[
             "type": "string",
             "description": "'[system] <memory|cpu|io> <some|full> <stall>/<window>', e.g. 'memory some 150ms/2s'"
             " (system: the whole board's /proc/pressure);"
-            " 'leak > 500KB/s for 60s'; 'memavailable < 800M'; or a memory.events counter:"
+            " 'leak > 500KB/s for 60s'; 'memavailable < 800M'; 'device memory > 1.5G' (the"
+            " group's DRM and dma-buf memory); or a memory.events counter:"
             " 'oom_kill', 'oom_group_kill', 'oom', 'max', 'high'",
         }
     ),
@@ -253,7 +254,9 @@ def _ready_url(url: str) -> str:
 
 
 class EngineSection(_Section):
-    kind: Literal["llama.cpp", "generic"] = "generic"
+    # rkllm: RKLLM's demo (llm_demo MODEL.rkllm MAX_NEW_TOKENS MAX_CONTEXT_LEN), its model in
+    # NPU memory (device.memory defaults to the .rkllm file's size)
+    kind: Literal["llama.cpp", "rkllm", "generic"] = "generic"
     max_context_tokens: Annotated[StrictInt, Field(ge=1)] | None = None
     # llama-server's prompt cache cap in MiB, as --cache-ram takes it (absent: no cap)
     max_cache_ram: Annotated[StrictInt, Field(ge=0, le=1 << 30)] | None = None
@@ -264,6 +267,24 @@ class EngineSection(_Section):
     ready_timeout: Duration = Field(
         default=d.Duration(300_000_000), json_schema_extra={"default": "300s"}
     )
+
+
+_DEVICE_SCHEMA = {
+    "anyOf": [
+        *_SIZE_SCHEMA["anyOf"][:1],
+        {"type": "string", "description": "size ('1.2GiB') or 'model' (the model file's size)"},
+    ]
+}
+DeviceSize = Annotated[v.Size, *_size_field(frozenset({"bytes", "model"}), _DEVICE_SCHEMA)]
+
+
+class DeviceSection(_Section):
+    """Memory the engine needs outside memcg's reach (NPU/GPU buffers): checked at preflight
+    against what the board can give (MemAvailable, or CmaFree with pool = "cma") minus the
+    other governed groups' memory.min."""
+
+    memory: DeviceSize | None = None
+    pool: Literal["system", "cma"] = "system"
 
 
 class PrefetchSection(_Section):
@@ -299,6 +320,7 @@ class Policy(_Section):
     process: ProcessSection = Field(default_factory=ProcessSection)
     engine: EngineSection = Field(default_factory=EngineSection)
     prefetch: PrefetchSection = Field(default_factory=PrefetchSection)
+    device: DeviceSection = Field(default_factory=DeviceSection)
     pressure: Annotated[tuple[PressureRule, ...], Field(strict=False)] = ()
 
     @field_validator("name")

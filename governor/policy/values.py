@@ -279,13 +279,26 @@ class EventCondition:
         return self.event
 
 
-Condition = PsiTrigger | LeakCondition | MemAvailableCondition | EventCondition
+@dataclass(frozen=True)
+class DeviceMemoryCondition:
+    """``device memory > 1.5G``: the group's DRM + dma-buf memory (governor/kernel/devmem.py)."""
+
+    above: int  # bytes
+
+    def __str__(self) -> str:
+        return f"device memory > {format_bytes(self.above)}"
+
+
+Condition = (
+    PsiTrigger | LeakCondition | MemAvailableCondition | EventCondition | DeviceMemoryCondition
+)
+_DEVICE_RE = re.compile(r"^\s*device\s+memory\s*>\s*(?P<size>\S+)\s*$")
 
 
 def parse_condition(value: object) -> Condition:
     """A rule's ``when``: a PSI trigger, ``leak > R/s for W``, ``memavailable < SIZE`` or a
     memory.events counter name (``oom_kill``)."""
-    if isinstance(value, PsiTrigger | LeakCondition | MemAvailableCondition | EventCondition):
+    if isinstance(value, Condition):
         return value
     if not isinstance(value, str):
         return parse_trigger(value)
@@ -313,6 +326,10 @@ def parse_condition(value: object) -> Condition:
         if size.bytes == 0:
             raise ValueError(f"memavailable floor must be positive in {value!r}")
         return MemAvailableCondition(size.bytes)
+    if text.startswith("device"):
+        if not (m := _DEVICE_RE.match(text)):
+            raise ValueError(f"cannot parse {value!r} (form: 'device memory > 1.5G')")
+        return DeviceMemoryCondition(parse_size(m["size"], allow=frozenset({"bytes"})).bytes)
     return parse_trigger(value)
 
 

@@ -60,6 +60,8 @@ class RunState:
     # the engine's readiness (engine.ready / llama-server's /health): None when it is ready once
     # exec'd, False while loading, True once it answered 200
     ready: bool | None = None
+    # the board at the engine's start, for its unaccounted memory (backends/device.py)
+    board: dict[str, int] | None = None
     stale: bool = False  # set by the reader (read_states), never written
 
     @classmethod
@@ -90,6 +92,7 @@ _KEYS = {
         "policy", "source", "policy_path", "policy_sha256", "pid", "engine_pid", "started_at",
         "backend", "cgroup_root", "group", "leaf", "restarts", "model_bytes", "rules",
         "last_actions", "action_totals", "model", "prefetch_files", "plan", "systemd", "ready",
+        "board",
     ),
     "monitor": (
         "policy", "source", "policy_path", "policy_sha256", "pid", "started_at", "backend",

@@ -23,6 +23,7 @@ from collections.abc import Callable, Collection, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
+from governor.backends.device import board_baseline
 from governor.errors import BackendError, GovernorError, Interrupted, PermissionDenied
 from governor.kernel.cgroupfs import CgroupFs
 from governor.kernel.procfs import ProcFs
@@ -98,6 +99,7 @@ class Supervisor:
         self.restarts: Restarts | None = None
         self.engine_pid: int | None = None
         self.started_at = 0.0
+        self.board: dict[str, int] | None = None  # the unaccounted memory's baseline
         self.state: dict[str, Any] | None = None  # the last published state (served metrics)
         # readiness (job.ready_url): None = ready at exec, False = loading, True = answered 200
         self.ready: bool | None = None
@@ -177,6 +179,7 @@ class Supervisor:
     def _run_published(self, job: Job, started: float) -> int:
         plan, setup = job.plan, job.setup
         self.started_at = time.time()
+        self.board = board_baseline(self.launcher.fs, self.proc, plan.slice)
         pid = self.engine_pid = self.launcher.start(plan, setup)
         self._await_ready(job, pid)
         self._start_helper(job, pid)
@@ -306,6 +309,7 @@ class Supervisor:
             plan=plan.to_dict(),
             systemd=job.systemd,
             ready=self.ready,
+            board=self.board,
         )
         self.state = state.to_json()  # also what --metrics serves
         self.publisher.publish(state)

@@ -477,3 +477,47 @@ def test_a_system_rule_watches_the_root_pressure_not_the_groups(
         mon.dispatch()
     out = mon.finish()
     assert [r["fired"] for r in out["rules"]] == [1, 0]
+
+
+def test_a_device_memory_rule_fires_on_the_groups_fdinfo_and_the_report_keeps_the_peak(
+    fake_fs: FakeKernelCgroupFs, tmp_path: Path
+) -> None:
+    """The monitor samples the group's dma-bufs (fdinfo of its processes, deduplicated by
+    inode) when a `device memory` rule asks; the rule fires once per episode."""
+    trigger = WatchCondition(condition="device", threshold=24 << 20, file="/proc/PID/fdinfo")
+    plan = replace(make_plan(), watch=(watch_rule(0, trigger, ("log",)),))
+    CgroupfsBackend(fake_fs).apply(plan)
+    _kset(fake_fs, LEAF, files.CGROUP_PROCS, "7\n")
+    fdinfo = tmp_path / "7" / "fdinfo"
+    fdinfo.mkdir(parents=True)
+
+    def hold(*sizes_mib: int) -> None:
+        for f in fdinfo.iterdir():
+            f.unlink()
+        for i, mib in enumerate(sizes_mib):
+            text = f"pos:\t0\nflags:\t02\nmnt_id:\t15\nino:\t{100 + i}\nsize:\t{mib << 20}\nexp_name:\tdrm\n"
+            (fdinfo / str(3 + i)).write_text(text)
+            (fdinfo / str(30 + i)).write_text(text)  # the same buffer again (mmap's dup)
+
+    now = [0.0]
+    mon = Monitor(
+        fake_fs, plan, engine_pids=lambda: [7], proc=ProcFs(tmp_path), clock=lambda: now[0]
+    ).start()
+    for step, held in enumerate([(16,), (16, 16), (16, 16), (16,), (16, 16, 16)]):
+        now[0] = float(step)
+        hold(*held)
+        mon.dispatch()
+    out = mon.finish()
+    assert [f["value"] for f in out["firings"]] == [32 << 20, 48 << 20]
+    assert out["device_memory_peak_bytes"] == 48 << 20
+    assert out["device_memory_peak"] == [{"driver": "drm", "region": "dma-buf", "bytes": 48 << 20}]
+
+
+def test_without_a_device_rule_or_budget_fdinfo_is_not_read(
+    fake_fs: FakeKernelCgroupFs, tmp_path: Path
+) -> None:
+    plan = make_plan()
+    CgroupfsBackend(fake_fs).apply(plan)
+    mon = Monitor(fake_fs, plan, engine_pids=lambda: [7], proc=ProcFs(tmp_path)).start()
+    mon.dispatch()
+    assert "device_memory_peak_bytes" not in mon.finish()

@@ -388,3 +388,31 @@ def test_mutually_exclusive_options_are_refused_with_2(
     assert out == ""
     message = assert_one_line_error(err)
     assert "are mutually exclusive" in message
+
+
+# ---------------------------------------------------------------- [device] and rkllm
+
+
+def test_check_refuses_an_rkllm_model_the_board_cannot_hold(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    """The rk3588 fixture has MemAvailable 1544716 kB: a 3 GiB .rkllm file (sparse) is refused
+    with 65 naming device.memory, a 100 MiB one passes; the demo's positional MAX_CONTEXT_LEN
+    is held to engine.max_context_tokens."""
+    policy = tmp_path / "npu.toml"
+    policy.write_text('name = "npu"\n[engine]\nkind = "rkllm"\nmax_context_tokens = 2048\n')
+    big, small = tmp_path / "big.rkllm", tmp_path / "small.rkllm"
+    with big.open("wb") as f:
+        f.truncate(3 << 30)
+    with small.open("wb") as f:
+        f.truncate(100 << 20)
+    check = ("--root", RK3588, "check", str(policy), "--engine-argv")
+    code, _, err = run(capsys, *check, f"llm_demo {big} 128 2048")
+    assert code == 65
+    line = assert_one_line_error(err)
+    assert "device memory 3GiB (engine.kind = rkllm (the .rkllm file))" in line
+    assert line.endswith(f"({policy}, device.memory)")
+    code, _, err = run(capsys, *check, f"llm_demo {small} 128 2048")
+    assert code == 0, err
+    code, _, err = run(capsys, *check, f"llm_demo {small} 128 4096")
+    assert code == 65 and "engine.max_context_tokens = 2048" in err
