@@ -13,6 +13,8 @@ from pathlib import Path
 from typing import Any
 
 from governor.kernel.cgroupfs import CgroupFs
+from governor.operate.clocks import observe as clock_rows
+from governor.operate.clocks import render as render_clocks
 from governor.operate.observe import knobs, usage
 from governor.plan.model import Plan
 from governor.rundir.journal import Journal
@@ -74,6 +76,7 @@ def collect(
                 for e in journal.pending()
             ],
             "degraded": list(plan.degraded),
+            "clocks": clock_rows(plan, run),  # [clocks]: governor/operate/clocks.py
         }
         out.append(item)
     return out
@@ -192,6 +195,7 @@ def render(items: list[dict[str, Any]], *, now: float | None = None) -> str:
                     f" (pid {p.get('reverter_pid')}) is gone; keep it: governor tune"
                     f" {it['policy']} --confirm, undo it: governor rollback {it['policy']}"
                 )
+        lines += render_clocks(it.get("clocks", []))
         for d in it["degraded"]:
             lines.append(f"  NOT in force: {d}")
         lines.append("")

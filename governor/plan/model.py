@@ -141,6 +141,36 @@ class WatchRule:
 
 
 @record(frozen=True)
+class ClockWrite:
+    """One write of a clock file (governor/kernel/clocks.py), in the order of the plan."""
+
+    file: str  # relative to the device's directory: "scaling_governor", "min_freq"
+    value: str  # as the kernel reads it back
+    reason: str  # the policy field: "clocks.big.min"
+
+
+@record(frozen=True)
+class ClockTarget:
+    """One board clock a policy sets ([clocks]): board-wide, shared by rule (backends/clocks.py)."""
+
+    key: str  # the policy's key: big, little, npu, gpu, dmc
+    kind: str  # cpufreq | devfreq
+    name: str  # policy4, fdab0000.npu
+    path: str  # the device's directory, absolute: also its identity on the board
+    writes: tuple[ClockWrite, ...]
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> ClockTarget:
+        return cls(
+            key=d["key"],
+            kind=d["kind"],
+            name=d["name"],
+            path=d["path"],
+            writes=tuple(ClockWrite(**w) for w in d["writes"]),
+        )
+
+
+@record(frozen=True)
 class Plan:
     """Everything the backends need, from one policy on one host."""
 
@@ -164,6 +194,7 @@ class Plan:
     protect_parents: tuple[str, ...] = ()
     notes: tuple[str, ...] = ()  # resolutions worth telling the operator ("big" -> 4-7)
     degraded: tuple[str, ...] = ()  # limits NOT in force (allowed missing controllers)
+    clocks: tuple[ClockTarget, ...] = ()  # [clocks]: board clocks set while the slice lives
     format: int = FORMAT
 
     def writes_for(self, controller: str) -> tuple[CgroupWrite, ...]:
@@ -181,6 +212,8 @@ class Plan:
 
     def to_dict(self) -> dict[str, Any]:
         out: dict[str, Any] = asdict(self)
+        if not self.clocks:  # a plan without [clocks] reads as it did before them
+            del out["clocks"]
         return out
 
     def to_json(self, *, indent: int | None = 2) -> str:
@@ -225,6 +258,7 @@ class Plan:
                 protect_parents=tuple(d.get("protect_parents", ())),
                 notes=tuple(d.get("notes", ())),
                 degraded=tuple(d.get("degraded", ())),
+                clocks=tuple(ClockTarget.from_dict(c) for c in d.get("clocks", ())),
                 format=d["format"],
             )
         except (KeyError, TypeError) as err:
