@@ -12,6 +12,7 @@ import errno
 import json
 import os
 from pathlib import Path
+from typing import Any
 
 import pytest
 from helpers.clocks import DMC, POLICY0, POLICY4, POLICY6, board, read, snapshot
@@ -45,7 +46,7 @@ def plan_of(sysfs: Path, clocks: str, name: str = "chat") -> Plan:
     return compile_plan(policy, probe(RK3588, sysfs_root=sysfs), source=f"{name}.toml")
 
 
-def ledger(run: Path) -> dict[str, dict[str, object]]:
+def ledger(run: Path) -> dict[str, dict[str, Any]]:
     path = run / "clocks.json"
     return json.loads(path.read_text())["devices"] if path.exists() else {}
 
