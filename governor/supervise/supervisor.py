@@ -23,7 +23,6 @@ from collections.abc import Callable, Collection, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
-from governor.backends.clocks import BoardClocks
 from governor.errors import BackendError, GovernorError, Interrupted, PermissionDenied
 from governor.kernel.cgroupfs import CgroupFs
 from governor.kernel.procfs import ProcFs
@@ -40,6 +39,7 @@ from governor.supervise.sdnotify import notify
 from governor.supervise.watchdog import Watchdog
 
 if TYPE_CHECKING:
+    from governor.backends.clocks import BoardClocks
     from governor.supervise.ready import ReadyWait
 
 log = get_logger("governor.launch")
@@ -165,6 +165,8 @@ class Supervisor:
         shared) and verified (governor/backends/clocks.py)."""
         if not job.plan.clocks:
             return None
+        from governor.backends.clocks import BoardClocks  # only for a policy with [clocks]
+
         directory = job.run_dir or run_dir()
         clocks = self.clocks or BoardClocks(directory)
         if self.watchdog is not None:
