@@ -73,6 +73,15 @@ def report(err: BaseException, *, debug: bool) -> int:
     return code if isinstance(code, int) else 1
 
 
+class Reported(Exception):  # not an error to print: one that was printed
+    """An error a short-lived compile process (governor/api/isolate.py) already printed in the
+    usual form: the command exits with its code and says nothing more."""
+
+    def __init__(self, exit_code: int) -> None:
+        super().__init__(exit_code)
+        self.exit_code = exit_code
+
+
 class Interrupted(KeyboardInterrupt):
     """A stop signal (SIGTERM, SIGHUP, SIGQUIT, SIGINT) while the governor was applying limits:
     everything applied was rolled back; exit 128 + the signal's number."""

@@ -4,8 +4,9 @@
 so it does not pay for the compile-time stack: this module parses the launch command line with
 the standard library, forks the watchdog while the interpreter is still nearly empty
 (governor/supervise/watchdog.py), and calls governor.api.launch, which finds the compiled plan in
-the cache (governor/cache/plans.py) and hands it to the supervisor. Only a cache miss imports
-pydantic and the compiler. Anything this parser does not recognise (``--help``, a typo, another
+the cache (governor/cache/plans.py) and hands it to the supervisor. A cache miss compiles in a
+short-lived child (governor/api/isolate.py): this process never imports pydantic or the
+compiler, hit or miss. Anything this parser does not recognise (``--help``, a typo, another
 command) goes to the typer CLI (governor/cli/app.py), which owns the help texts and the usage
 errors, so both paths accept the same command line.
 """
@@ -150,6 +151,8 @@ def _launch(parsed: dict[str, Any]) -> int:
                 psi_triggers=parsed["psi"] == "trigger",
                 watchdog=watchdog,
                 metrics=parsed["metrics"],
+                isolate_compile=True,  # a miss compiles in a child: this process stays lean
+                debug=parsed["debug"],
             ),
         )
     finally:
@@ -178,10 +181,12 @@ def main(argv: list[str] | None = None) -> int:
 
         cli_main(args)
         return 0
-    from governor.errors import GovernorError, report
+    from governor.errors import GovernorError, Reported, report
 
     try:
         return _launch(parsed)
+    except Reported as err:  # the compile child printed it
+        return err.exit_code
     except GovernorError as err:
         return report(err, debug=parsed["debug"])
     except KeyboardInterrupt as err:

@@ -8,6 +8,8 @@ the monitor has armed its PSI triggers and taken a sample):
 
   governor             `governor launch --policy P -- sleep S`, P = three [[pressure]] PSI rules:
                        the supervisor + its /bin/sh watchdog (the engine is not counted);
+  governor, miss       the same with an empty plan cache each time (the launch compiles):
+                       what stays resident for the engine's life after a first launch;
   governor + lock      P with [prefetch] mode = "lock" on a file of --prefetch-mib: supervisor +
                        watchdog again, and the prefetch helper (which stays alive, holding the
                        lock, while the engine runs) reported separately, its locked file pages
@@ -165,6 +167,7 @@ def measure(
             time.sleep(0.01)
         time.sleep(settle)
         roles: dict[str, dict[str, int]] = {"self": rollup(proc.pid)}
+        roles["supervisor"] = dict(roles["self"])
         for pid in descendants(proc.pid):
             path = exe(pid)
             role = "engine" if path == engine_exe else "helper" if path == py else "self"
@@ -215,6 +218,7 @@ def main() -> int:
         extra = ["--allow-missing", allow] if allow else []
         cands: dict[str, tuple[list[str], str]] = {
             "governor": ([*governor_argv(), "launch", "--policy", str(plain), *extra, "--", sleep, hold], sleep_exe),
+            "governor, plan cache miss": ([*governor_argv(), "launch", "--policy", str(plain), *extra, "--", sleep, hold], sleep_exe),
             "governor + prefetch lock": ([*governor_argv(), "launch", "--policy", str(lock), *extra, "--", sleep, hold], sleep_exe),
             "python -I -S (floor)": ([sys.executable, "-I", "-S", "-c", f"import time; time.sleep({hold})"], ""),
             "psutil watcher (peer)": ([sys.executable, str(peer), str(mount), sleep, hold], sleep_exe),
@@ -228,11 +232,14 @@ def main() -> int:
         for argv, _ in cands.values():  # warm-up: page cache, plan cache (same argv: its key)
             subprocess.run(argv, env=env, check=True, capture_output=True)
         samples: dict[str, list[dict[str, dict[str, int]]]] = {k: [] for k in cands}
-        for _ in range(a.runs):
+        for n in range(a.runs):
             for name, (argv, engine) in cands.items():
+                run_env = env
+                if name == "governor, plan cache miss":  # a cache of its own, empty
+                    run_env = {**env, "GOVERNOR_CACHE_DIR": str(tmp / f"miss-{n}")}
                 samples[name].append(
                     measure(
-                        argv, env, engine_exe=engine, settle=a.settle, model=str(model), log=log
+                        argv, run_env, engine_exe=engine, settle=a.settle, model=str(model), log=log
                     )
                     if engine
                     else measure_alone(argv, env, settle=a.settle)
@@ -246,6 +253,9 @@ def main() -> int:
     print(f"\nmedians, MiB ({'; '.join(('PSS', 'USS', 'RSS', 'Pss_Anon', 'Pss_File'))})")
     rows = [
         ("governor: supervisor + watchdog", "governor", "self"),
+        ("governor: supervisor alone", "governor", "supervisor"),
+        ("miss: supervisor + watchdog", "governor, plan cache miss", "self"),
+        ("miss: supervisor alone", "governor, plan cache miss", "supervisor"),
         ("governor + lock: supervisor + watchdog", "governor + prefetch lock", "self"),
         ("governor + lock: prefetch helper", "governor + prefetch lock", "helper"),
         ("python -I -S (interpreter floor)", "python -I -S (floor)", "self"),
@@ -262,6 +272,8 @@ def main() -> int:
     helper_own = helper - med("governor + prefetch lock", "helper", "Model")
     print("\nratios (goal):")
     print(f"  governor PSS                     {g / MiB:6.2f} MiB  (<= 12 MiB)")
+    miss = med("governor, plan cache miss", "self", "Pss")
+    print(f"  governor PSS after a miss        {miss / MiB:6.2f} MiB  (<= 12 MiB)")
     print(f"  governor / python -I -S, PSS     {g / floor:6.2f}")
     print(f"  governor / psutil watcher, PSS   {g / peer_pss:6.2f}")
     print(

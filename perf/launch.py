@@ -1,6 +1,6 @@
 """perf/launch: what `governor launch -- true` costs over the same kernel work done by hand.
 
-    python -m perf.launch [--runs N] [--allow-missing auto|LIST] [--no-join]
+    python -m perf.launch [--runs N] [--allow-missing auto|LIST] [--no-join] [--baseline DIR]
 
 One interleaved run (every round runs every candidate once, in a shuffled order, so machine
 noise hits them alike) of:
@@ -16,7 +16,9 @@ noise hits them alike) of:
   systemd-run      `systemd-run --scope -q true` when PID 1 is systemd (the peer; run this in
                    the systemd guest: `cd tests && python -m vm.run --guest systemd -- ...`),
                    next to `governor launch --backend systemd` there;
-  exec             the engine exec'd directly (the zero line).
+  exec             the engine exec'd directly (the zero line);
+  baseline         with --baseline DIR: `governor launch` of another checkout (e.g. main via
+                   `git archive`), in the same rounds (before/after from one run).
 
 Per candidate: the median wall time from spawn to reaped, the CPU time (user + sys of the
 whole tree, wait4) and, in separate runs, the time-to-exec: from the spawn until the engine
@@ -227,6 +229,12 @@ def main() -> int:
     )
     p.add_argument("--no-join", action="store_true", help="skip the join micro-benchmark")
     p.add_argument("--seed", type=int, default=17)
+    p.add_argument(
+        "--baseline",
+        type=Path,
+        help="another checkout (e.g. `git archive main`) run as a candidate in the same rounds:"
+        " before/after from one interleaved run",
+    )
     a = p.parse_args()
 
     env = user_env()
@@ -256,12 +264,24 @@ def _run(
         gov += ["--allow-missing", allow]
     true = shutil.which("true") or "/bin/true"
     # name -> argv prefix; the engine's argv is appended
+    envs: dict[str, dict[str, str]] = {}
     cands: dict[str, list[str]] = {
         "exec (no launcher)": [],
         "floor": [sys.executable, str(floor), str(mount)],
         "floor -I -S": [sys.executable, "-I", "-S", str(floor), str(mount)],
         "governor launch": [*gov, "--"],
     }
+    if a.baseline is not None:
+        base = a.baseline.resolve()
+        subprocess.run(
+            [sys.executable, "-m", "compileall", "-q", str(base / "governor")], check=True
+        )
+        cands["baseline launch"] = [*gov, "--"]
+        envs["baseline launch"] = {
+            **env,
+            "PYTHONPATH": os.pathsep.join([str(base), env["PYTHONPATH"]]),
+            "GOVERNOR_CACHE_DIR": str(tmp / "baseline-cache"),
+        }
     systemd = _pid1() == "systemd" and shutil.which("systemd-run")
     if systemd:
         cands["governor launch --backend systemd"] = [*gov, "--backend", "systemd", "--"]
@@ -288,7 +308,11 @@ def _run(
     for name, pre in cands.items():  # warm-up: page cache, plan cache, systemd's first scope
         for engine in ([true], stamp):
             try:
-                spawn([*pre, *engine] if pre else engine, env, capture=engine is stamp)
+                spawn(
+                    [*pre, *engine] if pre else engine,
+                    envs.get(name, env),
+                    capture=engine is stamp,
+                )
             except Failed as err:
                 print(f"  {name}: {err}\n{explain_failure([*pre, *engine], env)}")
                 return 1
@@ -303,14 +327,14 @@ def _run(
         rng.shuffle(order)
         for name in order:
             pre = cands[name]
-            w, c, _ = spawn([*pre, true] if pre else [true], env)
+            w, c, _ = spawn([*pre, true] if pre else [true], envs.get(name, env))
             wall[name].append(w)
             cpu[name].append(c)
         rng.shuffle(order)
         for name in order:
             pre = cands[name]
             t0 = clock()
-            w, _, out = spawn([*pre, *stamp] if pre else stamp, env, capture=True)
+            w, _, out = spawn([*pre, *stamp] if pre else stamp, envs.get(name, env), capture=True)
             t_exec = float(out.split()[-1]) - t0
             tte[name].append(t_exec)
             after[name].append(w - t_exec)
@@ -330,8 +354,15 @@ def _run(
         )
     g = "governor launch"
     print("\nratios (goal):")
-    print(f"  governor / floor, wall           {med(wall, g) / med(wall, 'floor'):5.2f}  (<= 3)")
-    print(f"  governor / floor -I -S, wall     {med(wall, g) / med(wall, 'floor -I -S'):5.2f}")
+    print(f"  governor / floor, wall           {med(wall, g) / med(wall, 'floor'):5.2f}")
+    print(
+        f"  governor / floor -I -S, wall     {med(wall, g) / med(wall, 'floor -I -S'):5.2f}  (<= 3)"
+    )
+    if "baseline launch" in cands:
+        b = "baseline launch"
+        print(f"  baseline / floor -I -S, wall     {med(wall, b) / med(wall, 'floor -I -S'):5.2f}")
+        print(f"  governor / baseline, wall        {med(wall, g) / med(wall, b):5.2f}")
+        print(f"  governor / baseline, CPU         {med(cpu, g) / med(cpu, b):5.2f}")
     print(f"  governor / floor, time-to-exec   {med(tte, g) / med(tte, 'floor'):5.2f}")
     print(f"  governor / floor, CPU            {med(cpu, g) / med(cpu, 'floor'):5.2f}")
     if systemd:

@@ -33,6 +33,10 @@ class LaunchOptions:
     psi_triggers: bool = True  # False: evaluate PSI rules by polling total= (--psi poll)
     watchdog: Watchdog | None = None  # forked early by governor.main; else forked here
     plan_cache: bool = True  # look up / store the compiled plan (governor/cache/plans.py)
+    # compile a miss in a short-lived child (governor/api/isolate.py): the lean path's
+    # supervisor never holds the compile-time stack; debug: the child's error printer's
+    isolate_compile: bool = False
+    debug: bool = False
     metrics: tuple[str, int] | None = None  # serve /metrics here while it runs (--metrics)
 
 
@@ -40,7 +44,7 @@ def _backend_name(opts: HostOptions, lopts: LaunchOptions) -> str:
     """Resolve --backend auto before probing (the systemd layout probes no slice path)."""
     if lopts.backend == "cgroupfs":
         return "cgroupfs"
-    from governor.backends.systemd import choose
+    from governor.backends.choose import choose
     from governor.kernel.procfs import ProcFs
 
     pid1 = ProcFs(opts.root / "proc").pid1_comm()  # "" under hidepid=: not systemd
@@ -54,8 +58,8 @@ def _launch_backend(
     systemd unit (the installed service or a transient scope, whichever this process is in)."""
     if name != "systemd":
         return entry.plan, cgroupfs_backend(entry.plan)
-    from governor.backends.placement import CompiledPlacement
     from governor.backends.systemd import for_launch
+    from governor.plan.placement import CompiledPlacement
 
     placements = tuple(CompiledPlacement(m, u, c, p) for m, u, c, p in entry.placements)  # type: ignore[arg-type]  # modes written by compile_placements
     return for_launch(
@@ -217,7 +221,7 @@ def launch(path: Path, argv: tuple[str, ...], opts: HostOptions, lopts: LaunchOp
             policy_sha256=compiled.chain[0][1] if compiled.chain else None,
             model_bytes=compiled.model_bytes,
             systemd=_systemd_state(compiled.plan, backend, host),
-            ready_url=compiled.ready_url,
+            ready_url=ready_url(compiled, argv),
             ready_timeout_s=plan.engine.ready_timeout_s,
         )
         proc = ProcFs(opts.root / "proc")
@@ -232,6 +236,19 @@ def launch(path: Path, argv: tuple[str, ...], opts: HostOptions, lopts: LaunchOp
     finally:
         if endpoint is not None:
             endpoint.close()
+
+
+def ready_url(compiled: Compiled, argv: tuple[str, ...]) -> str | None:
+    """The URL that answers once the engine is ready: engine.ready's, else llama-server's
+    /health from this launch's --host/--port (LLAMA_ARG_HOST/PORT), None: ready at exec."""
+    if not compiled.ready_server:
+        return compiled.ready_url
+    import os
+
+    from governor.engines.argkey import server_address
+    from governor.supervise.ready import server_url
+
+    return server_url(*server_address(argv, os.environ))
 
 
 def serve_metrics(where: tuple[str, int], states: Callable[[], list[dict[str, Any]]]) -> Any:
@@ -287,10 +304,43 @@ def compiled_for_launch(
         if hit is not None:
             log.debug("plan_cache.hit", entry=name)
             return hit
+    if lopts.isolate_compile:
+        return _compile_isolated(path, argv, opts, lopts, backend_name, name=name)
     entry, host = _compile_launch(path, argv, opts, lopts, backend_name, cwd=cwd or Path.cwd())
     if name is not None:
         compiled.store(name, entry, directory=cache)
     return entry, host
+
+
+def _compile_isolated(
+    path: Path,
+    argv: tuple[str, ...],
+    opts: HostOptions,
+    lopts: LaunchOptions,
+    backend_name: str,
+    *,
+    name: str | None,
+) -> tuple[Compiled, HostFacts]:
+    """The compile (and the store) in a short-lived child; this process reads the entry back
+    from its pipe and never imports the compile-time stack (governor/api/isolate.py)."""
+    import json
+
+    from governor.api.isolate import run_isolated
+    from governor.cache import plans as compiled
+    from governor.plan.host import HostFacts
+    from governor.record import replace
+
+    def work() -> bytes:
+        entry, host = _compile_launch(path, argv, opts, lopts, backend_name, cwd=Path.cwd())
+        if name is not None:
+            compiled.store(name, entry)
+        return json.dumps({"entry": entry.to_json().decode(), "host": host.to_dict()}).encode()
+
+    watchdog = lopts.watchdog
+    close = () if watchdog is None or watchdog.fd is None else (watchdog.fd,)
+    raw = json.loads(run_isolated(work, debug=lopts.debug, close=close))
+    entry = replace(compiled.Compiled.from_json(raw["entry"].encode()), from_cache=False)
+    return entry, HostFacts.from_dict(raw["host"])
 
 
 def _cpu_signature(opts: HostOptions) -> str:
@@ -349,6 +399,7 @@ def _compile_launch(
         placements=_placements(plan, host) if backend_name == "systemd" else (),
         model_bytes=sum(i[3] for i in idents if i[0] in models) if models else None,
         ready_url=_ready_url(plan, args),
+        ready_server=plan.engine.ready is None and args is not None and args.server,
     )
     return entry, host
 
@@ -367,7 +418,7 @@ def _ready_url(plan: Plan, args: EngineArgs | None) -> str | None:
 def _placements(plan: Plan, host: HostFacts) -> tuple[tuple[str, str, str, Plan], ...]:
     if host.systemd_version is None:
         return ()  # for_launch says why it cannot run
-    from governor.backends.placement import compile_placements
+    from governor.plan.placement import compile_placements
 
     return tuple(
         (p.mode, p.unit, p.cgroup, p.plan) for p in compile_placements(plan, host.systemd_version)

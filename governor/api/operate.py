@@ -39,8 +39,8 @@ def diff(path: Path, opts: HostOptions, *, install_root: Path = Path("/")) -> di
             except OSError:
                 on_disk[f.path] = None
         # a `tune --persist` drop-in overrides the policy's values until rolled back: drift
-        from governor.backends.unitmap import policy_slice
         from governor.deploy.tunedropin import DROPIN_NAME
+        from governor.plan.unitmap import policy_slice
 
         tuned = f"{dropin.UNIT_DIR}/{policy_slice(plan.slice, plan.policy)}.d/{DROPIN_NAME}"
         try:
@@ -145,12 +145,12 @@ def tune(
 def _confirm_seconds(confirm: str | None) -> float | None:
     """--confirm DURATION as seconds (None: no --confirm); PolicyError (65) for a bad one."""
     from governor.errors import PolicyError
-    from governor.operate import confirm as c
+    from governor.policy.durations import parse_seconds
 
     if confirm is None:
         return None
     try:
-        return c.parse_duration("" if confirm == CONFIRM_NOW else confirm)
+        return parse_seconds("" if confirm == CONFIRM_NOW else confirm)
     except ValueError:
         raise PolicyError(
             f"bad --confirm duration {confirm if confirm != CONFIRM_NOW else ''!r}",
@@ -327,13 +327,14 @@ def _persist(
     """--persist: an installed policy (governor install) gets a drop-in on its slice unit, so
     the manager keeps the values across daemon-reload, restarts and reboots; any other policy
     gets its file rewritten (comments and layout kept). The diff is returned either way."""
-    from governor.backends import manager, unitmap
+    from governor.backends import manager
     from governor.backends.systemd import daemon_reload
     from governor.deploy import install as inst
     from governor.deploy import tunedropin
     from governor.deploy.dropin import UNIT_DIR
     from governor.errors import HostError, PermissionDenied
     from governor.operate import tune as t
+    from governor.plan import unitmap
     from governor.plan.model import Plan
 
     running = Plan.from_dict(st.plan)
@@ -396,12 +397,29 @@ def rollback(name: str, *, to: int | None, everything: bool) -> dict[str, Any]:
         raise PolicyError(f"{err} for {name} ({run_dir() / name / 'journal.jsonl'})") from err
 
 
-def status(name: str | None) -> list[dict[str, Any]]:
-    """`governor status`: governor/operate/status.py over the published states."""
-    from governor.operate.status import collect
-    from governor.rundir.state import run_dir
+def status(name: str | None, *, prune: bool = False) -> list[dict[str, Any]]:
+    """`governor status`: governor/operate/status.py over the published states; ``prune``
+    first removes the published state of stale entries (their supervisor is gone), one
+    `pruned NAME` line each on stderr."""
+    import sys
 
+    from governor.operate.status import collect
+    from governor.rundir.state import prune_stale, run_dir
+
+    if prune:
+        pruned = prune_stale(run_dir(), name)
+        for policy, pid in pruned:
+            sys.stderr.write(f"pruned {policy}: its supervisor (pid {pid}) is gone\n")
+        if name is not None and pruned and not collect_names(run_dir(), name):
+            return []  # NAME was only that stale entry
     return collect(run_dir(), name)
+
+
+def collect_names(directory: Path, name: str) -> bool:
+    """Whether NAME still has a published state."""
+    from governor.rundir.state import read_states
+
+    return any(s.get("policy") == name for s in read_states(directory))
 
 
 def metrics(textfile: Path | None, name: str | None) -> Path | bytes:

@@ -6,7 +6,9 @@ the Plan, the preflight's outcome (warnings, the GGUF estimate, the prefetch fil
 size) and the identity of every input it read. Its name is a hash of
 
     the governor's code (version, plan format, size and mtime of every module),
-    the policy file's path and bytes, the engine argv, the working directory, the options,
+    the policy file's path and bytes, the working directory, the options,
+    the words of the engine argv a compile reads and the engine's LLAMA_ARG_* variables
+    (governor/engines/argkey.py: not the prompt, seed, sampling, --host/--port),
 
 and it is used only when what the name cannot cover still holds: the host facts the compiler
 used (the cgroup2 mount, its controllers, CPUs, MemTotal, kernel, PSI, systemd; not MemAvailable,
@@ -21,7 +23,7 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -59,12 +61,15 @@ class Compiled:
     inputs: tuple[tuple[str, int, int, int, int], ...] = ()  # (path, dev, ino, size, mtime_ns)
     host_key: str = ""
     # --backend systemd: (mode, unit, unit cgroup, the plan applied inside it) for the service
-    # and the transient scope, compiled ahead (governor/backends/systemd.py compile_placements)
+    # and the transient scope, compiled ahead (governor/plan/placement.py compile_placements)
     placements: tuple[tuple[str, str, str, Plan], ...] = ()
     model_bytes: int | None = None  # the engine's model file(s), for the published state
     # the URL that answers 200 once the engine is ready (engine.ready, or llama-server's
     # --host/--port); None: ready once exec'd
     ready_url: str | None = None
+    # llama-server with no engine.ready: its /health URL comes from --host/--port at every
+    # launch (they are not part of the cache key)
+    ready_server: bool = False
     from_cache: bool = False
 
     def to_json(self) -> bytes:
@@ -81,6 +86,7 @@ class Compiled:
             "placements": [[m, u, c, p.to_dict()] for m, u, c, p in self.placements],
             "model_bytes": self.model_bytes,
             "ready_url": self.ready_url,
+            "ready_server": self.ready_server,
         }
         return json.dumps(d).encode()
 
@@ -102,6 +108,7 @@ class Compiled:
             ),
             model_bytes=d.get("model_bytes"),
             ready_url=d.get("ready_url"),
+            ready_server=bool(d.get("ready_server", False)),
             from_cache=True,
         )
 
@@ -147,19 +154,30 @@ def sha256_file(path: str) -> str | None:
 
 
 def entry_name(
-    policy: Path, argv: Sequence[str], *, options: Sequence[str], cwd: Path
+    policy: Path,
+    argv: Sequence[str],
+    *,
+    options: Sequence[str],
+    cwd: Path,
+    env: Mapping[str, str] | None = None,
 ) -> str | None:
-    """The entry's file name; None when the policy cannot be read (the compile says why)."""
+    """The entry's file name; None when the policy cannot be read or the argv holds what the
+    compile refuses in a part the key leaves out (the compile says why)."""
+    from governor.engines.argkey import Unkeyable, compile_env, compile_words
+
     try:
         text = policy.read_bytes()
-    except OSError:
+        words = compile_words(argv)
+        variables = compile_env(os.environ if env is None else env)
+    except (OSError, Unkeyable):
         return None
     h = sha256()
     for part in (
         code_identity(),
         str(policy.resolve()),
         sha256(text).hexdigest(),
-        json.dumps(list(argv)),
+        json.dumps(words),
+        json.dumps(variables),
         str(cwd),
         json.dumps(list(options)),
     ):

@@ -16,7 +16,7 @@ import typer
 from governor.cli import bench, deploy, operate, run
 from governor.cli import compile as compile_time
 from governor.cli.options import STATE
-from governor.errors import EXIT_USAGE, GovernorError, Interrupted, report
+from governor.errors import EXIT_USAGE, GovernorError, Interrupted, Reported, report
 
 app = typer.Typer(
     name="governor",
@@ -95,6 +95,8 @@ def main(argv: list[str] | None = None) -> None:
         rv = app(args=argv, standalone_mode=False)
     except GovernorError as err:
         _fail(err)
+    except Reported as err:  # a launch's compile child printed it already
+        sys.exit(err.exit_code)
     except typer.Abort as err:
         cause = err.__cause__  # click turns a KeyboardInterrupt into Abort
         if isinstance(cause, Interrupted):

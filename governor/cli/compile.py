@@ -101,10 +101,14 @@ def estimate(  # noqa: PLR0917  # typer passes every option as a parameter
     ] = None,
     as_json: Annotated[bool, typer.Option("--json", help="print the estimate as JSON")] = False,
 ) -> None:
-    """Estimate llama.cpp's resident memory for a GGUF model (header only; no weights loaded)."""
+    """Estimate llama.cpp's resident memory for a GGUF model (header only; no weights loaded).
+    Exit 0 when it fits the budget (or none was given), 1 when it does not; --policy and
+    --budget are mutually exclusive (2)."""
     from governor.api import compile as api_compile
+    from governor.cli.options import exclusive
     from governor.cli.render import show_estimate
 
+    exclusive("--policy", policy is not None, "--budget", budget is not None, "give one budget")
     est = api_compile.estimate(
         model,
         host_options(),
@@ -154,7 +158,8 @@ def init(  # noqa: PLR0917  # typer passes every option as a parameter
     memory.min/high/max from the estimate, the largest context that fits, big cores, prefetch,
     graded pressure rules. Exit 65 when the model does not fit even a small context."""
     from governor.api import compile as api_compile
-    from governor.engines.draft import Request, write_policy
+    from governor.api.outputs import write_policy
+    from governor.engines.draft import Request
 
     board = size_option(board_memory, "--board-memory")
     if board is not None and board <= 0:

@@ -22,14 +22,22 @@ def status(
     as_json: Annotated[
         bool, typer.Option("--json", help="the stable JSON form (docs/status.schema.json)")
     ] = False,
+    prune: Annotated[
+        bool,
+        typer.Option(
+            "--prune",
+            help="first remove the published state of stale entries (their supervisor is"
+            " gone), then show what is left",
+        ),
+    ] = False,
 ) -> None:
     """What each governed slice enforces and uses: policy vs kernel per knob, usage, memory
     events, pressure, CPU, pids, rules and what they do next, the last actions. Exit 66 when
-    NAME is not governed here."""
+    NAME is not governed here (with --prune: when it had nothing to prune either)."""
     from governor.api import operate as api_operate
     from governor.operate.status import render
 
-    items = api_operate.status(name)
+    items = api_operate.status(name, prune=prune)
     if as_json:
         typer.echo(json.dumps(items, indent=2))
     else:
@@ -182,9 +190,12 @@ def rollback(
         bool, typer.Option("--all", help="undo every change in the journal (tunes and monitor)")
     ] = False,
 ) -> None:
-    """Undo changes from the slice's journal in reverse order: the last tune by default."""
+    """Undo changes from the slice's journal in reverse order: the last tune by default.
+    --to and --all are mutually exclusive (exit 2)."""
     from governor.api import operate as api_operate
+    from governor.cli.options import exclusive
 
+    exclusive("--to", to is not None, "--all", everything, "give one: --to ID or --all")
     out = api_operate.rollback(name, to=to, everything=everything)
     typer.echo(f"{name}: rolled back entries {out['undoes']} (journal entry {out['id']})")
     for ch in out["changes"]:

@@ -137,6 +137,17 @@ def host_options(allow_missing: str = "") -> HostOptions:
     )
 
 
+def exclusive(option_a: str, a_given: bool, option_b: str, b_given: bool, hint: str) -> None:
+    """Two options that contradict each other: a usage error (2), never one silently winning."""
+    if a_given and b_given:
+        from governor.errors import UsageError
+
+        raise UsageError(
+            f"{option_a} and {option_b} are mutually exclusive ({option_a}, {option_b})",
+            hint=hint,
+        )
+
+
 def size_option(text: str | None, option: str) -> int | None:
     if text is None:
         return None

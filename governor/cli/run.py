@@ -11,6 +11,7 @@ import typer
 
 from governor.cli.choices import BACKENDS
 from governor.cli.options import (
+    STATE,
     AllowMissing,
     Force,
     Metrics,
@@ -71,6 +72,8 @@ def launch(  # noqa: PLR0917  # typer passes every option as a parameter
             force=force,
             psi_triggers=psi == "trigger",
             metrics=listen_option(metrics),
+            isolate_compile=True,  # as the lean path: a miss compiles in a short-lived child
+            debug=STATE.debug,
         ),
     )
     raise typer.Exit(code)

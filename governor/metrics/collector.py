@@ -126,7 +126,7 @@ class GovernorCollector(Collector):
             p,
             st.restarts or 0,
         )
-        self._rules(f, st, p)
+        self._rules(f, st, plan, p)
         self._tunes(f, p)
         self._model(f, st, plan)
         if not exists:
@@ -221,23 +221,32 @@ class GovernorCollector(Collector):
             f.gauge("governor_pids_current", "pids.current", p, pids["current"])
             f.gauge("governor_pids_max", "pids.max (+Inf: max)", p, _limit(pids["max"]))
 
-    def _rules(self, f: _Families, st: RunState, p: str) -> None:
+    def _rules(self, f: _Families, st: RunState, plan: Plan, p: str) -> None:
+        """Every rule of the plan and every action verb of each rule has its series from the
+        start, at 0 until it fires (Prometheus: initialise the known label sets), so rate()
+        and absence alerts can tell "never fired" from "no data"."""
+        fired = {str(r.index): 0 for r in plan.watch}
+        actions = {(str(r.index), str(a.verb)): 0 for r in plan.watch for a in r.actions}
         for r in st.rules or ():
+            fired[str(r.get("rule"))] = r.get("fired", 0)
+        for a in st.action_totals or ():
+            actions[(str(a.get("rule")), str(a.get("action")))] = a.get("count", 0)
+        for rule, n in fired.items():
             f.counter(
                 "governor_rule_firings_total",
                 "times each [[pressure]] rule fired (rule: its index in the policy)",
                 p,
-                r.get("fired", 0),
-                rule=str(r.get("rule")),
+                n,
+                rule=rule,
             )
-        for a in st.action_totals or ():
+        for (rule, verb), n in actions.items():
             f.counter(
                 "governor_actions_total",
                 "actions the rules ran (action: the verb)",
                 p,
-                a.get("count", 0),
-                rule=str(a.get("rule")),
-                action=str(a.get("action")),
+                n,
+                rule=rule,
+                action=verb,
             )
 
     def _tunes(self, f: _Families, p: str) -> None:

@@ -110,7 +110,10 @@ def render(items: list[dict[str, Any]], *, now: float | None = None) -> str:
             head += "  ready" if it["ready"] else "  NOT ready (loading)"
         lines += [head, f"  cgroup   {it['cgroup']}  ({it['backend'] or it['source']})"]
         if it["state"] == "stale":
-            lines.append("  STALE: the supervisor that published this state is gone")
+            lines.append(
+                "  STALE: the supervisor that published this state is gone"
+                " (`governor status --prune` clears it)"
+            )
         if it["knobs"]:
             unit = it.get("systemd_unit")
             head = f"  {'knob':<18}{'policy':>14}{'kernel':>14}"

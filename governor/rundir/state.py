@@ -228,6 +228,25 @@ def read_states(directory: Path, proc: Path = Path("/proc")) -> list[dict[str, A
     return out
 
 
+def prune_stale(
+    directory: Path, name: str | None = None, proc: Path = Path("/proc")
+) -> list[tuple[str, Any]]:
+    """Remove the published state of every stale entry (NAME's only, when given): (name, pid)
+    of each removed. A journal in the same directory stays (tune history, rollback)."""
+    pruned: list[tuple[str, Any]] = []
+    for state in read_states(directory, proc):
+        policy = state.get("policy")
+        if not state["stale"] or not isinstance(policy, str) or name not in (None, policy):
+            continue
+        publisher = Publisher(directory, policy)
+        again = publisher.read()  # a new run may have published since
+        if again is None or again.get("pid") != state.get("pid"):
+            continue
+        publisher.remove()
+        pruned.append((policy, state.get("pid")))
+    return pruned
+
+
 def states_of(directory: Path, name: str | None, *, hint: str) -> list[dict[str, Any]]:
     """:func:`read_states`, only NAME's when given: PolicyNotFound (66) when it has none."""
     states = read_states(directory)

@@ -10,12 +10,14 @@ Two mechanisms, because each covers what the other cannot:
 
 The watchdog is a POSIX shell (``/bin/sh``: dash or busybox on a board), not a copy of the
 governor's interpreter: a fork of Python holds 5+ MiB that drift apart from the parent's as
-both run, the shell about 0.3 MiB of PSS. It is forked and exec'd before the governor imports
+both run, the shell about 0.3 MiB of PSS. It is spawned (posix_spawn) before the governor imports
 anything but ``os`` (governor/main.py), in its own session (a ^C at the terminal is for the
 governor) and with every signal a terminal or a service manager sends ignored. The cgroups it
 must remove reach it as lines on the pipe (:meth:`Watchdog.arm`): cgroup names come from a
 validated policy (no newline can be in them) and are quoted by the shell's ``read -r``.
 
+The supervisor's published state (/run/governor/<name>/state.json) is removed too, after the
+kill, when it still names the dead supervisor's pid (so `status` does not list it as stale).
 Left to the next apply/remove on this path: lowering the slices' memory.min/low (the backend
 re-sums them from the children that are left). The policy's slice is removed when it is empty.
 """
@@ -35,7 +37,7 @@ WAIT_EMPTY_S = 5  # how long to wait for "populated 0" after cgroup.kill before 
 # thaw first, then kill and remove, then give the board's clocks back).
 _SCRIPT = r"""
 trap '' INT TERM HUP QUIT USR1 USR2 PIPE TSTP TTIN TTOU
-root= kill= thaw= clockpy= clockpath= clockdir= clocks=
+root= kill= thaw= state= spid= clockpy= clockpath= clockdir= clocks=
 set --
 while IFS= read -r line; do
     case $line in
@@ -43,6 +45,7 @@ while IFS= read -r line; do
         "root "*) root=${line#root } ;;
         "thaw "*) thaw=${line#thaw } ;;
         "kill "*) kill=${line#kill } ;;
+        "state "*) spid=${line#state }; spid=${spid%% *}; state=${line#state $spid } ;;
         "rmdir "*) set -- "$@" "${line#rmdir }" ;;
         "clockpy "*) clockpy=${line#clockpy } ;;
         "clockpath "*) clockpath=${line#clockpath } ;;
@@ -58,6 +61,11 @@ fi
 if [ -n "$root" ] && [ -n "$kill" ]; then
     printf '{"event": "watchdog.governor_gone", "action": "kill", "cgroup": "%s", "level": "warning"}\n' "$kill" >&2
     echo 1 > "$root/$kill/cgroup.kill" 2>/dev/null
+    # the published state of the supervisor that is gone (not one a new run wrote since)
+    if [ -n "$state" ] && grep -q "\"pid\": $spid[,}]" "$state" 2>/dev/null; then
+        rm -f "$state"
+        rmdir "${state%/*}" 2>/dev/null
+    fi
     n=0
     while [ $n -lt $((WAIT_S * 50)) ] && ! grep -q '^populated 0' "$root/$kill/cgroup.events" 2>/dev/null; do
         sleep 0.02 2>/dev/null || sleep 1
@@ -84,10 +92,15 @@ class Watchdog:
         self.pid = pid
         self.fd: int | None = fd
 
-    def arm(self, cgroup_root: str, kill: str, remove: tuple[str, ...]) -> None:
+    def arm(
+        self, cgroup_root: str, kill: str, remove: tuple[str, ...], *, state: str | None = None
+    ) -> None:
         """From now on, the governor's death kills ``kill`` (relative to ``cgroup_root``) and
-        removes the ``remove`` cgroups, in that order (children first)."""
+        removes the ``remove`` cgroups, in that order (children first), and the published
+        ``state`` file (governor/rundir/state.py) while it still names this process."""
         lines = [f"root {cgroup_root}", f"kill {kill}", *(f"rmdir {d}" for d in remove)]
+        if state is not None:
+            lines.append(f"state {os.getpid()} {state}")
         if any("\n" in line for line in lines):
             raise ValueError(f"a cgroup path with a newline cannot be armed: {lines!r}")
         self._send(("\n".join(lines) + "\n").encode())
@@ -142,16 +155,29 @@ def fork_watchdog(shell: str = SHELL) -> Watchdog:
     """Start the watchdog now (call it before heavy imports); it waits, unarmed."""
     r, w = os.pipe2(os.O_CLOEXEC)  # the engine never holds either end
     script = _SCRIPT.replace("WAIT_S", str(WAIT_EMPTY_S))
-    pid = os.fork()
-    if pid == 0:  # pragma: no cover - observed through its effects (tests kill the governor)
-        try:
-            os.setsid()
-            os.dup2(r, 0)  # dup2 clears close-on-exec on the new fd
-            os.closerange(3, os.sysconf("SC_OPEN_MAX"))
-            for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT):
-                signal.signal(sig, signal.SIG_IGN)  # before the shell's own trap is set
-            os.execv(shell, [shell, "-c", script])
-        finally:
-            os._exit(127)
+    # posix_spawn (vfork + exec): the shell runs at once, no copy-on-write of this process
+    # (a forked child took 20+ ms to reach exec on a loaded 2-core board, and disarm waited
+    # for it). Ignored dispositions survive exec: ignore the stop signals around the spawn.
+    actions: list[tuple[int, ...]] = [(os.POSIX_SPAWN_DUP2, r, 0)]
+    try:
+        inherited = [int(fd) for fd in os.listdir("/proc/self/fd")]
+    except OSError:
+        inherited = []
+    for fd in inherited:
+        if fd > 2 and fd not in (r, w):
+            try:
+                if os.get_inheritable(fd):
+                    actions.append((os.POSIX_SPAWN_CLOSE, fd))
+            except OSError:
+                pass  # the listing's own descriptor, closed meanwhile
+    stops = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT)
+    before = [signal.signal(sig, signal.SIG_IGN) for sig in stops]
+    try:
+        pid = os.posix_spawn(
+            shell, [shell, "-c", script], os.environ, file_actions=actions, setsid=True
+        )
+    finally:
+        for sig, handler in zip(stops, before, strict=True):
+            signal.signal(sig, signal.SIG_DFL if handler is None else handler)
     os.close(r)
     return Watchdog(pid, w)

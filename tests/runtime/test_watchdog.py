@@ -1,6 +1,7 @@
 """The /bin/sh watchdog (governor/supervise/watchdog.py) with a real governor: SIGKILL of the
 governor kills the whole group (cgroup.kill reaches the engine's own children, which
-PR_SET_PDEATHSIG does not) and removes the group and leaf; a normal exit disarms it and reaps
+PR_SET_PDEATHSIG does not) and removes the group, the leaf and the supervisor's published
+state; a normal exit disarms it and reaps
 it; it is small (PSS, a documented bound: a shell, not a copy of the interpreter); with
 on_governor_exit = "keep" it is never armed.
 
@@ -80,13 +81,17 @@ def _watchdog_of(governor_pid: int) -> int:
     raise AssertionError(f"no watchdog among the children of {governor_pid}")
 
 
-def test_sigkill_of_the_governor_kills_the_group_and_removes_group_and_leaf(
-    governor: Governor, with_cgroup_kill: None, tmp_path: Path
+def test_sigkill_of_the_governor_kills_the_group_and_removes_group_leaf_and_state(
+    governor: Governor, with_cgroup_kill: None, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     pid_file = tmp_path / "sleep.pid"
+    monkeypatch.setenv("GOVERNOR_RUN_DIR", str(tmp_path / "run"))
+    state = tmp_path / "run" / "rt" / "state.json"
     proc = governor.start(governor.policy(), (*ENGINE, str(pid_file)))
     try:
         sleep_pid = _engine_running(governor, pid_file)
+        cgroups.wait_for(state.exists, WAIT_S, "the supervisor to publish its state")
+        assert json.loads(state.read_text())["pid"] == proc.pid
         os.kill(proc.pid, signal.SIGKILL)
         proc.wait(timeout=30)
         cgroups.wait_for(
@@ -94,6 +99,8 @@ def test_sigkill_of_the_governor_kills_the_group_and_removes_group_and_leaf(
         )
         assert not governor.leaf.exists()
         cgroups.wait_for(lambda: _dead(sleep_pid), WAIT_S, "the engine's sleep to die")
+        # the published state of the dead supervisor is gone too: status lists nothing stale
+        cgroups.wait_for(lambda: not state.parent.exists(), WAIT_S, "the state to be removed")
     finally:
         if proc.poll() is None:
             proc.kill()

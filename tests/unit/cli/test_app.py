@@ -370,3 +370,21 @@ def test_sample_interval_must_be_a_sane_number_of_seconds(
     )
     assert code == 2
     assert "--sample-interval" in assert_one_line_error(err)
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ("rollback", "chat", "--to", "3", "--all"),
+        ("estimate", "model.gguf", "--policy", "p.toml", "--budget", "1G"),
+    ],
+    ids=["rollback --to --all", "estimate --policy --budget"],
+)
+def test_mutually_exclusive_options_are_refused_with_2(
+    capsys: pytest.CaptureFixture[str], argv: tuple[str, ...]
+) -> None:
+    code, out, err = run(capsys, *argv)
+    assert code == 2
+    assert out == ""
+    message = assert_one_line_error(err)
+    assert "are mutually exclusive" in message

@@ -351,3 +351,24 @@ def test_engine_ready_follows_the_published_readiness_and_is_absent_without_a_re
     assert _get(_samples(exposition(run)), "governor_engine_ready", policy="mx") == 0
     _publish(run, plan, ready=True)  # /health answered 200
     assert _get(_samples(exposition(run)), "governor_engine_ready", policy="mx") == 1
+
+
+def test_the_counters_of_every_rule_and_action_start_at_zero_before_any_firing(
+    tmp_path: Path,
+) -> None:
+    plan, group, run = _slice(tmp_path)
+    for name in ("memory.events", "memory.peak"):  # a kernel without these files
+        (group / name).unlink()
+    _publish(run, plan)  # no rule states, no action totals published yet
+    s = _samples(exposition(run))
+    p = {"policy": "mx"}
+    assert _get(s, "governor_rule_firings_total", rule="0", **p) == 0
+    assert _get(s, "governor_actions_total", rule="0", action="log", **p) == 0
+    assert _get(s, "governor_actions_total", rule="0", action="reclaim", **p) == 0
+    assert [k for k in s if k[0] == "governor_actions_total"] == [
+        ("governor_actions_total", frozenset({("rule", "0"), ("action", a), *p.items()}))
+        for a in ("log", "reclaim")
+    ]
+    # a gauge or counter of a file the kernel does not have stays absent, not 0
+    assert not [k for k in s if k[0] == "governor_memory_events_total"]
+    assert not [k for k in s if ("kind", "peak") in k[1]]

@@ -23,7 +23,7 @@ from governor.api import host as api_host
 from governor.errors import PolicyNotFound
 from governor.operate.status import collect, render
 from governor.plan.model import Plan
-from governor.rundir.state import Publisher, read_states
+from governor.rundir.state import Publisher, prune_stale, read_states
 
 REPO = Path(__file__).resolve().parents[3]
 HOSTS = REPO / "tests" / "fixtures" / "hosts"
@@ -99,6 +99,41 @@ def test_a_state_whose_pid_is_not_a_governor_is_stale(tmp_path: Path) -> None:
     assert states == {"alive-not-governor": True, "dead": True}
 
 
+def test_status_prune_removes_only_stale_states_and_keeps_their_journal(
+    tmp_path: Path,
+) -> None:
+    plan, _group = _tree_plan(tmp_path)
+    run = tmp_path / "run"
+    for name, pid in (("gone", 2**22 + 1), ("live", os.getpid())):
+        Publisher(run, name).publish(
+            {"policy": name, "source": "launch", "pid": pid, "plan": plan.to_dict()}
+        )
+    (run / "gone" / "journal.jsonl").write_text("{}\n")
+    fake = tmp_path / "proc" / str(os.getpid())  # this test's pid, shown as a governor
+    fake.mkdir(parents=True)
+    (fake / "cmdline").write_bytes(b"python\0-m\0governor\0launch\0")
+    assert prune_stale(run, "live", tmp_path / "proc") == []  # NAME's only: not stale
+    assert prune_stale(run, None, tmp_path / "proc") == [("gone", 2**22 + 1)]
+    assert not (run / "gone" / "state.json").exists()
+    assert (run / "gone" / "journal.jsonl").exists()
+    assert [s["policy"] for s in read_states(run, tmp_path / "proc")] == ["live"]
+    env = {**os.environ, "GOVERNOR_RUN_DIR": str(run), "PYTHONPATH": str(REPO)}
+    Publisher(run, "gone").publish(
+        {"policy": "gone", "source": "launch", "pid": 2**22 + 1, "plan": plan.to_dict()}
+    )
+    cli = subprocess.run(
+        [sys.executable, "-m", "governor", "status", "gone", "--prune"],
+        env=env, capture_output=True, text=True, check=False,
+    )  # fmt: skip
+    assert (cli.returncode, cli.stdout) == (0, "no governed slices\n")
+    assert cli.stderr == f"pruned gone: its supervisor (pid {2**22 + 1}) is gone\n"
+    again = subprocess.run(
+        [sys.executable, "-m", "governor", "status", "gone", "--prune"],
+        env=env, capture_output=True, text=True, check=False,
+    )  # fmt: skip
+    assert again.returncode == 66  # nothing to prune, nothing governed by that name
+
+
 def test_publisher_removes_its_file_and_directory(tmp_path: Path) -> None:
     pub = Publisher(tmp_path, "x")
     assert pub.publish({"policy": "x"})
@@ -118,12 +153,12 @@ def _governor(run: Path, *argv: str) -> subprocess.Popen[str]:
     )
 
 
-def test_a_live_launch_publishes_its_state_and_a_killed_one_is_reported_stale(
+def test_a_live_launch_publishes_its_state_and_the_watchdog_removes_a_killed_ones(
     tmp_path: Path, scratch_slice: ScratchSlice
 ) -> None:
     """Real cgroup2 (this host's has PSI but no memory controller): the supervisor's state
     appears while the engine runs, status shows it running with its rules armed, and after
-    SIGKILL (the watchdog removes the cgroup) the state left behind is reported stale."""
+    SIGKILL the watchdog removes the cgroup and the state: nothing stale is left listed."""
     run = tmp_path / "run"
     policy = tmp_path / "live.toml"
     policy.write_text(
@@ -155,9 +190,10 @@ def test_a_live_launch_publishes_its_state_and_a_killed_one_is_reported_stale(
         gov.wait(timeout=30)
         group = scratch_slice.path / "live"
         cgroups.wait_for(lambda: not group.exists(), timeout=30, what="the watchdog's cleanup")
-        (stale,) = collect(run, "live")
-        assert stale["state"] == "stale"
-        assert "STALE" in render([stale])
+        cgroups.wait_for(
+            lambda: not state_file.parent.exists(), timeout=30, what="the state's removal"
+        )
+        assert read_states(run) == []
     finally:
         if gov.poll() is None:
             gov.kill()

@@ -1,0 +1,109 @@
+"""The plan cache's view of an engine argv (governor/engines/argkey.py): the words a compile
+reads stay, the prompt/seed/sampling/--host/--port go, and the walk agrees with llama.py's
+parser (which words take a value), so nothing the parser reads can be dropped.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from governor.engines import argkey
+from governor.engines import llama as parser
+
+SRV = "/opt/llama/llama-server"
+BASE = [SRV, "-m", "m.gguf", "-c", "512", "-np", "1", "--cache-ram", "256", "-p", "hello"]
+
+
+def test_the_tables_agree_with_the_parser() -> None:
+    known = set(parser._VALUE_OPTS) | set(parser._UNSIZED_VALUE_OPTS) | parser._SKIP_VALUE_OPTS
+    assert known == argkey.VALUE_OPTS  # a new value option in the parser must be added here
+    assert argkey.IGNORED_OPTS <= argkey.VALUE_OPTS
+    # dropped: only options the parser skips, or reads for the /health address alone
+    assert argkey.IGNORED_OPTS & set(parser._VALUE_OPTS) == {"--host", "--port"}
+    assert not argkey.IGNORED_OPTS & set(parser._UNSIZED_VALUE_OPTS)
+    assert not argkey.IGNORED_OPTS & set(parser._FLAG_OPTS)
+    assert {parser.ENV_OPTS[v] for v in argkey.IGNORED_ENV} == {"host", "port"}
+
+
+@pytest.mark.parametrize(
+    "other",
+    [
+        [*BASE[:-1], "a much longer prompt, new"],
+        [*BASE, "--port", "9090"],
+        [*BASE, "--port=9090", "--host", "0.0.0.0"],
+        [*BASE, "-s", "7", "--temp", "0.2", "-n", "64"],
+        [*BASE, "-f", "prompt.txt", "-sys", "be brief"],
+    ],
+)
+def test_a_new_prompt_port_or_seed_keeps_the_key(other: list[str]) -> None:
+    assert argkey.compile_words(other) == argkey.compile_words(BASE)
+
+
+@pytest.mark.parametrize(
+    "other",
+    [
+        [*BASE, "-c", "1024"],
+        [*BASE, "-np", "2"],
+        [*BASE, "--cache-ram=512"],
+        [*BASE, "-ctk", "q8_0"],
+        [*BASE, "-nr"],
+        [*BASE, "--lora", "x.gguf"],
+        [*BASE, "-ngl", "9"],  # not read today, kept all the same: unknown means a miss
+        [*BASE, "--unknown-option"],
+        ["/opt/llama/llama-completion", *BASE[1:]],
+        [*BASE[:2], "other.gguf", *BASE[3:]],
+    ],
+)
+def test_a_word_the_compile_reads_changes_the_key(other: list[str]) -> None:
+    assert argkey.compile_words(other) != argkey.compile_words(BASE)
+
+
+def test_a_value_that_looks_like_an_option_is_a_value() -> None:
+    # -p's value "-c" is a prompt: dropped with -p; -m's value "-p" is a model: kept
+    assert argkey.compile_words([SRV, "-p", "-c", "9"]) == [SRV, "9"]
+    assert argkey.compile_words([SRV, "-m", "-p", "x"]) == [SRV, "-m", "-p", "x"]
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        BASE,
+        [*BASE, "--port", "9090", "--host", "::", "-s", "3", "-p", "-c 99"],
+        [SRV, "-p", "-m", "-m", "real.gguf", "--lora=l.gguf", "-md", "d.gguf", "-nr"],
+        [SRV, "-c", "8", "--", "-c", "9"],
+        [SRV, "--port=80", "-kvu", "-n", "-np", "-ctk", "f16"],
+    ],
+)
+def test_the_parser_reads_the_same_from_the_kept_words(argv: list[str]) -> None:
+    env = {"LLAMA_ARG_CACHE_RAM": "128", "LLAMA_ARG_PORT": "81", "OTHER": "x"}
+    full = parser.parse_llama_argv(argv, env)
+    kept = parser.parse_llama_argv(argkey.compile_words(argv), dict(argkey.compile_env(env)))
+    full = dataclasses.replace(full, argv=(), host=None, port=None)
+    kept = dataclasses.replace(kept, argv=(), host=None, port=None)
+    assert kept == full
+    assert argkey.server_address(argv, env) == (
+        parser.parse_llama_argv(argv, env).host,
+        parser.parse_llama_argv(argv, env).port,
+    )
+
+
+def test_the_environment_key_is_the_llama_arg_variables_but_the_address() -> None:
+    env = {"LLAMA_ARG_CACHE_RAM": "128", "LLAMA_ARG_PORT": "81", "LLAMA_ARG_HOST": "h", "X": "1"}
+    assert argkey.compile_env(env) == [("LLAMA_ARG_CACHE_RAM", "128")]
+
+
+@pytest.mark.parametrize(
+    ("argv", "env"),
+    [
+        ([SRV, "--port", "http"], {}),
+        ([SRV, "--port=-1"], {}),
+        ([SRV, "--port"], {}),
+        ([SRV], {"LLAMA_ARG_PORT": "x"}),
+    ],
+)
+def test_a_port_the_parser_refuses_has_no_key(argv: list[str], env: dict[str, str]) -> None:
+    with pytest.raises(argkey.Unkeyable):
+        argkey.compile_words(argv)
+        argkey.compile_env(env)
