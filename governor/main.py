@@ -20,7 +20,7 @@ from typing import Any
 
 from governor.cli.choices import BACKENDS, METRICS_ENV, PSI_MODES
 
-_GLOBAL_VALUE = ("--root", "--cgroup-root")
+_GLOBAL_VALUE = ("--root", "--cgroup-root", "--sysfs-root")
 _LAUNCH_VALUE = {
     "--policy": "policy",
     "-p": "policy",
@@ -56,6 +56,7 @@ def parse_launch(args: list[str]) -> dict[str, Any]:
         "debug": False,
         "root": "/",
         "cgroup_root": None,
+        "sysfs_root": None,
         "report": None,
         "keep": False,
         "force": False,
@@ -138,6 +139,7 @@ def _launch(parsed: dict[str, Any]) -> int:
             api_host.HostOptions(
                 root=Path(parsed["root"]),
                 cgroup_root=None if parsed["cgroup_root"] is None else Path(parsed["cgroup_root"]),
+                sysfs_root=None if parsed["sysfs_root"] is None else Path(parsed["sysfs_root"]),
                 allow_missing=parsed["allow_missing"],
             ),
             api_launch.LaunchOptions(

@@ -26,6 +26,14 @@ def apply(path: Path, opts: HostOptions) -> Plan:
     # a stop signal while the limits are written rolls them back (exit 128+N), as ^C does
     with backend.lock(plan) as locked, interruptible():
         applied = backend.apply(plan)
+        if plan.clocks:  # held until `governor remove` (no process: pid None)
+            from governor.backends.clocks import BoardClocks
+
+            try:
+                BoardClocks(run_dir()).acquire(plan, pid=None, source="apply")
+            except BaseException:
+                backend.remove(plan, owned=set(locked) | set(applied.created))
+                raise
     created = sorted(set(locked) | set(applied.created))
     # no supervisor: the state holds while the cgroup exists (governor status shows it)
     Publisher(run_dir(), plan.policy).publish(
@@ -43,8 +51,10 @@ def remove(path: Path, opts: HostOptions) -> Any:
     """`governor remove`: kill what runs in the policy's group and remove its cgroups."""
     from governor.kernel.files import MISSABLE
     from governor.plan.compiler import compile_plan
+    from governor.policy.clocks import ClocksSection
 
-    policy = load_policy(path)
+    # clocks are released by name below: a board whose clocks no longer resolve still removes
+    policy = load_policy(path).model_copy(update={"clocks": ClocksSection()})
     host = probe_host(opts, target=f"{policy.slice}/{policy.name}")
     # removal must work even where the limits could not be enforced any more
     plan = compile_plan(policy, host, allow_missing=MISSABLE, source=str(path))
@@ -60,6 +70,11 @@ def remove(path: Path, opts: HostOptions) -> Any:
     if recorded:
         owned = {c for created in recorded for c in created}
     removed = cgroupfs_backend(plan).remove(plan, owned=owned)
+    # the board's clocks this policy holds (apply's, or a crashed run's): restored when no other
+    # policy shares them (governor/backends/clocks.py)
+    from governor.backends.clocks import ANY_PID, BoardClocks
+
+    BoardClocks(run_dir()).release(plan.policy, pid=ANY_PID)
 
     # the state `governor apply` published; a running launch's is its supervisor's to remove
     if all(st.source == "apply" or st.stale for st in mine):

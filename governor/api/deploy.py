@@ -86,7 +86,9 @@ def _precompile_for_service(policy_path: Path, engine: tuple[str, ...], opts: Ho
     from governor.errors import GovernorError
     from governor.log import get_logger
 
-    service_opts = HostOptions(root=opts.root, cgroup_root=opts.cgroup_root)
+    service_opts = HostOptions(
+        root=opts.root, cgroup_root=opts.cgroup_root, sysfs_root=opts.sysfs_root
+    )
     try:
         compiled_for_launch(
             policy_path,

@@ -24,6 +24,7 @@ class HostOptions:
     root: Path = Path("/")
     cgroup_root: Path | None = None
     allow_missing: frozenset[str] = field(default_factory=frozenset)
+    sysfs_root: Path | None = None  # where [clocks] finds cpufreq/devfreq (default: root/sys)
 
 
 def load_policy(path: Path) -> Policy:
@@ -35,7 +36,7 @@ def load_policy(path: Path) -> Policy:
 def probe_host(opts: HostOptions, *, target: str | None = None) -> HostFacts:
     from governor.plan.host import probe
 
-    return probe(opts.root, cgroup_root=opts.cgroup_root, target=target)
+    return probe(opts.root, cgroup_root=opts.cgroup_root, target=target, sysfs_root=opts.sysfs_root)
 
 
 def check(

@@ -287,6 +287,7 @@ def compiled_for_launch(
         options = [
             str(opts.root),
             str(opts.cgroup_root),
+            str(opts.sysfs_root),
             ",".join(sorted(opts.allow_missing)),
             backend_name,
             str(lopts.force),
@@ -294,7 +295,13 @@ def compiled_for_launch(
         ]
         name = compiled.entry_name(path, argv, options=options, cwd=cwd or Path.cwd())
     if name is not None:
-        hit = compiled.lookup(name, root=opts.root, cgroup_root=opts.cgroup_root, directory=cache)
+        hit = compiled.lookup(
+            name,
+            root=opts.root,
+            cgroup_root=opts.cgroup_root,
+            directory=cache,
+            sysfs_root=opts.sysfs_root,
+        )
         if hit is not None:
             log.debug("plan_cache.hit", entry=name)
             return hit

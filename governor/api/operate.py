@@ -22,7 +22,9 @@ def diff(path: Path, opts: HostOptions, *, install_root: Path = Path("/")) -> di
 
     policy = load_policy(path)
     host = probe_host(opts, target=f"{policy.slice}/{policy.name}")
-    plan = compile_policy(policy, host, HostOptions(opts.root, opts.cgroup_root, MISSABLE), path)
+    plan = compile_policy(
+        policy, host, HostOptions(opts.root, opts.cgroup_root, MISSABLE, opts.sysfs_root), path
+    )
     fs = CgroupFs(Path(plan.cgroup_root))
     observed = CgroupfsBackend(fs).observe(plan) if fs.exists(plan.group) else None
     rendered: dict[str, str] | None = None
@@ -46,7 +48,9 @@ def diff(path: Path, opts: HostOptions, *, install_root: Path = Path("/")) -> di
             rendered[tuned] = ""  # install renders none: the policy says nothing else
         except OSError:
             pass
-    return d.report(plan, host, observed, rendered, on_disk)
+    from governor.operate.clocks import drift
+
+    return d.report(plan, host, observed, rendered, on_disk, clocks=drift(plan))
 
 
 def _governed(name: str) -> RunState:
@@ -260,7 +264,10 @@ def _routes(
             f"the state of {name} names no policy file ({run_dir() / name})",
             hint="launch it again",
         )
-    policy = load(path, overrides=overrides)
+    from governor.policy.clocks import ClocksSection
+
+    # tune changes cgroup files only; the running plan's clocks stay as they were set
+    policy = load(path, overrides=overrides).model_copy(update={"clocks": ClocksSection()})
     host = probe(cgroup_root=running.cgroup_root, target=running.group)
     model = st.model_bytes
     new = compile_plan(

@@ -191,6 +191,7 @@ def lookup(
     root: Path,
     cgroup_root: Path | None,
     directory: Path | None = None,
+    sysfs_root: Path | None = None,
 ) -> tuple[Compiled, HostFacts] | None:
     """The cached entry when every input still holds, with the host facts probed to check it."""
     raw = read_entry((directory or cache_dir()) / SUBDIR, name)
@@ -207,7 +208,7 @@ def lookup(
     for ident in entry.inputs:
         if file_identity(ident[0]) != ident:
             return None
-    host = probe(root, cgroup_root=cgroup_root, target=entry.target)
+    host = probe(root, cgroup_root=cgroup_root, target=entry.target, sysfs_root=sysfs_root)
     if host_key(host) != entry.host_key:
         return None
     return entry, host

@@ -41,12 +41,20 @@ def _global(
         Path | None,
         typer.Option("--cgroup-root", help="cgroup2 mount to use instead of the probed one"),
     ] = None,
+    sysfs_root: Annotated[
+        Path | None,
+        typer.Option(
+            "--sysfs-root",
+            help="sysfs tree whose cpufreq/devfreq clocks [clocks] sets (default: ROOT/sys)",
+        ),
+    ] = None,
 ) -> None:
     from governor import log
 
     STATE.debug = debug
     STATE.root = root
     STATE.cgroup_root = cgroup_root
+    STATE.sysfs_root = sysfs_root
     log.configure(debug=debug)
 
 

@@ -33,6 +33,7 @@ class _State:
     debug = False
     root = Path("/")
     cgroup_root: Path | None = None
+    sysfs_root: Path | None = None
 
 
 STATE = _State()
@@ -128,7 +129,12 @@ def host_options(allow_missing: str = "") -> HostOptions:
             f"unknown name in --allow-missing: {','.join(sorted(unknown))} (--allow-missing)",
             hint="use memory, cpu, cpuset, io, pids or psi",
         )
-    return HostOptions(root=STATE.root, cgroup_root=STATE.cgroup_root, allow_missing=allowed)
+    return HostOptions(
+        root=STATE.root,
+        cgroup_root=STATE.cgroup_root,
+        allow_missing=allowed,
+        sysfs_root=STATE.sysfs_root,
+    )
 
 
 def exclusive(option_a: str, a_given: bool, option_b: str, b_given: bool, hint: str) -> None:

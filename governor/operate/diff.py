@@ -60,18 +60,22 @@ def report(
     observed: list[Observation] | None,
     rendered: dict[str, str] | None,
     on_disk: dict[str, str | None] | None,
+    *,
+    clocks: list[dict[str, Any]] | None = None,
 ) -> dict[str, Any]:
     pre = prerequisites(plan, host)
     kern = kernel(plan, observed)
     units = unit_files(rendered, on_disk or {}) if rendered is not None else []
+    clocks = clocks or []
     return {
         "policy": plan.policy,
         "group": f"{plan.cgroup_root}/{plan.group}",
-        "in_sync": not (pre or kern or units),
+        "in_sync": not (pre or kern or units or clocks),
         "prerequisites": pre,
         "kernel": kern,
         "systemd": units,
         "systemd_checked": rendered is not None,
+        "clocks": clocks,  # [clocks] files whose live value differs (operate/clocks.py)
     }
 
 
@@ -86,6 +90,8 @@ def render(out: dict[str, Any]) -> str:
             lines.append(
                 f"  kernel {k['cgroup']}/{k['file']}: plan {k['plan']}, kernel {k['kernel']}"
             )
+    for c in out.get("clocks", []):
+        lines.append(f"  clock {c['file']}: plan {c['plan']}, kernel {c['kernel'] or 'unreadable'}")
     for u in out["systemd"]:
         state = "missing" if u["installed"] is None else "differs from what install renders now"
         if u["rendered"] == "":

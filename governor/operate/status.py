@@ -13,6 +13,8 @@ from pathlib import Path
 from typing import Any
 
 from governor.kernel.cgroupfs import CgroupFs
+from governor.operate.clocks import observe as clock_rows
+from governor.operate.clocks import render as render_clocks
 from governor.operate.devmem import device_board, render_device
 from governor.operate.observe import knobs, usage
 from governor.plan.model import Plan
@@ -75,6 +77,7 @@ def collect(
                 for e in journal.pending()
             ],
             "degraded": list(plan.degraded),
+            "clocks": clock_rows(plan, run),  # [clocks]: governor/operate/clocks.py
         }
         if exists:  # NPU/GPU memory memcg may not see, and the board (operate/devmem.py)
             item["device_memory"], item["board"] = device_board(fs, plan, st.board)
@@ -199,6 +202,7 @@ def render(items: list[dict[str, Any]], *, now: float | None = None) -> str:
                     f" (pid {p.get('reverter_pid')}) is gone; keep it: governor tune"
                     f" {it['policy']} --confirm, undo it: governor rollback {it['policy']}"
                 )
+        lines += render_clocks(it.get("clocks", []))
         for d in it["degraded"]:
             lines.append(f"  NOT in force: {d}")
         lines.append("")

@@ -12,6 +12,7 @@ from typing import Literal
 from governor.errors import HostError, PolicyError
 from governor.kernel import files as kf
 from governor.kernel.parse import format_cpulist
+from governor.plan.clocks import resolve as resolve_clocks
 from governor.plan.host import HostFacts
 from governor.plan.model import (
     Action,
@@ -175,6 +176,7 @@ def compile_plan(
     files = [*_pids(policy), *_memory(policy, host, workload, notes, source), *_io(policy)]
     files += _cpu(policy)
     cpuset, affinity = _cpuset(policy, host, problems, notes)
+    clocks = resolve_clocks(policy.clocks, host, source, notes)
     writes = [
         CgroupWrite(
             cgroup=group, file=file, value=value, reason=reason, controller=kf.controller_of(file)
@@ -229,6 +231,7 @@ def compile_plan(
         notes=tuple(notes),
         degraded=tuple(degraded),
         device=_device(policy, workload),
+        clocks=clocks,
     )
 
 

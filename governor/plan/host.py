@@ -16,6 +16,7 @@ from typing import Any, Literal, TypeVar
 
 from governor.errors import HostError
 from governor.kernel import parse
+from governor.kernel.clocks import ClockDevice, discover
 from governor.kernel.files import CGROUP_CONTROLLERS, CGROUP_SUBTREE_CONTROL
 from governor.record import asdict, fields, record
 
@@ -120,6 +121,7 @@ class HostFacts:
     euid: int
     path: tuple[CgroupLevel, ...] = ()
     numa_nodes: tuple[int, ...] = (0,)
+    clocks: tuple[ClockDevice, ...] = ()  # cpufreq policies and devfreq devices ([clocks])
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready: sets as sorted lists, tuples as lists."""
@@ -146,6 +148,7 @@ class HostFacts:
             )
             for lv in d.get("path", ())
         )
+        out["clocks"] = tuple(ClockDevice.from_dict(c) for c in d.get("clocks", ()))
         ct = d.get("core_types")
         out["core_types"] = (
             None
@@ -367,8 +370,10 @@ def probe(
     *,
     cgroup_root: str | Path | None = None,
     target: str | None = None,
+    sysfs_root: str | Path | None = None,
 ) -> HostFacts:
-    """Read /proc and /sys under ``root``; ``cgroup_root`` overrides the cgroup2 mount location.
+    """Read /proc and /sys under ``root``; ``cgroup_root`` overrides the cgroup2 mount location,
+    ``sysfs_root`` the sysfs tree the board's clocks are found in (``root``/sys).
 
     ``target`` is a cgroup path below the cgroup2 root (``governor.slice/npu-chat``); the cgroups
     that already exist along it are recorded in ``HostFacts.path``. Never writes anything.
@@ -438,4 +443,5 @@ def probe(
         systemd_version=_systemd_version(base, live) if pid1 == "systemd" else None,
         numa_nodes=numa_nodes,
         euid=os.geteuid() if live else 0,
+        clocks=discover(Path(sysfs_root) if sysfs_root is not None else base / "sys"),
     )

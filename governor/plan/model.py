@@ -153,6 +153,36 @@ class WatchRule:
 
 
 @record(frozen=True)
+class ClockWrite:
+    """One write of a clock file (governor/kernel/clocks.py), in the order of the plan."""
+
+    file: str  # relative to the device's directory: "scaling_governor", "min_freq"
+    value: str  # as the kernel reads it back
+    reason: str  # the policy field: "clocks.big.min"
+
+
+@record(frozen=True)
+class ClockTarget:
+    """One board clock a policy sets ([clocks]): board-wide, shared by rule (backends/clocks.py)."""
+
+    key: str  # the policy's key: big, little, npu, gpu, dmc
+    kind: str  # cpufreq | devfreq
+    name: str  # policy4, fdab0000.npu
+    path: str  # the device's directory, absolute: also its identity on the board
+    writes: tuple[ClockWrite, ...]
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> ClockTarget:
+        return cls(
+            key=d["key"],
+            kind=d["kind"],
+            name=d["name"],
+            path=d["path"],
+            writes=tuple(ClockWrite(**w) for w in d["writes"]),
+        )
+
+
+@record(frozen=True)
 class Plan:
     """Everything the backends need, from one policy on one host."""
 
@@ -177,6 +207,7 @@ class Plan:
     notes: tuple[str, ...] = ()  # resolutions worth telling the operator ("big" -> 4-7)
     degraded: tuple[str, ...] = ()  # limits NOT in force (allowed missing controllers)
     device: DeviceSpec | None = None  # [device] (left out of the JSON when None)
+    clocks: tuple[ClockTarget, ...] = ()  # [clocks]: board clocks set while the slice lives
     format: int = FORMAT
 
     def writes_for(self, controller: str) -> tuple[CgroupWrite, ...]:
@@ -196,6 +227,8 @@ class Plan:
         out: dict[str, Any] = asdict(self)
         if out.get("device") is None:
             out.pop("device", None)  # plans without [device] keep their shape (goldens, caches)
+        if not self.clocks:  # a plan without [clocks] reads as it did before them
+            del out["clocks"]
         return out
 
     def to_json(self, *, indent: int | None = 2) -> str:
@@ -241,6 +274,7 @@ class Plan:
                 notes=tuple(d.get("notes", ())),
                 degraded=tuple(d.get("degraded", ())),
                 device=DeviceSpec(**d["device"]) if d.get("device") else None,
+                clocks=tuple(ClockTarget.from_dict(c) for c in d.get("clocks", ())),
                 format=d["format"],
             )
         except (KeyError, TypeError) as err:

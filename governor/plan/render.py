@@ -79,6 +79,9 @@ def plan_table(plan: Plan) -> str:
         lines.append(
             f"watch    {where} '{text}'{extra} -> {', '.join(str(a) for a in rule.actions)}"
         )
+    for target in plan.clocks:  # board-wide: read back after each write, restored at the end
+        for cw in target.writes:
+            lines.append(f"clock    {target.path}/{cw.file} = {cw.value}  ({cw.reason})")
     for note in plan.notes:
         lines.append(f"note     {note}")
     for d in plan.degraded:

@@ -24,6 +24,7 @@ from pydantic import (
 
 from governor.policy import durations as d
 from governor.policy import values as v
+from governor.policy.clocks import ClocksSection
 
 UNIT_NAME_MAX = 255  # systemd: UNIT_NAME_MAX 256 including the NUL; also a file name's limit
 NAME_RE = re.compile(r"^[a-z0-9][a-z0-9_-]{0,62}$")
@@ -321,6 +322,7 @@ class Policy(_Section):
     engine: EngineSection = Field(default_factory=EngineSection)
     prefetch: PrefetchSection = Field(default_factory=PrefetchSection)
     device: DeviceSection = Field(default_factory=DeviceSection)
+    clocks: ClocksSection = Field(default_factory=ClocksSection)  # policy/clocks.py
     pressure: Annotated[tuple[PressureRule, ...], Field(strict=False)] = ()
 
     @field_validator("name")

@@ -41,6 +41,7 @@ from governor.supervise.sdnotify import notify
 from governor.supervise.watchdog import Watchdog
 
 if TYPE_CHECKING:
+    from governor.backends.clocks import BoardClocks
     from governor.supervise.ready import ReadyWait
 
 log = get_logger("governor.launch")
@@ -87,8 +88,10 @@ class Supervisor:
         proc: ProcFs,
         watchdog: Watchdog | None,
         clock: Callable[[], float] = time.monotonic,
+        clocks: BoardClocks | None = None,
     ) -> None:
         self.backend = backend
+        self.clocks = clocks  # [clocks]: default, the ledger in the job's run directory
         self.launcher = launcher
         self.proc = proc
         self.watchdog = watchdog
@@ -119,7 +122,14 @@ class Supervisor:
                 # reclaim) rolls the apply back, as ^C does, until the watchdog is armed
                 owned: set[str] = set(locked)
                 with interruptible():
-                    applied = self.backend.apply(plan)
+                    # the board's clocks first: a conflict with another policy refuses (65)
+                    # before anything is applied
+                    clocks = self._take_clocks(job)
+                    try:
+                        applied = self.backend.apply(plan)
+                    except BaseException:
+                        self._give_clocks(job, clocks)
+                        raise
                     owned.update(getattr(applied, "created", ()))
                     armed = False
                     try:
@@ -140,17 +150,41 @@ class Supervisor:
                         armed = True
                     finally:
                         if not armed:
-                            self.backend.remove(plan, owned=owned)
+                            try:
+                                self.backend.remove(plan, owned=owned)
+                            finally:
+                                self._give_clocks(job, clocks)
                 try:
                     return self._run_applied(job)
                 finally:
-                    if not job.keep:
-                        self.backend.remove(plan, owned=owned)
-                    else:
-                        self._publish_kept(job, owned)
+                    try:
+                        if not job.keep:
+                            self.backend.remove(plan, owned=owned)
+                        else:
+                            self._publish_kept(job, owned)
+                    finally:
+                        self._give_clocks(job, clocks)
         finally:
             if self.watchdog is not None:
                 self.watchdog.disarm()
+
+    def _take_clocks(self, job: Job) -> BoardClocks | None:
+        """[clocks]: the watchdog learns to give them back first, then they are set (or
+        shared) and verified (governor/backends/clocks.py)."""
+        if not job.plan.clocks:
+            return None
+        from governor.backends.clocks import BoardClocks  # only for a policy with [clocks]
+
+        directory = job.run_dir or run_dir()
+        clocks = self.clocks or BoardClocks(directory)
+        if self.watchdog is not None:
+            self.watchdog.arm_clocks(str(directory), job.plan.policy, os.getpid())
+        clocks.acquire(job.plan, pid=os.getpid(), source="launch")
+        return clocks
+
+    def _give_clocks(self, job: Job, clocks: BoardClocks | None) -> None:
+        if clocks is not None:
+            clocks.release(job.plan.policy, pid=os.getpid())
 
     def _publish_kept(self, job: Job, owned: set[str]) -> None:
         """--keep: the group outlives the run, as one `governor apply` made (status shows it;

@@ -32,11 +32,12 @@ SHELL = "/bin/sh"
 DISARM = b"disarm\n"
 WAIT_EMPTY_S = 5  # how long to wait for "populated 0" after cgroup.kill before removing
 
-# Reads "root PATH", "thaw CGROUP", "kill CGROUP", "rmdir CGROUP" lines until "disarm" (exit)
-# or EOF (act: thaw first, then kill and remove).
+# Reads "root PATH", "thaw CGROUP", "kill CGROUP", "rmdir CGROUP" and the clock lines
+# ("clockpy", "clockpath", "clockdir", "clocks POLICY PID") until "disarm" (exit) or EOF (act:
+# thaw first, then kill and remove, then give the board's clocks back).
 _SCRIPT = r"""
 trap '' INT TERM HUP QUIT USR1 USR2 PIPE TSTP TTIN TTOU
-root= kill= thaw= state= spid=
+root= kill= thaw= state= spid= clockpy= clockpath= clockdir= clocks=
 set --
 while IFS= read -r line; do
     case $line in
@@ -46,31 +47,40 @@ while IFS= read -r line; do
         "kill "*) kill=${line#kill } ;;
         "state "*) spid=${line#state }; spid=${spid%% *}; state=${line#state $spid } ;;
         "rmdir "*) set -- "$@" "${line#rmdir }" ;;
+        "clockpy "*) clockpy=${line#clockpy } ;;
+        "clockpath "*) clockpath=${line#clockpath } ;;
+        "clockdir "*) clockdir=${line#clockdir } ;;
+        "clocks "*) clocks=${line#clocks } ;;
     esac
 done
-[ -n "$root" ] || exit 0
-if [ -n "$thaw" ] && [ -f "$root/$thaw/cgroup.freeze" ]; then
+rc=0
+if [ -n "$root" ] && [ -n "$thaw" ] && [ -f "$root/$thaw/cgroup.freeze" ]; then
     printf '{"event": "watchdog.governor_gone", "action": "thaw", "cgroup": "%s", "level": "warning"}\n' "$thaw" >&2
     echo 0 > "$root/$thaw/cgroup.freeze" 2>/dev/null
 fi
-[ -n "$kill" ] || exit 0
-printf '{"event": "watchdog.governor_gone", "action": "kill", "cgroup": "%s", "level": "warning"}\n' "$kill" >&2
-echo 1 > "$root/$kill/cgroup.kill" 2>/dev/null
-# the published state of the supervisor that is gone (not one a new run wrote since)
-if [ -n "$state" ] && grep -q "\"pid\": $spid[,}]" "$state" 2>/dev/null; then
-    rm -f "$state"
-    rmdir "${state%/*}" 2>/dev/null
+if [ -n "$root" ] && [ -n "$kill" ]; then
+    printf '{"event": "watchdog.governor_gone", "action": "kill", "cgroup": "%s", "level": "warning"}\n' "$kill" >&2
+    echo 1 > "$root/$kill/cgroup.kill" 2>/dev/null
+    # the published state of the supervisor that is gone (not one a new run wrote since)
+    if [ -n "$state" ] && grep -q "\"pid\": $spid[,}]" "$state" 2>/dev/null; then
+        rm -f "$state"
+        rmdir "${state%/*}" 2>/dev/null
+    fi
+    n=0
+    while [ $n -lt $((WAIT_S * 50)) ] && ! grep -q '^populated 0' "$root/$kill/cgroup.events" 2>/dev/null; do
+        sleep 0.02 2>/dev/null || sleep 1
+        n=$((n + 1))
+    done
+    for dir in "$@"; do
+        [ -d "$root/$dir" ] || continue
+        rmdir "$root/$dir" 2>/dev/null || rc=1
+    done
 fi
-n=0
-while [ $n -lt $((WAIT_S * 50)) ] && ! grep -q '^populated 0' "$root/$kill/cgroup.events" 2>/dev/null; do
-    sleep 0.02 2>/dev/null || sleep 1
-    n=$((n + 1))
-done
-rc=0
-for dir in "$@"; do
-    [ -d "$root/$dir" ] || continue
-    rmdir "$root/$dir" 2>/dev/null || rc=1
-done
+if [ -n "$clocks" ] && [ -n "$clockpy" ]; then
+    printf '{"event": "watchdog.governor_gone", "action": "restore clocks", "holder": "%s", "level": "warning"}\n' "$clocks" >&2
+    PYTHONPATH="$clockpath${PYTHONPATH:+:$PYTHONPATH}" "$clockpy" -m governor.backends.clocks \
+        "$clockdir" ${clocks% *} ${clocks#* } || rc=1
+fi
 exit $rc
 """
 
@@ -101,6 +111,23 @@ class Watchdog:
         lines = [f"root {cgroup_root}", f"thaw {group}"]
         if any("\n" in line for line in lines):
             raise ValueError(f"a cgroup path with a newline cannot be armed: {lines!r}")
+        self._send(("\n".join(lines) + "\n").encode())
+
+    def arm_clocks(self, run_dir: str, policy: str, pid: int) -> None:
+        """From now on, the governor's death also releases its hold on the board's clocks
+        (governor/backends/clocks.py, run with this interpreter after the cgroups went):
+        restored when it was the last holder."""
+        import sys
+
+        package = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+        lines = [
+            f"clockpy {sys.executable}",
+            f"clockpath {os.path.dirname(package)}",
+            f"clockdir {run_dir}",
+            f"clocks {policy} {pid}",
+        ]
+        if any("\n" in line for line in lines):
+            raise ValueError(f"a path with a newline cannot be armed: {lines!r}")
         self._send(("\n".join(lines) + "\n").encode())
 
     def disarm(self) -> None:

@@ -1,0 +1,245 @@
+"""[clocks] at run time: set the board's clocks with the slice, verify each write by reading it
+back, restore the originals exactly when the last holder lets go.
+
+tuned's sysfs plugin is the model (save the original, write, verify, write the original
+back), with one addition a board needs: the clocks are board-wide, so the ledger
+(governor/rundir/clocks.py) records who holds each device. The rule, stated once:
+
+- a device nobody holds is set and its originals saved;
+- a device held with exactly the same writes is shared: the new holder joins, nothing is
+  written, and the originals are restored only when the last holder lets go;
+- a device held with other writes is refused (PolicyError, 65, naming the holder policy)
+  before anything of this policy's clocks is written: never last-writer-wins.
+
+A write the kernel refuses, or that does not read back as written, is an error (71); what this
+acquisition wrote is restored first, so nothing is left half-applied. Holders whose governor is
+gone (a crash that also took the watchdog) are pruned, and their devices restored, by the next
+acquisition. ``python -m governor.backends.clocks RUN_DIR POLICY PID`` is the watchdog's
+restore after the governor died (governor/supervise/watchdog.py).
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from governor.errors import BackendError, GovernorError, PolicyError
+from governor.kernel import clocks as kc
+from governor.log import get_logger
+from governor.plan.model import ClockTarget, ClockWrite, Plan
+from governor.rundir.clocks import Ledger
+from governor.rundir.state import alive as governor_alive
+
+log = get_logger("governor.clocks")
+
+ANY_PID = -1  # release(): every holder of the policy (`governor remove`)
+UNSUPPORTED = "<unsupported>"  # scaling_setspeed outside the userspace governor: no value
+
+
+def request(target: ClockTarget) -> list[list[str]]:
+    return [[w.file, w.value] for w in target.writes]
+
+
+def spelled(req: list[list[str]]) -> str:
+    return ", ".join(f"{f}={v}" for f, v in req)
+
+
+def same(read_back: str, value: str) -> bool:
+    if read_back.isdigit() and value.isdigit():
+        return int(read_back) == int(value)
+    return read_back == value
+
+
+def _holders(entry: dict[str, Any]) -> str:
+    return ", ".join(
+        f"{h['policy']}" + (f" (pid {h['pid']})" if h.get("pid") else " (governor apply)")
+        for h in entry.get("holders", [])
+    )
+
+
+def ordered(target: ClockTarget, current_min: int | None) -> list[ClockWrite]:
+    """The writes in an order the kernel accepts: a new max below the current min goes after
+    the new min, else before it (either way every intermediate min <= max)."""
+    files = kc.ROLE_FILES[target.kind]  # type: ignore[index]  # cpufreq | devfreq, compiled
+    writes = list(target.writes)
+    by_file = {w.file: w for w in writes}
+    lo, hi = by_file.get(files["min"]), by_file.get(files["max"])
+    if lo is None or hi is None:
+        return writes
+    rest = [w for w in writes if w not in (lo, hi)]
+    first = [lo, hi] if current_min is not None and int(hi.value) < current_min else [hi, lo]
+    governor = [w for w in rest if w.file == files["governor"]]
+    return [*governor, *first, *(w for w in rest if w.file != files["governor"])]
+
+
+class BoardClocks:
+    """The run time's door to [clocks]: acquire with the slice, release at the end."""
+
+    def __init__(self, directory: Path, *, alive: Callable[[int], bool] | None = None) -> None:
+        self.ledger = Ledger(directory)
+        self.alive = alive or governor_alive
+
+    # ------------------------------------------------------------------ acquire
+
+    def acquire(self, plan: Plan, *, pid: int | None, source: str) -> list[str]:
+        """Set (or share) every clock of ``plan``; the devices written, by path."""
+        if not plan.clocks:
+            return []
+        holder = {"policy": plan.policy, "pid": pid, "source": source}
+        with self.ledger.locked() as entries:
+            self._prune(entries)
+            for t in plan.clocks:
+                held = entries.get(t.path)
+                if held is None:
+                    continue
+                if held.get("failed"):
+                    raise BackendError(
+                        f"{t.kind} {t.name} was not restored after its last holder:"
+                        f" {held['failed'][0]}",
+                        file=t.path,
+                        hint="restore it by hand (or reboot), then remove its entry from the"
+                        f" clock ledger {self.ledger.path}",
+                    )
+                if held["request"] != request(t):
+                    raise PolicyError(
+                        f"{t.kind} {t.name} is held by policy {_holders(held)} with"
+                        f" {spelled(held['request'])}; this policy asks for"
+                        f" {spelled(request(t))}",
+                        file=plan.source,
+                        field=f"clocks.{t.key}",
+                        hint="board clocks are shared only by policies asking for the same"
+                        " settings: stop the holder, or give both the same [clocks] entry",
+                    )
+            written: list[str] = []
+            try:
+                for t in plan.clocks:
+                    held = entries.get(t.path)
+                    if held is not None:
+                        if holder not in held["holders"]:
+                            held["holders"].append(holder)
+                        log.info("clocks.shared", device=t.name, holders=_holders(held))
+                        continue
+                    entry = entries[t.path] = {
+                        "key": t.key,
+                        "kind": t.kind,
+                        "name": t.name,
+                        "path": t.path,
+                        "request": request(t),
+                        "saved": [],
+                        "holders": [holder],
+                    }
+                    written.append(t.path)
+                    self._set(t, entry["saved"])
+                    log.info("clocks.set", device=t.name, request=spelled(entry["request"]))
+            except BaseException:
+                for path in reversed(written):
+                    self._restore_entry(entries, path)
+                for t in plan.clocks:
+                    held = entries.get(t.path)
+                    if held is not None and holder in held["holders"]:
+                        held["holders"].remove(holder)
+                raise
+        return written
+
+    def _set(self, target: ClockTarget, saved: list[list[str]]) -> None:
+        files = kc.ROLE_FILES[target.kind]  # type: ignore[index]  # cpufreq | devfreq
+        current_min = kc.read(os.path.join(target.path, files["min"]))
+        for w in ordered(target, int(current_min) if current_min.isdigit() else None):
+            path = os.path.join(target.path, w.file)
+            before = kc.read(path)
+            kc.write(path, w.value)
+            if before != UNSUPPORTED:
+                saved.append([w.file, before])
+            after = kc.read(path)
+            if not same(after, w.value):
+                raise BackendError(
+                    f"clock write did not stick: {path} reads back {after!r} ({w.reason})",
+                    file=path,
+                    value=w.value,
+                    hint="another agent (a thermal limit, a vendor daemon, a governor that"
+                    " overrides it) holds this clock; what was written has been restored",
+                )
+
+    # ------------------------------------------------------------------ release
+
+    def release(self, policy: str, *, pid: int | None) -> list[str]:
+        """Let go of ``policy``'s holds (``pid``: that run's; ANY_PID: all of them); devices
+        whose last holder left are restored. BackendError when a restore failed (after every
+        device was tried). Returns the devices restored."""
+        restored: list[str] = []
+        problems: list[str] = []
+        with self.ledger.locked() as entries:
+            for path, entry in list(entries.items()):
+                holders = entry.get("holders", [])
+                keep = [
+                    h
+                    for h in holders
+                    if not (h.get("policy") == policy and (pid == ANY_PID or h.get("pid") == pid))
+                ]
+                if len(keep) == len(holders):
+                    continue
+                entry["holders"] = keep
+                if keep:
+                    log.info("clocks.still_held", device=entry["name"], holders=_holders(entry))
+                    continue
+                errors = self._restore_entry(entries, path)
+                if errors:
+                    problems.extend(errors)
+                else:
+                    restored.append(entry["name"])
+        if problems:
+            raise BackendError(
+                f"clock restore failed: {problems[0]}",
+                file=str(self.ledger.path),
+                hint="the entry stays in the ledger; `governor status` shows it",
+            )
+        return restored
+
+    def _prune(self, entries: dict[str, dict[str, Any]]) -> None:
+        """Holders whose governor is gone leave; a device left without holders is restored."""
+        for path, entry in list(entries.items()):
+            before = entry.get("holders", [])
+            entry["holders"] = [h for h in before if h.get("pid") is None or self.alive(h["pid"])]
+            if not entry["holders"]:
+                log.warning("clocks.stale", device=entry["name"], gone=len(before))
+                self._restore_entry(entries, path)
+
+    def _restore_entry(self, entries: dict[str, dict[str, Any]], path: str) -> list[str]:
+        """Write back the originals in reverse order; the entry goes when all came back."""
+        entry = entries[path]
+        errors: list[str] = []
+        for file, value in reversed(entry.get("saved", [])):
+            where = os.path.join(path, file)
+            try:
+                kc.write(where, value)
+                after = kc.read(where)
+            except GovernorError as err:
+                errors.append(str(err))
+                continue
+            if not same(after, value):
+                errors.append(f"{where} reads back {after!r}, not the original {value!r}")
+        if errors:
+            entry["failed"] = errors
+            log.error("clocks.restore_failed", device=entry["name"], errors=errors)
+        else:
+            del entries[path]
+            log.info("clocks.restored", device=entry["name"])
+        return errors
+
+
+def main(argv: list[str]) -> int:
+    """The watchdog's restore: RUN_DIR POLICY PID (that governor died)."""
+    run_dir, policy, pid = argv
+    try:
+        BoardClocks(Path(run_dir)).release(policy, pid=int(pid))
+    except GovernorError as err:
+        sys.stderr.write(f"governor: {err}\n")
+        return 1
+    return 0
+
+
+if __name__ == "__main__":  # pragma: no cover - run by the watchdog (tests/runtime)
+    sys.exit(main(sys.argv[1:]))
