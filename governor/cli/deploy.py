@@ -20,9 +20,15 @@ InstallRoot = Annotated[
 
 
 DryRun = Annotated[bool, typer.Option("--dry-run", help="show the diff, write nothing")]
+AsJson = Annotated[
+    bool,
+    typer.Option(
+        "--json", help="machine-readable: units, each changed file before/after, kept, reloaded"
+    ),
+]
 
 
-def install(
+def install(  # noqa: PLR0917  # typer passes every option as a parameter
     policy: PolicyArg,
     engine: Annotated[
         list[str] | None,
@@ -31,30 +37,38 @@ def install(
     root: InstallRoot = Path("/"),
     dry_run: DryRun = False,
     allow_missing: AllowMissing = "",
+    as_json: AsJson = False,
 ) -> None:
     """Write the policy's systemd slice and governor@ service drop-in (diff shown first)."""
     from governor.api import deploy as api_deploy
-    from governor.cli.render import show_install
+    from governor.cli.render import show_install, show_install_json
 
     result = api_deploy.install(
         policy,
         host_options(allow_missing),
         api_deploy.InstallOptions(root=root, dry_run=dry_run, engine=tuple(engine or ())),
     )
-    show_install(result, "installed" if not dry_run else "would install", dry_run)
+    if as_json:
+        show_install_json(result, dry_run)
+    else:
+        show_install(result, "installed" if not dry_run else "would install", dry_run)
 
 
 def uninstall(
     policy: Annotated[str, typer.Argument(help="policy TOML file or policy name")],
     root: InstallRoot = Path("/"),
     dry_run: DryRun = False,
+    as_json: AsJson = False,
 ) -> None:
     """Remove exactly what `governor install` wrote for the policy; restore what it replaced."""
     from governor.api import deploy as api_deploy
-    from governor.cli.render import show_install
+    from governor.cli.render import show_install, show_install_json
 
     result = api_deploy.uninstall(policy, root, dry_run=dry_run)
-    show_install(result, "uninstalled" if not dry_run else "would uninstall", dry_run)
+    if as_json:
+        show_install_json(result, dry_run)
+    else:
+        show_install(result, "uninstalled" if not dry_run else "would uninstall", dry_run)
 
 
 render_app = typer.Typer(
