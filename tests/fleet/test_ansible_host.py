@@ -141,3 +141,46 @@ def test_a_bad_policy_fails_with_governors_one_line_message(tmp_path: Path) -> N
     assert r["bad"]["msg"].startswith("governor: ") and "memory.high" in r["bad"]["msg"]
     assert r["bad"]["rc"] == 65
     assert _files(root) == {}
+
+
+# ---------------------------------------------------------------- the live decision, pure
+
+
+def _module() -> Any:
+    import importlib.util
+
+    path = REPO / "ansible_collections/governor/board/plugins/modules/policy.py"
+    spec = importlib.util.spec_from_file_location("governor_board_policy", path)
+    assert spec is not None and spec.loader is not None
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+SLICE = "governor-fleet\\x2da.slice"
+PATH = f"etc/systemd/system/{SLICE}"
+OLD = (
+    "# x\n[Slice]\n# memory.high -> ...\nMemoryHigh=209715200\nMemoryMax=268435456\nCPUQuota=150%\n"
+)
+
+
+def test_only_limit_directives_of_the_policy_slice_are_tuned_live() -> None:
+    only = _module().only_limits
+    new = OLD.replace("MemoryHigh=209715200", "MemoryHigh=157286400").replace("150%", "200%")
+    assert only([{"path": PATH, "before": OLD, "after": new}], SLICE) == [
+        "cpu.max=200%",
+        "memory.high=157286400",
+    ]
+    unlimited = OLD.replace("MemoryMax=268435456", "MemoryMax=infinity")
+    assert only([{"path": PATH, "before": OLD, "after": unlimited}], SLICE) == ["memory.max=max"]
+    # anything else needs a reinstall and a restart: a directive added or removed, another
+    # directive, another file (the service drop-in), a new install
+    added = OLD + "TasksMax=64\n"
+    assert only([{"path": PATH, "before": OLD, "after": added}], SLICE) is None
+    desc = OLD.replace("# x\n", "[Unit]\nDescription=b\n")
+    other = desc.replace("Description=b", "Description=c")
+    assert only([{"path": PATH, "before": desc, "after": other}], SLICE) is None
+    dropin = "etc/systemd/system/governor@fleet-a.service.d/50-governor.conf"
+    assert only([{"path": dropin, "before": "Nice=1\n", "after": "Nice=2\n"}], SLICE) is None
+    assert only([{"path": PATH, "before": None, "after": OLD}], SLICE) is None
+    assert only([{"path": PATH, "before": OLD, "after": OLD}], SLICE) is None  # nothing to tune
