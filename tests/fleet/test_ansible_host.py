@@ -124,6 +124,8 @@ def test_policy_copied_from_the_controller_with_what_it_extends(tmp_path: Path) 
     assert r["apply1"]["changed"] and not r["apply2"]["changed"], r["apply2"]
     assert (root / "etc/governor/base.toml").read_text().startswith("[memory]")
     assert r["gone"]["changed"]
+    # the copied policy went with it; the file it extends stays (other policies may use it)
+    assert _files(root) == {"etc/governor/base.toml": (controller / "base.toml").read_bytes()}
 
 
 def test_a_bad_policy_fails_with_governors_one_line_message(tmp_path: Path) -> None:

@@ -56,6 +56,7 @@ def run_play(
         "ANSIBLE_LOCAL_TEMP": str(home / "tmp"),
         "ANSIBLE_REMOTE_TEMP": str(home / "remote"),
         "ANSIBLE_NOCOLOR": "1",
+        "LC_ALL": "C.UTF-8",  # ansible-core refuses a locale whose encoding is not UTF-8
         "ANSIBLE_RETRY_FILES_ENABLED": "0",
         "ANSIBLE_PYTHON_INTERPRETER": BOARD_PYTHON,
         "ANSIBLE_LOCALHOST_WARNING": "0",

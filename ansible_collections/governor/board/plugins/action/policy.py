@@ -42,7 +42,7 @@ class ActionModule(ActionBase):
     def run(self, tmp=None, task_vars=None):  # type: ignore[no-untyped-def]  # Ansible's API
         result = super().run(tmp, task_vars)
         args = dict(self._task.args)
-        if args.get("copy") and args.get("state", "present") == "present":
+        if args.get("copy"):
             source = self._find_needle("files", args["policy"])
             args["policy_files"] = policy_files(source)
         result.update(

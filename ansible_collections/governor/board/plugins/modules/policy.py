@@ -72,7 +72,10 @@ options:
     type: str
     default: 2m
   copy:
-    description: Copy O(policy) from the controller (the action plugin reads it there).
+    description:
+      - Copy O(policy) from the controller (the action plugin reads it there).
+      - With O(state=absent) the copied policy file is removed too when it still holds the
+        controller's text (the files it extends stay: other policies may use them).
     type: bool
     default: false
   policy_dir:
@@ -369,13 +372,35 @@ def present(module: AnsibleModule, board: Board, result: Json) -> None:
         elif changes and not tune:
             board.systemctl("restart", service)
             result["service"] = "restarted"
+    elif running and changes and not tune:
+        module.warn(f"{service} runs the previous policy until restarted (started: true does)")
+
+
+def _copied(module: AnsibleModule, board: Board) -> str | None:
+    """With copy: the policy file a present run put on the board, when it still holds the
+    controller's text (a file edited on the board since is left alone). Files it extends stay:
+    other policies may extend them too."""
+    p = module.params
+    main = os.path.basename(str(p["policy"]))
+    text = (p["policy_files"] or {}).get(main)
+    path = os.path.join(board.root, str(p["policy_dir"]).lstrip("/"), main)
+    try:
+        with open(path, encoding="utf-8") as f:
+            return path if text is not None and f.read() == text else None
+    except OSError:
+        return None
 
 
 def absent(module: AnsibleModule, board: Board, result: Json) -> None:
-    policy = module.params["policy"]
+    copied = _copied(module, board) if module.params["copy"] else None
+    policy = copied or module.params["policy"]
     if not os.path.exists(policy):
         policy = os.path.basename(policy).removesuffix(".toml")
     planned = board.uninstall(policy, dry_run=True)
+    if copied is not None:
+        result["changed_files"].append(copied.lstrip("/"))
+        if not module.check_mode and planned is None:
+            os.unlink(copied)
     if planned is None:
         return  # not installed: nothing to do
     service = _service(planned["units"])
@@ -391,6 +416,8 @@ def absent(module: AnsibleModule, board: Board, result: Json) -> None:
         board.systemctl("stop", service)
         result["service"] = "stopped"
     board.uninstall(policy, dry_run=False)
+    if copied is not None:
+        os.unlink(copied)
 
 
 def main() -> None:
