@@ -31,12 +31,10 @@ def run_play(
     """Run ``tasks`` (each with a ``register`` name) and return {name: result} and the run."""
     results = tmp / "results.json"
     names = [t["register"] for t in tasks if "register" in t]
-    dump = {
+    content = "{{ {" + ", ".join(f"'{n}': {n}" for n in names) + "} | to_json }}"
+    dump = {  # raw: no module to ship and run (a guest under TCG pays seconds for each)
         "name": "save the results",
-        "ansible.builtin.copy": {
-            "dest": str(results),
-            "content": "{{ {" + ", ".join(f"'{n}': {n}" for n in names) + "} | to_json }}",
-        },
+        "ansible.builtin.raw": f"cat > {results} <<'GOVERNOR_RESULTS'\n{content}\nGOVERNOR_RESULTS",
     }
     play = [
         {

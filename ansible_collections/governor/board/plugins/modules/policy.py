@@ -142,8 +142,8 @@ service:
   returned: when the service was acted on
   type: str
 drift:
-  description: C(governor diff --json) of the installed policy on the live board.
-  returned: when the policy is installed on the live board
+  description: C(governor diff --json) of the policy on the live board (the kernel, the units, the prerequisites).
+  returned: in check mode on the live board
   type: dict
 """
 
@@ -326,8 +326,13 @@ def _write(path: str, text: str) -> None:
 
 def present(module: AnsibleModule, board: Board, result: Json) -> None:
     p = module.params
+    if p["started"] and not board.live_board:
+        module.fail_json(msg=f"governor: started needs the live board (root is {board.root})")
     policy = _place_policy(module, board, result) if p["copy"] else p["policy"]
-    planned = board.install(policy, dry_run=True)
+    # check mode, and a live tune, need to know the change before it is made; otherwise
+    # install itself is diff first, atomic and idempotent: one call
+    dry_run = module.check_mode or p["live"]
+    planned = board.install(policy, dry_run=dry_run)
     check_dir = result.pop("_check_dir", None)
     if check_dir is not None:  # rendered from the temporary copy: name the real path
         tmp, dest = check_dir
@@ -341,14 +346,14 @@ def present(module: AnsibleModule, board: Board, result: Json) -> None:
     result.update(name=name, units=planned["units"])
     result["changed_files"] += [c["path"] for c in changes]
     result["diff_items"] += _diff(changes)
-    if board.live_board and not changes:
-        result["drift"] = json.loads(board.governor("diff", "--json", policy, ok=(0, 1))[1])
     running = board.active(service)
     slice_unit = planned["units"][0]
     tune = only_limits(changes, slice_unit) if (p["live"] and running) else None
     if tune:
         result["tuned"] = tune
     if module.check_mode:
+        if board.live_board:  # what the board runs vs this policy: kernel, units, prerequisites
+            result["drift"] = json.loads(board.governor("diff", "--json", policy, ok=(0, 1))[1])
         if p["started"] and (not running or (changes and not tune)):
             result["service"] = "would restart" if running else "would start"
         return
@@ -361,11 +366,9 @@ def present(module: AnsibleModule, board: Board, result: Json) -> None:
                 tuned=tune,
             )
         board.governor("tune", name, "--confirm")
-    if changes:
+    if dry_run and changes:
         board.install(policy, dry_run=False)
     if p["started"]:
-        if not board.live_board:
-            module.fail_json(msg=f"governor: started needs the live board (root is {board.root})")
         if not running:
             board.systemctl("start", service)
             result["service"] = "started"
