@@ -84,6 +84,7 @@ COMMANDS: tuple[tuple[Callable[..., Any], dict[str, Any]], ...] = (
 )
 for _command, _settings in COMMANDS:
     app.command(**_settings)(_command)
+app.add_typer(deploy.render_app)  # governor render k8s|quadlet POLICY -- ENGINE...
 
 
 def _fail(err: GovernorError) -> NoReturn:

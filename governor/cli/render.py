@@ -58,6 +58,21 @@ def show_install(result: Result, verb: str, dry_run: bool) -> None:
     typer.echo(f"{verb} {units}: {what}" + (f"; reloaded ({reloaded})" if reloaded else ""))
 
 
+def show_install_json(result: Result, dry_run: bool) -> None:
+    """`install/uninstall --json`: what the Ansible module (ansible_collections/governor/board)
+    reads; ``changes`` holds each file's text before and after (null: absent)."""
+    doc = {
+        "units": list(result.units),
+        "manifest": result.manifest,
+        "dry_run": dry_run,
+        "changed": bool(result.changes),
+        "changes": [{"path": c.path, "before": c.old, "after": c.new} for c in result.changes],
+        "kept": list(result.kept),
+        "reloaded": result.reloaded,
+    }
+    typer.echo(json.dumps(doc, indent=2))
+
+
 def _finding_dict(f: Finding) -> dict[str, object]:
     return {k: getattr(f, k) for k in ("level", "topic", "message", "fix")}
 

@@ -1,0 +1,106 @@
+"""`governor render k8s` and `governor render quadlet` in the composition root: load, read the
+engine argv, compile against the probed board (the global --root renders for another board's
+facts), estimate the model when it is here, and hand the plan to the pure renderers in
+governor/deploy/ (k8s.py, quadlet.py)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Literal
+
+from governor.api.host import HostOptions, compile_policy, load_policy, probe_host
+
+if TYPE_CHECKING:
+    from governor.engines.llama import EngineArgs
+    from governor.plan.model import Plan
+
+Target = Literal["k8s", "quadlet"]
+DEFAULT_SYSTEMD = 252  # Debian 12's, when the probed host does not run systemd
+
+
+def render(
+    target: Target,
+    path: Path,
+    opts: HostOptions,
+    engine: Sequence[str],
+    *,
+    image: str,
+    kind: Literal["Pod", "Deployment"] = "Pod",
+    force: bool = False,
+) -> str:
+    from governor.deploy import k8s, quadlet
+    from governor.engines.preflight import engine_args
+    from governor.errors import UsageError
+
+    if not engine:
+        raise UsageError(
+            "no engine command after -- (-- ENGINE)",
+            hint=f"governor render {target} POLICY -- /path/llama-server -m MODEL.gguf -c 2048",
+        )
+    policy = load_policy(path)
+    args = engine_args(
+        policy.engine.kind,
+        policy.engine.max_context_tokens,
+        engine,
+        max_cache_ram=policy.engine.max_cache_ram,
+        env=policy.process.env,
+    )
+    host = probe_host(opts, target=f"{policy.slice}/{policy.name}")
+    plan = compile_policy(policy, host, opts, path)
+    estimate, note = _estimate(plan, args, opts, path, force=force)
+    ready = _ready_url(plan.engine.ready, args)
+    work = k8s.Workload(
+        argv=tuple(engine),
+        model=args.model if args is not None else None,
+        ready_url=ready,
+        listen_host=args.host if args is not None else None,
+        estimate_bytes=estimate,
+        estimate_note=note,
+        image=image,
+        kind=kind,
+    )
+    if target == "k8s":
+        return k8s.render(plan, work)
+    return quadlet.render(plan, work, host.systemd_version or DEFAULT_SYSTEMD)
+
+
+def _ready_url(ready: str | None, args: EngineArgs | None) -> str | None:
+    from governor.supervise.ready import server_url
+
+    if ready is not None:
+        return None if ready == "exec" else ready
+    if args is not None and args.server:
+        return server_url(args.host, args.port)
+    return None
+
+
+def _estimate(
+    plan: Plan, args: EngineArgs | None, opts: HostOptions, path: Path, *, force: bool
+) -> tuple[int | None, str | None]:
+    """The GGUF estimate of the argv when its model is readable here (refused like `check`
+    when it does not fit memory.max, unless --force); else (None, why)."""
+    from governor.engines.llama import is_gguf
+    from governor.engines.preflight import fit_estimate
+
+    if args is None or args.model is None or not is_gguf(args):
+        return None, None
+    if not Path(args.model).is_file():
+        return None, f"no estimate: the model {args.model} is not on this machine"
+    writes = {w.file: w.value for w in plan.writes}
+
+    def limit(file: str) -> int | None:
+        value = writes.get(file)
+        return int(value) if value is not None and value.isdigit() else None
+
+    est, _, _ = fit_estimate(
+        args,
+        memory_max=limit("memory.max"),
+        memory_high=limit("memory.high"),
+        root=opts.root,
+        force=force,
+        source=str(path),
+    )
+    if est is None:
+        return None, "no estimate: the gguf package is missing"
+    return est.total, None

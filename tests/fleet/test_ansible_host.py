@@ -1,0 +1,188 @@
+"""The Ansible module governor.board.policy with the real ansible-playbook (`-c local`,
+ANSIBLE_COLLECTIONS_PATH = the checkout) against a `--root` tree: install renders for the rk3588
+fixture board (global --root) into a temporary DESTDIR, so no systemd is needed here. One
+playbook per story: check mode changes nothing and shows the diff, apply changes, a second run
+is ok, a policy change shows in check mode and applies, state absent leaves nothing, a policy
+copied from the controller (with the file it extends), and a bad policy fails with governor's
+one-line message. The live board (systemctl, tune --confirm) is the systemd guest's test
+(tests/systemd/test_fleet_guest.py)."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Any
+
+from helpers.ansible import REPO, run_play
+
+FIXTURE = REPO / "tests" / "fixtures" / "hosts" / "rk3588"
+GOVERNOR = str(Path(sys.executable).with_name("governor"))
+POLICY = """\
+name = "fleet-a"
+[memory]
+min = "64M"
+high = "{high}"
+max = "256M"
+[cpu]
+cpus = "4-7"
+max = "200%"
+"""
+
+
+def _files(root: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(root)): p.read_bytes() for p in root.rglob("*") if p.is_file()}
+
+
+def _policy(tmp_path: Path) -> tuple[Path, Path, dict[str, Any]]:
+    root = tmp_path / "board"
+    root.mkdir()
+    policy = tmp_path / "fleet-a.toml"
+    policy.write_text(POLICY.format(high="200M"))
+    defaults = {
+        "root": str(root),
+        "probe_root": str(FIXTURE),
+        "executable": GOVERNOR,
+        "engine": ["/bin/sleep", "1000"],
+    }
+    return root, policy, defaults
+
+
+def test_check_apply_idempotent_change_absent(tmp_path: Path) -> None:
+    root, policy, defaults = _policy(tmp_path)
+    slice_file = root / "etc/systemd/system/governor-fleet\\x2da.slice"
+    p = str(policy)
+    tasks: list[dict[str, Any]] = [
+        {"governor.board.policy": {"policy": p}, "check_mode": True, "register": "check1"},
+        {"governor.board.policy": {"policy": p}, "register": "apply1"},
+        {"governor.board.policy": {"policy": p}, "register": "apply2"},
+        {"ansible.builtin.stat": {"path": str(slice_file)}, "register": "before"},
+        {
+            "ansible.builtin.copy": {"dest": p, "content": POLICY.format(high="150M")},
+            "register": "edit",
+        },
+        {"governor.board.policy": {"policy": p}, "check_mode": True, "register": "check2"},
+        {"ansible.builtin.stat": {"path": str(slice_file)}, "register": "after_check"},
+        {"governor.board.policy": {"policy": p}, "register": "apply3"},
+        {"ansible.builtin.stat": {"path": str(slice_file)}, "register": "after_apply"},
+        {
+            "governor.board.policy": {"policy": p, "state": "absent"},
+            "check_mode": True,
+            "register": "gone_check",
+        },
+        {"ansible.builtin.stat": {"path": str(slice_file)}, "register": "after_gone_check"},
+        {"governor.board.policy": {"policy": p, "state": "absent"}, "register": "gone"},
+        {"governor.board.policy": {"policy": p, "state": "absent"}, "register": "gone2"},
+    ]
+    r, run = run_play(tmp_path, tasks, defaults=defaults)
+    assert run.returncode == 0, run.stdout + run.stderr
+    # check mode: changed, a diff in Ansible's format, nothing written on the board
+    assert r["check1"]["changed"] and r["check1"]["name"] == "fleet-a"
+    assert "etc/systemd/system/governor-fleet\\x2da.slice" in r["check1"]["files"]
+    assert "+MemoryHigh=209715200" in run.stdout  # the --diff output of the first task
+    assert "after: etc/systemd/system/governor-fleet\\x2da.slice" in run.stdout
+    # apply, then ok
+    assert r["apply1"]["changed"] and r["apply1"]["units"][1] == "governor@fleet-a.service"
+    assert not r["apply2"]["changed"] and r["apply2"]["files"] == []
+    # a change: check mode reports it and leaves the file as it was; apply writes it
+    assert r["check2"]["changed"]
+    assert r["check2"]["diff"][0]["before"].count("MemoryHigh=209715200") == 1
+    assert "MemoryHigh=157286400" in r["check2"]["diff"][0]["after"]
+    assert r["after_check"]["stat"]["checksum"] == r["before"]["stat"]["checksum"]
+    assert r["apply3"]["changed"]
+    assert r["after_apply"]["stat"]["checksum"] != r["before"]["stat"]["checksum"]
+    # absent: check mode keeps everything; then nothing is left; then ok
+    assert r["gone_check"]["changed"] and r["after_gone_check"]["stat"]["exists"]
+    assert r["gone"]["changed"] and not r["gone2"]["changed"]
+    assert _files(root) == {}
+    assert run.stdout.count("changed: [localhost]") >= 5
+
+
+def test_policy_copied_from_the_controller_with_what_it_extends(tmp_path: Path) -> None:
+    root, _, defaults = _policy(tmp_path)
+    controller = tmp_path / "controller"
+    controller.mkdir()
+    (controller / "base.toml").write_text('[memory]\nmax = "256M"\n[pids]\nmax = 64\n')
+    (controller / "fleet-b.toml").write_text(
+        'name = "fleet-b"\nextends = "base.toml"\n[memory]\nhigh = "200M"\n'
+    )
+    p = str(controller / "fleet-b.toml")
+    task = {"policy": p, "copy": True}
+    tasks: list[dict[str, Any]] = [
+        {"governor.board.policy": task, "check_mode": True, "register": "check"},
+        {"ansible.builtin.find": {"paths": str(root), "recurse": True}, "register": "nothing"},
+        {"governor.board.policy": task, "register": "apply1"},
+        {"governor.board.policy": task, "register": "apply2"},
+        {"governor.board.policy": {**task, "state": "absent"}, "register": "gone"},
+    ]
+    r, run = run_play(tmp_path, tasks, defaults=defaults)
+    assert run.returncode == 0, run.stdout + run.stderr
+    assert r["check"]["changed"] and r["nothing"]["matched"] == 0
+    # the drop-in names the policy where it will be on the board, not the check's temporary copy
+    dropin = next(d for d in r["check"]["diff"] if d["after_header"].endswith("50-governor.conf"))
+    assert f"GOVERNOR_POLICY={root}/etc/governor/fleet-b.toml" in dropin["after"]
+    assert "governor-check-" not in str(r["check"]["diff"])
+    assert r["apply1"]["changed"] and not r["apply2"]["changed"], r["apply2"]
+    assert (root / "etc/governor/base.toml").read_text().startswith("[memory]")
+    assert r["gone"]["changed"]
+    # the copied policy went with it; the file it extends stays (other policies may use it)
+    assert _files(root) == {"etc/governor/base.toml": (controller / "base.toml").read_bytes()}
+
+
+def test_a_bad_policy_fails_with_governors_one_line_message(tmp_path: Path) -> None:
+    root, policy, defaults = _policy(tmp_path)
+    policy.write_text('name = "fleet-a"\n[memory]\nhigh = "lots"\n')
+    tasks: list[dict[str, Any]] = [
+        {
+            "governor.board.policy": {"policy": str(policy)},
+            "register": "bad",
+            "ignore_errors": True,
+        },
+    ]
+    r, _ = run_play(tmp_path, tasks, defaults=defaults)
+    assert r["bad"]["failed"]
+    assert r["bad"]["msg"].startswith("governor: ") and "memory.high" in r["bad"]["msg"]
+    assert r["bad"]["rc"] == 65
+    assert _files(root) == {}
+
+
+# ---------------------------------------------------------------- the live decision, pure
+
+
+def _module() -> Any:
+    import importlib.util
+
+    path = REPO / "ansible_collections/governor/board/plugins/modules/policy.py"
+    spec = importlib.util.spec_from_file_location("governor_board_policy", path)
+    assert spec is not None and spec.loader is not None
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+SLICE = "governor-fleet\\x2da.slice"
+PATH = f"etc/systemd/system/{SLICE}"
+OLD = (
+    "# x\n[Slice]\n# memory.high -> ...\nMemoryHigh=209715200\nMemoryMax=268435456\nCPUQuota=150%\n"
+)
+
+
+def test_only_limit_directives_of_the_policy_slice_are_tuned_live() -> None:
+    only = _module().only_limits
+    new = OLD.replace("MemoryHigh=209715200", "MemoryHigh=157286400").replace("150%", "200%")
+    assert only([{"path": PATH, "before": OLD, "after": new}], SLICE) == [
+        "cpu.max=200%",
+        "memory.high=157286400",
+    ]
+    unlimited = OLD.replace("MemoryMax=268435456", "MemoryMax=infinity")
+    assert only([{"path": PATH, "before": OLD, "after": unlimited}], SLICE) == ["memory.max=max"]
+    # anything else needs a reinstall and a restart: a directive added or removed, another
+    # directive, another file (the service drop-in), a new install
+    added = OLD + "TasksMax=64\n"
+    assert only([{"path": PATH, "before": OLD, "after": added}], SLICE) is None
+    desc = OLD.replace("# x\n", "[Unit]\nDescription=b\n")
+    other = desc.replace("Description=b", "Description=c")
+    assert only([{"path": PATH, "before": desc, "after": other}], SLICE) is None
+    dropin = "etc/systemd/system/governor@fleet-a.service.d/50-governor.conf"
+    assert only([{"path": dropin, "before": "Nice=1\n", "after": "Nice=2\n"}], SLICE) is None
+    assert only([{"path": PATH, "before": None, "after": OLD}], SLICE) is None
+    assert only([{"path": PATH, "before": OLD, "after": OLD}], SLICE) is None  # nothing to tune
