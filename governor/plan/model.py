@@ -20,7 +20,13 @@ from governor.record import asdict, field, record
 
 FORMAT = 2  # 1: the pydantic Plan of wave 1; 2: dataclasses, typed actions, rule texts
 
-ActionVerb = Literal["log", "signal", "reclaim", "set", "freeze", "thaw", "kill", "exec", "restart"]
+ActionVerb = Literal[
+    "log", "signal", "reclaim", "set", "freeze", "thaw", "kill", "exec", "restart", "shed"
+]
+QosClass = Literal["background", "standard", "interactive"]
+# the shed ladder, mildest first (governor/monitor/shed.py); [qos] yield picks a prefix-free subset
+SHED_STEPS = ("throttle", "freeze", "stop", "kill")
+QOS_RANK = {"background": 0, "standard": 1, "interactive": 2}
 
 
 @record(frozen=True)
@@ -74,6 +80,19 @@ class EngineSpec:
 class PrefetchSpec:
     files: Literal["auto"] | tuple[str, ...] = "auto"
     mode: Literal["none", "advise", "populate", "lock"] = "none"
+
+
+@record(frozen=True)
+class QosSpec:
+    """[qos]: the slice's class among the board's workloads and the shed steps another
+    policy's `shed` may take on it (``yields``: the policy's ``yield``)."""
+
+    qos_class: QosClass = "standard"
+    yields: tuple[str, ...] = SHED_STEPS
+
+    def to_json(self) -> dict[str, Any]:
+        """As the policy spells it (the run state's ``qos``)."""
+        return {"class": self.qos_class, "yield": list(self.yields)}
 
 
 @record(frozen=True)
@@ -164,6 +183,7 @@ class Plan:
     protect_parents: tuple[str, ...] = ()
     notes: tuple[str, ...] = ()  # resolutions worth telling the operator ("big" -> 4-7)
     degraded: tuple[str, ...] = ()  # limits NOT in force (allowed missing controllers)
+    qos: QosSpec = field(default_factory=QosSpec)
     format: int = FORMAT
 
     def writes_for(self, controller: str) -> tuple[CgroupWrite, ...]:
@@ -225,10 +245,17 @@ class Plan:
                 protect_parents=tuple(d.get("protect_parents", ())),
                 notes=tuple(d.get("notes", ())),
                 degraded=tuple(d.get("degraded", ())),
+                qos=_qos(d.get("qos")),
                 format=d["format"],
             )
         except (KeyError, TypeError) as err:
             raise ValueError(f"not a compiled plan: {err!r}") from err
+
+
+def _qos(d: dict[str, Any] | None) -> QosSpec:
+    if not d:
+        return QosSpec()
+    return QosSpec(qos_class=d["qos_class"], yields=tuple(d["yields"]))
 
 
 def _watch_rule(d: dict[str, Any]) -> WatchRule:
