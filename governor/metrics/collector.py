@@ -127,6 +127,7 @@ class GovernorCollector(Collector):
             st.restarts or 0,
         )
         self._rules(f, st, p)
+        self._sheds(f, st, p)
         self._tunes(f, p)
         self._model(f, st, plan)
         if not exists:
@@ -238,6 +239,18 @@ class GovernorCollector(Collector):
                 a.get("count", 0),
                 rule=str(a.get("rule")),
                 action=str(a.get("action")),
+            )
+
+    def _sheds(self, f: _Families, st: RunState, p: str) -> None:
+        for s in st.shed_totals or ():
+            f.counter(
+                "governor_shed_total",
+                "steps this policy's `shed` took on slices of a lower [qos] class (step: throttle,"
+                " freeze, stop, kill; and the undo's thaw, raise, release)",
+                p,
+                s.get("count", 0),
+                victim=str(s.get("victim")),
+                step=str(s.get("step")),
             )
 
     def _tunes(self, f: _Families, p: str) -> None:

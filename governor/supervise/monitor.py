@@ -110,6 +110,8 @@ def attach(
             rules=mon.rule_states(),
             last_actions=list(mon.recent),
             action_totals=mon.action_totals(),
+            qos=plan.qos.to_json(),
+            shed_totals=mon.shed_totals(),
         )
         snapshot[:] = [state.to_json()]
         publisher.publish(state)
@@ -138,6 +140,7 @@ def attach(
             psi_triggers=psi_triggers,
             on_change=publish,
             journal=Journal(run_dir() / plan.policy),  # set actions journaled; tunes kept
+            watchdog=watchdog,  # also reverts a `shed` should this process die
         ).start()
         publish()
         try:

@@ -184,6 +184,7 @@ class Supervisor:
             psi_triggers=job.psi_triggers,
             on_change=lambda: self._publish(job),
             journal=Journal((job.run_dir or run_dir()) / plan.policy),
+            watchdog=self.watchdog,  # reverts a `shed` should this process die
         )
         monitor.engine_started(pid)
         try:
@@ -299,6 +300,8 @@ class Supervisor:
             plan=plan.to_dict(),
             systemd=job.systemd,
             ready=self.ready,
+            qos=plan.qos.to_json(),
+            shed_totals=monitor.shed_totals() if monitor is not None else [],
         )
         self.state = state.to_json()  # also what --metrics serves
         self.publisher.publish(state)
