@@ -56,7 +56,7 @@ def is_board_file(path: Path) -> bool:
     it as the board file."""
     try:
         raw = tomllib.loads(path.read_text())
-    except (OSError, ValueError, UnicodeDecodeError):
+    except (OSError, ValueError, RecursionError):  # the policy loader says what is wrong
         return False
     return "cgroup" in raw and "name" not in raw
 
@@ -74,7 +74,7 @@ def load_board(path: Path | None = None) -> tuple[BoardCgroup, ...]:
         raise PolicyError("the board file is larger than 1 MiB", file=str(path))
     try:
         raw = tomllib.loads(data.decode())
-    except (ValueError, UnicodeDecodeError) as err:
+    except (ValueError, RecursionError) as err:  # UnicodeDecodeError is a ValueError
         raise PolicyError(f"TOML syntax error: {err}", file=str(path), hint=BOARD_HINT) from err
     return parse_board(raw, str(path))
 

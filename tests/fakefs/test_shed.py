@@ -303,3 +303,28 @@ def test_the_monitor_sheds_on_a_board_trigger_and_gives_back_once_quiet(
     steps = {(t["victim"], t["step"]) for t in mon.shed_totals()}
     assert ("npu-batch", "release") in steps
     mon.finish()
+
+
+def test_the_watchdog_reverts_a_dead_shedders_holds(tmp_path: Path) -> None:
+    """EOF on the pipe (the governor died, even by SIGKILL): the /bin/sh watchdog thaws the
+    victims and writes memory.high back, from the latest list it was given only."""
+    from governor.supervise.watchdog import fork_watchdog
+
+    root = tmp_path / "cg"
+    for cg, high in (("slice/a", "1000"), ("slice/b", "2000")):
+        (root / cg).mkdir(parents=True)
+        (root / cg / files.CGROUP_FREEZE).write_text("1\n")
+        (root / cg / files.MEMORY_HIGH).write_text(f"{high}\n")
+    dog = fork_watchdog()
+    dog.arm_shed(str(root), [("thaw", "-", "slice/b"), ("high", "max", "slice/b")])
+    dog.arm_shed(str(root), [("thaw", "-", "slice/a"), ("high", "4096", "slice/a")])
+    assert dog.fd is not None
+    os.close(dog.fd)  # what the kernel does when the governor dies
+    dog.fd = None
+    _, status = os.waitpid(dog.pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
+    assert (root / "slice/a" / files.CGROUP_FREEZE).read_text().strip() == "0"
+    assert (root / "slice/a" / files.MEMORY_HIGH).read_text().strip() == "4096"
+    # replaced by the second list: b was released meanwhile, nothing of it is touched
+    assert (root / "slice/b" / files.CGROUP_FREEZE).read_text().strip() == "1"
+    assert (root / "slice/b" / files.MEMORY_HIGH).read_text().strip() == "2000"
