@@ -169,7 +169,7 @@ def test_a_victim_shows_the_shed_that_holds_it_and_its_class(tmp_path: Path) -> 
     hold ends with its shedder's pid (the watchdog reverted it)."""
     from governor.rundir.journal import Journal
 
-    plan, _ = _tree_plan(tmp_path)
+    plan, group = _tree_plan(tmp_path)
     run = tmp_path / "run"
     Publisher(run, plan.policy).publish(
         {"policy": plan.policy, "source": "apply", "pid": None, "plan": plan.to_dict()}
@@ -177,6 +177,7 @@ def test_a_victim_shows_the_shed_that_holds_it_and_its_class(tmp_path: Path) -> 
     # a live "governor" (its command line says so) as the shedder
     shedder = subprocess.Popen(["governor-shedder", "60"], executable="/bin/sleep")
     try:
+        (group / "memory.high").write_text("4096\n")  # the throttle
         change = {"cgroup": plan.group, "file": "memory.high", "before": "max", "after": "4096"}
         journal = Journal(run / plan.policy)
         journal.append("shed", [change], by="npu-chat", pid=shedder.pid, step="throttle",
@@ -191,8 +192,10 @@ def test_a_victim_shows_the_shed_that_holds_it_and_its_class(tmp_path: Path) -> 
         assert "SHED     throttled by npu-chat since " in text
         assert ": board memory some 100ms/1s (memory.high 4096)" in text
         assert "throttle by npu-chat: memory.high max -> 4096" in text  # the journal line
+        assert {k["file"]: k["state"] for k in item["knobs"]}["memory.high"] == "shed"
     finally:
         shedder.kill()
         shedder.wait()
     (item,) = collect(run, "st")
     assert item["shed"] is None and "SHED" not in render([item])
+    assert {k["file"]: k["state"] for k in item["knobs"]}["memory.high"] == "drifted"
