@@ -243,6 +243,7 @@ class Shedder:
                 self.fs.write(cg, kf.MEMORY_HIGH, str(target))
                 after = self.fs.read(cg, kf.MEMORY_HIGH).strip()
                 held.before_high = before if held.before_high is None else held.before_high
+                held.raise_by, held.raises = None, 0  # a new undo starts from this throttle
                 changes.append(_change(cg, kf.MEMORY_HIGH, before, after))
             elif step == "freeze":
                 self.fs.freeze(cg, True)
@@ -344,6 +345,7 @@ class Shedder:
             if held.frozen and not gone:
                 self.fs.freeze(cg, False)
                 held.frozen = False
+                held.done.remove("freeze")  # pressure that comes back may freeze it again
                 return "thaw", [_change(cg, kf.CGROUP_FREEZE, "1", "0")]
             if held.before_high is None or gone or not self.fs.exists(cg):
                 return "release", []
@@ -356,6 +358,8 @@ class Shedder:
                 gap = (target - current) if target is not None else current
                 held.raise_by = max(RAISE_MIN, gap // RAISE_STEPS)
             held.raises += 1
+            if "throttle" in held.done:  # ... or throttle it again at what it then uses
+                held.done.remove("throttle")
             new = current + held.raise_by
             final = (target is not None and new >= target) or (
                 target is None and held.raises >= RAISE_STEPS

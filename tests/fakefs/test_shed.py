@@ -162,6 +162,29 @@ def test_the_undo_thaws_then_raises_memory_high_in_steps_back_to_the_policy_valu
     assert steps == ["throttle", "freeze", "thaw", *["raise"] * RAISE_STEPS, "release"]
 
 
+def test_pressure_that_comes_back_during_the_undo_takes_the_steps_again(board: Board) -> None:
+    chat = board.publish(_plan("npu-chat", CHAT), 600 * MIB)
+    batch = board.publish(_plan("npu-batch", BATCH, high=BATCH_HIGH), 512 * MIB)
+    sh = board.shedder(chat)
+    sh.shed(CTX)
+    board.tick()
+    sh.shed(CTX)
+    board.tick()
+    assert _undone(sh) == "thaw"
+    board.tick()
+    assert sh.shed(CTX).after["step"] == "freeze"  # frozen again, not "nothing left"
+    board.tick()
+    assert _undone(sh) == "thaw"
+    board.tick()
+    assert _undone(sh) == "raise"
+    (board.fs.path(batch.group) / files.MEMORY_CURRENT).write_text(f"{520 * MIB}\n")
+    board.tick()
+    assert sh.shed(CTX).after["step"] == "throttle"  # at what it uses now
+    assert _high(board.fs, batch) == str(520 * MIB)
+    sh.release_all("monitor stopped")
+    assert _high(board.fs, batch) == str(BATCH_HIGH)
+
+
 def test_never_an_equal_or_higher_class_lowest_class_and_largest_first(board: Board) -> None:
     chat = board.publish(_plan("npu-chat", CHAT), 600 * MIB)
     board.publish(_plan("chat-two", QosSpec(qos_class="interactive")), 900 * MIB)
