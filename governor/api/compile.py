@@ -27,6 +27,16 @@ def doctor(opts: HostOptions) -> tuple[HostFacts, list[Finding]]:
     return host, diagnose(host)
 
 
+def check_board(path: Path) -> int | None:
+    """`governor check` of the board file (issue 23): the number of cgroups it lists, None
+    when ``path`` is no board file (a policy). PolicyError (65) names the file and field."""
+    from governor.plan.board import is_board_file, load_board
+
+    if not is_board_file(path):
+        return None
+    return len(load_board(path))
+
+
 def schema() -> dict[str, Any]:
     from governor.policy.model import Policy
 

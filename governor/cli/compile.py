@@ -34,11 +34,16 @@ def check(
     ] = None,
     force: Force = False,
 ) -> None:
-    """Validate a policy and compile it against this host (exit 0 when it can be enforced)."""
+    """Validate a policy and compile it against this host (exit 0 when it can be enforced);
+    or check the board file (/etc/governor/board.toml: [[cgroup]] tables, no name)."""
     from governor.api import compile as api_compile
     from governor.api import host as api_host
     from governor.cli.render import show_check
 
+    board = api_compile.check_board(policy)
+    if board is not None:
+        typer.echo(f"{policy}: ok (board file, {board} ungoverned cgroup(s))")
+        return
     if engine_argv is not None:
         plan, est, warnings = api_compile.check_engine(
             policy, host_options(allow_missing), split_argv(engine_argv), force=force

@@ -129,6 +129,7 @@ class GovernorCollector(Collector):
             st.restarts or 0,
         )
         self._rules(f, st, plan, p)
+        self._sheds(f, st, p)
         self._tunes(f, p)
         self._model(f, st, plan)
         if not exists:
@@ -250,6 +251,18 @@ class GovernorCollector(Collector):
                 n,
                 rule=rule,
                 action=verb,
+            )
+
+    def _sheds(self, f: _Families, st: RunState, p: str) -> None:
+        for s in st.shed_totals or ():
+            f.counter(
+                "governor_shed_total",
+                "steps this policy's `shed` took on slices of a lower [qos] class (step: throttle,"
+                " freeze, stop, kill; and the undo's thaw, raise, release)",
+                p,
+                s.get("count", 0),
+                victim=str(s.get("victim")),
+                step=str(s.get("step")),
             )
 
     def _tunes(self, f: _Families, p: str) -> None:

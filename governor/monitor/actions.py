@@ -17,7 +17,7 @@ import os
 import signal as signal_mod
 import time
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from governor.errors import BackendError, GovernorError
 from governor.kernel import files as kf
@@ -28,6 +28,10 @@ from governor.monitor.restart import NO_SUPERVISOR, Restarts
 from governor.plan.model import Action, Plan
 from governor.record import record
 from governor.rundir.journal import Journal
+from governor.rundir.state import alive
+
+if TYPE_CHECKING:
+    from governor.monitor.shed import Shedder
 
 log = get_logger(__name__)
 
@@ -84,8 +88,11 @@ class Executor:
     # the launcher's relaunch budget (governor launch); None when attached (governor monitor)
     restarts: Restarts | None = None
     # the slice's change journal (governor/rundir/journal.py): set actions are journaled, and a file
-    # the operator tuned keeps its value (absolute sets skip it; bounds follow the tune)
+    # the operator tuned keeps its value (absolute sets skip it; bounds follow the tune); a shed
+    # that holds on the slice is its baseline (memory.high never above the throttle, no thaw)
     journal: Journal | None = None
+    shedder: Shedder | None = None  # the `shed` action (governor/monitor/shed.py)
+    alive: Callable[[int | None], bool] = alive  # a shedder's pid still runs a governor
 
     @property
     def group(self) -> str:
@@ -193,7 +200,21 @@ class Executor:
             detail=None if frozen else f"cgroup.events not 'frozen 1' after {FREEZE_WAIT_S}s",
         )
 
+    def _do_shed(self, action: Action, ctx: Context) -> Result:
+        if self.shedder is None:  # the monitor makes one for every plan with a shed rule
+            return Result("shed", ok=False, detail="no shedder for this monitor")
+        return self.shedder.shed(ctx)
+
+    def _shed_hold(self) -> dict[str, Any] | None:
+        """The shed a higher class holds on this slice (its journal), None without one."""
+        return self.journal.shed(self.alive) if self.journal is not None else None
+
     def _do_thaw(self, action: Action, ctx: Context) -> Result:
+        hold = self._shed_hold()
+        if hold is not None and hold["frozen"]:
+            self.thaw_at = None
+            self.frozen_by_us = False
+            return Result("thaw", ok=True, detail=f"kept frozen: shed by {hold['by']}")
         before = self._frozen()
         self.fs.freeze(self.group, False)
         self.thaw_at = None
@@ -325,6 +346,10 @@ class Executor:
         )
         upper = plan_max if plan_max is not None else self._live(kf.MEMORY_MAX)
         lower = 0 if file == kf.MEMORY_MIN else (self._live(kf.MEMORY_MIN) or 0)
+        hold = self._shed_hold() if file == kf.MEMORY_HIGH else None
+        shed_high = parse_max(hold["memory_high"]) if hold and hold["memory_high"] else None
+        if shed_high is not None:  # a higher class throttled it: never raised above that
+            upper = shed_high if upper is None else min(upper, shed_high)
         return lower, upper
 
     def _plan_value(self, file: str) -> int | None:

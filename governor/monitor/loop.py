@@ -48,9 +48,11 @@ from governor.monitor.leak import LeakDetector
 from governor.monitor.restart import Restarts
 from governor.monitor.rules import Firing, Observations, Rule, RuleEngine
 from governor.monitor.sampler import DEFAULT_INTERVAL_S, Sampler
+from governor.monitor.shed import Reverter, Shedder
 from governor.monitor.sources import Board, DeviceMemory, EventFile, open_optional
 from governor.plan.model import Plan, WatchTrigger
 from governor.rundir.journal import Journal
+from governor.rundir.state import run_dir
 
 log = get_logger(__name__)
 
@@ -76,9 +78,13 @@ class Monitor:
         on_change: Callable[[], None] | None = None,
         wall: Callable[[], float] = time.time,
         journal: Journal | None = None,
+        watchdog: Reverter | None = None,
+        shedder: Shedder | None = None,
     ) -> None:
         """``engine_pids`` for attach mode; without it the engine is the pid given to
-        :meth:`engine_started` (launch). ``restarts`` is the launcher's relaunch budget."""
+        :meth:`engine_started` (launch). ``restarts`` is the launcher's relaunch budget.
+        A plan with a `shed` action gets a Shedder (governor/monitor/shed.py) over the run
+        directory of ``journal`` and the watchdog that reverts it if this process dies."""
         self.fs = fs
         self.plan = plan
         self.group = plan.group
@@ -94,6 +100,11 @@ class Monitor:
             restarts=restarts,
             journal=journal,
         )
+        self.shed_rules = [r for r in self.rules if any(a.verb == "shed" for a in r.actions)]
+        if shedder is None and self.shed_rules:
+            run = journal.dir.parent if journal is not None else run_dir()
+            shedder = Shedder(fs, plan, run=run, watchdog=watchdog, clock=clock)
+        self.shedder = self.executor.shedder = shedder
         self.psi_triggers = psi_triggers
         self.sampler = Sampler(fs, self.group, interval_s=sample_s)
         self.board = Board(proc or ProcFs())
@@ -212,6 +223,8 @@ class Monitor:
     def close(self) -> None:
         if self.executor.thaw_at is not None:  # never leave a group frozen behind
             self.executor.execute(THAW, Context(rule=-1, when="monitor stopped"))
+        if self.shedder is not None and self.shedder.holding():  # nor another one shed
+            self.shedder.release_all("monitor stopped")
         self.poll_files()  # a last look: an OOM kill races the engine's exit
         close_triggers([a.fd for a in self.armed if a.fd is not None])
         for ev in (self.mem_events, self.cg_events):
@@ -277,7 +290,19 @@ class Monitor:
         if fired_psi or counters or sampled or any(self.engine.active(r.index) for r in self.rules):
             self._evaluate(now, fired_psi, counters, sampled)
         self.executor.on_timer(self.clock())
+        self._give_back(self.clock())
         self._maybe_changed()
+
+    def _give_back(self, now: float) -> None:
+        """Undo a shed step by step once every shedding rule has been quiet for its cooldown."""
+        sh = self.shedder
+        if sh is not None and sh.holding():
+            rules = self.shed_rules
+            if all(self.engine.quiet(r.index, now, r.cooldown_s or sh.settle_s) for r in rules):
+                done = sh.undo()
+                if done is not None:
+                    self.recent.append(done)
+                    self._published = None  # republish: the victim's status changed
 
     def rule_states(self) -> list[dict[str, Any]]:
         """Each rule's state (monitor/rules.py describe) with its times as epoch seconds."""
@@ -289,6 +314,10 @@ class Monitor:
                 if item.get(key) is not None:
                     item[key] = round(item[key] + offset, 3)
         return out
+
+    def shed_totals(self) -> list[dict[str, Any]]:
+        """The shed steps and undos per victim (the metrics' governor_shed_total)."""
+        return self.shedder.totals_list() if self.shedder is not None else []
 
     def action_totals(self) -> list[dict[str, Any]]:
         """How many times each rule ran each action verb (the metrics' actions_total)."""
@@ -467,26 +496,3 @@ def close_triggers(fds: Sequence[int]) -> None:
         t.start()
     for t in threads:
         t.join()
-
-
-def start_monitor(
-    fs: CgroupFs,
-    plan: Plan,
-    pid: int,
-    *,
-    proc: ProcFs,
-    sample_s: float,
-    restarts: Restarts | None = None,
-    psi_triggers: bool = True,
-) -> Monitor:
-    """The monitor for ``governor launch``: the engine is ``pid``; armed and sampling."""
-    mon = Monitor(
-        fs,
-        plan,
-        proc=proc,
-        sample_s=sample_s,
-        restarts=restarts,
-        psi_triggers=psi_triggers,
-    )
-    mon.engine_started(pid)
-    return mon.start()

@@ -104,6 +104,11 @@ class RuleEngine:
     def active(self, index: int) -> bool:
         return self._state[index].since is not None
 
+    def quiet(self, index: int, now: float, for_s: float) -> bool:
+        """No episode running and no evidence for ``for_s`` (a shed is undone then)."""
+        st = self._state[index]
+        return st.since is None and (st.last_evidence is None or now - st.last_evidence >= for_s)
+
     def describe(self, now: float) -> list[dict[str, Any]]:
         """Each rule's state at ``now`` (same clock as step()): ``armed`` (no evidence),
         ``holding`` (evidence, its ``for`` not reached: ``hold_until``), ``active`` (would fire

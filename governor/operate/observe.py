@@ -61,7 +61,8 @@ def knobs(
 ) -> list[dict[str, Any]]:
     """Each file the policy sets: policy value, kernel value, (under systemd, ``systemd`` from
     the published state) the unit's value, and a state: in sync, tuned (the operator's last
-    tune in ``journal``), drifted, unit drifted, missing; a tune waiting for --confirm says
+    tune in ``journal``), shed (memory.high at a higher class's throttle), drifted, unit drifted,
+    missing; a tune waiting for --confirm says
     when it reverts (``reverts_at``)."""
     from governor.rundir.state import REVERTER, alive
 
@@ -87,6 +88,8 @@ def knobs(
         w = obs.write
         if w.cgroup == plan.group:
             rows.append((w.file, w.reason, w.value, w.cgroup, False))
+    # a higher QoS class's shed holds memory.high at its throttle: "shed", not "drifted"
+    hold = journal.shed(alive) if journal is not None else None
     out = []
     for file, reason, policy, cgroup, has_unit in rows:
         try:
@@ -98,6 +101,8 @@ def knobs(
         unit = unit_values.get(file) if has_unit else None
         tuned = journal.tuned(file) if journal is not None else None
         state = _knob_state(file, policy, kernel, unit, tuned=tuned, has_unit=has_unit)
+        if state == "drifted" and hold and file == kf.MEMORY_HIGH and kernel == hold["memory_high"]:
+            state = "shed"
         out.append(
             {
                 "file": file,

@@ -78,11 +78,23 @@ def collect(
             ],
             "degraded": list(plan.degraded),
             "clocks": clock_rows(plan, run),  # [clocks]: governor/operate/clocks.py
+            "qos": st.qos or plan.qos.to_json(),
+            # a higher class's shed that holds on this slice (its journal; issue 23)
+            "shed": journal.shed(alive),
         }
         if exists:  # NPU/GPU memory memcg may not see, and the board (operate/devmem.py)
             item["device_memory"], item["board"] = device_board(fs, plan, st.board)
         out.append(item)
     return out
+
+
+def shed_text(shed: dict[str, Any]) -> str:
+    """ "throttled by npu-chat since 12:00:03: board memory some 100ms/1s" """
+    since = time.strftime("%H:%M:%S", time.localtime(shed["since"])) if shed.get("since") else "?"
+    text = f"{shed['state']} by {shed['by']} since {since}: {shed.get('when')}"
+    if shed.get("memory_high") and shed["state"] == "throttled":
+        text += f" (memory.high {shed['memory_high']})"
+    return text
 
 
 def _size(value: int | None) -> str:
@@ -117,6 +129,13 @@ def render(items: list[dict[str, Any]], *, now: float | None = None) -> str:
                 "  STALE: the supervisor that published this state is gone"
                 " (`governor status --prune` clears it)"
             )
+        qos = it.get("qos")
+        if qos:
+            lines.append(
+                f"  qos      {qos['class']}  (a shed may: {', '.join(qos['yield']) or '-'})"
+            )
+        if it.get("shed"):
+            lines.append(f"  SHED     {shed_text(it['shed'])}")
         if it["knobs"]:
             unit = it.get("systemd_unit")
             head = f"  {'knob':<18}{'policy':>14}{'kernel':>14}"
@@ -187,6 +206,8 @@ def render(items: list[dict[str, Any]], *, now: float | None = None) -> str:
                 done += f" ({e['reason']})"
             if e.get("error"):
                 done = e["error"]
+            if e["source"] == "shed":
+                done = f"{e.get('step')} by {e.get('by')}" + (f": {done}" if done else "")
             lines.append(f"  journal  #{e['id']} {at} {e['source']}: {done}")
         for p in it.get("pending_confirm", []):
             at = time.strftime("%H:%M:%S", time.localtime(p["confirm_by"]))

@@ -2,7 +2,8 @@
 
 Columns: memory current / memory.high / memory.max (current as % of high), anon / file,
 memory PSI some / full avg10, CPU % (of one CPU, over the last interval), throttled %,
-memory.events high / max / oom_kill since the previous frame, and the rules' states.
+memory.events high / max / oom_kill since the previous frame, the [qos] class (int, std, bg)
+and the rules' states (after "SHED frozen by npu-chat" while a higher class's shed holds it).
 Keys (interactive): ``m`` sort by memory, ``p`` by pressure, ``c`` by CPU, ``q`` quit.
 ``-b/--batch`` prints plain frames (systemd-cgtop's convention), ``-n N`` stops after N.
 """
@@ -21,7 +22,7 @@ from governor.sizes import human_bytes
 SORT_KEYS = {"m": "memory", "p": "pressure", "c": "cpu"}
 HEADER = (
     f"{'SLICE':<16}{'MEM':>9}{'HIGH':>9}{'MAX':>9}{'%HIGH':>7}{'ANON':>9}{'FILE':>9}{'DEV':>9}"
-    f"{'PSI-S':>7}{'PSI-F':>7}{'CPU%':>7}{'THR%':>6}{'EV-H':>6}{'EV-M':>6}{'OOMK':>6}  RULES"
+    f"{'PSI-S':>7}{'PSI-F':>7}{'CPU%':>7}{'THR%':>6}{'EV-H':>6}{'EV-M':>6}{'OOMK':>6}  QOS  RULES"
 )
 
 
@@ -65,6 +66,8 @@ class Frame:
                 "throttled": None,
                 "events": dict.fromkeys(("high", "max", "oom_kill"), 0),
                 "rules": _rules(it["rules"]),
+                "qos": (it.get("qos") or {}).get("class", "standard"),
+                "shed": it.get("shed"),
             }
             before = self.previous.get(it["policy"])
             if before is not None:
@@ -110,8 +113,13 @@ def format_row(r: dict[str, Any]) -> str:
         f"{pct:>7}{_size(r['anon']):>9}{_size(r['file']):>9}{_size(r.get('device')):>9}"
         f"{num(r['psi_some']):>7}"
         f"{num(r['psi_full']):>7}{num(r['cpu']):>7}{num(r['throttled']):>6}"
-        f"{ev['high']:>6}{ev['max']:>6}{ev['oom_kill']:>6}  {r['rules']}"
+        f"{ev['high']:>6}{ev['max']:>6}{ev['oom_kill']:>6}  {_QOS.get(r['qos'], '?'):<5}"
+        + (f"SHED {r['shed']['state']} by {r['shed']['by']}; " if r.get("shed") else "")
+        + str(r["rules"])
     )
+
+
+_QOS = {"interactive": "int", "standard": "std", "background": "bg"}
 
 
 def frame_text(rows: list[dict[str, Any]], key: str, now: float) -> str:

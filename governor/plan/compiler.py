@@ -15,6 +15,7 @@ from governor.kernel.parse import format_cpulist
 from governor.plan.clocks import resolve as resolve_clocks
 from governor.plan.host import HostFacts
 from governor.plan.model import (
+    SHED_STEPS,
     Action,
     CgroupWrite,
     DeviceSpec,
@@ -23,6 +24,7 @@ from governor.plan.model import (
     LaunchSpec,
     Plan,
     PrefetchSpec,
+    QosSpec,
     WatchCondition,
     WatchRule,
     WatchTrigger,
@@ -223,6 +225,7 @@ def compile_plan(
                 i,
                 _watch_trigger(r.when),
                 tuple(r.do),
+                when=str(r.when),
                 hold_s=r.for_.seconds if r.for_ else None,
                 cooldown_s=r.cooldown.seconds if r.cooldown else None,
             )
@@ -232,6 +235,11 @@ def compile_plan(
         degraded=tuple(degraded),
         device=_device(policy, workload),
         clocks=clocks,
+        qos=QosSpec(
+            qos_class=policy.qos.class_,
+            # the ladder's order whatever the policy's; the policy's list says which steps
+            yields=tuple(s for s in SHED_STEPS if s in policy.qos.yield_),
+        ),
     )
 
 
@@ -271,12 +279,14 @@ def watch_rule(
     *,
     hold_s: float | None = None,
     cooldown_s: float | None = None,
+    when: str | None = None,
 ) -> WatchRule:
-    """One [[pressure]] rule, compiled (actions may be given in the policy's spelling)."""
+    """One [[pressure]] rule, compiled (actions may be given in the policy's spelling);
+    ``when``: the policy's spelling of the condition (default: :func:`when_text`)."""
     return WatchRule(
         index=index,
         trigger=trigger,
-        when=when_text(trigger),
+        when=when if when is not None else when_text(trigger),
         actions=tuple(compile_action(v.parse_action(a)) for a in actions),
         hold_s=hold_s,
         cooldown_s=cooldown_s,

@@ -20,7 +20,13 @@ from governor.record import asdict, field, record
 
 FORMAT = 2  # 1: the pydantic Plan of wave 1; 2: dataclasses, typed actions, rule texts
 
-ActionVerb = Literal["log", "signal", "reclaim", "set", "freeze", "thaw", "kill", "exec", "restart"]
+ActionVerb = Literal[
+    "log", "signal", "reclaim", "set", "freeze", "thaw", "kill", "exec", "restart", "shed"
+]
+QosClass = Literal["background", "standard", "interactive"]
+# the shed ladder, mildest first (governor/monitor/shed.py); [qos] yield picks a prefix-free subset
+SHED_STEPS = ("throttle", "freeze", "stop", "kill")
+QOS_RANK = {"background": 0, "standard": 1, "interactive": 2}
 
 
 @record(frozen=True)
@@ -84,6 +90,19 @@ class EngineSpec:
 class PrefetchSpec:
     files: Literal["auto"] | tuple[str, ...] = "auto"
     mode: Literal["none", "advise", "populate", "lock"] = "none"
+
+
+@record(frozen=True)
+class QosSpec:
+    """[qos]: the slice's class among the board's workloads and the shed steps another
+    policy's `shed` may take on it (``yields``: the policy's ``yield``)."""
+
+    qos_class: QosClass = "standard"
+    yields: tuple[str, ...] = SHED_STEPS
+
+    def to_json(self) -> dict[str, Any]:
+        """As the policy spells it (the run state's ``qos``)."""
+        return {"class": self.qos_class, "yield": list(self.yields)}
 
 
 @record(frozen=True)
@@ -208,6 +227,7 @@ class Plan:
     degraded: tuple[str, ...] = ()  # limits NOT in force (allowed missing controllers)
     device: DeviceSpec | None = None  # [device] (left out of the JSON when None)
     clocks: tuple[ClockTarget, ...] = ()  # [clocks]: board clocks set while the slice lives
+    qos: QosSpec = field(default_factory=QosSpec)
     format: int = FORMAT
 
     def writes_for(self, controller: str) -> tuple[CgroupWrite, ...]:
@@ -275,10 +295,17 @@ class Plan:
                 degraded=tuple(d.get("degraded", ())),
                 device=DeviceSpec(**d["device"]) if d.get("device") else None,
                 clocks=tuple(ClockTarget.from_dict(c) for c in d.get("clocks", ())),
+                qos=_qos(d.get("qos")),
                 format=d["format"],
             )
         except (KeyError, TypeError) as err:
             raise ValueError(f"not a compiled plan: {err!r}") from err
+
+
+def _qos(d: dict[str, Any] | None) -> QosSpec:
+    if not d:
+        return QosSpec()
+    return QosSpec(qos_class=d["qos_class"], yields=tuple(d["yields"]))
 
 
 def _watch_rule(d: dict[str, Any]) -> WatchRule:

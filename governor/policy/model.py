@@ -93,10 +93,10 @@ Trigger = Annotated[
     WithJsonSchema(
         {
             "type": "string",
-            "description": "'[system] <memory|cpu|io> <some|full> <stall>/<window>', e.g. 'memory some 150ms/2s'"
-            " (system: the whole board's /proc/pressure);"
-            " 'leak > 500KB/s for 60s'; 'memavailable < 800M'; 'device memory > 1.5G' (the"
-            " group's DRM and dma-buf memory); or a memory.events counter:"
+            "description": "'[board|system] <memory|cpu|io> <some|full> <stall>/<window>', e.g. 'memory some 150ms/2s'"
+            " (board/system: the whole board's /proc/pressure);"
+            " 'leak > 500KB/s for 60s'; 'memavailable < 800M' (or 'board available < 200M');"
+            " 'device memory > 1.5G' (the group's DRM and dma-buf memory); or a memory.events counter:"
             " 'oom_kill', 'oom_group_kill', 'oom', 'max', 'high'",
         }
     ),
@@ -109,7 +109,7 @@ ActionStr = Annotated[
         {
             "type": "string",
             "description": "log | signal SIG | reclaim SIZE | set FILE VALUE|±N% | freeze DURATION"
-            " | thaw | kill | exec ARGV... | restart",
+            " | thaw | kill | exec ARGV... | restart | shed (take memory from lower [qos] classes)",
         }
     ),
     PlainSerializer(str, return_type=str),
@@ -309,6 +309,28 @@ class PressureRule(_Section):
     cooldown: Duration | None = None
 
 
+ShedStep = Literal["throttle", "freeze", "stop", "kill"]
+
+
+class QosSection(_Section):
+    """[qos]: the class among the board's workloads (issue 23) and what a higher class's `shed`
+    may do to this slice (``yield``: never killed by a shed without "kill")."""
+
+    class_: Literal["interactive", "standard", "background"] = Field(
+        default="standard", alias="class"
+    )
+    yield_: Annotated[tuple[ShedStep, ...], Field(strict=False)] = Field(
+        default=("throttle", "freeze", "stop", "kill"), alias="yield"
+    )
+
+    @field_validator("yield_")
+    @classmethod
+    def _unique(cls, steps: tuple[str, ...]) -> tuple[str, ...]:
+        if len(set(steps)) != len(steps):
+            raise ValueError(f"a step is listed twice in {list(steps)}")
+        return steps
+
+
 class Policy(_Section):
     name: StrictStr
     description: StrictStr = ""
@@ -324,6 +346,7 @@ class Policy(_Section):
     device: DeviceSection = Field(default_factory=DeviceSection)
     clocks: ClocksSection = Field(default_factory=ClocksSection)  # policy/clocks.py
     pressure: Annotated[tuple[PressureRule, ...], Field(strict=False)] = ()
+    qos: QosSection = Field(default_factory=QosSection)
 
     @field_validator("name")
     @classmethod

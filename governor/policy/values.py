@@ -186,7 +186,7 @@ def parse_cpu_max(value: object) -> CpuMax:
 PSI_WINDOW_MIN_US = 500_000
 PSI_WINDOW_MAX_US = 10_000_000
 _TRIGGER_RE = re.compile(
-    r"^\s*(?:(?P<scope>system)\s+)?(?P<res>memory|cpu|io)\s+(?P<kind>some|full)\s+"
+    r"^\s*(?:(?P<scope>system|board)\s+)?(?P<res>memory|cpu|io)\s+(?P<kind>some|full)\s+"
     r"(?P<stall>\S+)\s*/\s*(?P<window>\S+)\s*$"
 )
 
@@ -198,11 +198,13 @@ class PsiTrigger:
     stall: Duration
     window: Duration
     # "system memory some ...": the whole board's pressure (/proc/pressure/memory, which is
-    # the root cgroup's memory.pressure), not the slice's
+    # the root cgroup's memory.pressure), not the slice's; "board memory some ..." is the same
+    # (the QoS spelling, issue 23), kept as written
     system: bool = False
+    scope: Literal["system", "board"] = "system"
 
     def __str__(self) -> str:
-        scope = "system " if self.system else ""
+        scope = f"{self.scope} " if self.system else ""
         return f"{scope}{self.resource} {self.kind} {self.stall}/{self.window}"
 
 
@@ -215,7 +217,7 @@ def parse_trigger(value: object) -> PsiTrigger:
     m = _TRIGGER_RE.match(value)
     if not m:
         raise ValueError(
-            f"cannot parse trigger {value!r} (form: '[system] <memory|cpu|io> <some|full>"
+            f"cannot parse trigger {value!r} (form: '[board|system] <memory|cpu|io> <some|full>"
             " <stall>/<window>', e.g. 'memory some 150ms/2s')"
         )
     stall, window = parse_duration(m["stall"]), parse_duration(m["window"])
@@ -228,7 +230,14 @@ def parse_trigger(value: object) -> PsiTrigger:
         raise ValueError(
             f"'cpu full' is not a meaningful cgroup trigger ({value!r}); use 'cpu some'"
         )
-    return PsiTrigger(m["res"], m["kind"], stall, window, system=bool(m["scope"]))  # type: ignore[arg-type]  # regex
+    return PsiTrigger(
+        m["res"],  # type: ignore[arg-type]  # regex
+        m["kind"],  # type: ignore[arg-type]  # regex
+        stall,
+        window,
+        system=bool(m["scope"]),
+        scope=m["scope"] or "system",  # type: ignore[arg-type]  # regex
+    )
 
 
 # ---------------------------------------------------------------- other conditions
@@ -241,7 +250,9 @@ _RATE_UNITS = {**_BINARY, "KB": 1 << 10, "kB": 1 << 10, "MB": 1 << 20, "GB": 1 <
 _LEAK_RE = re.compile(
     r"^\s*leak\s*>\s*(?P<num>[0-9]+(?:\.[0-9]+)?)\s*(?P<unit>[A-Za-z]*)/s\s+for\s+(?P<window>\S+)\s*$"
 )
-_MEMAVAIL_RE = re.compile(r"^\s*memavailable\s*<\s*(?P<size>\S+)\s*$")
+_MEMAVAIL_RE = re.compile(
+    r"^\s*(?P<spelling>memavailable|board\s+available)\s*<\s*(?P<size>\S+)\s*$"
+)
 # the slope needs several samples: at 1 s sampling, 10 s gives 10 points
 LEAK_WINDOW_MIN_US = 10_000_000
 
@@ -261,12 +272,15 @@ class LeakCondition:
 
 @dataclass(frozen=True)
 class MemAvailableCondition:
-    """``memavailable < 800M``: the board-wide floor (/proc/meminfo MemAvailable)."""
+    """``memavailable < 800M`` (or ``board available < 200M``, the QoS spelling): the
+    board-wide floor (/proc/meminfo MemAvailable)."""
 
     below: int  # bytes
+    board: bool = False  # spelled "board available"
 
     def __str__(self) -> str:
-        return f"memavailable < {format_bytes(self.below)}"
+        name = "board available" if self.board else "memavailable"
+        return f"{name} < {format_bytes(self.below)}"
 
 
 @dataclass(frozen=True)
@@ -318,14 +332,16 @@ def parse_condition(value: object) -> Condition:
         if window.us < LEAK_WINDOW_MIN_US:
             raise ValueError(f"leak window {window} is too short for a slope (at least 10s)")
         return LeakCondition(rate, window)
-    if text.startswith("memavailable"):
+    if text.startswith("memavailable") or re.match(r"board\s+available", text):
         m = _MEMAVAIL_RE.match(text)
         if not m:
-            raise ValueError(f"cannot parse {value!r} (form: 'memavailable < 800M')")
+            raise ValueError(
+                f"cannot parse {value!r} (form: 'memavailable < 800M' or 'board available < 200M')"
+            )
         size = parse_size(m["size"], allow=frozenset({"bytes"}))
         if size.bytes == 0:
             raise ValueError(f"memavailable floor must be positive in {value!r}")
-        return MemAvailableCondition(size.bytes)
+        return MemAvailableCondition(size.bytes, board=m["spelling"] != "memavailable")
     if text.startswith("device"):
         if not (m := _DEVICE_RE.match(text)):
             raise ValueError(f"cannot parse {value!r} (form: 'device memory > 1.5G')")
@@ -352,7 +368,9 @@ _REL_RE = re.compile(r"^(?P<sign>[+-])(?P<num>[0-9]+(?:\.[0-9]+)?)%$")
 class Action:
     """One parsed action; ``str()`` gives the canonical spelling."""
 
-    verb: Literal["log", "signal", "reclaim", "set", "freeze", "thaw", "kill", "exec", "restart"]
+    verb: Literal[
+        "log", "signal", "reclaim", "set", "freeze", "thaw", "kill", "exec", "restart", "shed"
+    ]
     signal: str | None = None  # "SIGUSR1"
     size: Size | None = None  # reclaim amount / set absolute memory value
     file: str | None = None  # set: the file
@@ -399,7 +417,7 @@ def parse_action(value: object) -> Action:
         raise ValueError(f"expected an action string like 'reclaim 64M', got {value!r}")
     verb, _, rest = value.strip().partition(" ")
     rest = rest.strip()
-    if verb in ("log", "thaw", "kill", "restart"):
+    if verb in ("log", "thaw", "kill", "restart", "shed"):
         if rest:
             raise ValueError(f"action {verb!r} takes no argument, got {value!r}")
         return Action(verb)  # type: ignore[arg-type]  # narrowed by `in`
@@ -428,7 +446,7 @@ def parse_action(value: object) -> Action:
         if not argv:
             raise ValueError(f"exec needs a command, got {value!r}")
         return Action("exec", argv=argv)
-    known = "log, signal, reclaim, set, freeze, thaw, kill, exec, restart"
+    known = "log, signal, reclaim, set, freeze, thaw, kill, exec, restart, shed"
     raise ValueError(f"unknown action {verb!r} in {value!r} (known: {known})")
 
 

@@ -12,6 +12,13 @@ its detached reverter (``reverter_pid``, governor/operate/confirm.py); a later `
 (``confirms: [ids]``, no changes) keeps it, a ``rollback`` entry (``reason: "not confirmed"``)
 undoes it. :meth:`Journal.pending` lists the tunes still waiting. Decisions that read then write
 (confirm, the reverter's revert) hold :meth:`Journal.locked`.
+
+A higher QoS class's `shed` (governor/monitor/shed.py) journals each step it takes on this slice
+and each undo: ``source: "shed"``, ``by`` (the shedding policy), ``pid`` (its governor), ``step``
+(throttle, freeze, stop, kill; thaw, raise, release), ``when`` (the rule). :meth:`Journal.shed`
+folds them into what holds now: the slice's own monitor takes it as its baseline (it never
+raises memory.high above a throttle, never thaws a shed freeze) until the shed is released, or
+until its shedder's pid is gone (its watchdog reverted the kernel's values).
 """
 
 from __future__ import annotations
@@ -21,13 +28,14 @@ import fcntl
 import json
 import os
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 JOURNAL_FILE = "journal.jsonl"
 LOCK_FILE = "journal.lock"
 CHANGING = ("tune", "rollback", "monitor")  # the sources whose entries change a limit
+SHED_HOLDS = {"throttle": "throttled", "freeze": "frozen", "stop": "stopped", "kill": "killed"}
 
 
 class Journal:
@@ -108,3 +116,39 @@ class Journal:
 
     def tail(self, n: int = 5) -> list[dict[str, Any]]:
         return self.entries()[-n:]
+
+    def shed(self, alive: Callable[[int | None], bool] | None = None) -> dict[str, Any] | None:
+        """The shed that holds on this slice now, or None: ``by``, ``pid``, ``since`` (its
+        first step), ``when``, ``state`` (throttled, frozen, stopped, killed: the strongest
+        step not undone), ``frozen`` and ``memory_high`` (the throttle's value, raised by the
+        undo's steps). ``alive(pid)`` says whether the shedder still runs (a dead one's
+        watchdog reverted its changes: nothing holds)."""
+        held: dict[str, Any] | None = None
+        for e in self.entries():
+            if e.get("source") != "shed":
+                continue
+            step = e.get("step")
+            if step == "release":
+                held = None
+                continue
+            if held is None or held.get("pid") != e.get("pid"):
+                held = {"by": e.get("by"), "pid": e.get("pid"), "since": e.get("time")}
+                held.update(frozen=False, memory_high=None, steps=[])
+            held["when"] = e.get("when", held.get("when"))
+            if step in SHED_HOLDS:
+                held["steps"].append(step)
+            if step == "freeze":
+                held["frozen"] = True
+            elif step in ("thaw", "stop"):
+                held["frozen"] = False
+            for change in e.get("changes", ()):
+                if change.get("file") == "memory.high":
+                    held["memory_high"] = str(change.get("after"))
+        if held is None or (alive is not None and not alive(held.get("pid"))):
+            return None
+        steps = held.pop("steps")
+        held["state"] = next(
+            (SHED_HOLDS[s] for s in ("kill", "stop") if s in steps),
+            "frozen" if held["frozen"] else "throttled",
+        )
+        return held

@@ -62,6 +62,10 @@ class RunState:
     ready: bool | None = None
     # the board at the engine's start, for its unaccounted memory (backends/device.py)
     board: dict[str, int] | None = None
+    # [qos] (issue 23): {"class": ..., "yield": [...]}, and the steps this policy's `shed` took
+    # per victim ({"victim", "step", "count"}: the metric governor_shed_total)
+    qos: dict[str, Any] | None = None
+    shed_totals: list[dict[str, Any]] = field(default_factory=list)
     stale: bool = False  # set by the reader (read_states), never written
 
     @classmethod
@@ -92,16 +96,16 @@ _KEYS = {
         "policy", "source", "policy_path", "policy_sha256", "pid", "engine_pid", "started_at",
         "backend", "cgroup_root", "group", "leaf", "restarts", "model_bytes", "rules",
         "last_actions", "action_totals", "model", "prefetch_files", "plan", "systemd", "ready",
-        "board",
+        "board", "qos", "shed_totals",
     ),
     "monitor": (
         "policy", "source", "policy_path", "policy_sha256", "pid", "started_at", "backend",
         "cgroup_root", "group", "leaf", "restarts", "plan", "created", "systemd", "engine_pid",
-        "rules", "last_actions", "action_totals",
+        "rules", "last_actions", "action_totals", "qos", "shed_totals",
     ),
     "apply": (
         "policy", "source", "policy_path", "pid", "started_at", "backend", "cgroup_root",
-        "group", "leaf", "plan", "created", "kept_by",
+        "group", "leaf", "plan", "created", "kept_by", "qos",
     ),
 }  # fmt: skip
 _WHEN_SET = frozenset({"created", "systemd", "kept_by"})
@@ -190,7 +194,17 @@ def applied(
         plan=dict(plan_dict),
         created=created,
         kept_by=kept_by,
+        qos=_qos(plan_dict),
     )
+
+
+def _qos(plan_dict: Mapping[str, Any]) -> dict[str, Any]:
+    """The plan's [qos] as the policy spells it (a plan of before issue 23: standard)."""
+    qos = plan_dict.get("qos") or {}
+    return {
+        "class": qos.get("qos_class", "standard"),
+        "yield": list(qos.get("yields", ("throttle", "freeze", "stop", "kill"))),
+    }
 
 
 def alive(pid: int | None, proc: Path = Path("/proc"), *, marker: bytes = b"governor") -> bool:

@@ -102,6 +102,7 @@ def attach(
             psi_triggers=psi_triggers,
             on_change=lambda: state.publish(mon),
             journal=Journal(run_dir() / plan.policy),  # set actions journaled; tunes kept
+            watchdog=watchdog,  # also reverts a `shed` should this process die
         ).start()
         state.publish(mon)
         try:
@@ -172,6 +173,8 @@ class _Published:
             rules=mon.rule_states(),
             last_actions=list(mon.recent),
             action_totals=mon.action_totals(),
+            qos=plan.qos.to_json(),
+            shed_totals=mon.shed_totals(),
         )
         self.snapshot[:] = [state.to_json()]
         self.publisher.publish(state)

@@ -227,6 +227,7 @@ class Supervisor:
             psi_triggers=job.psi_triggers,
             on_change=lambda: self._publish(job),
             journal=Journal((job.run_dir or run_dir()) / plan.policy),
+            watchdog=self.watchdog,  # reverts a `shed` should this process die
         )
         monitor.engine_started(pid)
         try:
@@ -344,6 +345,8 @@ class Supervisor:
             systemd=job.systemd,
             ready=self.ready,
             board=self.board,
+            qos=plan.qos.to_json(),
+            shed_totals=monitor.shed_totals() if monitor is not None else [],
         )
         self.state = state.to_json()  # also what --metrics serves
         self.publisher.publish(state)

@@ -18,6 +18,11 @@ validated policy (no newline can be in them) and are quoted by the shell's ``rea
 
 The supervisor's published state (/run/governor/<name>/state.json) is removed too, after the
 kill, when it still names the dead supervisor's pid (so `status` does not list it as stale).
+
+A monitor whose rules `shed` lower QoS classes keeps the watchdog told what it holds on other
+slices (:meth:`Watchdog.arm_shed`): at EOF the watchdog thaws them and writes memory.high back
+to their value first, whatever else it was armed for.
+
 Left to the next apply/remove on this path: lowering the slices' memory.min/low (the backend
 re-sums them from the children that are left). The policy's slice is removed when it is empty.
 """
@@ -32,17 +37,23 @@ SHELL = "/bin/sh"
 DISARM = b"disarm\n"
 WAIT_EMPTY_S = 5  # how long to wait for "populated 0" after cgroup.kill before removing
 
-# Reads "root PATH", "thaw CGROUP", "kill CGROUP", "rmdir CGROUP" and the clock lines
-# ("clockpy", "clockpath", "clockdir", "clocks POLICY PID") until "disarm" (exit) or EOF (act:
-# thaw first, then kill and remove, then give the board's clocks back).
+# Reads "root PATH", "thaw CGROUP", "kill CGROUP", "rmdir CGROUP", the clock lines ("clockpy",
+# "clockpath", "clockdir", "clocks POLICY PID") and the shed lines ("shedroot PATH",
+# "shed-reset" and "shed OP VALUE CGROUP" with OP thaw or high: they replace the list of shed
+# reverts, issue 23) until "disarm" (exit) or EOF (act: revert the sheds, thaw, then kill and
+# remove, then give the board's clocks back).
 _SCRIPT = r"""
 trap '' INT TERM HUP QUIT USR1 USR2 PIPE TSTP TTIN TTOU
-root= kill= thaw= state= spid= clockpy= clockpath= clockdir= clocks=
+root= kill= thaw= state= spid= clockpy= clockpath= clockdir= clocks= shedroot= shed=
 set --
 while IFS= read -r line; do
     case $line in
         disarm) exit 0 ;;
         "root "*) root=${line#root } ;;
+        "shedroot "*) shedroot=${line#shedroot } ;;
+        shed-reset) shed= ;;
+        "shed "*) shed="$shed${line#shed }
+" ;;
         "thaw "*) thaw=${line#thaw } ;;
         "kill "*) kill=${line#kill } ;;
         "state "*) spid=${line#state }; spid=${spid%% *}; state=${line#state $spid } ;;
@@ -54,6 +65,17 @@ while IFS= read -r line; do
     esac
 done
 rc=0
+if [ -n "$shedroot" ] && [ -n "$shed" ]; then
+    printf '%s' "$shed" | while read -r op value cg; do
+        case $op in
+            thaw) file=cgroup.freeze value=0 ;;
+            high) file=memory.high ;;
+            *) continue ;;
+        esac
+        printf '{"event": "watchdog.governor_gone", "action": "unshed", "cgroup": "%s", "file": "%s", "value": "%s", "level": "warning"}\n' "$cg" "$file" "$value" >&2
+        echo "$value" > "$shedroot/$cg/$file" 2>/dev/null
+    done
+fi
 if [ -n "$root" ] && [ -n "$thaw" ] && [ -f "$root/$thaw/cgroup.freeze" ]; then
     printf '{"event": "watchdog.governor_gone", "action": "thaw", "cgroup": "%s", "level": "warning"}\n' "$thaw" >&2
     echo 0 > "$root/$thaw/cgroup.freeze" 2>/dev/null
@@ -128,6 +150,16 @@ class Watchdog:
         ]
         if any("\n" in line for line in lines):
             raise ValueError(f"a path with a newline cannot be armed: {lines!r}")
+        self._send(("\n".join(lines) + "\n").encode())
+
+    def arm_shed(self, cgroup_root: str, reverts: list[tuple[str, str, str]]) -> None:
+        """From now on, the governor's death reverts what its `shed` holds (governor/monitor/
+        shed.py): ``(op, value, cgroup)`` with op "thaw" (value unused) or "high" (memory.high
+        := value). Each call replaces the previous list; an empty list reverts nothing."""
+        lines = [f"shedroot {cgroup_root}", "shed-reset"]
+        lines += [f"shed {op} {value or '-'} {cg}" for op, value, cg in reverts]
+        if any("\n" in line for line in lines) or any(" " in f"{v}{c}" for _, v, c in reverts):
+            raise ValueError(f"a shed revert with a newline or a space cannot be armed: {lines!r}")
         self._send(("\n".join(lines) + "\n").encode())
 
     def disarm(self) -> None:

@@ -104,6 +104,10 @@ def test_every_series_has_its_name_labels_and_kernel_value(tmp_path: Path) -> No
             {"rule": 1, "action": "reclaim", "count": 3},
         ],
         model={"model": "/models/qwen-q4.gguf", "quant": "Q4_0", "total": 1234567},
+        shed_totals=[
+            {"victim": "npu-batch", "step": "throttle", "count": 2},
+            {"victim": "npu-batch", "step": "release", "count": 1},
+        ],
     )
     s = _samples(exposition(run))
     p = {"policy": "mx"}
@@ -134,6 +138,8 @@ def test_every_series_has_its_name_labels_and_kernel_value(tmp_path: Path) -> No
     assert _get(s, "governor_pids_current", **p) == 5
     assert _get(s, "governor_rule_firings_total", rule="1", **p) == 3
     assert _get(s, "governor_actions_total", rule="1", action="reclaim", **p) == 3
+    assert _get(s, "governor_shed_total", victim="npu-batch", step="throttle", **p) == 2
+    assert _get(s, "governor_shed_total", victim="npu-batch", step="release", **p) == 1
     assert _get(s, "governor_policy_drift", **p) == 0
     assert _get(s, "governor_model_estimated_bytes", model="qwen-q4.gguf", **p) == 1234567
     info = {"engine": plan.engine.kind, "model": "qwen-q4.gguf", "quant": "Q4_0", **p}

@@ -13,6 +13,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -198,3 +199,47 @@ def test_a_live_launch_publishes_its_state_and_the_watchdog_removes_a_killed_one
         if gov.poll() is None:
             gov.kill()
             gov.wait()
+
+
+def test_a_victim_shows_the_shed_that_holds_it_and_its_class(tmp_path: Path) -> None:
+    """Issue 23: `status VICTIM` says who sheds it, since when and why, from its journal; the
+    hold ends with its shedder's pid (the watchdog reverted it)."""
+    from governor.rundir.journal import Journal
+
+    plan, group = _tree_plan(tmp_path)
+    run = tmp_path / "run"
+    Publisher(run, plan.policy).publish(
+        {"policy": plan.policy, "source": "apply", "pid": None, "plan": plan.to_dict()}
+    )
+    # a live "governor" (its command line says so) as the shedder
+    shedder = subprocess.Popen(["governor-shedder", "60"], executable="/bin/sleep")
+    # Popen returns (vfork) while the kernel is still inside the exec: /proc/PID/cmdline reads
+    # empty until the new program's arguments are in place
+    cmdline = Path(f"/proc/{shedder.pid}/cmdline")
+    for _ in range(1000):
+        if b"governor" in cmdline.read_bytes():
+            break
+        time.sleep(0.001)
+    try:
+        (group / "memory.high").write_text("4096\n")  # the throttle
+        change = {"cgroup": plan.group, "file": "memory.high", "before": "max", "after": "4096"}
+        journal = Journal(run / plan.policy)
+        journal.append("shed", [change], by="npu-chat", pid=shedder.pid, step="throttle",
+                       when="board memory some 100ms/1s")  # fmt: skip
+        (item,) = collect(run, "st")
+        _required_keys(item)
+        assert item["qos"] == {"class": "standard", "yield": ["throttle", "freeze", "stop", "kill"]}
+        shed = item["shed"]
+        assert set(SCHEMA["items"]["properties"]["shed"]["required"]) <= set(shed)
+        assert (shed["by"], shed["state"], shed["memory_high"]) == ("npu-chat", "throttled", "4096")
+        text = render([item])
+        assert "SHED     throttled by npu-chat since " in text
+        assert ": board memory some 100ms/1s (memory.high 4096)" in text
+        assert "throttle by npu-chat: memory.high max -> 4096" in text  # the journal line
+        assert {k["file"]: k["state"] for k in item["knobs"]}["memory.high"] == "shed"
+    finally:
+        shedder.kill()
+        shedder.wait()
+    (item,) = collect(run, "st")
+    assert item["shed"] is None and "SHED" not in render([item])
+    assert {k["file"]: k["state"] for k in item["knobs"]}["memory.high"] == "drifted"

@@ -157,12 +157,18 @@ def test_npu_chat_on_rk3588_protects_limits_and_pins_big_cores() -> None:
     assert [
         w.trigger.trigger_text() for w in plan.watch if isinstance(w.trigger, WatchTrigger)
     ] == [
+        "some 100000 1000000",  # the board's: shed the background first (issue 23)
         "some 150000 2000000",
         "full 500000 2000000",
         "full 1000000 2000000",
         "full 1500000 2000000",
     ]
-    assert [str(a) for a in plan.watch[1].actions] == ["log", "set memory.high -10%"]
+    assert plan.watch[0].when == "board memory some 100ms/1s"
+    assert isinstance(plan.watch[0].trigger, WatchTrigger) and plan.watch[0].trigger.system
+    assert [str(a) for a in plan.watch[0].actions] == ["log", "shed"]
+    assert plan.watch[1].when == "board available < 200MiB"
+    assert plan.qos.qos_class == "interactive"
+    assert [str(a) for a in plan.watch[3].actions] == ["log", "set memory.high -10%"]
     assert "cpu.cpus = big -> 4-7 (from cpu_capacity)" in plan.notes
     assert plan.degraded == ()
 

@@ -624,3 +624,18 @@ def test_for_underscore_is_not_a_key_and_errors_use_the_policys_own_words() -> N
     with pytest.raises(PolicyError) as err:
         load_text('name = "x"\n[memory]\noom_group = "' + "x" * 100_000 + '"\n')
     assert len(str(err.value)) < 200
+
+
+def test_qos_class_and_yield_are_checked_like_every_key() -> None:
+    pol = load_text('name = "x"\n[qos]\nclass = "background"\nyield = ["freeze", "throttle"]\n')
+    assert (pol.qos.class_, pol.qos.yield_) == ("background", ("freeze", "throttle"))
+    assert load_text('name = "x"\n').qos.class_ == "standard"
+    for body, field in (
+        ('class = "bg"', "qos.class"),
+        ('yield = ["nap"]', "qos.yield[0]"),
+        ('yield = ["kill", "kill"]', "qos.yield"),
+        ("priority = 1", "qos.priority"),
+    ):
+        with pytest.raises(PolicyError) as err:
+            load_text(f'name = "x"\n[qos]\n{body}\n')
+        assert err.value.exit_code == 65 and err.value.field == field, (body, err.value)

@@ -741,3 +741,24 @@ def test_a_system_trigger_is_the_boards_pressure() -> None:
     assert v.parse_trigger("system cpu full 100ms/1s").system
     with pytest.raises(ValueError, match="cpu full"):
         v.parse_trigger("cpu full 100ms/1s")
+
+
+def test_board_triggers_are_the_boards_psi_and_memavailable_kept_as_written() -> None:
+    """Issue 23's spelling: "board memory some 100ms/1s" is the root's PSI (as "system"),
+    "board available < 200M" the MemAvailable floor; both print back as written."""
+    psi = v.parse_condition("board memory some 100ms/1s")
+    assert isinstance(psi, v.PsiTrigger) and psi.system
+    assert str(psi) == "board memory some 100ms/1s"
+    assert str(v.parse_condition("system memory some 100ms/1s")) == "system memory some 100ms/1s"
+    floor = v.parse_condition("board available < 200M")
+    assert isinstance(floor, v.MemAvailableCondition) and floor.below == 200 << 20
+    assert str(floor) == "board available < 200MiB"
+    assert str(v.parse_condition("memavailable < 200M")) == "memavailable < 200MiB"
+    with pytest.raises(ValueError, match="board available < 200M"):
+        v.parse_condition("board available > 200M")
+
+
+def test_shed_is_an_action_without_argument() -> None:
+    assert str(v.parse_action("shed")) == "shed"
+    with pytest.raises(ValueError, match="takes no argument"):
+        v.parse_action("shed background")

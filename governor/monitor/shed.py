@@ -1,0 +1,472 @@
+"""The `shed` action (issue 23): take memory from slices of a LOWER QoS class, gracefully, and
+give it back.
+
+Victims: the other governed slices whose published run state (governor/rundir/state.py) is
+live and whose plan's ``[qos] class`` ranks below this policy's, plus the board file's
+ungoverned cgroups (governor/plan/board.py) of a lower class. Never an equal or higher class
+(two interactive policies never shed each other), never this policy's own group, an ancestor
+or a descendant of it. Lowest class first, within a class the largest (memory.current).
+
+The ladder, per victim, restricted to the steps its ``[qos] yield`` allows:
+
+- **throttle**: memory.high := its memory.current (not below its memory.min), so it cannot
+  grow; the kernel reclaims it (to swap or zram where there is one) instead of the board;
+- **freeze**: cgroup.freeze 1;
+- **stop**: thawed, then SIGTERM to its engine (a governed slice's published engine pid; every
+  process of an ungoverned cgroup), and ``STOP_GRACE_S`` before a kill may follow;
+- **kill**: cgroup.kill.
+
+A step is taken only when the rule fires (it still holds) and ``SETTLE_S`` after the previous
+step, so each step gets time to relieve the board before the next. Once every shedding rule has
+been quiet for its cooldown (``SETTLE_S`` without one), the shed is undone in reverse, one step
+per ``SETTLE_S``: the latest victim first, thaw, then memory.high raised in ``RAISE_STEPS``
+steps back to the victim's policy value (its operator's tune if there is one; an ungoverned
+cgroup's value before the throttle), then ``release``. A stopped or killed victim has nothing
+to give back. When the monitor stops, whatever is held is given back at once.
+
+No fights: each step and undo is an entry (``source: "shed"``) in the victim's journal
+(governor/rundir/journal.py), which its own monitor takes as its baseline and `governor status`
+shows; the shedder's watchdog (governor/supervise/watchdog.py) is told what to revert if the
+shedder dies; ``totals`` counts steps per victim (the metric ``governor_shed_total``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, Protocol
+
+from governor.errors import GovernorError, PolicyError
+from governor.kernel import files as kf
+from governor.kernel.cgroupfs import CgroupFs
+from governor.kernel.parse import parse_max
+from governor.log import get_logger
+from governor.monitor.actions import Context, Result
+from governor.plan.board import load_board
+from governor.plan.model import QOS_RANK, Plan
+from governor.record import field, record
+from governor.rundir.journal import Journal
+from governor.rundir.state import alive as governor_alive
+from governor.rundir.state import read_states
+
+log = get_logger(__name__)
+
+SETTLE_S = 3.0  # between two steps (shed or undo): the previous one takes effect first
+STOP_GRACE_S = 10.0  # after the SIGTERM of `stop`, before a `kill` may follow
+RAISE_STEPS = 4  # memory.high goes back to the victim's value in this many steps
+RAISE_MIN = 16 << 20  # ... of at least this many bytes each
+BOARD_DIR = "board"  # <run dir>/board/<name>/journal.jsonl: an ungoverned cgroup's journal
+
+
+class Reverter(Protocol):
+    """The watchdog's side of a shed (governor/supervise/watchdog.py)."""
+
+    def arm_shed(self, cgroup_root: str, reverts: list[tuple[str, str, str]]) -> None: ...
+
+
+@record(frozen=True)
+class Victim:
+    name: str  # the policy's, or the board file's name of the cgroup
+    cgroup: str  # relative to the cgroup2 root
+    qos_class: str
+    yields: tuple[str, ...]
+    journal: Journal
+    restore_high: str | None  # memory.high to give back ("max"); None: the value before
+    engine_pid: int | None = None  # governed: the published engine pid
+    governed: bool = True
+    usage: int = 0  # memory.current when listed
+
+
+@record
+class Held:
+    """What this shedder did to one victim."""
+
+    victim: Victim
+    done: list[str] = field(default_factory=list)
+    before_high: str | None = None  # memory.high before the throttle
+    frozen: bool = False
+    stopped_at: float | None = None
+    raise_by: int | None = None
+    raises: int = 0
+
+
+class Shedder:
+    def __init__(
+        self,
+        fs: CgroupFs,
+        plan: Plan,
+        *,
+        run: Path,
+        board: Path | None = None,
+        watchdog: Reverter | None = None,
+        clock: Callable[[], float] = time.monotonic,
+        kill: Callable[[int, int], None] = os.kill,
+        alive: Callable[[int | None], bool] = governor_alive,
+        settle_s: float = SETTLE_S,
+        page_size: int = os.sysconf("SC_PAGE_SIZE"),
+    ) -> None:
+        self.fs = fs
+        self.plan = plan
+        self.by = plan.policy
+        self.rank = QOS_RANK[plan.qos.qos_class]
+        self.run = run
+        self.board = board
+        self.watchdog = watchdog
+        self.clock = clock
+        self.kill = kill
+        self.alive = alive
+        self.settle_s = settle_s
+        self.page_size = page_size
+        self.held: dict[str, Held] = {}  # in the order of their first step
+        self.last_step_at: float | None = None
+        self.totals: dict[tuple[str, str], int] = {}  # (victim, step) -> times
+        self._board_said: str | None = None
+
+    # ------------------------------------------------------------------ victims
+
+    def victims(self) -> list[Victim]:
+        """Every slice this policy may shed now, in shedding order."""
+        out = [*self._governed(), *self._ungoverned()]
+        out = [v for v in out if not self._related(v.cgroup)]
+        for i, v in enumerate(out):
+            out[i] = Victim(**{**vars(v), "usage": self._usage(v.cgroup)})
+        return sorted(out, key=lambda v: (QOS_RANK[v.qos_class], -v.usage, v.name))
+
+    def _governed(self) -> list[Victim]:
+        out = []
+        for st in read_states(self.run):
+            if st.get("stale") or st.get("policy") == self.by or not st.get("plan"):
+                continue
+            try:
+                plan = Plan.from_dict(st["plan"])
+            except ValueError:
+                continue
+            if QOS_RANK[plan.qos.qos_class] >= self.rank or not self.fs.exists(plan.group):
+                continue
+            if plan.cgroup_root != self.plan.cgroup_root:
+                continue
+            high = next(
+                (
+                    w.value
+                    for w in plan.writes
+                    if w.cgroup == plan.group and w.file == kf.MEMORY_HIGH
+                ),
+                "max",
+            )
+            out.append(
+                Victim(
+                    name=plan.policy,
+                    cgroup=plan.group,
+                    qos_class=plan.qos.qos_class,
+                    yields=plan.qos.yields,
+                    journal=Journal(self.run / plan.policy),
+                    restore_high=high,
+                    engine_pid=st.get("engine_pid"),
+                )
+            )
+        return out
+
+    def _ungoverned(self) -> list[Victim]:
+        try:
+            entries = load_board(self.board)
+        except PolicyError as err:  # `governor check` says it too; never shed on a guess
+            if self._board_said != str(err):
+                self._board_said = str(err)
+                log.warning("shed.board_invalid", reason=str(err), detail="board cgroups skipped")
+            return []
+        return [
+            Victim(
+                name=b.name,
+                cgroup=b.path,
+                qos_class=b.qos_class,
+                yields=b.yields,
+                journal=Journal(self.run / BOARD_DIR / b.name),
+                restore_high=None,
+                governed=False,
+            )
+            for b in entries
+            if QOS_RANK[b.qos_class] < self.rank and self.fs.exists(b.path)
+        ]
+
+    def _related(self, cgroup: str) -> bool:
+        own = self.plan.group
+        return cgroup == own or own.startswith(cgroup + "/") or cgroup.startswith(own + "/")
+
+    def _usage(self, cgroup: str) -> int:
+        try:
+            return parse_max(self.fs.read(cgroup, kf.MEMORY_CURRENT)) or 0
+        except GovernorError:
+            return 0
+
+    # ------------------------------------------------------------------ shedding
+
+    def shed(self, ctx: Context) -> Result:
+        """One step of the ladder (the rule fired): on the first victim that has one left."""
+        now = self.clock()
+        if self.last_step_at is not None and now - self.last_step_at < self.settle_s:
+            return Result("shed", ok=True, detail="settling after the previous step")
+        for victim in self.victims():
+            held = self.held.get(victim.name) or Held(victim)
+            step = self._next_step(victim, held, now)
+            if step == "wait":
+                return Result("shed", ok=True, detail=f"{victim.name}: grace after stop")
+            if step is None:
+                continue
+            return self._take(victim, held, step, ctx, now)
+        return Result("shed", ok=True, detail="nothing left to shed")
+
+    def _next_step(self, victim: Victim, held: Held, now: float) -> str | None:
+        if "kill" in held.done or ("stop" in held.done and not self._populated(victim.cgroup)):
+            return None  # gone
+        left = [s for s in victim.yields if s not in held.done]
+        if not left:
+            return None
+        stopped = held.stopped_at
+        if left[0] == "kill" and stopped is not None and now - stopped < STOP_GRACE_S:
+            return "wait"
+        return left[0]
+
+    def _take(self, victim: Victim, held: Held, step: str, ctx: Context, now: float) -> Result:
+        cg = victim.cgroup
+        changes: list[dict[str, Any]] = []
+        try:
+            if step == "throttle":
+                before = self.fs.read(cg, kf.MEMORY_HIGH).strip()
+                target = self._floor(max(self._usage(cg), self._live(cg, kf.MEMORY_MIN) or 0))
+                limit = parse_max(before)
+                if limit is not None:
+                    target = min(target, limit)
+                self.fs.write(cg, kf.MEMORY_HIGH, str(target))
+                after = self.fs.read(cg, kf.MEMORY_HIGH).strip()
+                held.before_high = before if held.before_high is None else held.before_high
+                held.raise_by, held.raises = None, 0  # a new undo starts from this throttle
+                changes.append(_change(cg, kf.MEMORY_HIGH, before, after))
+            elif step == "freeze":
+                self.fs.freeze(cg, True)
+                held.frozen = True
+                changes.append(_change(cg, kf.CGROUP_FREEZE, "0", "1"))
+            elif step == "stop":
+                if held.frozen:  # a frozen task handles its SIGTERM only once thawed
+                    self.fs.freeze(cg, False)
+                    held.frozen = False
+                    changes.append(_change(cg, kf.CGROUP_FREEZE, "1", "0"))
+                pids = self._stop_pids(victim)
+                for pid in pids:
+                    with contextlib.suppress(ProcessLookupError):
+                        self.kill(pid, signal.SIGTERM)
+                held.stopped_at = now
+            else:
+                self.fs.kill(cg)
+                if held.frozen:
+                    self.fs.freeze(cg, False)
+                    held.frozen = False
+        except GovernorError as err:
+            return Result(
+                "shed", ok=False, after={"victim": victim.name, "step": step}, detail=str(err)
+            )
+        held.done.append(step)
+        self.held[victim.name] = held
+        self.last_step_at = now
+        self._count(victim.name, step)
+        self._journal(victim, step, changes, when=ctx.when, value=ctx.value)
+        self._arm()
+        log.warning(
+            "shed.step",
+            by=self.by,
+            victim=victim.name,
+            cgroup=cg,
+            step=step,
+            rule=ctx.rule,
+            when=ctx.when,
+        )
+        took: dict[str, Any] = {"victim": victim.name, "cgroup": cg, "step": step}
+        if changes:
+            took["changes"] = changes
+        return Result("shed", ok=True, after=took)
+
+    def _stop_pids(self, victim: Victim) -> list[int]:
+        if victim.governed and victim.engine_pid:
+            return [victim.engine_pid]
+        try:
+            return sorted(
+                {p for g in (victim.cgroup, *self._below(victim.cgroup)) for p in self.fs.procs(g)}
+            )
+        except GovernorError:
+            return []
+
+    def _below(self, cgroup: str) -> list[str]:
+        out, todo = [], [cgroup]
+        while todo:
+            for child in self.fs.children(todo.pop()):
+                out.append(child)
+                todo.append(child)
+        return out
+
+    # ------------------------------------------------------------------ giving back
+
+    def holding(self) -> bool:
+        return bool(self.held)
+
+    def undo(self) -> dict[str, Any] | None:
+        """One undo step (the shedding rules are quiet), at most one per SETTLE_S."""
+        now = self.clock()
+        if not self.held or (
+            self.last_step_at is not None and now - self.last_step_at < self.settle_s
+        ):
+            return None
+        name, held = next(reversed(self.held.items()))
+        step, changes = self._give_back(held)
+        self.last_step_at = now
+        if step is None:
+            return None
+        if step == "release":
+            del self.held[name]
+        self._count(name, step)
+        self._journal(held.victim, step, changes, when="quiet")
+        self._arm()
+        log.info("shed.undo", by=self.by, victim=name, cgroup=held.victim.cgroup, step=step)
+        # as the published state's last actions show a firing
+        done = {"victim": name, "step": step, "changes": changes}
+        return {
+            "rule": -1,
+            "when": "shed quiet",
+            "at": round(time.time(), 3),
+            "actions": [{"action": "unshed", "ok": True, "after": done}],
+        }
+
+    def _give_back(self, held: Held) -> tuple[str | None, list[dict[str, Any]]]:
+        cg = held.victim.cgroup
+        gone = "kill" in held.done or "stop" in held.done
+        try:
+            if held.frozen and not gone:
+                self.fs.freeze(cg, False)
+                held.frozen = False
+                held.done.remove("freeze")  # pressure that comes back may freeze it again
+                return "thaw", [_change(cg, kf.CGROUP_FREEZE, "1", "0")]
+            if held.before_high is None or gone or not self.fs.exists(cg):
+                return "release", []
+            now_high = self.fs.read(cg, kf.MEMORY_HIGH).strip()
+            goal = self._goal(held)
+            current, target = parse_max(now_high), parse_max(goal)
+            if current is None:
+                return "release", []
+            if held.raise_by is None:
+                gap = (target - current) if target is not None else current
+                held.raise_by = max(RAISE_MIN, gap // RAISE_STEPS)
+            held.raises += 1
+            if "throttle" in held.done:  # ... or throttle it again at what it then uses
+                held.done.remove("throttle")
+            new = current + held.raise_by
+            final = (target is not None and new >= target) or (
+                target is None and held.raises >= RAISE_STEPS
+            )
+            value = goal if final else str(self._floor(new))
+            self.fs.write(cg, kf.MEMORY_HIGH, value)
+            after = self.fs.read(cg, kf.MEMORY_HIGH).strip()
+            changes = [_change(cg, kf.MEMORY_HIGH, now_high, after)]
+            if final:
+                held.before_high = None
+            return "raise", changes
+        except GovernorError as err:
+            log.warning("shed.undo_failed", victim=held.victim.name, cgroup=cg, reason=str(err))
+            return "release", []
+
+    def _goal(self, held: Held) -> str:
+        """The memory.high to give back: the operator's tune, else the policy's value, else
+        (ungoverned) the value before the throttle."""
+        tuned = held.victim.journal.tuned(kf.MEMORY_HIGH)
+        if tuned is not None:
+            return tuned
+        if held.victim.restore_high is not None:
+            return held.victim.restore_high
+        return held.before_high or "max"
+
+    def release_all(self, why: str) -> None:
+        """Give everything back at once (the monitor stops)."""
+        for name, held in list(self.held.items()):
+            cg = held.victim.cgroup
+            changes = []
+            try:
+                if held.frozen:
+                    self.fs.freeze(cg, False)
+                    changes.append(_change(cg, kf.CGROUP_FREEZE, "1", "0"))
+                if held.before_high is not None and self.fs.exists(cg):
+                    before = self.fs.read(cg, kf.MEMORY_HIGH).strip()
+                    self.fs.write(cg, kf.MEMORY_HIGH, self._goal(held))
+                    changes.append(
+                        _change(
+                            cg, kf.MEMORY_HIGH, before, self.fs.read(cg, kf.MEMORY_HIGH).strip()
+                        )
+                    )
+            except GovernorError as err:
+                log.warning("shed.undo_failed", victim=name, cgroup=cg, reason=str(err))
+            self._journal(held.victim, "release", changes, when=why)
+            self._count(name, "release")
+            log.info("shed.undo", by=self.by, victim=name, cgroup=cg, step="release", reason=why)
+        self.held.clear()
+        self._arm()
+
+    # ------------------------------------------------------------------ records
+
+    def totals_list(self) -> list[dict[str, Any]]:
+        """Steps per victim (the metric governor_shed_total{policy,victim,step})."""
+        return [{"victim": v, "step": s, "count": n} for (v, s), n in sorted(self.totals.items())]
+
+    def _count(self, victim: str, step: str) -> None:
+        self.totals[(victim, step)] = self.totals.get((victim, step), 0) + 1
+
+    def _journal(
+        self,
+        victim: Victim,
+        step: str,
+        changes: list[dict[str, Any]],
+        *,
+        when: str,
+        value: Any = None,
+    ) -> None:
+        try:
+            with victim.journal.locked():
+                victim.journal.append(
+                    "shed", changes, by=self.by, pid=os.getpid(), step=step, when=when, value=value
+                )
+        except OSError as err:
+            log.warning("shed.journal_failed", victim=victim.name, reason=str(err))
+
+    def _arm(self) -> None:
+        """Tell the watchdog what to revert should this governor die: thaw what is frozen,
+        memory.high back to the victim's value."""
+        if self.watchdog is None:
+            return
+        reverts: list[tuple[str, str, str]] = []
+        for held in self.held.values():
+            if held.frozen:
+                reverts.append(("thaw", "-", held.victim.cgroup))
+            if held.before_high is not None:
+                reverts.append(("high", self._goal(held), held.victim.cgroup))
+        try:
+            self.watchdog.arm_shed(self.plan.cgroup_root, reverts)
+        except (OSError, ValueError) as err:
+            log.warning("shed.watchdog_failed", reason=str(err))
+
+    def _floor(self, n: int) -> int:
+        return n // self.page_size * self.page_size
+
+    def _live(self, cgroup: str, file: str) -> int | None:
+        try:
+            return parse_max(self.fs.read(cgroup, file))
+        except GovernorError:
+            return None
+
+    def _populated(self, cgroup: str) -> bool:
+        try:
+            return bool(self.fs.events(cgroup).get("populated", 0))
+        except GovernorError:
+            return False
+
+
+def _change(cgroup: str, file: str, before: str, after: str) -> dict[str, Any]:
+    return {"cgroup": cgroup, "file": file, "before": before, "after": after}

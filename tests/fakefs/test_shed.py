@@ -1,0 +1,353 @@
+"""The `shed` action (issue 23) on a fake cgroup tree: victims by class and size, the graded
+ladder within `yield`, the settle time, the undo in reverse, the journal a victim's own
+monitor takes as its baseline, the board file's ungoverned cgroups and the watchdog's list."""
+
+from __future__ import annotations
+
+import os
+import signal
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from governor.backends.cgroupfs import CgroupfsBackend
+from governor.errors import PolicyError
+from governor.kernel import files
+from governor.kernel.procfs import ProcFs
+from governor.monitor.actions import Context, Executor
+from governor.monitor.loop import Monitor
+from governor.monitor.shed import RAISE_STEPS, SETTLE_S, Shedder
+from governor.plan.board import load_board
+from governor.plan.compiler import compile_action, watch_rule
+from governor.plan.model import Plan, QosSpec, WatchCondition
+from governor.policy.values import parse_action
+from governor.record import replace
+from governor.rundir.journal import Journal
+from governor.rundir.state import Publisher, applied
+
+from .fakekernel import FakeKernelCgroupFs
+from .plans import MEMORY_HIGH, WRITES, _w, make_plan
+
+MIB = 1 << 20
+CTX = Context(rule=0, when="board memory some 100ms/1s")
+BATCH_HIGH = 1 << 30
+
+
+def _plan(name: str, qos: QosSpec, *, high: int | None = None) -> Plan:
+    group = f"governor.slice/{name}"
+    writes = tuple(
+        replace(w, cgroup=group)
+        for w in WRITES
+        if w.cgroup != "governor.slice" and w.file != files.MEMORY_MIN
+    )
+    if high is not None:
+        writes = tuple(
+            _w(group, w.file, str(high), "memory.high") if w.file == files.MEMORY_HIGH else w
+            for w in writes
+        )
+    return replace(
+        make_plan(policy=name, group=group, leaf=f"{group}/engine", writes=writes), qos=qos
+    )
+
+
+CHAT = QosSpec(qos_class="interactive")
+BATCH = QosSpec(qos_class="background", yields=("throttle", "freeze"))
+
+
+class Board:
+    """Two governed slices applied and published as `governor apply` does."""
+
+    def __init__(self, fs: FakeKernelCgroupFs, run: Path) -> None:
+        self.fs, self.run = fs, run
+        self.now = [100.0]
+        self.reverts: list[list[tuple[str, str, str]]] = []
+
+    def publish(self, plan: Plan, usage: int) -> Plan:
+        CgroupfsBackend(self.fs).apply(plan)
+        (self.fs.path(plan.group) / files.MEMORY_CURRENT).write_text(f"{usage}\n")
+        Publisher(self.run, plan.policy).publish(
+            applied(plan.to_dict(), policy_path=None, created=[], started_at=1.0)
+        )
+        return plan
+
+    def shedder(self, plan: Plan, **kw: Any) -> Shedder:
+        return Shedder(
+            self.fs, plan, run=self.run, board=self.run / "board.toml", watchdog=self,
+            clock=lambda: self.now[0], **kw,
+        )  # fmt: skip
+
+    def arm_shed(self, cgroup_root: str, reverts: list[tuple[str, str, str]]) -> None:
+        self.reverts.append(reverts)
+
+    def tick(self, s: float = SETTLE_S) -> None:
+        self.now[0] += s
+
+
+@pytest.fixture
+def board(fake_fs: FakeKernelCgroupFs, tmp_path: Path) -> Board:
+    return Board(fake_fs, tmp_path / "run")
+
+
+def _undone(sh: Shedder) -> str:
+    """The step of the shedder's next undo."""
+    done = sh.undo()
+    assert done is not None
+    return str(done["actions"][0]["after"]["step"])
+
+
+def _high(fs: FakeKernelCgroupFs, plan: Plan) -> str:
+    return fs.read(plan.group, files.MEMORY_HIGH).strip()
+
+
+def test_the_ladder_throttles_then_freezes_within_yield_and_waits_the_settle_time(
+    board: Board,
+) -> None:
+    chat = board.publish(_plan("npu-chat", CHAT), 600 * MIB)
+    batch = board.publish(_plan("npu-batch", BATCH, high=BATCH_HIGH), 700 * MIB)
+    sh = board.shedder(chat)
+    res = sh.shed(CTX)
+    assert res.ok and res.after["step"] == "throttle" and res.after["victim"] == "npu-batch"
+    # memory.high := memory.current (never below memory.min: 700 MiB is above the fake's)
+    assert _high(board.fs, batch) == str(700 * MIB)
+    assert sh.shed(CTX).detail == "settling after the previous step"
+    assert _high(board.fs, chat) == str(MEMORY_HIGH)  # never its own group
+    board.tick()
+    assert sh.shed(CTX).after["step"] == "freeze"
+    assert board.fs.read(batch.group, files.CGROUP_FREEZE).strip() == "1"
+    board.tick()
+    # yield = throttle, freeze: never stopped or killed by a shed
+    assert sh.shed(CTX).detail == "nothing left to shed"
+    assert sh.totals_list() == [
+        {"victim": "npu-batch", "step": "freeze", "count": 1},
+        {"victim": "npu-batch", "step": "throttle", "count": 1},
+    ]
+    held = Journal(board.run / "npu-batch").shed()
+    assert held is not None
+    assert (held["by"], held["state"], held["frozen"]) == ("npu-chat", "frozen", True)
+    assert held["memory_high"] == str(700 * MIB) and held["when"] == CTX.when
+    # the watchdog knows what to revert should the shedder die
+    assert board.reverts[-1] == [
+        ("thaw", "-", batch.group),
+        ("high", str(BATCH_HIGH), batch.group),
+    ]
+
+
+def test_the_undo_thaws_then_raises_memory_high_in_steps_back_to_the_policy_value(
+    board: Board,
+) -> None:
+    chat = board.publish(_plan("npu-chat", CHAT), 600 * MIB)
+    batch = board.publish(_plan("npu-batch", BATCH, high=BATCH_HIGH), 512 * MIB)
+    sh = board.shedder(chat)
+    sh.shed(CTX)
+    board.tick()
+    sh.shed(CTX)
+    assert sh.undo() is None  # the settle time holds for the undo too
+    board.tick()
+    assert _undone(sh) == "thaw"
+    assert board.fs.read(batch.group, files.CGROUP_FREEZE).strip() == "0"
+    highs = []
+    for _ in range(RAISE_STEPS):
+        board.tick()
+        assert _undone(sh) == "raise"
+        highs.append(int(_high(board.fs, batch)))
+    assert highs == sorted(highs) and len(set(highs)) == RAISE_STEPS
+    assert highs[-1] == BATCH_HIGH  # the policy's value, in steps
+    board.tick()
+    assert _undone(sh) == "release"
+    assert not sh.holding()
+    assert Journal(board.run / "npu-batch").shed() is None
+    assert board.reverts[-1] == []
+    steps = [e["step"] for e in Journal(board.run / "npu-batch").entries()]
+    assert steps == ["throttle", "freeze", "thaw", *["raise"] * RAISE_STEPS, "release"]
+
+
+def test_pressure_that_comes_back_during_the_undo_takes_the_steps_again(board: Board) -> None:
+    chat = board.publish(_plan("npu-chat", CHAT), 600 * MIB)
+    batch = board.publish(_plan("npu-batch", BATCH, high=BATCH_HIGH), 512 * MIB)
+    sh = board.shedder(chat)
+    sh.shed(CTX)
+    board.tick()
+    sh.shed(CTX)
+    board.tick()
+    assert _undone(sh) == "thaw"
+    board.tick()
+    assert sh.shed(CTX).after["step"] == "freeze"  # frozen again, not "nothing left"
+    board.tick()
+    assert _undone(sh) == "thaw"
+    board.tick()
+    assert _undone(sh) == "raise"
+    (board.fs.path(batch.group) / files.MEMORY_CURRENT).write_text(f"{520 * MIB}\n")
+    board.tick()
+    assert sh.shed(CTX).after["step"] == "throttle"  # at what it uses now
+    assert _high(board.fs, batch) == str(520 * MIB)
+    sh.release_all("monitor stopped")
+    assert _high(board.fs, batch) == str(BATCH_HIGH)
+
+
+def test_never_an_equal_or_higher_class_lowest_class_and_largest_first(board: Board) -> None:
+    chat = board.publish(_plan("npu-chat", CHAT), 600 * MIB)
+    board.publish(_plan("chat-two", QosSpec(qos_class="interactive")), 900 * MIB)
+    board.publish(_plan("std", QosSpec(qos_class="standard")), 950 * MIB)
+    board.publish(_plan("bg-small", QosSpec(qos_class="background")), 100 * MIB)
+    board.publish(_plan("bg-large", QosSpec(qos_class="background")), 400 * MIB)
+    assert [v.name for v in board.shedder(chat).victims()] == ["bg-large", "bg-small", "std"]
+    # an interactive policy is no victim of another; a background one sheds nobody
+    std = board.shedder(_plan("std", QosSpec(qos_class="standard")))
+    assert [v.name for v in std.victims()] == ["bg-large", "bg-small"]
+    bg = board.shedder(_plan("bg-large", QosSpec(qos_class="background")))
+    assert bg.victims() == [] and bg.shed(CTX).detail == "nothing left to shed"
+
+
+def test_stop_sends_sigterm_and_kill_waits_for_the_grace(board: Board) -> None:
+    chat = board.publish(_plan("npu-chat", CHAT), 600 * MIB)
+    job = board.publish(_plan("job", QosSpec(qos_class="background", yields=("stop", "kill"))), 9)
+    board.fs.add_process(job.leaf, 4242)
+    sent: list[tuple[int, int]] = []
+    sh = board.shedder(chat, kill=lambda pid, sig: sent.append((pid, sig)))
+    assert sh.shed(CTX).after["step"] == "stop"
+    assert sent == [(4242, signal.SIGTERM)]  # every process of a slice without an engine pid
+    board.tick()
+    assert "grace" in (sh.shed(CTX).detail or "")
+    board.tick(10)
+    assert sh.shed(CTX).after["step"] == "kill"
+    assert board.fs.read(job.group, files.CGROUP_KILL).strip() == "1"
+
+
+def test_the_victims_own_monitor_takes_the_shed_as_its_baseline(board: Board) -> None:
+    chat = board.publish(_plan("npu-chat", CHAT), 600 * MIB)
+    batch = board.publish(_plan("npu-batch", BATCH, high=BATCH_HIGH), 512 * MIB)
+    sh = board.shedder(chat)
+    sh.shed(CTX)
+    board.tick()
+    sh.shed(CTX)
+    own = Executor(
+        board.fs,
+        batch,
+        engine_pids=lambda: [],
+        journal=Journal(board.run / "npu-batch"),
+        alive=lambda pid: pid == os.getpid(),  # the shedder (this test) runs
+    )
+    res = own.execute(compile_action(parse_action("set memory.high +50%")), CTX)
+    assert res.ok and _high(board.fs, batch) == str(512 * MIB)  # never above the throttle
+    own.execute(compile_action(parse_action("set memory.high 900M")), CTX)
+    assert _high(board.fs, batch) == str(512 * MIB)
+    res = own.execute(compile_action(parse_action("thaw")), CTX)
+    assert res.detail == "kept frozen: shed by npu-chat"
+    assert board.fs.read(batch.group, files.CGROUP_FREEZE).strip() == "1"
+    # a shedder that died: its watchdog reverted; nothing holds any more
+    assert Journal(board.run / "npu-batch").shed(lambda pid: False) is None
+    assert Journal(board.run / "npu-batch").shed(lambda pid: pid == os.getpid()) is not None
+
+
+def test_board_file_cgroups_are_victims_with_their_class(board: Board) -> None:
+    chat = board.publish(_plan("npu-chat", CHAT), 600 * MIB)
+    board.fs.mkdir("system.slice")
+    board.fs.mkdir("system.slice/camera.service")
+    (board.fs.path("system.slice/camera.service") / files.MEMORY_HIGH).write_text("max\n")
+    (board.fs.path("system.slice/camera.service") / files.MEMORY_CURRENT).write_text("4096\n")
+    board.run.mkdir(parents=True, exist_ok=True)
+    (board.run / "board.toml").write_text(
+        '[[cgroup]]\npath = "system.slice/camera.service"\nclass = "background"\n'
+        'yield = ["throttle"]\n'
+        '[[cgroup]]\npath = "system.slice/ui.service"\nclass = "interactive"\n'
+    )
+    sh = board.shedder(chat)
+    assert [(v.name, v.governed) for v in sh.victims()] == [("camera", False)]
+    assert sh.shed(CTX).after["victim"] == "camera"
+    cam = "system.slice/camera.service"
+    assert board.fs.read(cam, files.MEMORY_HIGH).strip() == "4096"
+    sh.release_all("monitor stopped")  # an ungoverned cgroup gets its value before back
+    assert board.fs.read(cam, files.MEMORY_HIGH).strip() == "max"
+    assert Journal(board.run / "board" / "camera").shed() is None
+
+
+@pytest.mark.parametrize(
+    ("text", "field"),
+    [
+        ('[[cgroup]]\npath = "/abs"\n', "cgroup[0].path"),
+        ('[[cgroup]]\npath = "a/../b"\n', "cgroup[0].path"),
+        ('[[cgroup]]\npath = "a"\nclass = "bg"\n', "cgroup[0].class"),
+        ('[[cgroup]]\npath = "a"\nyield = ["nap"]\n', "cgroup[0].yield"),
+        ('[[cgroup]]\npath = "a"\ncolor = 1\n', "cgroup[0].color"),
+        ('[[cgroup]]\npath = "a/x"\n[[cgroup]]\npath = "b/x"\n', "cgroup[1].name"),
+        ("name = 3\n", "name"),
+    ],
+)
+def test_a_bad_board_file_is_refused_naming_the_field(
+    tmp_path: Path, text: str, field: str
+) -> None:
+    path = tmp_path / "board.toml"
+    path.write_text(text)
+    with pytest.raises(PolicyError) as err:
+        load_board(path)
+    assert err.value.exit_code == 65 and err.value.field == field
+    assert str(err.value).endswith(f"({path}, {field})")
+
+
+def test_no_board_file_means_no_ungoverned_cgroups(tmp_path: Path) -> None:
+    assert load_board(tmp_path / "absent.toml") == ()
+
+
+def test_the_monitor_sheds_on_a_board_trigger_and_gives_back_once_quiet(
+    board: Board, tmp_path: Path
+) -> None:
+    rule = watch_rule(
+        0,
+        WatchCondition(condition="memavailable", threshold=200 * MIB, file="/proc/meminfo"),
+        ("shed",),
+        cooldown_s=5.0,
+        when="board available < 200MiB",
+    )
+    chat = board.publish(replace(_plan("npu-chat", CHAT), watch=(rule,)), 600 * MIB)
+    batch = board.publish(_plan("npu-batch", BATCH, high=BATCH_HIGH), 512 * MIB)
+    proc = tmp_path / "proc"
+    proc.mkdir()
+    mon = Monitor(
+        board.fs, chat, engine_pids=lambda: [], proc=ProcFs(proc), clock=lambda: board.now[0],
+        journal=Journal(board.run / "npu-chat"), watchdog=board,
+    ).start()  # fmt: skip
+
+    def second(avail_mib: int) -> None:
+        (proc / "meminfo").write_text(f"MemTotal: 2000000 kB\nMemAvailable: {avail_mib << 10} kB\n")
+        board.tick(1.0)
+        mon.dispatch()
+
+    second(150)
+    assert _high(board.fs, batch) == str(512 * MIB)  # throttled at the first firing
+    for _ in range(12):
+        second(150)  # still low: the rule fires again after its cooldown, the next step
+    assert board.fs.read(batch.group, files.CGROUP_FREEZE).strip() == "1"
+    for _ in range(40):
+        second(800)  # quiet for the cooldown: the undo, step by step
+    assert board.fs.read(batch.group, files.CGROUP_FREEZE).strip() == "0"
+    assert _high(board.fs, batch) == str(BATCH_HIGH)
+    assert not mon.shedder.holding()  # type: ignore[union-attr]
+    steps = {(t["victim"], t["step"]) for t in mon.shed_totals()}
+    assert ("npu-batch", "release") in steps
+    mon.finish()
+
+
+def test_the_watchdog_reverts_a_dead_shedders_holds(tmp_path: Path) -> None:
+    """EOF on the pipe (the governor died, even by SIGKILL): the /bin/sh watchdog thaws the
+    victims and writes memory.high back, from the latest list it was given only."""
+    from governor.supervise.watchdog import fork_watchdog
+
+    root = tmp_path / "cg"
+    for cg, high in (("slice/a", "1000"), ("slice/b", "2000")):
+        (root / cg).mkdir(parents=True)
+        (root / cg / files.CGROUP_FREEZE).write_text("1\n")
+        (root / cg / files.MEMORY_HIGH).write_text(f"{high}\n")
+    dog = fork_watchdog()
+    dog.arm_shed(str(root), [("thaw", "-", "slice/b"), ("high", "max", "slice/b")])
+    dog.arm_shed(str(root), [("thaw", "-", "slice/a"), ("high", "4096", "slice/a")])
+    assert dog.fd is not None
+    os.close(dog.fd)  # what the kernel does when the governor dies
+    dog.fd = None
+    _, status = os.waitpid(dog.pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
+    assert (root / "slice/a" / files.CGROUP_FREEZE).read_text().strip() == "0"
+    assert (root / "slice/a" / files.MEMORY_HIGH).read_text().strip() == "4096"
+    # replaced by the second list: b was released meanwhile, nothing of it is touched
+    assert (root / "slice/b" / files.CGROUP_FREEZE).read_text().strip() == "1"
+    assert (root / "slice/b" / files.MEMORY_HIGH).read_text().strip() == "2000"
