@@ -188,12 +188,13 @@ def table(runs: Sequence[Run], solos: Sequence[Run]) -> str:
             med = _fmt(statistics.median(got), nd) if got else "-"
             return f"{med} ({' / '.join(_fmt(v, nd) for v in vals)})"
 
-        kills = "; ".join(sorted({k for r in rs for k in r.kills})) or "none"
+        kinds = sorted({k for r in rs for k in r.kills})
+        kills = "; ".join(f"{k} ({sum(k in r.kills for r in rs)}/{len(rs)})" for k in kinds)
         done = f"{sum(r.bg_done for r in rs)} of {len(rs)}"
         acts = "; ".join(sorted({a for r in rs for a in r.actions})) or "-"
         lines.append(
             f"| {arm} | {col([r.ratio for r in rs], 2)}x | {col([r.full_s for r in rs], 1)} | "
-            f"{col([r.slow_s for r in rs], 1)} | {kills} | {done} | {acts} |"
+            f"{col([r.slow_s for r in rs], 1)} | {kills or 'none'} | {done} | {acts} |"
         )
     return "\n".join(lines)
 

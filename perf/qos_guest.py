@@ -104,7 +104,7 @@ def governed(policy: Path, argv: list[str], log_: Path, env: dict[str, str]) -> 
 
 
 def governor_actions(log_: Path, who: str) -> list[str]:
-    """`who: action` for each action.done and `who: shed STEP` for each shed step/undo."""
+    """`who: ACTION` for each kind of action.done, `who: shed STEP` for each shed step/undo."""
     seen: dict[str, int] = {}
     with contextlib.suppress(OSError):
         for line in log_.read_text().splitlines():
@@ -113,14 +113,14 @@ def governor_actions(log_: Path, who: str) -> list[str]:
             with contextlib.suppress(ValueError, KeyError, TypeError, AttributeError):
                 rec = json.loads(line)
                 ev = rec.get("event")
-                if ev == "action.done" and rec["action"] != "log":
+                if ev == "action.done" and rec["action"].split()[0] not in ("log", "shed"):
                     what = rec["action"].split()[0]
                 elif ev in ("shed.step", "shed.undo"):
                     what = f"shed {rec['step']}"
                 else:
                     continue
                 seen[what] = seen.get(what, 0) + 1
-    return [f"{who}: {k}" + (f" x{n}" if n > 1 else "") for k, n in seen.items()]
+    return [f"{who}: {k}" for k in seen]
 
 
 @dataclass
@@ -178,6 +178,7 @@ def once(st: Setup, arm: str, seq: int) -> tuple[Run, Chat]:
     extra: list[subprocess.Popen[bytes]] = []
     env = {**os.environ, "GOVERNOR_RUN_DIR": str(st.tmp / f"run-{tag}"),
            "GOVERNOR_BOARD": str(st.tmp / "no-board.toml")}  # fmt: skip
+    Path(env["GOVERNOR_RUN_DIR"]).mkdir(mode=0o755)
     logs: dict[str, Path] = {}
     if arm == "earlyoom":
         eo_log = st.tmp / f"earlyoom-{tag}.log"
@@ -190,7 +191,10 @@ def once(st: Setup, arm: str, seq: int) -> tuple[Run, Chat]:
         logs = {"chat": st.tmp / f"gov-chat-{tag}.log", "batch": st.tmp / f"gov-batch-{tag}.log"}
         chat = governed(pc, chat_argv(st, out), logs["chat"], env)
     else:
-        chat = scope(f"qosbench-chat-{tag}.scope", "qosbench_chat.slice", chat_argv(st, out), out)
+        chat_log = st.tmp / f"chat-{tag}.log"
+        chat = scope(
+            f"qosbench-chat-{tag}.scope", "qosbench_chat.slice", chat_argv(st, out), chat_log
+        )
     bg: Proc | None = None
     c = Chat()
     ready_by = time.monotonic() + 300
@@ -262,7 +266,9 @@ def once(st: Setup, arm: str, seq: int) -> tuple[Run, Chat]:
     if arm == "oomd":
         j = sh("journalctl", "-u", "systemd-oomd.service", "--no-pager", "-o", "cat",
                f"--since=@{since:.0f}")  # fmt: skip
-        run.kills += [f"oomd: {ln.split(' due to')[0]}" for ln in j.splitlines() if "Killed" in ln]
+        for ln in j.splitlines():  # Killed /qosbench_bg_oomd.slice/qosbench-bg-3-oomd.scope due to
+            if "Killed" in ln:
+                run.kills.append("oomd: batch" if "qosbench-bg" in ln else f"oomd: {ln[:80]}")
     for who, path in logs.items():
         run.actions += governor_actions(path, who)
     log(f"{arm} #{seq}: chat rc {run.chat_rc} speed {run.speed:.2f}/s ({len(times)} steps), "
@@ -280,11 +286,15 @@ def bench(st: Setup, repeat: int, arms: Sequence[str]) -> tuple[list[Run], list[
     for r in range(repeat):
         order = list(arms) if r % 2 == 0 else list(reversed(arms))
         for arm in ["solo", *order]:
-            if arm == "oomd":
-                with Oomd(["qosbench_bg_oomd.slice"], st.oomd_limit, st.oomd_duration):
+            try:
+                if arm == "oomd":
+                    with Oomd(["qosbench_bg_oomd.slice"], st.oomd_limit, st.oomd_duration):
+                        run, _ = once(st, arm, seq)
+                else:
                     run, _ = once(st, arm, seq)
-            else:
-                run, _ = once(st, arm, seq)
+            except (SystemExit, OSError, subprocess.SubprocessError) as err:
+                log(f"{arm} #{seq} failed: {err}")
+                run = Run(arm, seq, kills=[f"run failed: {err}"])
             (solos if arm == "solo" else runs).append(run)
             seq += 1
     solos.append(once(st, "solo", seq)[0])

@@ -97,7 +97,7 @@ def test_table_has_one_row_per_arm_with_the_median_and_each_run() -> None:
     bare = next(ln for ln in lines if ln.startswith("| bare "))
     assert "| 0.50 (0.20 / 0.80)x |" in bare and "| 2 of 2 |" in bare and "| none |" in bare
     gov = next(ln for ln in lines if ln.startswith("| governor "))
-    assert "kernel OOM: qos-batch" in gov and "0 of 1" in gov and "batch: freeze" in gov
+    assert "| kernel OOM: qos-batch (1/1) |" in gov and "0 of 1" in gov and "batch: freeze" in gov
     assert not any(ln.startswith("| oomd ") for ln in lines)  # no run, no row
 
 
