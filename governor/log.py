@@ -57,8 +57,10 @@ def _emit(level: str, event: str, fields: dict[str, Any]) -> None:
             line = " ".join(f"{k}={v!r}" for k, v in record.items() if k != "level")
         err.write(line + "\n")
         err.flush()
-    except (OSError, ValueError, AttributeError):
-        pass  # nowhere to log to: never let logging break the governor
+    except (OSError, ValueError, AttributeError, RuntimeError):
+        # nowhere to log to, or a line from a signal handler while the main thread was
+        # writing one (RuntimeError: reentrant call): never let logging break the governor
+        pass
 
 
 class Logger:

@@ -48,25 +48,20 @@ def remove(path: Path, opts: HostOptions) -> Any:
     host = probe_host(opts, target=f"{policy.slice}/{policy.name}")
     # removal must work even where the limits could not be enforced any more
     plan = compile_plan(policy, host, allow_missing=MISSABLE, source=str(path))
-    from governor.rundir.state import Publisher, read_states, run_dir
+    from governor.rundir.state import Publisher, RunState, read_states, run_dir
 
     # `governor apply` (and `launch --keep`) record what they created: then the slice goes
     # only when it is among them (an operator's slice stays). Without a record (/run lost in a
     # reboot, a kept group from before this record existed) an empty slice the plan would
     # create goes, as before
-    recorded = [
-        s for s in read_states(run_dir()) if s.get("policy") == plan.policy and "created" in s
-    ]
+    mine = [st for st in map(RunState.read, read_states(run_dir())) if st.policy == plan.policy]
+    recorded = [st.created for st in mine if st.created is not None]
     owned: set[str] | None = None
     if recorded:
-        owned = {c for state in recorded for c in state.get("created") or ()}
+        owned = {c for created in recorded for c in created}
     removed = cgroupfs_backend(plan).remove(plan, owned=owned)
 
     # the state `governor apply` published; a running launch's is its supervisor's to remove
-    if all(
-        s.get("source") == "apply" or s.get("stale")
-        for s in read_states(run_dir())
-        if s.get("policy") == plan.policy
-    ):
+    if all(st.source == "apply" or st.stale for st in mine):
         Publisher(run_dir(), plan.policy).remove()
     return removed

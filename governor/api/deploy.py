@@ -125,7 +125,7 @@ def _stop_policy_slices(name: str, units: list[str]) -> None:
     still running keeps it (it runs in that slice; stop it first)."""
     import subprocess
 
-    from governor.backends.unitmap import service_unit
+    from governor.plan.unitmap import service_unit
 
     def systemctl(*argv: str) -> subprocess.CompletedProcess[str]:
         return subprocess.run(

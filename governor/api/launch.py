@@ -40,7 +40,7 @@ def _backend_name(opts: HostOptions, lopts: LaunchOptions) -> str:
     """Resolve --backend auto before probing (the systemd layout probes no slice path)."""
     if lopts.backend == "cgroupfs":
         return "cgroupfs"
-    from governor.backends.systemd import choose
+    from governor.backends.choose import choose
     from governor.kernel.procfs import ProcFs
 
     pid1 = ProcFs(opts.root / "proc").pid1_comm()  # "" under hidepid=: not systemd
@@ -54,8 +54,8 @@ def _launch_backend(
     systemd unit (the installed service or a transient scope, whichever this process is in)."""
     if name != "systemd":
         return entry.plan, cgroupfs_backend(entry.plan)
-    from governor.backends.placement import CompiledPlacement
     from governor.backends.systemd import for_launch
+    from governor.plan.placement import CompiledPlacement
 
     placements = tuple(CompiledPlacement(m, u, c, p) for m, u, c, p in entry.placements)  # type: ignore[arg-type]  # modes written by compile_placements
     return for_launch(
@@ -360,7 +360,7 @@ def _ready_url(plan: Plan, args: EngineArgs | None) -> str | None:
 def _placements(plan: Plan, host: HostFacts) -> tuple[tuple[str, str, str, Plan], ...]:
     if host.systemd_version is None:
         return ()  # for_launch says why it cannot run
-    from governor.backends.placement import compile_placements
+    from governor.plan.placement import compile_placements
 
     return tuple(
         (p.mode, p.unit, p.cgroup, p.plan) for p in compile_placements(plan, host.systemd_version)

@@ -37,8 +37,8 @@ def diff(path: Path, opts: HostOptions, *, install_root: Path = Path("/")) -> di
             except OSError:
                 on_disk[f.path] = None
         # a `tune --persist` drop-in overrides the policy's values until rolled back: drift
-        from governor.backends.unitmap import policy_slice
         from governor.deploy.tunedropin import DROPIN_NAME
+        from governor.plan.unitmap import policy_slice
 
         tuned = f"{dropin.UNIT_DIR}/{policy_slice(plan.slice, plan.policy)}.d/{DROPIN_NAME}"
         try:
@@ -141,12 +141,12 @@ def tune(
 def _confirm_seconds(confirm: str | None) -> float | None:
     """--confirm DURATION as seconds (None: no --confirm); PolicyError (65) for a bad one."""
     from governor.errors import PolicyError
-    from governor.operate import confirm as c
+    from governor.policy.durations import parse_seconds
 
     if confirm is None:
         return None
     try:
-        return c.parse_duration("" if confirm == CONFIRM_NOW else confirm)
+        return parse_seconds("" if confirm == CONFIRM_NOW else confirm)
     except ValueError:
         raise PolicyError(
             f"bad --confirm duration {confirm if confirm != CONFIRM_NOW else ''!r}",
@@ -320,13 +320,14 @@ def _persist(
     """--persist: an installed policy (governor install) gets a drop-in on its slice unit, so
     the manager keeps the values across daemon-reload, restarts and reboots; any other policy
     gets its file rewritten (comments and layout kept). The diff is returned either way."""
-    from governor.backends import manager, unitmap
+    from governor.backends import manager
     from governor.backends.systemd import daemon_reload
     from governor.deploy import install as inst
     from governor.deploy import tunedropin
     from governor.deploy.dropin import UNIT_DIR
     from governor.errors import HostError, PermissionDenied
     from governor.operate import tune as t
+    from governor.plan import unitmap
     from governor.plan.model import Plan
 
     running = Plan.from_dict(st.plan)

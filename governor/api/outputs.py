@@ -1,5 +1,6 @@
 """Output files (--report, bench --csv/--json): checked BEFORE anything runs, so a typo in a path
-is one error line up front, not a lost result after the engine ran."""
+is one error line up front, not a lost result after the engine ran; and `governor init`'s policy
+file, written whole or not at all."""
 
 from __future__ import annotations
 
@@ -31,3 +32,51 @@ def check_writable(path: Path, option: str) -> None:
             file=str(path),
             hint="choose a path this user can write, or run as its owner",
         )
+
+
+def write_policy(path: Path, text: str, *, force: bool) -> None:
+    """Write ``text`` to ``path`` whole or not at all (temp file + fsync + link/rename); an
+    existing file is replaced only with ``force``. The link is the existence check: no race."""
+    import contextlib
+    import os
+    import tempfile
+
+    from governor.errors import BackendError, PermissionDenied, PolicyNotFound
+
+    if (path.exists() or path.is_symlink()) and not force:  # the link below still decides
+        raise _exists(path)
+    tmp: str | None = None
+    try:
+        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(text)
+            f.flush()
+            os.fchmod(f.fileno(), 0o644)
+            os.fsync(f.fileno())
+        if force:
+            os.replace(tmp, path)
+        else:
+            os.link(tmp, path)
+    except FileExistsError as err:
+        raise _exists(path) from err
+    except FileNotFoundError as err:
+        raise PolicyNotFound(
+            f"no such directory: {path.parent}",
+            file=str(path),
+            hint="create it, or choose another -o",
+        ) from err
+    except PermissionError as err:
+        raise PermissionDenied("cannot write", file=str(path), errno=err.errno) from err
+    except OSError as err:
+        raise BackendError("cannot write", file=str(path), errno=err.errno) from err
+    finally:
+        if tmp is not None:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(tmp)
+
+
+def _exists(path: Path) -> UsageError:
+    return UsageError(
+        f"the output file exists; not overwriting it ({path})",
+        hint="pass --force to replace it, or choose another -o",
+    )

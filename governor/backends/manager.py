@@ -20,7 +20,11 @@ from collections.abc import Callable
 from typing import Any
 
 from governor.backends.cgroupfs import _same as cgroupfs_same
-from governor.backends.unitmap import (
+from governor.errors import HostError
+from governor.kernel import files as kf
+from governor.kernel.cgroupfs import CgroupFs
+from governor.plan.model import Plan
+from governor.plan.unitmap import (
     DEFAULT_CPU_PERIOD_US,
     UINT64_MAX,
     Mapping,
@@ -28,10 +32,6 @@ from governor.backends.unitmap import (
     mapping_for,
     split,
 )
-from governor.errors import HostError
-from governor.kernel import files as kf
-from governor.kernel.cgroupfs import CgroupFs
-from governor.plan.model import Plan
 
 SETTLE_S = 10.0  # the manager realizes a property on the cgroup after it answers the call
 SETTLE_POLL_S = 0.02

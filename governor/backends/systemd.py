@@ -31,26 +31,20 @@ import time
 from collections.abc import Callable, Collection, Iterator
 from contextlib import contextmanager, suppress
 from pathlib import Path
-from typing import Any, Literal, Protocol
+from typing import Any, Protocol
 
-from governor.backends import unitmap
 from governor.backends.cgroupfs import Applied, CgroupfsBackend, Removed
-from governor.backends.placement import (
-    CompiledPlacement,
-    Placement,
-    compile_placements,
-    own_cgroup,
-    pick,
-)
+from governor.backends.placement import Placement, own_cgroup, pick
 from governor.backends.protect import at_least, protection
 from governor.errors import BackendError, GovernorError, HostError, PermissionDenied
 from governor.kernel.cgroupfs import CgroupFs
 from governor.log import get_logger
+from governor.plan import unitmap
 from governor.plan.model import Plan
+from governor.plan.placement import CompiledPlacement, compile_placements
 
 log = get_logger(__name__)
 
-BackendName = Literal["systemd", "cgroupfs", "auto"]
 
 # D-Bus signatures of every property this module (or the renderer) can send; a test checks
 # that each directive and bus property in unitmap's tables has one (org.freedesktop.systemd1(5))
@@ -288,7 +282,7 @@ def daemon_reload() -> str:
 class SystemdBackend:
     """Same surface as CgroupfsBackend for api/launch.py: ``fs``, ``lock``, ``apply``, ``remove``.
 
-    ``apply`` takes the *delegated* plan (see :func:`delegated_plan`)."""
+    ``apply`` takes the *delegated* plan (see :func:`governor.plan.placement.delegated_plan`)."""
 
     def __init__(
         self,
@@ -386,13 +380,6 @@ class SystemdBackend:
         """Kill and remove the engine leaf only; U (and the supervisor in it) belong to systemd,
         which removes them when the unit ends."""
         return self._cg.remove(plan, owned=owned)
-
-
-def choose(name: BackendName, *, pid1: str, answers: Callable[[], bool] = bus_answers) -> str:
-    """``auto``: systemd when PID 1 is systemd and the manager answers on the bus."""
-    if name != "auto":
-        return name
-    return "systemd" if pid1 == "systemd" and answers() else "cgroupfs"
 
 
 def for_launch(

@@ -59,7 +59,7 @@ class Compiled:
     inputs: tuple[tuple[str, int, int, int, int], ...] = ()  # (path, dev, ino, size, mtime_ns)
     host_key: str = ""
     # --backend systemd: (mode, unit, unit cgroup, the plan applied inside it) for the service
-    # and the transient scope, compiled ahead (governor/backends/systemd.py compile_placements)
+    # and the transient scope, compiled ahead (governor/plan/placement.py compile_placements)
     placements: tuple[tuple[str, str, str, Plan], ...] = ()
     model_bytes: int | None = None  # the engine's model file(s), for the published state
     # the URL that answers 200 once the engine is ready (engine.ready, or llama-server's

@@ -159,7 +159,8 @@ def init(  # noqa: PLR0917  # typer passes every option as a parameter
     memory.min/high/max from the estimate, the largest context that fits, big cores, prefetch,
     graded pressure rules. Exit 65 when the model does not fit even a small context."""
     from governor.api import compile as api_compile
-    from governor.engines.draft import Request, write_policy
+    from governor.api.outputs import write_policy
+    from governor.engines.draft import Request
 
     board = size_option(board_memory, "--board-memory")
     if board is not None and board <= 0:

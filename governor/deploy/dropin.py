@@ -10,7 +10,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Literal
 
-from governor.backends.unitmap import (
+from governor.errors import PolicyError
+from governor.plan.model import Plan
+from governor.plan.unitmap import (
     ENGINE_LEAF,
     OOM_POLICY_MIN_SYSTEMD,
     Split,
@@ -18,8 +20,6 @@ from governor.backends.unitmap import (
     service_unit,
     split,
 )
-from governor.errors import PolicyError
-from governor.plan.model import Plan
 
 SERVICE_TEMPLATE = "governor@.service"
 ROOT_SLICE = "governor.slice"

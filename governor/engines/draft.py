@@ -314,6 +314,30 @@ def render(  # noqa: PLR0917  # one policy from all its inputs
     parsed: EngineArgs,
     missing: tuple[str, ...],
 ) -> str:
+    engine, _options = engine_options
+    out = _sizing_comment(name, req, host, s, engine_options, missing)
+    out += [
+        f"name = {_q(name)}",
+        f"description = {_q(f'{draft_server.kind(s.est)} {req.model.name} at -c {s.ctx} (governor init)')}",
+        "",
+        *_memory_table(s),
+        *_cpu_and_process_tables(host, parsed),
+        *_engine_table(host, s, engine),
+        *_prefetch_table(parsed),
+        "",
+        *_pressure(host),
+    ]
+    return "\n".join(out) + "\n"
+
+
+def _sizing_comment(  # noqa: PLR0917  # the head comment: how the numbers below were found
+    name: str,
+    req: Request,
+    host: HostFacts,
+    s: Sizing,
+    engine_options: tuple[tuple[str, ...], tuple[str, ...]],
+    missing: tuple[str, ...],
+) -> list[str]:
     engine, options = engine_options
     est = s.est
     policy = shlex.quote(str(req.output)) if req.output is not None else "POLICY"
@@ -351,10 +375,12 @@ def render(  # noqa: PLR0917  # one policy from all its inputs
             f" ({host.cgroup_layout} layout): the limits they carry are NOT in force here"
             " (governor doctor says how to fix it)."
         )
-    out += [
-        f"name = {_q(name)}",
-        f"description = {_q(f'{draft_server.kind(est)} {req.model.name} at -c {s.ctx} (governor init)')}",
-        "",
+    return out
+
+
+def _memory_table(s: Sizing) -> list[str]:
+    est = s.est
+    return [
         "[memory]",
         f'min = "{mib(s.mem_min)}MiB"  # the weights\' file pages ({mib(s.mem_min)} MiB) stay'
         " resident under pressure from the rest of the board",
@@ -366,6 +392,10 @@ def render(  # noqa: PLR0917  # one policy from all its inputs
         "oom_group = true  # an OOM kill takes the engine's whole process tree",
         "",
     ]
+
+
+def _cpu_and_process_tables(host: HostFacts, parsed: EngineArgs) -> list[str]:
+    out: list[str] = []
     if host.core_types is not None:
         ct = host.core_types
         out += [
@@ -380,6 +410,10 @@ def render(  # noqa: PLR0917  # one policy from all its inputs
     ]
     if parsed.locks_memory:
         out.append('memlock = "model"  # RLIMIT_MEMLOCK for -lm mlock: model size + 64 MiB')
+    return out
+
+
+def _engine_table(host: HostFacts, s: Sizing, engine: tuple[str, ...]) -> list[str]:
     threads = engine[engine.index("-t") + 1] if "-t" in engine else None
     largest = (
         f"the largest -c (a multiple of {KV_CELL_PAD}) whose estimate + headroom fits"
@@ -387,18 +421,22 @@ def render(  # noqa: PLR0917  # one policy from all its inputs
         if s.ctx == s.largest_ctx
         else f"--ctx; the largest that fits is {s.largest_ctx}"
     )
-    out += [
+    out = [
         "",
         "[engine]",
         'kind = "llama.cpp"',
         f"max_context_tokens = {s.ctx}  # {largest}",
     ]
-    if est.settings.server:
-        out += draft_server.engine_lines(est)
+    if s.est.settings.server:
+        out += draft_server.engine_lines(s.est)
     if threads is not None and threads.lstrip("-").isdigit() and int(threads) > 0:
         where = "big core" if host.core_types is not None else "online CPU"
         out.append(f"threads = {int(threads)}  # -t: one per {where}")
-    out += ["", "[prefetch]"]
+    return out
+
+
+def _prefetch_table(parsed: EngineArgs) -> list[str]:
+    out = ["", "[prefetch]"]
     if (parsed.load_mode or "") == "none" or "no_mmap" in parsed.flags:
         out.append(
             'mode = "none"  # -lm none reads the weights into anonymous memory: a page-cache'
@@ -409,8 +447,7 @@ def render(  # noqa: PLR0917  # one policy from all its inputs
             'mode = "populate"  # read the weights while the engine starts, charged to this'
             " slice and protected by memory.min"
         )
-    out += ["", *_pressure(host)]
-    return "\n".join(out) + "\n"
+    return out
 
 
 _RULES = """\
@@ -449,51 +486,3 @@ def _pressure(host: HostFacts) -> list[str]:
         "# kernel command line, uncomment these:",
         *("# " + line if line else "#" for line in _RULES.splitlines()),
     ]
-
-
-def write_policy(path: Path, text: str, *, force: bool) -> None:
-    """Write ``text`` to ``path`` whole or not at all (temp file + fsync + link/rename); an
-    existing file is replaced only with ``force``. The link is the existence check: no race."""
-    import contextlib
-    import os
-    import tempfile
-
-    from governor.errors import BackendError, PermissionDenied, PolicyNotFound
-
-    if (path.exists() or path.is_symlink()) and not force:  # the link below still decides
-        raise _exists(path)
-    tmp: str | None = None
-    try:
-        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(text)
-            f.flush()
-            os.fchmod(f.fileno(), 0o644)
-            os.fsync(f.fileno())
-        if force:
-            os.replace(tmp, path)
-        else:
-            os.link(tmp, path)
-    except FileExistsError as err:
-        raise _exists(path) from err
-    except FileNotFoundError as err:
-        raise PolicyNotFound(
-            f"no such directory: {path.parent}",
-            file=str(path),
-            hint="create it, or choose another -o",
-        ) from err
-    except PermissionError as err:
-        raise PermissionDenied("cannot write", file=str(path), errno=err.errno) from err
-    except OSError as err:
-        raise BackendError("cannot write", file=str(path), errno=err.errno) from err
-    finally:
-        if tmp is not None:
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(tmp)
-
-
-def _exists(path: Path) -> UsageError:
-    return UsageError(
-        f"the output file exists; not overwriting it ({path})",
-        hint="pass --force to replace it, or choose another -o",
-    )

@@ -11,6 +11,7 @@ start (governor/launch/prefetch.py), never before it.
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import errno as errno_mod
 import json
@@ -19,8 +20,7 @@ import resource
 import selectors
 import signal
 import time
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from typing import Any, Protocol
 
 from governor.errors import BackendError, GovernorError, LaunchError, PermissionDenied
@@ -28,6 +28,7 @@ from governor.kernel import clone
 from governor.kernel import files as kf
 from governor.kernel.cgroupfs import CgroupFs
 from governor.kernel.procfs import ProcFs
+from governor.launch.forward import FORWARDED_SIGNALS, Forwarder
 from governor.launch.hygiene import exec_hygiene
 from governor.log import get_logger
 from governor.monitor.restart import Request, Restarts
@@ -36,14 +37,6 @@ from governor.record import asdict, field, record
 
 log = get_logger(__name__)
 
-FORWARDED_SIGNALS = (
-    signal.SIGINT,
-    signal.SIGTERM,
-    signal.SIGHUP,
-    signal.SIGQUIT,
-    signal.SIGUSR1,
-    signal.SIGUSR2,
-)
 PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
 # exit status of a child that failed before exec (the parent maps the real cause from the pipe)
 _CHILD_FAILED = 122
@@ -221,9 +214,9 @@ class Launcher:
 
         With a ``watcher`` (the pressure monitor) the wait is the watcher's: it polls the
         engine's pidfd together with its own sources."""
-        fwd = _Forwarder()
+        fwd = Forwarder()
         with fwd.installed():
-            fwd.pid = pid
+            fwd.engine(pid)
             return self._wait(pid, on_tick=on_tick, tick_s=tick_s, watcher=watcher)
 
     def supervise_restarting(
@@ -235,17 +228,21 @@ class Launcher:
         watcher: EngineWatcher,
         restarts: Restarts,
         on_restart: Callable[[int], None] | None = None,
+        forwarder: Forwarder | None = None,
     ) -> tuple[int, int, int | None]:
         """:meth:`supervise`, and relaunch the engine in the same leaf while the monitor's
         ``restart`` action asks for it (governor/monitor/restart.py). Returns (pid of the last
         engine, its exit code, its signal). The leaf and its limits stay in place between runs;
-        a terminating signal from the operator ends the loop (never answered by a relaunch)."""
-        fwd = _Forwarder(on_signal=restarts.on_signal)
-        with fwd.installed():
+        a terminating signal from the operator ends the loop (never answered by a relaunch).
+        ``forwarder``: one the caller installed already (holding what came before the engine
+        ran); else one is installed for the loop."""
+        fwd = forwarder if forwarder is not None else Forwarder()
+        fwd.on_signal = restarts.on_signal
+        with contextlib.nullcontext(fwd) if forwarder is not None else fwd.installed():
             while True:
-                fwd.pid = pid
+                fwd.engine(pid)
                 code, sig = self._wait(pid, watcher=watcher)
-                fwd.pid = None
+                fwd.engine(None)
                 watcher.engine_exited()
                 req = restarts.take()
                 if req is None:
@@ -421,37 +418,6 @@ class EngineWatcher(Watcher, Protocol):
     def engine_started(self, pid: int) -> None:
         """The engine was started again as ``pid``."""
         ...
-
-
-class _Forwarder:
-    """The launcher's handler for FORWARDED_SIGNALS: pass them on to the running engine (none
-    while a relaunch waits its backoff) and tell ``on_signal`` (the restart budget)."""
-
-    def __init__(self, on_signal: Callable[[int], None] | None = None) -> None:
-        self.pid: int | None = None
-        self.on_signal = on_signal
-
-    def __call__(self, sig: int, _frame: object) -> None:
-        if self.on_signal is not None:
-            self.on_signal(sig)
-        name = signal.Signals(sig).name
-        if self.pid is None:
-            log.info("signal.received", signal=name, detail="no engine running")
-            return
-        try:
-            os.kill(self.pid, sig)
-            log.info("signal.forwarded", signal=name, pid=self.pid)
-        except ProcessLookupError:
-            log.info("signal.received", signal=name, detail="the engine is gone")
-
-    @contextmanager
-    def installed(self) -> Iterator[_Forwarder]:
-        previous = {sig: signal.signal(sig, self) for sig in FORWARDED_SIGNALS}
-        try:
-            yield self
-        finally:
-            for sig, handler in previous.items():
-                signal.signal(sig, handler)
 
 
 def _child_error(

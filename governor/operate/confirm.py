@@ -39,30 +39,6 @@ from typing import IO, Any
 from governor.kernel.cgroupfs import CgroupFs
 from governor.rundir.journal import Journal
 
-UNITS = {"s": 1, "m": 60, "h": 3600}
-
-
-def parse_duration(text: str) -> float:
-    """``90s``, ``5m``, ``1h``, ``1m30s`` or bare seconds -> seconds (> 0); ValueError otherwise."""
-    text = text.strip()
-    if text.replace(".", "", 1).isdigit():
-        seconds = float(text)
-    else:
-        seconds, number = 0.0, ""
-        for ch in text:
-            if ch.isdigit() or ch == ".":
-                number += ch
-            elif ch in UNITS and number:
-                seconds += float(number) * UNITS[ch]
-                number = ""
-            else:
-                raise ValueError(text)
-        if number:
-            raise ValueError(text)
-    if seconds <= 0:
-        raise ValueError(text)
-    return seconds
-
 
 class Reverter:
     """The detached reverter of one tune, between its start and the tune's outcome."""

@@ -28,6 +28,7 @@ from governor.plan.model import (
     WatchTrigger,
 )
 from governor.policy import values as v
+from governor.policy.durations import Duration
 from governor.policy.model import Policy
 
 LEAF = "engine"  # processes live only in leaves (no internal processes rule)
@@ -240,9 +241,9 @@ def compile_plan(
 def when_text(t: WatchTrigger | WatchCondition) -> str:
     """A compiled rule condition as the monitor reports it (``memory some 150ms/2s``)."""
     if isinstance(t, WatchTrigger):
-        return f"{t.resource} {t.kind} {v.Duration(t.stall_us)}/{v.Duration(t.window_us)}"
+        return f"{t.resource} {t.kind} {Duration(t.stall_us)}/{Duration(t.window_us)}"
     if t.condition == "leak":
-        window = v.Duration(int((t.window_s or 0) * 1e6))
+        window = Duration(int((t.window_s or 0) * 1e6))
         return f"leak > {v.format_bytes(t.threshold)}/s for {window}"
     if t.condition == "memavailable":
         return f"memavailable < {v.format_bytes(t.threshold)}"

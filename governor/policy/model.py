@@ -22,6 +22,7 @@ from pydantic import (
     model_validator,
 )
 
+from governor.policy import durations as d
 from governor.policy import values as v
 
 UNIT_NAME_MAX = 255  # systemd: UNIT_NAME_MAX 256 including the NUL; also a file name's limit
@@ -66,8 +67,8 @@ MemlockSize = Annotated[
     v.Size, *_size_field(frozenset({"bytes", "model", "unlimited"}), _MEMLOCK_SCHEMA)
 ]
 Duration = Annotated[
-    v.Duration,
-    BeforeValidator(v.parse_duration),
+    d.Duration,
+    BeforeValidator(d.parse_duration),
     WithJsonSchema({"type": "string", "pattern": r"^[0-9]+(\.[0-9]+)?(us|ms|s|m|h)$"}),
     PlainSerializer(str, return_type=str),
 ]
@@ -211,7 +212,7 @@ class ProcessSection(_Section):
     # the `restart` action: relaunches per launch, and the first wait (doubles, capped at 60 s)
     restart_max: Annotated[StrictInt, Field(ge=0)] = 3
     restart_backoff: Duration = Field(
-        default=v.Duration(1_000_000), json_schema_extra={"default": "1s"}
+        default=d.Duration(1_000_000), json_schema_extra={"default": "1s"}
     )
 
     @field_validator("env")
@@ -262,7 +263,7 @@ class EngineSection(_Section):
     # absent); "exec" = ready once exec'd (what a one-shot engine gets)
     ready: Annotated[StrictStr, AfterValidator(_ready_url)] | None = None
     ready_timeout: Duration = Field(
-        default=v.Duration(300_000_000), json_schema_extra={"default": "300s"}
+        default=d.Duration(300_000_000), json_schema_extra={"default": "300s"}
     )
 
 

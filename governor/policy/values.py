@@ -13,6 +13,8 @@ from typing import Literal
 
 from governor.errors import shown as _shown
 from governor.policy.cpus import MAX_CPU, CpuSpec, parse_cpus
+from governor.policy.durations import MAX_DIGITS as _MAX_DIGITS
+from governor.policy.durations import Duration, parse_duration
 from governor.sizes import BINARY, format_bytes, human_bytes
 
 __all__ = [
@@ -34,7 +36,6 @@ _PERCENT_RE = re.compile(r"^\s*(?P<num>[0-9]+(?:\.[0-9]+)?)\s*%\s*$")
 # "16777216T" would be a 0-byte limit) and caps a page counter at LONG_MAX bytes: refuse what it
 # would misread instead of writing it verbatim. Digits are capped before any arithmetic.
 SIZE_MAX_BYTES = (1 << 63) - 1
-_MAX_DIGITS = 40
 
 SizeKind = Literal["bytes", "percent", "max", "model", "unlimited"]
 
@@ -128,48 +129,6 @@ def _checked(size: Size, allow: frozenset[SizeKind], raw: object) -> Size:
         allowed = ", ".join(sorted(allow))
         raise ValueError(f"{raw!r} is not allowed here (allowed kinds: {allowed})")
     return size
-
-
-# ---------------------------------------------------------------- durations
-
-_DURATION_RE = re.compile(r"^\s*(?P<num>[0-9]+(?:\.[0-9]+)?)\s*(?P<unit>us|ms|s|m|h)\s*$")
-DURATION_MAX_US = 366 * 86_400 * 1_000_000  # sleeps and timers past a year are a typo
-_DURATION_US = {"us": 1, "ms": 1000, "s": 1_000_000, "m": 60_000_000, "h": 3_600_000_000}
-
-
-@dataclass(frozen=True)
-class Duration:
-    us: int
-
-    @property
-    def seconds(self) -> float:
-        return self.us / 1_000_000
-
-    def __str__(self) -> str:
-        for unit in ("h", "m", "s", "ms"):
-            mult = _DURATION_US[unit]
-            if self.us % mult == 0 and self.us >= mult:
-                return f"{self.us // mult}{unit}"
-        return f"{self.us}us"
-
-
-def parse_duration(value: object) -> Duration:
-    """ "150ms", "2s", "1.5s", "1m" -> Duration. Units are required (no bare numbers)."""
-    if isinstance(value, Duration):
-        return value
-    if not isinstance(value, str):
-        raise ValueError(f"expected a duration string like '150ms' or '2s', got {value!r}")
-    m = _DURATION_RE.match(value) if len(value) <= _MAX_DIGITS else None
-    if not m:
-        raise ValueError(f"cannot parse duration {_shown(value, 40)} (examples: 500ms, 2s, 1m)")
-    us = Decimal(m["num"]) * _DURATION_US[m["unit"]]
-    if us != us.to_integral_value():
-        raise ValueError(f"duration {value!r} is finer than a microsecond")
-    if us <= 0:
-        raise ValueError(f"duration {value!r} must be positive")
-    if us > DURATION_MAX_US:
-        raise ValueError(f"duration {value!r} is longer than a year")
-    return Duration(int(us))
 
 
 # ---------------------------------------------------------------- CPUs

@@ -77,46 +77,8 @@ def attach(
         where = plan.leaf if fs.exists(plan.leaf) else plan.group
         return fs.procs(where)
 
-    try:
-        sha256: str | None = hashlib.sha256(policy_path.read_bytes()).hexdigest()
-    except OSError:
-        sha256 = None
-    started_at, where = time.time(), str(policy_path.resolve())
-    carried = {k: prior[k] for k in KEPT_FROM_APPLY if k in prior} if prior is not None else {}
-    # what status and the --metrics endpoint read; refreshed by the monitor's thread when a
-    # rule changes state or fires (the scrape thread only reads the list's current item)
-    snapshot: list[dict[str, Any]] = []
-
-    def publish() -> None:
-        try:
-            engine: int | None = next(iter(engine_pids()), None)
-        except OSError:
-            engine = None
-        state = RunState(
-            policy=plan.policy,
-            source="monitor",
-            policy_path=where,
-            policy_sha256=sha256,
-            pid=os.getpid(),
-            started_at=started_at,
-            backend=carried.get("backend", "cgroupfs"),
-            cgroup_root=plan.cgroup_root,
-            group=plan.group,
-            leaf=plan.leaf,
-            plan=plan.to_dict(),
-            created=carried.get("created"),
-            systemd=carried.get("systemd"),
-            engine_pid=engine,
-            rules=mon.rule_states(),
-            last_actions=list(mon.recent),
-            action_totals=mon.action_totals(),
-            qos=plan.qos.to_json(),
-            shed_totals=mon.shed_totals(),
-        )
-        snapshot[:] = [state.to_json()]
-        publisher.publish(state)
-
-    endpoint = None if serve is None else serve(lambda: list(snapshot))
+    state = _Published(plan, policy_path, prior, publisher, engine_pids)
+    endpoint = None if serve is None else serve(lambda: list(state.snapshot))
     # a freeze action holds the group while it runs: the sh watchdog thaws it if the monitor
     # dies (SIGKILL, OOM); every signal that ends it otherwise goes through finish() below
     from governor.supervise.watchdog import fork_watchdog
@@ -138,11 +100,11 @@ def attach(
             proc=ProcFs(proc_root),
             sample_s=sample_s,
             psi_triggers=psi_triggers,
-            on_change=publish,
+            on_change=lambda: state.publish(mon),
             journal=Journal(run_dir() / plan.policy),  # set actions journaled; tunes kept
             watchdog=watchdog,  # also reverts a `shed` should this process die
         ).start()
-        publish()
+        state.publish(mon)
         try:
             mon.run(
                 lambda: bool(stopped) or (deadline is not None and time.monotonic() >= deadline)
@@ -160,10 +122,71 @@ def attach(
         watchdog.disarm()
         if endpoint is not None:
             endpoint.close()
-        # apply's state again while its slice stands (status, remove's record); else none.
-        # Only our own: a launch of the name may have started meanwhile and published its own
-        if (publisher.read() or {}).get("pid") in (os.getpid(), None):
-            if prior is not None and fs.exists(plan.group):
-                publisher.publish({k: v for k, v in prior.items() if k != "format"})
-            else:
-                publisher.remove()
+        _hand_back(publisher, prior, gone=not fs.exists(plan.group))
+
+
+class _Published:
+    """The monitor's published state: built from the monitor's rules and actions on each change
+    (``publish``), kept in ``snapshot`` for the /metrics endpoint's thread (which only reads the
+    list's current item). Carries over what `governor apply`'s state recorded."""
+
+    def __init__(
+        self,
+        plan: Plan,
+        policy_path: Path,
+        prior: dict[str, Any] | None,
+        publisher: Publisher,
+        engine_pids: Callable[[], list[int]],
+    ) -> None:
+        self.plan, self.publisher, self.engine_pids = plan, publisher, engine_pids
+        try:
+            self.sha256: str | None = hashlib.sha256(policy_path.read_bytes()).hexdigest()
+        except OSError:
+            self.sha256 = None
+        self.started_at, self.where = time.time(), str(policy_path.resolve())
+        self.carried = (
+            {k: prior[k] for k in KEPT_FROM_APPLY if k in prior} if prior is not None else {}
+        )
+        self.snapshot: list[dict[str, Any]] = []
+
+    def publish(self, mon: Monitor) -> None:
+        plan = self.plan
+        try:
+            engine: int | None = next(iter(self.engine_pids()), None)
+        except OSError:
+            engine = None
+        state = RunState(
+            policy=plan.policy,
+            source="monitor",
+            policy_path=self.where,
+            policy_sha256=self.sha256,
+            pid=os.getpid(),
+            started_at=self.started_at,
+            backend=self.carried.get("backend", "cgroupfs"),
+            cgroup_root=plan.cgroup_root,
+            group=plan.group,
+            leaf=plan.leaf,
+            plan=plan.to_dict(),
+            created=self.carried.get("created"),
+            systemd=self.carried.get("systemd"),
+            engine_pid=engine,
+            rules=mon.rule_states(),
+            last_actions=list(mon.recent),
+            action_totals=mon.action_totals(),
+            qos=plan.qos.to_json(),
+            shed_totals=mon.shed_totals(),
+        )
+        self.snapshot[:] = [state.to_json()]
+        self.publisher.publish(state)
+
+
+def _hand_back(publisher: Publisher, prior: dict[str, Any] | None, *, gone: bool) -> None:
+    """At the monitor's end: apply's state again while its slice stands (status, remove's
+    record); else none. Only our own: a launch of the name may have started meanwhile and
+    published its own."""
+    if (publisher.read() or {}).get("pid") not in (os.getpid(), None):
+        return
+    if prior is not None and not gone:
+        publisher.publish({k: v for k, v in prior.items() if k != "format"})
+    else:
+        publisher.remove()

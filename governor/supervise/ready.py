@@ -10,6 +10,9 @@ GET over a socket per probe.
 
 from __future__ import annotations
 
+import os
+import select
+import signal
 import socket
 import threading
 import time
@@ -20,6 +23,8 @@ from governor.errors import HostError
 
 PROBE_INTERVAL_S = 0.25
 PROBE_TIMEOUT_S = 2.0
+# a never-ready engine gets SIGTERM, and SIGKILL if it is still there this much later
+STOP_GRACE_S = 10.0
 
 
 class EngineNotReady(HostError):
@@ -126,3 +131,25 @@ class ReadyWait:
                 )
                 return
             self._stop.wait(self.interval_s)
+
+
+def stop_engine(pid: int, grace_s: float = STOP_GRACE_S) -> str:
+    """Stop a never-ready engine: SIGTERM, then SIGKILL when it has not exited ``grace_s``
+    later (one that ignores SIGTERM must not keep the supervisor waiting). Through a pidfd, so
+    a pid reused after the engine was reaped is never signalled. Returns what was sent."""
+    try:
+        pidfd = os.pidfd_open(pid)
+    except ProcessLookupError:
+        return "already gone"
+    try:
+        signal.pidfd_send_signal(pidfd, signal.SIGTERM)
+        poller = select.poll()
+        poller.register(pidfd, select.POLLIN)  # readable once the process has exited
+        if poller.poll(grace_s * 1000):
+            return "SIGTERM"
+        signal.pidfd_send_signal(pidfd, signal.SIGKILL)
+        return f"SIGTERM, SIGKILL after {grace_s:g}s"
+    except ProcessLookupError:
+        return "SIGTERM"
+    finally:
+        os.close(pidfd)

@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 from governor.errors import BackendError, GovernorError, Interrupted, PermissionDenied
 from governor.kernel.cgroupfs import CgroupFs
 from governor.kernel.procfs import ProcFs
+from governor.launch.forward import Forwarder
 from governor.launch.helper import PrefetchHelper
 from governor.launch.launcher import ChildSetup, Launcher, LaunchReport
 from governor.log import get_logger
@@ -102,12 +103,16 @@ class Supervisor:
         self.ready: bool | None = None
         self.ready_wait: ReadyWait | None = None
         self.not_ready: str | None = None  # why the engine was stopped as never ready
+        self.forwarder: Forwarder | None = None  # installed from the apply's end (run())
 
     def run(self, job: Job) -> int:
         """Returns the engine's status (128+N when it died of signal N)."""
         plan = job.plan
         try:
-            with self.backend.lock(plan) as locked:
+            # from the end of the apply until the engine runs a stop signal is held, then
+            # forwarded to the engine (launch/launcher.py Forwarder), never the default action
+            self.forwarder = Forwarder(hold=True)
+            with self.backend.lock(plan) as locked, self.forwarder.installed():
                 # a stop signal while the limits are written (a memory.max write can block in
                 # reclaim) rolls the apply back, as ^C does, until the watchdog is armed
                 owned: set[str] = set(locked)
@@ -197,6 +202,7 @@ class Supervisor:
                 watcher=monitor,
                 restarts=restarts,
                 on_restart=lambda new_pid: self._restarted(job, new_pid),
+                forwarder=self.forwarder,
             )
             wall = self.clock() - started
             report = self.launcher.summarize(
@@ -217,7 +223,7 @@ class Supervisor:
             from governor.supervise.ready import EngineNotReady
 
             raise EngineNotReady(
-                f"engine not ready: {self.not_ready}; it was stopped (engine.ready, exit {code})",
+                f"engine not ready: {self.not_ready}, exit {code} (engine.ready)",
                 hint="raise engine.ready_timeout for a slow load, or fix engine.ready (the"
                 " URL the engine answers 200 on once loaded)",
             )
@@ -249,8 +255,8 @@ class Supervisor:
         def on_timeout(why: str) -> None:
             self.not_ready = why
             log.error("engine.not_ready", pid=pid, why=why)
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGTERM)
+            sent = ready.stop_engine(pid)
+            self.not_ready = f"{why}; it was stopped ({sent})"
 
         self.ready_wait = ready.ReadyWait(
             ep, job.ready_timeout_s, on_ready=on_ready, on_timeout=on_timeout

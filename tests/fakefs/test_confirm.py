@@ -17,13 +17,14 @@ import pytest
 
 from governor.api import host as api_host
 from governor.backends import manager
-from governor.backends.unitmap import Mapping
 from governor.deploy import tunedropin
 from governor.kernel import files as kf
 from governor.kernel.cgroupfs import CgroupFs
 from governor.operate import tune
-from governor.operate.confirm import Reverter, confirm, parse_duration, revert_if_pending
+from governor.operate.confirm import Reverter, confirm, revert_if_pending
 from governor.operate.status import collect, render
+from governor.plan.unitmap import Mapping
+from governor.policy.durations import parse_seconds as parse_duration
 from governor.rundir.journal import Journal
 from governor.rundir.state import Publisher
 

@@ -267,3 +267,21 @@ def test_an_engine_that_never_answers_its_ready_url_is_stopped_and_launch_exits_
     )
     assert "(engine.ready_timeout)" in run.stderr and "hint:" in run.stderr
     assert not governor.group.exists()
+
+
+def test_a_never_ready_engine_that_ignores_sigterm_is_killed_after_the_grace(
+    governor: Governor,
+) -> None:
+    """SIGTERM is not enough for an engine that ignores it: SIGKILL follows after the grace
+    (supervise/ready.py STOP_GRACE_S), launch still exits 69 and nothing is left."""
+    import sys
+
+    port = _free_port()  # nothing listens there
+    policy = governor.policy(
+        f'[engine]\nready = "http://127.0.0.1:{port}/health"\nready_timeout = "1s"\n'
+    )
+    stubborn = "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); time.sleep(120)"
+    run = governor.run(policy, (sys.executable, "-c", stubborn))
+    assert run.code == 69, run.stderr
+    assert "it was stopped (SIGTERM, SIGKILL after 10s), exit 137" in run.stderr, run.stderr
+    assert not governor.group.exists()

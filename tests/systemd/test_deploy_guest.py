@@ -27,7 +27,7 @@ import pytest
 from helpers import cgroups
 from helpers.units import systemctl_show
 
-from governor.backends import unitmap
+from governor.plan import unitmap
 from governor.plan.compiler import compile_plan
 from governor.plan.host import probe
 from governor.plan.model import Plan

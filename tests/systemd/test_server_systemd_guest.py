@@ -28,7 +28,7 @@ from helpers import cgroups
 from helpers.server import KVGUEST, SERVER, free_port, health, server_argv
 from helpers.units import systemctl_show
 
-from governor.backends import unitmap
+from governor.plan import unitmap
 
 pytestmark = [
     pytest.mark.systemd(min_version=252),

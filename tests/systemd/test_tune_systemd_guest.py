@@ -22,8 +22,8 @@ import pytest
 from helpers import cgroups
 from helpers.units import systemctl_show
 
-from governor.backends import unitmap
 from governor.deploy.tunedropin import DROPIN_NAME
+from governor.plan import unitmap
 
 pytestmark = pytest.mark.systemd(min_version=252)
 

@@ -16,11 +16,12 @@ from typing import Any
 import pytest
 from fakefs.fakekernel import FakeKernelCgroupFs, make_root
 
-from governor.backends import placement as pl
 from governor.backends import systemd as sd
-from governor.backends import unitmap
+from governor.backends.placement import Placement
 from governor.errors import BackendError, HostError, PermissionDenied
 from governor.kernel import files as kf
+from governor.plan import placement as pl
+from governor.plan import unitmap
 from governor.plan.compiler import compile_plan
 from governor.plan.host import probe
 from governor.plan.model import Plan
@@ -91,7 +92,7 @@ def _plan() -> Plan:
 
 
 def _backend(fs: MovingFs, bus: FakeBus, plan: Plan, **kw: Any) -> sd.SystemdBackend:
-    placement = pl.Placement("scope", unitmap.scope_unit(plan.policy), unitmap.scope_cgroup(plan))
+    placement = Placement("scope", unitmap.scope_unit(plan.policy), unitmap.scope_cgroup(plan))
     return sd.SystemdBackend(
         fs,
         placement=placement,

@@ -18,11 +18,13 @@ from pathlib import Path
 
 import pytest
 
-from governor.backends import placement, unitmap
+from governor.backends import choose, placement
 from governor.backends import systemd as sd
 from governor.deploy import dropin
 from governor.errors import HostError, PolicyError
 from governor.kernel import files as kf
+from governor.plan import placement as compiled_placement
+from governor.plan import unitmap
 from governor.plan.compiler import compile_plan
 from governor.plan.host import probe
 from governor.plan.model import Plan
@@ -323,7 +325,7 @@ def test_delegated_plan_keeps_only_what_systemd_cannot_express_on_the_engine_lea
     plan = _plan("npu-chat", "rk3588")
     assert plan is not None
     unit = unitmap.service_cgroup(plan)
-    d = placement.delegated_plan(plan, unit, 252)
+    d = compiled_placement.delegated_plan(plan, unit, 252)
     assert d.group == d.leaf == f"{unit}/engine"
     assert d.create == (f"{unit}/engine",)
     assert [(w.cgroup, w.file, w.value) for w in d.writes] == [
@@ -331,7 +333,7 @@ def test_delegated_plan_keeps_only_what_systemd_cannot_express_on_the_engine_lea
     ]
     assert [(e.cgroup, e.controllers) for e in d.enable] == [(unit, plan.controllers)]
     assert d.launch == plan.launch
-    old = placement.delegated_plan(plan, unit, 240)
+    old = compiled_placement.delegated_plan(plan, unit, 240)
     assert {w.file for w in old.writes} == {kf.MEMORY_OOM_GROUP, kf.CPUSET_CPUS}
 
 
@@ -341,9 +343,11 @@ def test_proc_cgroup_line_and_mode_detection() -> None:
     assert placement.parse_proc_cgroup(f"0::/{unit}\n") == unit
     hybrid = "12:memory:/x\n1:name=systemd:/y\n0::/user.slice/s.scope\n"
     assert placement.parse_proc_cgroup(hybrid) == "user.slice/s.scope"
-    placements = placement.compile_placements(plan, 252)
+    placements = compiled_placement.compile_placements(plan, 252)
     assert placement.pick(placements, unit).mode == "service"
-    assert placement.pick(placements, unit).plan == placement.delegated_plan(plan, unit, 252)
+    assert placement.pick(placements, unit).plan == compiled_placement.delegated_plan(
+        plan, unit, 252
+    )
     scope = placement.pick(placements, "system.slice/ssh.service")
     assert (scope.mode, scope.cgroup) == ("scope", unitmap.scope_cgroup(plan))
     with pytest.raises(HostError, match="not in its policy slice"):
@@ -351,10 +355,10 @@ def test_proc_cgroup_line_and_mode_detection() -> None:
 
 
 def test_auto_picks_systemd_only_when_pid1_is_systemd_and_the_bus_answers() -> None:
-    assert sd.choose("auto", pid1="systemd", answers=lambda: True) == "systemd"
-    assert sd.choose("auto", pid1="systemd", answers=lambda: False) == "cgroupfs"
-    assert sd.choose("auto", pid1="init", answers=lambda: True) == "cgroupfs"
-    assert sd.choose("systemd", pid1="init") == "systemd"
+    assert choose.choose("auto", pid1="systemd", answers=lambda: True) == "systemd"
+    assert choose.choose("auto", pid1="systemd", answers=lambda: False) == "cgroupfs"
+    assert choose.choose("auto", pid1="init", answers=lambda: True) == "cgroupfs"
+    assert choose.choose("systemd", pid1="init") == "systemd"
 
 
 def test_without_pystemd_the_scope_fails_with_the_extra_and_apt_packages(

@@ -11,6 +11,7 @@ from governor.monitor.rules import Observations, Rule, RuleEngine
 from governor.plan.compiler import watch_rule
 from governor.plan.model import WatchCondition, WatchTrigger
 from governor.policy import values as v
+from governor.policy.durations import Duration
 
 
 def _psi_rule(index: int, *, hold: float = 0, cooldown: float | None = None) -> Rule:
@@ -36,8 +37,8 @@ def _psi(*rules: int) -> Observations:
 @pytest.mark.parametrize(
     ("text", "expected"),
     [
-        ("leak > 500KB/s for 60s", v.LeakCondition(500 * 1024, v.Duration(60_000_000))),
-        ("leak>1M/s for 2m", v.LeakCondition(1 << 20, v.Duration(120_000_000))),
+        ("leak > 500KB/s for 60s", v.LeakCondition(500 * 1024, Duration(60_000_000))),
+        ("leak>1M/s for 2m", v.LeakCondition(1 << 20, Duration(120_000_000))),
         ("memavailable < 800M", v.MemAvailableCondition(800 << 20)),
         ("oom_kill", v.EventCondition("oom_kill")),
         ("memory some 150ms/2s", v.parse_trigger("memory some 150ms/2s")),

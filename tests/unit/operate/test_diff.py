@@ -8,10 +8,10 @@ from pathlib import Path
 
 from governor.api import host as api_host
 from governor.api import operate as api_operate
-from governor.backends import unitmap
 from governor.deploy import dropin, tunedropin
 from governor.deploy.install import manifest_path
 from governor.operate.diff import render
+from governor.plan import unitmap
 
 REPO = Path(__file__).resolve().parents[3]
 HOSTS = REPO / "tests" / "fixtures" / "hosts"

@@ -26,6 +26,7 @@ from governor.errors import (
     PolicyNotFound,
 )
 from governor.policy import values as v
+from governor.policy.durations import Duration
 from governor.policy.loader import load, load_text
 from governor.policy.model import Policy
 
@@ -217,8 +218,8 @@ def test_full_policy_parses_every_key_into_typed_values() -> None:
     assert len(p.pressure) == 3
     first = p.pressure[0]
     assert first.when == v.parse_trigger("memory some 150ms/2s")
-    assert first.for_ == v.Duration(3_000_000)
-    assert first.cooldown == v.Duration(10_000_000)
+    assert first.for_ == Duration(3_000_000)
+    assert first.cooldown == Duration(10_000_000)
     assert [str(a) for a in first.do] == [
         "log",
         "signal SIGUSR1",
