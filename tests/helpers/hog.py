@@ -2,17 +2,20 @@
 """Touch N MiB of anonymous memory, optionally slowly and in several processes.
 
     hog.py --mib N [--step-mib S --interval SEC] [--hold SEC] [--children K] [--runs FILE]
+           [--comm NAME]
 
 Each process (the parent and K forked children) touches N MiB in steps of S MiB, sleeping
 SEC between steps, printing ``hog pid=P touched=M MiB`` after each step and ``hog pid=P done``
 at the end; then it holds the memory for --hold seconds (default: until killed). The parent
 waits for its children; its exit status is non-zero if a child failed or was killed.
-With --runs, the parent first appends ``start pid=P`` to FILE (counts relaunches).
+With --runs, the parent first appends ``start pid=P`` to FILE (counts relaunches). --comm sets
+the process name (/proc/PID/comm, what earlyoom's --prefer matches) before anything is touched.
 """
 
 from __future__ import annotations
 
 import argparse
+import ctypes
 import mmap
 import os
 import sys
@@ -20,6 +23,11 @@ import time
 
 MIB = 1 << 20
 PAGE = mmap.PAGESIZE
+
+
+def set_comm(name: str) -> None:
+    """prctl(PR_SET_NAME): the name /proc/PID/comm shows (15 bytes at most)."""
+    ctypes.CDLL(None, use_errno=True).prctl(15, name.encode()[:15], 0, 0, 0)
 
 
 def touch(mib: int, step_mib: int, interval: float) -> list[mmap.mmap]:
@@ -46,7 +54,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--hold", type=float, default=None, help="seconds to hold (default forever)")
     p.add_argument("--children", type=int, default=0, help="forked children that also hog")
     p.add_argument("--runs", default=None, help="append one line per start to this file")
+    p.add_argument("--comm", default=None, help="process name (prctl PR_SET_NAME)")
     a = p.parse_args(argv)
+    if a.comm:
+        set_comm(a.comm)
     if a.runs is not None:
         with open(a.runs, "a") as f:
             f.write(f"start pid={os.getpid()}\n")
