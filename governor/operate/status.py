@@ -115,116 +115,147 @@ def render(items: list[dict[str, Any]], *, now: float | None = None) -> str:
         return "no governed slices\n"
     lines: list[str] = []
     for it in items:
-        head = f"{it['policy']}  {it['state']}"
-        if it["pid"]:
-            head += f"  pid {it['pid']}"
-        if it["engine_pid"]:
-            head += f" (engine {it['engine_pid']})"
-        head += f"  up {_duration(it['uptime_s'])}  restarts {it['restarts']}"
-        if it.get("ready") is not None:
-            head += "  ready" if it["ready"] else "  NOT ready (loading)"
-        lines += [head, f"  cgroup   {it['cgroup']}  ({it['backend'] or it['source']})"]
-        if it["state"] == "stale":
-            lines.append(
-                "  STALE: the supervisor that published this state is gone"
-                " (`governor status --prune` clears it)"
-            )
-        qos = it.get("qos")
-        if qos:
-            lines.append(
-                f"  qos      {qos['class']}  (a shed may: {', '.join(qos['yield']) or '-'})"
-            )
-        if it.get("shed"):
-            lines.append(f"  SHED     {shed_text(it['shed'])}")
-        if it["knobs"]:
-            unit = it.get("systemd_unit")
-            head = f"  {'knob':<18}{'policy':>14}{'kernel':>14}"
-            lines.append(head + (f"{'unit':>14}" if unit else "") + "  state")
-            for k in it["knobs"]:
-                row = f"  {k['file']:<18}{k['policy']:>14}{k['kernel'] or '-':>14}"
-                if unit:
-                    row += f"{k.get('unit') or '-':>14}"
-                state = k["state"]
-                if k.get("reverts_at"):
-                    at = time.strftime("%H:%M:%S", time.localtime(k["reverts_at"]))
-                    state = f"tuned, reverts at {at} unless confirmed"
-                lines.append(f"{row}  {state}")
-            if unit:
-                lines.append(f"  (unit: {unit}, as `systemctl show` says)")
-        usage = it["usage"]
-        if usage:
-            m = usage["memory"]
-            lines.append(
-                f"  memory   current {_size(m['current'])}  peak {_size(m['peak'])}"
-                f"  anon {_size(m['anon'])}  file {_size(m['file'])}  swap {_size(m['swap'])}"
-            )
-            ev = usage["memory_events"]
-            if ev:
-                lines.append("  events   " + "  ".join(f"{k} {v}" for k, v in ev.items()))
-            psi = [
-                f"{res} some {p['some']['avg10']:.2f}"
-                + (f" full {p['full']['avg10']:.2f}" if p["full"] else "")
-                for res, p in usage["pressure"].items()
-            ]
-            if psi:
-                lines.append("  pressure " + "; ".join(psi) + "  (avg10 %)")
-            cpu = usage["cpu"]
-            if cpu["usage_usec"] is not None:
-                thr = cpu["throttled_usec"]
-                lines.append(
-                    f"  cpu      usage {cpu['usage_usec'] / 1e6:.1f}s"
-                    + (f"  throttled {thr / 1e6:.1f}s" if thr is not None else "")
-                )
-            pids = usage["pids"]
-            if pids["current"] is not None:
-                lines.append(f"  pids     {pids['current']} / {pids['max'] or 'max'}")
+        lines += _head_lines(it)
+        lines += _knob_lines(it)
+        lines += _usage_lines(it)
         lines += render_device(it)
-        for r in it["rules"]:
-            state = r["state"]
-            if r.get("cooldown_until"):
-                state += f" until {time.strftime('%H:%M:%S', time.localtime(r['cooldown_until']))}"
-            elif r.get("hold_until"):
-                state += f" until {time.strftime('%H:%M:%S', time.localtime(r['hold_until']))}"
-            lines.append(
-                f"  rule #{r['rule']} {r['when']:<24} {state:<22} fired {r['fired']}"
-                f"  next: {', '.join(r['next_actions'])}"
-            )
-        for a in it["last_actions"][-5:]:
-            at = time.strftime("%H:%M:%S", time.localtime(a["at"])) if a.get("at") else "?"
-            done = "; ".join(
-                f"{x['action']}"
-                + (f" {x.get('before')} -> {x.get('after')}" if "before" in x else "")
-                for x in a.get("actions", [])
-            )
-            lines.append(f"  action   {at} #{a['rule']} {a['when']}: {done}")
-        for e in it.get("journal", []):
-            at = time.strftime("%H:%M:%S", time.localtime(e["time"]))
-            done = "; ".join(f"{c['file']} {c['before']} -> {c['after']}" for c in e["changes"])
-            if e.get("confirms"):
-                done = f"kept #{', #'.join(map(str, e['confirms']))}"
-            if e.get("reason"):
-                done += f" ({e['reason']})"
-            if e.get("error"):
-                done = e["error"]
-            if e["source"] == "shed":
-                done = f"{e.get('step')} by {e.get('by')}" + (f": {done}" if done else "")
-            lines.append(f"  journal  #{e['id']} {at} {e['source']}: {done}")
-        for p in it.get("pending_confirm", []):
-            at = time.strftime("%H:%M:%S", time.localtime(p["confirm_by"]))
-            files = ", ".join(p["files"])
-            if p.get("reverter_alive", True):
-                lines.append(
-                    f"  PENDING  #{p['id']} ({files}) reverts at {at} unless"
-                    f" confirmed: governor tune {it['policy']} --confirm"
-                )
-            else:
-                lines.append(
-                    f"  PENDING  #{p['id']} ({files}) will NOT revert at {at}: its reverter"
-                    f" (pid {p.get('reverter_pid')}) is gone; keep it: governor tune"
-                    f" {it['policy']} --confirm, undo it: governor rollback {it['policy']}"
-                )
+        lines += _rule_lines(it)
+        lines += _journal_lines(it)
         lines += render_clocks(it.get("clocks", []))
-        for d in it["degraded"]:
-            lines.append(f"  NOT in force: {d}")
+        lines += [f"  NOT in force: {d}" for d in it["degraded"]]
         lines.append("")
     return "\n".join(lines)
+
+
+def _head_lines(it: dict[str, Any]) -> list[str]:
+    """Who runs it, where, its state, its [qos] class and a shed that holds it."""
+    lines: list[str] = []
+    head = f"{it['policy']}  {it['state']}"
+    if it["pid"]:
+        head += f"  pid {it['pid']}"
+    if it["engine_pid"]:
+        head += f" (engine {it['engine_pid']})"
+    head += f"  up {_duration(it['uptime_s'])}  restarts {it['restarts']}"
+    if it.get("ready") is not None:
+        head += "  ready" if it["ready"] else "  NOT ready (loading)"
+    lines += [head, f"  cgroup   {it['cgroup']}  ({it['backend'] or it['source']})"]
+    if it["state"] == "stale":
+        lines.append(
+            "  STALE: the supervisor that published this state is gone"
+            " (`governor status --prune` clears it)"
+        )
+    qos = it.get("qos")
+    if qos:
+        lines.append(f"  qos      {qos['class']}  (a shed may: {', '.join(qos['yield']) or '-'})")
+    if it.get("shed"):
+        lines.append(f"  SHED     {shed_text(it['shed'])}")
+    return lines
+
+
+def _knob_lines(it: dict[str, Any]) -> list[str]:
+    """Each knob: the policy's value, the kernel's (and the unit's), its state."""
+    lines: list[str] = []
+    if it["knobs"]:
+        unit = it.get("systemd_unit")
+        head = f"  {'knob':<18}{'policy':>14}{'kernel':>14}"
+        lines.append(head + (f"{'unit':>14}" if unit else "") + "  state")
+        for k in it["knobs"]:
+            row = f"  {k['file']:<18}{k['policy']:>14}{k['kernel'] or '-':>14}"
+            if unit:
+                row += f"{k.get('unit') or '-':>14}"
+            state = k["state"]
+            if k.get("reverts_at"):
+                at = time.strftime("%H:%M:%S", time.localtime(k["reverts_at"]))
+                state = f"tuned, reverts at {at} unless confirmed"
+            lines.append(f"{row}  {state}")
+        if unit:
+            lines.append(f"  (unit: {unit}, as `systemctl show` says)")
+    return lines
+
+
+def _usage_lines(it: dict[str, Any]) -> list[str]:
+    """Memory, memory.events, PSI, CPU and pids as the kernel counts them now."""
+    lines: list[str] = []
+    usage = it["usage"]
+    if usage:
+        m = usage["memory"]
+        lines.append(
+            f"  memory   current {_size(m['current'])}  peak {_size(m['peak'])}"
+            f"  anon {_size(m['anon'])}  file {_size(m['file'])}  swap {_size(m['swap'])}"
+        )
+        ev = usage["memory_events"]
+        if ev:
+            lines.append("  events   " + "  ".join(f"{k} {v}" for k, v in ev.items()))
+        psi = [
+            f"{res} some {p['some']['avg10']:.2f}"
+            + (f" full {p['full']['avg10']:.2f}" if p["full"] else "")
+            for res, p in usage["pressure"].items()
+        ]
+        if psi:
+            lines.append("  pressure " + "; ".join(psi) + "  (avg10 %)")
+        cpu = usage["cpu"]
+        if cpu["usage_usec"] is not None:
+            thr = cpu["throttled_usec"]
+            lines.append(
+                f"  cpu      usage {cpu['usage_usec'] / 1e6:.1f}s"
+                + (f"  throttled {thr / 1e6:.1f}s" if thr is not None else "")
+            )
+        pids = usage["pids"]
+        if pids["current"] is not None:
+            lines.append(f"  pids     {pids['current']} / {pids['max'] or 'max'}")
+    return lines
+
+
+def _rule_lines(it: dict[str, Any]) -> list[str]:
+    """The rules' state and next actions, and the last actions taken."""
+    lines: list[str] = []
+    for r in it["rules"]:
+        state = r["state"]
+        if r.get("cooldown_until"):
+            state += f" until {time.strftime('%H:%M:%S', time.localtime(r['cooldown_until']))}"
+        elif r.get("hold_until"):
+            state += f" until {time.strftime('%H:%M:%S', time.localtime(r['hold_until']))}"
+        lines.append(
+            f"  rule #{r['rule']} {r['when']:<24} {state:<22} fired {r['fired']}"
+            f"  next: {', '.join(r['next_actions'])}"
+        )
+    for a in it["last_actions"][-5:]:
+        at = time.strftime("%H:%M:%S", time.localtime(a["at"])) if a.get("at") else "?"
+        done = "; ".join(
+            f"{x['action']}" + (f" {x.get('before')} -> {x.get('after')}" if "before" in x else "")
+            for x in a.get("actions", [])
+        )
+        lines.append(f"  action   {at} #{a['rule']} {a['when']}: {done}")
+    return lines
+
+
+def _journal_lines(it: dict[str, Any]) -> list[str]:
+    """The change journal's last entries and the tunes pending a --confirm."""
+    lines: list[str] = []
+    for e in it.get("journal", []):
+        at = time.strftime("%H:%M:%S", time.localtime(e["time"]))
+        done = "; ".join(f"{c['file']} {c['before']} -> {c['after']}" for c in e["changes"])
+        if e.get("confirms"):
+            done = f"kept #{', #'.join(map(str, e['confirms']))}"
+        if e.get("reason"):
+            done += f" ({e['reason']})"
+        if e.get("error"):
+            done = e["error"]
+        if e["source"] == "shed":
+            done = f"{e.get('step')} by {e.get('by')}" + (f": {done}" if done else "")
+        lines.append(f"  journal  #{e['id']} {at} {e['source']}: {done}")
+    for p in it.get("pending_confirm", []):
+        at = time.strftime("%H:%M:%S", time.localtime(p["confirm_by"]))
+        files = ", ".join(p["files"])
+        if p.get("reverter_alive", True):
+            lines.append(
+                f"  PENDING  #{p['id']} ({files}) reverts at {at} unless"
+                f" confirmed: governor tune {it['policy']} --confirm"
+            )
+        else:
+            lines.append(
+                f"  PENDING  #{p['id']} ({files}) will NOT revert at {at}: its reverter"
+                f" (pid {p.get('reverter_pid')}) is gone; keep it: governor tune"
+                f" {it['policy']} --confirm, undo it: governor rollback {it['policy']}"
+            )
+    return lines
