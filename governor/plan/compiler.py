@@ -208,39 +208,51 @@ def compile_plan(
         writes=tuple(writes),
         controllers=controllers,
         launch=_launch_spec(policy, affinity, workload),
-        engine=EngineSpec(
-            kind=policy.engine.kind,
-            max_context_tokens=policy.engine.max_context_tokens,
-            max_cache_ram=policy.engine.max_cache_ram,
-            ready=policy.engine.ready,
-            ready_timeout_s=policy.engine.ready_timeout.seconds,
-            threads=policy.engine.threads,
-        ),
+        engine=_engine_spec(policy),
         prefetch=PrefetchSpec(files=policy.prefetch.files, mode=policy.prefetch.mode),
         protect_parents=tuple(
             w.file for w in writes if w.file in (kf.MEMORY_MIN, kf.MEMORY_LOW) and w.value != "0"
         ),
-        watch=tuple(
-            watch_rule(
-                i,
-                _watch_trigger(r.when),
-                tuple(r.do),
-                when=str(r.when),
-                hold_s=r.for_.seconds if r.for_ else None,
-                cooldown_s=r.cooldown.seconds if r.cooldown else None,
-            )
-            for i, r in enumerate(policy.pressure)
-        ),
+        watch=_watch(policy),
         notes=tuple(notes),
         degraded=tuple(degraded),
         device=_device(policy, workload),
         clocks=clocks,
-        qos=QosSpec(
-            qos_class=policy.qos.class_,
-            # the ladder's order whatever the policy's; the policy's list says which steps
-            yields=tuple(s for s in SHED_STEPS if s in policy.qos.yield_),
-        ),
+        qos=_qos(policy),
     )
+
+
+def _engine_spec(policy: Policy) -> EngineSpec:
+    e = policy.engine
+    return EngineSpec(
+        kind=e.kind,
+        max_context_tokens=e.max_context_tokens,
+        max_cache_ram=e.max_cache_ram,
+        ready=e.ready,
+        ready_timeout_s=e.ready_timeout.seconds,
+        threads=e.threads,
+    )
+
+
+def _watch(policy: Policy) -> tuple[WatchRule, ...]:
+    """The [[pressure]] rules as the run time's monitor watches them, in the policy's order."""
+    return tuple(
+        watch_rule(
+            i,
+            _watch_trigger(r.when),
+            tuple(r.do),
+            when=str(r.when),
+            hold_s=r.for_.seconds if r.for_ else None,
+            cooldown_s=r.cooldown.seconds if r.cooldown else None,
+        )
+        for i, r in enumerate(policy.pressure)
+    )
+
+
+def _qos(policy: Policy) -> QosSpec:
+    """The class, and the steps the policy yields in the ladder's order (whatever its own)."""
+    yields = tuple(s for s in SHED_STEPS if s in policy.qos.yield_)
+    return QosSpec(qos_class=policy.qos.class_, yields=yields)
 
 
 def _device(policy: Policy, workload: Workload) -> DeviceSpec | None:
