@@ -156,6 +156,11 @@ def resources(plan: Plan, work: Workload) -> Resources:
 def unexpressed(plan: Plan, res: Resources) -> list[tuple[str, str]]:
     """(policy field, what to use instead) for each policy field the Pod cannot carry."""
     w = _writes(plan)
+    return [*_memory_fields(w, res), *_cpu_io_and_rules(plan, w), *_process_fields(plan, res)]
+
+
+def _memory_fields(w: dict[str, str], res: Resources) -> list[tuple[str, str]]:
+    """memory.min/low/high/swap/oom_group: what the kubelet (MemoryQoS, swapBehavior) does."""
     out: list[tuple[str, str]] = []
     mem_min = _bytes(w.get("memory.min"))
     if mem_min is not None:
@@ -201,6 +206,12 @@ def unexpressed(plan: Plan, res: Resources) -> list[tuple[str, str]]:
                 " unless singleProcessOOMKill: true: keep that kubelet setting off",
             )
         )
+    return out
+
+
+def _cpu_io_and_rules(plan: Plan, w: dict[str, str]) -> list[tuple[str, str]]:
+    """cpu.weight/cpus, pids, io and the [[pressure]] rules."""
+    out: list[tuple[str, str]] = []
     if "cpu.weight" in w:
         out.append(
             (
@@ -229,6 +240,12 @@ def unexpressed(plan: Plan, res: Resources) -> list[tuple[str, str]]:
                 " run `governor monitor POLICY --cgroup <the pod's container cgroup>` on the node",
             )
         )
+    return out
+
+
+def _process_fields(plan: Plan, res: Resources) -> list[tuple[str, str]]:
+    """[process], prefetch and restarts: the container runtime's and the kubelet's."""
+    out: list[tuple[str, str]] = []
     launch = plan.launch
     if launch.oom_score_adj is not None:
         out.append(
