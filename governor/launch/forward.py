@@ -1,5 +1,6 @@
 """The supervisor's signal forwarding: a stop signal for the governor goes to the engine, and one
-that comes before the engine runs is held, not lost (launch/launcher.py installs it)."""
+that comes before the engine runs is held, not lost (the supervisor installs it from the end
+of the apply; launch/launcher.py uses it while it waits for the engine)."""
 
 from __future__ import annotations
 

@@ -115,7 +115,7 @@ class Supervisor:
         plan = job.plan
         try:
             # from the end of the apply until the engine runs a stop signal is held, then
-            # forwarded to the engine (launch/launcher.py Forwarder), never the default action
+            # forwarded to the engine (launch/forward.py Forwarder), never the default action
             self.forwarder = Forwarder(hold=True)
             with self.backend.lock(plan) as locked, self.forwarder.installed():
                 # a stop signal while the limits are written (a memory.max write can block in
