@@ -213,8 +213,11 @@ def test_freeze_really_freezes_the_group_and_thaws_it_after_its_duration(
         time.sleep(1.0)
         assert cgroups.read_kv(group / "cgroup.events")["frozen"] == 1
         assert len(gov.out) == lines_then, "the hog printed while frozen"
-        # nothing allocates while frozen (slack: one per-CPU charge batch, 64 pages)
-        assert abs(int(cgroups.read(group / "memory.current")) - current_then) <= 64 * 4096
+        # nothing allocates while frozen (slack: a memcg charge batch, 64 pages, per CPU: each
+        # CPU's stock is charged ahead and drained on its own; the CI guest has 4 vCPUs and
+        # once moved 81 pages here)
+        slack = 64 * 4096 * (os.cpu_count() or 1)
+        assert abs(int(cgroups.read(group / "memory.current")) - current_then) <= slack
         cgroups.wait_for(
             lambda: cgroups.read_kv(group / "cgroup.events").get("frozen") == 0,
             30,
