@@ -8,23 +8,21 @@ polling a PSI trigger fd consumes its event (kernel/sched/psi.c psi_trigger_poll
 t->event), and an outer epoll checking the inner one's readiness would swallow it.
 ``governor monitor`` runs the same object on its own with :meth:`Monitor.run`.
 
-Idle cost: one wake-up per sample interval (1 s default) to read memory.current, memory.peak
-and memory.stat; PSI and event sources cost nothing until the kernel signals them.
+Idle cost: one wake-up per sample (1 s) to read memory.current/peak/stat; PSI and event
+sources cost nothing until the kernel signals them.
 
 PSI fallback: where a pressure file exists but refuses a trigger (a kernel before 5.2, an
-unprivileged window that cannot be widened, EPERM on the write), the rule is evaluated from the
-file's ``total=`` counter at each sample (governor/monitor/psi.py PolledTrigger: the same
-stall-within-window rule at sample granularity), and ``psi.fallback`` is logged once per file.
+unprivileged window that cannot be widened, EPERM on the write), the rule is evaluated from
+``total=`` at each sample (psi.py PolledTrigger), and ``psi.fallback`` is logged once per file.
 Where the file is missing (PSI disabled), ``psi.unavailable`` is logged once per file and the
 rule cannot fire; the compiler refuses such a policy unless ``--allow-missing psi``.
-``psi_triggers=False`` (``--psi poll`` on the command line) skips the triggers and forces the
-fallback on a kernel that has them (tests compare both paths on the same pressure files).
+``--psi poll`` (psi_triggers=False) forces the fallback (tests compare both paths).
 
 Restarts (``governor launch``): the ``restart`` action kills the group and records a request
-in the launcher's budget (governor/monitor/restart.py); after the engine exited,
-:meth:`Monitor.engine_exited` takes a last look (an OOM kill races the exit) so a rule on
-``oom_kill`` can still ask for the relaunch, and :meth:`Monitor.engine_started` points the
-monitor at the new pid. Sources stay armed in between: the group is not removed.
+in the launcher's budget (governor/monitor/restart.py); :meth:`Monitor.engine_exited` takes a
+last look (an OOM kill races the exit) so a rule on ``oom_kill`` can still ask for the relaunch,
+and :meth:`Monitor.engine_started` points the monitor at the new pid (sources stay armed).
+Shedding: shed.py; a board firing that is only the held victims' own stall: ownstall.py.
 """
 
 from __future__ import annotations
@@ -45,6 +43,7 @@ from governor.log import get_logger
 from governor.monitor import psi
 from governor.monitor.actions import THAW, Context, Executor, Result
 from governor.monitor.leak import LeakDetector
+from governor.monitor.ownstall import OwnStall
 from governor.monitor.restart import Restarts
 from governor.monitor.rules import Firing, Observations, Rule, RuleEngine
 from governor.monitor.sampler import DEFAULT_INTERVAL_S, Sampler
@@ -105,6 +104,8 @@ class Monitor:
             run = journal.dir.parent if journal is not None else run_dir()
             shedder = Shedder(fs, plan, run=run, watchdog=watchdog, clock=clock)
         self.shedder = self.executor.shedder = shedder
+        # a board trigger of a shedding rule that only the held victims' stall sets off
+        self.own_stall = OwnStall.of(fs, plan, {r.index for r in self.shed_rules})
         self.psi_triggers = psi_triggers
         self.sampler = Sampler(fs, self.group, interval_s=sample_s)
         self.board = Board(proc or ProcFs())
@@ -128,9 +129,8 @@ class Monitor:
         self.event_totals: dict[str, int] = {}
         self.gone = False  # the group was removed or emptied
         self.populated: int | None = None
-        self.on_change = (
-            on_change  # the supervisor republishes its state (governor/rundir/state.py)
-        )
+        # the supervisor republishes its state (governor/rundir/state.py)
+        self.on_change = on_change
         self.wall = wall
         self._published: tuple[tuple[int, str], ...] | None = None
 
@@ -287,6 +287,8 @@ class Monitor:
         if now >= self._next_sample:
             sampled = self._sample(now, fired_psi, counters)
             self._next_sample = max(now, self._next_sample + self.sampler.interval_s)
+        held = self.shedder.held_groups() if self.shedder is not None else []
+        self.own_stall.discount(now, fired_psi, held, sampled=bool(sampled))
         if fired_psi or counters or sampled or any(self.engine.active(r.index) for r in self.rules):
             self._evaluate(now, fired_psi, counters, sampled)
         self.executor.on_timer(self.clock())

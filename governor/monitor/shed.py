@@ -311,6 +311,10 @@ class Shedder:
     def holding(self) -> bool:
         return bool(self.held)
 
+    def held_groups(self) -> list[str]:
+        """The cgroups of the victims held now (governor/monitor/ownstall.py reads them)."""
+        return [h.victim.cgroup for h in self.held.values()]
+
     def undo(self) -> dict[str, Any] | None:
         """One undo step (the shedding rules are quiet), at most one per SETTLE_S."""
         now = self.clock()

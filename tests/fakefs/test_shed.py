@@ -20,7 +20,7 @@ from governor.monitor.loop import Monitor
 from governor.monitor.shed import RAISE_STEPS, SETTLE_S, Shedder
 from governor.plan.board import load_board
 from governor.plan.compiler import compile_action, watch_rule
-from governor.plan.model import Plan, QosSpec, WatchCondition
+from governor.plan.model import Plan, QosSpec, WatchCondition, WatchTrigger
 from governor.policy.values import parse_action
 from governor.record import replace
 from governor.rundir.journal import Journal
@@ -351,3 +351,80 @@ def test_the_watchdog_reverts_a_dead_shedders_holds(tmp_path: Path) -> None:
     # replaced by the second list: b was released meanwhile, nothing of it is touched
     assert (root / "slice/b" / files.CGROUP_FREEZE).read_text().strip() == "1"
     assert (root / "slice/b" / files.MEMORY_HIGH).read_text().strip() == "2000"
+
+
+class Stalls:
+    """The kernel's stall counters: the board's (the root's memory.pressure), the shedding
+    group's and the victim's; each second adds what the test says."""
+
+    def __init__(self, fs: FakeKernelCgroupFs, *groups: str) -> None:
+        self.fs = fs
+        self.totals = {g: 0 for g in ("", *groups)}
+        self.write()
+
+    def write(self) -> None:
+        for group, total in self.totals.items():
+            line = f"avg10=0.00 avg60=0.00 avg300=0.00 total={total}"
+            (self.fs.path(group) / files.MEMORY_PRESSURE).write_text(
+                f"some {line}\nfull {line}\n"
+            )
+
+    def add(self, board_ms: int, **by_group_ms: int) -> None:
+        self.totals[""] += board_ms * 1000
+        for group, ms in by_group_ms.items():
+            self.totals[group] += ms * 1000
+        self.write()
+
+
+def test_a_board_trigger_set_off_by_the_held_victims_own_stall_neither_escalates_nor_blocks_the_undo(
+    board: Board, tmp_path: Path
+) -> None:
+    """Throttled at memory.high, the victim stalls in its own reclaim, which the board's
+    pressure counts: that firing is not counted (no freeze, the undo goes on); pressure
+    outside the victim, or the shedder's own, still is."""
+    trigger = WatchTrigger(
+        resource="memory", kind="some", stall_us=100_000, window_us=1_000_000,
+        file=files.MEMORY_PRESSURE, system=True,
+    )  # fmt: skip
+    rule = watch_rule(0, trigger, ("shed",), cooldown_s=4.0, when="board memory some 100ms/1s")
+    chat = board.publish(replace(_plan("npu-chat", CHAT), watch=(rule,)), 600 * MIB)
+    batch = board.publish(_plan("npu-batch", BATCH, high=BATCH_HIGH), 512 * MIB)
+    stalls = Stalls(board.fs, chat.group, batch.group)
+    proc = tmp_path / "proc"
+    proc.mkdir()
+    mon = Monitor(
+        board.fs, chat, engine_pids=lambda: [], proc=ProcFs(proc), clock=lambda: board.now[0],
+        journal=Journal(board.run / "npu-chat"), watchdog=board,
+    ).start()  # fmt: skip
+    frozen = lambda: board.fs.read(batch.group, files.CGROUP_FREEZE).strip() == "1"  # noqa: E731
+
+    def second(board_ms: int, **by_group_ms: int) -> None:
+        stalls.add(board_ms, **by_group_ms)
+        board.tick(1.0)
+        mon.dispatch()
+
+    second(0)
+    second(300)  # stall outside the victims: the shed throttles the batch
+    assert _high(board.fs, batch) == str(512 * MIB)
+    assert mon.shedder is not None
+    for _ in range(40):  # the board's stall is the batch's own, at its throttle
+        if not mon.shedder.holding():
+            break
+        second(300, **{batch.group: 300})
+        assert not frozen()
+    # quiet for the cooldown: the undo raised memory.high back and released the batch
+    assert _high(board.fs, batch) == str(BATCH_HIGH)
+    assert not mon.shedder.holding()
+    assert mon.own_stall.discounted > 0
+    # outside pressure again: throttle, then freeze, although the batch stalls as well
+    for _ in range(14):
+        second(400, **{batch.group: 300})
+    assert frozen()
+    # the same with the stall inside the shedder's own group, overlapping the batch's
+    for _ in range(30):
+        second(0)
+    assert not frozen() and not mon.shedder.holding()
+    for _ in range(14):
+        second(300, **{batch.group: 300, chat.group: 300})
+    assert frozen()
+    mon.finish()
