@@ -13,7 +13,8 @@ from t = 20 s tests/helpers/hog.py, the background job, grows to 950 MiB (16 MiB
   bare        both in systemd scopes (systemd-run --scope) without limits
   governor    both under `governor launch`, policies from policies/npu-chat.toml and
               npu-batch.toml (their [qos], oom_score_adj and memory [[pressure]] rules; memory
-              scaled: chat min 400M = its model, high 1000M, max 1200M; batch as shipped),
+              scaled: chat min = its working set, the model + the KV cache at its end +
+              16 MiB, high +150M, max +250M; batch as shipped),
               without the rules whose `do` has `shed`
   gov+shed    the same with npu-chat's `shed` rules (board PSI, MemAvailable floor)
   oomd        bare scopes, the job's in a slice with ManagedOOMMemoryPressure=kill
@@ -52,6 +53,7 @@ ARMS = ("bare", "governor", "gov+shed", "oomd", "earlyoom")
 WINDOW_FROM_S = 20.0  # the background job starts this long after the chat is ready
 SLOW_FACTOR = 4.0  # a step slower than this x the solo median step is a stall
 CHAT_COMM, BG_COMM = "qos-chat", "qos-batch"
+KV_END_MIB = 550  # the chat's KV cache at its end (kvchat.py's default --kv-end)
 MIB = 1 << 20
 
 

@@ -19,6 +19,7 @@ from perf.qos import (
     BG_COMM,
     CHAT_COMM,
     HELPERS,
+    KV_END_MIB,
     REPO,
     SLOW_FACTOR,
     WINDOW_FROM_S,
@@ -146,7 +147,11 @@ def bg_argv(st: Setup) -> list[str]:
 def policies(st: Setup, tag: str, shed: bool) -> tuple[Path, Path]:
     chat = tomllib.loads((REPO / "policies" / "npu-chat.toml").read_text())
     batch = tomllib.loads((REPO / "policies" / "npu-batch.toml").read_text())
-    cmem = {"min": "400M", "high": "1000M", "max": "1200M", "swap_max": "0"}
+    # memory.min protects usage, not pages: it has to cover the chat's working set (its model
+    # AND its KV cache at its end, + the interpreter), as an operator sets it, or reclaim takes
+    # the model's pages above the protection all the same
+    need = (st.model.stat().st_size >> 20) + KV_END_MIB + 16
+    cmem = {"min": f"{need}M", "high": f"{need + 150}M", "max": f"{need + 250}M", "swap_max": "0"}
     bmem = {k: batch["memory"][k] for k in ("high", "max")} | {"swap_max": "0"}
     pc, pb = st.tmp / f"chat-{tag}.toml", st.tmp / f"batch-{tag}.toml"
     pc.write_text(bench_policy(chat, "chat", "qosbench.slice", cmem, shed))

@@ -365,9 +365,7 @@ class Stalls:
     def write(self) -> None:
         for group, total in self.totals.items():
             line = f"avg10=0.00 avg60=0.00 avg300=0.00 total={total}"
-            (self.fs.path(group) / files.MEMORY_PRESSURE).write_text(
-                f"some {line}\nfull {line}\n"
-            )
+            (self.fs.path(group) / files.MEMORY_PRESSURE).write_text(f"some {line}\nfull {line}\n")
 
     def add(self, board_ms: int, **by_group_ms: int) -> None:
         self.totals[""] += board_ms * 1000
@@ -396,7 +394,9 @@ def test_a_board_trigger_set_off_by_the_held_victims_own_stall_neither_escalates
         board.fs, chat, engine_pids=lambda: [], proc=ProcFs(proc), clock=lambda: board.now[0],
         journal=Journal(board.run / "npu-chat"), watchdog=board,
     ).start()  # fmt: skip
-    frozen = lambda: board.fs.read(batch.group, files.CGROUP_FREEZE).strip() == "1"  # noqa: E731
+
+    def frozen() -> bool:
+        return board.fs.read(batch.group, files.CGROUP_FREEZE).strip() == "1"
 
     def second(board_ms: int, **by_group_ms: int) -> None:
         stalls.add(board_ms, **by_group_ms)
