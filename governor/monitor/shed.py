@@ -27,7 +27,8 @@ to give back. When the monitor stops, whatever is held is given back at once.
 No fights: each step and undo is an entry (``source: "shed"``) in the victim's journal
 (governor/rundir/journal.py), which its own monitor takes as its baseline and `governor status`
 shows; the shedder's watchdog (governor/supervise/watchdog.py) is told what to revert if the
-shedder dies; ``totals`` counts steps per victim (the metric ``governor_shed_total``).
+shedder dies; ``totals`` counts steps per victim (the metric ``governor_shed_total``). One
+shedder per victim: a victim another live shedder holds is passed over until its release.
 """
 
 from __future__ import annotations
@@ -108,6 +109,7 @@ class Shedder:
         alive: Callable[[int | None], bool] = governor_alive,
         settle_s: float = SETTLE_S,
         page_size: int = os.sysconf("SC_PAGE_SIZE"),
+        pid: int | None = None,
     ) -> None:
         self.fs = fs
         self.plan = plan
@@ -121,6 +123,7 @@ class Shedder:
         self.alive = alive
         self.settle_s = settle_s
         self.page_size = page_size
+        self.pid = pid or os.getpid()  # what the victims' journals name this shedder by
         self.held: dict[str, Held] = {}  # in the order of their first step
         self.last_step_at: float | None = None
         self.totals: dict[tuple[str, str], int] = {}  # (victim, step) -> times
@@ -210,6 +213,8 @@ class Shedder:
         if self.last_step_at is not None and now - self.last_step_at < self.settle_s:
             return Result("shed", ok=True, detail="settling after the previous step")
         for victim in self.victims():
+            if victim.name not in self.held and self._held_by_another(victim):
+                continue  # one shedder per victim: the first keeps it until its release
             held = self.held.get(victim.name) or Held(victim)
             step = self._next_step(victim, held, now)
             if step == "wait":
@@ -218,6 +223,12 @@ class Shedder:
                 continue
             return self._take(victim, held, step, ctx, now)
         return Result("shed", ok=True, detail="nothing left to shed")
+
+    def _held_by_another(self, victim: Victim) -> bool:
+        """Another live shedder holds ``victim`` (its journal says so): two shedders on one
+        victim would undo each other's steps."""
+        other = victim.journal.shed(self.alive)
+        return other is not None and other.get("pid") != self.pid
 
     def _next_step(self, victim: Victim, held: Held, now: float) -> str | None:
         if "kill" in held.done or ("stop" in held.done and not self._populated(victim.cgroup)):
@@ -435,7 +446,7 @@ class Shedder:
         try:
             with victim.journal.locked():
                 victim.journal.append(
-                    "shed", changes, by=self.by, pid=os.getpid(), step=step, when=when, value=value
+                    "shed", changes, by=self.by, pid=self.pid, step=step, when=when, value=value
                 )
         except OSError as err:
             log.warning("shed.journal_failed", victim=victim.name, reason=str(err))

@@ -199,6 +199,32 @@ def test_never_an_equal_or_higher_class_lowest_class_and_largest_first(board: Bo
     assert bg.victims() == [] and bg.shed(CTX).detail == "nothing left to shed"
 
 
+def test_one_shedder_per_victim_the_second_passes_it_over_until_the_release(
+    board: Board,
+) -> None:
+    chat = board.publish(_plan("npu-chat", CHAT), 600 * MIB)
+    std = board.publish(_plan("std", QosSpec(qos_class="standard")), 300 * MIB)
+    batch = board.publish(_plan("npu-batch", BATCH, high=BATCH_HIGH), 512 * MIB)
+    first = board.shedder(chat, pid=1001, alive=lambda pid: pid in (1001, 1002))
+    second = board.shedder(std, pid=1002, alive=lambda pid: pid in (1001, 1002))
+    assert first.shed(CTX).after["step"] == "throttle"
+    # the standard policy's shed would throttle it again and, at its own undo, lift the
+    # first one's hold: it passes the batch over
+    assert second.shed(CTX).detail == "nothing left to shed"
+    assert _high(board.fs, batch) == str(512 * MIB)
+    board.tick(3 * SETTLE_S * RAISE_STEPS)
+    while first.holding():
+        assert first.undo() is not None
+        board.tick()
+    assert _high(board.fs, batch) == str(BATCH_HIGH)
+    res = second.shed(CTX)
+    assert res.after["step"] == "throttle" and res.after["victim"] == "npu-batch"
+    assert Journal(board.run / "npu-batch").shed()["by"] == "std"  # type: ignore[index]
+    # a shedder that died (its watchdog reverted it) holds nothing: the first may take it
+    dead = board.shedder(chat, pid=1003, alive=lambda pid: pid == 1003)
+    assert dead.shed(CTX).after["step"] == "throttle"
+
+
 def test_stop_sends_sigterm_and_kill_waits_for_the_grace(board: Board) -> None:
     chat = board.publish(_plan("npu-chat", CHAT), 600 * MIB)
     job = board.publish(_plan("job", QosSpec(qos_class="background", yields=("stop", "kill"))), 9)
