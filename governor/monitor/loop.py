@@ -100,15 +100,15 @@ class Monitor:
             journal=journal,
         )
         self.shed_rules = [r for r in self.rules if any(a.verb == "shed" for a in r.actions)]
+        self.board = board = Board(proc or ProcFs())
         if shedder is None and self.shed_rules:
             run = journal.dir.parent if journal is not None else run_dir()
-            shedder = Shedder(fs, plan, run=run, watchdog=watchdog, clock=clock)
+            avail = board.memavailable  # a raise of the undo grows a victim into it, no more
+            shedder = Shedder(fs, plan, run=run, watchdog=watchdog, clock=clock, memavailable=avail)
         self.shedder = self.executor.shedder = shedder
-        # a board trigger of a shedding rule that only the held victims' stall sets off
         self.own_stall = OwnStall.of(fs, plan, {r.index for r in self.shed_rules})
         self.psi_triggers = psi_triggers
         self.sampler = Sampler(fs, self.group, interval_s=sample_s)
-        self.board = Board(proc or ProcFs())
         self.devmem = DeviceMemory(fs, self.board.proc, self.rules, plan.device is not None)
         self.needs_meminfo = any(r.kind == "memavailable" for r in self.rules)
         self.leaks = {r.index: LeakDetector(r.window_s) for r in self._leak_rules()}

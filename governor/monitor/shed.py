@@ -17,18 +17,17 @@ The ladder, per victim, restricted to the steps its ``[qos] yield`` allows:
 - **kill**: cgroup.kill.
 
 A step is taken only when the rule fires (it still holds) and ``SETTLE_S`` after the previous
-step, so each step gets time to relieve the board before the next. Once every shedding rule has
-been quiet for its cooldown (``SETTLE_S`` without one), the shed is undone in reverse, one step
-per ``SETTLE_S``: the latest victim first, thaw, then memory.high raised in ``RAISE_STEPS``
-steps back to the victim's policy value (its operator's tune if there is one; an ungoverned
-cgroup's value before the throttle), then ``release``. A stopped or killed victim has nothing
-to give back. When the monitor stops, whatever is held is given back at once.
+one. Once every shedding rule has been quiet for its cooldown, the shed is undone in reverse,
+one step per ``SETTLE_S``: the latest victim first, thaw, then memory.high raised in
+``RAISE_STEPS`` steps back to the victim's policy value (its operator's tune; an ungoverned
+cgroup's value before the throttle), then ``release``; a raise lets the victim grow only into
+MemAvailable less ``ROOM_HEADROOM`` (else it waits, held). A stopped or killed victim has
+nothing to give back. When the monitor stops, whatever is held is given back at once.
 
 No fights: each step and undo is an entry (``source: "shed"``) in the victim's journal
-(governor/rundir/journal.py), which its own monitor takes as its baseline and `governor status`
-shows; the shedder's watchdog (governor/supervise/watchdog.py) is told what to revert if the
-shedder dies; ``totals`` counts steps per victim (the metric ``governor_shed_total``). One
-shedder per victim: a victim another live shedder holds is passed over until its release.
+(governor/rundir/journal.py), its own monitor's baseline and what `governor status` shows; the
+watchdog (governor/supervise/watchdog.py) reverts a dead shedder's holds; ``totals`` counts
+steps (``governor_shed_total``); a victim another live shedder holds is passed over.
 """
 
 from __future__ import annotations
@@ -47,12 +46,11 @@ from governor.kernel.cgroupfs import CgroupFs
 from governor.kernel.parse import parse_max
 from governor.log import get_logger
 from governor.monitor.actions import Context, Result
+from governor.monitor.victims import Victim, board_victims, governed_victims
 from governor.plan.board import load_board
 from governor.plan.model import QOS_RANK, Plan
 from governor.record import field, record
-from governor.rundir.journal import Journal
 from governor.rundir.state import alive as governor_alive
-from governor.rundir.state import read_states
 
 log = get_logger(__name__)
 
@@ -60,26 +58,13 @@ SETTLE_S = 3.0  # between two steps (shed or undo): the previous one takes effec
 STOP_GRACE_S = 10.0  # after the SIGTERM of `stop`, before a `kill` may follow
 RAISE_STEPS = 4  # memory.high goes back to the victim's value in this many steps
 RAISE_MIN = 16 << 20  # ... of at least this many bytes each
-BOARD_DIR = "board"  # <run dir>/board/<name>/journal.jsonl: an ungoverned cgroup's journal
+ROOM_HEADROOM = 128 << 20  # a raise leaves the board at least this much MemAvailable
 
 
 class Reverter(Protocol):
     """The watchdog's side of a shed (governor/supervise/watchdog.py)."""
 
     def arm_shed(self, cgroup_root: str, reverts: list[tuple[str, str, str]]) -> None: ...
-
-
-@record(frozen=True)
-class Victim:
-    name: str  # the policy's, or the board file's name of the cgroup
-    cgroup: str  # relative to the cgroup2 root
-    qos_class: str
-    yields: tuple[str, ...]
-    journal: Journal
-    restore_high: str | None  # memory.high to give back ("max"); None: the value before
-    engine_pid: int | None = None  # governed: the published engine pid
-    governed: bool = True
-    usage: int = 0  # memory.current when listed
 
 
 @record
@@ -110,6 +95,7 @@ class Shedder:
         settle_s: float = SETTLE_S,
         page_size: int = os.sysconf("SC_PAGE_SIZE"),
         pid: int | None = None,
+        memavailable: Callable[[], int | None] | None = None,
     ) -> None:
         self.fs = fs
         self.plan = plan
@@ -124,6 +110,7 @@ class Shedder:
         self.settle_s = settle_s
         self.page_size = page_size
         self.pid = pid or os.getpid()  # what the victims' journals name this shedder by
+        self.memavailable = memavailable  # the board's MemAvailable: how far a raise may go
         self.held: dict[str, Held] = {}  # in the order of their first step
         self.last_step_at: float | None = None
         self.totals: dict[tuple[str, str], int] = {}  # (victim, step) -> times
@@ -140,38 +127,7 @@ class Shedder:
         return sorted(out, key=lambda v: (QOS_RANK[v.qos_class], -v.usage, v.name))
 
     def _governed(self) -> list[Victim]:
-        out = []
-        for st in read_states(self.run):
-            if st.get("stale") or st.get("policy") == self.by or not st.get("plan"):
-                continue
-            try:
-                plan = Plan.from_dict(st["plan"])
-            except ValueError:
-                continue
-            if QOS_RANK[plan.qos.qos_class] >= self.rank or not self.fs.exists(plan.group):
-                continue
-            if plan.cgroup_root != self.plan.cgroup_root:
-                continue
-            high = next(
-                (
-                    w.value
-                    for w in plan.writes
-                    if w.cgroup == plan.group and w.file == kf.MEMORY_HIGH
-                ),
-                "max",
-            )
-            out.append(
-                Victim(
-                    name=plan.policy,
-                    cgroup=plan.group,
-                    qos_class=plan.qos.qos_class,
-                    yields=plan.qos.yields,
-                    journal=Journal(self.run / plan.policy),
-                    restore_high=high,
-                    engine_pid=st.get("engine_pid"),
-                )
-            )
-        return out
+        return governed_victims(self.fs, self.plan, self.run)
 
     def _ungoverned(self) -> list[Victim]:
         try:
@@ -181,19 +137,7 @@ class Shedder:
                 self._board_said = str(err)
                 log.warning("shed.board_invalid", reason=str(err), detail="board cgroups skipped")
             return []
-        return [
-            Victim(
-                name=b.name,
-                cgroup=b.path,
-                qos_class=b.qos_class,
-                yields=b.yields,
-                journal=Journal(self.run / BOARD_DIR / b.name),
-                restore_high=None,
-                governed=False,
-            )
-            for b in entries
-            if QOS_RANK[b.qos_class] < self.rank and self.fs.exists(b.path)
-        ]
+        return board_victims(self.fs, self.plan, self.run, entries)
 
     def _related(self, cgroup: str) -> bool:
         own = self.plan.group
@@ -372,12 +316,21 @@ class Shedder:
             if held.raise_by is None:
                 gap = (target - current) if target is not None else current
                 held.raise_by = max(RAISE_MIN, gap // RAISE_STEPS)
+            new = current + held.raise_by
+            capped = False
+            room = self._room()
+            if room is not None:  # it may grow into what the board has, not beyond
+                bound = self._usage(cg) + room
+                if bound < current + RAISE_MIN:
+                    log.info("shed.no_room", victim=held.victim.name, cgroup=cg, room=room)
+                    return None, []  # held as it is until the board has room
+                capped, new = bound < new, min(new, bound)
             held.raises += 1
             if "throttle" in held.done:  # ... or throttle it again at what it then uses
                 held.done.remove("throttle")
-            new = current + held.raise_by
-            final = (target is not None and new >= target) or (
-                target is None and held.raises >= RAISE_STEPS
+            final = not capped and (
+                (target is not None and new >= target)
+                or (target is None and held.raises >= RAISE_STEPS)
             )
             value = goal if final else str(self._floor(new))
             self.fs.write(cg, kf.MEMORY_HIGH, value)
@@ -389,6 +342,20 @@ class Shedder:
         except GovernorError as err:
             log.warning("shed.undo_failed", victim=held.victim.name, cgroup=cg, reason=str(err))
             return "release", []
+
+    def _room(self) -> int | None:
+        """What the board can give a victim now: MemAvailable less ``ROOM_HEADROOM`` and less
+        the shedder's own page cache that its memory.min protects (MemAvailable counts it as
+        reclaimable: the engine's model, which the kernel will not take)."""
+        avail = self.memavailable() if self.memavailable is not None else None
+        if avail is None:
+            return None
+        own = self.plan.group
+        try:
+            protected = min(self._live(own, kf.MEMORY_MIN) or 0, self.fs.memory_stat(own)["file"])
+        except (GovernorError, KeyError):
+            protected = 0
+        return max(0, avail - ROOM_HEADROOM - protected)
 
     def _goal(self, held: Held) -> str:
         """The memory.high to give back: the operator's tune, else the policy's value, else
@@ -412,11 +379,8 @@ class Shedder:
                 if held.before_high is not None and self.fs.exists(cg):
                     before = self.fs.read(cg, kf.MEMORY_HIGH).strip()
                     self.fs.write(cg, kf.MEMORY_HIGH, self._goal(held))
-                    changes.append(
-                        _change(
-                            cg, kf.MEMORY_HIGH, before, self.fs.read(cg, kf.MEMORY_HIGH).strip()
-                        )
-                    )
+                    after = self.fs.read(cg, kf.MEMORY_HIGH).strip()
+                    changes.append(_change(cg, kf.MEMORY_HIGH, before, after))
             except GovernorError as err:
                 log.warning("shed.undo_failed", victim=name, cgroup=cg, reason=str(err))
             self._journal(held.victim, "release", changes, when=why)

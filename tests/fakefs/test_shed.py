@@ -17,7 +17,7 @@ from governor.kernel import files
 from governor.kernel.procfs import ProcFs
 from governor.monitor.actions import Context, Executor
 from governor.monitor.loop import Monitor
-from governor.monitor.shed import RAISE_STEPS, SETTLE_S, Shedder
+from governor.monitor.shed import RAISE_STEPS, ROOM_HEADROOM, SETTLE_S, Shedder
 from governor.plan.board import load_board
 from governor.plan.compiler import compile_action, watch_rule
 from governor.plan.model import Plan, QosSpec, WatchCondition, WatchTrigger
@@ -160,6 +160,30 @@ def test_the_undo_thaws_then_raises_memory_high_in_steps_back_to_the_policy_valu
     assert board.reverts[-1] == []
     steps = [e["step"] for e in Journal(board.run / "npu-batch").entries()]
     assert steps == ["throttle", "freeze", "thaw", *["raise"] * RAISE_STEPS, "release"]
+
+
+def test_a_raise_grows_the_victim_only_into_what_the_board_has(board: Board) -> None:
+    """Quiet is not room: a job that wants more than MemAvailable is held until the board
+    has it (each raise at most MemAvailable less ROOM_HEADROOM above its usage)."""
+    chat = board.publish(_plan("npu-chat", CHAT), 600 * MIB)
+    batch = board.publish(_plan("npu-batch", BATCH, high=BATCH_HIGH), 512 * MIB)
+    avail = [ROOM_HEADROOM + 8 * MIB]
+    sh = board.shedder(chat, memavailable=lambda: avail[0])
+    sh.shed(CTX)
+    board.tick()
+    assert sh.undo() is None  # 8 MiB of room: less than one raise, held as it is
+    assert _high(board.fs, batch) == str(512 * MIB) and sh.holding()
+    avail[0] = ROOM_HEADROOM + 40 * MIB
+    board.tick()
+    assert _undone(sh) == "raise"  # by the room, not by a quarter of the way back
+    assert _high(board.fs, batch) == str(552 * MIB)
+    avail[0] = 4 << 30  # the chat ended: room for the rest
+    highs = []
+    while sh.holding():
+        board.tick()
+        if _undone(sh) == "raise":
+            highs.append(int(_high(board.fs, batch)))
+    assert highs[-1] == BATCH_HIGH and highs == sorted(highs), highs
 
 
 def test_pressure_that_comes_back_during_the_undo_takes_the_steps_again(board: Board) -> None:
