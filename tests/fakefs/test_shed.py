@@ -80,6 +80,14 @@ class Board:
     def arm_shed(self, cgroup_root: str, reverts: list[tuple[str, str, str]]) -> None:
         self.reverts.append(reverts)
 
+    def monitor(self, plan: Plan, proc: Path) -> Monitor:
+        """The shedding policy's monitor on this board (its /proc files in ``proc``)."""
+        proc.mkdir(exist_ok=True)
+        return Monitor(
+            self.fs, plan, engine_pids=lambda: [], proc=ProcFs(proc), clock=lambda: self.now[0],
+            journal=Journal(self.run / plan.policy), watchdog=self,
+        ).start()  # fmt: skip
+
     def tick(self, s: float = SETTLE_S) -> None:
         self.now[0] += s
 
@@ -352,11 +360,7 @@ def test_the_monitor_sheds_on_a_board_trigger_and_gives_back_once_quiet(
     chat = board.publish(replace(_plan("npu-chat", CHAT), watch=(rule,)), 600 * MIB)
     batch = board.publish(_plan("npu-batch", BATCH, high=BATCH_HIGH), 512 * MIB)
     proc = tmp_path / "proc"
-    proc.mkdir()
-    mon = Monitor(
-        board.fs, chat, engine_pids=lambda: [], proc=ProcFs(proc), clock=lambda: board.now[0],
-        journal=Journal(board.run / "npu-chat"), watchdog=board,
-    ).start()  # fmt: skip
+    mon = board.monitor(chat, proc)
 
     def second(avail_mib: int) -> None:
         (proc / "meminfo").write_text(f"MemTotal: 2000000 kB\nMemAvailable: {avail_mib << 10} kB\n")
@@ -439,11 +443,7 @@ def test_a_board_trigger_set_off_by_the_held_victims_own_stall_neither_escalates
     batch = board.publish(_plan("npu-batch", BATCH, high=BATCH_HIGH), 512 * MIB)
     stalls = Stalls(board.fs, chat.group, batch.group)
     proc = tmp_path / "proc"
-    proc.mkdir()
-    mon = Monitor(
-        board.fs, chat, engine_pids=lambda: [], proc=ProcFs(proc), clock=lambda: board.now[0],
-        journal=Journal(board.run / "npu-chat"), watchdog=board,
-    ).start()  # fmt: skip
+    mon = board.monitor(chat, proc)
 
     def frozen() -> bool:
         return board.fs.read(batch.group, files.CGROUP_FREEZE).strip() == "1"
