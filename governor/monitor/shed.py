@@ -115,6 +115,7 @@ class Shedder:
         self.last_step_at: float | None = None
         self.totals: dict[tuple[str, str], int] = {}  # (victim, step) -> times
         self._board_said: str | None = None
+        self._undo_waited_at: float | None = None  # the undo's latest wait for room
 
     # ------------------------------------------------------------------ victims
 
@@ -273,15 +274,15 @@ class Shedder:
     def undo(self) -> dict[str, Any] | None:
         """One undo step (the shedding rules are quiet), at most one per SETTLE_S."""
         now = self.clock()
-        if not self.held or (
-            self.last_step_at is not None and now - self.last_step_at < self.settle_s
-        ):
+        last = max(self.last_step_at or -1e18, self._undo_waited_at or -1e18)
+        if not self.held or now - last < self.settle_s:
             return None
         name, held = next(reversed(self.held.items()))
         step, changes = self._give_back(held)
-        self.last_step_at = now
-        if step is None:
+        if step is None:  # no room: try again later, without holding back a shed step
+            self._undo_waited_at = now
             return None
+        self.last_step_at = now
         if step == "release":
             del self.held[name]
         self._count(name, step)

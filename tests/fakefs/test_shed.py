@@ -181,6 +181,11 @@ def test_a_raise_grows_the_victim_only_into_what_the_board_has(board: Board) -> 
     board.tick()
     assert sh.undo() is None  # 8 MiB of room: less than one raise, held as it is
     assert _high(board.fs, batch) == str(512 * MIB) and sh.holding()
+    assert sh.undo() is None  # ... and tried again only a settle time later
+    board.tick(0.5)
+    assert sh.shed(CTX).after["step"] == "freeze"  # a wait for room holds no step back
+    board.tick()
+    assert _undone(sh) == "thaw"
     avail[0] = ROOM_HEADROOM + 40 * MIB
     board.tick()
     assert _undone(sh) == "raise"  # by the room, not by a quarter of the way back

@@ -11,7 +11,17 @@ throttled, keeps the shed's value as its baseline. A second test kills the shedd
 (SIGKILL) while it holds an ungoverned cgroup of the board file frozen and throttled: its
 watchdog thaws it and gives its memory.high back.
 
-No speed ratios here: perf/qos.py measures them (a benchmark, not a test).
+A third test is the issue's scenario on the board's PSI trigger: an interactive engine
+(tests/helpers/kvchat.py: every step reads its mmapped model, its KV cache grows; memory.min
+covers both) and, once it has most of its memory, a background job that would take more than
+the board has left. `board memory some 50ms/1s` sheds the job (throttle, then freeze while the
+chat still grows) before anything is OOM-killed; the chat's model stays resident (its group's
+refaults stay near zero: the time-free stand-in for its speed); once the chat has ended the job
+is given back its memory.high, grows and completes. The stall the throttled job makes itself,
+which the board's pressure counts, does not freeze it (governor/monitor/ownstall.py).
+
+No speed ratios here: perf/qos.py measures them, interleaved and repeated (a benchmark, not a
+test; tests never assert on time).
 """
 
 from __future__ import annotations
@@ -27,6 +37,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from engine.paths import SMALL
 from helpers import cgroups
 from helpers.cgroups import ScratchSlice
 
@@ -335,3 +346,129 @@ def test_a_killed_shedders_watchdog_gives_a_board_cgroup_back(
     # the hold ended with its shedder (the journal has no release: it was SIGKILLed)
     assert _steps(run / "board" / "cam")[-1] == "freeze"
     assert Journal(run / "board" / "cam").shed(alive) is None
+
+
+CHAT_KV_START, CHAT_KV_END = 64, 400  # MiB of "KV cache" the chat grows through
+BG_FROM_KV = 320  # the job starts when the chat's KV has reached this (most of its growth)
+
+
+def _job(mib: int) -> list[str]:
+    """A background job that wants `mib` MiB, 16 MiB at a time (~30 MiB/s under TCG: the
+    page faults set the pace), then exits 0."""
+    return _py(
+        f"""
+        import time
+        chunks = []
+        while len(chunks) * 16 < {mib}:
+            chunks.append(b"\\x01" * (16 << 20))
+            print(f"job touched={{len(chunks) * 16}} MiB", flush=True)
+            time.sleep(0.05)
+        time.sleep(2)
+        """
+    )
+
+
+def _chat_kv(out: Path) -> int:
+    """The chat's KV MiB at its latest step (kvchat.py's --out)."""
+    steps = [ln.split() for ln in out.read_text().splitlines() if ln.startswith("step ")]
+    return int(steps[-1][2]) if steps else 0
+
+
+def _stat(group: Path, key: str) -> int:
+    return int(cgroups.read_kv(group / "memory.stat")[key])
+
+
+@pytest.mark.engine(paths=(SMALL,))
+@pytest.mark.kernel(controllers=("memory", "pids"), root=True)
+def test_board_pressure_sheds_the_job_keeps_the_chat_resident_and_gives_back_after(
+    tmp_path: Path, scratch_slice: ScratchSlice
+) -> None:
+    env = _env(tmp_path)
+    run = Path(env["GOVERNOR_RUN_DIR"])
+    model_mib = SMALL.stat().st_size >> 20
+    chat_mib = model_mib + CHAT_KV_END + 40  # + the interpreter
+    # the job wants more than the board has beside the chat: bare, something is OOM-killed
+    bg_mib = ((_meminfo("MemAvailable") >> 20) - chat_mib + 250) // 16 * 16
+    chat_policy = _policy(
+        tmp_path,
+        scratch_slice,
+        "chat",
+        f"""
+        [memory]
+        min = "{chat_mib}M"
+        [qos]
+        class = "interactive"
+        [[pressure]]
+        when = "board memory some 50ms/1s"
+        do = ["shed"]
+        cooldown = "3s"
+        """,
+    )
+    bg_policy = _policy(
+        tmp_path,
+        scratch_slice,
+        "bg",
+        """
+        [memory]
+        swap_max = "0"
+        [qos]
+        class = "background"
+        yield = ["throttle", "freeze"]
+        """,
+    )
+    out = tmp_path / "chat.out"
+    ooms = _oom_kills()
+    chat = _launch(
+        chat_policy, env, sys.executable, str(REPO / "tests/helpers/kvchat.py"),
+        "--model", str(SMALL), "--out", str(out), "--kv-start", str(CHAT_KV_START),
+        "--kv-end", str(CHAT_KV_END), "--grow", "10", "--duration", "60",
+    )  # fmt: skip
+    bg: subprocess.Popen[str] | None = None
+    chat_group = scratch_slice.path / "chat"
+    try:
+        _until(lambda: out.exists() and _chat_kv(out) >= BG_FROM_KV, 240, "the chat grown", chat)
+        refaults = _stat(chat_group, "workingset_refault_file")
+        bg = _launch(bg_policy, env, *_job(bg_mib))
+        _until(lambda: "throttle" in _steps(run / "bg"), 240, "the job throttled", chat, bg)
+        _until(lambda: "done " in out.read_text(), 240, "the chat's end", chat, bg)
+        refaulted = _stat(chat_group, "workingset_refault_file") - refaults
+        chat.wait(timeout=120)
+        bg.wait(timeout=300)  # given back when the chat's governor ended: the job completes
+    finally:
+        for gov in (chat, bg):
+            if gov is not None and gov.poll() is None:
+                gov.send_signal(signal.SIGTERM)
+                gov.wait(timeout=120)
+        bg_log = _log(bg_policy) if bg is not None else ""
+        for line in _log(chat_policy).splitlines():  # the shed's story, whole
+            if any(f'"event": "{e}' in line for e in ("shed", "rule.fired", "engine.exit")):
+                print(line[:400])
+        print(bg_log[-3000:])
+    print(f"chat {_speeds(out)}; its group refaulted {refaulted} pages while the job ran")
+    assert _oom_kills() == ooms, "something was OOM-killed"
+    assert bg.returncode == 0 and f"touched={bg_mib} MiB" in bg_log, bg_log[-2000:]
+    assert chat.returncode == 0
+    entries = [e for e in Journal(run / "bg").entries() if e["source"] == "shed"]
+    steps = [e["step"] for e in entries]
+    assert steps[0] == "throttle" and entries[0]["when"] == "board memory some 50ms/1s", entries
+    assert set(steps) <= {"throttle", "freeze", "thaw", "raise", "release"}, steps  # its yield
+    assert steps[-1] == "release", steps
+    throttled_at = int(entries[0]["changes"][0]["after"])
+    assert throttled_at < bg_mib * MIB, "the job was not stopped short of what it wanted"
+    # the chat's model stayed in memory: at most a tenth of it was read again
+    assert refaulted * 4096 < (model_mib * MIB) // 10, refaulted
+
+
+def _speeds(out: Path) -> str:
+    """Steps/s before the job started and after (printed, never asserted)."""
+    lines = [ln.split() for ln in out.read_text().splitlines()]
+    t0 = next(float(p[1]) for p in lines if p[0] == "ready")
+    steps = [(float(p[1]), int(p[2])) for p in lines if p[0] == "step"]
+    before = [t for t, kv in steps if kv < BG_FROM_KV]
+    after = [t for t, kv in steps if kv >= BG_FROM_KV]
+
+    def rate(ts: list[float], start: float) -> float:
+        return len(ts) / max(1e-9, ts[-1] - start) if ts else 0.0
+
+    alone, beside = rate(before, t0), rate(after, before[-1] if before else t0)
+    return f"{alone:.2f} steps/s alone, {beside:.2f} beside the job"
