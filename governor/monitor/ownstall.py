@@ -50,7 +50,7 @@ class OwnStall:
         self.keep_s = 2 * keep + 2.0
         # (time, {cgroup: {key: total us}}); BOARD, the own group and each victim read
         self.readings: deque[tuple[float, dict[str, dict[Key, int]]]] = deque()
-        self.discounted = 0  # firings not counted (the metric-free record: status, logs)
+        self.discounted = 0  # firings not counted so far (each logged as shed.own_stall)
 
     @classmethod
     def of(cls, fs: CgroupFs, plan: Plan, shed_rules: set[int]) -> OwnStall:
