@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import re
 import subprocess
+from pathlib import Path
+
+from governor.deploy.install import manifest_path
 
 
 def systemctl_show(unit: str, *props: str) -> dict[str, str]:
@@ -21,3 +24,10 @@ def systemd_version() -> int:
     if m is None:
         raise ValueError(f"cannot parse systemctl --version: {out[:80]!r}")
     return int(m.group(1))
+
+
+def installed(policy: str) -> bool:
+    """Whether `governor install` left policy NAME on this board (its manifest is what
+    `governor uninstall` reads: without it uninstall does nothing and exits 66). A teardown
+    calls `governor uninstall` only then: each call is a Python start, seconds under TCG."""
+    return manifest_path(Path("/"), policy).exists()

@@ -24,7 +24,7 @@ from typing import Any
 import pytest
 from helpers.ansible import run_play
 from helpers.server import KVGUEST, SERVER, free_port, server_argv
-from helpers.units import systemctl_show
+from helpers.units import installed, systemctl_show
 
 from governor.plan import unitmap
 
@@ -97,7 +97,8 @@ def test_a_playbook_installs_starts_tunes_live_and_removes_a_server(
         r, run = run_play(tmp_path, tasks, defaults=defaults)
     finally:
         subprocess.run(["systemctl", "stop", unit], check=False, capture_output=True)
-        subprocess.run([str(GOVERNOR), "uninstall", name], check=False, capture_output=True)
+        if installed(name):  # the play's absent did not run or failed
+            subprocess.run([str(GOVERNOR), "uninstall", name], check=False, capture_output=True)
     assert run.returncode == 0, run.stdout + run.stderr
     # install + start (Type=notify: started once llama-server answered /health), then ok
     assert r["up"]["changed"] and r["up"]["service"] == "started", r["up"]

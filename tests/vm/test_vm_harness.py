@@ -141,6 +141,7 @@ def test_systemd_guest_pieces_are_valid_bash_and_mask_tmp() -> None:
     stage2 = harness.systemd_stage2()
     assert "ln -sf /dev/null /run/systemd/system/tmp.mount" in stage2
     assert "ln -sf /dev/null /run/systemd/system/systemd-tmpfiles-setup.service" in stage2
+    assert 'ln -sf /dev/null "/run/systemd/system-generators/${g##*/}"' in stage2
     assert "Delegate=yes" in stage2
     assert "Type=oneshot" in stage2
     for script in (stage2, harness.PLAIN_STAGE2, harness.GUEST_RUNCMD, initramfs.STAGE1_INIT):
