@@ -274,8 +274,8 @@ class Shedder:
     def undo(self) -> dict[str, Any] | None:
         """One undo step (the shedding rules are quiet), at most one per SETTLE_S."""
         now = self.clock()
-        last = max(self.last_step_at or -1e18, self._undo_waited_at or -1e18)
-        if not self.held or now - last < self.settle_s:
+        times = [t for t in (self.last_step_at, self._undo_waited_at) if t is not None]
+        if not self.held or (times and now - max(times) < self.settle_s):
             return None
         name, held = next(reversed(self.held.items()))
         step, changes = self._give_back(held)
