@@ -36,7 +36,7 @@ import contextlib
 import os
 import signal
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -166,7 +166,8 @@ class Shedder:
                 return Result("shed", ok=True, detail=f"{victim.name}: grace after stop")
             if step is None:
                 continue
-            return self._take(victim, held, step, ctx, now)
+            with self._locked(victim):
+                return self._take(victim, held, step, ctx, now)
         return Result("shed", ok=True, detail="nothing left to shed")
 
     def _held_by_another(self, victim: Victim) -> bool:
@@ -278,15 +279,16 @@ class Shedder:
         if not self.held or (times and now - max(times) < self.settle_s):
             return None
         name, held = next(reversed(self.held.items()))
-        step, changes = self._give_back(held)
-        if step is None:  # no room: try again later, without holding back a shed step
-            self._undo_waited_at = now
-            return None
+        with self._locked(held.victim):
+            step, changes = self._give_back(held)
+            if step is None:  # no room: try again later, without holding back a shed step
+                self._undo_waited_at = now
+                return None
+            self._journal(held.victim, step, changes, when="quiet")
         self.last_step_at = now
         if step == "release":
             del self.held[name]
         self._count(name, step)
-        self._journal(held.victim, step, changes, when="quiet")
         self._arm()
         log.info("shed.undo", by=self.by, victim=name, cgroup=held.victim.cgroup, step=step)
         # as the published state's last actions show a firing
@@ -373,18 +375,19 @@ class Shedder:
         for name, held in list(self.held.items()):
             cg = held.victim.cgroup
             changes = []
-            try:
-                if held.frozen:
-                    self.fs.freeze(cg, False)
-                    changes.append(_change(cg, kf.CGROUP_FREEZE, "1", "0"))
-                if held.before_high is not None and self.fs.exists(cg):
-                    before = self.fs.read(cg, kf.MEMORY_HIGH).strip()
-                    self.fs.write(cg, kf.MEMORY_HIGH, self._goal(held))
-                    after = self.fs.read(cg, kf.MEMORY_HIGH).strip()
-                    changes.append(_change(cg, kf.MEMORY_HIGH, before, after))
-            except GovernorError as err:
-                log.warning("shed.undo_failed", victim=name, cgroup=cg, reason=str(err))
-            self._journal(held.victim, "release", changes, when=why)
+            with self._locked(held.victim):
+                try:
+                    if held.frozen:
+                        self.fs.freeze(cg, False)
+                        changes.append(_change(cg, kf.CGROUP_FREEZE, "1", "0"))
+                    if held.before_high is not None and self.fs.exists(cg):
+                        before = self.fs.read(cg, kf.MEMORY_HIGH).strip()
+                        self.fs.write(cg, kf.MEMORY_HIGH, self._goal(held))
+                        after = self.fs.read(cg, kf.MEMORY_HIGH).strip()
+                        changes.append(_change(cg, kf.MEMORY_HIGH, before, after))
+                except GovernorError as err:
+                    log.warning("shed.undo_failed", victim=name, cgroup=cg, reason=str(err))
+                self._journal(held.victim, "release", changes, when=why)
             self._count(name, "release")
             log.info("shed.undo", by=self.by, victim=name, cgroup=cg, step="release", reason=why)
         self.held.clear()
@@ -408,13 +411,25 @@ class Shedder:
         when: str,
         value: Any = None,
     ) -> None:
-        try:
-            with victim.journal.locked():
-                victim.journal.append(
-                    "shed", changes, by=self.by, pid=self.pid, step=step, when=when, value=value
-                )
+        try:  # the caller holds the victim's journal lock (_locked)
+            victim.journal.append(
+                "shed", changes, by=self.by, pid=self.pid, step=step, when=when, value=value
+            )
         except OSError as err:
             log.warning("shed.journal_failed", victim=victim.name, reason=str(err))
+
+    @contextlib.contextmanager
+    def _locked(self, victim: Victim) -> Iterator[None]:
+        """The victim's journal lock around a step's writes and its entry: the victim's own
+        monitor reads its baseline under the same lock (governor/monitor/actions.py), so it
+        never lifts a throttle whose entry is not written yet. Without a journal (an
+        unwritable run dir) the step still goes, as before."""
+        with contextlib.ExitStack() as stack:
+            try:
+                stack.enter_context(victim.journal.locked())
+            except OSError as err:
+                log.warning("shed.journal_failed", victim=victim.name, reason=str(err))
+            yield
 
     def _arm(self) -> None:
         """Tell the watchdog what to revert should this governor die: thaw what is frozen,

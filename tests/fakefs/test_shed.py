@@ -4,8 +4,10 @@ monitor takes as its baseline, the board file's ungoverned cgroups and the watch
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -301,6 +303,44 @@ def test_the_victims_own_monitor_takes_the_shed_as_its_baseline(board: Board) ->
     # a shedder that died: its watchdog reverted; nothing holds any more
     assert Journal(board.run / "npu-batch").shed(lambda pid: False) is None
     assert Journal(board.run / "npu-batch").shed(lambda pid: pid == os.getpid()) is not None
+
+
+def test_the_shed_and_the_victims_own_set_write_memory_high_under_its_journal_lock(
+    board: Board, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The throttle's write and its journal entry are one step under the victim's journal
+    lock, and so is the victim's read-baseline-write: in the guest the victim's rule once
+    lifted a throttle in the 19 ms between the shedder's write and its entry."""
+    chat = board.publish(_plan("npu-chat", CHAT), 600 * MIB)
+    batch = board.publish(_plan("npu-batch", BATCH, high=BATCH_HIGH), 512 * MIB)
+    inside: list[bool] = [False]
+    writes: list[tuple[str, bool]] = []
+    real_locked, real_write = Journal.locked, board.fs.write
+
+    @contextlib.contextmanager
+    def locked(self: Journal) -> Iterator[None]:
+        with real_locked(self):
+            inside[0] = True
+            try:
+                yield
+            finally:
+                inside[0] = False
+
+    def write(cgroup: str, file: str, value: str) -> None:
+        if file == files.MEMORY_HIGH:
+            writes.append((cgroup, inside[0]))
+        real_write(cgroup, file, value)
+
+    monkeypatch.setattr(Journal, "locked", locked)
+    monkeypatch.setattr(board.fs, "write", write)
+    board.shedder(chat).shed(CTX)
+    own = Executor(
+        board.fs, batch, engine_pids=lambda: [], journal=Journal(board.run / "npu-batch"),
+        alive=lambda pid: pid == os.getpid(),
+    )  # fmt: skip
+    own.execute(compile_action(parse_action("set memory.high 256M")), CTX)  # below: it goes
+    assert [g for g, _ in writes] == [batch.group, batch.group]
+    assert all(locked for _, locked in writes), writes
 
 
 def test_board_file_cgroups_are_victims_with_their_class(board: Board) -> None:
