@@ -1,10 +1,12 @@
 """Deploying with systemd, for real (systemd >= 252 as PID 1 in the qemu guest):
 
-- `governor install` -> `systemctl start governor@<policy>` with a small engine: the limits read
-  back through BOTH `systemctl show` and cgroupfs match the plan, the governor sits in
-  <unit>/supervisor and the engine in <unit>/engine (with memory.oom.group there); `systemctl
-  stop` cleans up; the policy broken since makes the next start fail once with 65 and not
-  restart; `governor uninstall` leaves /etc as it was (file lists compared);
+- one installed service's life: `governor install` -> `systemctl start governor@<policy>` with a
+  small engine: the limits read back through BOTH `systemctl show` and cgroupfs match the plan,
+  the governor sits in <unit>/supervisor and the engine in <unit>/engine (with memory.oom.group
+  there); GOVERNOR_METRICS in /etc/governor/<policy>.env: the service answers /metrics with the
+  policy's series and `governor status` shows a launch under systemd; `systemctl stop` cleans
+  up; the policy broken since makes the next start fail once with 65 and not restart;
+  `governor uninstall` leaves /etc as it was (file lists compared);
 - a transient-scope launch (--backend auto, which picks systemd here: PID 1 is systemd and the
   bus answers; D-Bus via pystemd) and a cgroupfs launch of the same policy produce the same
   cgroup values (the installed service above is --backend systemd).
@@ -16,6 +18,7 @@ from __future__ import annotations
 
 import json
 import os
+import socket
 import subprocess
 import sys
 import uuid
@@ -110,8 +113,13 @@ def policy(tmp_path: Path) -> Iterator[Path]:
     unit = unitmap.service_unit(name)
     _run("systemctl", "stop", unit, check=False)
     _run("systemctl", "reset-failed", unit, check=False)
+    _env_file(name).unlink(missing_ok=True)
     if installed(name):  # the test's own uninstall did not run
         _run(*GOVERNOR, "uninstall", name, check=False)
+
+
+def _env_file(name: str) -> Path:
+    return Path("/etc/governor") / f"{name}.env"
 
 
 def _kernel_values(plan: Plan) -> dict[str, str]:
@@ -119,9 +127,12 @@ def _kernel_values(plan: Plan) -> dict[str, str]:
     return {w.file: w.value for w in plan.writes}
 
 
-def test_installed_service_runs_the_engine_under_the_plan_fails_once_on_a_bad_policy_and_uninstall_restores_etc(
+def test_installed_service_runs_under_the_plan_serves_metrics_fails_once_on_a_bad_policy_and_uninstalls(
     policy: Path, cgroup2_root: Path, tmp_path: Path
 ) -> None:
+    """One installed service, its whole life (each install + uninstall costs ~20 s under TCG,
+    so the stories share it): the engine under the plan, /metrics from the env file, stop, a
+    start with the policy broken since, uninstall."""
     before = _tree()
     name = policy.stem
     out = tmp_path / "dump.json"
@@ -130,11 +141,15 @@ def test_installed_service_runs_the_engine_under_the_plan_fails_once_on_a_bad_po
     assert "governor@" in inst.stdout, inst.stdout + inst.stderr
     again = _run(*GOVERNOR, "install", str(policy), "--", *engine)
     assert "0 file(s) changed" in again.stdout  # idempotent
+    # GOVERNOR_METRICS in /etc/governor/<name>.env (what the unit file documents)
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    _env_file(name).write_text(f"GOVERNOR_METRICS=127.0.0.1:{port}\n")
 
     unit = unitmap.service_unit(name)
     plan = _plan(policy)
     slice_unit = unitmap.policy_slice(plan.slice, name)
-    slice_dir = cgroup2_root / unitmap.slice_cgroup(slice_unit)
     unit_dir = cgroup2_root / unitmap.service_cgroup(plan)
 
     start = _run("systemctl", "start", unit, check=False)  # Type=notify: returns on READY=1
@@ -149,8 +164,25 @@ def test_installed_service_runs_the_engine_under_the_plan_fails_once_on_a_bad_po
     dump = json.loads(out.read_text())
     assert dump["cgroup"] == f"/{unitmap.service_cgroup(plan)}/engine"
     assert dump["leaf"]["memory.oom.group"] == "1"
+    _check_limits(plan, cgroup2_root, slice_unit, unit)
+    _check_metrics(name, port)
 
-    # the plan's limits, through cgroupfs on the policy slice...
+    stop = _run("systemctl", "stop", unit, check=False)
+    assert stop.returncode == 0, stop.stderr
+    cgroups.wait_for(lambda: not unit_dir.exists(), TIMEOUT, f"{unit_dir} to be removed")
+    assert systemctl_show(unit, "ActiveState")["ActiveState"] == "inactive"
+    _env_file(name).unlink()
+    _check_a_bad_policy_fails_once(policy, unit)
+
+    _run(*GOVERNOR, "uninstall", str(policy))
+    _run("systemctl", "stop", slice_unit, check=False)
+    assert _tree() == before
+
+
+def _check_limits(plan: Plan, cgroup2_root: Path, slice_unit: str, unit: str) -> None:
+    """The plan's limits on the running service's policy slice, through cgroupfs and through
+    systemd's own view; governor.slice's protection; the unit's own settings."""
+    slice_dir = cgroup2_root / unitmap.slice_cgroup(slice_unit)
     want = _kernel_values(plan)
     for file, value in want.items():
         if file == "memory.oom.group":
@@ -159,7 +191,6 @@ def test_installed_service_runs_the_engine_under_the_plan_fails_once_on_a_bad_po
         if file == "io.weight":
             live = live.splitlines()[0]
         assert live == value, (file, live, value)
-    # ...and through systemd's own view of the slice
     props = systemctl_show(
         slice_unit, "MemoryMin", "MemoryHigh", "MemoryMax", "MemorySwapMax", "TasksMax",
         "CPUWeight", "CPUQuotaPerSecUSec", "AllowedCPUs", "IOWeight",
@@ -182,13 +213,41 @@ def test_installed_service_runs_the_engine_under_the_plan_fails_once_on_a_bad_po
     assert svc == {"OOMScoreAdjust": "200", "Delegate": "yes", "Type": "notify",
                    "OOMPolicy": "continue"}  # fmt: skip
 
-    stop = _run("systemctl", "stop", unit, check=False)
-    assert stop.returncode == 0, stop.stderr
-    cgroups.wait_for(lambda: not unit_dir.exists(), TIMEOUT, f"{unit_dir} to be removed")
-    assert systemctl_show(unit, "ActiveState")["ActiveState"] == "inactive"
 
-    # the policy broken since: the next start fails once (one install serves both stories:
-    # each install + uninstall costs ~20 s under TCG)
+def _check_metrics(name: str, port: int) -> None:
+    """The running service answers /metrics with the policy's series; `governor status` shows
+    it as a launch under systemd."""
+    import urllib.request
+
+    from prometheus_client.parser import text_string_to_metric_families
+
+    got: dict[tuple[str, str], float] = {}
+
+    def scraped() -> bool:
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as r:
+                text = r.read().decode()
+        except OSError:
+            return False
+        for fam in text_string_to_metric_families(text):
+            for smp in fam.samples:
+                if smp.labels.get("policy") == name:
+                    got[(smp.name, smp.labels.get("limit", ""))] = smp.value
+        return ("governor_engine_up", "") in got
+
+    cgroups.wait_for(scraped, TIMEOUT, "the service's /metrics")
+    assert got[("governor_engine_up", "")] == 1
+    assert got[("governor_memory_limit_bytes", "max")] == 256 << 20
+    status = _run(*GOVERNOR, "status", name, "--json")
+    (item,) = json.loads(status.stdout)
+    assert (item["source"], item["backend"], item["state"]) == (
+        "launch", "systemd", "running"
+    ), item  # fmt: skip
+    assert item["systemd_unit"] is not None
+
+
+def _check_a_bad_policy_fails_once(policy: Path, unit: str) -> None:
+    """The policy broken since the install: the service fails once with 65, no restart."""
     good = policy.read_text()
     policy.write_text(good + "\n[memory]\nbogus = 1\n")  # now invalid
     start = _run("systemctl", "start", unit, check=False)
@@ -200,11 +259,7 @@ def test_installed_service_runs_the_engine_under_the_plan_fails_once_on_a_bad_po
     assert state["ExecMainStatus"] == "65", state
     assert state["NRestarts"] == "0", state
     assert state["ActiveState"] == "failed", state
-
     policy.write_text(good)  # uninstall reads the policy's name from the file
-    _run(*GOVERNOR, "uninstall", str(policy))
-    _run("systemctl", "stop", slice_unit, check=False)
-    assert _tree() == before
 
 
 def test_transient_scope_and_cgroupfs_launch_write_the_same_values(
@@ -242,55 +297,3 @@ def test_transient_scope_and_cgroupfs_launch_write_the_same_values(
     assert fs["top"]["memory.min"] == sd["top"]["memory.min"] == str(16 << 20)
     assert not (cgroup2_root / slice_unit / name).exists()
     assert os.path.exists(cgroup2_root)
-
-
-def test_the_service_serves_metrics_set_in_its_env_file_and_status_shows_the_unit(
-    policy: Path,
-) -> None:
-    """GOVERNOR_METRICS in /etc/governor/<name>.env (what the unit file documents): the running
-    service answers /metrics with the policy's series; `governor status` shows it as a
-    launch under systemd."""
-    import socket
-    import urllib.request
-
-    from prometheus_client.parser import text_string_to_metric_families
-
-    name = policy.stem
-    _run(*GOVERNOR, "install", str(policy), "--", "/bin/sleep", "600")
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    env_file = Path("/etc/governor") / f"{name}.env"
-    env_file.write_text(f"GOVERNOR_METRICS=127.0.0.1:{port}\n")
-    unit = unitmap.service_unit(name)
-    try:
-        start = _run("systemctl", "start", unit, check=False)
-        assert start.returncode == 0, (
-            start.stderr + _run("journalctl", "-u", unit, "-n", "60").stdout
-        )
-        got: dict[tuple[str, str], float] = {}
-
-        def scraped() -> bool:
-            try:
-                with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as r:
-                    text = r.read().decode()
-            except OSError:
-                return False
-            for fam in text_string_to_metric_families(text):
-                for smp in fam.samples:
-                    if smp.labels.get("policy") == name:
-                        got[(smp.name, smp.labels.get("limit", ""))] = smp.value
-            return ("governor_engine_up", "") in got
-
-        cgroups.wait_for(scraped, TIMEOUT, "the service's /metrics")
-        assert got[("governor_engine_up", "")] == 1
-        assert got[("governor_memory_limit_bytes", "max")] == 256 << 20
-        status = _run(*GOVERNOR, "status", name, "--json")
-        (item,) = json.loads(status.stdout)
-        assert (item["source"], item["backend"], item["state"]) == (
-            "launch", "systemd", "running"
-        ), item  # fmt: skip
-        assert item["systemd_unit"] is not None
-    finally:
-        _run("systemctl", "stop", unit, check=False)
-        env_file.unlink(missing_ok=True)

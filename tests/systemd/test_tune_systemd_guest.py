@@ -52,10 +52,10 @@ def _run(*argv: str, check: bool = False) -> subprocess.CompletedProcess[str]:
     res = subprocess.run(
         list(argv), capture_output=True, text=True, timeout=TIMEOUT, check=check, cwd=REPO
     )
-    if list(argv[: len(GOVERNOR)]) == GOVERNOR or argv[0] == "systemctl":
+    if list(argv[: len(GOVERNOR)]) == GOVERNOR or argv[0] in ("systemctl", "systemd-run"):
         # a transcript for the README (run with -s to see it)
-        shown = ["governor", *argv[len(GOVERNOR) :]] if argv[0] == sys.executable else argv
-        print("$ " + " ".join(shown) + "\n" + res.stdout + res.stderr, end="")
+        shown = " ".join(argv).replace(" ".join(GOVERNOR), "governor")
+        print("$ " + shown + "\n" + res.stdout + res.stderr, end="")
     return res
 
 
