@@ -207,6 +207,15 @@ def test_shed_throttles_then_freezes_the_background_and_gives_it_back(
     )
     ooms = _oom_kills()
     bg = _launch(bg_policy, env, *_background(marks))
+    # one launch after the other: two `governor launch` that create the same fresh parent
+    # slice at once race (the second read the slice's cgroup.controllers before the first had
+    # enabled memory in the root's subtree_control: exit 69; a known issue, not this test's)
+    try:
+        _until((run / "bg" / "state.json").exists, 240, "the job's governor", bg)
+    except AssertionError:
+        bg.kill()
+        bg.wait(timeout=60)
+        raise
     chat = _launch(chat_policy, env, *_interactive(marks))
     bg_group = scratch_slice.path / "bg"
     try:
