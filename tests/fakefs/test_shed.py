@@ -99,6 +99,17 @@ def board(fake_fs: FakeKernelCgroupFs, tmp_path: Path) -> Board:
     return Board(fake_fs, tmp_path / "run")
 
 
+def _batch_throttled_and_frozen(board: Board) -> tuple[Plan, Shedder]:
+    """npu-chat's shedder after two steps on npu-batch (512 MiB, high 1 GiB): throttle, freeze."""
+    chat = board.publish(_plan("npu-chat", CHAT), 600 * MIB)
+    batch = board.publish(_plan("npu-batch", BATCH, high=BATCH_HIGH), 512 * MIB)
+    sh = board.shedder(chat)
+    sh.shed(CTX)
+    board.tick()
+    sh.shed(CTX)
+    return batch, sh
+
+
 def _undone(sh: Shedder) -> str:
     """The step of the shedder's next undo."""
     done = sh.undo()
@@ -146,12 +157,7 @@ def test_the_ladder_throttles_then_freezes_within_yield_and_waits_the_settle_tim
 def test_the_undo_thaws_then_raises_memory_high_in_steps_back_to_the_policy_value(
     board: Board,
 ) -> None:
-    chat = board.publish(_plan("npu-chat", CHAT), 600 * MIB)
-    batch = board.publish(_plan("npu-batch", BATCH, high=BATCH_HIGH), 512 * MIB)
-    sh = board.shedder(chat)
-    sh.shed(CTX)
-    board.tick()
-    sh.shed(CTX)
+    batch, sh = _batch_throttled_and_frozen(board)
     assert sh.undo() is None  # the settle time holds for the undo too
     board.tick()
     assert _undone(sh) == "thaw"
@@ -202,12 +208,7 @@ def test_a_raise_grows_the_victim_only_into_what_the_board_has(board: Board) -> 
 
 
 def test_pressure_that_comes_back_during_the_undo_takes_the_steps_again(board: Board) -> None:
-    chat = board.publish(_plan("npu-chat", CHAT), 600 * MIB)
-    batch = board.publish(_plan("npu-batch", BATCH, high=BATCH_HIGH), 512 * MIB)
-    sh = board.shedder(chat)
-    sh.shed(CTX)
-    board.tick()
-    sh.shed(CTX)
+    batch, sh = _batch_throttled_and_frozen(board)
     board.tick()
     assert _undone(sh) == "thaw"
     board.tick()
@@ -280,12 +281,7 @@ def test_stop_sends_sigterm_and_kill_waits_for_the_grace(board: Board) -> None:
 
 
 def test_the_victims_own_monitor_takes_the_shed_as_its_baseline(board: Board) -> None:
-    chat = board.publish(_plan("npu-chat", CHAT), 600 * MIB)
-    batch = board.publish(_plan("npu-batch", BATCH, high=BATCH_HIGH), 512 * MIB)
-    sh = board.shedder(chat)
-    sh.shed(CTX)
-    board.tick()
-    sh.shed(CTX)
+    batch, _ = _batch_throttled_and_frozen(board)
     own = Executor(
         board.fs,
         batch,
