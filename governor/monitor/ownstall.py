@@ -29,6 +29,7 @@ from typing import Literal
 from governor.errors import GovernorError
 from governor.kernel.cgroupfs import CgroupFs
 from governor.log import get_logger
+from governor.monitor import psi
 from governor.plan.model import Plan, WatchTrigger
 
 log = get_logger(__name__)
@@ -129,16 +130,10 @@ class OwnStall:
         return True
 
     def _read(self, cgroup: str) -> dict[Key, int] | None:
-        out: dict[Key, int] = {}
         try:
-            for resource in {r for r, _ in self.keys}:
-                psi = self.fs.read_psi(cgroup, resource)  # type: ignore[arg-type]  # trigger's
-                for r, kind in self.keys:
-                    if r != resource:
-                        continue
-                    line = psi.some if kind == "some" else psi.full
-                    if line is not None:
-                        out[(r, kind)] = line.total
+            return {
+                (r, kind): psi.total_us(self.fs, cgroup, f"{r}.pressure", kind)
+                for r, kind in self.keys
+            }
         except GovernorError:
             return None
-        return out
