@@ -154,8 +154,9 @@ def policies(st: Setup, tag: str, shed: bool) -> tuple[Path, Path]:
     cmem = {"min": f"{need}M", "high": f"{need + 150}M", "max": f"{need + 250}M", "swap_max": "0"}
     bmem = {k: batch["memory"][k] for k in ("high", "max")} | {"swap_max": "0"}
     pc, pb = st.tmp / f"chat-{tag}.toml", st.tmp / f"batch-{tag}.toml"
-    pc.write_text(bench_policy(chat, "chat", "qosbench.slice", cmem, shed))
-    pb.write_text(bench_policy(batch, "batch", "qosbench.slice", bmem, shed))
+    ncpus = os.cpu_count() or 1
+    pc.write_text(bench_policy(chat, "chat", "qosbench.slice", cmem, shed=shed, ncpus=ncpus))
+    pb.write_text(bench_policy(batch, "batch", "qosbench.slice", bmem, shed=shed, ncpus=ncpus))
     return pc, pb
 
 

@@ -1,7 +1,8 @@
 """Run one command in a test guest: the same qemu boots as the kernel and systemd test tiers,
 for demos and benchmarks that need a real cgroup v2 kernel (or systemd as PID 1).
 
-    python -m vm.run [--guest kernel|systemd] [--timeout S] [--accel auto|kvm|tcg] -- CMD ARGS
+    python -m vm.run [--guest kernel|systemd] [--timeout S] [--accel auto|kvm|tcg] [--cpus N]
+                     -- CMD ARGS
 
 (from the tests/ directory on sys.path, as scripts/test does). The command runs as root in the
 repo directory with the project venv on PATH; its output streams here; the exit status is the
@@ -46,6 +47,7 @@ def run(
     guest: str = "kernel",
     timeout: float = RUN_TIMEOUT_S,
     accel: str = "auto",
+    cpus: int = harness.GUEST_CPUS,
 ) -> int:
     kernel = harness.find_kernel()
     chosen, why = harness.detect_accel(kernel, harness.ROOT / "out" / "vm-cache", accel)
@@ -65,7 +67,7 @@ def run(
             initrd,
             d,
             accel=chosen,
-            cpus=harness.GUEST_CPUS,
+            cpus=cpus,
             memory_mib=harness.GUEST_MEMORY_MIB,
         )
         start = time.monotonic()
@@ -88,12 +90,13 @@ def main(args: Sequence[str] | None = None) -> int:
     p.add_argument("--guest", choices=("kernel", "systemd"), default="kernel")
     p.add_argument("--timeout", type=float, default=RUN_TIMEOUT_S)
     p.add_argument("--accel", choices=("auto", "kvm", "tcg"), default="auto")
+    p.add_argument("--cpus", type=int, default=harness.GUEST_CPUS, help="the guest's vCPUs")
     p.add_argument("command", nargs=argparse.REMAINDER)
     a = p.parse_args(args)
     cmd = a.command[1:] if a.command[:1] == ["--"] else a.command
     if not cmd:
         p.error("no command given")
-    return run(cmd, guest=a.guest, timeout=a.timeout, accel=a.accel)
+    return run(cmd, guest=a.guest, timeout=a.timeout, accel=a.accel, cpus=a.cpus)
 
 
 if __name__ == "__main__":

@@ -12,6 +12,7 @@ import pytest
 from perf.qos import (
     Run,
     bench_policy,
+    guest_cpu,
     oom_victims,
     parse_chat,
     slow_seconds,
@@ -72,8 +73,10 @@ def test_oom_victims_names_the_killed_processes() -> None:
 def test_bench_policies_keep_the_shipped_classes_and_rules(shed: bool) -> None:
     chat_src, batch_src = _shipped("npu-chat"), _shipped("npu-batch")
     mem = {"min": "400M", "high": "1000M", "max": "1200M", "swap_max": "0"}
-    chat = tomllib.loads(bench_policy(chat_src, "chat", "q.slice", mem, shed))
-    batch = tomllib.loads(bench_policy(batch_src, "batch", "q.slice", {"high": "1GiB"}, shed))
+    chat = tomllib.loads(bench_policy(chat_src, "chat", "q.slice", mem, shed=shed, ncpus=2))
+    batch = tomllib.loads(
+        bench_policy(batch_src, "batch", "q.slice", {"high": "1GiB"}, shed=shed, ncpus=2)
+    )
     assert (chat["name"], chat["slice"], chat["memory"]) == ("chat", "q.slice", mem)
     assert chat["qos"] == chat_src["qos"] and batch["qos"] == batch_src["qos"]
     assert chat["process"] == {"oom_score_adj": 500}
@@ -81,8 +84,21 @@ def test_bench_policies_keep_the_shipped_classes_and_rules(shed: bool) -> None:
     assert bool(shedding) is shed  # npu-chat ships shed rules: kept only with shed
     others = [r for r in chat_src["pressure"] if "shed" not in r["do"]]  # type: ignore[attr-defined]
     assert [r for r in chat["pressure"] if "shed" not in r["do"]] == others
-    assert all("cpu" not in r["when"] for r in batch["pressure"])  # no [cpu] section here
-    assert len(batch["pressure"]) == len(batch_src["pressure"]) - 1  # type: ignore[arg-type]
+    # the io-free rules: all of them (npu-batch's `cpu some` rule sets its cpu.weight)
+    assert batch["pressure"] == batch_src["pressure"]
+    # [cpu] as shipped, big/LITTLE as the upper/lower half of the guest's CPUs (here 2)
+    assert chat["cpu"] == chat_src["cpu"] | {"cpus": "1"}
+    assert batch["cpu"] == batch_src["cpu"] | {"cpus": "0"}
+    assert batch["process"] == {"oom_score_adj": 800, "nice": 10}
+
+
+def test_guest_cpu_maps_big_and_little_to_halves_of_the_guest() -> None:
+    shipped = {"cpu": {"cpus": "big", "weight": 200}}
+    assert guest_cpu(shipped, 4) == {"cpus": "2-3", "weight": 200}
+    assert guest_cpu({"cpu": {"cpus": "little"}}, 4) == {"cpus": "0-1"}
+    assert guest_cpu(shipped, 1) == {"weight": 200}  # one CPU: nothing to pin to
+    assert guest_cpu({"cpu": {"cpus": "0,3"}}, 4) == {"cpus": "0,3"}  # explicit: as shipped
+    assert guest_cpu({}, 4) == {}
 
 
 def test_table_has_one_row_per_arm_with_the_median_and_each_run() -> None:
