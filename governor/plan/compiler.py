@@ -126,7 +126,8 @@ def _available(
     if policy.cpu.cpus is not None and policy.cpu.cpus.kind != "all":
         asked.add("cpuset")  # even when the CPU list itself was refused
     needed = tuple(c for c in kf.CONTROLLER_ORDER if c in asked)
-    missing = _missing_controllers(needed, host)
+    # the plan enables its controllers in the root's and the slice's subtree_control (enable=)
+    missing = _missing_controllers(needed, host, enabled=("", policy.slice))
     degraded: list[str] = []
     for ctrl, where in missing.items():
         if ctrl in allow_missing:
@@ -438,8 +439,16 @@ def _resolve_cpus(
     return spec.cpus
 
 
-def _missing_controllers(needed: tuple[str, ...], host: HostFacts) -> dict[str, str]:
-    """Controller -> where it is missing (file), for every needed controller not usable."""
+def _missing_controllers(
+    needed: tuple[str, ...], host: HostFacts, *, enabled: tuple[str, ...]
+) -> dict[str, str]:
+    """Controller -> where it is missing (file), for every needed controller not usable.
+
+    An existing cgroup on the path that does not have a controller yet is not a problem when
+    its parent has it and is one of the ``enabled`` cgroups (whose subtree_control the plan
+    writes): the apply enables it there. So a launch that finds its slice just created by
+    another launch, before that one enabled the controllers in the root, is not refused.
+    """
     mount = host.cgroup_mount or "?"
     missing: dict[str, str] = {}
     for ctrl in needed:
@@ -447,10 +456,14 @@ def _missing_controllers(needed: tuple[str, ...], host: HostFacts) -> dict[str, 
             held = " (held by cgroup v1)" if ctrl in host.v1_controllers else ""
             missing[ctrl] = f"{mount}/{kf.CGROUP_CONTROLLERS}{held}"
             continue
+        usable = {""}  # the root offers it: checked above
         for level in host.path:
-            if ctrl not in level.controllers:
-                missing[ctrl] = f"{mount}/{level.path}/{kf.CGROUP_CONTROLLERS}"
-                break
+            parent = level.path.rpartition("/")[0]
+            if ctrl in level.controllers or (parent in enabled and parent in usable):
+                usable.add(level.path)
+                continue
+            missing[ctrl] = f"{mount}/{level.path}/{kf.CGROUP_CONTROLLERS}"
+            break
     return missing
 
 

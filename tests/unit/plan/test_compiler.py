@@ -450,19 +450,45 @@ def test_allow_missing_does_not_excuse_a_cpu_list_problem() -> None:
 
 
 def test_controller_missing_in_an_existing_ancestor_is_reported_with_its_path() -> None:
+    # attached to a service under system.slice: the plan enables nothing in system.slice
     host = replace(
         _host("cgroup2-full"),
         path=(
             CgroupLevel(
-                path="governor.slice",
-                controllers=frozenset({"memory", "pids"}),
+                path="system.slice", controllers=frozenset({"memory", "cpu"}),
+                subtree_control=frozenset({"memory"}),
+            ),
+            CgroupLevel(
+                path="system.slice/cam.service", controllers=frozenset({"memory"}),
                 subtree_control=frozenset(),
             ),
         ),
+    )  # fmt: skip
+    policy = load_text("name = 'w'\n[cpu]\nweight = 200\n")
+    with pytest.raises(HostError) as info:
+        compile_plan(policy, host, attach="system.slice/cam.service")
+    assert "controller cpu is not available" in str(info.value)
+    assert "system.slice/cam.service/cgroup.controllers" in str(info.value)
+
+
+def test_a_fresh_slice_without_the_controller_yet_compiles_and_the_plan_enables_it() -> None:
+    # another launch just made governor.slice and has not yet enabled cpu in the root: the
+    # root offers cpu and this plan enables it in the root's and the slice's subtree_control
+    host = replace(
+        _host("cgroup2-full"),
+        path=(
+            CgroupLevel(
+                path="governor.slice", controllers=frozenset(), subtree_control=frozenset()
+            ),
+            CgroupLevel(
+                path="governor.slice/w", controllers=frozenset(), subtree_control=frozenset()
+            ),
+        ),
     )
-    err = _host_error("name = 'w'\n[cpu]\nweight = 200\n", host)
-    assert "controller cpu is not available" in str(err)
-    assert "governor.slice/cgroup.controllers" in str(err)
+    plan = compile_plan(load_text("name = 'w'\n[cpu]\nweight = 200\n"), host)
+    assert [(e.cgroup, "cpu" in e.controllers) for e in plan.enable] == [
+        ("", True), ("governor.slice", True),
+    ]  # fmt: skip
 
 
 def test_no_cgroup2_mount_is_exit_69() -> None:
