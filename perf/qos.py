@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""QoS under contention (issue 23): an interactive engine beside a background job, five arms.
+"""QoS under contention (issue 23): an interactive engine beside a background job, six arms.
 
     flock /tmp/governor-guest.lock .venv/bin/python -m perf.qos --guest [--repeat 2]
     .venv/bin/python -m perf.qos [--repeat 2]   # as root where systemd is PID 1 (the guest)
@@ -22,6 +22,10 @@ exits 0: its work is done. Arms:
               (--limit 15 %, --duration 1 s: the quickest systemd-oomd can be set to act)
   earlyoom    bare scopes, earlyoom --prefer the job, --avoid the chat (its defaults: acts
               below 10 % MemAvailable, SIGTERM, then SIGKILL below 5 %)
+  cpu-only    the floor: no memory contention, the job replaced by a busy loop for the chat's
+              measured window, each pinned as the governor arms pin them (the chat to the
+              "big" vCPU, the loop to the "little" one): what sharing the emulated board's CPU
+              alone costs the chat
 
 Solo runs (the chat alone, bare) are interleaved with the arms in every round and a round ends
 with one: TCG speed drifts within a boot, so each arm's speed is divided by the mean of the solo
@@ -50,7 +54,7 @@ from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
 HELPERS = REPO / "tests" / "helpers"
-ARMS = ("bare", "governor", "gov+shed", "oomd", "earlyoom")
+ARMS = ("bare", "governor", "gov+shed", "oomd", "earlyoom", "cpu-only")
 WINDOW_FROM_S = 20.0  # the background job starts this long after the chat is ready
 SLOW_FACTOR = 4.0  # a step slower than this x the solo median step is a stall
 CHAT_COMM, BG_COMM = "qos-chat", "qos-batch"

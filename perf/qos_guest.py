@@ -27,6 +27,7 @@ from perf.qos import (
     Run,
     _fmt,
     bench_policy,
+    guest_cpu,
     oom_victims,
     parse_chat,
     slow_seconds,
@@ -89,8 +90,10 @@ class Proc:
             self.full_us.append((time.monotonic(), full))
 
 
-def scope(unit: str, slice_: str, argv: list[str], out: Path) -> Proc:
-    cmd = ["systemd-run", "--scope", "--quiet", f"--unit={unit}", f"--slice={slice_}", *argv]
+def scope(unit: str, slice_: str, argv: list[str], out: Path, cpus: str | None = None) -> Proc:
+    pin = [f"--property=AllowedCPUs={cpus}"] if cpus else []
+    cmd = ["systemd-run", "--scope", "--quiet", f"--unit={unit}", f"--slice={slice_}", *pin]
+    cmd += argv
     with out.open("ab") as f:
         return Proc(subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT), unit=unit)
 
@@ -142,6 +145,25 @@ def chat_argv(st: Setup, out: Path) -> list[str]:
 def bg_argv(st: Setup) -> list[str]:
     return [sys.executable, "-u", str(HELPERS / "hog.py"), "--mib", str(st.bg_mib),
             "--step-mib", "16", "--interval", "0.25", "--hold", "5", "--comm", BG_COMM]  # fmt: skip
+
+
+# the cpu-only arm's job: a busy loop for the chat's measured window, no memory to speak of
+SPIN = """import sys, time
+end = time.monotonic() + float(sys.argv[1])
+while time.monotonic() < end:
+    pass
+print("spin done", flush=True)
+"""
+
+
+def spin_argv(st: Setup) -> list[str]:
+    return [sys.executable, "-c", SPIN, str(st.chat_s - WINDOW_FROM_S)]
+
+
+def cluster(kind: str) -> str | None:
+    """The guest's CPUs the bench policies pin "big" or "little" to (perf.qos.guest_cpu)."""
+    cpus = guest_cpu({"cpu": {"cpus": kind}}, os.cpu_count() or 1).get("cpus")
+    return None if cpus is None else str(cpus)
 
 
 def policies(st: Setup, tag: str, shed: bool) -> tuple[Path, Path]:
@@ -199,8 +221,9 @@ def once(st: Setup, arm: str, seq: int) -> tuple[Run, Chat]:
     else:
         chat_log = st.tmp / f"chat-{tag}.log"
         chat = scope(
-            f"qosbench-chat-{tag}.scope", "qosbench_chat.slice", chat_argv(st, out), chat_log
-        )
+            f"qosbench-chat-{tag}.scope", "qosbench_chat.slice", chat_argv(st, out), chat_log,
+            cpus=cluster("big") if arm == "cpu-only" else None,
+        )  # fmt: skip
     bg: Proc | None = None
     c = Chat()
     ready_by = time.monotonic() + 300
@@ -217,6 +240,9 @@ def once(st: Setup, arm: str, seq: int) -> tuple[Run, Chat]:
             if bg is None and arm != "solo" and time.monotonic() >= bg_at:
                 if arm in ("governor", "gov+shed"):
                     bg = governed(pb, bg_argv(st), logs["batch"], env)
+                elif arm == "cpu-only":
+                    bg = scope(f"qosbench-bg-{tag}.scope", "qosbench_bg.slice", spin_argv(st),
+                               bg_out, cpus=cluster("little"))  # fmt: skip
                 else:
                     sl = "qosbench_bg_oomd.slice" if arm == "oomd" else "qosbench_bg.slice"
                     bg = scope(f"qosbench-bg-{tag}.scope", sl, bg_argv(st), bg_out)

@@ -87,8 +87,8 @@ def test_bench_policies_keep_the_shipped_classes_and_rules(shed: bool) -> None:
     # the io-free rules: all of them (npu-batch's `cpu some` rule sets its cpu.weight)
     assert batch["pressure"] == batch_src["pressure"]
     # [cpu] as shipped, big/LITTLE as the upper/lower half of the guest's CPUs (here 2)
-    assert chat["cpu"] == chat_src["cpu"] | {"cpus": "1"}
-    assert batch["cpu"] == batch_src["cpu"] | {"cpus": "0"}
+    assert chat["cpu"] == {**chat_src["cpu"], "cpus": "1"}  # type: ignore[dict-item]
+    assert batch["cpu"] == {**batch_src["cpu"], "cpus": "0"}  # type: ignore[dict-item]
     assert batch["process"] == {"oom_score_adj": 800, "nice": 10}
 
 
