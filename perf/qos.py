@@ -192,6 +192,12 @@ class Run:
     chat_rc: int | None = None
     bg_rc: int | None = None
     bg_done: bool = False
+    # CPU over the window (t = 20 s to the chat's end): the chat's user and system seconds, its
+    # run-queue wait (runnable while something else ran on its CPU), kswapd0's user + system
+    chat_user_s: float | None = None
+    chat_sys_s: float | None = None
+    chat_wait_s: float | None = None
+    kswapd_s: float | None = None
     kills: list[str] = field(default_factory=list)  # who killed whom
     actions: list[str] = field(default_factory=list)  # the governors' actions, shed steps
     durations: list[float] = field(default_factory=list)
@@ -228,6 +234,29 @@ def table(runs: Sequence[Run], solos: Sequence[Run]) -> str:
             f"| {arm} | {col([r.ratio for r in rs], 2)}x | {col([r.full_s for r in rs], 1)} | "
             f"{col([r.slow_s for r in rs], 1)} | {kills or 'none'} | {done} | {acts} |"
         )
+    return "\n".join(lines)
+
+
+def cpu_table(runs: Sequence[Run], solos: Sequence[Run]) -> str:
+    """Markdown: per arm (solo first) the median CPU seconds over the window, each run's in
+    brackets: where the chat's time went when it was slower than alone."""
+    lines = [
+        "| arm | chat user (s) | chat system (s) | chat run-queue wait (s) | kswapd0 (s) |",
+        "|---|---|---|---|---|",
+    ]
+    for arm in ("solo", *ARMS):
+        rs = [r for r in [*solos, *runs] if r.arm == arm]
+        if not rs:
+            continue
+        cols = []
+        for vals in (
+            [r.chat_user_s for r in rs], [r.chat_sys_s for r in rs],
+            [r.chat_wait_s for r in rs], [r.kswapd_s for r in rs],
+        ):  # fmt: skip
+            got = [v for v in vals if v is not None]
+            med = _fmt(statistics.median(got), 1) if got else "-"
+            cols.append(f"{med} ({' / '.join(_fmt(v, 1) for v in vals)})")
+        lines.append(f"| {arm} | " + " | ".join(cols) + " |")
     return "\n".join(lines)
 
 
@@ -280,7 +309,7 @@ def main() -> int:
         model = make_file(disk / "model.bin", a.model_mib)
         st = Setup(model, Path(tmpd), a.chat_s, a.bg_mib, a.limit, a.duration)
         runs, solos = bench(st, a.repeat, arms)
-    print("\n" + table(runs, solos), flush=True)
+    print("\n" + table(runs, solos) + "\n\n" + cpu_table(runs, solos), flush=True)
     if a.json is not None:
         a.json.write_text(json.dumps([r.__dict__ for r in [*runs, *solos]], indent=1))
     return 0

@@ -66,6 +66,46 @@ def read_flat(path: Path) -> dict[str, float]:
     return out
 
 
+TICK = os.sysconf("SC_CLK_TCK")
+
+
+def cpu_of(comm: str) -> tuple[float, float, float] | None:
+    """(user s, system s, run-queue wait s) of the process named `comm` (/proc/PID/stat
+    utime/stime, /proc/PID/schedstat: the time it was runnable but another task ran)."""
+    for d in Path("/proc").iterdir():
+        if not d.name.isdigit():
+            continue
+        with contextlib.suppress(OSError, IndexError, ValueError):
+            if (d / "comm").read_text().strip() != comm:
+                continue
+            stat = (d / "stat").read_text().rsplit(")", 1)[1].split()
+            wait_ns = int((d / "schedstat").read_text().split()[1])
+            return int(stat[11]) / TICK, int(stat[12]) / TICK, wait_ns / 1e9
+    return None
+
+
+@dataclass
+class Times:
+    """cpu_of() of the chat and of kswapd0 at the background job's start and at the chat's last
+    sample: what the window cost each in CPU, and how long the chat waited for its CPU."""
+
+    start: dict[str, tuple[float, float, float]] = field(default_factory=dict)
+    last: dict[str, tuple[float, float, float]] = field(default_factory=dict)
+
+    def sample(self, started: bool) -> None:
+        for comm in (CHAT_COMM, "kswapd0"):
+            if (got := cpu_of(comm)) is None:
+                continue
+            if started and comm not in self.start:
+                self.start[comm] = got
+            if comm in self.start:
+                self.last[comm] = got
+
+    def delta(self, comm: str) -> tuple[float, float, float] | None:
+        a, b = self.start.get(comm), self.last.get(comm)
+        return None if a is None or b is None else (b[0] - a[0], b[1] - a[1], b[2] - a[2])
+
+
 @dataclass
 class Proc:
     """One workload: its process (systemd-run --scope or governor launch) and cgroup."""
@@ -225,6 +265,7 @@ def once(st: Setup, arm: str, seq: int) -> tuple[Run, Chat]:
             cpus=cluster("big") if arm == "cpu-only" else None,
         )  # fmt: skip
     bg: Proc | None = None
+    cputimes = Times()
     c = Chat()
     ready_by = time.monotonic() + 300
     since = time.time()
@@ -249,6 +290,7 @@ def once(st: Setup, arm: str, seq: int) -> tuple[Run, Chat]:
             for p in (chat, bg):
                 if p is not None:
                     p.sample()
+            cputimes.sample(bg is not None)
             time.sleep(0.5)
         if chat.popen.poll() is None:
             log(f"{arm}: the chat still runs {st.chat_s + 240:.0f}s after ready: stopped")
@@ -281,6 +323,10 @@ def once(st: Setup, arm: str, seq: int) -> tuple[Run, Chat]:
     inside = [f for t, f in chat.full_us if bg_at <= t <= end + 1]
     if len(inside) >= 2:
         run.full_s = (inside[-1] - inside[0]) / 1e6
+    if (chat_cpu := cputimes.delta(CHAT_COMM)) is not None:
+        run.chat_user_s, run.chat_sys_s, run.chat_wait_s = chat_cpu
+    if (kswapd := cputimes.delta("kswapd0")) is not None:
+        run.kswapd_s = kswapd[0] + kswapd[1]
     victims = oom_victims("\n".join(sh("dmesg").splitlines()[k0:]))
     run.kills += [f"kernel OOM: {v}" for v in victims]
     for who, p in (("chat", chat), ("batch", bg)):
@@ -304,7 +350,9 @@ def once(st: Setup, arm: str, seq: int) -> tuple[Run, Chat]:
     for who, path in logs.items():
         run.actions += governor_actions(path, who)
     log(f"{arm} #{seq}: chat rc {run.chat_rc} speed {run.speed:.2f}/s ({len(times)} steps), "
-        f"bg rc {run.bg_rc} done {run.bg_done}, full {_fmt(run.full_s)}s, kills {run.kills}, "
+        f"bg rc {run.bg_rc} done {run.bg_done}, full {_fmt(run.full_s)}s, chat user/sys/wait "
+        f"{_fmt(run.chat_user_s)}/{_fmt(run.chat_sys_s)}/{_fmt(run.chat_wait_s)}s, kswapd "
+        f"{_fmt(run.kswapd_s)}s, kills {run.kills}, "
         f"actions {run.actions}")  # fmt: skip
     return run, c
 

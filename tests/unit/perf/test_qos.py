@@ -12,6 +12,7 @@ import pytest
 from perf.qos import (
     Run,
     bench_policy,
+    cpu_table,
     guest_cpu,
     oom_victims,
     parse_chat,
@@ -123,3 +124,17 @@ def test_the_chat_kv_cache_grows_linearly_then_stays() -> None:
     assert [kv_target(t, 150, 550, 40.0) for t in (-1.0, 0.0, 20.0, 40.0, 50.0)] == [
         150, 150, 350, 550, 550,
     ]  # fmt: skip
+
+
+def test_cpu_table_lists_solo_first_and_the_median_of_each_column() -> None:
+    runs = [
+        Run("gov+shed", 1, chat_user_s=50.0, chat_sys_s=4.0, chat_wait_s=9.0, kswapd_s=2.0),
+        Run("gov+shed", 3, chat_user_s=52.0, chat_sys_s=6.0, chat_wait_s=11.0, kswapd_s=None),
+    ]
+    out = cpu_table(runs, [Run("solo", 0, chat_user_s=58.0, chat_sys_s=1.0, chat_wait_s=0.2)])
+    rows = out.splitlines()[2:]
+    assert rows[0].startswith("| solo | 58.0 (58.0) | 1.0 (1.0) | 0.2 (0.2) | - (-) |")
+    assert rows[1] == (
+        "| gov+shed | 51.0 (50.0 / 52.0) | 5.0 (4.0 / 6.0) | 10.0 (9.0 / 11.0) | 2.0 (2.0 / -) |"
+    )
+    assert len(rows) == 2  # no run, no row
