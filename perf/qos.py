@@ -11,7 +11,7 @@ cache) every step while its KV cache (anonymous) grows 150 -> 550 MiB over 40 s,
 every 0.25 s at most: ~30 MiB/s under TCG, its page faults set the pace), holds it 5 s and
 exits 0: its work is done. Arms:
 
-  bare        both in systemd scopes (systemd-run --scope) without limits
+  bare        both in systemd scopes (systemd-run --scope) without memory limits
   governor    both under `governor launch`, policies from policies/npu-chat.toml and
               npu-batch.toml (their [qos], oom_score_adj and memory [[pressure]] rules; memory
               scaled: chat min = its working set, the model + the KV cache at its end +
@@ -22,10 +22,15 @@ exits 0: its work is done. Arms:
               (--limit 15 %, --duration 1 s: the quickest systemd-oomd can be set to act)
   earlyoom    bare scopes, earlyoom --prefer the job, --avoid the chat (its defaults: acts
               below 10 % MemAvailable, SIGTERM, then SIGKILL below 5 %)
-  cpu-only    the floor: no memory contention, the job replaced by a busy loop for the chat's
-              measured window, each pinned as the governor arms pin them (the chat to the
-              "big" vCPU, the loop to the "little" one): what sharing the emulated board's CPU
+  cpu-only    the floor: no memory contention, the job replaced by a busy loop on the
+              "little" vCPU for the chat's measured window: what sharing the emulated board
               alone costs the chat
+
+Every arm and the solo runs place the CPUs alike, so the arms differ in how memory is
+handled only: the chat on the "big" vCPU(s), the job on the "little" one(s) (perf.qos.guest_cpu:
+the upper and lower half of the guest's CPUs; the governor arms by the policies' [cpu], the
+others by systemd's AllowedCPUs=). Unpinned, the solo chat ran ~1.2x slower than pinned beside a
+busy loop (likely TCG's per-vCPU software TLB, refilled when a process moves).
 
 Solo runs (the chat alone, bare) are interleaved with the arms in every round and a round ends
 with one: TCG speed drifts within a boot, so each arm's speed is divided by the mean of the solo

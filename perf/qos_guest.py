@@ -262,7 +262,7 @@ def once(st: Setup, arm: str, seq: int) -> tuple[Run, Chat]:
         chat_log = st.tmp / f"chat-{tag}.log"
         chat = scope(
             f"qosbench-chat-{tag}.scope", "qosbench_chat.slice", chat_argv(st, out), chat_log,
-            cpus=cluster("big") if arm == "cpu-only" else None,
+            cpus=cluster("big"),
         )  # fmt: skip
     bg: Proc | None = None
     cputimes = Times()
@@ -286,7 +286,8 @@ def once(st: Setup, arm: str, seq: int) -> tuple[Run, Chat]:
                                bg_out, cpus=cluster("little"))  # fmt: skip
                 else:
                     sl = "qosbench_bg_oomd.slice" if arm == "oomd" else "qosbench_bg.slice"
-                    bg = scope(f"qosbench-bg-{tag}.scope", sl, bg_argv(st), bg_out)
+                    bg = scope(f"qosbench-bg-{tag}.scope", sl, bg_argv(st), bg_out,
+                               cpus=cluster("little"))  # fmt: skip
             for p in (chat, bg):
                 if p is not None:
                     p.sample()
