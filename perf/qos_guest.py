@@ -291,7 +291,7 @@ def once(st: Setup, arm: str, seq: int) -> tuple[Run, Chat]:
             for p in (chat, bg):
                 if p is not None:
                     p.sample()
-            cputimes.sample(bg is not None)
+            cputimes.sample(time.monotonic() >= bg_at)  # the window, solo runs too
             time.sleep(0.5)
         if chat.popen.poll() is None:
             log(f"{arm}: the chat still runs {st.chat_s + 240:.0f}s after ready: stopped")
