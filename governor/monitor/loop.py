@@ -1,16 +1,11 @@
 """The monitor: PSI trigger fds + memory.events + cgroup.events in one epoll, a sample timer,
-pure rules, actions.
-
-It plugs into the launcher's supervise loop as a *watcher*: :meth:`Monitor.wait` adds the
+pure rules, actions. It plugs into the launcher's supervise loop as a *watcher*: :meth:`Monitor.wait` adds the
 engine's pidfd to the monitor's own epoll and handles kernel events and timers (sample,
 automatic thaw) until the engine exits. The wait is not nested in another epoll on purpose:
 polling a PSI trigger fd consumes its event (kernel/sched/psi.c psi_trigger_poll resets
 t->event), and an outer epoll checking the inner one's readiness would swallow it.
-``governor monitor`` runs the same object on its own with :meth:`Monitor.run`.
-
-Idle cost: one wake-up per sample (1 s) to read memory.current/peak/stat; PSI and event
+``governor monitor`` runs the same object on its own with :meth:`Monitor.run`. Idle cost: one wake-up per sample (1 s) to read memory.current/peak/stat; PSI and event
 sources cost nothing until the kernel signals them.
-
 PSI fallback: where a pressure file exists but refuses a trigger (a kernel before 5.2, an
 unprivileged window that cannot be widened, EPERM on the write), the rule is evaluated from
 ``total=`` at each sample (psi.py PolledTrigger), and ``psi.fallback`` is logged once per file.
@@ -18,11 +13,10 @@ Where the file is missing (PSI disabled), ``psi.unavailable`` is logged once per
 rule cannot fire; the compiler refuses such a policy unless ``--allow-missing psi``.
 ``--psi poll`` (psi_triggers=False) forces the fallback (tests compare both paths).
 
-Restarts (``governor launch``): the ``restart`` action kills the group and records a request
-in the launcher's budget (governor/monitor/restart.py); :meth:`Monitor.engine_exited` takes a
-last look (an OOM kill races the exit) so a rule on ``oom_kill`` can still ask for the relaunch,
-and :meth:`Monitor.engine_started` points the monitor at the new pid (sources stay armed).
-Shedding: shed.py; a board firing that is only the held victims' own stall: ownstall.py.
+Restarts: the ``restart`` action kills the group and asks the launcher's budget (restart.py);
+:meth:`Monitor.engine_exited` takes a last look (an OOM kill races the exit: a rule on
+``oom_kill`` can still ask), :meth:`Monitor.engine_started` points at the new pid. Shedding:
+shed.py; a board firing that is only the held victims' own stall: ownstall.py.
 """
 
 from __future__ import annotations
@@ -111,6 +105,7 @@ class Monitor:
         self.sampler = Sampler(fs, self.group, interval_s=sample_s)
         self.devmem = DeviceMemory(fs, self.board.proc, self.rules, plan.device is not None)
         self.needs_meminfo = any(r.kind == "memavailable" for r in self.rules)
+        self.needs_available = any(r.kind == "available" for r in self.rules)
         self.leaks = {r.index: LeakDetector(r.window_s) for r in self._leak_rules()}
         self.armed: list[psi.Armed] = []
         self._psi_cgroup: dict[int, str] = {}  # rule -> where its trigger is armed
@@ -394,6 +389,8 @@ class Monitor:
                     fired_psi.add(armed.rule)
         if self.needs_meminfo:
             out["memavailable"] = self.board.memavailable()
+        if self.needs_available:
+            out["available"] = self.board.available(self.fs, self.group)
         out["device"] = self.devmem.sample(self.group)
         if s.anon is not None:
             leak: dict[int, float] = {}
@@ -420,6 +417,7 @@ class Monitor:
             psi=frozenset(fired_psi),
             counters=counters,
             memavailable=sampled.get("memavailable"),
+            available=sampled.get("available"),
             leak=sampled.get("leak", {}),
             device=sampled.get("device"),
         )

@@ -22,7 +22,7 @@ from typing import Any, Literal
 from governor.plan.model import Action, WatchRule, WatchTrigger
 from governor.record import field, record
 
-RuleKind = Literal["psi", "leak", "memavailable", "event", "device"]
+RuleKind = Literal["psi", "leak", "memavailable", "available", "event", "device"]
 # a PSI episode ends when no trigger event came for this many windows (+ PSI_GRACE_S)
 PSI_GAP_WINDOWS = 2.5
 PSI_GRACE_S = 1.0
@@ -56,7 +56,9 @@ class Rule:
             return cls(kind="psi", window_s=t.window_us / 1e6, **common)  # type: ignore[arg-type]  # keys above
         if t.condition == "event":
             return cls(kind="event", event=t.event, **common)  # type: ignore[arg-type]
-        kind: RuleKind = t.condition if t.condition in ("leak", "device") else "memavailable"
+        kind: RuleKind = (
+            t.condition if t.condition in ("leak", "device", "available") else "memavailable"
+        )
         return cls(
             kind=kind,
             threshold=t.threshold,
@@ -72,6 +74,8 @@ class Observations:
     psi: frozenset[int] = frozenset()  # indexes of rules whose trigger fired
     counters: Mapping[str, int] = field(default_factory=dict)  # memory.events increases
     memavailable: int | None = None  # bytes, when sampled this step
+    # bytes: MemAvailable less the group's page cache its memory.min protects (board available)
+    available: int | None = None
     leak: Mapping[int, float] = field(default_factory=dict)  # rule index -> slope B/s
     device: int | None = None  # the group's device memory (kernel/devmem.py total), when sampled
 
@@ -160,7 +164,9 @@ class RuleEngine:
             if rule.cooldown_s is not None:
                 if st.last_fired is not None and now - st.last_fired < rule.cooldown_s - 1e-9:
                     continue
-            elif rule.kind in ("leak", "memavailable", "device") and st.fired_in_episode:
+            elif (
+                rule.kind in ("leak", "memavailable", "available", "device") and st.fired_in_episode
+            ):
                 continue
             st.last_fired = now
             st.fired_in_episode = True
@@ -182,11 +188,12 @@ def _evidence(
         n = obs.counters.get(rule.event, 0)
         # an event has no duration: each increase is its own episode
         return n > 0, n, True
-    if rule.kind == "memavailable":
-        if obs.memavailable is None:
+    if rule.kind in ("memavailable", "available"):
+        got = obs.memavailable if rule.kind == "memavailable" else obs.available
+        if got is None:
             return False, None, False
-        below = obs.memavailable < rule.threshold
-        return below, obs.memavailable, not below
+        below = got < rule.threshold
+        return below, got, not below
     if rule.kind == "device":
         if obs.device is None:
             return False, None, False

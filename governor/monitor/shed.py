@@ -46,6 +46,7 @@ from governor.kernel.cgroupfs import CgroupFs
 from governor.kernel.parse import parse_max
 from governor.log import get_logger
 from governor.monitor.actions import Context, Result
+from governor.monitor.sources import protected_cache
 from governor.monitor.victims import Victim, board_victims, governed_victims
 from governor.plan.board import load_board
 from governor.plan.model import QOS_RANK, Plan
@@ -353,12 +354,7 @@ class Shedder:
         avail = self.memavailable() if self.memavailable is not None else None
         if avail is None:
             return None
-        own = self.plan.group
-        try:
-            protected = min(self._live(own, kf.MEMORY_MIN) or 0, self.fs.memory_stat(own)["file"])
-        except (GovernorError, KeyError):
-            protected = 0
-        return max(0, avail - ROOM_HEADROOM - protected)
+        return max(0, avail - ROOM_HEADROOM - protected_cache(self.fs, self.plan.group))
 
     def _goal(self, held: Held) -> str:
         """The memory.high to give back: the operator's tune, else the policy's value, else

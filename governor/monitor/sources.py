@@ -13,9 +13,10 @@ import os
 from collections.abc import Sequence
 
 from governor.errors import BackendError, GovernorError
+from governor.kernel import files as kf
 from governor.kernel.cgroupfs import CgroupFs
 from governor.kernel.devmem import DeviceMemoryReader, as_rows, total
-from governor.kernel.parse import parse_flat_keyed, parse_psi
+from governor.kernel.parse import parse_flat_keyed, parse_max, parse_psi
 from governor.kernel.procfs import ProcFs
 from governor.log import get_logger
 from governor.monitor.rules import Rule
@@ -65,6 +66,18 @@ def open_optional(fs: CgroupFs, cgroup: str, file: str) -> EventFile | None:
         return None
 
 
+def protected_cache(fs: CgroupFs, group: str) -> int:
+    """The group's page cache that its memory.min protects: min(memory.min, memory.stat file).
+    MemAvailable counts it as reclaimable, but reclaim does not take it (the engine's model):
+    what the board can really give is MemAvailable less this. 0 when unreadable."""
+    try:
+        floor = parse_max(fs.read(group, kf.MEMORY_MIN))
+        file = fs.memory_stat(group)["file"]
+    except (GovernorError, KeyError, ValueError):
+        return 0
+    return file if floor is None else min(floor, file)
+
+
 class Board:
     """Board-wide readings under /proc: MemAvailable and system memory PSI (injected root)."""
 
@@ -76,6 +89,11 @@ class Board:
             return self.proc.meminfo().get("MemAvailable")
         except (OSError, ValueError):
             return None
+
+    def available(self, fs: CgroupFs, group: str) -> int | None:
+        """``board available``: MemAvailable less the group's protected page cache."""
+        raw = self.memavailable()
+        return None if raw is None else max(0, raw - protected_cache(fs, group))
 
     def memory_some_avg10(self) -> float | None:
         try:

@@ -242,6 +242,8 @@ def when_text(t: WatchTrigger | WatchCondition) -> str:
         return f"leak > {v.format_bytes(t.threshold)}/s for {window}"
     if t.condition == "memavailable":
         return f"memavailable < {v.format_bytes(t.threshold)}"
+    if t.condition == "available":
+        return f"board available < {v.format_bytes(t.threshold)}"
     if t.condition == "device":
         return f"device memory > {v.format_bytes(t.threshold)}"
     return str(t.event)
@@ -311,7 +313,9 @@ def _watch_trigger(when: v.Condition) -> WatchTrigger | WatchCondition:
             file=kf.MEMORY_STAT,
         )
     if isinstance(when, v.MemAvailableCondition):
-        return WatchCondition(condition="memavailable", threshold=when.below, file="/proc/meminfo")
+        # "board available": MemAvailable less the page cache the group's memory.min protects
+        kind: Literal["memavailable", "available"] = "available" if when.board else "memavailable"
+        return WatchCondition(condition=kind, threshold=when.below, file="/proc/meminfo")
     if isinstance(when, v.DeviceMemoryCondition):
         return WatchCondition(condition="device", threshold=when.above, file="/proc/PID/fdinfo")
     return WatchCondition(condition="event", event=when.event, file=kf.MEMORY_EVENTS)

@@ -122,10 +122,11 @@ class WatchTrigger:
 
 @record(frozen=True)
 class WatchCondition:
-    """A non-PSI rule condition: a leak slope, the board-wide MemAvailable floor, or a
-    memory.events counter that went up."""
+    """A non-PSI rule condition: a leak slope, the board-wide MemAvailable floor (``available``:
+    less the group's page cache its memory.min protects), or a memory.events counter that went
+    up."""
 
-    condition: Literal["leak", "memavailable", "event", "device"]
+    condition: Literal["leak", "memavailable", "available", "event", "device"]
     file: str  # where it is read: "memory.stat", "/proc/meminfo", "memory.events", fdinfo
     threshold: int = 0  # leak: bytes/s; memavailable, device: bytes
     window_s: float | None = None  # leak: the slope's window
@@ -136,6 +137,8 @@ class WatchCondition:
             return f"leak > {self.threshold}B/s for {self.window_s:g}s"
         if self.condition == "memavailable":
             return f"memavailable < {self.threshold}"
+        if self.condition == "available":
+            return f"board available < {self.threshold}"
         if self.condition == "device":
             return f"device memory > {self.threshold}"
         return str(self.event)

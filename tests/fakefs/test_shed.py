@@ -519,3 +519,33 @@ def test_a_board_trigger_set_off_by_the_held_victims_own_stall_neither_escalates
         second(300, **{batch.group: 300, chat.group: 300})
     assert frozen()
     mon.finish()
+
+
+def test_board_available_counts_the_page_cache_memory_min_protects_as_taken(
+    board: Board, tmp_path: Path
+) -> None:
+    """MemAvailable counts the chat's model as reclaimable; memory.min keeps it resident. With
+    450 MiB of it protected, MemAvailable 500 MiB is 50 MiB the board can give: `board
+    available < 200M` fires, `memavailable < 200M` (the kernel's figure) does not."""
+    floor = 200 * MIB
+    rules = (
+        watch_rule(0, WatchCondition(condition="available", threshold=floor, file="/proc/meminfo"),
+                   ("shed",), cooldown_s=5.0),
+        watch_rule(1, WatchCondition(condition="memavailable", threshold=floor,
+                                     file="/proc/meminfo"), ("log",), cooldown_s=5.0),
+    )  # fmt: skip
+    chat = board.publish(replace(_plan("npu-chat", CHAT), watch=rules), 600 * MIB)
+    batch = board.publish(_plan("npu-batch", BATCH, high=BATCH_HIGH), 512 * MIB)
+    group = board.fs.path(chat.group)
+    (group / files.MEMORY_MIN).write_text(f"{600 * MIB}\n")
+    (group / "memory.stat").write_text(f"anon {150 * MIB}\nfile {450 * MIB}\n")
+    proc = tmp_path / "proc"
+    mon = board.monitor(chat, proc)
+    (proc / "meminfo").write_text(f"MemTotal: 2000000 kB\nMemAvailable: {500 << 10} kB\n")
+    board.tick(1.0)
+    mon.dispatch()
+    assert _high(board.fs, batch) == str(512 * MIB)  # throttled: 500 - 450 < 200 MiB
+    assert [(f["rule"], f["value"]) for f in mon.firings] == [(0, 50 * MIB)], mon.firings
+    # the protection covers only part of the cache: that part alone is taken off
+    (group / files.MEMORY_MIN).write_text(f"{200 * MIB}\n")
+    assert mon.board.available(board.fs, chat.group) == 300 * MIB

@@ -20,6 +20,7 @@ import subprocess
 import sys
 import tempfile
 import textwrap
+import time
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
@@ -402,3 +403,53 @@ def test_backend_auto_is_cgroupfs_when_pid_1_is_not_systemd(
     assert cgroup == f"0::/{scratch_slice.name}/eng/engine"
     assert limit == str(64 * MIB)
     assert not (scratch_slice.path / "eng").exists()
+
+
+PROTECTED_MIB = 300  # the engine's page cache under memory.min (a model, in small)
+
+
+@pytest.mark.kernel(controllers=("memory",), root=True)
+def test_board_available_takes_the_protected_page_cache_off_memavailable(
+    tmp_path: Path, scratch_slice: ScratchSlice
+) -> None:
+    """An engine reads 300 MiB of file data under memory.min: MemAvailable still counts those
+    pages as reclaimable, memory.min keeps them. `board available` (MemAvailable less the
+    protected cache) crosses a floor 150 MiB below MemAvailable; `memavailable` does not."""
+    marks = _shared_dir()
+    (tmp_path / "disk").mkdir()
+    with loop_mount(tmp_path / "disk", PROTECTED_MIB + 64) as mnt:
+        data = make_file(mnt / "model.bin", PROTECTED_MIB)
+        floor_mib = (_memavailable() >> 20) - 150  # governor + engine start: ~50 MiB of it
+        policy = _policy(
+            tmp_path,
+            scratch_slice,
+            f"""
+            [memory]
+            min = "{PROTECTED_MIB + 64}M"
+            [[pressure]]
+            when = "board available < {floor_mib}M"
+            do = ["log"]
+            [[pressure]]
+            when = "memavailable < {floor_mib}M"
+            do = ["log"]
+            """,
+        )
+        _drop_caches()  # the engine is the first reader: its cache is charged to its group
+        gov = _popen(
+            "launch", "--policy", str(policy), "--sample-interval", "0.5", "--",
+            *_engine(data, marks, 0),
+        )  # fmt: skip
+        try:
+            cgroups.wait_for(lambda: _waiting(gov, marks / "ready"), 240, "the engine's read")
+            group = scratch_slice.path / "eng"
+            stat = dict(ln.split() for ln in cgroups.read(group / "memory.stat").splitlines())
+            assert int(stat["file"]) >= (PROTECTED_MIB - 16) * MIB, stat["file"]
+            raw_mib = _memavailable() >> 20
+            time.sleep(3)  # samples after the read: the board rule's evidence
+        finally:
+            gov.send_signal(signal.SIGTERM)
+            _, err = gov.communicate(timeout=120)
+    fired = _events(err, "rule.fired")
+    assert raw_mib > floor_mib + 50, (raw_mib, floor_mib)  # the kernel's figure stayed above
+    assert fired and {f["rule"] for f in fired} == {0}, err[-3000:]
+    assert fired[0]["value"] < (floor_mib << 20), fired[0]  # MemAvailable less the cache

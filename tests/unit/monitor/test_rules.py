@@ -67,7 +67,7 @@ def test_bad_conditions_say_why(text: str, why: str) -> None:
 
 
 def test_condition_rules_compile_to_watch_conditions() -> None:
-    from governor.plan.compiler import _watch_trigger
+    from governor.plan.compiler import _watch_trigger, when_text
 
     leak = _watch_trigger(v.parse_condition("leak > 500KB/s for 60s"))
     assert leak == WatchCondition(
@@ -75,6 +75,14 @@ def test_condition_rules_compile_to_watch_conditions() -> None:
     )
     oom = _watch_trigger(v.parse_condition("oom_kill"))
     assert isinstance(oom, WatchCondition) and oom.event == "oom_kill"
+    # the kernel's figure, and the board's: less the page cache memory.min protects
+    raw = _watch_trigger(v.parse_condition("memavailable < 200M"))
+    board = _watch_trigger(v.parse_condition("board available < 200M"))
+    assert isinstance(raw, WatchCondition) and isinstance(board, WatchCondition)
+    assert (raw.condition, board.condition) == ("memavailable", "available")
+    assert board.threshold == raw.threshold == 200 << 20
+    assert when_text(board) == "board available < 200MiB"
+    assert when_text(raw) == "memavailable < 200MiB"
 
 
 # ---------------------------------------------------------------- rule engine
@@ -150,6 +158,21 @@ def test_level_rule_fires_once_per_episode_without_cooldown() -> None:
         bool(eng.step(float(t), Observations(memavailable=m << 20))) for t, m in enumerate(lows)
     ]
     assert fired == [False, True, False, False, False, True]
+
+
+def test_a_board_available_rule_reads_the_available_figure_not_memavailable() -> None:
+    rule = Rule.from_watch(
+        watch_rule(
+            index=0,
+            trigger=WatchCondition(
+                condition="available", threshold=200 << 20, file="/proc/meminfo"
+            ),
+            actions=("log",),
+        )
+    )
+    eng = RuleEngine([rule])
+    assert not eng.step(0.0, Observations(memavailable=100 << 20, available=None))
+    assert eng.step(1.0, Observations(memavailable=900 << 20, available=150 << 20))
 
 
 def test_rule_actions_are_parsed_back_from_their_canonical_strings() -> None:
