@@ -203,6 +203,7 @@ class Run:
     chat_sys_s: float | None = None
     chat_wait_s: float | None = None
     kswapd_s: float | None = None
+    window_s: float = 0.0  # the measured window's length (t = 20 s to the chat's end)
     kills: list[str] = field(default_factory=list)  # who killed whom
     actions: list[str] = field(default_factory=list)  # the governors' actions, shed steps
     durations: list[float] = field(default_factory=list)
@@ -242,12 +243,22 @@ def table(runs: Sequence[Run], solos: Sequence[Run]) -> str:
     return "\n".join(lines)
 
 
+def step_cpu_ms(run: Run) -> float | None:
+    """The chat's CPU (user + system) per step over the window, in ms: more than alone means
+    each step cost the emulated CPU more, not that the chat waited."""
+    steps = run.speed * run.window_s
+    if run.chat_user_s is None or run.chat_sys_s is None or steps <= 0:
+        return None
+    return (run.chat_user_s + run.chat_sys_s) / steps * 1000
+
+
 def cpu_table(runs: Sequence[Run], solos: Sequence[Run]) -> str:
     """Markdown: per arm (solo first) the median CPU seconds over the window, each run's in
     brackets: where the chat's time went when it was slower than alone."""
     lines = [
-        "| arm | chat user (s) | chat system (s) | chat run-queue wait (s) | kswapd0 (s) |",
-        "|---|---|---|---|---|",
+        "| arm | chat user (s) | chat system (s) | chat run-queue wait (s) | kswapd0 (s) | "
+        "chat CPU per step (ms) |",
+        "|---|---|---|---|---|---|",
     ]
     for arm in ("solo", *ARMS):
         rs = [r for r in [*solos, *runs] if r.arm == arm]
@@ -257,6 +268,7 @@ def cpu_table(runs: Sequence[Run], solos: Sequence[Run]) -> str:
         for vals in (
             [r.chat_user_s for r in rs], [r.chat_sys_s for r in rs],
             [r.chat_wait_s for r in rs], [r.kswapd_s for r in rs],
+            [step_cpu_ms(r) for r in rs],
         ):  # fmt: skip
             got = [v for v in vals if v is not None]
             med = _fmt(statistics.median(got), 1) if got else "-"

@@ -320,6 +320,7 @@ def once(st: Setup, arm: str, seq: int) -> tuple[Run, Chat]:
     times = [t for t, _ in c.steps]
     end = t0 + st.chat_s
     run.speed = step_speed(times, bg_at, end)
+    run.window_s = end - bg_at
     run.durations = step_durations(times, bg_at)
     inside = [f for t, f in chat.full_us if bg_at <= t <= end + 1]
     if len(inside) >= 2:

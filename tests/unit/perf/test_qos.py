@@ -131,10 +131,13 @@ def test_cpu_table_lists_solo_first_and_the_median_of_each_column() -> None:
         Run("gov+shed", 1, chat_user_s=50.0, chat_sys_s=4.0, chat_wait_s=9.0, kswapd_s=2.0),
         Run("gov+shed", 3, chat_user_s=52.0, chat_sys_s=6.0, chat_wait_s=11.0, kswapd_s=None),
     ]
-    out = cpu_table(runs, [Run("solo", 0, chat_user_s=58.0, chat_sys_s=1.0, chat_wait_s=0.2)])
+    runs[0].speed, runs[0].window_s = 18.0, 60.0  # 1080 steps: 54 s of CPU is 50 ms a step
+    solo = Run("solo", 0, chat_user_s=58.0, chat_sys_s=1.0, chat_wait_s=0.2)
+    out = cpu_table(runs, [solo])
     rows = out.splitlines()[2:]
-    assert rows[0].startswith("| solo | 58.0 (58.0) | 1.0 (1.0) | 0.2 (0.2) | - (-) |")
+    assert rows[0].startswith("| solo | 58.0 (58.0) | 1.0 (1.0) | 0.2 (0.2) | - (-) | - (-) |")
     assert rows[1] == (
-        "| gov+shed | 51.0 (50.0 / 52.0) | 5.0 (4.0 / 6.0) | 10.0 (9.0 / 11.0) | 2.0 (2.0 / -) |"
+        "| gov+shed | 51.0 (50.0 / 52.0) | 5.0 (4.0 / 6.0) | 10.0 (9.0 / 11.0) | 2.0 (2.0 / -) "
+        "| 50.0 (50.0 / -) |"
     )
     assert len(rows) == 2  # no run, no row
