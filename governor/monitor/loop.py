@@ -1,10 +1,11 @@
 """The monitor: PSI trigger fds + memory.events + cgroup.events in one epoll, a sample timer,
-pure rules, actions. It plugs into the launcher's supervise loop as a *watcher*: :meth:`Monitor.wait` adds the
-engine's pidfd to the monitor's own epoll and handles kernel events and timers (sample,
-automatic thaw) until the engine exits. The wait is not nested in another epoll on purpose:
-polling a PSI trigger fd consumes its event (kernel/sched/psi.c psi_trigger_poll resets
-t->event), and an outer epoll checking the inner one's readiness would swallow it.
-``governor monitor`` runs the same object on its own with :meth:`Monitor.run`. Idle cost: one wake-up per sample (1 s) to read memory.current/peak/stat; PSI and event
+pure rules, actions. It plugs into the launcher's supervise loop as a *watcher*:
+:meth:`Monitor.wait` adds the engine's pidfd to the monitor's own epoll and handles kernel
+events and timers (sample, automatic thaw) until the engine exits. The wait is not nested in
+another epoll on purpose: polling a PSI trigger fd consumes its event (kernel/sched/psi.c
+psi_trigger_poll resets t->event), and an outer epoll checking the inner one's readiness would
+swallow it. ``governor monitor`` runs the same object on its own with :meth:`Monitor.run`.
+Idle cost: one wake-up per sample (1 s) to read memory.current/peak/stat; PSI and event
 sources cost nothing until the kernel signals them.
 PSI fallback: where a pressure file exists but refuses a trigger (a kernel before 5.2, an
 unprivileged window that cannot be widened, EPERM on the write), the rule is evaluated from
