@@ -17,7 +17,7 @@ import errno
 import os
 import signal as signal_mod
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from governor.errors import BackendError, GovernorError
@@ -158,17 +158,14 @@ class Executor:
             detail = "EAGAIN: reclaimed less than asked"
         return Result(str(action), ok=True, before=before, after=self._current(), detail=detail)
 
-    @contextlib.contextmanager
-    def _journal_locked(self) -> Iterator[None]:
+    def _journal_locked(self) -> contextlib.AbstractContextManager[object]:
         """The slice journal's lock around read-baseline-write: a higher class's shed writes
         its step and journals it under the same lock, so a set never lifts a throttle whose
         entry it could not see yet (seen in the guest: 19 ms between the two). A journal
         that cannot be locked (an unwritable run dir) does not stop the action."""
-        with contextlib.ExitStack() as stack:
-            if self.journal is not None:
-                with contextlib.suppress(OSError):
-                    stack.enter_context(self.journal.locked())
-            yield
+        if self.journal is None:
+            return contextlib.nullcontext()
+        return self.journal.try_locked()
 
     def _do_set(self, action: Action, ctx: Context) -> Result:
         with self._journal_locked():

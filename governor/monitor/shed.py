@@ -420,11 +420,9 @@ class Shedder:
         monitor reads its baseline under the same lock (governor/monitor/actions.py), so it
         never lifts a throttle whose entry is not written yet. Without a journal (an
         unwritable run dir) the step still goes, as before."""
-        with contextlib.ExitStack() as stack:
-            try:
-                stack.enter_context(victim.journal.locked())
-            except OSError as err:
-                log.warning("shed.journal_failed", victim=victim.name, reason=str(err))
+        with victim.journal.try_locked() as failed:
+            if failed is not None:
+                log.warning("shed.journal_failed", victim=victim.name, reason=str(failed))
             yield
 
     def _arm(self) -> None:

@@ -85,6 +85,18 @@ class Journal:
         finally:
             os.close(fd)
 
+    @contextlib.contextmanager
+    def try_locked(self) -> Iterator[OSError | None]:
+        """:meth:`locked`, or no lock where the journal cannot be locked (an unwritable run
+        dir), for actions that go on without one: yields None, or the error."""
+        with contextlib.ExitStack() as stack:
+            failed: OSError | None = None
+            try:
+                stack.enter_context(self.locked())
+            except OSError as err:
+                failed = err
+            yield failed
+
     def confirmed(self) -> set[int]:
         return {
             i for e in self.entries() if e["source"] == "confirm" for i in e.get("confirms", ())

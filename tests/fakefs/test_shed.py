@@ -339,6 +339,30 @@ def test_the_shed_and_the_victims_own_set_write_memory_high_under_its_journal_lo
     assert all(locked for _, locked in writes), writes
 
 
+def test_a_journal_that_cannot_be_locked_stops_neither_the_shed_nor_the_victims_set(
+    board: Board, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    chat = board.publish(_plan("npu-chat", CHAT), 600 * MIB)
+    batch = board.publish(_plan("npu-batch", BATCH, high=BATCH_HIGH), 512 * MIB)
+
+    @contextlib.contextmanager
+    def unlockable(self: Journal) -> Iterator[None]:
+        raise PermissionError(13, "read-only run dir")
+        yield  # pragma: no cover
+
+    monkeypatch.setattr(Journal, "locked", unlockable)
+    with Journal(board.run / "npu-batch").try_locked() as failed:
+        assert isinstance(failed, PermissionError)
+    assert board.shedder(chat).shed(CTX).after["step"] == "throttle"
+    assert _high(board.fs, batch) == str(512 * MIB)
+    own = Executor(
+        board.fs, batch, engine_pids=lambda: [], journal=Journal(board.run / "npu-batch"),
+        alive=lambda pid: pid == os.getpid(),
+    )  # fmt: skip
+    assert own.execute(compile_action(parse_action("set memory.high 256M")), CTX).ok
+    assert _high(board.fs, batch) == str(256 * MIB)
+
+
 def test_board_file_cgroups_are_victims_with_their_class(board: Board) -> None:
     chat = board.publish(_plan("npu-chat", CHAT), 600 * MIB)
     board.fs.mkdir("system.slice")
