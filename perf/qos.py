@@ -213,6 +213,13 @@ def _fmt(x: float | None, nd: int = 2) -> str:
     return "-" if x is None else f"{x:.{nd}f}"
 
 
+def col(vals: Sequence[float | None], nd: int) -> str:
+    """A table cell: the median of the runs' values, then each run's in brackets."""
+    got = [v for v in vals if v is not None]
+    med = _fmt(statistics.median(got), nd) if got else "-"
+    return f"{med} ({' / '.join(_fmt(v, nd) for v in vals)})"
+
+
 def table(runs: Sequence[Run], solos: Sequence[Run]) -> str:
     """Markdown: per arm the median over its runs and each run in brackets."""
     lines = [
@@ -226,11 +233,6 @@ def table(runs: Sequence[Run], solos: Sequence[Run]) -> str:
         rs = [r for r in runs if r.arm == arm]
         if not rs:
             continue
-
-        def col(vals: list[float | None], nd: int) -> str:
-            got = [v for v in vals if v is not None]
-            med = _fmt(statistics.median(got), nd) if got else "-"
-            return f"{med} ({' / '.join(_fmt(v, nd) for v in vals)})"
 
         kinds = sorted({k for r in rs for k in r.kills})
         kills = "; ".join(f"{k} ({sum(k in r.kills for r in rs)}/{len(rs)})" for k in kinds)
@@ -264,15 +266,14 @@ def cpu_table(runs: Sequence[Run], solos: Sequence[Run]) -> str:
         rs = [r for r in [*solos, *runs] if r.arm == arm]
         if not rs:
             continue
-        cols = []
-        for vals in (
-            [r.chat_user_s for r in rs], [r.chat_sys_s for r in rs],
-            [r.chat_wait_s for r in rs], [r.kswapd_s for r in rs],
-            [step_cpu_ms(r) for r in rs],
-        ):  # fmt: skip
-            got = [v for v in vals if v is not None]
-            med = _fmt(statistics.median(got), 1) if got else "-"
-            cols.append(f"{med} ({' / '.join(_fmt(v, 1) for v in vals)})")
+        cols = [
+            col(vals, 1)
+            for vals in (
+                [r.chat_user_s for r in rs], [r.chat_sys_s for r in rs],
+                [r.chat_wait_s for r in rs], [r.kswapd_s for r in rs],
+                [step_cpu_ms(r) for r in rs],
+            )
+        ]  # fmt: skip
         lines.append(f"| {arm} | " + " | ".join(cols) + " |")
     return "\n".join(lines)
 

@@ -69,19 +69,24 @@ def read_flat(path: Path) -> dict[str, float]:
 TICK = os.sysconf("SC_CLK_TCK")
 
 
-def cpu_of(comm: str) -> tuple[float, float, float] | None:
-    """(user s, system s, run-queue wait s) of the process named `comm` (/proc/PID/stat
-    utime/stime, /proc/PID/schedstat: the time it was runnable but another task ran)."""
+def cpu_of(comms: Sequence[str]) -> dict[str, tuple[float, float, float]]:
+    """(user s, system s, run-queue wait s) of the first process named each of `comms`, in one
+    pass over /proc (/proc/PID/stat utime/stime, /proc/PID/schedstat: the time it was runnable
+    but another task ran)."""
+    out: dict[str, tuple[float, float, float]] = {}
     for d in Path("/proc").iterdir():
+        if len(out) == len(comms):
+            break
         if not d.name.isdigit():
             continue
         with contextlib.suppress(OSError, IndexError, ValueError):
-            if (d / "comm").read_text().strip() != comm:
+            comm = (d / "comm").read_text().strip()
+            if comm not in comms or comm in out:
                 continue
             stat = (d / "stat").read_text().rsplit(")", 1)[1].split()
             wait_ns = int((d / "schedstat").read_text().split()[1])
-            return int(stat[11]) / TICK, int(stat[12]) / TICK, wait_ns / 1e9
-    return None
+            out[comm] = (int(stat[11]) / TICK, int(stat[12]) / TICK, wait_ns / 1e9)
+    return out
 
 
 @dataclass
@@ -93,9 +98,7 @@ class Times:
     last: dict[str, tuple[float, float, float]] = field(default_factory=dict)
 
     def sample(self, started: bool) -> None:
-        for comm in (CHAT_COMM, "kswapd0"):
-            if (got := cpu_of(comm)) is None:
-                continue
+        for comm, got in cpu_of((CHAT_COMM, "kswapd0")).items():
             if started and comm not in self.start:
                 self.start[comm] = got
             if comm in self.start:
