@@ -37,8 +37,6 @@ def test_every_install_hint_names_this_distribution() -> None:
 def test_one_version_for_the_metadata_and_the_plan_cache() -> None:
     assert PYPROJECT["project"]["dynamic"] == ["version"]
     assert "version" not in PYPROJECT["project"]
-    assert PYPROJECT["tool"]["setuptools"]["dynamic"]["version"] == {
-        "attr": "governor.__version__"
-    }
-    assert plans.VERSION == governor.__version__
+    assert PYPROJECT["tool"]["setuptools"]["dynamic"]["version"] == {"attr": "governor.__version__"}
+    assert governor.__version__ == plans.VERSION
     assert metadata.version(DIST) == governor.__version__
