@@ -73,6 +73,11 @@ def complete_policy_file(incomplete: str) -> list[str]:
         return []
 
 
+def complete_policy_name_or_file(incomplete: str) -> list[str]:
+    """`uninstall` takes either."""
+    return complete_policy_name(incomplete) + complete_policy_file(incomplete)
+
+
 def answer(command: click.Command, instruction: str) -> int:
     """Answer one completion request (click's protocol: ``bash_complete``, ``zsh_source``,
     ...). typer 0.21 reads the instruction the other way round (``complete_bash``) and only

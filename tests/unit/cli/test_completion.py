@@ -138,3 +138,9 @@ def test_policy_files_keep_the_typed_directory(tmp_path: Path) -> None:
     assert policy_files("p/", tmp_path) == ["p/a.toml"]
     assert policy_files(f"{tmp_path}/p/a", tmp_path) == [f"{tmp_path}/p/a.toml"]
     assert policy_files("nowhere/", tmp_path) == []
+
+
+def test_bash_completes_names_and_files_for_uninstall(board: dict[str, str]) -> None:
+    got = bash_complete(board, "governor uninstall ")
+    assert {"dev-box", "npu-chat", "chat.toml", "sub/"} <= set(got)
+    assert "notes.txt" not in got
