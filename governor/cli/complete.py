@@ -1,5 +1,5 @@
 """Shell completion: the protocol is click's (``_GOVERNOR_COMPLETE=bash_complete governor``, the
-scripts in share/ come from ``python -m governor.manual``); this module adds what click cannot
+scripts in share/ come from ``python -m governor.cli.manual``); this module adds what click cannot
 know: the names of governed policies (`status`, `tune`, `rollback` NAME) and policy files
 (`check`, `plan`, `launch -p`, ...). A completer never raises: a TAB must not print a traceback."""
 

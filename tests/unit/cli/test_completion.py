@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 
 from governor.cli.complete import INSTALLED, policy_files, policy_names
+from governor.cli.manual.generate import BASH
 from governor.deploy.install import MANIFEST_DIR
-from governor.manual.generate import BASH
 
 REPO = Path(__file__).resolve().parents[3]
 

@@ -1,6 +1,6 @@
-"""The manual's generated files (governor/manual) are current, complete and well formed: the
+"""The manual's generated files (governor/cli/manual) are current, complete and well formed: the
 man pages, docs/reference/policy.md and the completion scripts are what `python -m
-governor.manual` writes now, so a new command, option or policy key cannot be left out."""
+governor.cli.manual` writes now, so a new command, option or policy key cannot be left out."""
 
 from __future__ import annotations
 
@@ -15,9 +15,9 @@ import pytest
 import typer
 
 from governor.cli.app import app
-from governor.manual import keys, policyref
-from governor.manual.__main__ import main as manual_main
-from governor.manual.generate import MAN1, MAN5, POLICY_MD, generated
+from governor.cli.manual import keys, policyref
+from governor.cli.manual.__main__ import main as manual_main
+from governor.cli.manual.generate import MAN1, MAN5, POLICY_MD, generated
 from governor.policy.model import Policy
 
 REPO = Path(__file__).resolve().parents[3]
@@ -29,7 +29,9 @@ def _unroff(text: str) -> str:
 
 def test_the_committed_files_are_what_the_generator_writes_now() -> None:
     stale = [rel for rel, text in generated().items() if (REPO / rel).read_text() != text]
-    assert not stale, f"{stale} are stale: run `python -m governor.manual` and commit the result"
+    assert not stale, (
+        f"{stale} are stale: run `python -m governor.cli.manual` and commit the result"
+    )
 
 
 def test_check_names_a_stale_file_and_writes_nothing(

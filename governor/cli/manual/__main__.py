@@ -1,5 +1,5 @@
-"""``python -m governor.manual [--check] [--root DIR]``: write the generated parts of the manual
-(governor/manual/__init__.py) under DIR (default: the source tree this package lives in);
+"""``python -m governor.cli.manual [--check] [--root DIR]``: write the generated parts of the manual
+(governor/cli/manual/__init__.py) under DIR (default: the source tree this package lives in);
 with --check write nothing and exit 1 naming each file that is not current."""
 
 from __future__ import annotations
@@ -8,13 +8,13 @@ import argparse
 import sys
 from pathlib import Path
 
-from governor.manual.generate import generated
+from governor.cli.manual.generate import generated
 
-SOURCE_TREE = Path(__file__).resolve().parents[2]
+SOURCE_TREE = Path(__file__).resolve().parents[3]
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m governor.manual")
+    parser = argparse.ArgumentParser(prog="python -m governor.cli.manual")
     parser.add_argument("--check", action="store_true", help="compare, write nothing")
     parser.add_argument("--root", type=Path, default=SOURCE_TREE, help="the source tree")
     args = parser.parse_args(argv)
@@ -32,7 +32,7 @@ def main(argv: list[str] | None = None) -> int:
     for rel in stale:
         print(f"{rel}: {verb}")
     if args.check and stale:
-        print("rerun: python -m governor.manual", file=sys.stderr)
+        print("rerun: python -m governor.cli.manual", file=sys.stderr)
         return 1
     return 0
 
