@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from governor.cli.manual import keys as k
-from governor.cli.manual.roff import bold, escape, paragraph
+from governor.cli.manual.roff import NO_HYPHENATION, bold, escape, paragraph
 
 DURATION_PATTERN = "(us|ms|s|m|h)"  # the pattern of model.py's Duration, as the schema spells it
 ARRAY_SECTIONS = frozenset({"pressure"})  # [[pressure]]: an array of tables
@@ -174,6 +174,7 @@ def roff(version: str, items: list[Entry] | None = None) -> str:
     out = [
         f'.\\" {GENERATED} ({SOURCES}): do not edit',
         f'.TH GOVERNOR.TOML 5 "" "governor {escape(version)}" "File Formats"',
+        *NO_HYPHENATION,
         ".SH NAME",
         "governor.toml \\- the policy file of governor, a cgroup v2 resource governor for LLM"
         " engines",

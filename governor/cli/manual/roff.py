@@ -16,3 +16,7 @@ def bold(text: str) -> str:
 
 def paragraph(text: str) -> str:
     return f".PP\n{escape(text)}"
+
+
+# commands, keys and values are copied from the page: no hyphen inside a word, ragged right
+NO_HYPHENATION = (".nh", ".ad l")
