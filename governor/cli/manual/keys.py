@@ -48,7 +48,7 @@ SECTIONS: dict[str, str] = {
 # "section.key" (top level: "key") -> (what it does, with its unit; one example TOML line)
 KEYS: dict[str, tuple[str, str]] = {
     "name": (
-        "The policy's name: its group is <slice>/<name>, `status`, `tune` and `rollback` take"
+        "The policy's name: its group is `<slice>/<name>`, `status`, `tune` and `rollback` take"
         " it, and systemd units are named after it. Lower-case letters, digits, `_` and `-`,"
         " starting with a letter or digit, at most 63 characters.",
         'name = "npu-chat"',
@@ -64,7 +64,7 @@ KEYS: dict[str, tuple[str, str]] = {
         'extends = "base.toml"',
     ),
     "slice": (
-        "The parent slice: the engine runs in <slice>/<name>/engine. A systemd slice name"
+        "The parent slice: the engine runs in `<slice>/<name>/engine`. A systemd slice name"
         " (ending in `.slice`; `-` separates parent slices).",
         'slice = "governor.slice"',
     ),

@@ -161,8 +161,8 @@ def markdown(items: list[Entry] | None = None) -> str:
                 "",
                 e.text,
                 "",
-                f"- type: {e.type}",
-                f"- default: {_default_words(e)}",
+                f"- type: `{e.type}`",
+                f"- default: {_default_words(e) if e.required or not e.default else f'`{e.default}`'}",
                 f"- example: `{e.example}`",
                 "",
             ]
