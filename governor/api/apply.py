@@ -32,7 +32,10 @@ def apply(path: Path, opts: HostOptions) -> Plan:
             try:
                 BoardClocks(run_dir()).acquire(plan, pid=None, source="apply")
             except BaseException:
-                backend.remove(plan, owned=set(locked) | set(applied.created))
+                # a refusal changes nothing: undo only what this command wrote and created
+                # (the lock removes its own directories once empty); never remove(), which
+                # kills what runs in the group: a re-apply's group has the operator's work
+                backend.rollback(applied)
                 raise
     created = sorted(set(locked) | set(applied.created))
     # no supervisor: the state holds while the cgroup exists (governor status shows it)

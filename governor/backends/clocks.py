@@ -114,12 +114,14 @@ class BoardClocks:
                         " settings: stop the holder, or give both the same [clocks] entry",
                     )
             written: list[str] = []
+            joined: list[str] = []  # the devices this acquisition added the holder to
             try:
                 for t in plan.clocks:
                     held = entries.get(t.path)
                     if held is not None:
                         if holder not in held["holders"]:
                             held["holders"].append(holder)
+                            joined.append(t.path)
                         log.info("clocks.shared", device=t.name, holders=_holders(held))
                         continue
                     entry = entries[t.path] = {
@@ -137,8 +139,9 @@ class BoardClocks:
             except BaseException:
                 for path in reversed(written):
                     self._restore_entry(entries, path)
-                for t in plan.clocks:
-                    held = entries.get(t.path)
+                # only the holds this acquisition added: a re-apply's earlier hold stays
+                for path in joined:
+                    held = entries.get(path)
                     if held is not None and holder in held["holders"]:
                         held["holders"].remove(holder)
                 raise
