@@ -5,7 +5,14 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from governor.api.host import HostOptions, cgroupfs_backend, check, load_policy, probe_host
+from governor.api.host import (
+    HostOptions,
+    cgroupfs_backend,
+    check,
+    load_policy,
+    probe_host,
+    sysfs_root,
+)
 
 if TYPE_CHECKING:
     from governor.plan.model import Plan
@@ -30,7 +37,8 @@ def apply(path: Path, opts: HostOptions) -> Plan:
             from governor.backends.clocks import BoardClocks
 
             try:
-                BoardClocks(run_dir()).acquire(plan, pid=None, source="apply")
+                clocks = BoardClocks(run_dir(), sysfs_root=sysfs_root(opts))
+                clocks.acquire(plan, pid=None, source="apply")
             except BaseException:
                 # a refusal changes nothing: undo only what this command wrote and created
                 # (the lock removes its own directories once empty); never remove(), which
@@ -77,7 +85,7 @@ def remove(path: Path, opts: HostOptions) -> Any:
     # policy shares them (governor/backends/clocks.py)
     from governor.backends.clocks import ANY_PID, BoardClocks
 
-    BoardClocks(run_dir()).release(plan.policy, pid=ANY_PID)
+    BoardClocks(run_dir(), sysfs_root=sysfs_root(opts)).release(plan.policy, pid=ANY_PID)
 
     # the state `governor apply` published; a running launch's is its supervisor's to remove
     if all(st.source == "apply" or st.stale for st in mine):

@@ -70,7 +70,7 @@ def test_a_failed_reacquisition_keeps_the_hold_it_had_before(
         policy = load_text(f'name = "chat"\n[clocks]\n{clocks}\n', source="chat.toml")
         return compile_plan(policy, probe(RK3588, sysfs_root=sysfs), source="chat.toml")
 
-    clocks = BoardClocks(run, alive=lambda _pid: True)
+    clocks = BoardClocks(run, sysfs_root=sysfs, alive=lambda _pid: True)
     clocks.acquire(plan_of('dmc = "performance"'), pid=None, source="apply")  # type: ignore[arg-type]
     held = (run / "clocks.json").read_text()
     real = kc.write
