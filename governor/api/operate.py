@@ -59,6 +59,13 @@ def _governed(name: str) -> RunState:
     from governor.rundir.state import RunState, run_dir, states_of
 
     st = RunState.read(states_of(run_dir(), name, hint="`governor status` lists what runs")[0])
+    if st.plan is None:
+        from governor.errors import PolicyNotFound
+
+        raise PolicyNotFound(
+            f"the state of {name} has no plan ({run_dir() / name / 'state.json'})",
+            hint="its supervisor rewrites it at its next change; else move the file away",
+        )
     if st.stale:
         raise HostError(
             f"the supervisor of {name} is gone (stale state in {run_dir() / name})",
@@ -404,7 +411,7 @@ def status(name: str | None, *, prune: bool = False) -> list[dict[str, Any]]:
     import sys
 
     from governor.operate.status import collect
-    from governor.rundir.state import prune_stale, run_dir
+    from governor.rundir.state import prune_stale, run_dir, scan_states
 
     if prune:
         pruned = prune_stale(run_dir(), name)
@@ -412,7 +419,12 @@ def status(name: str | None, *, prune: bool = False) -> list[dict[str, Any]]:
             sys.stderr.write(f"pruned {policy}: its supervisor (pid {pid}) is gone\n")
         if name is not None and pruned and not collect_names(run_dir(), name):
             return []  # NAME was only that stale entry
-    return collect(run_dir(), name)
+    items = collect(run_dir(), name)
+    # a state file that is not one hides nothing else: one line for it, the others shown
+    for err in scan_states(run_dir())[1]:
+        if name is None:
+            sys.stderr.write(f"governor: skipped a state that is not one: {err}\n")
+    return items
 
 
 def collect_names(directory: Path, name: str) -> bool:
