@@ -51,6 +51,16 @@ def _value(v: Any) -> bool:  # a file's value as the kernel reads it (None: the 
     return v is None or isinstance(v, str) or _num(v)
 
 
+def _cgroup(v: Any) -> bool:  # relative to the cgroup root, no ., .. or empty component
+    return (
+        isinstance(v, str) and "\0" not in v and all(p not in ("", ".", "..") for p in v.split("/"))
+    )
+
+
+def _file(v: Any) -> bool:  # a kernel file's bare name (rollback writes it back)
+    return isinstance(v, str) and v not in ("", ".", "..") and "/" not in v and "\0" not in v
+
+
 def _ids(v: Any) -> bool:
     return isinstance(v, list) and all(_int(i) for i in v)
 
@@ -84,8 +94,8 @@ def check_entry(entry: Any) -> str | None:
     for ch in changes:
         if not (
             isinstance(ch, dict)
-            and isinstance(ch.get("cgroup"), str)
-            and isinstance(ch.get("file"), str)
+            and _cgroup(ch.get("cgroup"))
+            and _file(ch.get("file"))
             and _value(ch.get("before"))
             and _value(ch.get("after"))
         ):

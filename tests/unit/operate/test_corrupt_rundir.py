@@ -147,6 +147,11 @@ BAD_LINES = [
     b'{"id": 6, "time": 1.0, "source": "rollback", "changes": [], "undoes": "1"}',
     b'{"id": 7, "time": null, "source": "tune", "changes": []}',
     b'{"id": 8, "time": 1.0, "source": "shed", "changes": [], "pid": "x"}',
+    # paths a rollback would write back to: only a clean cgroup and a bare file name pass
+    b'{"id": 9, "time": 1.0, "source": "tune", "changes": [{"cgroup": "../../etc",'
+    b' "file": "passwd", "before": "x", "after": "y"}]}',
+    b'{"id": 10, "time": 1.0, "source": "tune", "changes": [{"cgroup": "g",'
+    b' "file": "../../../etc/passwd", "before": "x", "after": "y"}]}',
 ]
 
 
