@@ -129,7 +129,9 @@ def tune(
         if persist
         else None
     )
+    before: str | None = None
     if saved is not None:
+        before = saved.pop("before", None)
         out["persisted"] = saved
         if saved.get("dropin"):
             extra["dropin"] = saved["dropin"]
@@ -140,7 +142,16 @@ def tune(
         extra.update(confirm_by=deadline, reverter_pid=reverter.pid)
         if reverter.unit is not None:
             extra["reverter_unit"] = reverter.unit  # its own scope: survives a logout
-    ids = _apply_routes(routes, journal, extra, reverter, out["changes"])
+    try:
+        ids = _apply_routes(routes, journal, extra, reverter, out["changes"])
+    except BaseException:
+        if saved is not None and before is not None:  # nothing half-applied: the file too
+            import os
+
+            from governor.deploy.tunedropin import write_atomic
+
+            write_atomic(saved["file"], before, os.stat(saved["file"]).st_mode & 0o7777)
+        raise
     if reverter is not None:
         reverter.go(ids)
         out["confirm_by"] = extra["confirm_by"]
@@ -349,7 +360,11 @@ def _persist(
     installed = inst.manifest_path(Path("/"), name).exists()
     try:
         if not installed or version is None:
-            return {"file": path, "diff": t.persist(path, overrides), "installed": installed}
+            with open(path) as f:  # as t.persist reads it
+                before = f.read()
+            diff = t.persist(path, overrides)
+            # "before": what tune() writes back when the change then fails (popped there)
+            return {"file": path, "diff": diff, "installed": installed, "before": before}
         unit = unitmap.policy_slice(plan_slice, name)
         settings: dict[str, str] = {}
         for section, field_ in overrides:

@@ -88,3 +88,44 @@ def test_a_failed_reacquisition_keeps_the_hold_it_had_before(
             source="apply",
         )
     assert (run / "clocks.json").read_text() == held  # the apply's hold on dmc stays
+
+
+def test_a_failed_tune_persist_leaves_the_policy_file_as_it_was(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import shutil
+
+    from governor.api import host as api_host
+    from governor.api import operate as api_operate
+    from governor.errors import BackendError
+    from governor.operate import tune as t
+    from governor.rundir.state import Publisher, applied
+
+    cg = tmp_path / "cg"
+    shutil.copytree(RK3588 / "sys" / "fs" / "cgroup", cg)
+    policy = tmp_path / "st.toml"
+    policy.write_text('# mine\nname = "st"\n[memory]\nhigh = "1G"  # keep\n')
+    plan = api_host.check(policy, api_host.HostOptions(root=RK3588, cgroup_root=cg))
+    group = cg / plan.group
+    group.mkdir(parents=True)
+    controllers = (cg / "cgroup.controllers").read_text()
+    for d in (cg, group.parent, group):  # what apply leaves: every controller enabled down
+        (d / "cgroup.subtree_control").write_text(controllers if d != group else "")
+    for d in (group.parent, group):
+        (d / "cgroup.controllers").write_text(controllers)
+    for w in plan.writes:
+        (group / w.file).write_text(w.value + "\n")
+    (group / "memory.current").write_text("0\n")
+    run = tmp_path / "run"
+    monkeypatch.setenv("GOVERNOR_RUN_DIR", str(run))
+    state = applied(plan.to_dict(), policy_path=str(policy), created=[], started_at=1.0)
+    Publisher(run, "st").publish(state)
+    before = policy.read_bytes()
+
+    def fail(*_args: object, **_kw: object) -> None:
+        raise BackendError("cannot write cgroup file", cgroup=plan.group, errno=16)
+
+    monkeypatch.setattr(t, "apply", fail)
+    with pytest.raises(BackendError):
+        api_operate.tune("st", ("memory.high=900M",), dry_run=False, force=True, persist=True)
+    assert policy.read_bytes() == before  # the persisted value went back with the failure
