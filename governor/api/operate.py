@@ -439,7 +439,28 @@ def status(name: str | None, *, prune: bool = False) -> list[dict[str, Any]]:
     for err in scan_states(run_dir())[1]:
         if name is None:
             sys.stderr.write(f"governor: skipped a state that is not one: {err}\n")
+    if name is None:
+        for line in _ledger_lines(run_dir(), items):
+            sys.stderr.write(f"governor: {line}\n")
     return items
+
+
+def _ledger_lines(run: Path, items: list[dict[str, Any]]) -> list[str]:
+    """The board's clocks no slice shows: a restore that failed after its run ended (the
+    entry keeps its holders: `governor remove` retries it), an entry the ledger cannot use."""
+    from governor.rundir.clocks import Ledger
+
+    ledger = Ledger(run)
+    shown = {r["file"].rpartition("/")[0] for it in items for r in it.get("clocks", [])}
+    entries = ledger.read()
+    lines = list(ledger.problems)
+    for path, entry in entries.items():
+        if entry.get("failed") and path not in shown:
+            holders = ", ".join(h["policy"] for h in entry["holders"]) or "nobody"
+            lines.append(
+                f"clock {entry['name']} NOT restored (held by {holders}): {entry['failed'][0]}"
+            )
+    return lines
 
 
 def collect_names(directory: Path, name: str) -> bool:

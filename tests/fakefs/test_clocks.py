@@ -226,8 +226,10 @@ def test_status_and_diff_show_each_clock_file(sysfs: Path, run: Path) -> None:
 
 
 def test_a_failed_restore_is_retried_by_the_next_release_and_stays_visible(
-    sysfs: Path, run: Path, monkeypatch: pytest.MonkeyPatch
+    sysfs: Path, run: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
+    from governor.api import operate as api_operate
+
     clocks = BoardClocks(run, sysfs_root=sysfs, alive=_all_alive)
     plan = plan_of(sysfs, 'dmc = "performance"')
     clocks.acquire(plan, pid=None, source="apply")
@@ -244,6 +246,9 @@ def test_a_failed_restore_is_retried_by_the_next_release_and_stays_visible(
     rows = oc.observe(plan, run)
     assert rows[0]["holders"] == ["chat"] and rows[0]["restore_failed"]
     assert any("NOT restored" in line for line in oc.render(rows))
+    monkeypatch.setenv("GOVERNOR_RUN_DIR", str(run))  # no slice left to show it: status says it
+    assert api_operate.status(None) == []
+    assert "governor: clock dmc NOT restored (held by chat): " in capsys.readouterr().err
 
     with pytest.raises(BackendError, match="clock restore failed"):  # tried again, not "done"
         clocks.release("chat", pid=ANY_PID)
