@@ -45,13 +45,18 @@ def apply(path: Path, opts: HostOptions) -> Plan:
                 # kills what runs in the group: a re-apply's group has the operator's work
                 backend.rollback(applied)
                 raise
-    created = sorted(set(locked) | set(applied.created))
+    created = set(locked) | set(applied.created)
+    # a re-apply creates nothing new: what the first apply created stays its to remove
+    prior = Publisher(run_dir(), plan.policy).read()
+    if prior is not None and prior.get("source") == "apply":
+        if (prior.get("cgroup_root"), prior.get("group")) == (plan.cgroup_root, plan.group):
+            created |= {c for c in prior.get("created") or () if c in plan.create}
     # no supervisor: the state holds while the cgroup exists (governor status shows it)
     Publisher(run_dir(), plan.policy).publish(
         applied_state(
             plan.to_dict(),
             policy_path=str(path.resolve()),
-            created=created,
+            created=sorted(created),
             started_at=time.time(),
         )
     )

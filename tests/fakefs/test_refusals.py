@@ -129,3 +129,19 @@ def test_a_failed_tune_persist_leaves_the_policy_file_as_it_was(
     with pytest.raises(BackendError):
         api_operate.tune("st", ("memory.high=900M",), dry_run=False, force=True, persist=True)
     assert policy.read_bytes() == before  # the persisted value went back with the failure
+
+
+def test_a_reapply_keeps_the_record_of_what_the_first_apply_created(
+    tmp_path: Path, cgroup_root: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    fs = FakeKernelCgroupFs(cgroup_root)
+    monkeypatch.setattr(api_apply, "cgroupfs_backend", lambda plan: CgroupfsBackend(fs))
+    monkeypatch.setenv("GOVERNOR_RUN_DIR", str(tmp_path / "run"))
+    opts = HostOptions(root=RK3588, cgroup_root=cgroup_root)
+    policy = tmp_path / "chat.toml"
+    policy.write_text('name = "chat"\n[memory]\nhigh = "300M"\n')
+    plan = api_apply.apply(policy, opts)
+    assert fs.exists(plan.slice)
+    api_apply.apply(policy, opts)  # again: it creates nothing this time
+    api_apply.remove(policy, opts)
+    assert not fs.exists(plan.slice)  # the first apply made it: remove takes it away
