@@ -48,9 +48,13 @@ def apply(path: Path, opts: HostOptions) -> Plan:
     created = set(locked) | set(applied.created)
     # a re-apply creates nothing new: what the first apply created stays its to remove
     prior = Publisher(run_dir(), plan.policy).read()
-    if prior is not None and prior.get("source") == "apply":
-        if (prior.get("cgroup_root"), prior.get("group")) == (plan.cgroup_root, plan.group):
-            created |= {c for c in prior.get("created") or () if c in plan.create}
+    where = (plan.cgroup_root, plan.group)
+    if (
+        prior
+        and prior.get("source") == "apply"
+        and (prior.get("cgroup_root"), prior.get("group")) == where
+    ):
+        created |= {c for c in prior.get("created") or () if c in plan.create}
     # no supervisor: the state holds while the cgroup exists (governor status shows it)
     Publisher(run_dir(), plan.policy).publish(
         applied_state(
