@@ -5,7 +5,14 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from governor.api.host import HostOptions, cgroupfs_backend, check, load_policy, probe_host
+from governor.api.host import (
+    HostOptions,
+    cgroupfs_backend,
+    check,
+    load_policy,
+    probe_host,
+    sysfs_root,
+)
 
 if TYPE_CHECKING:
     from governor.plan.model import Plan
@@ -30,17 +37,30 @@ def apply(path: Path, opts: HostOptions) -> Plan:
             from governor.backends.clocks import BoardClocks
 
             try:
-                BoardClocks(run_dir()).acquire(plan, pid=None, source="apply")
+                clocks = BoardClocks(run_dir(), sysfs_root=sysfs_root(opts))
+                clocks.acquire(plan, pid=None, source="apply")
             except BaseException:
-                backend.remove(plan, owned=set(locked) | set(applied.created))
+                # a refusal changes nothing: undo only what this command wrote and created
+                # (the lock removes its own directories once empty); never remove(), which
+                # kills what runs in the group: a re-apply's group has the operator's work
+                backend.rollback(applied)
                 raise
-    created = sorted(set(locked) | set(applied.created))
+    created = set(locked) | set(applied.created)
+    # a re-apply creates nothing new: what the first apply created stays its to remove
+    prior = Publisher(run_dir(), plan.policy).read()
+    where = (plan.cgroup_root, plan.group)
+    if (
+        prior
+        and prior.get("source") == "apply"
+        and (prior.get("cgroup_root"), prior.get("group")) == where
+    ):
+        created |= {c for c in prior.get("created") or () if c in plan.create}
     # no supervisor: the state holds while the cgroup exists (governor status shows it)
     Publisher(run_dir(), plan.policy).publish(
         applied_state(
             plan.to_dict(),
             policy_path=str(path.resolve()),
-            created=created,
+            created=sorted(created),
             started_at=time.time(),
         )
     )
@@ -74,7 +94,7 @@ def remove(path: Path, opts: HostOptions) -> Any:
     # policy shares them (governor/backends/clocks.py)
     from governor.backends.clocks import ANY_PID, BoardClocks
 
-    BoardClocks(run_dir()).release(plan.policy, pid=ANY_PID)
+    BoardClocks(run_dir(), sysfs_root=sysfs_root(opts)).release(plan.policy, pid=ANY_PID)
 
     # the state `governor apply` published; a running launch's is its supervisor's to remove
     if all(st.source == "apply" or st.stale for st in mine):

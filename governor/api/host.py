@@ -27,6 +27,11 @@ class HostOptions:
     sysfs_root: Path | None = None  # where [clocks] finds cpufreq/devfreq (default: root/sys)
 
 
+def sysfs_root(opts: HostOptions) -> Path:
+    """Where the board's clocks are (and every clock write must stay)."""
+    return opts.sysfs_root if opts.sysfs_root is not None else opts.root / "sys"
+
+
 def load_policy(path: Path) -> Policy:
     from governor.policy.loader import load
 

@@ -8,7 +8,13 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from governor.api.host import HostOptions, cgroupfs_backend, check_device, preflight_engine
+from governor.api.host import (
+    HostOptions,
+    cgroupfs_backend,
+    check_device,
+    preflight_engine,
+    sysfs_root,
+)
 from governor.log import get_logger
 from governor.record import record
 
@@ -224,6 +230,7 @@ def launch(path: Path, argv: tuple[str, ...], opts: HostOptions, lopts: LaunchOp
             systemd=_systemd_state(compiled.plan, backend, host),
             ready_url=ready_url(compiled, argv),
             ready_timeout_s=plan.engine.ready_timeout_s,
+            sysfs_root=str(sysfs_root(opts)),
         )
         proc = ProcFs(opts.root / "proc")
         watchdog = lopts.watchdog

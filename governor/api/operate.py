@@ -59,6 +59,13 @@ def _governed(name: str) -> RunState:
     from governor.rundir.state import RunState, run_dir, states_of
 
     st = RunState.read(states_of(run_dir(), name, hint="`governor status` lists what runs")[0])
+    if st.plan is None:
+        from governor.errors import PolicyNotFound
+
+        raise PolicyNotFound(
+            f"the state of {name} has no plan ({run_dir() / name / 'state.json'})",
+            hint="its supervisor rewrites it at its next change; else move the file away",
+        )
     if st.stale:
         raise HostError(
             f"the supervisor of {name} is gone (stale state in {run_dir() / name})",
@@ -122,7 +129,9 @@ def tune(
         if persist
         else None
     )
+    before: str | None = None
     if saved is not None:
+        before = saved.pop("before", None)
         out["persisted"] = saved
         if saved.get("dropin"):
             extra["dropin"] = saved["dropin"]
@@ -133,7 +142,16 @@ def tune(
         extra.update(confirm_by=deadline, reverter_pid=reverter.pid)
         if reverter.unit is not None:
             extra["reverter_unit"] = reverter.unit  # its own scope: survives a logout
-    ids = _apply_routes(routes, journal, extra, reverter, out["changes"])
+    try:
+        ids = _apply_routes(routes, journal, extra, reverter, out["changes"])
+    except BaseException:
+        if saved is not None and before is not None:  # nothing half-applied: the file too
+            import os
+
+            from governor.deploy.tunedropin import write_atomic
+
+            write_atomic(saved["file"], before, os.stat(saved["file"]).st_mode & 0o7777)
+        raise
     if reverter is not None:
         reverter.go(ids)
         out["confirm_by"] = extra["confirm_by"]
@@ -342,7 +360,11 @@ def _persist(
     installed = inst.manifest_path(Path("/"), name).exists()
     try:
         if not installed or version is None:
-            return {"file": path, "diff": t.persist(path, overrides), "installed": installed}
+            with open(path) as f:  # as t.persist reads it
+                before = f.read()
+            diff = t.persist(path, overrides)
+            # "before": what tune() writes back when the change then fails (popped there)
+            return {"file": path, "diff": diff, "installed": installed, "before": before}
         unit = unitmap.policy_slice(plan_slice, name)
         settings: dict[str, str] = {}
         for section, field_ in overrides:
@@ -404,7 +426,7 @@ def status(name: str | None, *, prune: bool = False) -> list[dict[str, Any]]:
     import sys
 
     from governor.operate.status import collect
-    from governor.rundir.state import prune_stale, run_dir
+    from governor.rundir.state import prune_stale, run_dir, scan_states
 
     if prune:
         pruned = prune_stale(run_dir(), name)
@@ -412,7 +434,33 @@ def status(name: str | None, *, prune: bool = False) -> list[dict[str, Any]]:
             sys.stderr.write(f"pruned {policy}: its supervisor (pid {pid}) is gone\n")
         if name is not None and pruned and not collect_names(run_dir(), name):
             return []  # NAME was only that stale entry
-    return collect(run_dir(), name)
+    items = collect(run_dir(), name)
+    # a state file that is not one hides nothing else: one line for it, the others shown
+    for err in scan_states(run_dir())[1]:
+        if name is None:
+            sys.stderr.write(f"governor: skipped a state that is not one: {err}\n")
+    if name is None:
+        for line in _ledger_lines(run_dir(), items):
+            sys.stderr.write(f"governor: {line}\n")
+    return items
+
+
+def _ledger_lines(run: Path, items: list[dict[str, Any]]) -> list[str]:
+    """The board's clocks no slice shows: a restore that failed after its run ended (the
+    entry keeps its holders: `governor remove` retries it), an entry the ledger cannot use."""
+    from governor.rundir.clocks import Ledger
+
+    ledger = Ledger(run)
+    shown = {r["file"].rpartition("/")[0] for it in items for r in it.get("clocks", [])}
+    entries = ledger.read()
+    lines = list(ledger.problems)
+    for path, entry in entries.items():
+        if entry.get("failed") and path not in shown:
+            holders = ", ".join(h["policy"] for h in entry["holders"]) or "nobody"
+            lines.append(
+                f"clock {entry['name']} NOT restored (held by {holders}): {entry['failed'][0]}"
+            )
+    return lines
 
 
 def collect_names(directory: Path, name: str) -> bool:

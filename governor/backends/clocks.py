@@ -30,7 +30,7 @@ from governor.errors import BackendError, GovernorError, PolicyError
 from governor.kernel import clocks as kc
 from governor.log import get_logger
 from governor.plan.model import ClockTarget, ClockWrite, Plan
-from governor.rundir.clocks import Ledger
+from governor.rundir.clocks import Ledger, within
 from governor.rundir.state import alive as governor_alive
 
 log = get_logger("governor.clocks")
@@ -78,9 +78,29 @@ def ordered(target: ClockTarget, current_min: int | None) -> list[ClockWrite]:
 class BoardClocks:
     """The run time's door to [clocks]: acquire with the slice, release at the end."""
 
-    def __init__(self, directory: Path, *, alive: Callable[[int], bool] | None = None) -> None:
-        self.ledger = Ledger(directory)
+    def __init__(
+        self,
+        directory: Path,
+        *,
+        sysfs_root: str | Path,
+        alive: Callable[[int], bool] | None = None,
+    ) -> None:
+        # every device and file written, the ledger's included, resolves under sysfs_root
+        self.ledger = Ledger(directory, sysfs_root)
+        self.sysfs_root = str(sysfs_root)
         self.alive = alive or governor_alive
+
+    def _write(self, path: str, value: str) -> None:
+        """kc.write, only under the sysfs root (a ledger's entry, a symlink put in since)."""
+        if not within(path, self.sysfs_root):
+            raise BackendError(
+                f"clock file {path} is outside the sysfs root {self.sysfs_root}",
+                file=path,
+                value=value,
+                hint=f"the clock ledger {self.ledger.path} was changed by hand or forged:"
+                " repair it",
+            )
+        kc.write(path, value)
 
     # ------------------------------------------------------------------ acquire
 
@@ -92,6 +112,14 @@ class BoardClocks:
         with self.ledger.locked() as entries:
             self._prune(entries)
             for t in plan.clocks:
+                if t.path in self.ledger.invalid:
+                    raise BackendError(
+                        f"{t.kind} {t.name} has an entry the governor cannot read:"
+                        f" {next(p for p in self.ledger.problems if repr(t.path) in p)}",
+                        file=str(self.ledger.path),
+                        hint="restore the device's clocks by hand (or reboot), then remove"
+                        " its entry from the clock ledger",
+                    )
                 held = entries.get(t.path)
                 if held is None:
                     continue
@@ -114,12 +142,14 @@ class BoardClocks:
                         " settings: stop the holder, or give both the same [clocks] entry",
                     )
             written: list[str] = []
+            joined: list[str] = []  # the devices this acquisition added the holder to
             try:
                 for t in plan.clocks:
                     held = entries.get(t.path)
                     if held is not None:
                         if holder not in held["holders"]:
                             held["holders"].append(holder)
+                            joined.append(t.path)
                         log.info("clocks.shared", device=t.name, holders=_holders(held))
                         continue
                     entry = entries[t.path] = {
@@ -137,8 +167,9 @@ class BoardClocks:
             except BaseException:
                 for path in reversed(written):
                     self._restore_entry(entries, path)
-                for t in plan.clocks:
-                    held = entries.get(t.path)
+                # only the holds this acquisition added: a re-apply's earlier hold stays
+                for path in joined:
+                    held = entries.get(path)
                     if held is not None and holder in held["holders"]:
                         held["holders"].remove(holder)
                 raise
@@ -150,7 +181,7 @@ class BoardClocks:
         for w in ordered(target, int(current_min) if current_min.isdigit() else None):
             path = os.path.join(target.path, w.file)
             before = kc.read(path)
-            kc.write(path, w.value)
+            self._write(path, w.value)
             if before != UNSUPPORTED:
                 saved.append([w.file, before])
             after = kc.read(path)
@@ -187,6 +218,9 @@ class BoardClocks:
                     continue
                 errors = self._restore_entry(entries, path)
                 if errors:
+                    # the holders stay with the failed restore: a second release (remove)
+                    # retries it, and status shows whose clock it is
+                    entry["holders"] = holders
                     problems.extend(errors)
                 else:
                     restored.append(entry["name"])
@@ -205,7 +239,8 @@ class BoardClocks:
             entry["holders"] = [h for h in before if h.get("pid") is None or self.alive(h["pid"])]
             if not entry["holders"]:
                 log.warning("clocks.stale", device=entry["name"], gone=len(before))
-                self._restore_entry(entries, path)
+                if self._restore_entry(entries, path):
+                    entry["holders"] = before  # whose it was, for status and a retry
 
     def _restore_entry(self, entries: dict[str, dict[str, Any]], path: str) -> list[str]:
         """Write back the originals in reverse order; the entry goes when all came back."""
@@ -214,7 +249,7 @@ class BoardClocks:
         for file, value in reversed(entry.get("saved", [])):
             where = os.path.join(path, file)
             try:
-                kc.write(where, value)
+                self._write(where, value)
                 after = kc.read(where)
             except GovernorError as err:
                 errors.append(str(err))
@@ -231,10 +266,10 @@ class BoardClocks:
 
 
 def main(argv: list[str]) -> int:
-    """The watchdog's restore: RUN_DIR POLICY PID (that governor died)."""
-    run_dir, policy, pid = argv
+    """The watchdog's restore: RUN_DIR POLICY PID SYSFS_ROOT (that governor died)."""
+    run_dir, policy, pid, sysfs_root = argv
     try:
-        BoardClocks(Path(run_dir)).release(policy, pid=int(pid))
+        BoardClocks(Path(run_dir), sysfs_root=sysfs_root).release(policy, pid=int(pid))
     except GovernorError as err:
         sys.stderr.write(f"governor: {err}\n")
         return 1

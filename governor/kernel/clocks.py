@@ -85,6 +85,9 @@ class ClockDevice:
     # cpufreq: the cluster's rank, as `cpu.cpus = "big"` ranks CPUs (governor/plan/host.py):
     # cpu_capacity of its CPUs when every CPU has one, else cpuinfo_max_freq
     capacity: int = 0
+    # the role files it has (ROLE_FILES' values present in its directory); None: not probed
+    # (facts from before this field)
+    files: tuple[str, ...] | None = None
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> ClockDevice:
@@ -97,6 +100,7 @@ class ClockDevice:
             governors=tuple(d.get("governors", ())),
             frequencies=tuple(d.get("frequencies", ())),
             capacity=d.get("capacity", 0),
+            files=None if d.get("files") is None else tuple(d["files"]),
         )
 
 
@@ -186,6 +190,7 @@ def _cpufreq(directory: Path) -> ClockDevice | None:
         cpus=cpus,
         governors=parse_words(_text(directory / SCALING_AVAILABLE_GOVERNORS) or ""),
         frequencies=freqs,
+        files=_role_files("cpufreq", directory),
     )
 
 
@@ -208,7 +213,13 @@ def _devfreq(link: Path) -> ClockDevice | None:
         compatible=compatible,
         governors=parse_words(_text(directory / DEVFREQ_AVAILABLE_GOVERNORS) or ""),
         frequencies=freqs,
+        files=_role_files("devfreq", directory),
     )
+
+
+def _role_files(kind: ClockKind, directory: Path) -> tuple[str, ...]:
+    """The role files ``directory`` has (a driver may lack one: no min_freq, no governor)."""
+    return tuple(f for f in ROLE_FILES[kind].values() if (directory / f).exists())
 
 
 def _ranked(sysfs: Path, policies: list[ClockDevice]) -> list[ClockDevice]:
@@ -240,6 +251,7 @@ def _fields(device: ClockDevice) -> dict[str, Any]:
         "compatible": device.compatible,
         "governors": device.governors,
         "frequencies": device.frequencies,
+        "files": device.files,
     }
 
 

@@ -247,14 +247,20 @@ class Shedder:
         return Result("shed", ok=True, after=took)
 
     def _stop_pids(self, victim: Victim) -> list[int]:
-        if victim.governed and victim.engine_pid:
-            return [victim.engine_pid]
+        """The victim's engine when its published pid runs in its cgroup now (state.json is
+        another process's file: a stale or forged pid is never signalled), else every process
+        of its cgroup."""
         try:
-            return sorted(
+            pids = sorted(
                 {p for g in (victim.cgroup, *self._below(victim.cgroup)) for p in self.fs.procs(g)}
             )
         except GovernorError:
             return []
+        if victim.governed and victim.engine_pid:
+            if victim.engine_pid in pids:
+                return [victim.engine_pid]
+            log.warning("shed.engine_pid_untrusted", victim=victim.name, pid=victim.engine_pid)
+        return pids
 
     def _below(self, cgroup: str) -> list[str]:
         out, todo = [], [cgroup]

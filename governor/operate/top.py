@@ -135,9 +135,10 @@ def batch(
     delay: float,
     iterations: int | None,
     key: str = "memory",
-    out: Callable[[str], object] = sys.stdout.write,
+    out: Callable[[str], object] | None = None,  # sys.stdout.write at the call, not import
     sleep: Callable[[float], None] = time.sleep,
 ) -> None:
+    out = out or sys.stdout.write
     frame = Frame()
     n = 0
     while iterations is None or n < iterations:

@@ -114,6 +114,18 @@ def _writes(
     setting: ClockSetting, device: ClockDevice, key: str, source: str | None
 ) -> tuple[ClockWrite, ...]:
     files = ROLE_FILES[device.kind]
+    for role in ("governor", "min", "max", "freq"):
+        if getattr(setting, role) is None or device.files is None:
+            continue
+        if role == "freq":
+            continue  # setspeed/set_freq appears once the userspace governor (required) runs
+        if files[role] not in device.files:
+            raise _refuse(
+                f"{device.kind} {device.name} has no {files[role]} file ({device.path})",
+                f"{key}.{role}",
+                source,
+                hint=f"this board's driver does not offer it: drop clocks.{key}.{role}",
+            )
     out: list[ClockWrite] = []
     if setting.governor is not None:
         if setting.governor not in device.governors:

@@ -26,6 +26,7 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import json
+import math
 import os
 import time
 from collections.abc import Callable, Iterator
@@ -38,29 +39,114 @@ CHANGING = ("tune", "rollback", "monitor")  # the sources whose entries change a
 SHED_HOLDS = {"throttle": "throttled", "freeze": "frozen", "stop": "stopped", "kill": "killed"}
 
 
+def _int(v: Any) -> bool:
+    return type(v) is int
+
+
+def _num(v: Any) -> bool:
+    return type(v) in (int, float) and math.isfinite(v)
+
+
+def _value(v: Any) -> bool:  # a file's value as the kernel reads it (None: the file was missing)
+    return v is None or isinstance(v, str) or _num(v)
+
+
+def _cgroup(v: Any) -> bool:  # relative to the cgroup root, no ., .. or empty component
+    return (
+        isinstance(v, str) and "\0" not in v and all(p not in ("", ".", "..") for p in v.split("/"))
+    )
+
+
+def _file(v: Any) -> bool:  # a kernel file's bare name (rollback writes it back)
+    return isinstance(v, str) and v not in ("", ".", "..") and "/" not in v and "\0" not in v
+
+
+def _ids(v: Any) -> bool:
+    return isinstance(v, list) and all(_int(i) for i in v)
+
+
+_OPTIONAL: dict[str, Callable[[Any], bool]] = {
+    "confirms": _ids,
+    "undoes": _ids,
+    "confirm_by": lambda v: v is None or _num(v),
+    "reverter_pid": lambda v: v is None or (_int(v) and v > 0),
+    "pid": lambda v: v is None or (_int(v) and v > 0),
+    "by": lambda v: v is None or isinstance(v, str),
+    "step": lambda v: v is None or isinstance(v, str),
+    "when": lambda v: v is None or isinstance(v, str),
+}
+
+
+def check_entry(entry: Any) -> str | None:
+    """None when ``entry`` is a journal entry as :meth:`Journal.append` writes it; else what is
+    wrong with it (THE check every reader of the journal goes through)."""
+    if not isinstance(entry, dict):
+        return "not a JSON object"
+    if not (_int(entry.get("id")) and entry["id"] > 0):
+        return f"id {entry.get('id')!r} is not a positive integer"
+    if not _num(entry.get("time")):
+        return f"time {entry.get('time')!r} is not a number"
+    if not isinstance(entry.get("source"), str):
+        return f"source {entry.get('source')!r} is not a string"
+    changes = entry.get("changes")
+    if not isinstance(changes, list):
+        return "changes is not a list"
+    for ch in changes:
+        if not (
+            isinstance(ch, dict)
+            and _cgroup(ch.get("cgroup"))
+            and _file(ch.get("file"))
+            and _value(ch.get("before"))
+            and _value(ch.get("after"))
+        ):
+            return f"change {str(ch)[:60]!r} is not {{cgroup, file, before, after}}"
+    for key, check in _OPTIONAL.items():
+        if key in entry and not check(entry[key]):
+            return f"{key} {str(entry[key])[:40]!r} is not what a governor writes"
+    return None
+
+
 class Journal:
     def __init__(self, directory: Path) -> None:
         self.dir = directory
         self.path = directory / JOURNAL_FILE
+        self.problems: list[str] = []  # the lines the last read skipped, and why
 
     def entries(self) -> list[dict[str, Any]]:
+        """THE reader of the journal: every valid entry in order; a line that is not one
+        (truncated, not JSON, not UTF-8, wrong types: :func:`check_entry`) is skipped with its
+        problem in :attr:`problems`, never hiding the others."""
         out: list[dict[str, Any]] = []
+        problems: list[str] = []
         try:
-            text = self.path.read_text()
+            raw = self.path.read_bytes()
         except OSError:
+            self.problems = problems
             return out
-        for line in text.splitlines():
-            with contextlib.suppress(ValueError):
-                entry = json.loads(line)
-                if isinstance(entry, dict) and "id" in entry:
-                    out.append(entry)
+        for n, line in enumerate(raw.splitlines(), 1):
+            if not line.strip():
+                continue
+            try:
+                entry = json.loads(line.decode("utf-8"))
+            except UnicodeDecodeError:
+                problems.append(f"{self.path}:{n}: not UTF-8")
+                continue
+            except ValueError:
+                problems.append(f"{self.path}:{n}: not JSON")
+                continue
+            problem = check_entry(entry)
+            if problem is not None:
+                problems.append(f"{self.path}:{n}: {problem}")
+                continue
+            out.append(entry)
+        self.problems = problems
         return out
 
     def append(self, source: str, changes: list[dict[str, Any]], **extra: Any) -> dict[str, Any]:
         """One entry for ``changes``; returns it (with its id)."""
         entries = self.entries()
         entry = {
-            "id": (entries[-1]["id"] + 1) if entries else 1,
+            "id": max((e["id"] for e in entries), default=0) + 1,
             "time": round(time.time(), 3),
             "source": source,
             "changes": changes,

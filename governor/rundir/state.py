@@ -15,13 +15,15 @@ from __future__ import annotations
 
 import contextlib
 import json
+import math
 import os
 import threading
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
 from governor.errors import PolicyNotFound
+from governor.plan.model import Plan
 from governor.record import field, fields, record
 
 STATE_FILE = "state.json"
@@ -112,6 +114,130 @@ _WHEN_SET = frozenset({"created", "systemd", "kept_by"})
 _REQUIRED = _KEYS["apply"][:10]  # what every writer sets (the fields without a default)
 
 
+# ------------------------------------------------------------------ the one validating reader
+# Another process wrote the file (or a crash, a full disk, a hand): every value a reader uses is
+# checked here, once, so that status, top, metrics, tune, rollback, prune and a running shedder
+# see a typed RunState or a clear error for THAT file, never a traceback, never a blind spot
+# for the other slices.
+
+
+def _is_int(v: Any) -> bool:
+    return type(v) is int
+
+
+def _is_num(v: Any) -> bool:
+    return type(v) in (int, float) and math.isfinite(v)
+
+
+def _opt(check: Callable[[Any], bool]) -> Callable[[Any], bool]:
+    return lambda v: v is None or check(v)
+
+
+def _list_of(check: Callable[[Any], bool]) -> Callable[[Any], bool]:
+    return lambda v: isinstance(v, list) and all(check(x) for x in v)
+
+
+def _has(**keys: Callable[[Any], bool]) -> Callable[[Any], bool]:
+    """A dict whose ``keys`` (when present) pass their check."""
+    return lambda v: (
+        isinstance(v, dict) and all(k not in v or check(v[k]) for k, check in keys.items())
+    )
+
+
+def _str(v: Any) -> bool:
+    return isinstance(v, str)
+
+
+def _pid(v: Any) -> bool:
+    return _is_int(v) and v > 0
+
+
+_RULE = _has(
+    rule=_is_int, when=_str, state=_str, fired=_is_int, next_actions=_list_of(_str),
+    since=_opt(_is_num), last_fired=_opt(_is_num), hold_until=_opt(_is_num),
+    cooldown_until=_opt(_is_num),
+)  # fmt: skip
+_FIRING = _has(rule=_is_int, when=_str, at=_opt(_is_num), actions=_list_of(_has(action=_str)))
+_TYPES: dict[str, Callable[[Any], bool]] = {
+    "policy": lambda v: isinstance(v, str) and bool(v) and "/" not in v and v not in (".", ".."),
+    "source": lambda v: isinstance(v, str) and v in _KEYS,
+    "policy_path": _opt(_str),
+    "pid": _opt(_pid),
+    "started_at": _is_num,
+    "backend": _opt(_str),
+    "cgroup_root": _str,
+    "group": _str,
+    "leaf": _str,
+    "plan": lambda v: isinstance(v, dict),
+    "policy_sha256": _opt(_str),
+    "engine_pid": _opt(_pid),
+    "restarts": lambda v: _is_int(v) and v >= 0,
+    "model_bytes": _opt(_is_int),
+    "rules": _list_of(_RULE),
+    "last_actions": _list_of(_FIRING),
+    "action_totals": _list_of(_has(rule=_is_int, action=_str, count=_is_int)),
+    "model": _opt(lambda v: isinstance(v, dict)),
+    "prefetch_files": _list_of(_str),
+    "systemd": _opt(_has(unit=_str)),
+    "created": _opt(_list_of(_str)),
+    "kept_by": _opt(_str),
+    "ready": _opt(lambda v: isinstance(v, bool)),
+    "board": _opt(lambda v: isinstance(v, dict) and all(_is_int(x) for x in v.values())),
+    "qos": _opt(_has(**{"class": _str, "yield": _list_of(_str)})),
+    "shed_totals": _list_of(_has(victim=_str, step=_str, count=_is_int)),
+}
+
+
+class StateError(ValueError):
+    """One state file that is not a state: ``path`` and what is wrong with it."""
+
+    def __init__(self, path: Path, problem: str) -> None:
+        super().__init__(f"{path}: {problem}")
+        self.path = path
+        self.problem = problem
+
+
+def check_state(data: Any, name: str | None = None) -> str | None:
+    """None when ``data`` is a state as the governor writes it (published under ``name``);
+    else what is wrong with it. The plan must be one this version reads."""
+    if not isinstance(data, dict):
+        return "not a JSON object"
+    if "policy" not in data:  # a key it lacks otherwise has its default (RunState.read)
+        return "no 'policy'"
+    for key, check in _TYPES.items():
+        if key in data and not check(data[key]):
+            return f"{key} {str(data[key])[:60]!r} is not what a governor writes"
+    if name is not None and data["policy"] != name:
+        return f"policy {data['policy']!r} published under {name!r}"
+    try:
+        if "plan" in data:  # a reader that needs one skips a state without it
+            Plan.from_dict(data["plan"])
+    except (KeyError, ValueError, TypeError, AttributeError) as err:
+        return f"plan: not a plan this governor reads ({type(err).__name__}: {str(err)[:60]})"
+    return None
+
+
+def load_state(path: Path) -> dict[str, Any]:
+    """THE reader of one state.json: its object, checked (:func:`check_state`); StateError
+    (one line, this file) when it cannot be read or is not a state. FileNotFoundError passes."""
+    try:
+        raw = path.read_bytes()
+    except FileNotFoundError:
+        raise
+    except OSError as err:
+        raise StateError(path, f"cannot read it ({err.strerror})") from None
+    try:
+        data = json.loads(raw.decode("utf-8"))
+    except UnicodeDecodeError:
+        raise StateError(path, "not UTF-8") from None
+    except ValueError as err:
+        raise StateError(path, f"not JSON ({err})") from None
+    problem = check_state(data, path.parent.name)
+    if problem is not None:
+        raise StateError(path, problem)
+    return dict(data)
+
+
 def run_dir(environ: Mapping[str, str] | None = None) -> Path:
     env = os.environ if environ is None else environ
     if env.get("GOVERNOR_RUN_DIR"):
@@ -133,12 +259,12 @@ class Publisher:
         self._lock = threading.Lock()
 
     def read(self) -> dict[str, Any] | None:
-        """What is published under this name now (by anyone), None when nothing readable is."""
+        """What is published under this name now (by anyone), None when nothing readable is
+        (no file, or one that is not a state: :func:`load_state`)."""
         try:
-            state = json.loads(self.path.read_text())
-        except (OSError, ValueError):
+            return load_state(self.path)
+        except (OSError, StateError):
             return None
-        return state if isinstance(state, dict) else None
 
     def publish(self, state: RunState | Mapping[str, Any]) -> bool:
         """Atomically replace the state file; False (never raises) when it cannot be written:
@@ -222,27 +348,37 @@ def alive(pid: int | None, proc: Path = Path("/proc"), *, marker: bytes = b"gove
 REVERTER = b"governor.operate.confirm"  # the --confirm reverter's command line (governor/operate/confirm.py)
 
 
-def read_states(directory: Path, proc: Path = Path("/proc")) -> list[dict[str, Any]]:
-    """Every published state, with ``stale`` set from its pid (False for `apply`'s, which
-    have no process: they hold while the cgroup exists)."""
+def scan_states(
+    directory: Path, proc: Path = Path("/proc")
+) -> tuple[list[dict[str, Any]], list[StateError]]:
+    """Every published state (:func:`load_state`), with ``stale`` set from its pid (False for
+    `apply`'s, which have no process: they hold while the cgroup exists); and one StateError
+    per state file that is not a state (the others are read all the same)."""
     out: list[dict[str, Any]] = []
+    errors: list[StateError] = []
     try:
         names = sorted(p.name for p in directory.iterdir() if p.is_dir())
     except OSError:
-        return out
+        return out, errors
     for name in names:
         try:
-            state = json.loads((directory / name / STATE_FILE).read_text())
-        except (OSError, ValueError):
-            continue
-        if not isinstance(state, dict):
+            state = load_state(directory / name / STATE_FILE)
+        except FileNotFoundError:
+            continue  # a journal's directory, or a run that just ended
+        except StateError as err:
+            errors.append(err)
             continue
         if state.get("source") == "apply":
             state["stale"] = False
         else:
             state["stale"] = not alive(state.get("pid"), proc)
         out.append(state)
-    return out
+    return out, errors
+
+
+def read_states(directory: Path, proc: Path = Path("/proc")) -> list[dict[str, Any]]:
+    """:func:`scan_states`' states (a file that is not a state is skipped)."""
+    return scan_states(directory, proc)[0]
 
 
 def prune_stale(
@@ -265,10 +401,18 @@ def prune_stale(
 
 
 def states_of(directory: Path, name: str | None, *, hint: str) -> list[dict[str, Any]]:
-    """:func:`read_states`, only NAME's when given: PolicyNotFound (66) when it has none."""
-    states = read_states(directory)
+    """:func:`read_states`, only NAME's when given: PolicyNotFound (66) when it has none (its
+    file's problem when it has one that is not a state)."""
+    states, errors = scan_states(directory)
     if name is not None:
         states = [s for s in states if s.get("policy") == name]
         if not states:
+            bad = next((e for e in errors if e.path.parent.name == name), None)
+            if bad is not None:
+                raise PolicyNotFound(
+                    f"the state of {name} is not readable: {bad.problem} ({bad.path})",
+                    hint="its supervisor (if any) rewrites it at its next change; else move"
+                    " the file away",
+                )
             raise PolicyNotFound(f"no governed slice named {name} ({directory})", hint=hint)
     return states

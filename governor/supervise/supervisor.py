@@ -77,6 +77,7 @@ class Job:
     # the engine is ready when this URL answers 200 (READY=1 then, not at exec); None = at exec
     ready_url: str | None = None
     ready_timeout_s: float = 300.0
+    sysfs_root: str = "/sys"  # [clocks]: every clock file written resolves under it
 
 
 class Supervisor:
@@ -176,9 +177,9 @@ class Supervisor:
         from governor.backends.clocks import BoardClocks  # only for a policy with [clocks]
 
         directory = job.run_dir or run_dir()
-        clocks = self.clocks or BoardClocks(directory)
+        clocks = self.clocks or BoardClocks(directory, sysfs_root=job.sysfs_root)
         if self.watchdog is not None:
-            self.watchdog.arm_clocks(str(directory), job.plan.policy, os.getpid())
+            self.watchdog.arm_clocks(str(directory), job.plan.policy, os.getpid(), job.sysfs_root)
         clocks.acquire(job.plan, pid=os.getpid(), source="launch")
         return clocks
 

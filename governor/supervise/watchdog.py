@@ -38,13 +38,13 @@ DISARM = b"disarm\n"
 WAIT_EMPTY_S = 5  # how long to wait for "populated 0" after cgroup.kill before removing
 
 # Reads "root PATH", "thaw CGROUP", "kill CGROUP", "rmdir CGROUP", the clock lines ("clockpy",
-# "clockpath", "clockdir", "clocks POLICY PID") and the shed lines ("shedroot PATH",
+# "clockpath", "clockdir", "clocksys", "clocks POLICY PID") and the shed lines ("shedroot PATH",
 # "shed-reset" and "shed OP VALUE CGROUP" with OP thaw or high: they replace the list of shed
 # reverts, issue 23) until "disarm" (exit) or EOF (act: revert the sheds, thaw, then kill and
 # remove, then give the board's clocks back).
 _SCRIPT = r"""
 trap '' INT TERM HUP QUIT USR1 USR2 PIPE TSTP TTIN TTOU
-root= kill= thaw= state= spid= clockpy= clockpath= clockdir= clocks= shedroot= shed=
+root= kill= thaw= state= spid= clockpy= clockpath= clockdir= clocksys= clocks= shedroot= shed=
 set --
 while IFS= read -r line; do
     case $line in
@@ -61,6 +61,7 @@ while IFS= read -r line; do
         "clockpy "*) clockpy=${line#clockpy } ;;
         "clockpath "*) clockpath=${line#clockpath } ;;
         "clockdir "*) clockdir=${line#clockdir } ;;
+        "clocksys "*) clocksys=${line#clocksys } ;;
         "clocks "*) clocks=${line#clocks } ;;
     esac
 done
@@ -101,7 +102,7 @@ fi
 if [ -n "$clocks" ] && [ -n "$clockpy" ]; then
     printf '{"event": "watchdog.governor_gone", "action": "restore clocks", "holder": "%s", "level": "warning"}\n' "$clocks" >&2
     PYTHONPATH="$clockpath${PYTHONPATH:+:$PYTHONPATH}" "$clockpy" -m governor.backends.clocks \
-        "$clockdir" ${clocks% *} ${clocks#* } || rc=1
+        "$clockdir" ${clocks% *} ${clocks#* } "$clocksys" || rc=1
 fi
 exit $rc
 """
@@ -135,7 +136,7 @@ class Watchdog:
             raise ValueError(f"a cgroup path with a newline cannot be armed: {lines!r}")
         self._send(("\n".join(lines) + "\n").encode())
 
-    def arm_clocks(self, run_dir: str, policy: str, pid: int) -> None:
+    def arm_clocks(self, run_dir: str, policy: str, pid: int, sysfs_root: str) -> None:
         """From now on, the governor's death also releases its hold on the board's clocks
         (governor/backends/clocks.py, run with this interpreter after the cgroups went):
         restored when it was the last holder."""
@@ -146,6 +147,7 @@ class Watchdog:
             f"clockpy {sys.executable}",
             f"clockpath {os.path.dirname(package)}",
             f"clockdir {run_dir}",
+            f"clocksys {sysfs_root}",
             f"clocks {policy} {pid}",
         ]
         if any("\n" in line for line in lines):

@@ -26,6 +26,7 @@ from governor.plan.compiler import compile_plan
 from governor.plan.host import probe
 from governor.plan.model import Plan
 from governor.policy.loader import load_text
+from governor.rundir.clocks import Ledger
 from governor.supervise.watchdog import fork_watchdog
 
 RK3588 = Path(__file__).resolve().parents[1] / "fixtures" / "hosts" / "rk3588"
@@ -58,7 +59,7 @@ def _all_alive(_pid: int) -> bool:
 def test_acquire_sets_and_reads_back_release_restores_exactly(sysfs: Path, run: Path) -> None:
     before = snapshot(sysfs)
     plan = plan_of(sysfs, 'big = { governor = "userspace", min = "max" }\ndmc = "performance"')
-    clocks = BoardClocks(run, alive=_all_alive)
+    clocks = BoardClocks(run, sysfs_root=sysfs, alive=_all_alive)
     written = clocks.acquire(plan, pid=os.getpid(), source="launch")
     assert len(written) == 3  # policy4, policy6, dmc
     for policy in (POLICY4, POLICY6):
@@ -98,7 +99,7 @@ def test_min_and_max_go_in_the_order_the_kernel_accepts(
     sysfs: Path, run: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     _kernel_like(monkeypatch)
-    clocks = BoardClocks(run, alive=_all_alive)
+    clocks = BoardClocks(run, sysfs_root=sysfs, alive=_all_alive)
     (sysfs / POLICY0 / "scaling_max_freq").write_text("1416000\n")  # a user's cap
     up = plan_of(sysfs, 'little = { min = "max", max = "max" }')  # max first, then min
     clocks.acquire(up, pid=1, source="launch")
@@ -123,7 +124,7 @@ def test_a_write_that_does_not_stick_fails_and_restores_what_was_written(
     _kernel_like(monkeypatch, cap={capped: 1800000})
     plan = plan_of(sysfs, 'dmc = "performance"\nbig = { governor = "performance", min = "max" }')
     with pytest.raises(BackendError, match="did not stick") as err:
-        BoardClocks(run, alive=_all_alive).acquire(plan, pid=1, source="launch")
+        BoardClocks(run, sysfs_root=sysfs, alive=_all_alive).acquire(plan, pid=1, source="launch")
     assert err.value.exit_code == 71
     assert "reads back '1800000'" in str(err.value) and err.value.file == capped
     # policy4 and dmc were set and verified before policy6 failed: all of it came back
@@ -134,7 +135,7 @@ def test_a_write_that_does_not_stick_fails_and_restores_what_was_written(
 def test_a_second_policy_asking_other_clocks_is_refused_naming_the_holder(
     sysfs: Path, run: Path
 ) -> None:
-    clocks = BoardClocks(run, alive=_all_alive)
+    clocks = BoardClocks(run, sysfs_root=sysfs, alive=_all_alive)
     clocks.acquire(plan_of(sysfs, 'dmc = "performance"', "chat"), pid=4242, source="launch")
     state = snapshot(sysfs)
     other = plan_of(sysfs, 'big = "performance"\ndmc = "powersave"', "batch")
@@ -149,7 +150,7 @@ def test_a_second_policy_asking_other_clocks_is_refused_naming_the_holder(
 
 
 def test_identical_requests_share_and_the_last_holder_restores(sysfs: Path, run: Path) -> None:
-    clocks = BoardClocks(run, alive=_all_alive)
+    clocks = BoardClocks(run, sysfs_root=sysfs, alive=_all_alive)
     chat = plan_of(sysfs, 'dmc = "performance"', "chat")
     batch = plan_of(sysfs, 'dmc = "performance"', "batch")
     assert clocks.acquire(chat, pid=None, source="apply") == [str(sysfs / DMC)]
@@ -161,7 +162,7 @@ def test_identical_requests_share_and_the_last_holder_restores(sysfs: Path, run:
 
 
 def test_a_dead_holders_device_is_restored_by_the_next_acquisition(sysfs: Path, run: Path) -> None:
-    dead = BoardClocks(run, alive=lambda pid: pid != 999)
+    dead = BoardClocks(run, sysfs_root=sysfs, alive=lambda pid: pid != 999)
     dead.acquire(plan_of(sysfs, 'dmc = "performance"', "chat"), pid=999, source="launch")
     # chat's governor died with its watchdog: batch is not refused, chat's originals come back
     dead.acquire(plan_of(sysfs, 'dmc = "powersave"', "batch"), pid=5, source="launch")
@@ -178,8 +179,10 @@ def test_the_watchdog_restores_the_clocks_when_the_governor_dies(sysfs: Path, ru
         (sysfs / policy / "scaling_setspeed").write_text("<unsupported>\n")
     watchdog = fork_watchdog()
     try:
-        watchdog.arm_clocks(str(run), plan.policy, 31337)
-        BoardClocks(run, alive=_all_alive).acquire(plan, pid=31337, source="launch")
+        watchdog.arm_clocks(str(run), plan.policy, 31337, str(sysfs))
+        BoardClocks(run, sysfs_root=sysfs, alive=_all_alive).acquire(
+            plan, pid=31337, source="launch"
+        )
         assert read(sysfs, POLICY6, "scaling_setspeed") == "2352000"
     finally:
         assert watchdog.fd is not None
@@ -198,7 +201,7 @@ def test_status_and_diff_show_each_clock_file(sysfs: Path, run: Path) -> None:
     assert [r["state"] for r in oc.observe(plan, run)] == ["not held", "not held"]
     assert len(oc.drift(plan)) == 2
 
-    BoardClocks(run, alive=_all_alive).acquire(plan, pid=None, source="apply")
+    BoardClocks(run, sysfs_root=sysfs, alive=_all_alive).acquire(plan, pid=None, source="apply")
     rows = oc.observe(plan, run)
     assert [(r["key"], r["state"], r["holders"]) for r in rows] == [
         ("npu", "in sync", ["chat"]),
@@ -220,3 +223,98 @@ def test_status_and_diff_show_each_clock_file(sysfs: Path, run: Path) -> None:
         "clock", "dmc", "dmc", "governor", "performance", "dmc_ondemand", "drifted", "held",
         "by", "chat",
     ]  # fmt: skip
+
+
+def test_a_failed_restore_is_retried_by_the_next_release_and_stays_visible(
+    sysfs: Path, run: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from governor.api import operate as api_operate
+
+    clocks = BoardClocks(run, sysfs_root=sysfs, alive=_all_alive)
+    plan = plan_of(sysfs, 'dmc = "performance"')
+    clocks.acquire(plan, pid=None, source="apply")
+    real = kc.write
+
+    def refuse(path: str, value: str) -> None:
+        raise kc._translate(OSError(errno.EBUSY, "Device or resource busy"), "write", path, value)
+
+    monkeypatch.setattr(kc, "write", refuse)
+    with pytest.raises(BackendError, match="clock restore failed"):
+        clocks.release("chat", pid=ANY_PID)
+    entry = ledger(run)[str(sysfs / DMC)]
+    assert [h["policy"] for h in entry["holders"]] == ["chat"] and entry["failed"]
+    rows = oc.observe(plan, run)
+    assert rows[0]["holders"] == ["chat"] and rows[0]["restore_failed"]
+    assert any("NOT restored" in line for line in oc.render(rows))
+    monkeypatch.setenv("GOVERNOR_RUN_DIR", str(run))  # no slice left to show it: status says it
+    assert api_operate.status(None) == []
+    assert "governor: clock dmc NOT restored (held by chat): " in capsys.readouterr().err
+
+    with pytest.raises(BackendError, match="clock restore failed"):  # tried again, not "done"
+        clocks.release("chat", pid=ANY_PID)
+    monkeypatch.setattr(kc, "write", real)
+    assert clocks.release("chat", pid=ANY_PID) == ["dmc"]
+    assert read(sysfs, DMC, "governor") == "dmc_ondemand"
+    assert ledger(run) == {}
+
+
+def _forge(run: Path, devices: dict[str, Any]) -> str:
+    run.mkdir(parents=True, exist_ok=True)
+    text = json.dumps({"format": 1, "devices": devices})
+    (run / "clocks.json").write_text(text)
+    return text
+
+
+def test_a_forged_ledger_cannot_make_an_acquisition_write_outside_the_sysfs_root(
+    sysfs: Path, run: Path, tmp_path: Path
+) -> None:
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (outside / "governor").write_text("mine\n")
+    (outside / "min_freq").write_text("1\n")
+    dead = [{"policy": "ghost", "pid": 999999, "source": "launch"}]
+    real = str(sysfs / DMC)
+    (sysfs / DMC / "max_freq").unlink()
+    (sysfs / DMC / "max_freq").symlink_to(outside / "min_freq")  # a link put in by hand
+    device = {"key": "dmc", "kind": "devfreq", "name": "dmc", "request": [], "holders": dead}
+    forged = {
+        str(outside): {**device, "path": str(outside), "saved": [["governor", "x"]]},
+        real: {**device, "path": real, "saved": [["max_freq", "7"]]},
+        str(sysfs / POLICY4): {
+            **device,
+            "kind": "cpufreq",
+            "path": str(sysfs / POLICY4),
+            "saved": [["../../../../../outside/governor", "x"]],
+        },
+    }
+    _forge(run, forged)
+    clocks = BoardClocks(run, sysfs_root=sysfs, alive=lambda pid: pid != 999999)
+    clocks.acquire(plan_of(sysfs, 'little = "performance"'), pid=5, source="launch")
+    assert (outside / "governor").read_text() == "mine\n"
+    assert (outside / "min_freq").read_text() == "1\n"
+    kept = ledger(run)
+    assert kept[str(outside)] == forged[str(outside)]  # never acted on, never dropped
+    assert kept[str(sysfs / POLICY4)] == forged[str(sysfs / POLICY4)]
+    assert "outside the sysfs root" in kept[real]["failed"][0]  # the link: refused at write
+    reader = Ledger(run, sysfs)
+    reader.read()
+    assert len(reader.problems) == 2  # the outside path and the file that is not a role file
+    with pytest.raises(BackendError, match="cannot read") as err:  # a device it names: refused
+        clocks.acquire(plan_of(sysfs, 'big = "performance"'), pid=5, source="launch")
+    assert err.value.exit_code == 71 and "not a cpufreq clock file" in str(err.value)
+
+
+@pytest.mark.parametrize("text", [b'{"format": 1, "devi', b"\xff\xfe", b"[1, 2]", b"null"])
+def test_a_ledger_that_is_not_one_is_refused_and_kept(sysfs: Path, run: Path, text: bytes) -> None:
+    run.mkdir()
+    (run / "clocks.json").write_bytes(text)
+    clocks = BoardClocks(run, sysfs_root=sysfs, alive=_all_alive)
+    with pytest.raises(BackendError, match="not a ledger") as err:
+        clocks.acquire(plan_of(sysfs, 'dmc = "performance"'), pid=5, source="launch")
+    assert err.value.exit_code == 71
+    assert (run / "clocks.json").read_bytes() == text
+    assert read(sysfs, DMC, "governor") == "dmc_ondemand"
+    reader = Ledger(run)
+    assert reader.read() == {} and "not a ledger" in reader.problems[0]
+    rows = oc.observe(plan_of(sysfs, 'dmc = "performance"'), run)
+    assert rows[0]["state"] == "not held"

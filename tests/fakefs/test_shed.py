@@ -5,6 +5,7 @@ monitor takes as its baseline, the board file's ungoverned cgroups and the watch
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import signal
 from collections.abc import Iterator
@@ -573,3 +574,25 @@ def test_board_available_counts_the_page_cache_memory_min_protects_as_taken(
     # the protection covers only part of the cache: that part alone is taken off
     (group / files.MEMORY_MIN).write_text(f"{200 * MIB}\n")
     assert mon.board.available(board.fs, chat.group) == 300 * MIB
+
+
+def test_stop_never_signals_a_published_engine_pid_outside_the_victims_cgroup(
+    board: Board,
+) -> None:
+    chat = board.publish(_plan("npu-chat", CHAT), 600 * MIB)
+    job = board.publish(_plan("job", QosSpec(qos_class="background", yields=("stop",))), 9)
+    board.fs.add_process(job.leaf, 4242)
+    path = board.run / "job" / "state.json"
+    state = json.loads(path.read_text())
+    path.write_text(json.dumps({**state, "engine_pid": 1}))  # stale or forged: pid 1 is not its
+    sent: list[tuple[int, int]] = []
+    sh = board.shedder(chat, kill=lambda pid, sig: sent.append((pid, sig)))
+    assert sh.shed(CTX).after["step"] == "stop"
+    assert sent == [(4242, signal.SIGTERM)]  # the cgroup's own process, never pid 1
+
+    path.write_text(json.dumps({**state, "engine_pid": 4242}))  # its engine, in its cgroup
+    sent.clear()
+    board.fs.add_process(job.leaf, 4243)  # the engine's child: the engine passes it on
+    again = board.shedder(chat, kill=lambda pid, sig: sent.append((pid, sig)))
+    assert again.shed(CTX).after["step"] == "stop"
+    assert sent == [(4242, signal.SIGTERM)]

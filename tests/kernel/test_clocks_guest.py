@@ -2,7 +2,8 @@
 devfreq, so the clocks are a copy of the rk3588 fixture's tree on the guest's tmpfs
 (--sysfs-root); the cgroups are real. A launch with memory limits and [clocks] sets both, and
 after a SIGKILL of the governor the watchdog kills the group, removes it and restores every
-clock file exactly.
+clock file exactly. A refused re-`apply` (its [clocks] changed while the first apply holds them) kills
+nothing: the process in the slice runs on, the group and the clock ledger stay.
 
 Needs: root, cgroup2 with the memory controller, cgroup.kill (5.14), /bin/sh."""
 
@@ -66,3 +67,41 @@ def test_sigkill_of_the_governor_restores_the_clocks_and_removes_the_group(
         _, err = p.communicate(timeout=120)
     assert "restore clocks" in err
     assert not (tmp_path / "run" / "clocks.json").exists()
+
+
+def _run(argv: list[str], env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        argv, cwd=REPO, env=env, capture_output=True, text=True, timeout=240, check=False
+    )
+
+
+@pytest.mark.kernel(controllers=("memory",), root=True)
+def test_a_refused_reapply_leaves_the_running_slice_and_its_clocks(
+    tmp_path: Path, scratch_slice: ScratchSlice
+) -> None:
+    sysfs = board(tmp_path)
+    policy = tmp_path / "ra.toml"
+    body = f'name = "ra"\nslice = "{scratch_slice.name}"\n[memory]\nhigh = "64M"\n[clocks]\n'
+    policy.write_text(body + 'dmc = "performance"\n')
+    env = {**os.environ, "GOVERNOR_RUN_DIR": str(tmp_path / "run")}
+    argv = [sys.executable, "-m", "governor", "--sysfs-root", str(sysfs), "apply", str(policy)]
+    first = _run(argv, env)
+    assert first.returncode == 0, first.stderr
+    group = scratch_slice.path / "ra"
+    work = cgroups.start_in_cgroup(group / "engine", ["sleep", "300"])
+    try:
+        ledger = (tmp_path / "run" / "clocks.json").read_text()
+        state = (tmp_path / "run" / "ra" / "state.json").read_text()
+        policy.write_text(body.replace("64M", "32M") + 'dmc = "powersave"\n')
+        again = _run(argv, env)
+        assert again.returncode == 65, again.stderr
+        assert "held by policy ra (governor apply)" in again.stderr
+        assert work.poll() is None, "the refused apply killed the slice's process"
+        assert cgroups.pids(group / "engine") == [work.pid]
+        assert cgroups.read(group / "memory.high") == str(64 << 20)  # its write rolled back
+        assert read(sysfs, DMC, "governor") == "performance"
+        assert (tmp_path / "run" / "clocks.json").read_text() == ledger
+        assert (tmp_path / "run" / "ra" / "state.json").read_text() == state
+    finally:
+        work.kill()
+        work.wait()

@@ -10,7 +10,7 @@ import shutil
 from pathlib import Path
 
 import pytest
-from helpers.clocks import DMC, FIXTURE_SYS, POLICY0, POLICY4, POLICY6
+from helpers.clocks import DMC, FIXTURE_SYS, NPU, POLICY0, POLICY4, POLICY6
 
 from governor.errors import PolicyError
 from governor.plan.compiler import compile_plan
@@ -155,3 +155,31 @@ def test_the_policy_language_refuses_malformed_clocks(body: str, says: str) -> N
         load_text(f'name = "clk"\n[clocks]\n{body}\n', source="clk.toml")
     assert err.value.exit_code == 65
     assert (err.value.field or "").startswith("clocks.")
+
+
+@pytest.mark.parametrize(
+    ("device", "file", "body", "field"),
+    [
+        (DMC, "min_freq", 'dmc = { min = "max" }', "clocks.dmc.min"),
+        (NPU, "max_freq", 'npu = { max = "max" }', "clocks.npu.max"),
+        (POLICY4, "scaling_max_freq", 'big = { max = "min" }', "clocks.big.max"),
+        (POLICY0, "scaling_governor", 'little = "performance"', "clocks.little.governor"),
+    ],
+)
+def test_a_key_whose_device_lacks_the_role_file_is_refused_naming_it(
+    tmp_path: Path, device: str, file: str, body: str, field: str
+) -> None:
+    root = tmp_path / "rk3588"
+    shutil.copytree(RK3588, root, symlinks=True)
+    (root / "sys" / device / file).unlink(missing_ok=True)
+    with pytest.raises(PolicyError) as err:
+        _plan(body, probe(root))
+    assert err.value.exit_code == 65 and err.value.field == field
+    assert f"has no {file} file" in str(err.value)
+
+
+def test_userspace_with_freq_needs_no_setspeed_file_before_the_governor_runs(
+    board: HostFacts,
+) -> None:
+    plan = _plan('big = { governor = "userspace", freq = "max" }', board)
+    assert ("scaling_setspeed", "2352000") in [(w.file, w.value) for w in plan.clocks[0].writes]
