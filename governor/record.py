@@ -16,7 +16,8 @@ checkers see a dataclass (``typing.dataclass_transform``).
 
 from __future__ import annotations
 
-from typing import Any, TypeVar, dataclass_transform, overload
+import sys
+from typing import Any, Literal, TypeVar, dataclass_transform, overload
 
 _MISSING: Any = object()
 T = TypeVar("T")
@@ -197,3 +198,82 @@ def asdict(obj: Any) -> Any:
     if isinstance(obj, dict):
         return {k: asdict(v) for k, v in obj.items()}
     return obj
+
+
+def check_types(obj: Any, where: str = "") -> None:
+    """TypeError naming the field when a field of the record ``obj`` (recursively) holds what
+    its annotation does not allow. Checked: str, int, float (an int too), bool, None, Literal,
+    ``tuple[X, ...]``, ``dict[str, str]``, records and Literal aliases of the record's module,
+    and unions of these; any other annotation is taken as it is. For records read from a file
+    another process may write (a state's plan): a value of the wrong type must be refused where
+    the file is read, not crash the reader that uses it."""
+    cls: Any = type(obj)
+    namespace = vars(sys.modules[cls.__module__])
+    for f in cls.__record_fields__:
+        spec = _annotation(cls, f.name)
+        value = getattr(obj, f.name)
+        if spec is not None and not _fits(value, spec, namespace, f"{where}{f.name}"):
+            raise TypeError(f"{where}{f.name}: {str(value)[:40]!r} is not {spec}")
+
+
+def _annotation(cls: Any, name: str) -> str | None:
+    for base in cls.__mro__:
+        spec = vars(base).get("__annotations__", {}).get(name)
+        if spec is not None:
+            return spec if isinstance(spec, str) else None
+    return None
+
+
+def _split(spec: str, sep: str) -> list[str]:
+    """``spec`` split at ``sep`` outside brackets."""
+    parts, depth, start = [], 0, 0
+    for i, ch in enumerate(spec):
+        depth += (ch == "[") - (ch == "]")
+        if ch == sep and depth == 0:
+            parts.append(spec[start:i].strip())
+            start = i + 1
+    parts.append(spec[start:].strip())
+    return parts
+
+
+def _literal(word: str) -> Any:
+    if word[:1] in "\"'":
+        return word[1:-1]
+    return int(word) if word.lstrip("-").isdigit() else word
+
+
+def _fits(value: Any, spec: str, namespace: dict[str, Any], where: str) -> bool:
+    alternatives = _split(spec, "|")
+    if len(alternatives) > 1:
+        return any(_fits(value, a, namespace, where) for a in alternatives)
+    if spec == "None":
+        return value is None
+    if spec == "str":
+        return isinstance(value, str)
+    if spec == "bool":
+        return isinstance(value, bool)
+    if spec == "int":
+        return isinstance(value, int) and not isinstance(value, bool)
+    if spec == "float":
+        return isinstance(value, (int, float)) and not isinstance(value, bool)
+    if spec.startswith("Literal[") and spec.endswith("]"):
+        return value in [_literal(w) for w in _split(spec[8:-1], ",")]
+    if spec.startswith("tuple[") and spec.endswith(", ...]"):
+        inner = spec[6:-6]
+        return isinstance(value, tuple) and all(
+            _fits(v, inner, namespace, f"{where}[{i}]") for i, v in enumerate(value)
+        )
+    if spec == "dict[str, str]":
+        return isinstance(value, dict) and all(
+            isinstance(k, str) and isinstance(v, str) for k, v in value.items()
+        )
+    target = namespace.get(spec)
+    if isinstance(target, type) and is_record(target):
+        if not isinstance(value, target):
+            return False
+        check_types(value, f"{where}.")
+        return True
+    args = getattr(target, "__args__", None)
+    if args is not None and getattr(target, "__origin__", None) is Literal:
+        return value in args
+    return True  # an annotation this check does not read

@@ -70,7 +70,7 @@ def check_entry(key: Any, entry: Any, sysfs_root: str | None) -> str | None:
     if entry.get("path") != key:
         return f"its path {entry.get('path')!r} is not its key"
     kind = entry.get("kind")
-    if kind not in _FILES:
+    if not isinstance(kind, str) or kind not in _FILES:
         return f"kind {kind!r} is neither cpufreq nor devfreq"
     for name in ("key", "name"):
         if not isinstance(entry.get(name), str):

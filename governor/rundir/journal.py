@@ -43,12 +43,14 @@ def _int(v: Any) -> bool:
     return type(v) is int
 
 
-def _num(v: Any) -> bool:
-    return type(v) in (int, float) and math.isfinite(v)
+def is_number(v: Any) -> bool:
+    """A number a governor writes in its run-dir files (a time, a count, a size): an int in
+    64 bits or a finite float; json reads an int of any length, which no float holds."""
+    return (type(v) is int and abs(v) < 2**63) or (type(v) is float and math.isfinite(v))
 
 
 def _value(v: Any) -> bool:  # a file's value as the kernel reads it (None: the file was missing)
-    return v is None or isinstance(v, str) or _num(v)
+    return v is None or isinstance(v, str) or is_number(v)
 
 
 def _cgroup(v: Any) -> bool:  # relative to the cgroup root, no ., .. or empty component
@@ -68,7 +70,7 @@ def _ids(v: Any) -> bool:
 _OPTIONAL: dict[str, Callable[[Any], bool]] = {
     "confirms": _ids,
     "undoes": _ids,
-    "confirm_by": lambda v: v is None or _num(v),
+    "confirm_by": lambda v: v is None or is_number(v),
     "reverter_pid": lambda v: v is None or (_int(v) and v > 0),
     "pid": lambda v: v is None or (_int(v) and v > 0),
     "by": lambda v: v is None or isinstance(v, str),
@@ -84,7 +86,7 @@ def check_entry(entry: Any) -> str | None:
         return "not a JSON object"
     if not (_int(entry.get("id")) and entry["id"] > 0):
         return f"id {entry.get('id')!r} is not a positive integer"
-    if not _num(entry.get("time")):
+    if not is_number(entry.get("time")):
         return f"time {entry.get('time')!r} is not a number"
     if not isinstance(entry.get("source"), str):
         return f"source {entry.get('source')!r} is not a string"

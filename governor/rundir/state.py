@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import math
 import os
 import threading
 from collections.abc import Callable, Mapping
@@ -24,7 +23,8 @@ from typing import Any
 
 from governor.errors import PolicyNotFound
 from governor.plan.model import Plan
-from governor.record import field, fields, record
+from governor.record import check_types, field, fields, record
+from governor.rundir.journal import is_number
 
 STATE_FILE = "state.json"
 FORMAT = 1
@@ -125,10 +125,6 @@ def _is_int(v: Any) -> bool:
     return type(v) is int
 
 
-def _is_num(v: Any) -> bool:
-    return type(v) in (int, float) and math.isfinite(v)
-
-
 def _opt(check: Callable[[Any], bool]) -> Callable[[Any], bool]:
     return lambda v: v is None or check(v)
 
@@ -154,16 +150,16 @@ def _pid(v: Any) -> bool:
 
 _RULE = _has(
     rule=_is_int, when=_str, state=_str, fired=_is_int, next_actions=_list_of(_str),
-    since=_opt(_is_num), last_fired=_opt(_is_num), hold_until=_opt(_is_num),
-    cooldown_until=_opt(_is_num),
+    since=_opt(is_number), last_fired=_opt(is_number), hold_until=_opt(is_number),
+    cooldown_until=_opt(is_number),
 )  # fmt: skip
-_FIRING = _has(rule=_is_int, when=_str, at=_opt(_is_num), actions=_list_of(_has(action=_str)))
+_FIRING = _has(rule=_is_int, when=_str, at=_opt(is_number), actions=_list_of(_has(action=_str)))
 _TYPES: dict[str, Callable[[Any], bool]] = {
     "policy": lambda v: isinstance(v, str) and bool(v) and "/" not in v and v not in (".", ".."),
     "source": lambda v: isinstance(v, str) and v in _KEYS,
     "policy_path": _opt(_str),
     "pid": _opt(_pid),
-    "started_at": _is_num,
+    "started_at": is_number,
     "backend": _opt(_str),
     "cgroup_root": _str,
     "group": _str,
@@ -211,7 +207,7 @@ def check_state(data: Any, name: str | None = None) -> str | None:
         return f"policy {data['policy']!r} published under {name!r}"
     try:
         if "plan" in data:  # a reader that needs one skips a state without it
-            Plan.from_dict(data["plan"])
+            check_types(Plan.from_dict(data["plan"]))
     except (KeyError, ValueError, TypeError, AttributeError) as err:
         return f"plan: not a plan this governor reads ({type(err).__name__}: {str(err)[:60]})"
     return None
