@@ -2,9 +2,20 @@
 
 from __future__ import annotations
 
+import re
+from typing import Literal
+
 import pytest
 
-from governor.record import FrozenRecordError, asdict, field, fields, record, replace
+from governor.record import (
+    FrozenRecordError,
+    asdict,
+    check_types,
+    field,
+    fields,
+    record,
+    replace,
+)
 
 
 @record(frozen=True)
@@ -80,3 +91,32 @@ def test_replace_asdict_and_repr() -> None:
     with pytest.raises(ValueError, match="not set by __init__"):
         replace(Counter("a"), total=3)
     assert Point(1) != (1, 0, ())  # type: ignore[comparison-overlap]  # not equal to a tuple
+
+
+Mode = Literal["a", "b"]
+
+
+@record(frozen=True)
+class Typed:
+    line: Line
+    mode: Mode
+    name: str | None = None
+    ratio: float = 0.0
+    env: dict[str, str] = field(default_factory=dict)
+
+
+def test_check_types_names_the_field_that_holds_another_type() -> None:
+    good = Typed(Line(Point(1), Point(2, 3, ("t",))), "a", "n", 1, {"k": "v"})
+    check_types(good)  # an int where a float is annotated is a number all the same
+    bad = {
+        "line.b.x": Typed(Line(Point(1), Point("2")), "a"),  # type: ignore[arg-type]
+        "line.a.tags": Typed(Line(Point(1, 0, (3,)), Point(2)), "a"),  # type: ignore[arg-type]
+        "mode": Typed(Line(Point(1), Point(2)), "c"),  # type: ignore[arg-type]
+        "name": Typed(Line(Point(1), Point(2)), "a", 0),  # type: ignore[arg-type]
+        "ratio": Typed(Line(Point(1), Point(2)), "a", None, True),
+        "env": Typed(Line(Point(1), Point(2)), "a", None, 0.0, {"k": 1}),  # type: ignore[dict-item]
+        "line": Typed((1, 2), "a"),  # type: ignore[arg-type]
+    }
+    for where, value in bad.items():
+        with pytest.raises(TypeError, match=rf"^{re.escape(where)}: "):
+            check_types(value)
