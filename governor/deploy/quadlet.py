@@ -17,7 +17,7 @@ from governor.plan.unitmap import policy_slice, split
 
 
 def _volume_dirs(work: Workload) -> list[str]:
-    return [d for _, d in volumes(work)]
+    return [d for _, d, _type in volumes(work)]
 
 
 def render(plan: Plan, work: Workload, systemd_version: int) -> str:
