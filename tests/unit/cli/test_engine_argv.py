@@ -179,3 +179,19 @@ def test_render_k8s_escapes_dollar_for_the_kubelet(
     c = yaml.safe_load(out)["spec"]["containers"][0]
     assert c["args"][-4:] == ["--api-key", "$$(SECRET)", "-p", "$$$$ $$"]
     assert {"name": "GREETING", "value": "$$(HOME) costs $$$$5"} in c["env"]
+
+
+def test_render_quadlet_keeps_dollar_and_percent_literal_in_exec(
+    capsys: pytest.CaptureFixture[str], server_policy: Path
+) -> None:
+    """Quadlet copies Exec= into the service's ExecStart=, where systemd expands $VAR and %
+    specifiers (podman#25047): both are doubled, as in `governor install`."""
+    argv = ["/opt/llama/llama-server", "-m", "/q4.gguf", "-c", "1024", "--cache-ram", "256"]
+    code, out, err = run(
+        capsys, "--root", RK3588, "render", "quadlet", str(server_policy), "--", *argv,
+        "--api-key", "$SECRET", "-p", "100%",
+    )  # fmt: skip
+    assert code == 0, err
+    (line,) = [ln for ln in out.splitlines() if ln.startswith("Exec=")]
+    assert line.endswith(' --api-key "$$SECRET" -p 100%%'), line
+    assert "Volume=/q4.gguf:/q4.gguf:ro" in out.splitlines()  # the file, never the host's /
