@@ -24,10 +24,10 @@ from __future__ import annotations
 import json
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from pathlib import PurePosixPath
 from typing import Literal
 from urllib.parse import urlsplit
 
+from governor.deploy.mounts import Mount, host_mounts
 from governor.kernel.parse import parse_cpulist
 from governor.plan.model import Plan
 
@@ -314,50 +314,9 @@ def kubelet_literal(value: str) -> str:
     return value.replace("$", "$$")
 
 
-# directories of the host that a hostPath never mounts whole (over the image's own, or the
-# host's root itself): the file the argv names is mounted alone instead
-SYSTEM_DIRS = frozenset(
-    ["/", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/usr", "/usr/bin", "/usr/sbin",
-     "/usr/lib", "/usr/local", "/usr/local/bin", "/usr/local/sbin", "/usr/local/lib", "/etc",
-     "/var", "/var/lib", "/run", "/tmp", "/proc", "/sys", "/dev", "/boot", "/root", "/home",
-     "/opt", "/srv", "/mnt", "/media"]
-)  # fmt: skip
-Mount = tuple[str, str, str]  # (volume name, host path = mount path, hostPath type)
-
-
-def host_path(path: str, what: str) -> PurePosixPath:
-    """``path`` from the argv as a hostPath: absolute, no ``..`` (the container resolves it
-    against its own tree, where the directories it climbs out of need not exist), ``.`` and
-    repeated slashes removed (PurePosixPath; a leading ``//`` too)."""
-    from governor.errors import PolicyError
-
-    if not path.startswith("/") or ".." in path.split("/"):
-        raise PolicyError(
-            f"{what} {path[:80]!r} cannot be a hostPath: it must be absolute, without '..'",
-            file="engine argv",
-            field=what,
-            hint="name the file by its absolute path on the board, e.g. -m /models/q4.gguf",
-        )
-    return PurePosixPath("/" + path.lstrip("/"))
-
-
 def volumes(work: Workload) -> list[Mount]:
-    """The hostPath volumes, each mounted at its own path: the directory of the model (every
-    part of a split GGUF, work.models) and of an absolute engine binary; a file alone when its
-    directory is one of :data:`SYSTEM_DIRS` (``-m /q4.gguf`` never mounts the host's ``/``)."""
-    files: list[tuple[str, PurePosixPath]] = [
-        ("model", host_path(m, "-m/--model")) for m in (work.models or (work.model,)) if m
-    ]
-    if work.argv and work.argv[0].startswith("/"):
-        files.append(("engine", host_path(work.argv[0], "engine program")))
-    out: list[Mount] = []
-    for name, file in files:
-        parent = str(file.parent)
-        mount = (str(file), "File") if parent in SYSTEM_DIRS else (parent, "Directory")
-        if mount[0] not in {m[1] for m in out}:
-            taken = sum(1 for m in out if m[0].partition("-")[0] == name)
-            out.append((f"{name}-{taken}" if taken else name, *mount))
-    return out
+    """The hostPath volumes of the engine's model (every part) and absolute binary."""
+    return host_mounts(work.argv, work.models or ((work.model,) if work.model else ()))
 
 
 def _probe(url: str, indent: str, *, startup_s: float | None) -> list[str]:
