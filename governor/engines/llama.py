@@ -272,7 +272,9 @@ def _env_flags(env: Mapping[str, str], flags: set[str]) -> None:
 def _check_server_values(values: dict[str, str]) -> None:
     """What llama-server refuses at start (tools/common/arg.cpp) or cannot run with, said
     before anything starts: -np 0, --host without an address, a --port that is no TCP port
-    (the supervisor probes /health there), -b 0 (nothing could be decoded)."""
+    (the supervisor probes /health there; llama-server takes 99999 and logs "listening on
+    http://127.0.0.1:99999"),
+    -b 0 (llama-context.cpp aborts: GGML_ASSERT on n_outputs_max, measured on this build)."""
     if parse_int(values.get("parallel", "")) == 0:
         raise EngineArgvError(
             "engine option -np/--parallel is 0: llama-server refuses it", option="-np/--parallel"
@@ -283,7 +285,7 @@ def _check_server_values(values: dict[str, str]) -> None:
         raise EngineArgvError(f"engine option --port {why}", option="--port")
     if parse_int(values.get("batch", "")) == 0:
         raise EngineArgvError(
-            "engine option -b/--batch-size is 0: llama.cpp decodes nothing with it",
+            "engine option -b/--batch-size is 0: llama.cpp aborts on it (GGML_ASSERT)",
             option="-b/--batch-size",
         )
 
