@@ -65,6 +65,12 @@ def estimate(model: Path, opts: HostOptions, eopts: EstimateOptions) -> Any:
     # --engine-argv is options only, or the whole command line starting with the program
     # (llama-server: its slots and prompt cache count)
     words = list(eopts.engine_argv)
+    if "--" in words:  # llama.cpp would read no option after it: -m and -c below included
+        raise PolicyError(
+            "--engine-argv holds '--': the engine's options would end there",
+            file="--engine-argv",
+            hint="give only the engine's options, e.g. --engine-argv '-nr -ub 128'",
+        )
     program = words.pop(0) if words and not words[0].startswith("-") else "llama"
     argv = [program, *words, "-m", str(model)]
     if eopts.ctx is not None:

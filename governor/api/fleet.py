@@ -30,6 +30,7 @@ def render(
     force: bool = False,
 ) -> str:
     from governor.deploy import k8s, quadlet
+    from governor.engines.llama import model_parts
     from governor.engines.preflight import engine_args
     from governor.errors import UsageError
 
@@ -53,6 +54,7 @@ def render(
     work = k8s.Workload(
         argv=tuple(engine),
         model=args.model if args is not None else None,
+        models=tuple(str(m) for m in model_parts(args.model)) if args and args.model else (),
         ready_url=ready,
         listen_host=args.host if args is not None else None,
         estimate_bytes=estimate,

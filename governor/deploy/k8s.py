@@ -9,8 +9,10 @@ every other policy field becomes a YAML comment saying what to use instead.
   limits.memory: memory.max. A request coupled to the limit is what made LLMKube's OOM loops.
 - cpu: cpu.max as millicores, at most the number of CPUs in cpu.cpus; requests = limits.
 - the QoS class those yield and why (Guaranteed is what the static CPU manager pins cores for).
-- the engine argv byte for byte; the model's directory (and an absolute engine binary's) as
-  read-only hostPath volumes at the same paths; a readiness and a startup probe on the ready URL
+- the engine argv byte for byte (every ``$`` doubled: the kubelet expands ``$(VAR)``); the
+  model's directory (and an absolute engine binary's) as read-only hostPath volumes at the same
+  paths, normalised, never ``/`` or a system directory (then the file alone), and a path with
+  ``..`` or a relative one refused; a readiness and a startup probe on the ready URL
   (llama-server's /health); resizePolicy NotRequired for live tunes (in-place resize).
 
 The YAML is written by hand (comments are the point, and no YAML library is a dependency):
@@ -22,10 +24,10 @@ from __future__ import annotations
 import json
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from pathlib import PurePosixPath
 from typing import Literal
 from urllib.parse import urlsplit
 
+from governor.deploy.mounts import Mount, host_mounts
 from governor.kernel.parse import parse_cpulist
 from governor.plan.model import Plan
 
@@ -43,6 +45,7 @@ class Workload:
 
     argv: tuple[str, ...]
     model: str | None = None  # the -m path (llama.cpp)
+    models: tuple[str, ...] = ()  # every part of a split GGUF (default: model alone)
     ready_url: str | None = None  # engine.ready, or llama-server's /health from --host/--port
     listen_host: str | None = None  # llama-server --host (None: its default, loopback)
     estimate_bytes: int | None = None  # the GGUF estimate of this argv
@@ -304,16 +307,16 @@ def _s(value: str) -> str:
     return json.dumps(value)
 
 
-def volumes(work: Workload) -> list[tuple[str, str]]:
-    """(name, directory) of the hostPath volumes: the model's directory, the engine binary's."""
-    out: list[tuple[str, str]] = []
-    if work.model:
-        out.append(("model", str(PurePosixPath(work.model).parent)))
-    if work.argv and work.argv[0].startswith("/"):
-        engine_dir = str(PurePosixPath(work.argv[0]).parent)
-        if engine_dir not in {d for _, d in out}:
-            out.append(("engine", engine_dir))
-    return out
+def kubelet_literal(value: str) -> str:
+    """A command, args or env value the kubelet passes as it is: it expands ``$(VAR)`` there
+    and reads ``$$`` as one ``$`` (kubernetes third_party/forked/golang/expansion), so every
+    ``$`` is doubled: the engine gets the argv's bytes, ``$(HOME)`` and ``$$`` included."""
+    return value.replace("$", "$$")
+
+
+def volumes(work: Workload) -> list[Mount]:
+    """The hostPath volumes of the engine's model (every part) and absolute binary."""
+    return host_mounts(work.argv, work.models or ((work.model,) if work.model else ()))
 
 
 def _probe(url: str, indent: str, *, startup_s: float | None) -> list[str]:
@@ -333,15 +336,18 @@ def _container(plan: Plan, work: Workload, res: Resources, indent: str) -> list[
     i = indent
     lines = [f"{i}- name: {CONTAINER}", f"{i}  image: {_s(work.image)}"]
     if work.argv:
-        lines.append(f"{i}  command: [{_s(work.argv[0])}]")
+        lines.append(f"{i}  command: [{_s(kubelet_literal(work.argv[0]))}]")
         if work.argv[1:]:
             lines.append(f"{i}  args:")
-            lines += [f"{i}  - {_s(a)}" for a in work.argv[1:]]
+            lines += [f"{i}  - {_s(kubelet_literal(a))}" for a in work.argv[1:]]
     env = {**plan.launch.env, **work.env}
     if env:
         lines.append(f"{i}  env:")
         for key in sorted(env):
-            lines += [f"{i}  - name: {_s(key)}", f"{i}    value: {_s(env[key])}"]
+            lines += [
+                f"{i}  - name: {_s(key)}",
+                f"{i}    value: {_s(kubelet_literal(env[key]))}",
+            ]
     lines.append(f"{i}  resources:")
     for what, values in (("requests", res.requests), ("limits", res.limits)):
         if values:
@@ -372,7 +378,7 @@ def _container(plan: Plan, work: Workload, res: Resources, indent: str) -> list[
     mounts = volumes(work)
     if mounts:
         lines.append(f"{i}  volumeMounts:")
-        for name, path in mounts:
+        for name, path, _type in mounts:
             lines += [
                 f"{i}  - name: {name}",
                 f"{i}    mountPath: {_s(path)}",
@@ -388,12 +394,12 @@ def _pod_spec(plan: Plan, work: Workload, res: Resources, indent: str) -> list[s
     mounts = volumes(work)
     if mounts:
         lines.append(f"{i}volumes:")
-        for name, path in mounts:
+        for name, path, kind in mounts:
             lines += [
                 f"{i}- name: {name}",
                 f"{i}  hostPath:",
                 f"{i}    path: {_s(path)}",
-                f"{i}    type: Directory",
+                f"{i}    type: {kind}",
             ]
     return lines
 

@@ -10,14 +10,14 @@ systemd nor Podman expresses (PSI rules, prefetch, ...) is listed in a comment.
 
 from __future__ import annotations
 
-from governor.deploy.dropin import quote_word
+from governor.deploy.dropin import quote_exec_word, quote_word
 from governor.deploy.k8s import Workload, volumes
 from governor.plan.model import Plan
 from governor.plan.unitmap import policy_slice, split
 
 
 def _volume_dirs(work: Workload) -> list[str]:
-    return [d for _, d in volumes(work)]
+    return [d for _, d, _type in volumes(work)]
 
 
 def render(plan: Plan, work: Workload, systemd_version: int) -> str:
@@ -35,7 +35,9 @@ def render(plan: Plan, work: Workload, systemd_version: int) -> str:
         f"ContainerName={plan.policy}",
     ]
     if work.argv:
-        lines.append("Exec=" + " ".join(quote_word(w) for w in work.argv))
+        # systemd command-line syntax, copied into the service's ExecStart= by the generator:
+        # $VAR is expanded there (podman#25047), so $ is doubled like in install's ExecStart=
+        lines.append("Exec=" + " ".join(quote_exec_word(w) for w in work.argv))
     for d in _volume_dirs(work):
         lines.append(f"Volume={quote_word(f'{d}:{d}:ro')}")
     env = {**plan.launch.env, **work.env}

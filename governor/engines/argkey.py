@@ -10,8 +10,15 @@ that looks like an option (`-p "-c 9"`) is never read as one; tests/unit/engines
 checks that the tables below agree with that parser's.
 
 --host/--port only say where llama-server's /health answers: api/launch.py derives that URL at
-every launch (:func:`server_address`), never from the cache. A --port the parser would refuse
-makes the launch skip the cache (:class:`Unkeyable`), so the compile refuses it as before.
+every launch (:func:`server_address`), never from the cache. A --host/--port the parser would
+refuse (no value, not a port, an empty address list) makes the launch skip the cache
+(:class:`Unkeyable`), so the compile refuses it as before: the checks are the ones llama.py
+calls (:func:`port_problem`, :func:`host_problem`), not copies of them.
+
+The first :data:`POSITIONAL` words after the program are never dropped: RKLLM's demo reads its
+arguments by position (governor/engines/rkllm.py: ``llm_demo MODEL MAX_NEW_TOKENS
+MAX_CONTEXT_LEN``), so for it `-p x` there is a count, not a prompt. Keeping a word is a miss at
+worst, never a stale hit (tests/unit/cache/test_key_property.py checks that on generated argvs).
 """
 
 from __future__ import annotations
@@ -45,19 +52,55 @@ IGNORED_OPTS = frozenset(
 # LLAMA_ARG_* variables the compile does not read either (the /health address)
 IGNORED_ENV = frozenset(["LLAMA_ARG_HOST", "LLAMA_ARG_PORT"])
 INT32_MAX = (1 << 31) - 1
+PORT_MAX = 65535  # a TCP port (the supervisor probes /health on it)
+POSITIONAL = 3  # llm_demo MODEL MAX_NEW_TOKENS MAX_CONTEXT_LEN (engines/rkllm.py)
+_HOST_OPTS = ("--host", "--port")
+_DIGITS = frozenset("0123456789")
+_SPACE = " \t\n\v\f\r"  # what std::stoi skips before a number (isspace in the C locale)
 
 
 class Unkeyable(ValueError):
     """An argv whose dropped part the compile would refuse (a bad --port): no cache key."""
 
 
-def _port_ok(raw: str) -> bool:
-    """What llama.py's _int accepts for --port (int(), not negative, within int32)."""
-    try:
-        n = int(raw)
-    except ValueError:
-        return False
-    return 0 <= n <= INT32_MAX
+def parse_int(raw: str) -> int | None:
+    """An integer as llama.cpp's std::stoi reads an option: C-locale spaces, a sign, ASCII
+    digits (no "1_000", no other scripts' digits, which Python's int() takes); None when it is
+    not one or lies outside int32 (std::stoi throws out_of_range). Never more than int32's
+    digits reach int(): Python refuses strings of over 4300 digits with its own ValueError."""
+    text = raw.lstrip(_SPACE).rstrip(_SPACE)
+    digits = text[1:] if text[:1] in ("+", "-") else text
+    if not digits or not set(digits) <= _DIGITS:
+        return None
+    if len(digits.lstrip("0")) > len(str(INT32_MAX)):
+        return None
+    n = int(text)
+    return n if -INT32_MAX - 1 <= n <= INT32_MAX else None
+
+
+def port_problem(raw: str) -> str | None:
+    """Why llama-server's --port (LLAMA_ARG_PORT) cannot be used, None when it can: a TCP port,
+    1-65535 (0, a port the kernel picks, leaves the governor no /health to probe)."""
+    n = parse_int(raw)
+    if n is None:
+        return f"is not an integer: {raw[:40]!r}"
+    if not 1 <= n <= PORT_MAX:
+        return f"is not a TCP port (1-{PORT_MAX}): {raw[:40]!r}"
+    return None
+
+
+def host_problem(raw: str) -> str | None:
+    """Why llama-server's --host (LLAMA_ARG_HOST) would be refused by the server itself: it
+    splits the value at commas and needs one non-empty address (tools/server: "--host requires
+    at least one address")."""
+    if not any(part.strip(_SPACE) for part in raw.split(",")):
+        return f"names no address: {raw[:40]!r}"
+    return None
+
+
+def _address_ok(option: str, raw: str) -> bool:
+    check = port_problem if option == "--port" else host_problem
+    return check(raw) is None
 
 
 def compile_words(argv: Sequence[str]) -> list[str]:
@@ -72,14 +115,16 @@ def compile_words(argv: Sequence[str]) -> list[str]:
             out += words[i:]
             break
         name, eq, inline = word.partition("=")
-        if eq and name.startswith("--") and name in IGNORED_OPTS:
-            if name == "--port" and not _port_ok(inline):
-                raise Unkeyable(word)
+        # every --host/--port is checked, kept or not: the last one given is the one read
+        if eq and name in _HOST_OPTS and not _address_ok(name, inline):
+            raise Unkeyable(word)
+        if word in _HOST_OPTS and (i + 1 >= len(words) or not _address_ok(word, words[i + 1])):
+            raise Unkeyable(word)
+        positional = i < POSITIONAL
+        if eq and name.startswith("--") and name in IGNORED_OPTS and not positional:
             i += 1
             continue
-        if word in IGNORED_OPTS:
-            if word == "--port" and (i + 1 >= len(words) or not _port_ok(words[i + 1])):
-                raise Unkeyable(word)
+        if word in IGNORED_OPTS and not positional:
             i += 2
             continue
         if word in VALUE_OPTS and i + 1 < len(words):
@@ -93,9 +138,9 @@ def compile_words(argv: Sequence[str]) -> list[str]:
 
 def compile_env(env: Mapping[str, str]) -> list[tuple[str, str]]:
     """The engine's LLAMA_ARG_* variables the compile reads, sorted."""
-    port = env.get("LLAMA_ARG_PORT", "")
-    if port != "" and not _port_ok(port):
-        raise Unkeyable("LLAMA_ARG_PORT")
+    for var, option in (("LLAMA_ARG_PORT", "--port"), ("LLAMA_ARG_HOST", "--host")):
+        if env.get(var, "") != "" and not _address_ok(option, env[var]):
+            raise Unkeyable(var)
     return sorted(
         (k, v) for k, v in env.items() if k.startswith("LLAMA_ARG_") and k not in IGNORED_ENV
     )
@@ -123,5 +168,5 @@ def server_address(argv: Sequence[str], env: Mapping[str, str]) -> tuple[str | N
         elif word in VALUE_OPTS:
             i += 1
         i += 1
-    port = found.get("port")
-    return found.get("host"), None if port is None else int(port)
+    port = None if found.get("port") is None else parse_int(found["port"])
+    return found.get("host"), port

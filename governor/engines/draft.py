@@ -133,6 +133,11 @@ def _split_engine(req: Request) -> tuple[str, tuple[str, ...], EngineArgs]:
     """(program, options without -m/-c, parsed options): --engine-argv is either the whole
     command line (it starts with the program) or only llama.cpp options ('-nr -ub 128')."""
     words = list(req.engine_argv)
+    if "--" in words:  # llama.cpp would read no option after it: the -m and -c added below
+        raise UsageError(
+            "--engine-argv holds '--': the engine's options would end there (--engine-argv)",
+            hint="e.g. --engine-argv '-nr -t 4'",
+        )
     program = words.pop(0) if words and not words[0].startswith("-") else DEFAULT_ENGINE
     try:
         parsed = parse_llama_argv([program, *words])

@@ -22,6 +22,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from governor.engines.argkey import host_problem, parse_int, port_problem
+
 # option -> canonical key; every one takes a value (as the next word or after "=")
 _VALUE_OPTS = {
     "-m": "model",
@@ -235,10 +237,7 @@ def parse_llama_argv(
         i += 1
     if "model" in values:
         model_parts(values["model"])  # a split name must name a part that exists
-    if values.get("parallel", "").strip() == "0":
-        raise EngineArgvError(
-            "engine option -np/--parallel is 0: llama-server refuses it", option="-np/--parallel"
-        )
+    _check_server_values(values)
     return EngineArgs(
         argv=tuple(argv),
         model=values.get("model"),
@@ -254,7 +253,7 @@ def parse_llama_argv(
         cache_ram=_int(values, "cache_ram", "--cache-ram"),
         ctx_checkpoints=_int(values, "ctx_checkpoints", "--ctx-checkpoints"),
         host=values.get("host"),
-        port=_int(values, "port", "--port"),
+        port=None if "port" not in values else parse_int(values["port"]),
         unsized=tuple(dict.fromkeys(unsized)),
     )
 
@@ -270,6 +269,27 @@ def _env_flags(env: Mapping[str, str], flags: set[str]) -> None:
         flags.add("no_repack")
 
 
+def _check_server_values(values: dict[str, str]) -> None:
+    """What llama-server refuses at start (tools/common/arg.cpp) or cannot run with, said
+    before anything starts: -np 0, --host without an address, a --port that is no TCP port
+    (the supervisor probes /health there; llama-server takes 99999 and logs "listening on
+    http://127.0.0.1:99999"),
+    -b 0 (llama-context.cpp aborts: GGML_ASSERT on n_outputs_max, measured on this build)."""
+    if parse_int(values.get("parallel", "")) == 0:
+        raise EngineArgvError(
+            "engine option -np/--parallel is 0: llama-server refuses it", option="-np/--parallel"
+        )
+    if "host" in values and (why := host_problem(values["host"])) is not None:
+        raise EngineArgvError(f"engine option --host {why}", option="--host")
+    if "port" in values and (why := port_problem(values["port"])) is not None:
+        raise EngineArgvError(f"engine option --port {why}", option="--port")
+    if parse_int(values.get("batch", "")) == 0:
+        raise EngineArgvError(
+            "engine option -b/--batch-size is 0: llama.cpp aborts on it (GGML_ASSERT)",
+            option="-b/--batch-size",
+        )
+
+
 _MINUS_ONE_OK = frozenset(["parallel", "cache_ram"])
 
 
@@ -277,19 +297,18 @@ def _int(values: dict[str, str], key: str, what: str) -> int | None:
     raw = values.get(key)
     if raw is None:
         return None
-    try:
-        n = int(raw)
-    except ValueError as err:
-        raise EngineArgvError(
-            f"engine option {what} is not an integer: {raw!r}", option=what
-        ) from err
+    # llama.cpp reads these with std::stoi: ASCII digits within int32 (argkey.parse_int)
+    n = parse_int(raw)
+    if n is None:
+        stripped = raw.strip().lstrip("+-")
+        if stripped.isascii() and stripped.isdigit():
+            raise EngineArgvError(
+                f"engine option {what} is beyond llama.cpp's range: {raw[:40]!r}", option=what
+            )
+        raise EngineArgvError(f"engine option {what} is not an integer: {raw[:40]!r}", option=what)
     # llama.cpp: -t -1 = hardware concurrency, -np -1 = auto slots, --cache-ram -1 = no limit
     if n < 0 and not (key in _MINUS_ONE_OK and n == -1) and key != "threads":
-        raise EngineArgvError(f"engine option {what} is negative: {raw!r}", option=what)
-    if abs(n) > INT32_MAX:  # llama.cpp reads these with std::stoi
-        raise EngineArgvError(
-            f"engine option {what} is beyond llama.cpp's range: {raw[:40]!r}", option=what
-        )
+        raise EngineArgvError(f"engine option {what} is negative: {raw[:40]!r}", option=what)
     return n
 
 

@@ -18,6 +18,20 @@ from governor.record import record
 KIND = "rkllm"
 
 
+INT32_MAX = (1 << 31) - 1  # the demo reads its counts into C ints
+_DIGITS = frozenset("0123456789")
+
+
+def _count(text: str) -> int | None:
+    """A positive count in ASCII digits within int32; None otherwise. str.isdigit() takes
+    other scripts' digits and superscripts, which int() then refuses or reads as a number the
+    demo never sees; a string of over 4300 digits is refused by int() itself."""
+    if not text or not set(text) <= _DIGITS or len(text.lstrip("0")) > len(str(INT32_MAX)):
+        return None
+    n = int(text)
+    return n if 0 < n <= INT32_MAX else None
+
+
 @record(frozen=True)
 class RkllmArgs:
     model: Path
@@ -39,14 +53,15 @@ def parse_rkllm_argv(argv: Sequence[str]) -> RkllmArgs:
     for name, text in zip(
         ("MAX_NEW_TOKENS", "MAX_CONTEXT_LEN"), (*argv[2:4], None, None), strict=False
     ):
-        if text is not None and (not text.isdigit() or int(text) == 0):
+        n = None if text is None else _count(text)
+        if text is not None and n is None:
             raise PolicyError(
-                f"rkllm {name} must be a positive integer, got {text[:40]!r}",
+                f"rkllm {name} must be a positive integer up to {INT32_MAX}, got {text[:40]!r}",
                 file="engine argv",
                 field=name,
                 hint="llm_demo MODEL.rkllm MAX_NEW_TOKENS MAX_CONTEXT_LEN",
             )
-        counts.append(None if text is None else int(text))
+        counts.append(n)
     return RkllmArgs(model=Path(argv[1]), max_new_tokens=counts[0], max_context_len=counts[1])
 
 

@@ -55,8 +55,10 @@ def parse(url: str) -> Endpoint:
 
 def server_url(host: str | None, port: int | None) -> str:
     """llama-server's health URL from its --host/--port (defaults 127.0.0.1:8080); a wildcard
-    listen address is probed on loopback."""
-    h = host or "127.0.0.1"
+    listen address is probed on loopback. --host is a comma-separated list whose ``.sock``
+    entries are UNIX sockets (tools/server): the first TCP address is probed."""
+    tcp = [a.strip() for a in (host or "").split(",") if a.strip()]
+    h = next((a for a in tcp if not a.endswith(".sock")), "127.0.0.1")
     if h in ("0.0.0.0", ""):
         h = "127.0.0.1"
     elif h == "::":

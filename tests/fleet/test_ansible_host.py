@@ -10,9 +10,11 @@ one-line message. The live board (systemctl, tune --confirm) is the systemd gues
 from __future__ import annotations
 
 import sys
+import tempfile
 from pathlib import Path
 from typing import Any
 
+import pytest
 from helpers.ansible import REPO, run_play
 
 FIXTURE = REPO / "tests" / "fixtures" / "hosts" / "rk3588"
@@ -186,3 +188,63 @@ def test_only_limit_directives_of_the_policy_slice_are_tuned_live() -> None:
     assert only([{"path": dropin, "before": "Nice=1\n", "after": "Nice=2\n"}], SLICE) is None
     assert only([{"path": PATH, "before": None, "after": OLD}], SLICE) is None
     assert only([{"path": PATH, "before": OLD, "after": OLD}], SLICE) is None  # nothing to tune
+
+
+# ---------------------------------------------------------------- issue 35: items 5 and 6
+
+
+def test_check_mode_on_the_live_board_reads_the_copied_policy_with_diff(tmp_path: Path) -> None:
+    """`--check --diff` with copy: true on the live board (root /): the temporary copy of a
+    changed policy is still there when `governor diff --json` reads it (it was removed first:
+    exit 66, "policy file not found"). Check mode writes nothing, so root / is safe here; the
+    probe is the rk3588 fixture's, and the copy's directory is a tmp one."""
+    _, _, defaults = _policy(tmp_path)
+    controller = tmp_path / "controller"
+    controller.mkdir()
+    (controller / "fleet-c.toml").write_text(
+        POLICY.format(high="200M").replace('"fleet-a"', '"fleet-c"')
+    )
+    board_dir = tmp_path / "board-etc"
+    task = {"policy": str(controller / "fleet-c.toml"), "copy": True, "policy_dir": str(board_dir)}
+    tasks: list[dict[str, Any]] = [
+        {"governor.board.policy": task, "check_mode": True, "register": "check"},
+    ]
+    r, run = run_play(tmp_path, tasks, defaults={**defaults, "root": "/"})
+    assert run.returncode == 0, run.stdout + run.stderr
+    assert r["check"]["changed"] and "drift" in r["check"], r["check"]
+    assert not board_dir.exists()  # check mode: nothing written where the board keeps it
+    leftovers = [p for p in Path(tempfile.gettempdir()).glob("governor-check-*")]
+    assert not [p for p in leftovers if (p / "fleet-c.toml").exists()], leftovers
+
+
+def test_the_engine_argv_reaches_exec_start_byte_for_byte(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """No $VAR, ${VAR} or ~ expansion from the board's environment (run_command's default
+    expanded them: a secret in a world-readable unit); the drop-in's systemd syntax keeps `$`,
+    `%`, quotes and spaces literal ($$, %%, "...")."""
+    monkeypatch.setenv("SECRET_TOKEN", "s3cr3t-from-the-board")
+    root, policy, defaults = _policy(tmp_path)
+    engine = [
+        "/bin/sleep",
+        "--api-key",
+        "$SECRET_TOKEN",
+        "${SECRET_TOKEN}",
+        "~",
+        "~/m",
+        "5%",
+        "a b",
+    ]
+    tasks: list[dict[str, Any]] = [
+        {"governor.board.policy": {"policy": str(policy), "engine": engine}, "register": "up"},
+    ]
+    r, run = run_play(tmp_path, tasks, defaults=defaults)
+    assert run.returncode == 0, run.stdout + run.stderr
+    assert r["up"]["changed"]
+    text = "".join(v.decode() for v in _files(root).values())
+    assert "s3cr3t" not in text and str(Path.home()) + "/m" not in text
+    exec_start = [ln for ln in text.splitlines() if ln.startswith("ExecStart=/") and "--api" in ln]
+    assert len(exec_start) == 1, text
+    assert exec_start[0].endswith(
+        ' -- /bin/sleep --api-key "$$SECRET_TOKEN" "$${SECRET_TOKEN}" ~ ~/m 5%% "a b"'
+    ), exec_start

@@ -34,6 +34,13 @@ def _stored(run: Run) -> bool:
     return run.code == 0 and run.has("plan_cache.stored") and not run.has("plan_cache.hit")
 
 
+def _said(run: Run) -> str:
+    """The one `governor: ...` line of a refused run (the JSON log lines aside)."""
+    lines = [ln for ln in run.stderr.splitlines() if ln.startswith("governor: ")]
+    assert len(lines) == 1, run.stderr
+    return lines[0]
+
+
 def _hit(run: Run) -> bool:
     return run.code == 0 and run.has("plan_cache.hit") and not run.has("plan_cache.stored")
 
@@ -94,3 +101,53 @@ def test_a_changed_model_file_is_a_miss_and_a_relative_model_path_hits_again(
     relative = [argv[0], "-m", model.name, *argv[3:]]  # resolved against the cwd
     assert _stored(governor.run(policy, relative))
     assert _hit(governor.run(policy, relative))
+
+
+def test_a_trailing_host_without_a_value_is_refused_though_a_plan_is_stored(
+    governor: Governor,
+) -> None:
+    """Issue 35 item 17: the key dropped a trailing --host (no value) while the parser refuses
+    it, so the stored plan let it through with exit 0; a fresh compile says 65."""
+    policy, argv = _server(governor)
+    assert _stored(governor.run(policy, argv))
+    refused = governor.run(policy, [*argv, "--host"])
+    assert refused.code == 65, refused.stderr
+    assert not refused.has("plan_cache.hit")
+    assert _said(refused).startswith("governor: engine option --host has no value")
+
+
+def test_an_rkllm_count_that_is_an_option_word_is_refused_though_a_plan_is_stored(
+    governor: Governor,
+) -> None:
+    """llm_demo reads its arguments by position: `-n 5` there is MAX_NEW_TOKENS "-n", which a
+    compile refuses; the key once dropped it as llama.cpp's -n (a hit, exit 0)."""
+    demo = governor.workdir / "llm_demo"
+    demo.symlink_to("/bin/true")
+    model = governor.workdir / "m.rkllm"
+    model.write_bytes(b"rkllm weights")
+    policy = governor.policy('[engine]\nkind = "rkllm"\n\n[prefetch]\nmode = "none"\n')
+    assert _stored(governor.run(policy, [str(demo), str(model)]))
+    refused = governor.run(policy, [str(demo), str(model), "-n", "5"])
+    assert refused.code == 65, refused.stderr
+    assert "rkllm MAX_NEW_TOKENS must be a positive integer" in refused.stderr
+
+
+@pytest.mark.parametrize("port", ["99999", "0", "\u0668\u0660"])
+def test_a_port_that_is_no_tcp_port_is_refused_before_anything_starts(
+    governor: Governor, port: str
+) -> None:
+    """Issue 35 item 4: --port 99999 passed preflight, the engine started, the supervisor died
+    on its /health URL (ValueError, exit 1) and killed the engine. The policy has no
+    engine.ready: the server's /health on --port is what launch waits for."""
+    exe = governor.workdir / "llama-server"
+    exe.symlink_to("/bin/true")
+    model = governor.workdir / "model.bin"
+    model.write_bytes(b"not a gguf")
+    policy = governor.policy(
+        '[engine]\nkind = "llama.cpp"\nmax_cache_ram = 1024\n\n[prefetch]\nmode = "none"\n'
+    )
+    argv = [str(exe), "-m", str(model), "-c", "512", "--cache-ram", "512", "--port", port]
+    refused = governor.run(policy, argv)
+    assert refused.code == 65, refused.stderr
+    assert _said(refused).endswith("(engine argv, --port)"), refused.stderr
+    assert not refused.has("engine.started") and not governor.group.exists()

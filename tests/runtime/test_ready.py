@@ -106,6 +106,9 @@ def test_server_url_from_host_and_port() -> None:
     assert ready.server_url("0.0.0.0", 9000) == "http://127.0.0.1:9000/health"
     assert ready.server_url("::", 9000) == "http://[::1]:9000/health"
     assert ready.parse("http://[::1]:9000/health") == ready.Endpoint("::1", 9000, "/health")
+    # llama-server --host takes a comma-separated list; .sock entries are UNIX sockets
+    assert ready.server_url("/run/l.sock, 10.0.0.2,::1", 9000) == "http://10.0.0.2:9000/health"
+    assert ready.server_url("0.0.0.0,::", 80) == "http://127.0.0.1:80/health"
 
 
 @pytest.mark.parametrize(

@@ -297,3 +297,34 @@ def test_transient_scope_and_cgroupfs_launch_write_the_same_values(
     assert fs["top"]["memory.min"] == sd["top"]["memory.min"] == str(16 << 20)
     assert not (cgroup2_root / slice_unit / name).exists()
     assert os.path.exists(cgroup2_root)
+
+
+# the engine: writes the words it was given after the output path, as JSON
+ARGV_DUMP = "import json, sys; json.dump(sys.argv[2:], open(sys.argv[1], 'w'))"
+# what unit syntax would change if written raw: variables ($ and ${}), specifiers (%), quotes,
+# backslashes, a lone ';' (a command separator), '~', spaces and tabs, an empty word
+HOSTILE_WORDS = [
+    "$GOVERNOR_POLICY", "${GOVERNOR_POLICY}", "$$", "$", "%n", "100%", 'say "hi"', "it's",
+    "back\\slash", "\\n", "tab\there", ";", "a;b", "~", "~/x", " lead", "trail ", "", "ünï",
+]  # fmt: skip
+
+
+def test_an_installed_engine_gets_its_argv_byte_for_byte_through_systemd(
+    policy: Path, tmp_path: Path
+) -> None:
+    """Issue 35 item 6: `governor install POLICY -- ENGINE...` writes ExecStart= so that systemd
+    hands the engine exactly the words after `--` ($ doubled, % doubled, quoted and escaped per
+    systemd.syntax(7)); the engine here reports its argv, read back after a real start."""
+    name = policy.stem
+    out = tmp_path / "argv.json"
+    engine = [sys.executable, "-c", ARGV_DUMP, str(out), *HOSTILE_WORDS]
+    inst = _run(*GOVERNOR, "install", str(policy), "--", *engine)
+    assert "governor@" in inst.stdout, inst.stdout + inst.stderr
+    unit = unitmap.service_unit(name)
+    start = _run("systemctl", "start", unit, check=False)
+    journal = _run("journalctl", "-u", unit, "-n", "40", check=False).stdout
+    assert start.returncode == 0, start.stderr + journal
+    cgroups.wait_for(lambda: out.exists() and out.stat().st_size > 0, TIMEOUT, "engine argv")
+    assert json.loads(out.read_text()) == HOSTILE_WORDS
+    _run("systemctl", "stop", unit, check=False)
+    _run(*GOVERNOR, "uninstall", str(policy))

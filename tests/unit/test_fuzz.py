@@ -1,6 +1,8 @@
 """Bad input, generated: whatever a policy, a value, a GGUF header or an engine argv holds, the
 governor answers with its own error (the documented exit code, one line, a hint) and never a
-traceback.
+traceback. Policies include the board's sections ([qos], [clocks] in every frequency spelling,
+[device]) and `shed` rules on board conditions; argvs include llama-server's (ports, slots,
+the prompt cache, LLAMA_ARG_* variables) and RKLLM's demo's positional counts.
 
 The generators write mostly WELL-FORMED but hostile input (small counts with matching payloads,
 values at the kernel's limits, unknown keys, `extends` chains, nesting), so that most examples
@@ -289,13 +291,18 @@ def _trigger(draw: st.DrawFn) -> str:
         res = draw(st.sampled_from(["memory", "cpu", "io"]))
         full = draw(st.sampled_from(["some", "full"]))
         scope = "system " if draw(st.booleans()) or (res, full) == ("cpu", "full") else ""
+        if scope and _usually(draw, 40):
+            scope = "board "  # the QoS spelling of the board's own pressure
         return f"{scope}{res} {full} {stall}/{window}"
     if kind <= 6:
         num, unit = draw(st.integers(1, 9999)), draw(st.sampled_from(["K", "KB", "kB", "MiB", "M"]))
         return f"leak > {num}{unit}/s for {draw(_duration(10_000_000))}"
     if kind == 7:
         size = draw(_SIZE_TEXT)
-        return f"memavailable < {size}"
+        spelling = draw(st.sampled_from(["memavailable", "board available", "board  available"]))
+        return f"{spelling} < {size}"
+    if kind == 8 and draw(st.booleans()):
+        return f"device memory > {draw(_SIZE_TEXT)}"
     return draw(st.sampled_from(["oom_kill", "oom_group_kill", "oom", "max", "high"]))
 
 
@@ -308,7 +315,7 @@ _SETTABLE = ["memory.min", "memory.low", "memory.high", "memory.max", "memory.sw
 @st.composite
 def _action(draw: st.DrawFn) -> str:
     verb = draw(st.sampled_from(["log", "thaw", "kill", "restart", "signal", "reclaim", "set",
-                                 "freeze", "exec"]))  # fmt: skip
+                                 "freeze", "exec", "shed"]))  # fmt: skip
     if verb == "signal":
         return f"signal {draw(st.sampled_from(_SIGNALS))}"
     if verb == "reclaim":
@@ -374,6 +381,74 @@ _SECTIONS: dict[str, st.SearchStrategy[Any]] = {
         },
     ),
 }
+_SHED_STEPS = ["throttle", "freeze", "stop", "kill"]
+
+
+@st.composite
+def _qos_section(draw: st.DrawFn) -> dict[str, object]:
+    out: dict[str, object] = {}
+    if _usually(draw, 80):
+        out["class"] = draw(st.sampled_from(["interactive", "standard", "background"]))
+    if draw(st.booleans()):
+        steps = draw(st.lists(st.sampled_from(_SHED_STEPS), max_size=4, unique=True))
+        if _rarely(draw, 10):  # a step twice, or one no shed knows
+            steps.append(draw(st.sampled_from([*_SHED_STEPS, "evict", "KILL", ""])))
+        out["yield"] = steps
+    return out
+
+
+# the rk3588 fixture's lists: cpufreq kHz, devfreq Hz (tests/fixtures/hosts/rk3588/sys)
+_CPU_KHZ = [408000, 600000, 816000, 1008000, 1200000, 1416000, 1608000, 1800000, 2016000, 2208000,
+            2256000, 2304000, 2352000]  # fmt: skip
+_DEV_HZ = [300_000_000, 528_000_000, 800_000_000, 1_000_000_000, 1_068_000_000, 2_112_000_000]
+_CLOCK_GOVERNORS = ["performance", "powersave", "userspace", "schedutil", "ondemand",
+                    "simple_ondemand", "rknpu_ondemand", "dmc_ondemand", "nope", "A"]  # fmt: skip
+
+
+@st.composite
+def _freq(draw: st.DrawFn, key: str) -> object:
+    if _usually(draw, 30):
+        return draw(st.sampled_from(["max", "min"]))
+    raw = draw(st.sampled_from(_CPU_KHZ if key in ("big", "little") else _DEV_HZ))
+    how = draw(st.integers(0, 9))
+    if how <= 3:
+        return raw  # in the list's own unit
+    hz = raw * 1000 if key in ("big", "little") else raw
+    if how <= 7:
+        return f"{hz // 1_000_000}MHz" if hz % 1_000_000 == 0 else f"{hz}Hz"
+    return draw(st.sampled_from([f"{hz / 1e9:g}GHz", "1.2345GHz", "0Hz", "7", "3.5GHz"]))
+
+
+@st.composite
+def _clocks_section(draw: st.DrawFn) -> dict[str, object]:
+    out: dict[str, object] = {}
+    for key in draw(st.lists(st.sampled_from(["big", "little", "npu", "gpu", "dmc"]),
+                             min_size=1, max_size=3, unique=True)):  # fmt: skip
+        if draw(st.booleans()):
+            out[key] = draw(st.sampled_from(_CLOCK_GOVERNORS[:7]))
+            continue
+        table: dict[str, object] = {}
+        if draw(st.booleans()):
+            table["governor"] = draw(st.sampled_from(_CLOCK_GOVERNORS))
+        for bound in ("min", "max"):
+            if draw(st.booleans()):
+                table[bound] = draw(_freq(key))
+        if _usually(draw, 20):
+            table["governor"] = "userspace"
+            table["freq"] = draw(_freq(key))
+        out[key] = table
+    return out
+
+
+_SECTIONS["qos"] = _qos_section()
+_SECTIONS["clocks"] = _clocks_section()
+_SECTIONS["device"] = st.fixed_dictionaries(
+    {},
+    optional={
+        "memory": st.one_of(st.just("model"), _SIZE_TEXT),
+        "pool": st.sampled_from(["system", "cma"]),
+    },
+)
 _SECTION_NAMES = st.lists(st.sampled_from(sorted(_SECTIONS)), max_size=7, unique=True)
 _SLICES = ["governor.slice", "llm.slice", "a-b.slice", "gov_1:x.slice", "x" * 249 + ".slice"]
 
@@ -558,6 +633,92 @@ def test_any_policy_loads_and_compiles_or_gives_one_governor_error(
     assert _fraction(reach, "compiler ok") >= 0.3, "many policies must compile"
 
 
+# ---------------------------------------------------------------- the board's sections
+
+_BOARD_FEATURES = ("qos", "clocks", "device", "shed", "board condition")
+_BOARD_WHEN = st.one_of(
+    st.sampled_from(
+        [
+            "board memory some 100ms/1s",
+            "board memory full 500ms/2s",
+            "board cpu some 200ms/2s",
+            "board io some 1s/10s",
+        ]
+    ),
+    _SIZE_TEXT.map(lambda size: f"board available < {size}"),
+    _SIZE_TEXT.map(lambda size: f"device memory > {size}"),
+)
+
+
+@st.composite
+def _board_case(draw: st.DrawFn) -> tuple[str, frozenset[str], str, int | None]:
+    """A policy with this wave's sections ([qos], [clocks], [device]) and a rule that sheds on
+    a board condition, each in most examples, on top of _policy_doc; then _hostile."""
+    doc = draw(_policy_doc())
+    features: set[str] = set()
+    for name in ("qos", "clocks", "device"):
+        if _usually(draw, 70):
+            doc[name] = draw(_SECTIONS[name])
+            features.add(name)
+    if _usually(draw, 70):
+        board = _usually(draw, 70)
+        rule: dict[str, object] = {"when": draw(_BOARD_WHEN if board else _TRIGGER)}
+        rule["do"] = draw(st.sampled_from([["shed"], ["log", "shed"], ["shed", "log"]]))
+        if draw(st.booleans()):
+            rule["cooldown"] = draw(_DURATION)
+        doc["pressure"] = [rule, *doc.get("pressure", [])][:4]
+        features |= {"shed", "board condition"} if board else {"shed"}
+    if _usually(draw, 30):
+        doc.setdefault("engine", {})["kind"] = draw(st.sampled_from(["rkllm", "llama.cpp"]))
+    doc = draw(_hostile(doc))
+    host = draw(st.sampled_from(HOST_NAMES))
+    model = draw(st.one_of(st.none(), st.integers(1, 2**34)))
+    return _dump(doc), frozenset(features), host, model
+
+
+def test_any_board_policy_compiles_or_gives_one_governor_error(
+    report_reach: Callable[[str], None],
+) -> None:
+    """[qos] (class, yield), [clocks] (governors and frequencies of the rk3588 fixture's lists,
+    in every spelling), [device] and `shed` on board conditions (board PSI, `board available`,
+    `device memory`): loaded and compiled, or one governor error."""
+    reach: Reach = collections.Counter()
+
+    @settings(max_examples=400, suppress_health_check=[HealthCheck.too_slow])
+    @given(_board_case())
+    def run(case: tuple[str, frozenset[str], str, int | None]) -> None:
+        text, features, host, model = case
+        reach["examples"] += 1
+        for f in features:
+            reach[f"{f} drawn"] += 1
+        try:
+            policy = load_text(text, source="fuzz.toml")
+        except GovernorError as err:
+            _check_error(err, (65, 66))
+            return
+        reach["loader ok"] += 1
+        try:
+            plan = compile_plan(
+                policy, _host(host), workload=Workload(model_bytes=model), source="fuzz.toml"
+            )
+        except GovernorError as err:
+            _check_error(err, (2, 65, 66, 69, 71, 77))
+            return
+        reach["compiler ok"] += 1
+        for f in features:
+            reach[f"{f} compiled"] += 1
+        assert plan_table(plan)
+        assert type(plan).from_json(plan.to_json()) == plan
+
+    run()
+    stages = ("loader ok", "compiler ok", *(f"{f} compiled" for f in _BOARD_FEATURES))
+    report_reach(_summary("board sections", reach, stages))
+    assert _fraction(reach, "loader ok") >= 0.5, "most board policies must reach the compiler"
+    assert _fraction(reach, "compiler ok") >= 0.2, "many board policies must compile"
+    for f in _BOARD_FEATURES:
+        assert reach[f"{f} compiled"] >= reach["examples"] // 20, f"{f}: too few compiled"
+
+
 # ---------------------------------------------------------------- engine argv
 
 _ARGV_WORDS = st.one_of(
@@ -598,6 +759,138 @@ def test_any_engine_argv_parses_or_gives_an_argv_error(
     run()
     report_reach(_summary("engine argv", reach, ("parsed", "preflight ok")))
     assert _fraction(reach, "parsed") >= 0.3, "many argvs must be read to the end"
+
+
+# llama-server's own options and the values its checks turn on: ports, slot and cache counts,
+# addresses, what Python's int() reads and llama.cpp's std::stoi does not
+_SERVER_OPTS = ["-np", "--parallel", "-cram", "--cache-ram", "-ctxcp", "--ctx-checkpoints",
+                "--swa-checkpoints", "--host", "--port", "-kvu", "--kv-unified", "-no-kvu",
+                "--kv-unified-per-slot", "-b", "-ub", "-t", "-c"]  # fmt: skip
+_SERVER_VALUES = ["0", "1", "-1", "-2", "4", "8080", "65535", "65536", "99999", "+0", "00",
+                  " 7", "1_0", "\u0661\u0662", "\u00b2", "\uff18", str(2**31 - 1), str(2**31),
+                  "9" * 5000, "", ",", "0.0.0.0", "::", "a,b", "x.sock", "m.gguf"]  # fmt: skip
+_SERVER_WORDS = st.one_of(
+    st.sampled_from(_SERVER_OPTS),
+    st.sampled_from(_SERVER_VALUES),
+    st.tuples(
+        st.sampled_from(["--port=", "--host=", "--parallel=", "--cache-ram="]),
+        st.sampled_from(_SERVER_VALUES),
+    ).map("".join),
+    _ARGV_WORDS,
+)
+# an option with a value the server takes: most of an argv, so that the hostile word in it
+# is what decides
+_SERVER_PAIRS = st.sampled_from(
+    [["-np", "2"], ["--parallel", "-1"], ["-cram", "256"], ["--cache-ram", "0"], ["-kvu"],
+     ["--ctx-checkpoints", "4"], ["--host", "0.0.0.0"], ["--host=::"], ["--port", "8080"],
+     ["--port=65535"], ["-c", "2048"], ["-t", "4"], ["-b", "512"], ["-ub", "128"], ["-no-kvu"],
+     ["-p", "hi"], ["-n", "16"]]
+)  # fmt: skip
+_SERVER_ENV = st.dictionaries(
+    st.sampled_from(["LLAMA_ARG_PORT", "LLAMA_ARG_HOST", "LLAMA_ARG_N_PARALLEL",
+                     "LLAMA_ARG_CACHE_RAM", "LLAMA_ARG_KV_UNIFIED", "LLAMA_ARG_CTX_SIZE"]),
+    st.sampled_from(_SERVER_VALUES[:16]),
+    max_size=3,
+)  # fmt: skip
+
+
+def test_any_llama_server_argv_is_read_or_refused_in_one_line(
+    report_reach: Callable[[str], None],
+) -> None:
+    """llama-server's argv and LLAMA_ARG_* environment: read (a port is a TCP port then), or
+    refused with one line naming the option, through the preflight launch and check run."""
+    reach: Reach = collections.Counter()
+
+    @settings(max_examples=600)
+    @given(
+        st.tuples(
+            st.lists(_SERVER_PAIRS, max_size=5).map(lambda ps: [w for p in ps for w in p]),
+            st.lists(_SERVER_WORDS, max_size=2),
+        ),
+        _SERVER_ENV,
+        st.one_of(st.none(), st.integers(0, 8192)),
+    )
+    def run(parts: tuple[list[str], list[str]], env: dict[str, str], cap: int | None) -> None:
+        reach["examples"] += 1
+        argv = ["/opt/llama/llama-server", "-m", "m.gguf", *parts[0], *parts[1]]
+        try:
+            args = engine_args("llama.cpp", 4096, argv, max_cache_ram=cap, env=env)
+        except GovernorError as err:
+            _check_error(err, (65,))
+            assert len(str(err)) < 300, str(err)
+            return
+        assert args is not None and args.server
+        reach["read"] += 1
+        if args.port is not None:
+            assert 1 <= args.port <= 65535, args.port
+            reach["with a port"] += 1
+        if args.parallel is not None:
+            assert args.parallel == -1 or args.parallel >= 1, args.parallel
+            reach["with slots"] += 1
+
+    run()
+    report_reach(_summary("llama-server argv", reach, ("read", "with a port", "with slots")))
+    assert _fraction(reach, "read") >= 0.2, "many server argvs must be read"
+    assert reach["with a port"] >= reach["examples"] // 20
+    assert reach["with slots"] >= reach["examples"] // 20
+
+
+_RKLLM_COUNTS = st.one_of(
+    st.integers(1, 4096).map(str),
+    st.integers(1, 4096).map(str),
+    st.integers(1, 4096).map(str),
+    st.sampled_from(
+        [
+            "0",
+            "-1",
+            "+5",
+            " 5",
+            "1_0",
+            "\u0661\u0662",
+            "\u00b2",
+            "\uff18",
+            str(2**31 - 1),
+            str(2**31),
+            "9" * 5000,
+            "",
+            "-p",
+            "x",
+        ]
+    ),
+)
+
+
+def test_any_rkllm_argv_is_read_or_refused_in_one_line(
+    tmp_path: Path, report_reach: Callable[[str], None]
+) -> None:
+    """llm_demo MODEL MAX_NEW_TOKENS MAX_CONTEXT_LEN with counts in every spelling: read (a
+    count is then a positive int32), or one governor error (65; 66 for a missing model)."""
+    from governor.engines.rkllm import check_rkllm
+
+    model = tmp_path / "m.rkllm"
+    model.write_bytes(b"rkllm weights")
+    reach: Reach = collections.Counter()
+
+    @settings(max_examples=400)
+    @given(
+        st.sampled_from([str(model), str(model), str(model), str(tmp_path / "missing.rkllm")]),
+        st.lists(_RKLLM_COUNTS, max_size=3),
+        st.one_of(st.none(), st.integers(1, 8192)),
+    )
+    def run(path: str, counts: list[str], cap: int | None) -> None:
+        reach["examples"] += 1
+        try:
+            found, size = check_rkllm(["llm_demo", path, *counts], cap)
+        except GovernorError as err:
+            _check_error(err, (65, 66))
+            assert len(str(err)) < 300, str(err)
+            return
+        assert found == model and size == model.stat().st_size
+        reach["read"] += 1
+
+    run()
+    report_reach(_summary("rkllm argv", reach, ("read",)))
+    assert _fraction(reach, "read") >= 0.2, "many rkllm argvs must be read"
 
 
 # ---------------------------------------------------------------- GGUF headers

@@ -62,7 +62,9 @@ def test_a_word_the_compile_reads_changes_the_key(other: list[str]) -> None:
 
 def test_a_value_that_looks_like_an_option_is_a_value() -> None:
     # -p's value "-c" is a prompt: dropped with -p; -m's value "-p" is a model: kept
-    assert argkey.compile_words([SRV, "-p", "-c", "9"]) == [SRV, "9"]
+    # (after the first three words: RKLLM reads those by position, they are always kept)
+    head = [SRV, "-t", "2", "-nr"]
+    assert argkey.compile_words([*head, "-p", "-c", "9"]) == [*head, "9"]
     assert argkey.compile_words([SRV, "-m", "-p", "x"]) == [SRV, "-m", "-p", "x"]
 
 
@@ -94,16 +96,51 @@ def test_the_environment_key_is_the_llama_arg_variables_but_the_address() -> Non
     assert argkey.compile_env(env) == [("LLAMA_ARG_CACHE_RAM", "128")]
 
 
+HEAD = [SRV, "-m", "m.gguf", "-nr"]  # the first three words are kept whatever they are
+
+
 @pytest.mark.parametrize(
-    ("argv", "env"),
+    "argv",
     [
-        ([SRV, "--port", "http"], {}),
-        ([SRV, "--port=-1"], {}),
-        ([SRV, "--port"], {}),
-        ([SRV], {"LLAMA_ARG_PORT": "x"}),
+        [*HEAD, "--port", "http"],
+        [*HEAD, "--port=-1"],
+        [*HEAD, "--port", "99999"],
+        [*HEAD, "--port", "0"],
+        [*HEAD, "--port", "\u0668\u0660"],  # Arabic-Indic "80": int() reads it, stoi does not
+        [*HEAD, "--port"],
+        [*HEAD, "--host"],  # the cache bug of issue 35: a hit where the compile says 65
+        [*HEAD, "--host="],
+        [*HEAD, "--host", " , "],
     ],
 )
-def test_a_port_the_parser_refuses_has_no_key(argv: list[str], env: dict[str, str]) -> None:
+def test_an_address_the_parser_refuses_has_no_key(argv: list[str]) -> None:
+    with pytest.raises(parser.EngineArgvError):
+        parser.parse_llama_argv(argv)
     with pytest.raises(argkey.Unkeyable):
         argkey.compile_words(argv)
+
+
+@pytest.mark.parametrize(
+    "env", [{"LLAMA_ARG_PORT": "x"}, {"LLAMA_ARG_PORT": "65536"}, {"LLAMA_ARG_HOST": ","}]
+)
+def test_an_address_variable_the_parser_refuses_has_no_key(env: dict[str, str]) -> None:
+    with pytest.raises(parser.EngineArgvError):
+        parser.parse_llama_argv([SRV], env)
+    with pytest.raises(argkey.Unkeyable):
         argkey.compile_env(env)
+
+
+def test_the_first_three_words_are_kept_for_rkllms_positional_arguments() -> None:
+    # llm_demo MODEL MAX_NEW_TOKENS MAX_CONTEXT_LEN: "-p" there is a (bad) count, not a prompt
+    assert argkey.compile_words(["llm_demo", "m.rkllm", "-p", "x"]) == [
+        "llm_demo",
+        "m.rkllm",
+        "-p",
+        "x",
+    ]
+    assert argkey.compile_words(["llm_demo", "m.rkllm", "1", "2", "-p", "x"]) == [
+        "llm_demo",
+        "m.rkllm",
+        "1",
+        "2",
+    ]

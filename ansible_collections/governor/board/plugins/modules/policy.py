@@ -182,7 +182,9 @@ class Board:
         if self.module.params["probe_root"]:
             argv += ["--root", self.module.params["probe_root"]]
         argv += list(args)
-        rc, out, err = self.module.run_command(argv)
+        # byte for byte: run_command's default expands $VAR, ${VAR} and ~ in every word from
+        # the board's environment (an engine's `--api-key $TOKEN` would land in ExecStart=)
+        rc, out, err = self.module.run_command(argv, expand_user_and_vars=False)
         if rc not in ok:
             self.fail(rc, err, out, argv)
         return rc, out
@@ -219,7 +221,7 @@ class Board:
         return doc
 
     def systemctl(self, *args: str, check: bool = True) -> int:
-        rc, _out, err = self.module.run_command(["systemctl", *args])
+        rc, _out, err = self.module.run_command(["systemctl", *args], expand_user_and_vars=False)
         if check and rc != 0:
             self.module.fail_json(msg=f"systemctl {' '.join(args)} failed ({rc})", stderr=err)
         return int(rc)
@@ -329,17 +331,26 @@ def present(module: AnsibleModule, board: Board, result: Json) -> None:
     if p["started"] and not board.live_board:
         module.fail_json(msg=f"governor: started needs the live board (root is {board.root})")
     policy = _place_policy(module, board, result) if p["copy"] else p["policy"]
+    try:
+        _present(module, board, result, policy)
+    finally:  # check mode's temporary copy: kept until the last command that reads it
+        check_dir = result.pop("_check_dir", None)
+        if check_dir is not None:
+            shutil.rmtree(check_dir[0], ignore_errors=True)
+
+
+def _present(module: AnsibleModule, board: Board, result: Json, policy: str) -> None:
+    p = module.params
     # check mode, and a live tune, need to know the change before it is made; otherwise
     # install itself is diff first, atomic and idempotent: one call
     dry_run = module.check_mode or p["live"]
     planned = board.install(policy, dry_run=dry_run)
-    check_dir = result.pop("_check_dir", None)
+    check_dir = result.get("_check_dir")
     if check_dir is not None:  # rendered from the temporary copy: name the real path
         tmp, dest = check_dir
         for c in planned["changes"]:
             if c["after"] is not None:
                 c["after"] = c["after"].replace(tmp, dest)
-        shutil.rmtree(tmp, ignore_errors=True)
     changes = [c for c in planned["changes"] if c["before"] != c["after"]]
     service = _service(planned["units"])
     name = service[len("governor@") : -len(".service")]
