@@ -48,7 +48,8 @@ def _script(cmds: list[blocks.Command]) -> str:
         if text.endswith("&") and not text.endswith("&&"):
             # a job the page starts in the background prints nothing the page shows; its
             # output would land in a later command's: it goes to a log the page cannot see
-            text = f"{{ {text[:-1].rstrip()}\n}} >>.docs-background.log 2>&1 &"
+            # (exec: the job is the command itself, so `kill %1; wait %1` reach it)
+            text = f"{{ exec {text[:-1].rstrip()}\n}} >>.docs-background.log 2>&1 &"
         lines.append(text)
         lines.append(f"printf '\\n{MARKER} {n} %d\\n' $?")
     lines.append("jobs -p | xargs -r kill 2>/dev/null; wait")
