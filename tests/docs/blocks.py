@@ -13,8 +13,10 @@ Every fenced block has a language. Two of them are commands:
 The HTML comment right before a block says where it runs (nothing shown on the page):
 
 - none: on the host (tests/docs/test_doc_blocks.py), the page's blocks in one shell, in order;
-- ``<!-- docs: skip REASON -->``: not run here, and the reason says why (a board, systemd as
-  PID 1) and which test covers it instead.
+- ``<!-- docs: kernel -->``: in the kernel guest instead (tests/kernel/test_docs_guest.py: a
+  real cgroup v2 kernel with every controller), the page's kernel blocks in one shell;
+- ``<!-- docs: skip REASON -->``: not run, and the reason says why (a board, systemd as PID 1)
+  and which test covers it instead.
 
 Parsers take text (style.md 1): ``parse(text)`` is pure, ``parse_file`` a wrapper.
 """
@@ -31,6 +33,7 @@ OTHER_LANGS = frozenset({"text", "toml", "yaml", "json", "ini", "promql", "diff"
 FENCE = re.compile(r"^(?P<fence>```+)(?P<lang>[\w-]*)\s*$")
 MARK = re.compile(r"^<!--\s*docs:\s*(?P<what>\w+)(?:\s+(?P<why>.*?))?\s*-->\s*$")
 EXIT = re.compile(r"^\[exit (?P<code>\d+)\]$")
+HOST, KERNEL, SKIP = "host", "kernel", "skip"
 
 
 class BlockError(ValueError):
@@ -52,6 +55,7 @@ class Block:
     lang: str
     skip: str | None  # the reason, for a block marked skip
     commands: tuple[Command, ...] = field(default=())
+    tier: str = HOST  # where it runs: HOST, KERNEL or SKIP
 
     @property
     def where(self) -> str:
@@ -123,20 +127,27 @@ def parse(text: str, path: str) -> list[Block]:
                 f" `console` or `sh`, anything else one of {sorted(OTHER_LANGS)}"
             )
         skip: str | None = None
+        tier = HOST
         k = opened - 1
         while k >= 0 and not lines[k].strip():
             k -= 1
         if k >= 0 and (mark := MARK.match(lines[k])):
-            if mark["what"] != "skip" or not mark["why"]:
-                raise BlockError(f"{path}:{k + 1}: a mark is `<!-- docs: skip REASON -->`")
-            skip = mark["why"]
+            if mark["what"] == SKIP and mark["why"]:
+                skip, tier = mark["why"], SKIP
+            elif mark["what"] == KERNEL and not mark["why"]:
+                tier = KERNEL
+            else:
+                raise BlockError(
+                    f"{path}:{k + 1}: a mark is `<!-- docs: skip REASON -->` or"
+                    " `<!-- docs: kernel -->`"
+                )
         body = lines[opened + 1 : j]
         cmds: tuple[Command, ...] = ()
         if lang == "console":
             cmds = _console(path, opened + 2, body)
         elif lang == "sh":
             cmds = _sh(opened + 2, body)
-        blocks.append(Block(path, opened + 1, lang, skip, cmds))
+        blocks.append(Block(path, opened + 1, lang, skip, cmds, tier))
         i = j + 1
     return blocks
 
