@@ -15,6 +15,9 @@ scripts/engine-setup): a missing one fails under CI=true, else skips.
 
 from __future__ import annotations
 
+import re
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -54,3 +57,21 @@ def test_page_commands_run_and_print_what_the_page_shows(page: str, tmp_path: Pa
     assert not problems, f"{len(problems)} command(s) of {page} differ from the page:\n" + (
         "\n".join(problems)
     )
+
+
+def test_the_commands_page_names_every_command() -> None:
+    """docs/commands.md lists each command `governor --help` has (the README listed `top`
+    twice, one of them stale, and `apply`/`remove` not at all)."""
+    done = subprocess.run(
+        [sys.executable, "-m", "governor", "--help"],
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=60,
+    )
+    names = re.findall(r"^  (\w+)\s{2,}", done.stdout.split("Commands:", 1)[1], re.MULTILINE)
+    page = (runner.REPO / "docs" / "commands.md").read_text()
+    rows = [line for line in page.splitlines() if line.startswith("| `governor ")]
+    missing = [n for n in names if not any(f"`governor {n}" in r for r in rows)]
+    twice = [n for n in names if sum(r.startswith(f"| `governor {n} ") for r in rows) > 1]
+    assert len(names) >= 20 and not missing and not twice, (names, missing, twice)
