@@ -1,7 +1,7 @@
 """[device] memory at preflight: can the board give the engine the device memory it needs?
 
-memcg cannot bound it (contiguous NPU buffers are charged to no cgroup: README "NPU and GPU
-memory"), so the one place to refuse it is before anything is applied, against what the
+memcg cannot bound it (contiguous NPU buffers are charged to no cgroup:
+docs/devices.md), so the one place to refuse it is before anything is applied, against what the
 board has now: MemAvailable (pool "system": the page allocator, where rknpu's IOMMU and
 shmem-backed buffers come from) or CmaFree (pool "cma": a board whose NPU/GPU buffers must be
 physically contiguous); from MemAvailable the memory.min the other governed groups in the

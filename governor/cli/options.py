@@ -112,7 +112,7 @@ Metrics = Annotated[
         envvar=METRICS_ENV,
         show_envvar=True,
         help="serve Prometheus /metrics on [ADDR:]PORT while it runs (ADDR defaults to"
-        ' 127.0.0.1; see README "Metrics")',
+        " 127.0.0.1; see docs/metrics.md)",
     ),
 ]
 

@@ -1,6 +1,6 @@
 """Device memory a group's processes hold: DRM clients and dma-buf fds, read from fdinfo.
 
-memcg does not see all of it (README "NPU and GPU memory"): contiguous rknpu buffers are
+memcg does not see all of it (docs/devices.md): contiguous rknpu buffers are
 charged to no cgroup, shmem-backed GEM objects are charged but are not in RSS. What the kernel
 does print per open file (proc_pid_fdinfo(5)):
 

@@ -31,7 +31,7 @@ from governor.record import record
 
 BOARD_FILE = Path("/etc/governor/board.toml")
 BOARD_ENV = "GOVERNOR_BOARD"
-BOARD_HINT = "see the README, 'QoS classes and shedding', for the board file's keys"
+BOARD_HINT = "see docs/several.md, 'The board file', for the board file's keys"
 MAX_BOARD_BYTES = 1 << 20
 _NAME_RE = re.compile(r"^[a-z0-9][a-z0-9_-]{0,62}$")
 _PATH_RE = re.compile(r"^[A-Za-z0-9@:_.\\-]+(/[A-Za-z0-9@:_.\\-]+)*$")

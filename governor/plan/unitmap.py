@@ -3,7 +3,7 @@
 no files, no environment, no clock. deploy/dropin.py renders the table's settings into unit
 files; the transient backend (backends/systemd.py) sends them over D-Bus.
 
-Layout under systemd (documented in README "Deploy with systemd"):
+Layout under systemd (documented in docs/server.md, "Deploy with systemd"):
 
     <policy.slice>                          e.g. governor.slice (shipped: units/governor.slice)
       <stem>-<escaped name>.slice           the policy's limits: [Slice] directives

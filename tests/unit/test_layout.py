@@ -333,21 +333,22 @@ def test_no_new_top_level_module() -> None:
     packages = {p.parent.name for p in PACKAGE.glob("*/__init__.py")}
     new = sorted((modules - TOP_LEVEL_MODULES) | (packages - TOP_LEVEL_PACKAGES))
     assert not new, (
-        f"new at governor/'s top level: {new}; put it in the folder of its lifetime (README"
-        ' "Layout"), or add it to TOP_LEVEL_* here with the README line that explains it'
+        f"new at governor/'s top level: {new}; put it in the folder of its lifetime"
+        ' (docs/development.md, "Layout"), or add it to TOP_LEVEL_* here with the line of that'
+        " map that explains it"
     )
     gone = sorted((TOP_LEVEL_MODULES - modules) | (TOP_LEVEL_PACKAGES - packages))
     assert not gone, f"listed in TOP_LEVEL_* but gone: {gone}"
 
 
-def test_the_readme_layout_map_names_every_folder_and_top_level_module() -> None:
-    text = (REPO / "README.md").read_text()
+def test_the_manual_layout_map_names_every_folder_and_top_level_module() -> None:
+    text = (REPO / "docs" / "development.md").read_text()
     block = text[text.index("## Layout") :].split("```")[1]
     named = {line.split()[0] for line in block.splitlines() if line.strip()}
     want = {f"governor/{m}.py" for m in TOP_LEVEL_MODULES - {"__init__"}}
     want |= {f"governor/{p}/" for p in TOP_LEVEL_PACKAGES}
     missing = sorted(want - named)
-    assert not missing, f"README's layout map does not name: {missing}"
+    assert not missing, f"docs/development.md's layout map does not name: {missing}"
 
 
 # ------------------------------------------------------------------ the checker itself

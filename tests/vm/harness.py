@@ -8,7 +8,7 @@ Run through scripts/test (which runs scripts/setup and activates .venv first)::
     scripts/test --tier kernel -k oom    # extra arguments go to every pytest run
 
 Tiers
-  lint     ruff check, ruff format --check, mypy (config in pyproject.toml)
+  lint     ruff check, ruff format --check, mypy (config in pyproject.toml), mkdocs build --strict
   host     pytest -m "not kernel and not systemd and not engine" on the host
   kernel   ONE qemu boot of the host kernel (busybox initramfs, host root over 9p with
            cache=loose under a tmpfs overlay, bash as PID 1, no systemd); inside, pytest -m
@@ -501,6 +501,8 @@ def tier_lint(opts: Options) -> TierResult:
         "ruff check": [venv_bin("ruff"), "check", "."],
         "ruff format --check": [venv_bin("ruff"), "format", "--check", "."],
         "mypy": [venv_bin("mypy")],
+        # the manual (docs/, mkdocs.yml): a broken link or a page left out of the nav fails
+        "mkdocs build --strict": [venv_bin("mkdocs"), "build", "--strict", "--quiet"],
     }
     start = time.monotonic()
     end = start + opts.timeout
