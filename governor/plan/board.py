@@ -36,6 +36,7 @@ BOARD_ENV = "GOVERNOR_BOARD"
 GOVERNED_ROOT = "governor.slice"
 BOARD_HINT = "see the README, 'QoS classes and shedding', for the board file's keys"
 MAX_BOARD_BYTES = 1 << 20
+NAME_MAX = 255  # a cgroup is a directory: each path component is a file name (limits.h)
 _NAME_RE = re.compile(r"^[a-z0-9][a-z0-9_-]{0,62}$")
 _PATH_RE = re.compile(r"^[A-Za-z0-9@:_.\\-]+(/[A-Za-z0-9@:_.\\-]+)*$")
 _KEYS = ("path", "class", "yield", "name")
@@ -141,10 +142,16 @@ def _entry(
     path = t.get("path")
     if not isinstance(path, str) or not path:
         raise fail(f"expected a cgroup path, got {_shown(path)}", f"{where}.path")
-    if path.startswith("/") or {".", ".."} & set(path.split("/")) or not _PATH_RE.fullmatch(path):
+    parts = path.split("/")
+    if (
+        path.startswith("/")
+        or {".", ".."} & set(parts)
+        or not _PATH_RE.fullmatch(path)
+        or any(len(p.encode()) > NAME_MAX for p in parts)
+    ):
         raise fail(
             f"invalid cgroup path {_shown(path)}: relative to the cgroup2 root, no '.' or '..'"
-            " component, no spaces",
+            f" component, no spaces, at most {NAME_MAX} bytes a component",
             f"{where}.path",
         )
     for g in governed:
@@ -156,7 +163,7 @@ def _entry(
                 hint="remove the entry, or name a cgroup outside every governed slice",
             )
     cls = t.get("class", "standard")
-    if cls not in QOS_RANK:
+    if not isinstance(cls, str) or cls not in QOS_RANK:
         raise fail(
             f"expected 'interactive', 'standard' or 'background', got {_shown(cls)}",
             f"{where}.class",

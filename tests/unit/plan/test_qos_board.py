@@ -111,7 +111,9 @@ def test_check_knows_the_running_slices_from_the_run_dir(tmp_path: Path, run_dir
     assert check_board(board) == 1
 
 
-@pytest.mark.parametrize("path", ["a/./b", ".", "a/.", "./a", "a/..", "a//b", "/a", "a b"])
+@pytest.mark.parametrize(
+    "path", ["a/./b", ".", "a/.", "./a", "a/..", "a//b", "/a", "a b", f"a/{'x' * 256}"]
+)
 def test_check_refuses_a_board_path_with_a_dot_component(tmp_path: Path, path: str) -> None:
     board = tmp_path / "board.toml"
     board.write_text(f'[[cgroup]]\npath = "{path}"\n')
@@ -132,3 +134,14 @@ def test_the_reader_returns_every_good_entry_and_one_error_per_bad_one(tmp_path:
     assert [e.field for e in read.errors] == ["color", "cgroup[1].path", "cgroup[2].name",
                                               "cgroup[3].yield"]  # fmt: skip
     assert all(e.exit_code == 65 and e.file == str(board) for e in read.errors)
+
+
+@pytest.mark.parametrize(("key", "value"), [("class", "[]"), ("class", "{}"), ("yield", "[[1]]")])
+def test_a_board_value_of_the_wrong_type_is_an_error_never_a_traceback(
+    tmp_path: Path, key: str, value: str
+) -> None:
+    board = tmp_path / "board.toml"
+    board.write_text(f'[[cgroup]]\npath = "a/b"\n{key} = {value}\n')
+    with pytest.raises(PolicyError) as err:
+        load_board(board)
+    assert err.value.exit_code == 65 and err.value.field == f"cgroup[0].{key}"
