@@ -82,15 +82,28 @@ class Rig:
         out = []
         for _ in range(times):
             res = sh.shed(CTX)
-            if res.after:
+            if res.ok and res.after:  # a failed step says which it was too
                 out.append((res.after["victim"], res.after["step"]))
             self.now[0] += tick
         return out
 
 
 def _trapper(mark: Path) -> list[str]:
-    """A shell that writes ``mark`` on SIGTERM and lives on (SIGKILL ends it)."""
-    return ["/bin/sh", "-c", f'trap "echo term >> {mark}" TERM; while :; do sleep 0.2; done']
+    """A process that writes ``mark`` on SIGTERM and lives on (SIGKILL ends it); it writes
+    ``mark``.ready once its handler is in place (a shell's trap would not do: a signal
+    ignored when a shell starts cannot be trapped, POSIX `trap`)."""
+    return ["/usr/bin/python3", "-c", (
+        "import pathlib, signal, time\n"
+        f"mark = pathlib.Path({str(mark)!r})\n"
+        "signal.signal(signal.SIGTERM, lambda *_: mark.write_text('term'))\n"
+        "mark.with_suffix('.ready').write_text('1')\n"
+        "while True:\n    time.sleep(0.2)\n"
+    )]  # fmt: skip
+
+
+def _ready(*marks: Path) -> None:
+    for mark in marks:
+        cgroups.wait_for(mark.with_suffix(".ready").exists, 60, f"{mark.stem} started")
 
 
 def _events(logs: list[dict[str, Any]], name: str) -> list[dict[str, Any]]:
@@ -183,6 +196,7 @@ def test_stop_sends_a_real_sigterm_and_kill_empties_the_board_cgroup(
     rig.board.write_text(
         f'[[cgroup]]\npath = "{rig.rel(cam)}"\nclass = "background"\nyield = ["stop", "kill"]\n'
     )
+    _ready(mark)
     sh = rig.shedder()
     assert rig.fire(sh, 1) == [("cam", "stop")]
     cgroups.wait_for(mark.exists, 30, "the SIGTERM trapped by the recorder")
@@ -204,6 +218,7 @@ def test_stop_signals_a_governed_engine_pid_only_while_it_is_in_its_group(
     engine = spawn(_trapper(tmp_path / "engine.term"), cgroup=job)
     helper = spawn(_trapper(tmp_path / "helper.term"), cgroup=job)
     outsider = spawn(_trapper(tmp_path / "outsider.term"))
+    _ready(*(tmp_path / f"{n}.term" for n in ("engine", "helper", "outsider")))
     plan = rig.plan("job", QosSpec(qos_class="background", yields=("stop",)), job)
     sent: list[int] = []
 
