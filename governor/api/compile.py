@@ -34,7 +34,32 @@ def check_board(path: Path) -> int | None:
 
     if not is_board_file(path):
         return None
-    return len(load_board(path))
+    return len(load_board(path, governed_slices(path.parent)))
+
+
+def governed_slices(policy_dir: Path) -> list[str]:
+    """The groups a board entry may not be, contain or lie inside: every published plan's
+    (the run dir) and every policy's in ``policy_dir`` (the board file's directory,
+    /etc/governor): ``<slice>/<name>``."""
+    import tomllib
+
+    from governor.monitor.victims import governed_groups
+    from governor.rundir.state import run_dir
+
+    out = set(governed_groups(run_dir()))
+    try:
+        files = sorted(policy_dir.glob("*.toml"))
+    except OSError:
+        files = []
+    for f in files:
+        try:
+            raw = tomllib.loads(f.read_text())
+        except (OSError, ValueError, RecursionError):
+            continue  # not a policy: `governor check` of that file says why
+        name, slice_ = raw.get("name"), raw.get("slice", "governor.slice")
+        if isinstance(name, str) and isinstance(slice_, str) and name and slice_:
+            out.add(f"{slice_}/{name}")
+    return sorted(out)
 
 
 def schema() -> dict[str, Any]:

@@ -285,7 +285,7 @@ def _check_server_values(values: dict[str, str]) -> None:
         raise EngineArgvError(f"engine option --port {why}", option="--port")
     if parse_int(values.get("batch", "")) == 0:
         raise EngineArgvError(
-            "engine option -b/--batch-size is 0: llama.cpp aborts on it (GGML_ASSERT)",
+            "engine option -b/--batch-size is 0: llama.cpp aborts on it, a GGML_ASSERT",
             option="-b/--batch-size",
         )
 

@@ -180,6 +180,20 @@ class CgroupFs:
             raise translate(err, "cannot list cgroup", cgroup=cgroup) from err
         return [f"{cgroup}/{name}" if cgroup else name for name in names]
 
+    def procs_below(self, cgroup: str) -> list[int]:
+        """Every pid in ``cgroup`` and its descendants; a cgroup that vanishes meanwhile (or
+        was never there) adds none."""
+        out: list[int] = []
+        todo = [cgroup]
+        while todo:
+            cg = todo.pop()
+            try:
+                out += self.procs(cg)
+                todo += self.children(cg)
+            except (BackendError, PermissionDenied):
+                continue
+        return out
+
     def open_dir(self, cgroup: str) -> int:
         """An ``O_RDONLY | O_DIRECTORY`` fd of the cgroup (clone3 CLONE_INTO_CGROUP, flock).
 

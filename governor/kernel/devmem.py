@@ -30,7 +30,6 @@ import os
 import re
 from collections.abc import Iterable, Mapping
 
-from governor.errors import GovernorError
 from governor.kernel.cgroupfs import CgroupFs
 from governor.kernel.procfs import ProcFs
 from governor.record import record
@@ -168,16 +167,7 @@ class DeviceMemoryReader:
 
     def pids(self, group: str) -> list[int]:
         """Every pid in ``group`` and below it; [] when it is gone."""
-        out: list[int] = []
-        todo = [group]
-        while todo:
-            cg = todo.pop()
-            try:
-                out += self.fs.procs(cg)
-                todo += self.fs.children(cg)
-            except GovernorError:
-                continue
-        return out
+        return self.fs.procs_below(group)
 
     def fds(self, pid: int) -> list[DrmClient | DmaBuf]:
         """The device-memory fds of one process; [] when it is gone or not ours to read

@@ -40,15 +40,19 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, Protocol
 
-from governor.errors import GovernorError, PolicyError
+from governor.errors import GovernorError
 from governor.kernel import files as kf
 from governor.kernel.cgroupfs import CgroupFs
 from governor.kernel.parse import parse_max
 from governor.log import get_logger
 from governor.monitor.actions import Context, Result
 from governor.monitor.sources import protected_cache
-from governor.monitor.victims import Victim, board_victims, governed_victims
-from governor.plan.board import load_board
+from governor.monitor.victims import (
+    Victim,
+    board_file_victims,
+    governed_victims,
+    own_process_cgroup,
+)
 from governor.plan.model import QOS_RANK, Plan
 from governor.record import field, record
 from governor.rundir.state import alive as governor_alive
@@ -97,6 +101,7 @@ class Shedder:
         page_size: int = os.sysconf("SC_PAGE_SIZE"),
         pid: int | None = None,
         memavailable: Callable[[], int | None] | None = None,
+        own_cgroup: str | None = None,
     ) -> None:
         self.fs = fs
         self.plan = plan
@@ -115,35 +120,44 @@ class Shedder:
         self.held: dict[str, Held] = {}  # in the order of their first step
         self.last_step_at: float | None = None
         self.totals: dict[tuple[str, str], int] = {}  # (victim, step) -> times
-        self._board_said: str | None = None
+        # this process's own cgroup (/proc/self/cgroup): never a victim, nor its ancestors or
+        # descendants, whatever policy (or none) it runs under
+        self.own_cgroup = own_cgroup if own_cgroup is not None else own_process_cgroup()
+        self._said: set[tuple[str, str]] = set()  # (event, reason): each problem told once
+        self._failed: dict[str, list[str]] = {}  # victim -> its steps that failed, not retried
         self._undo_waited_at: float | None = None  # the undo's latest wait for room
 
     # ------------------------------------------------------------------ victims
 
     def victims(self) -> list[Victim]:
-        """Every slice this policy may shed now, in shedding order."""
-        out = [*self._governed(), *self._ungoverned()]
+        """Every slice this policy may shed now, in shedding order. A bad state or board entry
+        is skipped with one log line (a file is read again at every firing)."""
+        out = [
+            *governed_victims(self.fs, self.plan, self.run, self._invalid("shed.victim_invalid")),
+            *board_file_victims(
+                self.fs, self.plan, self.run, self.board, self._invalid("shed.board_invalid")
+            ),
+        ]
         out = [v for v in out if not self._related(v.cgroup)]
         for i, v in enumerate(out):
             out[i] = Victim(**{**vars(v), "usage": self._usage(v.cgroup)})
         return sorted(out, key=lambda v: (QOS_RANK[v.qos_class], -v.usage, v.name))
 
-    def _governed(self) -> list[Victim]:
-        return governed_victims(self.fs, self.plan, self.run)
+    def _invalid(self, event: str) -> Callable[[str, str], None]:
+        def said(victim: str, reason: str) -> None:
+            if (event, reason) not in self._said:
+                self._said.add((event, reason))
+                log.warning(event, by=self.by, victim=victim, reason=reason, detail="skipped")
 
-    def _ungoverned(self) -> list[Victim]:
-        try:
-            entries = load_board(self.board)
-        except PolicyError as err:  # `governor check` says it too; never shed on a guess
-            if self._board_said != str(err):
-                self._board_said = str(err)
-                log.warning("shed.board_invalid", reason=str(err), detail="board cgroups skipped")
-            return []
-        return board_victims(self.fs, self.plan, self.run, entries)
+        return said
 
     def _related(self, cgroup: str) -> bool:
-        own = self.plan.group
-        return cgroup == own or own.startswith(cgroup + "/") or cgroup.startswith(own + "/")
+        """``cgroup`` is, contains or lies inside this policy's group or this process's own."""
+        return any(
+            cgroup == own or own.startswith(cgroup + "/") or cgroup.startswith(own + "/")
+            for own in (self.plan.group, self.own_cgroup)
+            if own is not None
+        )
 
     def _usage(self, cgroup: str) -> int:
         try:
@@ -158,18 +172,24 @@ class Shedder:
         now = self.clock()
         if self.last_step_at is not None and now - self.last_step_at < self.settle_s:
             return Result("shed", ok=True, detail="settling after the previous step")
+        failed: Result | None = None
         for victim in self.victims():
             if victim.name not in self.held and self._held_by_another(victim):
                 continue  # one shedder per victim: the first keeps it until its release
             held = self.held.get(victim.name) or Held(victim)
-            step = self._next_step(victim, held, now)
+            step: str | None = None
+            for _ in range(len(victim.yields)):  # each step at most once per firing
+                step = self._next_step(victim, held, now)
+                if step is None or step == "wait":
+                    break
+                with self._locked(victim):
+                    res = self._take(victim, held, step, ctx, now)
+                if res.ok:
+                    return res
+                failed = res  # not retried: the next step of its yield, or the next victim
             if step == "wait":
                 return Result("shed", ok=True, detail=f"{victim.name}: grace after stop")
-            if step is None:
-                continue
-            with self._locked(victim):
-                return self._take(victim, held, step, ctx, now)
-        return Result("shed", ok=True, detail="nothing left to shed")
+        return failed or Result("shed", ok=True, detail="nothing left to shed")
 
     def _held_by_another(self, victim: Victim) -> bool:
         """Another live shedder holds ``victim`` (its journal says so): two shedders on one
@@ -180,7 +200,8 @@ class Shedder:
     def _next_step(self, victim: Victim, held: Held, now: float) -> str | None:
         if "kill" in held.done or ("stop" in held.done and not self._populated(victim.cgroup)):
             return None  # gone
-        left = [s for s in victim.yields if s not in held.done]
+        failed = self._failed.get(victim.name, [])
+        left = [s for s in victim.yields if s not in held.done and s not in failed]
         if not left:
             return None
         stopped = held.stopped_at
@@ -213,16 +234,25 @@ class Shedder:
                     held.frozen = False
                     changes.append(_change(cg, kf.CGROUP_FREEZE, "1", "0"))
                 pids = self._stop_pids(victim)
+                if not pids and self._populated(cg):  # the engine pid is not in its group
+                    raise GovernorError(f"no process to stop in its group ({victim.cgroup})")
                 for pid in pids:
                     with contextlib.suppress(ProcessLookupError):
                         self.kill(pid, signal.SIGTERM)
                 held.stopped_at = now
-            else:
+            elif step == "kill":
                 self.fs.kill(cg)
                 if held.frozen:
                     self.fs.freeze(cg, False)
                     held.frozen = False
+            else:  # never mapped to an action (a victim's yields hold only known steps)
+                raise GovernorError(f"unknown shed step {step[:40]!r} ({victim.cgroup})")
         except GovernorError as err:
+            self._failed.setdefault(victim.name, []).append(step)
+            log.warning(
+                "shed.step_failed", by=self.by, victim=victim.name, cgroup=cg, step=step,
+                reason=str(err), detail="not retried: the next step or the next victim",
+            )  # fmt: skip
             return Result(
                 "shed", ok=False, after={"victim": victim.name, "step": step}, detail=str(err)
             )
@@ -250,30 +280,18 @@ class Shedder:
         """The victim's engine when its published pid runs in its cgroup now (state.json is
         another process's file: a stale or forged pid is never signalled), else every process
         of its cgroup."""
-        try:
-            pids = sorted(
-                {p for g in (victim.cgroup, *self._below(victim.cgroup)) for p in self.fs.procs(g)}
-            )
-        except GovernorError:
-            return []
+        pids = sorted(set(self.fs.procs_below(victim.cgroup)))
         if victim.governed and victim.engine_pid:
             if victim.engine_pid in pids:
                 return [victim.engine_pid]
             log.warning("shed.engine_pid_untrusted", victim=victim.name, pid=victim.engine_pid)
         return pids
 
-    def _below(self, cgroup: str) -> list[str]:
-        out, todo = [], [cgroup]
-        while todo:
-            for child in self.fs.children(todo.pop()):
-                out.append(child)
-                todo.append(child)
-        return out
-
     # ------------------------------------------------------------------ giving back
 
     def holding(self) -> bool:
-        return bool(self.held)
+        """Something is held, or a failed step is remembered (the quiet undo forgets it)."""
+        return bool(self.held or self._failed)
 
     def held_groups(self) -> list[str]:
         """The cgroups of the victims held now (governor/monitor/ownstall.py reads them)."""
@@ -283,7 +301,10 @@ class Shedder:
         """One undo step (the shedding rules are quiet), at most one per SETTLE_S."""
         now = self.clock()
         times = [t for t in (self.last_step_at, self._undo_waited_at) if t is not None]
-        if not self.held or (times and now - max(times) < self.settle_s):
+        if not self.held:
+            self._failed.clear()  # quiet: pressure that comes back tries every step again
+            return None
+        if times and now - max(times) < self.settle_s:
             return None
         name, held = next(reversed(self.held.items()))
         with self._locked(held.victim):
@@ -393,6 +414,7 @@ class Shedder:
             self._count(name, "release")
             log.info("shed.undo", by=self.by, victim=name, cgroup=cg, step="release", reason=why)
         self.held.clear()
+        self._failed.clear()
         self._arm()
 
     # ------------------------------------------------------------------ records

@@ -5,16 +5,18 @@ class`` ranks below the shedder's, and the board file's ungoverned cgroups
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import Any
 
+from governor.errors import GovernorError
 from governor.kernel import files as kf
 from governor.kernel.cgroupfs import CgroupFs
-from governor.plan.board import BoardCgroup
-from governor.plan.model import QOS_RANK, Plan
+from governor.plan.board import BoardCgroup, read_board
+from governor.plan.model import QOS_RANK, SHED_STEPS, Plan
 from governor.record import record
 from governor.rundir.journal import Journal
-from governor.rundir.state import read_states
+from governor.rundir.state import read_states, scan_states
 
 BOARD_DIR = "board"  # <run dir>/board/<name>/journal.jsonl: an ungoverned cgroup's journal
 
@@ -32,18 +34,51 @@ class Victim:
     usage: int = 0  # memory.current when listed
 
 
-def governed_victims(fs: CgroupFs, shedder: Plan, run: Path) -> list[Victim]:
-    """The live governed slices of a lower class than ``shedder``'s (their published state)."""
+Invalid = Callable[[str, str], None]  # (victim, reason): told once per problem by the shedder
+
+
+def _plan(state: dict[str, Any]) -> Plan | None:
+    try:
+        return Plan.from_dict(state["plan"]) if isinstance(state.get("plan"), dict) else None
+    except (ValueError, TypeError, KeyError, AttributeError):  # another process wrote it
+        return None
+
+
+def governed_groups(run: Path) -> list[str]:
+    """The group of every published plan, live or stale: what a board entry may not be,
+    contain or lie inside (governor/plan/board.py)."""
+    plans = (_plan(st) for st in read_states(run))
+    return sorted({p.group for p in plans if p is not None and isinstance(p.group, str)})
+
+
+def governed_victims(
+    fs: CgroupFs, shedder: Plan, run: Path, invalid: Invalid | None = None
+) -> list[Victim]:
+    """The live governed slices of a lower class than ``shedder``'s (their published state).
+    A state with an unknown class is no victim, an unknown step is not in its yields: each is
+    told to ``invalid``, never mapped to an action."""
     rank = QOS_RANK[shedder.qos.qos_class]
     out = []
-    for st in read_states(run):
+    states, unreadable = scan_states(run)
+    for err in unreadable:  # not a state (its reader says why): no victim, one line
+        if invalid is not None:
+            invalid(err.path.parent.name, err.problem)
+    for st in states:
         if st.get("stale") or st.get("policy") == shedder.policy or not st.get("plan"):
             continue
-        try:
-            plan = Plan.from_dict(st["plan"])
-        except ValueError:
+        plan = _plan(st)
+        if plan is None:
             continue
-        if QOS_RANK[plan.qos.qos_class] >= rank or not fs.exists(plan.group):
+        cls, steps = plan.qos.qos_class, plan.qos.yields
+        if cls not in QOS_RANK:
+            if invalid is not None:
+                invalid(plan.policy, f"unknown [qos] class {str(cls)[:40]!r}: not shed")
+            continue
+        if not isinstance(steps, (tuple, list)) or any(s not in SHED_STEPS for s in steps):
+            if invalid is not None:
+                invalid(plan.policy, f"unknown [qos] yield step in {str(steps)[:80]}: skipped")
+            steps = tuple(s for s in SHED_STEPS if isinstance(steps, (tuple, list)) and s in steps)
+        if QOS_RANK[cls] >= rank or not fs.exists(plan.group):
             continue
         if plan.cgroup_root != shedder.cgroup_root:
             continue
@@ -55,11 +90,11 @@ def governed_victims(fs: CgroupFs, shedder: Plan, run: Path) -> list[Victim]:
             Victim(
                 name=plan.policy,
                 cgroup=plan.group,
-                qos_class=plan.qos.qos_class,
-                yields=plan.qos.yields,
+                qos_class=cls,
+                yields=tuple(steps),
                 journal=Journal(run / plan.policy),
                 restore_high=high,
-                engine_pid=st.get("engine_pid"),
+                engine_pid=pid if isinstance(pid := st.get("engine_pid"), int) else None,
             )
         )
     return out
@@ -83,3 +118,35 @@ def board_victims(
         for b in entries
         if QOS_RANK[b.qos_class] < rank and fs.exists(b.path)
     ]
+
+
+def board_file_victims(
+    fs: CgroupFs, shedder: Plan, run: Path, board: Path | None, invalid: Invalid
+) -> list[Victim]:
+    """The board file's valid entries (governor/plan/board.py read_board) as victims; a bad
+    one (`governor check` refuses it too), or one on a governed slice, is told to
+    ``invalid`` and skipped, never shed on a guess, and hides none of the others."""
+    read = read_board(board, [shedder.group, *governed_groups(run)])
+    for err in read.errors:
+        invalid(err.field or "-", str(err))
+    out = []
+    for entry in read.entries:
+        try:
+            out += board_victims(fs, shedder, run, [entry])
+        except (GovernorError, ValueError, OSError) as err:
+            invalid(entry.name, f"{entry.name}: {err}")
+    return out
+
+
+def own_process_cgroup() -> str | None:
+    """This process's cgroup2 path (/proc/self/cgroup): a shedder never takes it, its
+    ancestors or its descendants. None when /proc says none, or the root (every cgroup lies
+    inside it: none is excluded for it)."""
+    from governor.backends.placement import parse_proc_cgroup
+    from governor.kernel.procfs import ProcFs
+
+    try:
+        own = parse_proc_cgroup(ProcFs().self_cgroup())
+    except (OSError, ValueError):
+        return None
+    return own or None

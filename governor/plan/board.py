@@ -20,7 +20,7 @@ from __future__ import annotations
 import os
 import re
 import tomllib
-from collections.abc import Mapping
+from collections.abc import Callable, Collection, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -31,8 +31,12 @@ from governor.record import record
 
 BOARD_FILE = Path("/etc/governor/board.toml")
 BOARD_ENV = "GOVERNOR_BOARD"
+# the policies' default slice (governor/policy/model.py): everything in it is governed, and a
+# board entry may not be, contain or lie inside it (nor any other policy's group)
+GOVERNED_ROOT = "governor.slice"
 BOARD_HINT = "see docs/several.md, 'The board file', for the board file's keys"
 MAX_BOARD_BYTES = 1 << 20
+NAME_MAX = 255  # a cgroup is a directory: each path component is a file name (limits.h)
 _NAME_RE = re.compile(r"^[a-z0-9][a-z0-9_-]{0,62}$")
 _PATH_RE = re.compile(r"^[A-Za-z0-9@:_.\\-]+(/[A-Za-z0-9@:_.\\-]+)*$")
 _KEYS = ("path", "class", "yield", "name")
@@ -44,6 +48,15 @@ class BoardCgroup:
     path: str  # relative to the cgroup2 root
     qos_class: str
     yields: tuple[str, ...]  # in ladder order
+
+
+@record(frozen=True)
+class BoardRead:
+    """What the board file holds: its valid entries and one error per entry that is not (or
+    one for the whole file: unreadable, not TOML)."""
+
+    entries: tuple[BoardCgroup, ...] = ()
+    errors: tuple[PolicyError, ...] = ()
 
 
 def board_path(environ: Mapping[str, str] | None = None) -> Path:
@@ -61,78 +74,114 @@ def is_board_file(path: Path) -> bool:
     return "cgroup" in raw and "name" not in raw
 
 
-def load_board(path: Path | None = None) -> tuple[BoardCgroup, ...]:
-    """The board's ungoverned cgroups; () when the file does not exist. PolicyError (65)."""
+def read_board(path: Path | None = None, governed: Collection[str] = ()) -> BoardRead:
+    """The board file through its one validating reader: every valid entry, and a PolicyError
+    for each entry (or for the whole file) that is not; a bad entry never hides the others.
+    ``governed``: the governed slices' groups a board entry may not be, contain or lie inside
+    (``GOVERNED_ROOT`` always). No file: no entries, no error."""
     path = board_path() if path is None else path
     try:
         data = path.read_bytes()[: MAX_BOARD_BYTES + 1]
     except FileNotFoundError:
-        return ()
+        return BoardRead()
     except OSError as err:
-        raise PolicyError(f"cannot read the board file: {err.strerror}", file=str(path)) from err
+        return _whole(f"cannot read the board file: {err.strerror}", path)
     if len(data) > MAX_BOARD_BYTES:
-        raise PolicyError("the board file is larger than 1 MiB", file=str(path))
+        return _whole("the board file is larger than 1 MiB", path)
     try:
         raw = tomllib.loads(data.decode())
     except (ValueError, RecursionError) as err:  # UnicodeDecodeError is a ValueError
-        raise PolicyError(f"TOML syntax error: {err}", file=str(path), hint=BOARD_HINT) from err
-    return parse_board(raw, str(path))
+        return _whole(f"TOML syntax error: {err}", path)
+    return parse_board(raw, str(path), governed)
 
 
-def parse_board(raw: dict[str, Any], source: str) -> tuple[BoardCgroup, ...]:
-    def fail(msg: str, field: str) -> PolicyError:
-        return PolicyError(msg, file=source, field=field, hint=BOARD_HINT)
+def load_board(path: Path | None = None, governed: Collection[str] = ()) -> tuple[BoardCgroup, ...]:
+    """The board's ungoverned cgroups, all valid, for `governor check`: () when the file does
+    not exist; the first entry's error as a PolicyError (65) otherwise."""
+    read = read_board(path, governed)
+    if read.errors:
+        raise read.errors[0]
+    return read.entries
 
-    for key in raw:
-        if key != "cgroup":
-            raise fail("unknown key", key)
+
+def _whole(msg: str, path: Path) -> BoardRead:
+    return BoardRead(errors=(PolicyError(msg, file=str(path), hint=BOARD_HINT),))
+
+
+def parse_board(raw: dict[str, Any], source: str, governed: Collection[str] = ()) -> BoardRead:
+    def fail(msg: str, field: str, hint: str = BOARD_HINT) -> PolicyError:
+        return PolicyError(msg, file=source, field=field, hint=hint)
+
+    errors = [fail("unknown key", key) for key in raw if key != "cgroup"]
     tables = raw.get("cgroup", [])
-    if not isinstance(tables, list) or not all(isinstance(t, dict) for t in tables):
-        raise fail("expected [[cgroup]] tables", "cgroup")
+    if not isinstance(tables, list):
+        return BoardRead(errors=(*errors, fail("expected [[cgroup]] tables", "cgroup")))
+    slices = (GOVERNED_ROOT, *governed)
     out: list[BoardCgroup] = []
     for i, t in enumerate(tables):
-        where = f"cgroup[{i}]"
-        for key in t:
-            if key not in _KEYS:
-                raise fail("unknown key", f"{where}.{key}")
-        path = t.get("path")
-        if not isinstance(path, str) or not path:
-            raise fail(f"expected a cgroup path, got {_shown(path)}", f"{where}.path")
-        if path.startswith("/") or ".." in path.split("/") or not _PATH_RE.fullmatch(path):
-            raise fail(
-                f"invalid cgroup path {_shown(path)}: relative to the cgroup2 root, no '..',"
-                " no spaces",
-                f"{where}.path",
-            )
-        cls = t.get("class", "standard")
-        if cls not in QOS_RANK:
-            raise fail(
-                f"expected 'interactive', 'standard' or 'background', got {_shown(cls)}",
-                f"{where}.class",
-            )
-        steps = t.get("yield", list(SHED_STEPS))
-        if not isinstance(steps, list) or any(s not in SHED_STEPS for s in steps):
-            raise fail(
-                f"expected a list of {', '.join(SHED_STEPS)}, got {_shown(steps)}",
-                f"{where}.yield",
-            )
-        if len(set(steps)) != len(steps):
-            raise fail(f"a step is listed twice in {steps}", f"{where}.yield")
-        stem = path.rsplit("/", 1)[-1].removesuffix(".service").lower()
-        name = t.get("name", re.sub(r"[^a-z0-9_-]", "-", stem)[:63])
-        if not isinstance(name, str) or not _NAME_RE.fullmatch(name):
-            raise fail(
-                f"invalid name {_shown(name)}: lower-case letters, digits, '_' and '-'",
-                f"{where}.name",
-            )
-        if any(c.name == name for c in out):
-            raise fail(f"name {name!r} is given twice", f"{where}.name")
-        out.append(
-            BoardCgroup(
-                name=name,
-                path=path,
-                qos_class=cls,
-                yields=tuple(s for s in SHED_STEPS if s in steps),
-            )
+        try:
+            entry = _entry(t, f"cgroup[{i}]", fail, slices)
+            if any(c.name == entry.name for c in out):
+                raise fail(f"name {entry.name!r} is given twice", f"cgroup[{i}].name")
+        except PolicyError as err:
+            errors.append(err)
+            continue
+        out.append(entry)
+    return BoardRead(entries=tuple(out), errors=tuple(errors))
+
+
+def _entry(
+    t: object, where: str, fail: Callable[..., PolicyError], governed: Sequence[str]
+) -> BoardCgroup:
+    """One ``[[cgroup]]`` table as a typed record, or its PolicyError."""
+    if not isinstance(t, dict):
+        raise fail(f"expected a [[cgroup]] table, got {_shown(t)}", where)
+    for key in t:
+        if key not in _KEYS:
+            raise fail("unknown key", f"{where}.{key}")
+    path = t.get("path")
+    if not isinstance(path, str) or not path:
+        raise fail(f"expected a cgroup path, got {_shown(path)}", f"{where}.path")
+    parts = path.split("/")
+    if (
+        path.startswith("/")
+        or {".", ".."} & set(parts)
+        or not _PATH_RE.fullmatch(path)
+        or any(len(p.encode()) > NAME_MAX for p in parts)
+    ):
+        raise fail(
+            f"invalid cgroup path {_shown(path)}: relative to the cgroup2 root, no '.' or '..'"
+            f" component, no spaces, at most {NAME_MAX} bytes a component",
+            f"{where}.path",
         )
-    return tuple(out)
+    for g in governed:
+        if path == g or g.startswith(path + "/") or path.startswith(g + "/"):
+            raise fail(
+                f"cgroup path {path!r} is, contains or lies inside the governed slice {g!r}:"
+                " its own policy's [qos] class and yield decide what a shed does to it",
+                f"{where}.path",
+                hint="remove the entry, or name a cgroup outside every governed slice",
+            )
+    cls = t.get("class", "standard")
+    if not isinstance(cls, str) or cls not in QOS_RANK:
+        raise fail(
+            f"expected 'interactive', 'standard' or 'background', got {_shown(cls)}",
+            f"{where}.class",
+        )
+    steps = t.get("yield", list(SHED_STEPS))
+    if not isinstance(steps, list) or any(s not in SHED_STEPS for s in steps):
+        raise fail(
+            f"expected a list of {', '.join(SHED_STEPS)}, got {_shown(steps)}", f"{where}.yield"
+        )
+    if len(set(steps)) != len(steps):
+        raise fail(f"a step is listed twice in {steps}", f"{where}.yield")
+    stem = path.rsplit("/", 1)[-1].removesuffix(".service").lower()
+    name = t.get("name", re.sub(r"[^a-z0-9_-]", "-", stem)[:63])
+    if not isinstance(name, str) or not _NAME_RE.fullmatch(name):
+        raise fail(
+            f"invalid name {_shown(name)}: lower-case letters, digits, '_' and '-'",
+            f"{where}.name",
+        )
+    return BoardCgroup(
+        name=name, path=path, qos_class=cls, yields=tuple(s for s in SHED_STEPS if s in steps)
+    )

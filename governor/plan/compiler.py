@@ -181,7 +181,7 @@ def compile_plan(
         degraded=tuple(degraded),
         device=_device(policy, workload),
         clocks=clocks,
-        qos=_qos(policy),
+        qos=_qos(policy, source),
     )
 
 
@@ -212,8 +212,29 @@ def _watch(policy: Policy) -> tuple[WatchRule, ...]:
     )
 
 
-def _qos(policy: Policy) -> QosSpec:
-    """The class, and the steps the policy yields in the ladder's order (whatever its own)."""
+def _qos(policy: Policy, source: str | None) -> QosSpec:
+    """The class, and the steps the policy yields in the ladder's order (whatever its own).
+    A combination that could never do anything is refused, not accepted silently: `shed` on
+    a background policy (no class ranks below it), `yield` on an interactive one (none above:
+    no shed ever takes a step on it)."""
+    cls = policy.qos.class_
+    for i, rule in enumerate(policy.pressure):
+        if cls == "background" and any(a.verb == "shed" for a in rule.do):
+            raise PolicyError(
+                "`shed` on a background policy: no class ranks below background, it could"
+                " never take anything",
+                file=source,
+                field=f"pressure[{i}].do",
+                hint='remove the shed action, or give the policy [qos] class = "standard"',
+            )
+    if cls == "interactive" and "yield_" in policy.qos.model_fields_set:
+        raise PolicyError(
+            "`yield` on an interactive policy: no class ranks above interactive, no shed ever"
+            " takes a step on it",
+            file=source,
+            field="qos.yield",
+            hint="remove qos.yield, or give the policy a lower [qos] class",
+        )
     yields = tuple(s for s in SHED_STEPS if s in policy.qos.yield_)
     return QosSpec(qos_class=policy.qos.class_, yields=yields)
 

@@ -60,10 +60,10 @@ ALLOW = {
 _OPTION = re.compile(r"(?<![\w/])--?[A-Za-z][\w-]*|(?<!\S)-- [A-Z]+")
 _METAVAR = re.compile(r"[A-Z][A-Z_]*(=[A-Z]+)?")
 _FIELD = re.compile(
-    r"\b(memory|cpu|cpuset|io|pids|process|engine|prefetch|pressure|device)\.[a-z_]+"
+    r"\b(memory|cpu|cpuset|io|pids|process|engine|prefetch|pressure|device|qos)\.[a-z_]+"
 )
 _SECTION = re.compile(
-    r"(memory|cpu|io|pids|process|engine|prefetch|pressure|device|slice|extends|name)"
+    r"(memory|cpu|io|pids|process|engine|prefetch|pressure|device|qos|slice|extends|name)"
 )
 _PATH = re.compile(r"(?:^|[\s:])/[\w.]|\{#\d+\}/")
 _PID = re.compile(r"\bpid (\d+|\{#\d+\})")
