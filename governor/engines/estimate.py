@@ -73,37 +73,22 @@ QUANT_BYTES_PER_WEIGHT: dict[str, float] = {
     "IQ4_NL": 18 / 32,
 }
 
-# ggml types ggml-cpu repacks, per CPU family (repack.cpp ggml_repack_get_optimal_repack_type,
-# version of notes/engine.md), with the row interleave their ne[1] must divide by. The ARM rows
-# were measured against llama.cpp cross-built for arm64 under qemu-aarch64 (perf/arm_repack.py):
-# ARM also repacks Q8_0 (q8_0_4x4 / 4x8), so an output.weight in Q8_0 is copied there and not on
-# x86. ggml decides from the features the CPU variant was COMPILED with (ggml_cpu_has_dotprod is
-# an #ifdef): the family is right for a runtime-dispatch build (GGML_CPU_ALL_VARIANTS, release
-# builds) or one built on the board (GGML_NATIVE), not for a plain armv8.0 build on a dotprod CPU.
-_ARM_REPACK = {
-    "Q4_0": 4,  # q4_0_4x4 (dotprod) / q4_0_4x8 (i8mm)
-    "Q4_K": 8,
-    "Q5_K": 8,
-    "Q6_K": 8,
-    "IQ4_NL": 4,
-    "MXFP4": 4,
-    "Q8_0": 4,
-    "Q1_0": 4,
-}
+# ggml types ggml-cpu repacks, per CPU family (repack.cpp, version of notes/engine.md), with the
+# row interleave their ne[1] must divide by; ARM measured with an arm64 build (perf/arm_repack.py):
+# it also repacks Q8_0 (an output.weight), and decides from the variant's COMPILED features
+_ARM = {"Q4_0": 4, "Q4_K": 8, "Q5_K": 8, "Q6_K": 8, "IQ4_NL": 4, "MXFP4": 4, "Q8_0": 4, "Q1_0": 4}
 REPACK_TYPES: dict[str, dict[str, int]] = {
     "x86-avx2": {"Q4_0": 8, "Q4_K": 8, "IQ4_NL": 8, "MXFP4": 8},
     "x86-avx512": {"Q4_0": 8, "Q4_K": 8, "IQ4_NL": 8, "MXFP4": 8, "Q2_K": 8},
-    "arm-dotprod": dict(_ARM_REPACK),  # Cortex-A55/A76 (RK3588, Pi 5): asimddp
-    "arm-i8mm": dict(_ARM_REPACK),  # + i8mm: other kernels, the same types and sizes
-    # armv8.0 (Cortex-A53/A72: no asimddp): no ARM repack kernel applies, nothing is copied
-    "none": {},
+    "arm-dotprod": dict(_ARM),  # Cortex-A55/A76 (RK3588, Pi 5): asimddp
+    "arm-i8mm": dict(_ARM),  # + i8mm: other kernels, the same types and sizes
+    "none": {},  # also armv8.0 (Cortex-A53/A72, no asimddp): nothing is copied
 }
 
 
 def cpuinfo_machine(cpuinfo: str, default: str) -> str:
-    """The machine a /proc/cpuinfo text was written by (pure): arm64 kernels print "Features" and
-    "CPU architecture: 8", x86 ones "flags" and "vendor_id"; ``default`` when it says neither
-    (empty, other architectures). A --root tree of another board is that board's CPU."""
+    """The machine a /proc/cpuinfo text comes from (pure): arm64 kernels print "Features" and
+    "CPU architecture", x86 ones "flags" and "vendor_id"; else ``default`` (a --root tree's CPU)."""
     keys = {line.partition(":")[0].strip() for line in cpuinfo.splitlines()}
     if "Features" in keys and "CPU architecture" in keys:
         return "aarch64"
