@@ -355,10 +355,12 @@ def _cpu_signature(opts: HostOptions) -> str:
     """What the GGUF estimate reads from the CPU (its repack family): machine + flags."""
     import os
 
+    from governor.engines.estimate import cpuinfo_machine
     from governor.kernel.procfs import ProcFs
 
-    machine = os.uname().machine
-    for line in ProcFs(opts.root / "proc").cpuinfo().splitlines():
+    text = ProcFs(opts.root / "proc").cpuinfo()
+    machine = cpuinfo_machine(text, os.uname().machine)
+    for line in text.splitlines():
         if line.startswith(("flags", "Features")):
             return f"{machine}|{line.partition(':')[2].strip()}"
     return machine

@@ -11,7 +11,13 @@ import platform
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from governor.engines.estimate import Estimate, cpu_family, estimate, settings_from_argv
+from governor.engines.estimate import (
+    Estimate,
+    cpu_family,
+    cpuinfo_machine,
+    estimate,
+    settings_from_argv,
+)
 from governor.engines.gguf import read_gguf_cached as read_gguf
 from governor.engines.llama import EngineArgs, model_parts
 from governor.kernel.procfs import ProcFs
@@ -22,7 +28,8 @@ if TYPE_CHECKING:
 
 def host_family(root: Path) -> str:
     """The repack family of this host's CPU (x86-avx2, arm-dotprod, ...)."""
-    return cpu_family(platform.machine(), ProcFs(root / "proc").cpuinfo())
+    text = ProcFs(root / "proc").cpuinfo()
+    return cpu_family(cpuinfo_machine(text, platform.machine()), text)
 
 
 def estimate_argv(args: EngineArgs, *, root: Path, budget: int | None) -> Estimate:

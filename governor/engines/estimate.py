@@ -74,22 +74,27 @@ QUANT_BYTES_PER_WEIGHT: dict[str, float] = {
 }
 
 # ggml types ggml-cpu repacks, per CPU family (repack.cpp, version of notes/engine.md), with the
-# row interleave their ne[1] must divide by
+# row interleave their ne[1] must divide by; ARM measured with an arm64 build (perf/arm_repack.py):
+# it also repacks Q8_0 (an output.weight), and decides from the variant's COMPILED features
+_ARM = {"Q4_0": 4, "Q4_K": 8, "Q5_K": 8, "Q6_K": 8, "IQ4_NL": 4, "MXFP4": 4, "Q8_0": 4, "Q1_0": 4}
 REPACK_TYPES: dict[str, dict[str, int]] = {
     "x86-avx2": {"Q4_0": 8, "Q4_K": 8, "IQ4_NL": 8, "MXFP4": 8},
     "x86-avx512": {"Q4_0": 8, "Q4_K": 8, "IQ4_NL": 8, "MXFP4": 8, "Q2_K": 8},
-    "arm-dotprod": {
-        "Q4_0": 4,
-        "Q4_K": 8,
-        "Q5_K": 8,
-        "Q6_K": 8,
-        "IQ4_NL": 4,
-        "MXFP4": 4,
-        "Q8_0": 4,
-        "Q1_0": 4,
-    },
-    "none": {},
+    "arm-dotprod": dict(_ARM),  # Cortex-A55/A76 (RK3588, Pi 5): asimddp
+    "arm-i8mm": dict(_ARM),  # + i8mm: other kernels, the same types and sizes
+    "none": {},  # also armv8.0 (Cortex-A53/A72, no asimddp): nothing is copied
 }
+
+
+def cpuinfo_machine(cpuinfo: str, default: str) -> str:
+    """The machine a /proc/cpuinfo text comes from (pure): arm64 kernels print "Features" and
+    "CPU architecture", x86 ones "flags" and "vendor_id"; else ``default`` (a --root tree's CPU)."""
+    keys = {line.partition(":")[0].strip() for line in cpuinfo.splitlines()}
+    if "Features" in keys and "CPU architecture" in keys:
+        return "aarch64"
+    if "flags" in keys and "vendor_id" in keys:
+        return "x86_64"
+    return default
 
 
 def cpu_family(machine: str, cpuinfo: str) -> str:
@@ -104,7 +109,9 @@ def cpu_family(machine: str, cpuinfo: str) -> str:
             return "x86-avx512"
         return "x86-avx2" if "avx2" in flags else "none"
     if machine in ("aarch64", "arm64"):
-        return "arm-dotprod" if "asimddp" in flags else "none"
+        if "asimddp" not in flags:
+            return "none"
+        return "arm-i8mm" if "i8mm" in flags else "arm-dotprod"
     return "none"
 
 

@@ -487,6 +487,7 @@ class Options:
     cpus: int = GUEST_CPUS
     memory_mib: int = GUEST_MEMORY_MIB
     extra_notes: list[str] = field(default_factory=list)
+    arch: str = "amd64"  # --arch arm64: the kernel tier is the arm64 guest (tests/vm/arm64.py)
 
 
 def venv_bin(name: str) -> str:
@@ -772,6 +773,10 @@ def parse_args(argv: Sequence[str]) -> Options:
                    help="run the kernel guest (the longest tier) alongside lint, host and the "
                    "systemd guest instead of one tier after the other; measured on the 2-core "
                    "CI machine: 50 min against 48-56 min serial, the systemd tier 2.2x slower")  # fmt: skip
+    p.add_argument("--arch", choices=("amd64", "arm64"), default="amd64",
+                   help="arm64: the kernel tier boots an arm64 guest (qemu-system-aarch64, TCG; "
+                   "scripts/arm64-setup) and runs its compat subset and the tiny model under "
+                   "an arm64 llama.cpp; opt-in, the only tier by default")  # fmt: skip
     p.add_argument("--results", type=Path, default=None,
                    help="results directory (default out/test-results/<timestamp>)")  # fmt: skip
     args, rest = p.parse_known_args(list(argv))
@@ -784,6 +789,11 @@ def parse_args(argv: Sequence[str]) -> Options:
         p.error(str(exc))
     if args.host_only:
         tiers = [t for t in tiers if t not in GUEST_TIERS] if args.tier else ["lint", "host"]
+    if args.arch == "arm64":
+        if not args.tier:
+            tiers = ["kernel"]
+        elif "systemd" in tiers:
+            p.error("--arch arm64 has no systemd guest (only the kernel tier's compat subset)")
     results = args.results or (
         ROOT / "out" / "test-results" / datetime.now().strftime("%Y%m%d-%H%M%S")
     )
@@ -795,7 +805,8 @@ def parse_args(argv: Sequence[str]) -> Options:
     return Options(tiers=tiers, pytest_args=rest, accel=args.accel, results=results.resolve(),
                    timeouts=timeouts, deadline=deadline, full=args.full,
                    memory_mib=FULL_GUEST_MEMORY_MIB if args.full else GUEST_MEMORY_MIB,
-                   kernel_vm=args.kernel_vm, serial=not args.parallel)  # fmt: skip
+                   kernel_vm=args.kernel_vm, serial=not args.parallel,
+                   arch=args.arch)  # fmt: skip
 
 
 def _fmt_timeouts(t: dict[str, float]) -> str:
@@ -867,7 +878,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         log(f"extra pytest arguments: {shlex.join(opts.pytest_args)}")
     kernel: Path | None = None
     accel = "tcg"
-    if any(t in GUEST_TIERS for t in opts.tiers):
+    if opts.arch == "amd64" and any(t in GUEST_TIERS for t in opts.tiers):
         t_prep = time.monotonic()
         try:
             kernel = find_kernel()
@@ -897,6 +908,10 @@ def main(argv: Sequence[str] | None = None) -> int:
                 res = tier_lint(topts)
             elif tier == "host":
                 res = tier_host(topts)
+            elif tier == "kernel" and opts.arch == "arm64":
+                from vm import arm64
+
+                res = arm64.tier_arm64(topts)
             elif kernel is None:
                 res = TierResult(tier, ok=False, wall=0.0, notes=["no guest kernel/qemu"])
             elif tier == "kernel" and opts.kernel_vm == "vng":

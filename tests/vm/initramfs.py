@@ -105,12 +105,16 @@ class Newc:
         return b"".join(chunks)
 
 
-def module_files(kver: str, modules: tuple[str, ...] = STAGE1_MODULES) -> list[Path]:
-    """The .ko files (with dependencies, in load order) for `modules` of kernel `kver`."""
+def module_files(
+    kver: str, modules: tuple[str, ...] = STAGE1_MODULES, basedir: Path | None = None
+) -> list[Path]:
+    """The .ko files (with dependencies, in load order) for `modules` of kernel `kver`, under
+    /lib/modules of the host or of the root tree `basedir` (another architecture's guest)."""
     out: list[Path] = []
+    base = [] if basedir is None else ["-d", str(basedir)]
     for m in modules:
         res = subprocess.run(
-            ["modprobe", "-S", kver, "--show-depends", m],
+            ["modprobe", *base, "-S", kver, "--show-depends", m],
             capture_output=True, text=True, check=False,
         )  # fmt: skip
         if res.returncode != 0:
@@ -146,8 +150,11 @@ def find_busybox() -> Path:
     raise RuntimeError("busybox not found (apt-get install busybox-static)")
 
 
-def build(kver: str, busybox: Path | None = None, init: str = STAGE1_INIT) -> bytes:
-    """The stage-1 initramfs image for kernel version `kver`."""
+def build(
+    kver: str, busybox: Path | None = None, init: str = STAGE1_INIT, basedir: Path | None = None
+) -> bytes:
+    """The stage-1 initramfs image for kernel version `kver` (modules from `basedir`'s
+    /lib/modules when given: module_files)."""
     bb = busybox or find_busybox()
     a = Newc()
     for d in ("bin", "dev", "proc", "sys", "lower", "ovl", "newroot", "lib", "lib/modules"):
@@ -158,7 +165,7 @@ def build(kver: str, busybox: Path | None = None, init: str = STAGE1_INIT) -> by
     for applet in BUSYBOX_APPLETS:
         a.symlink(f"bin/{applet}", "busybox")
     order: list[str] = []
-    for ko in module_files(kver):
+    for ko in module_files(kver, basedir=basedir):
         name, data = read_module(ko)
         a.file(f"lib/modules/{name}", data)
         order.append(name)

@@ -521,3 +521,24 @@ def test_default_runs_deselect_full_tests_so_they_are_not_skips(tmp_path: Path) 
         )  # fmt: skip
         assert [c.id.split("::")[1] for c in parse_cases(junit)] == want
         assert parse_junit(junit).skipped == 0
+
+
+def test_arm64_guest_selects_the_compat_marker_once_registered(tmp_path: Path) -> None:
+    from vm import arm64
+
+    py = tmp_path / "pyproject.toml"
+    py.write_text('markers = [\n    "kernel: real kernel",\n]\n')
+    assert arm64.compat_selection(py) == arm64.COMPAT_K
+    assert arm64.TINY_TEST in arm64.COMPAT_K
+    py.write_text('markers = [\n    "kernel: real kernel",\n    "compat: the subset",\n]\n')
+    assert arm64.compat_selection(py) == f"compat or {arm64.TINY_TEST}"
+
+
+def test_arm64_guest_script_runs_the_trees_python_with_the_wheels(tmp_path: Path) -> None:
+    from vm import arm64
+
+    text = arm64.guest_script("/run/vmshare", [], budget=600)
+    assert "python3 -m pytest" in text and ".venv" not in text
+    assert f"PYTHONPATH={harness.ROOT}:{arm64.SITE}" in text
+    assert "--ignore=tests/kernel/test_server_guest.py" in text and " -k " in text
+    assert "GOVERNOR_ENGINE_CACHE" not in text

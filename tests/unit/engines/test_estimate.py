@@ -25,6 +25,7 @@ MIB = 1 << 20
 Q40 = 18 / 32
 Q80 = 34 / 32
 REPO = Path(__file__).resolve().parents[3]
+FIXTURES = REPO / "tests" / "fixtures" / "hosts"
 
 
 def _qwen18b() -> GgufInfo:
@@ -55,6 +56,43 @@ def test_terms_match_llama_cpp_log_lines_for_the_big_model() -> None:
     assert est.compute_reserved / MIB == pytest.approx(304.75, rel=0.01)  # sched_reserve
     assert est.term("weights") / MIB == pytest.approx(1133.98, rel=0.01)  # CPU_Mapped
     assert info.quant == "Q4_0"
+
+
+# llama.cpp 0c1e57098 cross-built for arm64 (scripts/arm64-setup), the big model at -c 2048
+# under qemu-aarch64 (perf/arm_repack.py): its `CPU_REPACK model buffer size` line per CPU
+ARM_CPU_REPACK_MIB = {
+    "none": 0.0,  # -cpu cortex-a53 (armv8.0 variant): no line, nothing repacked
+    "arm-dotprod": 966.67,  # -cpu cortex-a76: Q4_0 as q4_0_4x4 and the Q8_0 output as q8_0_4x4
+    "arm-i8mm": 966.67,  # -cpu max: q4_0_4x8 and q8_0_4x8, the same bytes
+}
+
+
+@pytest.mark.parametrize(("family", "mib"), sorted(ARM_CPU_REPACK_MIB.items()))
+def test_arm_repack_term_matches_llama_cpp_on_arm(family: str, mib: float) -> None:
+    est = em.estimate(_qwen18b(), em.Settings(ctx=2048), family=family)
+    assert est.term("repack") / MIB == pytest.approx(mib, abs=0.01)
+    assert est.term("kv_cache") == 384 * MIB  # the same on every CPU
+
+
+def test_arm_repacks_the_q8_0_output_that_x86_leaves_alone() -> None:
+    info = _qwen18b()
+    out = next(t for t in info.tensors if t.name == "output.weight")
+    x86 = em.repack_bytes(info, "x86-avx2")
+    for family in ("arm-dotprod", "arm-i8mm"):
+        assert em.repack_bytes(info, family) == x86 + out.n_bytes
+
+
+def test_cpuinfo_names_the_machine_of_another_root() -> None:
+    rk3588 = (FIXTURES / "rk3588" / "proc" / "cpuinfo").read_text()
+    assert em.cpuinfo_machine(rk3588, "x86_64") == "aarch64"
+    assert em.cpuinfo_machine("vendor_id\t: AuthenticAMD\nflags\t\t: avx2\n", "aarch64") == "x86_64"
+    assert em.cpuinfo_machine("", "riscv64") == "riscv64"
+
+
+def test_estimate_of_an_arm_board_tree_uses_its_cpu_not_this_one() -> None:
+    from governor.engines.budget import host_family
+
+    assert host_family(FIXTURES / "rk3588") == "arm-dotprod"  # whatever this machine is
 
 
 def test_no_repack_flag_and_non_mmap_drop_the_repack_term() -> None:
@@ -125,6 +163,7 @@ def test_smaller_quant_advice_for_q8_model() -> None:
         ("x86_64", "flags\t\t: avx avx2 avx512f\n", "x86-avx512"),
         ("x86_64", "flags\t\t: sse4_2\n", "none"),
         ("aarch64", "Features\t: fp asimd asimddp\n", "arm-dotprod"),
+        ("aarch64", "Features\t: fp asimd asimddp sve i8mm bf16\n", "arm-i8mm"),
         ("aarch64", "Features\t: fp asimd\n", "none"),
         ("riscv64", "", "none"),
     ],

@@ -47,6 +47,12 @@ def test_discover_finds_the_three_clusters_and_three_devfreq_devices() -> None:
     # ranked like cpu.cpus = "big": cpu_capacity 414 (A55) vs 1024 (A76)
     assert (by["policy0"].capacity, by["policy4"].capacity) == (414, 1024)
     assert by["policy4"].frequencies[-1] == 2352000
+    # the device tree's OPPs (fixtures README): 408-2208 MHz and the chip's one top bin
+    big = (408, 600, 816, 1008, 1200, 1416, 1608, 1800, 2016, 2208, 2352)
+    assert by["policy4"].frequencies == by["policy6"].frequencies == tuple(f * 1000 for f in big)
+    assert by["policy0"].frequencies == tuple(f * 1000 for f in big[:8])
+    assert by["fb000000.gpu"].frequencies == tuple(f * 100_000_000 for f in range(3, 11))
+    assert by["fb000000.gpu"].compatible == ("arm,mali-bifrost",)
     assert "userspace" in by["policy4"].governors
     assert by["dmc"].frequencies == (528000000, 1068000000, 1560000000, 2112000000)
     assert by["fdab0000.npu"].compatible == ("rockchip,rk3588-rknpu",)
