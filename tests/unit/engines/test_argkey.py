@@ -94,16 +94,18 @@ def test_the_environment_key_is_the_llama_arg_variables_but_the_address() -> Non
     assert argkey.compile_env(env) == [("LLAMA_ARG_CACHE_RAM", "128")]
 
 
-@pytest.mark.parametrize(
-    ("argv", "env"),
-    [
-        ([SRV, "--port", "http"], {}),
-        ([SRV, "--port=-1"], {}),
-        ([SRV, "--port"], {}),
-        ([SRV], {"LLAMA_ARG_PORT": "x"}),
-    ],
-)
-def test_a_port_the_parser_refuses_has_no_key(argv: list[str], env: dict[str, str]) -> None:
+@pytest.mark.parametrize("argv", [[SRV, "--port", "http"], [SRV, "--port=-1"], [SRV, "--port"]])
+def test_a_port_the_parser_refuses_in_the_argv_has_no_key(argv: list[str]) -> None:
+    with pytest.raises(parser.EngineArgvError):
+        parser.parse_llama_argv(argv)
     with pytest.raises(argkey.Unkeyable):
         argkey.compile_words(argv)
+
+
+def test_a_port_the_parser_refuses_in_the_environment_has_no_key() -> None:
+    env = {"LLAMA_ARG_PORT": "x"}
+    with pytest.raises(parser.EngineArgvError):
+        parser.parse_llama_argv([SRV], env)
+    assert argkey.compile_words([SRV]) == [SRV]  # the argv alone has a key: the env refuses
+    with pytest.raises(argkey.Unkeyable):
         argkey.compile_env(env)
