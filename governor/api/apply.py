@@ -19,6 +19,7 @@ def apply(path: Path, opts: HostOptions) -> Plan:
     from governor.rundir.state import applied as applied_state
 
     plan = check(path, opts)
+    directory = run_dir()  # no run directory (69) refuses before anything is applied
     backend = cgroupfs_backend(plan)
     # the lock a launch of the same policy holds for its whole run: apply refuses (69) then
     from governor.supervise.supervisor import interruptible
@@ -30,13 +31,13 @@ def apply(path: Path, opts: HostOptions) -> Plan:
             from governor.backends.clocks import BoardClocks
 
             try:
-                BoardClocks(run_dir()).acquire(plan, pid=None, source="apply")
+                BoardClocks(directory).acquire(plan, pid=None, source="apply")
             except BaseException:
                 backend.remove(plan, owned=set(locked) | set(applied.created))
                 raise
     created = sorted(set(locked) | set(applied.created))
     # no supervisor: the state holds while the cgroup exists (governor status shows it)
-    Publisher(run_dir(), plan.policy).publish(
+    Publisher(directory, plan.policy).publish(
         applied_state(
             plan.to_dict(),
             policy_path=str(path.resolve()),
