@@ -374,7 +374,7 @@ def _persist(
 def rollback(name: str, *, to: int | None, everything: bool) -> dict[str, Any]:
     """`governor rollback`: undo the last tune (or back to an entry, or all) from the journal."""
     from governor.deploy import tunedropin
-    from governor.errors import PolicyError
+    from governor.errors import PolicyError, PolicyNotFound
     from governor.kernel.cgroupfs import CgroupFs
     from governor.operate import tune as t
     from governor.plan.model import Plan
@@ -393,6 +393,20 @@ def rollback(name: str, *, to: int | None, everything: bool) -> dict[str, Any]:
                 everything=everything,
                 restore_file=tunedropin.restore_dropin,
             )
+    except t.NothingToRollBack as err:
+        # no journal entry to act on: the input is missing (66), the policy is not invalid
+        left = (
+            f"no change after journal entry {to}"
+            if to is not None
+            else "no change left to undo"
+            if everything
+            else "no tune left to undo"
+        )
+        raise PolicyNotFound(
+            f"nothing to roll back for {name}: {left} ({journal.path})",
+            hint=f"`governor status {name}` shows the journal; without --all only `governor"
+            " tune` changes are undone (--all also undoes the monitor's actions)",
+        ) from err
     except ValueError as err:
         raise PolicyError(f"{err} for {name} ({run_dir() / name / 'journal.jsonl'})") from err
 
