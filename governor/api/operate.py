@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING, Any
 from governor.api.host import HostOptions, compile_policy, load_policy, probe_host
 
 if TYPE_CHECKING:
+    from governor.plan.model import Plan
     from governor.rundir.state import RunState
 
 
@@ -50,7 +51,31 @@ def diff(path: Path, opts: HostOptions, *, install_root: Path = Path("/")) -> di
             pass
     from governor.operate.clocks import drift
 
-    return d.report(plan, host, observed, rendered, on_disk, clocks=drift(plan))
+    skipped = {name: "the --allow-missing it runs with" for name in _launch_skipped(plan)}
+    skipped |= {name: "--allow-missing" for name in opts.allow_missing}
+    return d.report(plan, host, observed, rendered, on_disk, clocks=drift(plan), skipped=skipped)
+
+
+def _launch_skipped(plan: Plan) -> set[str]:
+    """What the launch (or apply) that runs this policy was told to skip: the --allow-missing
+    names behind its published plan's ``degraded`` limits (none when nothing runs it)."""
+    from governor.errors import GovernorError
+    from governor.operate.diff import skipped_name
+    from governor.rundir.state import read_states, run_dir
+
+    try:
+        states = read_states(run_dir())
+    except GovernorError:
+        return set()  # no run directory: nothing can run it
+    out: set[str] = set()
+    for st in states:
+        running = st.get("plan")
+        if st.get("policy") != plan.policy or st.get("stale") or not isinstance(running, dict):
+            continue
+        degraded = running.get("degraded")
+        if isinstance(degraded, list):
+            out |= {skipped_name(x) for x in degraded if isinstance(x, str)}
+    return out
 
 
 def _governed(name: str) -> RunState:
