@@ -5,6 +5,12 @@ users take), with the engine's stderr captured for its timing lines. Meanwhile a
 samples the policy's group: memory.current and memory.stat (anon, file) every ``interval``
 seconds. Three small reads of kernel files per sample; a psutil poller of the process tree
 costs several /proc reads per process (perf/sampler_cost.py measures both).
+
+Without the memory controller in the group (a cgroup2 that has none, or `--allow-missing
+memory`) there is no memory.peak and no memory.current: the thread falls back to the seed's
+sampler, the RSS of the engine's process tree every 50 ms (psutil; anon = RSS - shared, file
+= shared). Each row says where its figures came from (``peak_source``, ``series_source``),
+and why there are none when there are none (``note``).
 """
 
 from __future__ import annotations
@@ -31,8 +37,13 @@ COLUMNS = (
     "run", "model", "quant", "ctx", "peak_bytes", "anon_at_peak", "file_at_peak",
     "prefill_tps", "decode_tps", "wall_s", "exit_status", "oom_kill", "memory_events_max",
     "memory_events_high", "outcome", "pressure_fired", "estimate_bytes", "estimate_error",
-    "samples", "device_peak_bytes",
+    "samples", "device_peak_bytes", "peak_source", "series_source", "note",
 )  # fmt: skip
+# where a row's figures come from: the kernel's high-water mark, else the highest sample
+PEAK_KERNEL = "memory.peak"
+SERIES_CGROUP = "memory.current"  # memory.current + memory.stat of the policy's group
+SERIES_RSS = "rss"  # psutil: RSS of the engine's process tree (no memory controller)
+RSS_INTERVAL_S = 0.05  # the seed's sampler: no kernel peak between samples, so its floor
 
 
 @dataclass(frozen=True)
@@ -74,6 +85,9 @@ class Row:
     estimate_error: float | None = None  # (estimate - peak) / peak
     samples: int = 0
     device_peak_bytes: int | None = None  # DRM + dma-buf peak (monitor report; [device] / rule)
+    peak_source: str | None = None  # memory.peak | "<series_source> samples" | None: no peak
+    series_source: str | None = None  # memory.current | rss | None: no sample
+    note: str | None = None  # why a figure is missing or where it came from instead
     series: list[Sample] = field(default_factory=list)
     error: str | None = None  # a failed run (non-zero status): the last lines of its stderr
 
@@ -219,16 +233,43 @@ def pyplot() -> Any:
     return plt
 
 
+SERIES_LABEL = {
+    SERIES_CGROUP: "memory.current of the policy's group",
+    SERIES_RSS: "RSS of the engine's process tree (psutil)",
+}
+
+
+def plot_text(rows: Sequence[Row]) -> tuple[str, list[str]]:
+    """(the y axis label, the lines written on the chart): which source each run's curve
+    came from, and why a run has none (a chart is never empty without a word why)."""
+    sources = sorted({r.series_source for r in rows if r.series_source is not None})
+    axis = " / ".join(SERIES_LABEL.get(x, x) for x in sources) or "memory"
+    notes = []
+    for r in rows:
+        if not r.series:
+            notes.append(f"run {r.run}: no samples: {r.note or 'nothing could be read'}")
+        elif r.series_source == SERIES_RSS:
+            notes.append(f"run {r.run}: {SERIES_LABEL[SERIES_RSS]}: {r.note}")
+    return f"{axis} (MiB)", notes
+
+
 def plot(rows: Sequence[Row], out: Path) -> None:
-    """memory.current over time for each run (matplotlib, the `plot` extra)."""
+    """Memory over time for each run (matplotlib, the `plot` extra): memory.current, else the
+    engine's RSS; the label says which, a run without samples says why on the chart."""
     plt = pyplot()
     fig, ax = plt.subplots(figsize=(9, 5))
+    ylabel, notes = plot_text(rows)
     for r in rows:
-        label = f"#{r.run} {Path(r.model).name if r.model else '?'} -c {r.ctx}"
+        if not r.series:
+            continue
+        label = f"#{r.run} {Path(r.model).name if r.model else '?'} -c {r.ctx} ({r.series_source})"
         ax.plot([s.t for s in r.series], [s.current / (1 << 20) for s in r.series], label=label)
     ax.set_xlabel("seconds")
-    ax.set_ylabel("memory.current (MiB)")
-    ax.legend(fontsize="small")
+    ax.set_ylabel(ylabel)
+    if any(r.series for r in rows):
+        ax.legend(fontsize="small")
+    for i, line in enumerate(notes):
+        ax.text(0.01, 0.98 - 0.05 * i, line, transform=ax.transAxes, va="top", fontsize="small")
     fig.savefig(out, dpi=100)
     plt.close(fig)
 
@@ -236,16 +277,25 @@ def plot(rows: Sequence[Row], out: Path) -> None:
 # ------------------------------------------------------------------ sampling and running
 
 
+Reader = Callable[[], tuple[int, int, int] | None]
+
+
 class MemorySeriesRecorder:
     """A thread reading memory.current and memory.stat of one cgroup every ``interval``, for the
     whole of one run. Not governor.monitor.sampler.Sampler: that one holds the files open and
     gives up on a missing file, while the launch this records creates the cgroup after it starts.
-    """
 
-    def __init__(self, read: Callable[[], tuple[int, int, int] | None], interval: float) -> None:
+    ``fallback`` (the RSS of the engine's tree) is read, every RSS_INTERVAL_S, while the cgroup
+    gives nothing; the first source that answers is kept for the whole run (one source per
+    series): the group exists before the engine starts, so with a memory controller the
+    cgroup always answers first."""
+
+    def __init__(self, read: Reader, interval: float, fallback: Reader | None = None) -> None:
         self.read = read
+        self.fallback = fallback
         self.interval = max(MIN_INTERVAL_S, interval)
         self.samples: list[Sample] = []
+        self.source: str | None = None
         self._stop = threading.Event()
         self._t0 = time.monotonic()
         self._thread = threading.Thread(target=self._loop, name="bench-series", daemon=True)
@@ -255,18 +305,81 @@ class MemorySeriesRecorder:
         self._thread.start()
         return self
 
+    def _sample(self) -> tuple[int, int, int] | None:
+        got = None
+        if self.source in (None, SERIES_CGROUP):
+            got = self.read()
+            if got is not None:
+                self.source = SERIES_CGROUP
+        if got is None and self.source in (None, SERIES_RSS) and self.fallback is not None:
+            got = self.fallback()
+            if got is not None:
+                self.source = SERIES_RSS
+        return got
+
     def _loop(self) -> None:
         while not self._stop.is_set():
-            got = self.read()
+            got = self._sample()
             if got is not None:
                 t = round(time.monotonic() - self._t0, 3)
                 self.samples.append(Sample(t, *got))
-            self._stop.wait(self.interval)
+            fast = self.fallback is not None and self.source != SERIES_CGROUP
+            self._stop.wait(min(self.interval, RSS_INTERVAL_S) if fast else self.interval)
 
     def stop(self) -> list[Sample]:
         self._stop.set()
         self._thread.join(timeout=5)
         return self.samples
+
+
+class EngineTreeReader:
+    """The seed's sampler: RSS of the engine's process tree (psutil). The engine is the pid
+    the launch publishes in its state.json (``engine_pid``), taken only when it is a child of
+    this run's launch (a state left by another run names someone else), and looked up again
+    after a restart. One /proc/PID/statm per process (memory_info) and a walk for children."""
+
+    def __init__(self, state: Path) -> None:
+        self.state = state
+        self.launch_pid: int | None = None  # set once the launch is started
+        self._engine: Any = None  # psutil.Process
+
+    def _find(self) -> Any:
+        import psutil
+
+        if self.launch_pid is None:
+            return None
+        try:
+            pid = json.loads(self.state.read_text()).get("engine_pid")
+        except (OSError, ValueError, AttributeError):
+            return None
+        if not isinstance(pid, int) or isinstance(pid, bool):
+            return None
+        try:
+            proc = psutil.Process(pid)
+            return proc if proc.ppid() == self.launch_pid else None
+        except psutil.Error:
+            return None
+
+    def __call__(self) -> tuple[int, int, int] | None:
+        import psutil
+
+        if self._engine is None or not self._engine.is_running():
+            self._engine = self._find()
+        if self._engine is None:
+            return None
+        rss = shared = 0
+        try:
+            procs = [self._engine, *self._engine.children(recursive=True)]
+        except psutil.Error:
+            return None
+        for proc in procs:
+            try:
+                m = proc.memory_info()
+            except psutil.Error:
+                continue  # exited between the walk and the read
+            rss += m.rss
+            shared += m.shared
+        return rss, rss - shared, shared
 
 
 def cgroup_reader(fs: Any, group: str) -> Callable[[], tuple[int, int, int] | None]:
@@ -293,6 +406,7 @@ class RunSpec:
     log_dir: Path | None = None
     timeout: float | None = None
     drop_caches: bool = False  # cold page cache before each run (root)
+    state: Path | None = None  # the policy's state.json: the engine's pid for the RSS sampler
 
 
 def run_case(
@@ -309,15 +423,18 @@ def run_case(
         ]  # fmt: skip
         if spec.drop_caches:
             drop_page_cache()
-        recorder = MemorySeriesRecorder(reader, spec.interval).start()
+        tree = EngineTreeReader(spec.state) if spec.state is not None else None
+        recorder = MemorySeriesRecorder(reader, spec.interval, tree).start()
         started = time.monotonic()
         with err_path.open("w") as err:
+            proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=err)
+            if tree is not None:
+                tree.launch_pid = proc.pid
             try:
-                proc = subprocess.run(
-                    cmd, stdout=subprocess.DEVNULL, stderr=err, timeout=spec.timeout, check=False
-                )
-                status = proc.returncode
+                status = proc.wait(timeout=spec.timeout)
             except subprocess.TimeoutExpired:
+                proc.kill()  # as subprocess.run(timeout=) does
+                proc.wait()
                 status = -1
         wall = time.monotonic() - started
         series = recorder.stop()
@@ -328,6 +445,7 @@ def run_case(
     timings = parse_timings(text)
     at_peak = max(series, key=lambda s: s.current) if series else None
     peak = data.get("memory_peak")
+    peak_source, note = sources(peak is not None, recorder.source, bool(series), spec.state)
     if peak is None and at_peak is not None:
         peak = at_peak.current
     return Row(
@@ -356,8 +474,38 @@ def run_case(
         device_peak_bytes=(data.get("extra", {}).get("monitor") or {}).get(
             "device_memory_peak_bytes"
         ),
+        peak_source=peak_source,
+        series_source=recorder.source if series else None,
+        note=note,
         series=series,
         error=None if status == 0 else _tail(text),
+    )
+
+
+def sources(
+    kernel_peak: bool, series_source: str | None, sampled: bool, state: Path | None
+) -> tuple[str | None, str | None]:
+    """(where the peak came from, a note on what is missing and why)."""
+    if kernel_peak:
+        peak = PEAK_KERNEL
+    elif sampled:
+        peak = f"{series_source} samples"
+    else:
+        peak = None
+    if series_source == SERIES_RSS and sampled:
+        return peak, (
+            "no memory controller in the policy's group (no memory.peak, no memory.current):"
+            f" the engine's RSS every {RSS_INTERVAL_S * 1000:g} ms, a peak between two samples"
+            " is missed and page cache is not counted"
+        )
+    if sampled:
+        note = None if kernel_peak else "no memory.peak (kernel < 5.19): the highest sample"
+        return peak, note
+    if state is None:
+        return peak, "no memory.current in the policy's group and no engine pid to sample"
+    return peak, (
+        "no memory.current in the policy's group, and the engine's pid was never published"
+        f" ({state}) or it exited before the first sample"
     )
 
 
