@@ -10,7 +10,6 @@ from governor.bench.run import (
     Case,
     Row,
     RunSpec,
-    cgroup_reader,
     default_log_dir,
     expand_matrix,
     gate,
@@ -20,6 +19,7 @@ from governor.bench.run import (
     to_csv,
     to_json,
 )
+from governor.bench.sample import cgroup_reader
 from governor.log import get_logger
 
 log = get_logger(__name__)

@@ -17,7 +17,8 @@ from pathlib import Path
 
 import pytest
 
-from governor.bench.run import COLUMNS, Row, Sample, expand_matrix, gate, to_csv, to_json
+from governor.bench.run import COLUMNS, Row, expand_matrix, gate, to_csv, to_json
+from governor.bench.sample import Sample
 from governor.bench.timings import parse_timings
 
 COMMON = """\
@@ -136,7 +137,7 @@ def test_a_failed_run_keeps_the_tail_of_its_stderr(tmp_path: Path) -> None:
 
 
 def test_each_figure_says_where_it_came_from() -> None:
-    from governor.bench.run import SERIES_CGROUP, SERIES_RSS, sources
+    from governor.bench.sample import SERIES_CGROUP, SERIES_RSS, sources
 
     state = Path("/run/governor/p/state.json")
     assert sources(True, SERIES_CGROUP, True, state) == ("memory.peak", None)
@@ -150,7 +151,8 @@ def test_each_figure_says_where_it_came_from() -> None:
 
 
 def test_the_plot_labels_its_source_and_says_why_a_run_has_no_curve() -> None:
-    from governor.bench.run import SERIES_RSS, plot_text
+    from governor.bench.run import plot_text
+    from governor.bench.sample import SERIES_RSS
 
     rss = _row(700, 20.0)
     rss.series_source, rss.note = SERIES_RSS, "no memory controller (why)"
@@ -168,7 +170,7 @@ def test_the_plot_labels_its_source_and_says_why_a_run_has_no_curve() -> None:
 
 def test_the_text_names_the_peak_source_and_the_note(capsys: pytest.CaptureFixture[str]) -> None:
     from governor.bench.main import BenchResult
-    from governor.bench.run import SERIES_RSS
+    from governor.bench.sample import SERIES_RSS
     from governor.cli.render import show_bench
 
     row = _row(64 << 20, 20.0)
@@ -181,7 +183,7 @@ def test_the_text_names_the_peak_source_and_the_note(capsys: pytest.CaptureFixtu
 
 
 def test_the_recorder_keeps_the_first_source_that_answers() -> None:
-    from governor.bench.run import SERIES_CGROUP, SERIES_RSS, MemorySeriesRecorder
+    from governor.bench.sample import SERIES_CGROUP, SERIES_RSS, MemorySeriesRecorder
 
     asked: list[str] = []
 
@@ -214,7 +216,7 @@ time.sleep(60)
 def test_the_rss_sampler_reads_the_engine_tree_of_this_launch_only(tmp_path: Path) -> None:
     """The seed's sampler: the RSS of the engine named by the state.json, when it is a child
     of this run's launch; a pid from another run's state is not sampled."""
-    from governor.bench.run import EngineTreeReader
+    from governor.bench.sample import EngineTreeReader
 
     ready = tmp_path / "ready"
     (tmp_path / "engine.py").write_text(ENGINE)
