@@ -84,7 +84,7 @@ JOB_TIMEOUT_S = 120.0  # TCG guests start a scope in seconds; a real board in mi
 JOB_POLL_S = 0.05
 
 PYSTEMD_HINT = (
-    "pip install 'governor[systemd]' (pystemd builds against libsystemd:"
+    "pip install 'cgroup-governor[systemd]' (pystemd builds against libsystemd:"
     " apt-get install libsystemd-dev pkg-config gcc), or use --backend cgroupfs"
 )
 

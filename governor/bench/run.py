@@ -220,7 +220,7 @@ def pyplot() -> Any:
 
         raise HostError(
             "--plot needs the python package matplotlib, which is not installed (--plot)",
-            hint="pip install 'governor[plot]'",
+            hint="pip install 'cgroup-governor[plot]'",
             missing=("matplotlib",),
         ) from err
     return plt

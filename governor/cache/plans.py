@@ -37,13 +37,14 @@ else:
         from _sha256 import sha256
     except ImportError:  # pragma: no cover - Pythons built without it
         from hashlib import sha256
+from governor import __version__
 from governor.log import get_logger
 from governor.plan.host import HostFacts, probe
 from governor.plan.model import FORMAT, Plan
 
 log = get_logger(__name__)
 
-VERSION = "0.2.0"  # governor's version; part of every cache key
+VERSION = __version__  # governor's version (governor/__init__.py); part of every cache key
 SUBDIR = "plans"
 
 

@@ -92,6 +92,14 @@ def _fail(err: GovernorError) -> NoReturn:
 
 
 def main(argv: list[str] | None = None) -> None:
+    import os
+
+    from governor.cli.complete import COMPLETE_VAR
+
+    if os.environ.get(COMPLETE_VAR):  # a shell asks for completions (share/*/governor scripts)
+        from governor.cli.complete import answer
+
+        sys.exit(answer(typer.main.get_command(app), os.environ[COMPLETE_VAR]))
     try:
         rv = app(args=argv, standalone_mode=False)
     except GovernorError as err:

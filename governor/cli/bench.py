@@ -7,11 +7,17 @@ from typing import Annotated
 
 import typer
 
+from governor.cli.complete import complete_policy_file
 from governor.cli.options import AllowMissing, Force, host_options, size_option
 
 
 def bench(  # noqa: PLR0917  # typer passes every option as a parameter
-    policy: Annotated[Path, typer.Option("--policy", "-p", help="policy TOML file")],
+    policy: Annotated[
+        Path,
+        typer.Option(
+            "--policy", "-p", help="policy TOML file", autocompletion=complete_policy_file
+        ),
+    ],
     engine: Annotated[list[str], typer.Argument(help="the engine command after --")],
     runs: Annotated[int, typer.Option("--runs", "-n", help="runs per configuration", min=1)] = 1,
     interval: Annotated[

@@ -10,6 +10,7 @@ from typing import Annotated
 
 import typer
 
+from governor.cli.complete import complete_policy_file
 from governor.cli.options import (
     STATE,
     AllowMissing,
@@ -99,7 +100,13 @@ def estimate(  # noqa: PLR0917  # typer passes every option as a parameter
         ),
     ] = "",
     policy: Annotated[
-        Path | None, typer.Option("--policy", "-p", help="budget = this policy's memory.max")
+        Path | None,
+        typer.Option(
+            "--policy",
+            "-p",
+            help="budget = this policy's memory.max",
+            autocompletion=complete_policy_file,
+        ),
     ] = None,
     budget: Annotated[
         str | None, typer.Option("--budget", help="budget as a size (e.g. 1900M) instead")

@@ -7,6 +7,7 @@ from typing import Annotated
 
 import typer
 
+from governor.cli.complete import complete_policy_name_or_file
 from governor.cli.options import AllowMissing, PolicyArg, host_options
 
 InstallRoot = Annotated[
@@ -55,7 +56,12 @@ def install(  # noqa: PLR0917  # typer passes every option as a parameter
 
 
 def uninstall(
-    policy: Annotated[str, typer.Argument(help="policy TOML file or policy name")],
+    policy: Annotated[
+        str,
+        typer.Argument(
+            help="policy TOML file or policy name", autocompletion=complete_policy_name_or_file
+        ),
+    ],
     root: InstallRoot = Path("/"),
     dry_run: DryRun = False,
     as_json: AsJson = False,

@@ -12,12 +12,13 @@ import click
 import typer
 from typer.core import TyperCommand
 
-from governor.cli.options import AllowMissing, host_options
+from governor.cli.options import NAME_COMPLETION, AllowMissing, PolicyArg, host_options
 
 
 def status(
     name: Annotated[
-        str | None, typer.Argument(help="policy name (default: every governed slice)")
+        str | None,
+        typer.Argument(help="policy name (default: every governed slice)", **NAME_COMPLETION),
     ] = None,
     as_json: Annotated[
         bool, typer.Option("--json", help="the stable JSON form (docs/status.schema.json)")
@@ -76,7 +77,7 @@ def top(
 
 
 def diff(
-    policy: Annotated[Path, typer.Argument(help="policy TOML file", show_default=False)],
+    policy: PolicyArg,
     as_json: Annotated[bool, typer.Option("--json", help="machine-readable output")] = False,
     allow_missing: AllowMissing = "",
 ) -> None:
@@ -111,7 +112,7 @@ class TuneCommand(TyperCommand):
 
 
 def tune(  # noqa: PLR0917  # typer passes every option as a parameter
-    name: Annotated[str, typer.Argument(help="policy name of a governed slice")],
+    name: Annotated[str, typer.Argument(help="policy name of a governed slice", **NAME_COMPLETION)],
     assignments: Annotated[
         list[str] | None,
         typer.Argument(
@@ -186,7 +187,7 @@ def tune(  # noqa: PLR0917  # typer passes every option as a parameter
 
 
 def rollback(
-    name: Annotated[str, typer.Argument(help="policy name of a governed slice")],
+    name: Annotated[str, typer.Argument(help="policy name of a governed slice", **NAME_COMPLETION)],
     to: Annotated[
         int | None, typer.Option("--to", help="undo every change after journal entry ID", min=0)
     ] = None,
@@ -208,7 +209,8 @@ def rollback(
 
 def metrics(
     name: Annotated[
-        str | None, typer.Argument(help="policy name (default: every governed slice)")
+        str | None,
+        typer.Argument(help="policy name (default: every governed slice)", **NAME_COMPLETION),
     ] = None,
     textfile: Annotated[
         Path | None,

@@ -10,6 +10,7 @@ import click
 import typer
 
 from governor.cli.choices import METRICS_ENV, PSI_MODES
+from governor.cli.complete import complete_policy_file, complete_policy_name
 from governor.errors import UsageError as GovernorUsage
 
 if TYPE_CHECKING:
@@ -39,7 +40,14 @@ class _State:
 STATE = _State()
 
 
-PolicyArg = Annotated[Path, typer.Argument(help="policy TOML file", show_default=False)]
+PolicyArg = Annotated[
+    Path,
+    typer.Argument(
+        help="policy TOML file", show_default=False, autocompletion=complete_policy_file
+    ),
+]
+# a governed policy's name (`status`, `tune`, `rollback`, `metrics`): TAB offers the live ones
+NAME_COMPLETION = {"autocompletion": complete_policy_name}
 
 
 AllowMissing = Annotated[

@@ -10,6 +10,7 @@ import click
 import typer
 
 from governor.cli.choices import BACKENDS
+from governor.cli.complete import complete_policy_file
 from governor.cli.options import (
     STATE,
     AllowMissing,
@@ -25,7 +26,12 @@ from governor.cli.options import (
 
 
 def launch(  # noqa: PLR0917  # typer passes every option as a parameter
-    policy: Annotated[Path, typer.Option("--policy", "-p", help="policy TOML file")],
+    policy: Annotated[
+        Path,
+        typer.Option(
+            "--policy", "-p", help="policy TOML file", autocompletion=complete_policy_file
+        ),
+    ],
     engine: Annotated[
         list[str],
         typer.Argument(help="the engine command after --, passed through byte for byte"),

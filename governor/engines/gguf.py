@@ -149,7 +149,7 @@ def _gguf_module() -> Any:
     except ImportError as err:
         raise HostError(
             "reading GGUF headers needs the python package `gguf`, which is not installed",
-            hint="pip install gguf (a dependency of governor: reinstall governor)",
+            hint="pip install gguf (a dependency of cgroup-governor: reinstall cgroup-governor)",
             missing=("gguf",),
         ) from err
     return gguf

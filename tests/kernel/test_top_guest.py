@@ -32,7 +32,7 @@ def _screen(session: str) -> str:
 def test_top_shows_the_slice_sorts_on_keys_and_quits_on_q(
     tmp_path: Path, scratch_slice: ScratchSlice
 ) -> None:
-    assert shutil.which("tmux"), "tmux is installed by scripts/setup"
+    assert shutil.which("tmux"), "tmux is installed by scripts/setup --tests"
     run = tmp_path / "run"
     env = {**os.environ, "GOVERNOR_RUN_DIR": str(run)}
     policy = tmp_path / "tp.toml"

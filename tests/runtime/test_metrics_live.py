@@ -5,7 +5,7 @@ served by prometheus-node-exporter's textfile collector; `promtool check metrics
 supervisor serves; a busy port refused before anything is applied.
 
 Needs what tests/runtime/conftest.py says, and Debian's prometheus and
-prometheus-node-exporter (scripts/setup installs them).
+prometheus-node-exporter (scripts/setup --tests installs them).
 """
 
 from __future__ import annotations
@@ -39,7 +39,7 @@ WAIT_S = 90  # generous: the host is shared and a TCG guest may be running besid
 
 def _tool(name: str) -> str:
     path = shutil.which(name)
-    assert path, f"{name} is missing: scripts/setup installs prometheus and node-exporter"
+    assert path, f"{name} is missing: scripts/setup --tests installs prometheus and node-exporter"
     return path
 
 

@@ -374,7 +374,7 @@ def test_without_pystemd_the_scope_fails_with_the_extra_and_apt_packages(
         sd.PystemdBus()
     assert info.value.exit_code == 69
     assert info.value.hint is not None
-    assert "pip install 'governor[systemd]'" in info.value.hint
+    assert "pip install 'cgroup-governor[systemd]'" in info.value.hint
     assert "libsystemd-dev pkg-config gcc" in info.value.hint
 
 

@@ -287,12 +287,12 @@ def test_bench_rows_become_one_series_per_configuration(tmp_path: Path) -> None:
 
 
 def test_promtool_check_metrics_accepts_the_exposition(tmp_path: Path) -> None:
-    """Prometheus' own linter (Debian's prometheus package, installed by scripts/setup) on a
+    """Prometheus' own linter (Debian's prometheus package, installed by scripts/setup --tests) on a
     full exposition: counter names, units, help texts, +Inf values."""
     import subprocess
 
     promtool = shutil.which("promtool")
-    assert promtool, "promtool is missing: scripts/setup installs the prometheus package"
+    assert promtool, "promtool is missing: scripts/setup --tests installs the prometheus package"
     plan, _group, run = _slice(tmp_path)
     _publish(
         run,

@@ -1,7 +1,7 @@
 """examples/prometheus/: the scrape config and the alerting rules pass Prometheus' own checks
 (`promtool check config`, `promtool check rules`), each alert fires on a synthetic series in
 `promtool test rules`, and every governor_* name they query is one the collector exports.
-Needs Debian's prometheus package (scripts/setup installs it)."""
+Needs Debian's prometheus package (scripts/setup --tests installs it)."""
 
 from __future__ import annotations
 
@@ -22,7 +22,7 @@ EXAMPLES = REPO / "examples" / "prometheus"
 
 def _promtool(*args: str, cwd: Path = EXAMPLES) -> str:
     promtool = shutil.which("promtool")
-    assert promtool, "promtool is missing: scripts/setup installs the prometheus package"
+    assert promtool, "promtool is missing: scripts/setup --tests installs the prometheus package"
     out = subprocess.run(
         [promtool, *args], cwd=cwd, capture_output=True, text=True, timeout=120, check=False
     )

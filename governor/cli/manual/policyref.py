@@ -1,0 +1,231 @@
+"""The policy reference (docs/reference/policy.md and governor.toml(5)) from the JSON Schema of
+the policy models (``governor schema``: keys, types, defaults, bounds, allowed values) and
+keys.py (what each key means, one example). One list of entries, two renderings."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from governor.cli.manual import keys as k
+from governor.cli.manual.roff import NO_HYPHENATION, bold, escape, paragraph
+
+DURATION_PATTERN = "(us|ms|s|m|h)"  # the pattern of model.py's Duration, as the schema spells it
+ARRAY_SECTIONS = frozenset({"pressure"})  # [[pressure]]: an array of tables
+
+
+@dataclass(frozen=True)
+class Entry:
+    section: str  # "" for the top level
+    key: str
+    type: str
+    default: str  # "" when the key has none (absent: nothing is written)
+    required: bool
+    text: str
+    example: str
+
+    @property
+    def path(self) -> str:
+        return f"{self.section}.{self.key}" if self.section else self.key
+
+
+def schema() -> dict[str, Any]:
+    from governor.api.compile import schema as policy_schema
+
+    return policy_schema()
+
+
+def _resolve(prop: Mapping[str, Any], defs: Mapping[str, Any]) -> Mapping[str, Any]:
+    ref = prop.get("$ref")
+    return defs[ref.rsplit("/", 1)[1]] if isinstance(ref, str) else prop
+
+
+def _bounds(node: Mapping[str, Any]) -> str:
+    lo, hi = node.get("minimum"), node.get("maximum")
+    if lo is not None and hi is not None:
+        return f" {lo} to {hi}"
+    if lo is not None:
+        return f" >= {lo}"
+    return f" <= {hi}" if hi is not None else ""
+
+
+def type_text(node: Mapping[str, Any], defs: Mapping[str, Any]) -> str:
+    """A schema node in words: 'integer 1 to 10000', 'duration', '"kill" | "keep"', ..."""
+    node = _resolve(node, defs)
+    if "anyOf" in node:
+        parts = [type_text(n, defs) for n in node["anyOf"] if n.get("type") != "null"]
+        return " | ".join(dict.fromkeys(parts))
+    if "const" in node:
+        return json.dumps(node["const"])
+    if "enum" in node:
+        return " | ".join(json.dumps(e) for e in node["enum"])
+    kind = node.get("type")
+    if kind == "array":
+        return f"array of {type_text(node.get('items', {}), defs)}"
+    if kind == "object":
+        extra = node.get("additionalProperties")
+        if isinstance(extra, Mapping):
+            return f"table of {type_text(extra, defs)}s"
+        if "properties" in node:  # its keys' values: the section's text says them
+            return f"table {{ {', '.join(node['properties'])} }}"
+        return "table"
+    if kind == "string" and DURATION_PATTERN in str(node.get("pattern", "")):
+        return 'duration ("500ms", "2s", "1m", "1h")'
+    described = f" ({node['description']})" if "description" in node else ""
+    return f"{kind}{_bounds(node)}{described}" if kind else "any"
+
+
+def _default(prop: Mapping[str, Any]) -> str:
+    if "default" not in prop or prop["default"] is None:
+        return ""
+    return json.dumps(prop["default"], ensure_ascii=False)
+
+
+def entries(policy_schema: Mapping[str, Any] | None = None) -> list[Entry]:
+    """Every key of the policy, section by section in the schema's order (the top level first),
+    keys sorted as the schema sorts them."""
+    sch = schema() if policy_schema is None else policy_schema
+    defs = sch.get("$defs", {})
+    sections: list[tuple[str, Mapping[str, Any]]] = [("", sch)]
+    for name, prop in sch["properties"].items():
+        target = prop.get("items", prop) if name in ARRAY_SECTIONS else prop
+        if "$ref" in target:
+            sections.append((name, _resolve(target, defs)))
+    out: list[Entry] = []
+    for section, node in sections:
+        required = set(node.get("required", ()))
+        for key, prop in node["properties"].items():
+            if section == "" and (key in ARRAY_SECTIONS or "$ref" in prop):
+                continue  # a table: its keys follow in their own section
+            path = f"{section}.{key}" if section else key
+            text, example = k.KEYS.get(path, ("", ""))
+            out.append(
+                Entry(
+                    section=section,
+                    key=key,
+                    type=type_text(prop, defs),
+                    default=_default(prop),
+                    required=key in required,
+                    text=text,
+                    example=example,
+                )
+            )
+    return out
+
+
+def _heading(section: str) -> str:
+    if not section:
+        return "Top level"
+    return f"[[{section}]]" if section in ARRAY_SECTIONS else f"[{section}]"
+
+
+def _grouped(items: list[Entry]) -> list[tuple[str, list[Entry]]]:
+    groups: dict[str, list[Entry]] = {}
+    for e in items:
+        groups.setdefault(e.section, []).append(e)
+    return list(groups.items())
+
+
+def _default_words(e: Entry) -> str:
+    if e.required:
+        return "required"
+    return e.default or "none"
+
+
+GENERATED = "generated by `python -m governor.cli.manual` from the policy's JSON Schema"
+SOURCES = "governor/policy/model.py, governor/cli/manual/keys.py"
+
+
+def markdown(items: list[Entry] | None = None) -> str:
+    items = entries() if items is None else items
+    lines = [
+        "# Policy reference (governor.toml)",
+        "",
+        f"<!-- {GENERATED} ({SOURCES}): do not edit; rerun it -->",
+        "",
+        k.SECTIONS[""],
+        "",
+        "The same reference is `man 5 governor.toml`; `governor schema` prints the JSON Schema"
+        " editors can validate against, and `governor check POLICY` validates a file.",
+        "",
+    ]
+    for section, group in _grouped(items):
+        lines += [f"## {_heading(section)}", ""]
+        if section:
+            lines += [k.SECTIONS[section], ""]
+        for e in group:
+            lines += [
+                f"### `{e.path}`",
+                "",
+                e.text,
+                "",
+                f"- type: `{e.type}`",
+                f"- default: {_default_words(e) if e.required or not e.default else f'`{e.default}`'}",
+                f"- example: `{e.example}`",
+                "",
+            ]
+    return "\n".join(lines).rstrip("\n") + "\n"
+
+
+def roff(version: str, items: list[Entry] | None = None) -> str:
+    items = entries() if items is None else items
+    out = [
+        f'.\\" {GENERATED} ({SOURCES}): do not edit',
+        f'.TH GOVERNOR.TOML 5 "" "governor {escape(version)}" "File Formats"',
+        *NO_HYPHENATION,
+        ".SH NAME",
+        "governor.toml \\- the policy file of governor, a cgroup v2 resource governor for LLM"
+        " engines",
+        ".SH SYNOPSIS",
+        "/etc/governor/\\fINAME\\fR.toml, or any file given to \\fBgovernor check\\fR,"
+        " \\fBlaunch \\-p\\fR, \\fBinstall\\fR, ...",
+        ".SH DESCRIPTION",
+        paragraph(k.SECTIONS[""]),
+        paragraph(
+            'The file is TOML. Values are strict: an unknown key, "true" for a bool or "1G"'
+            " for an integer is an error that names the file and the key (exit 65)."
+        ),
+    ]
+    for section, group in _grouped(items):
+        out.append(f'.SH "{escape(_heading(section).upper())}"')
+        if section:
+            out.append(paragraph(k.SECTIONS[section]))
+        for e in group:
+            out += [
+                ".TP",
+                f"{bold(e.key)} = \\fI{escape(e.type)}\\fR",
+                escape(e.text),
+                ".br",
+                f"Default: {escape(_default_words(e))}.",
+                ".br",
+                f"Example: {bold(e.example)}",
+            ]
+    out += [
+        ".SH EXAMPLE",
+        ".nf",
+        *(
+            escape(line)
+            for line in (
+                'name = "npu-chat"',
+                "",
+                "[memory]",
+                'min = "1.1GiB"',
+                'high = "1.6GiB"',
+                'max = "1.8GiB"',
+                "",
+                "[cpu]",
+                'cpus = "big"',
+                "",
+                "[[pressure]]",
+                'when = "memory some 150ms/2s"',
+                'do = ["log", "reclaim 64M"]',
+                'cooldown = "5s"',
+            )
+        ),
+        ".fi",
+        ".SH SEE ALSO",
+        "\\fBgovernor\\fR(1), \\fBsystemd.resource\\-control\\fR(5), \\fBcgroups\\fR(7)",
+    ]
+    return "\n".join(out) + "\n"
