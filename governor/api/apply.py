@@ -26,6 +26,7 @@ def apply(path: Path, opts: HostOptions) -> Plan:
     from governor.rundir.state import applied as applied_state
 
     plan = check(path, opts)
+    directory = run_dir()  # no run directory (69) refuses before anything is applied
     backend = cgroupfs_backend(plan)
     # the lock a launch of the same policy holds for its whole run: apply refuses (69) then
     from governor.supervise.supervisor import interruptible
@@ -37,7 +38,7 @@ def apply(path: Path, opts: HostOptions) -> Plan:
             from governor.backends.clocks import BoardClocks
 
             try:
-                clocks = BoardClocks(run_dir(), sysfs_root=sysfs_root(opts))
+                clocks = BoardClocks(directory, sysfs_root=sysfs_root(opts))
                 clocks.acquire(plan, pid=None, source="apply")
             except BaseException:
                 # a refusal changes nothing: undo only what this command wrote and created
@@ -47,7 +48,7 @@ def apply(path: Path, opts: HostOptions) -> Plan:
                 raise
     created = set(locked) | set(applied.created)
     # a re-apply creates nothing new: what the first apply created stays its to remove
-    prior = Publisher(run_dir(), plan.policy).read()
+    prior = Publisher(directory, plan.policy).read()
     where = (plan.cgroup_root, plan.group)
     if (
         prior
@@ -56,7 +57,7 @@ def apply(path: Path, opts: HostOptions) -> Plan:
     ):
         created |= {c for c in prior.get("created") or () if c in plan.create}
     # no supervisor: the state holds while the cgroup exists (governor status shows it)
-    Publisher(run_dir(), plan.policy).publish(
+    Publisher(directory, plan.policy).publish(
         applied_state(
             plan.to_dict(),
             policy_path=str(path.resolve()),

@@ -187,6 +187,7 @@ def launch(path: Path, argv: tuple[str, ...], opts: HostOptions, lopts: LaunchOp
     from governor.errors import UsageError
     from governor.kernel.procfs import ProcFs
     from governor.launch.launcher import Launcher
+    from governor.rundir.state import run_dir
     from governor.supervise.supervisor import Job, Supervisor
     from governor.supervise.watchdog import fork_watchdog
 
@@ -196,6 +197,7 @@ def launch(path: Path, argv: tuple[str, ...], opts: HostOptions, lopts: LaunchOp
             hint="governor launch --policy P -- ENGINE ARGS...",
         )
     executable = resolve_executable(argv[0], os.environ.get("PATH"))
+    directory = run_dir()  # no run directory (69) refuses before anything is applied
     if lopts.report is not None:
         from governor.api.outputs import check_writable
 
@@ -231,6 +233,7 @@ def launch(path: Path, argv: tuple[str, ...], opts: HostOptions, lopts: LaunchOp
             ready_url=ready_url(compiled, argv),
             ready_timeout_s=plan.engine.ready_timeout_s,
             sysfs_root=str(sysfs_root(opts)),
+            run_dir=directory,
         )
         proc = ProcFs(opts.root / "proc")
         watchdog = lopts.watchdog

@@ -48,9 +48,17 @@ def diff(path: Path, opts: HostOptions, *, install_root: Path = Path("/")) -> di
             rendered[tuned] = ""  # install renders none: the policy says nothing else
         except OSError:
             pass
+    from governor.errors import GovernorError
     from governor.operate.clocks import drift
+    from governor.rundir.state import run_dir
 
-    return d.report(plan, host, observed, rendered, on_disk, clocks=drift(plan))
+    try:
+        running = d.launch_skipped(plan, run_dir())
+    except GovernorError:
+        running = set()  # no run directory: nothing can run it
+    skipped = {name: "the --allow-missing it runs with" for name in running}
+    skipped |= {name: "--allow-missing" for name in opts.allow_missing}
+    return d.report(plan, host, observed, rendered, on_disk, clocks=drift(plan), skipped=skipped)
 
 
 def _governed(name: str) -> RunState:
@@ -396,7 +404,7 @@ def _persist(
 def rollback(name: str, *, to: int | None, everything: bool) -> dict[str, Any]:
     """`governor rollback`: undo the last tune (or back to an entry, or all) from the journal."""
     from governor.deploy import tunedropin
-    from governor.errors import PolicyError
+    from governor.errors import PolicyError, PolicyNotFound
     from governor.kernel.cgroupfs import CgroupFs
     from governor.operate import tune as t
     from governor.plan.model import Plan
@@ -415,6 +423,20 @@ def rollback(name: str, *, to: int | None, everything: bool) -> dict[str, Any]:
                 everything=everything,
                 restore_file=tunedropin.restore_dropin,
             )
+    except t.NothingToRollBack as err:
+        # no journal entry to act on: the input is missing (66), the policy is not invalid
+        left = (
+            f"no change after journal entry {to}"
+            if to is not None
+            else "no change left to undo"
+            if everything
+            else "no tune left to undo"
+        )
+        raise PolicyNotFound(
+            f"nothing to roll back for {name}: {left} ({journal.path})",
+            hint=f"`governor status {name}` shows the journal; without --all only `governor"
+            " tune` changes are undone (--all also undoes the monitor's actions)",
+        ) from err
     except ValueError as err:
         raise PolicyError(f"{err} for {name} ({run_dir() / name / 'journal.jsonl'})") from err
 
@@ -425,7 +447,7 @@ def status(name: str | None, *, prune: bool = False) -> list[dict[str, Any]]:
     `pruned NAME` line each on stderr."""
     import sys
 
-    from governor.operate.status import collect
+    from governor.operate.status import collect, ledger_lines
     from governor.rundir.state import prune_stale, run_dir, scan_states
 
     if prune:
@@ -440,27 +462,9 @@ def status(name: str | None, *, prune: bool = False) -> list[dict[str, Any]]:
         if name is None:
             sys.stderr.write(f"governor: skipped a state that is not one: {err}\n")
     if name is None:
-        for line in _ledger_lines(run_dir(), items):
+        for line in ledger_lines(run_dir(), items):
             sys.stderr.write(f"governor: {line}\n")
     return items
-
-
-def _ledger_lines(run: Path, items: list[dict[str, Any]]) -> list[str]:
-    """The board's clocks no slice shows: a restore that failed after its run ended (the
-    entry keeps its holders: `governor remove` retries it), an entry the ledger cannot use."""
-    from governor.rundir.clocks import Ledger
-
-    ledger = Ledger(run)
-    shown = {r["file"].rpartition("/")[0] for it in items for r in it.get("clocks", [])}
-    entries = ledger.read()
-    lines = list(ledger.problems)
-    for path, entry in entries.items():
-        if entry.get("failed") and path not in shown:
-            holders = ", ".join(h["policy"] for h in entry["holders"]) or "nobody"
-            lines.append(
-                f"clock {entry['name']} NOT restored (held by {holders}): {entry['failed'][0]}"
-            )
-    return lines
 
 
 def collect_names(directory: Path, name: str) -> bool:

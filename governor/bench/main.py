@@ -10,7 +10,6 @@ from governor.bench.run import (
     Case,
     Row,
     RunSpec,
-    cgroup_reader,
     default_log_dir,
     expand_matrix,
     gate,
@@ -20,6 +19,7 @@ from governor.bench.run import (
     to_csv,
     to_json,
 )
+from governor.bench.sample import cgroup_reader
 from governor.log import get_logger
 
 log = get_logger(__name__)
@@ -123,7 +123,10 @@ def bench(
     log_dir = b.log_dir or default_log_dir()
     if log_dir is not None:
         log_dir.mkdir(parents=True, exist_ok=True)
+    from governor.rundir.state import STATE_FILE, run_dir
+
     spec = RunSpec(
+        state=run_dir() / plan.policy / STATE_FILE,  # the launch publishes the engine's pid
         policy=policy,
         governor_args=_global_args(opts),
         launch_args=tuple(launch_args),

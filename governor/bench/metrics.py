@@ -31,7 +31,10 @@ def registry(policy: str, rows: Sequence[Row], now: float | None = None) -> Coll
     def gauge(name: str, doc: str, extra: tuple[str, ...] = ()) -> Gauge:
         return Gauge(name, doc, [*LABELS, *extra], registry=reg)
 
-    peak = gauge("governor_bench_peak_bytes", "highest memory.peak of the runs")
+    peak = gauge(
+        "governor_bench_peak_bytes",
+        "highest peak of the runs (memory.peak, else the highest sample: peak_source in --json)",
+    )
     estimate = gauge("governor_bench_estimate_bytes", "the GGUF estimate of the configuration")
     prefill = gauge("governor_bench_prefill_tokens_per_second", "mean prompt tokens/s")
     decode = gauge("governor_bench_decode_tokens_per_second", "mean generated tokens/s")

@@ -5,6 +5,12 @@ users take), with the engine's stderr captured for its timing lines. Meanwhile a
 samples the policy's group: memory.current and memory.stat (anon, file) every ``interval``
 seconds. Three small reads of kernel files per sample; a psutil poller of the process tree
 costs several /proc reads per process (perf/sampler_cost.py measures both).
+
+Without the memory controller in the group (a cgroup2 that has none, or `--allow-missing
+memory`) there is no memory.peak and no memory.current: the thread falls back to the seed's
+sampler, the RSS of the engine's process tree every 50 ms (psutil; anon = RSS - shared, file
+= shared). Each row says where its figures came from (``peak_source``, ``series_source``),
+and why there are none when there are none (``note``).
 """
 
 from __future__ import annotations
@@ -17,21 +23,27 @@ import os
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from governor.bench.sample import (
+    SERIES_CGROUP,
+    SERIES_RSS,
+    EngineTreeReader,
+    MemorySeriesRecorder,
+    Sample,
+    sources,
+)
 from governor.bench.timings import parse_timings
 
-MIN_INTERVAL_S = 0.05
 COLUMNS = (
     "run", "model", "quant", "ctx", "peak_bytes", "anon_at_peak", "file_at_peak",
     "prefill_tps", "decode_tps", "wall_s", "exit_status", "oom_kill", "memory_events_max",
     "memory_events_high", "outcome", "pressure_fired", "estimate_bytes", "estimate_error",
-    "samples", "device_peak_bytes",
+    "samples", "device_peak_bytes", "peak_source", "series_source", "note",
 )  # fmt: skip
 
 
@@ -42,14 +54,6 @@ class Case:
     argv: tuple[str, ...]
     model: str | None
     ctx: int | None
-
-
-@dataclass(frozen=True)
-class Sample:
-    t: float  # seconds since the run started
-    current: int
-    anon: int
-    file: int
 
 
 @dataclass
@@ -74,6 +78,9 @@ class Row:
     estimate_error: float | None = None  # (estimate - peak) / peak
     samples: int = 0
     device_peak_bytes: int | None = None  # DRM + dma-buf peak (monitor report; [device] / rule)
+    peak_source: str | None = None  # memory.peak | "<series_source> samples" | None: no peak
+    series_source: str | None = None  # memory.current | rss | None: no sample
+    note: str | None = None  # why a figure is missing or where it came from instead
     series: list[Sample] = field(default_factory=list)
     error: str | None = None  # a failed run (non-zero status): the last lines of its stderr
 
@@ -219,69 +226,48 @@ def pyplot() -> Any:
     return plt
 
 
+SERIES_LABEL = {
+    SERIES_CGROUP: "memory.current of the policy's group",
+    SERIES_RSS: "RSS of the engine's process tree (psutil)",
+}
+
+
+def plot_text(rows: Sequence[Row]) -> tuple[str, list[str]]:
+    """(the y axis label, the lines written on the chart): which source each run's curve
+    came from, and why a run has none (a chart is never empty without a word why)."""
+    sources = sorted({r.series_source for r in rows if r.series_source is not None})
+    axis = " / ".join(SERIES_LABEL.get(x, x) for x in sources) or "memory"
+    notes = []
+    for r in rows:
+        if not r.series:
+            notes.append(f"run {r.run}: no samples: {r.note or 'nothing could be read'}")
+        elif r.series_source == SERIES_RSS:
+            notes.append(f"run {r.run}: {SERIES_LABEL[SERIES_RSS]}: {r.note}")
+    return f"{axis} (MiB)", notes
+
+
 def plot(rows: Sequence[Row], out: Path) -> None:
-    """memory.current over time for each run (matplotlib, the `plot` extra)."""
+    """Memory over time for each run (matplotlib, the `plot` extra): memory.current, else the
+    engine's RSS; the label says which, a run without samples says why on the chart."""
     plt = pyplot()
     fig, ax = plt.subplots(figsize=(9, 5))
+    ylabel, notes = plot_text(rows)
     for r in rows:
-        label = f"#{r.run} {Path(r.model).name if r.model else '?'} -c {r.ctx}"
+        if not r.series:
+            continue
+        label = f"#{r.run} {Path(r.model).name if r.model else '?'} -c {r.ctx} ({r.series_source})"
         ax.plot([s.t for s in r.series], [s.current / (1 << 20) for s in r.series], label=label)
     ax.set_xlabel("seconds")
-    ax.set_ylabel("memory.current (MiB)")
-    ax.legend(fontsize="small")
+    ax.set_ylabel(ylabel)
+    if any(r.series for r in rows):
+        ax.legend(fontsize="small")
+    for i, line in enumerate(notes):
+        ax.text(0.01, 0.98 - 0.05 * i, line, transform=ax.transAxes, va="top", fontsize="small")
     fig.savefig(out, dpi=100)
     plt.close(fig)
 
 
 # ------------------------------------------------------------------ sampling and running
-
-
-class MemorySeriesRecorder:
-    """A thread reading memory.current and memory.stat of one cgroup every ``interval``, for the
-    whole of one run. Not governor.monitor.sampler.Sampler: that one holds the files open and
-    gives up on a missing file, while the launch this records creates the cgroup after it starts.
-    """
-
-    def __init__(self, read: Callable[[], tuple[int, int, int] | None], interval: float) -> None:
-        self.read = read
-        self.interval = max(MIN_INTERVAL_S, interval)
-        self.samples: list[Sample] = []
-        self._stop = threading.Event()
-        self._t0 = time.monotonic()
-        self._thread = threading.Thread(target=self._loop, name="bench-series", daemon=True)
-
-    def start(self) -> MemorySeriesRecorder:
-        self._t0 = time.monotonic()
-        self._thread.start()
-        return self
-
-    def _loop(self) -> None:
-        while not self._stop.is_set():
-            got = self.read()
-            if got is not None:
-                t = round(time.monotonic() - self._t0, 3)
-                self.samples.append(Sample(t, *got))
-            self._stop.wait(self.interval)
-
-    def stop(self) -> list[Sample]:
-        self._stop.set()
-        self._thread.join(timeout=5)
-        return self.samples
-
-
-def cgroup_reader(fs: Any, group: str) -> Callable[[], tuple[int, int, int] | None]:
-    from governor.errors import GovernorError
-    from governor.kernel import files as kf
-
-    def read() -> tuple[int, int, int] | None:
-        try:
-            current = int(fs.read(group, kf.MEMORY_CURRENT))
-            stat = fs.memory_stat(group)
-        except (GovernorError, ValueError, OSError):
-            return None  # not created yet, or already removed
-        return current, stat.get("anon", 0), stat.get("file", 0)
-
-    return read
 
 
 @dataclass(frozen=True)
@@ -293,6 +279,7 @@ class RunSpec:
     log_dir: Path | None = None
     timeout: float | None = None
     drop_caches: bool = False  # cold page cache before each run (root)
+    state: Path | None = None  # the policy's state.json: the engine's pid for the RSS sampler
 
 
 def run_case(
@@ -309,15 +296,18 @@ def run_case(
         ]  # fmt: skip
         if spec.drop_caches:
             drop_page_cache()
-        recorder = MemorySeriesRecorder(reader, spec.interval).start()
+        tree = EngineTreeReader(spec.state) if spec.state is not None else None
+        recorder = MemorySeriesRecorder(reader, spec.interval, tree).start()
         started = time.monotonic()
         with err_path.open("w") as err:
+            proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=err)
+            if tree is not None:
+                tree.launch_pid = proc.pid
             try:
-                proc = subprocess.run(
-                    cmd, stdout=subprocess.DEVNULL, stderr=err, timeout=spec.timeout, check=False
-                )
-                status = proc.returncode
+                status = proc.wait(timeout=spec.timeout)
             except subprocess.TimeoutExpired:
+                proc.kill()  # as subprocess.run(timeout=) does
+                proc.wait()
                 status = -1
         wall = time.monotonic() - started
         series = recorder.stop()
@@ -328,6 +318,7 @@ def run_case(
     timings = parse_timings(text)
     at_peak = max(series, key=lambda s: s.current) if series else None
     peak = data.get("memory_peak")
+    peak_source, note = sources(peak is not None, recorder.source, bool(series), spec.state)
     if peak is None and at_peak is not None:
         peak = at_peak.current
     return Row(
@@ -356,6 +347,9 @@ def run_case(
         device_peak_bytes=(data.get("extra", {}).get("monitor") or {}).get(
             "device_memory_peak_bytes"
         ),
+        peak_source=peak_source,
+        series_source=recorder.source if series else None,
+        note=note,
         series=series,
         error=None if status == 0 else _tail(text),
     )

@@ -12,7 +12,7 @@ import click
 import typer
 from typer.core import TyperCommand
 
-from governor.cli.options import NAME_COMPLETION, PolicyArg, host_options
+from governor.cli.options import NAME_COMPLETION, AllowMissing, PolicyArg, host_options
 
 
 def status(
@@ -79,14 +79,17 @@ def top(
 def diff(
     policy: PolicyArg,
     as_json: Annotated[bool, typer.Option("--json", help="machine-readable output")] = False,
+    allow_missing: AllowMissing = "",
 ) -> None:
     """The policy compiled on this host vs the kernel's files vs the installed systemd units
     (what `install` would render now), and the prerequisites (cgroup2, controllers, PSI).
-    Exit 0 when everything is in sync, 1 on any drift (each mismatch listed with its values)."""
+    Exit 0 when everything is in sync, 1 on any drift (each mismatch listed with its values).
+    What --allow-missing names, here or for the launch that runs the policy, is listed as
+    skipped, not as drift."""
     from governor.api import operate as api_operate
     from governor.operate.diff import render
 
-    out = api_operate.diff(policy, host_options())
+    out = api_operate.diff(policy, host_options(allow_missing))
     typer.echo(json.dumps(out, indent=2) if as_json else render(out), nl=as_json)
     raise typer.Exit(0 if out["in_sync"] else 1)
 

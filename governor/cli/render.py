@@ -106,13 +106,16 @@ def show_estimate(est: Estimate, *, as_json: bool) -> None:
 
 def show_bench(result: BenchResult) -> None:
     for r in result.rows:
-        peak = "?" if r.peak_bytes is None else f"{r.peak_bytes >> 20} MiB"
+        peak = "?" if r.peak_bytes is None else f"{r.peak_bytes >> 20} MiB ({r.peak_source})"
         what = f"{r.model} -c {r.ctx}" if r.model is not None or r.ctx is not None else "engine"
         typer.echo(
             f"run {r.run}: {what}: exit {r.exit_status}, peak {peak},"
             f" prefill {r.prefill_tps} t/s, decode {r.decode_tps} t/s, {r.wall_s}s,"
-            f" {r.outcome}, pressure rules fired {r.pressure_fired}"
+            f" {r.outcome}, pressure rules fired {r.pressure_fired},"
+            f" samples {r.samples} ({r.series_source or 'none'})"
         )
+        if r.note:
+            typer.echo(f"run {r.run}: {r.note}")
         if r.error:
             typer.echo(
                 f"run {r.run} stderr (last lines):\n  " + r.error.replace("\n", "\n  "), err=True

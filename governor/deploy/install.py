@@ -256,9 +256,9 @@ def install(
     reload: Callable[[], str] | None = None,
 ) -> Result:
     """Write ``files`` under ``root``; idempotent (nothing changes the second time)."""
-    mpath = manifest_path(root, policy)
-    rel_manifest = str(mpath.relative_to(root))
-    own = _load_manifest(mpath)
+    manifest_file = manifest_path(root, policy)
+    rel_manifest = str(manifest_file.relative_to(root))
+    own = _load_manifest(manifest_file)
     own_entries = {f.path: f for f in own.files} if own else {}
     others = _other_entries(root, policy)
 
@@ -303,8 +303,8 @@ def install(
         policy=policy, units=tuple(units), files=tuple(entries), created_dirs=tuple(created)
     )
     new_manifest = manifest.model_dump_json(indent=2) + "\n"
-    if _read(mpath) != new_manifest:
-        atomic_write(mpath, new_manifest)
+    if _read(manifest_file) != new_manifest:
+        atomic_write(manifest_file, new_manifest)
     if changes and reload is not None:
         result.reloaded = reload()
     return result
@@ -361,11 +361,11 @@ def uninstall(
     dry_run: bool = False,
     reload: Callable[[], str] | None = None,
 ) -> Result:
-    mpath = manifest_path(root, policy)
-    own = _load_manifest(mpath)
+    manifest_file = manifest_path(root, policy)
+    own = _load_manifest(manifest_file)
     if own is None:
         raise PolicyNotFound(
-            f"policy {policy} is not installed (no {mpath})",
+            f"policy {policy} is not installed (no {manifest_file})",
             hint="`governor install POLICY` first; --root must match the one install used",
         )
     others = _other_entries(root, policy)
@@ -374,12 +374,12 @@ def uninstall(
     result = Result(
         changes=changes,
         units=list(own.units),
-        manifest=str(mpath.relative_to(root)),
+        manifest=str(manifest_file.relative_to(root)),
         kept=kept,
     )
     if dry_run:
         return result
-    _remove(mpath)
+    _remove(manifest_file)
     for d in sorted(own.created_dirs, key=lambda d: d.count("/"), reverse=True):
         with contextlib.suppress(OSError):  # not empty: something else lives there now
             (root / d).rmdir()

@@ -20,12 +20,13 @@ leak, nothing the engine inherits.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import mmap
 import os
 import select
 import signal
-import time
+import threading
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
@@ -50,6 +51,12 @@ class PrefetchHelper:
     mode: Mode
     pid: int | None = None
     _shared: mmap.mmap = field(init=False, repr=False)
+    # the helper is reaped the moment it exits (a populate helper ends long before a server
+    # does: it must not stay a zombie for the engine's whole life), by a thread blocked in
+    # waitid() on a pidfd: a SIGKILL through the pidfd can never reach a reused pid
+    _pidfd: int | None = field(default=None, init=False, repr=False)
+    _reaper: threading.Thread | None = field(default=None, init=False, repr=False)
+    _reaped: threading.Event = field(default_factory=threading.Event, init=False, repr=False)
 
     def __post_init__(self) -> None:
         self._shared = mmap.mmap(-1, RESULT_BYTES)  # MAP_SHARED | MAP_ANONYMOUS
@@ -76,7 +83,22 @@ class PrefetchHelper:
             finally:
                 os._exit(code)
         self.pid = pid
+        self._pidfd = os.pidfd_open(pid)  # a zombie still has one: only we reap it
+        self._reaped.clear()
+        self._reaper = threading.Thread(
+            target=self._reap, args=(self._pidfd,), name="prefetch-reaper", daemon=True
+        )
+        self._reaper.start()
         log.info("prefetch.started", pid=pid, mode=self.mode, files=list(self.files))
+
+    def _reap(self, pidfd: int) -> None:
+        try:
+            done = os.waitid(os.P_PIDFD, pidfd, os.WEXITED)
+        except ChildProcessError:
+            done = None  # reaped elsewhere: gone all the same
+        self._reaped.set()
+        if done is not None:
+            log.info("prefetch.exited", pid=done.si_pid, status=done.si_status)
 
     def _run(self, engine_pid: int, kill_group: Callable[[], None]) -> int:
         os.setsid()
@@ -147,25 +169,23 @@ class PrefetchHelper:
     def finish(self) -> tuple[PrefetchResult | None, int | None]:
         """After the engine exited: stop a helper still reading (nobody needs the pages now),
         reap it, and return :meth:`result`."""
-        if self.pid is not None:
+        if self.pid is not None and self._pidfd is not None and self._reaper is not None:
             # a locker leaves by itself once the engine is gone (its pidfd): give it a moment
             # to finish publishing; a reader still reading is stopped at once
             grace = LOCK_EXIT_GRACE_S if self.mode == "lock" else 0.0
-            deadline = time.monotonic() + grace
-            try:
-                while True:
-                    pid, _ = os.waitpid(self.pid, os.WNOHANG)
-                    if pid != 0:
-                        break
-                    if time.monotonic() >= deadline:
-                        os.kill(self.pid, signal.SIGKILL)
-                        os.waitpid(self.pid, 0)
-                        break
-                    time.sleep(0.01)
-            except (ChildProcessError, ProcessLookupError):
-                pass
+            if not self._reaped.wait(grace):
+                with contextlib.suppress(ProcessLookupError):
+                    signal.pidfd_send_signal(self._pidfd, signal.SIGKILL)
+            self._reaper.join()
+            os.close(self._pidfd)
+            self._pidfd = self._reaper = None
             self.pid = None
         return self.result()
+
+    @property
+    def reaped(self) -> bool:
+        """Whether the helper has exited and been reaped (False before start)."""
+        return self._reaped.is_set()
 
 
 def _lock(paths: Sequence[Path]) -> int:

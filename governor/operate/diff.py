@@ -3,28 +3,56 @@ systemd files (what `install` would render now), plus the prerequisites the poli
 
 Pure comparison over values the caller reads (api/operate.py does the I/O): every mismatch is listed
 with both values; ``in_sync`` is False when there is one (exit 1), True otherwise (exit 0).
+A limit left out on purpose (`--allow-missing`, given to diff or to the launch that runs the
+policy) is listed as skipped and is no drift: one answer with governor_policy_drift.
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from pathlib import Path
 from typing import Any
 
 from governor.backends.cgroupfs import Observation
+from governor.kernel import files as kf
 from governor.plan.host import HostFacts
 from governor.plan.model import Plan
+from governor.rundir.state import read_states
 
 
-def prerequisites(plan: Plan, host: HostFacts) -> list[dict[str, Any]]:
-    """cgroup2, the limits a missing controller leaves out (the plan was compiled with every
-    controller allowed missing, so each such limit is in ``plan.degraded``), PSI."""
+def skipped_name(limit: str) -> str:
+    """The --allow-missing name that leaves a ``plan.degraded`` entry out of force: its
+    controller (``memory.max = 1 (memory controller missing)`` -> ``memory``), or ``psi``."""
+    if limit.startswith("[[pressure]]"):
+        return "psi"
+    return kf.controller_of(limit.split(" = ", 1)[0]) or ""
+
+
+def prerequisites(
+    plan: Plan, host: HostFacts, skipped: Mapping[str, str] | None = None
+) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """(what is missing, what is skipped): cgroup2, the limits a missing controller leaves out
+    (the plan was compiled with every controller allowed missing, so each such limit is in
+    ``plan.degraded``), PSI. ``skipped`` maps an --allow-missing name to who skips it (this
+    command's --allow-missing, or the launch that runs the policy): a limit or PSI it names
+    is listed as skipped, not missing, as the launch (and governor_policy_drift) sees it."""
+    skipped = skipped or {}
     out: list[dict[str, Any]] = []
+    skips: list[dict[str, Any]] = []
     if host.cgroup_mount is None:
         out.append({"what": "cgroup2", "want": "mounted", "have": "not mounted"})
     for limit in plan.degraded:  # compiled with every controller allowed missing
-        out.append({"what": "limit", "want": limit, "have": "not in force"})
+        name = skipped_name(limit)
+        if name in skipped:
+            skips.append({"what": "limit", "want": limit, "by": skipped[name]})
+        else:
+            out.append({"what": "limit", "want": limit, "have": "not in force"})
     if plan.watch and not host.psi:
-        out.append({"what": "psi", "want": "enabled", "have": host.psi_detail})
-    return out
+        if "psi" in skipped:
+            skips.append({"what": "psi", "want": "enabled", "by": skipped["psi"]})
+        else:
+            out.append({"what": "psi", "want": "enabled", "have": host.psi_detail})
+    return out, skips
 
 
 def kernel(plan: Plan, observed: list[Observation] | None) -> list[dict[str, Any]]:
@@ -62,8 +90,9 @@ def report(
     on_disk: dict[str, str | None] | None,
     *,
     clocks: list[dict[str, Any]] | None = None,
+    skipped: Mapping[str, str] | None = None,
 ) -> dict[str, Any]:
-    pre = prerequisites(plan, host)
+    pre, skips = prerequisites(plan, host, skipped)
     kern = kernel(plan, observed)
     units = unit_files(rendered, on_disk or {}) if rendered is not None else []
     clocks = clocks or []
@@ -72,6 +101,7 @@ def report(
         "group": f"{plan.cgroup_root}/{plan.group}",
         "in_sync": not (pre or kern or units or clocks),
         "prerequisites": pre,
+        "skipped": skips,  # left out on purpose (--allow-missing): not drift
         "kernel": kern,
         "systemd": units,
         "systemd_checked": rendered is not None,
@@ -83,6 +113,8 @@ def render(out: dict[str, Any]) -> str:
     lines = [f"{out['policy']}: {'in sync' if out['in_sync'] else 'DRIFT'} ({out['group']})"]
     for p in out["prerequisites"]:
         lines.append(f"  prerequisite {p['what']}: want {p['want']}, have {p['have']}")
+    for p in out.get("skipped", []):
+        lines.append(f"  skipped {p['what']}: {p['want']} (by {p['by']})")
     for k in out["kernel"]:
         if k["file"] is None:
             lines.append(f"  kernel {k['cgroup']}: {k['kernel']} (not applied or not running)")
@@ -100,3 +132,17 @@ def render(out: dict[str, Any]) -> str:
     if not out["systemd_checked"]:
         lines.append("  systemd: not installed for this policy (no manifest), not compared")
     return "\n".join(lines) + "\n"
+
+
+def launch_skipped(plan: Plan, run: Path) -> set[str]:
+    """What the launch (or apply) that runs this policy was told to skip: the --allow-missing
+    names behind its published plan's ``degraded`` limits (none when nothing runs it)."""
+    out: set[str] = set()
+    for st in read_states(run):
+        running = st.get("plan")
+        if st.get("policy") != plan.policy or st.get("stale") or not isinstance(running, dict):
+            continue
+        degraded = running.get("degraded")
+        if isinstance(degraded, list):
+            out |= {skipped_name(x) for x in degraded if isinstance(x, str)}
+    return out

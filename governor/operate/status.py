@@ -18,6 +18,7 @@ from governor.operate.clocks import render as render_clocks
 from governor.operate.devmem import device_board, render_device
 from governor.operate.observe import knobs, usage
 from governor.plan.model import Plan
+from governor.rundir.clocks import Ledger
 from governor.rundir.journal import Journal
 from governor.rundir.state import REVERTER, RunState, alive, states_of
 from governor.sizes import human_bytes
@@ -257,5 +258,21 @@ def _journal_lines(it: dict[str, Any]) -> list[str]:
                 f"  PENDING  #{p['id']} ({files}) will NOT revert at {at}: its reverter"
                 f" (pid {p.get('reverter_pid')}) is gone; keep it: governor tune"
                 f" {it['policy']} --confirm, undo it: governor rollback {it['policy']}"
+            )
+    return lines
+
+
+def ledger_lines(run: Path, items: list[dict[str, Any]]) -> list[str]:
+    """The board's clocks no slice shows: a restore that failed after its run ended (the
+    entry keeps its holders: `governor remove` retries it), an entry the ledger cannot use."""
+    ledger = Ledger(run)
+    shown = {r["file"].rpartition("/")[0] for it in items for r in it.get("clocks", [])}
+    entries = ledger.read()
+    lines = list(ledger.problems)
+    for path, entry in entries.items():
+        if entry.get("failed") and path not in shown:
+            holders = ", ".join(h["policy"] for h in entry["holders"]) or "nobody"
+            lines.append(
+                f"clock {entry['name']} NOT restored (held by {holders}): {entry['failed'][0]}"
             )
     return lines

@@ -231,6 +231,10 @@ def writer_for(fs: CgroupFs, change: Mapping[str, Any]) -> Writer:
     return lambda file, value: fs.write(group, file, value)
 
 
+class NothingToRollBack(ValueError):
+    """The journal has no change left that the rollback asked for would undo."""
+
+
 def rollback(
     fs: CgroupFs,
     journal: Journal,
@@ -243,7 +247,7 @@ def rollback(
 ) -> dict[str, Any]:
     """Undo journal entries in reverse: the last tune (default), every entry after ``to``,
     ``everything`` (tunes and monitor actions), or exactly ``ids`` (the --confirm reverter).
-    ValueError when there is nothing to undo. An entry that persisted into a systemd drop-in
+    NothingToRollBack (a ValueError) when there is nothing to undo. An entry that persisted into a systemd drop-in
     (``dropin``) gets the file back first (``restore_file``), then the runtime values."""
     undone = journal.undone()
     live = [e for e in journal.entries() if e["source"] in CHANGING and e["source"] != "rollback"]
@@ -258,7 +262,7 @@ def rollback(
         tunes = [e for e in live if e["source"] == "tune"]
         chosen = tunes[-1:]
     if not chosen:
-        raise ValueError("nothing to roll back")
+        raise NothingToRollBack("nothing to roll back")
     changes: list[dict[str, Any]] = []
     for entry in reversed(chosen):
         if entry.get("dropin") and restore_file is not None:

@@ -8,7 +8,10 @@ never trusted blindly: a state whose ``pid`` is gone (or is no longer a governor
 own clock. The run time writes it with the standard library only.
 
 Where: ``$GOVERNOR_RUN_DIR`` if set, else ``/run/governor`` for root, else
-``$XDG_RUNTIME_DIR/governor`` (or ``/tmp/governor-<uid>``).
+``$XDG_RUNTIME_DIR/governor``. Without XDG_RUNTIME_DIR a non-root user gets an error (69), not a
+fallback: a fixed name in a shared /tmp (``/tmp/governor-<uid>``) can be made first by another
+user, who then owns, reads or replaces the states and journals `status`, `tune` and `rollback`
+trust; and a private random directory could not be found by the next command.
 """
 
 from __future__ import annotations
@@ -21,7 +24,7 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
-from governor.errors import PolicyNotFound
+from governor.errors import HostError, PolicyNotFound
 from governor.plan.model import Plan
 from governor.record import check_types, field, fields, record
 from governor.rundir.journal import is_number
@@ -234,15 +237,23 @@ def load_state(path: Path) -> dict[str, Any]:
     return dict(data)
 
 
-def run_dir(environ: Mapping[str, str] | None = None) -> Path:
+def run_dir(environ: Mapping[str, str] | None = None, *, euid: int | None = None) -> Path:
+    """Where the states and journals live (module docstring); HostError (69) for a non-root
+    user without XDG_RUNTIME_DIR (pam_systemd sets it at login: /run/user/<uid>, 0700)."""
     env = os.environ if environ is None else environ
+    uid = os.geteuid() if euid is None else euid
     if env.get("GOVERNOR_RUN_DIR"):
         return Path(env["GOVERNOR_RUN_DIR"])
-    if os.geteuid() == 0:
+    if uid == 0:
         return Path("/run/governor")
     if env.get("XDG_RUNTIME_DIR"):
         return Path(env["XDG_RUNTIME_DIR"]) / "governor"
-    return Path(f"/tmp/governor-{os.geteuid()}")
+    raise HostError(
+        f"no run directory for uid {uid}: XDG_RUNTIME_DIR is not set and /run/governor is"
+        " root's (XDG_RUNTIME_DIR, /run/governor)",
+        hint="log in through a session that sets it (pam_systemd: /run/user/UID), or set"
+        " GOVERNOR_RUN_DIR to a directory only you can write",
+    )
 
 
 class Publisher:

@@ -101,3 +101,30 @@ def test_a_tune_reverted_after_an_oom_kill_is_journaled_and_counted(
     (entry,) = Journal(run / "st").entries()
     assert (entry["source"], entry["changes"]) == ("tune-reverted", [])
     assert _tunes(run, "reverted") == 1 and _tunes(run, "applied") == 0
+
+
+def test_rollback_with_nothing_to_undo_is_66_with_a_journal_hint(
+    slice_: tuple[Path, Path], capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Nothing to roll back is a missing input (66), not an invalid policy (65): the hint
+    points at the journal, not at `governor schema`; nothing is written or journaled."""
+    from governor.cli.app import main
+
+    group, run = slice_
+    for argv, left in (
+        (["rollback", "st"], "no tune left to undo"),
+        (["rollback", "st", "--all"], "no change left to undo"),
+        (["rollback", "st", "--to", "0"], "no change after journal entry 0"),
+    ):
+        with pytest.raises(SystemExit) as info:
+            main(argv)
+        assert info.value.code == 66, argv
+        err = capsys.readouterr().err.splitlines()
+        assert (
+            err[0]
+            == f"governor: nothing to roll back for st: {left} ({run / 'st' / 'journal.jsonl'})"
+        )
+        assert err[1].startswith("hint: `governor status st` shows the journal"), err
+        assert "schema" not in err[1]
+    assert Journal(run / "st").entries() == []
+    assert (group / kf.MEMORY_HIGH).read_text().strip() == str(1 << 30)

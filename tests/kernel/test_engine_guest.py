@@ -127,6 +127,7 @@ def test_bench_tiny_writes_csv_json_and_gate_follows_the_peak(
         assert r["exit_status"] == "0" and int(r["peak_bytes"]) > 0
         assert float(r["decode_tps"]) > 0 and float(r["prefill_tps"]) > 0
         assert int(r["samples"]) >= 1 and r["oom_kill"] == "0"
+        assert (r["peak_source"], r["series_source"]) == ("memory.peak", "memory.current")
         assert r["quant"] == "Q8_0" and int(r["estimate_bytes"]) > 0
     data = json.loads(out_json.read_text())
     assert len(data["runs"]) == 4 and data["runs"][0]["series"]

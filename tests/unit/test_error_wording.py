@@ -3,14 +3,17 @@ something. Checked on the source (AST), so a new raise site cannot forget it.
 
 What counts as a where (at least one item of the final "(...)", items split on , and ;):
 - a file: an absolute path (`/proc/1/comm`, `{root}/proc/meminfo`) or an interpolation of one
-  (`{path}`, `{run_dir() / name}`, `{self.unit}`: an expression naming a path, file, dir, root,
-  cgroup, group, unit, job, source, option or where);
-- a policy field: `engine.max_context_tokens`, `memory.max`, `process.user`;
+  (`{path}`, `{run_dir() / name}`, `{self.unit}`, `{str(path)}`: a variable, attribute or call
+  whose NAME ends in a path, file, dir, root, cgroup, group, unit, job, source, option or
+  where word, or a `/` join; `{profile}`, `{len(files)}` or `{x.file_count}` are none);
+- a policy field: `engine.max_context_tokens`, `memory.max`, `qos.class`, `clocks.big.max`
+  (every table of the policy, read from the model);
 - a cgroup or a systemd unit: `{cgroup}`, `{unit}`, `x.slice`, `y.service`;
 - a process: `pid 1`, `pid {pid}`;
 - a CLI option or argument: `--engine-argv`, `-c/--ctx-size`, `{option}`, the engine command
   after `-- ENGINE`, a metavar like `POLICY` or `KEY=VALUE`.
-A fixed generic literal (`(command line)`, `(systemd manager)`) is none of these.
+A fixed generic literal (`(command line)`, `(systemd manager)`), an errno name (`(ENOENT)`)
+and a coordinate keyword given as None (`file=None`) are none of these.
 
 Errors whose coordinates are keyword fields (PolicyError file/field, the OS failures'
 cgroup/file, EngineArgvError's option) get the parenthesis from the class; a constant value
@@ -24,8 +27,11 @@ Needs: nothing (reads governor/**/*.py)."""
 from __future__ import annotations
 
 import ast
+import errno
 import re
 from pathlib import Path
+
+from governor.policy.model import Policy
 
 PACKAGE = Path(__file__).resolve().parents[2] / "governor"
 # every subclass of these (found in the source) is checked too; EngineArgvError is a
@@ -59,16 +65,74 @@ ALLOW = {
 
 _OPTION = re.compile(r"(?<![\w/])--?[A-Za-z][\w-]*|(?<!\S)-- [A-Z]+")
 _METAVAR = re.compile(r"[A-Z][A-Z_]*(=[A-Z]+)?")
-_FIELD = re.compile(
-    r"\b(memory|cpu|cpuset|io|pids|process|engine|prefetch|pressure|device|qos)\.[a-z_]+"
-)
-_SECTION = re.compile(
-    r"(memory|cpu|io|pids|process|engine|prefetch|pressure|device|qos|slice|extends|name)"
-)
+_ERRNO_NAMES = frozenset(errno.errorcode.values())  # what failed, not where: (ENOENT) is no where
+# the policy's top-level keys as a user writes them (`qos`, `clocks`...): read from the model, so
+# a new table is a field at once
+_KEYS = sorted(f.alias or name for name, f in Policy.model_fields.items())
+_FIELD = re.compile(rf"\b({'|'.join(_KEYS)})(\.[a-z_]+)+")
+_SECTION = re.compile("|".join(_KEYS))
 _PATH = re.compile(r"(?:^|[\s:])/[\w.]|\{#\d+\}/")
 _PID = re.compile(r"\bpid (\d+|\{#\d+\})")
 _UNIT = re.compile(r"\.(service|slice|scope)\b")
-_PLACE = re.compile(r"path|file|dir|root|cgroup|group|unit|job|source|option|where|run_dir| / ")
+# the last word of an interpolated name that makes it a place ("policy_path", "self.unit")
+_PLACE_WORDS = frozenset(
+    [
+        "path",
+        "file",
+        "filename",
+        "dir",
+        "directory",
+        "root",
+        "cgroup",
+        "group",
+        "unit",
+        "job",
+        "source",
+        "option",
+        "where",
+    ]
+)
+# calls that show their argument as it is: the argument decides (`{str(path)}`)
+_SHOWING = frozenset({"str", "repr", "fspath", "shown", "join", "Path", "resolve", "name"})
+
+
+def _named_place(name: str) -> bool:
+    """Whether an identifier names a place: its last word (``_``-separated, a plural or a
+    one-letter suffix as in ``option_a`` aside) is a place word."""
+    words = [w for w in name.lower().split("_") if w]
+    if len(words) > 1 and len(words[-1]) == 1:
+        words.pop()  # option_a, option_b
+    return bool(words) and (
+        words[-1] in _PLACE_WORDS or words[-1].removesuffix("s") in _PLACE_WORDS
+    )
+
+
+def _expr_is_place(node: ast.expr) -> bool:
+    """An interpolated expression that names a place (see the module docstring)."""
+    if isinstance(node, ast.Name):
+        return _named_place(node.id)
+    if isinstance(node, ast.Attribute):
+        return _named_place(node.attr)
+    if isinstance(node, ast.BinOp):
+        return isinstance(node.op, ast.Div)  # a path joined in place: run_dir() / name
+    if isinstance(node, ast.BoolOp):  # plan.source or "policy"
+        return _expr_is_place(node.values[0])
+    if isinstance(node, ast.Subscript):  # paths[0], entry["file"]
+        key = node.slice
+        if isinstance(key, ast.Constant) and isinstance(key.value, str):
+            return _named_place(key.value)
+        return _expr_is_place(node.value)
+    if isinstance(node, ast.Call):
+        func = node.func
+        fname = func.id if isinstance(func, ast.Name) else getattr(func, "attr", "")
+        if fname == "get" and node.args:  # prior.get("source")
+            key = node.args[0]
+            return isinstance(key, ast.Constant) and _named_place(str(key.value))
+        if fname in _SHOWING:
+            inner = list(node.args) or ([func.value] if isinstance(func, ast.Attribute) else [])
+            return any(_expr_is_place(a) for a in inner)
+        return _named_place(fname)  # run_dir(), proc.path("self", "cgroup")
+    return False
 
 
 def _template(node: ast.expr, exprs: list[str]) -> str:
@@ -116,9 +180,12 @@ def _is_place(item: str, exprs: list[str], *, field: bool = False) -> bool:
         return True
     if any(p.search(item) for p in (_OPTION, _FIELD, _PATH, _PID, _UNIT)):
         return True
-    if _METAVAR.fullmatch(item):
+    if _METAVAR.fullmatch(item) and item not in _ERRNO_NAMES:
         return True
-    return any(_PLACE.search(exprs[int(i)]) for i in re.findall(r"\{#(\d+)\}", item))
+    return any(
+        _expr_is_place(ast.parse(exprs[int(i)], mode="eval").body)
+        for i in re.findall(r"\{#(\d+)\}", item)
+    )
 
 
 def says_where(where: str, exprs: list[str]) -> bool:
@@ -166,7 +233,9 @@ def problems(trees: dict[str, ast.Module]) -> list[str]:
             given = {k.arg: k.value for k in node.keywords if k.arg in classes[name]}
             if given:
                 for key, value in given.items():
-                    if isinstance(value, ast.Constant) and isinstance(value.value, str):
+                    if isinstance(value, ast.Constant) and value.value is None:
+                        found.append(f"{site}: {key}=None is no where")
+                    elif isinstance(value, ast.Constant) and isinstance(value.value, str):
                         word = value.value
                         if word not in KEYWORD_WORDS and not _is_place(
                             word, [], field=key == "field"
@@ -214,9 +283,16 @@ class MyError(UsageError):
     pass
 def k(x):
     raise MyError("bad (systemd manager)")
+def l(x, profile, files):
+    raise UsageError("cannot open (ENOENT)")
+    raise PolicyError("bad", file=None)
+    raise UsageError(f"bad ({profile})")
+    raise UsageError(f"bad ({len(files)})")
+    raise UsageError(f"bad ({x.file_count})")
+    raise UsageError(f"bad ({x.path_mode})")
 """
 GOOD = """
-def f(x, path, pid, unit):
+def f(x, path, pid, unit, files):
     raise UsageError(f"bad value {x} (--engine-argv, --model)")
     raise UsageError(f"bad value {x} (-c/--ctx-size)")
     raise UsageError(f"cannot read: {x} ({path})")
@@ -228,6 +304,14 @@ def f(x, path, pid, unit):
     raise UsageError("no line (/proc/meminfo)")
     raise PolicyError("bad", file=str(path), field="memory.max")
     raise EngineArgvError("engine option -c is bad", option="-c/--ctx-size")
+    raise UsageError("unknown class (qos.class)")
+    raise UsageError("no such clock (clocks.big.max)")
+    raise PolicyError("bad", file=str(path), field="qos.yield")
+    raise PolicyError("bad", file=str(path), field="clocks")
+    raise UsageError(f"bad ({str(path)})")
+    raise UsageError(f"bad ({x.policy_path}, {x.option_b})")
+    raise UsageError(f"bad ({', '.join(files)})")
+    raise UsageError(f"bad ({x.get('source')})")
 """
 
 
@@ -235,5 +319,6 @@ def test_the_check_refuses_generic_and_missing_wheres() -> None:
     """The checker itself can fail: each planted bad site is reported, each good one is not."""
     trees = _package()  # the real classes: UsageError, PolicyError, EngineArgvError...
     bad = [b for b in problems({**trees, "bad.py": ast.parse(BAD)}) if b.startswith("bad.py")]
-    assert [b.split(":")[1].split()[0] for b in bad] == ["5", "7", "9", "11", "13", "17"], bad
+    lines = ["5", "7", "9", "11", "13", "17", "19", "20", "21", "22", "23", "24"]
+    assert [b.split(":")[1].split()[0] for b in bad] == lines, bad
     assert [g for g in problems({**trees, "good.py": ast.parse(GOOD)}) if "good.py" in g] == []

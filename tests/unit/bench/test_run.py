@@ -4,12 +4,21 @@ The timing lines are pasted from real runs (notes/engine.md, this repo's calibra
 
 from __future__ import annotations
 
+import contextlib
 import csv
 import io
 import json
+import os
+import signal
+import subprocess
+import sys
+import time
 from pathlib import Path
 
-from governor.bench.run import COLUMNS, Row, Sample, expand_matrix, gate, to_csv, to_json
+import pytest
+
+from governor.bench.run import COLUMNS, Row, expand_matrix, gate, to_csv, to_json
+from governor.bench.sample import Sample
 from governor.bench.timings import parse_timings
 
 COMMON = """\
@@ -122,3 +131,119 @@ def test_a_failed_run_keeps_the_tail_of_its_stderr(tmp_path: Path) -> None:
     row = run_case(spec, Case(argv=("true",), model=None, ctx=None), 1, lambda: None)
     assert row.exit_status == 66 and row.outcome == "failed"
     assert row.error is not None and "governor: " in row.error and str(policy) in row.error
+
+
+# ------------------------------------------------------------------ without memory.peak
+
+
+def test_each_figure_says_where_it_came_from() -> None:
+    from governor.bench.sample import SERIES_CGROUP, SERIES_RSS, sources
+
+    state = Path("/run/governor/p/state.json")
+    assert sources(True, SERIES_CGROUP, True, state) == ("memory.peak", None)
+    peak, note = sources(False, SERIES_CGROUP, True, state)
+    assert peak == "memory.current samples" and note is not None and "memory.peak" in note
+    peak, note = sources(False, SERIES_RSS, True, state)
+    assert peak == "rss samples"
+    assert note is not None and "no memory controller" in note and "50 ms" in note
+    peak, note = sources(False, None, False, state)
+    assert peak is None and note is not None and str(state) in note
+
+
+def test_the_plot_labels_its_source_and_says_why_a_run_has_no_curve() -> None:
+    from governor.bench.run import plot_text
+    from governor.bench.sample import SERIES_RSS
+
+    rss = _row(700, 20.0)
+    rss.series_source, rss.note = SERIES_RSS, "no memory controller (why)"
+    empty = _row(0, None)
+    empty.run, empty.series, empty.note = 2, [], "the engine's pid was never published"
+    axis, notes = plot_text([rss, empty])
+    assert axis == "RSS of the engine's process tree (psutil) (MiB)"
+    assert notes == [
+        "run 1: RSS of the engine's process tree (psutil): no memory controller (why)",
+        "run 2: no samples: the engine's pid was never published",
+    ]
+    axis, notes = plot_text([empty])
+    assert axis == "memory (MiB)" and len(notes) == 1  # never an empty chart without a word
+
+
+def test_the_text_names_the_peak_source_and_the_note(capsys: pytest.CaptureFixture[str]) -> None:
+    from governor.bench.main import BenchResult
+    from governor.bench.sample import SERIES_RSS
+    from governor.cli.render import show_bench
+
+    row = _row(64 << 20, 20.0)
+    row.samples, row.peak_source, row.series_source = 2, "rss samples", SERIES_RSS
+    row.note = "no memory controller in the policy's group"
+    show_bench(BenchResult(rows=[row], failures=[], board_bytes=1 << 30))
+    out = capsys.readouterr().out
+    assert "peak 64 MiB (rss samples)" in out and "samples 2 (rss)" in out
+    assert "run 1: no memory controller in the policy's group" in out
+
+
+def test_the_recorder_keeps_the_first_source_that_answers() -> None:
+    from governor.bench.sample import SERIES_CGROUP, SERIES_RSS, MemorySeriesRecorder
+
+    asked: list[str] = []
+
+    def cgroup() -> tuple[int, int, int] | None:
+        asked.append("cgroup")
+        return (100, 60, 40)
+
+    def rss() -> tuple[int, int, int] | None:
+        asked.append("rss")
+        return (7, 5, 2)
+
+    rec = MemorySeriesRecorder(cgroup, 0.05, rss)
+    assert rec._sample() == (100, 60, 40) and rec._sample() == (100, 60, 40)
+    assert rec.source == SERIES_CGROUP and asked == ["cgroup", "cgroup"]
+    rec = MemorySeriesRecorder(lambda: None, 0.05, rss)
+    assert rec._sample() == (7, 5, 2) and rec.source == SERIES_RSS
+    assert MemorySeriesRecorder(lambda: None, 0.05)._sample() is None
+
+
+ENGINE = """
+import sys, time
+block = bytearray(48 << 20)
+for i in range(0, len(block), 4096):
+    block[i] = 1  # touched: resident, anonymous
+open(sys.argv[1], "w").close()
+time.sleep(60)
+"""
+
+
+def test_the_rss_sampler_reads_the_engine_tree_of_this_launch_only(tmp_path: Path) -> None:
+    """The seed's sampler: the RSS of the engine named by the state.json, when it is a child
+    of this run's launch; a pid from another run's state is not sampled."""
+    from governor.bench.sample import EngineTreeReader
+
+    ready = tmp_path / "ready"
+    (tmp_path / "engine.py").write_text(ENGINE)
+    launch = subprocess.Popen(
+        ["/bin/sh", "-c", f'"{sys.executable}" engine.py ready & echo $! > pid; wait'],
+        cwd=tmp_path,
+    )
+    try:
+        deadline = time.monotonic() + 60
+        while not ready.exists() and time.monotonic() < deadline and launch.poll() is None:
+            time.sleep(0.02)
+        assert ready.exists(), "the stand-in engine did not start"
+        engine_pid = int((tmp_path / "pid").read_text())
+        state = tmp_path / "state.json"
+        reader = EngineTreeReader(state)
+        assert reader() is None  # the launch has not started yet
+        reader.launch_pid = launch.pid
+        assert reader() is None  # nothing published yet
+        state.write_text(json.dumps({"engine_pid": os.getpid()}))  # not this launch's child
+        assert reader() is None
+        state.write_text(json.dumps({"engine_pid": engine_pid}))
+        got = reader()
+        assert got is not None
+        rss, anon, file = got
+        assert anon >= 48 << 20 and rss == anon + file
+    finally:
+        launch.kill()
+        with contextlib.suppress(OSError, ValueError):  # no pid file: no engine to kill
+            os.kill(int((tmp_path / "pid").read_text()), signal.SIGKILL)
+        launch.wait()

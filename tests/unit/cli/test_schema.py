@@ -9,17 +9,19 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
+from helpers.golden import update_requested
 
 from governor.api import compile as api_compile
 from governor.cli.app import main
 
 REPO = Path(__file__).resolve().parents[3]
 COMMITTED = REPO / "policies" / "schema.json"
-UPDATE = os.environ.get("GOVERNOR_UPDATE_GOLDEN") == "1"
 
 
 def _cli_schema(capsys: pytest.CaptureFixture[str]) -> str:
@@ -32,7 +34,7 @@ def _cli_schema(capsys: pytest.CaptureFixture[str]) -> str:
 
 def test_committed_schema_matches_governor_schema(capsys: pytest.CaptureFixture[str]) -> None:
     out = _cli_schema(capsys)
-    if UPDATE:
+    if update_requested():
         COMMITTED.write_text(out)
     assert COMMITTED.read_text() == out, (
         "policies/schema.json is stale: rerun with GOVERNOR_UPDATE_GOLDEN=1 and review the diff"
@@ -40,9 +42,23 @@ def test_committed_schema_matches_governor_schema(capsys: pytest.CaptureFixture[
 
 
 def test_schema_is_deterministic() -> None:
-    assert json.dumps(api_compile.schema(), sort_keys=True) == json.dumps(
-        api_compile.schema(), sort_keys=True
-    )
+    """The same bytes from separate processes (set and dict orders vary with the hash seed),
+    and the same bytes as the committed copy: no run can reorder what editors read."""
+    outs = []
+    for seed in ("1", "2"):
+        proc = subprocess.run(
+            [sys.executable, "-m", "governor", "schema"],
+            capture_output=True,
+            text=True,
+            check=False,
+            cwd=REPO,
+            env=dict(os.environ, PYTHONHASHSEED=seed),
+            timeout=120,
+        )
+        assert proc.returncode == 0, proc.stderr
+        outs.append(proc.stdout)
+    assert outs[0] == outs[1] == COMMITTED.read_text()
+    assert api_compile.schema() == json.loads(outs[0])
 
 
 def _section(schema: dict[str, Any], name: str) -> dict[str, Any]:

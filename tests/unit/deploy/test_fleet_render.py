@@ -19,6 +19,7 @@ from typing import Any
 import kubernetes_validate
 import pytest
 import yaml
+from helpers.golden import update_requested
 
 from governor.api import fleet
 from governor.api.host import HostOptions
@@ -33,7 +34,6 @@ REPO = Path(__file__).resolve().parents[3]
 HOSTS = REPO / "tests" / "fixtures" / "hosts"
 POLICY_DIR = REPO / "policies"
 GOLDEN = REPO / "tests" / "golden" / "fleet"
-UPDATE = os.environ.get("GOVERNOR_UPDATE_GOLDEN") == "1"
 EXAMPLE_POLICIES = sorted(p.stem for p in POLICY_DIR.glob("*.toml"))
 HOST_NAMES = ("rk3588", "cgroup2-full")
 API_VERSIONS = ("1.33.0", "1.37.0")  # resizePolicy is in both; in-place resize GA in 1.35
@@ -58,26 +58,29 @@ def _in_repo(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.chdir(REPO)  # the goldens name the policy as policies/NAME.toml
 
 
-def _render(target: fleet.Target, policy: str, host: str, **kw: Any) -> str | None:
-    try:
-        return fleet.render(
-            target,
-            POLICY_DIR.relative_to(REPO) / f"{policy}.toml",
-            HostOptions(root=REPO / "tests" / "fixtures" / "hosts" / host),
-            ENGINE,
-            image="docker.io/library/debian:12-slim",
-            **kw,
-        )
-    except GovernorError:
-        return None  # the plan goldens (tests/golden/plans/*.err) say why it does not compile
+def _render(target: fleet.Target, policy: str, host: str, **kw: Any) -> str:
+    return fleet.render(
+        target,
+        POLICY_DIR.relative_to(REPO) / f"{policy}.toml",
+        HostOptions(root=REPO / "tests" / "fixtures" / "hosts" / host),
+        ENGINE,
+        image="docker.io/library/debian:12-slim",
+        **kw,
+    )
 
 
-CASES = [(p, h) for p in EXAMPLE_POLICIES for h in HOST_NAMES if _render("k8s", p, h) is not None]
+# Every (policy, board) pair is a case; which ones render is read from the reviewed plan
+# goldens (tests/golden/plans: .json compiles, .err is refused), never from calling the code
+# under test at collection time: a pair whose render starts failing FAILS, it cannot drop out.
+PLAN_GOLDEN = REPO / "tests" / "golden" / "plans"
+ALL_CASES = [(p, h) for p in EXAMPLE_POLICIES for h in HOST_NAMES]
+CASES = [(p, h) for p, h in ALL_CASES if not (PLAN_GOLDEN / f"{p}@{h}.err").exists()]
+REFUSED = [(p, h) for p, h in ALL_CASES if (p, h) not in CASES]
 
 
 def _golden(name: str, text: str) -> None:
     path = GOLDEN / name
-    if UPDATE:
+    if update_requested():
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(text)
     assert path.read_text() == text, f"{name} changed (GOVERNOR_UPDATE_GOLDEN=1 to accept)"
@@ -97,13 +100,30 @@ def _validate(text: str) -> dict[str, Any]:
 
 def test_every_example_policy_renders_on_some_fixture_board() -> None:
     assert {p for p, _ in CASES} == set(EXAMPLE_POLICIES)
+    for p, h in CASES:  # each case has its verdict: a plan golden that compiles
+        assert (PLAN_GOLDEN / f"{p}@{h}.json").exists(), f"no plan golden for {p}@{h}"
+
+
+@pytest.mark.parametrize(("policy", "host"), REFUSED, ids=[f"{p}@{h}" for p, h in REFUSED])
+def test_a_policy_the_board_refuses_is_refused_by_render_too(policy: str, host: str) -> None:
+    """Render refuses like check, with the plan golden's exit code and message."""
+    golden = (PLAN_GOLDEN / f"{policy}@{host}.err").read_text().splitlines()
+    root = HOSTS / host
+    targets: tuple[fleet.Target, ...] = ("k8s", "quadlet")
+    for target in targets:
+        with pytest.raises(GovernorError) as info:
+            _render(target, policy, host)
+        err = info.value
+        assert golden[:2] == [
+            f"exit {err.exit_code}",
+            f"governor: {err}".replace(str(root), "<root>"),
+        ]
 
 
 @pytest.mark.parametrize(("policy", "host"), CASES, ids=[f"{p}@{h}" for p, h in CASES])
 def test_k8s_golden_and_valid_against_two_api_versions(policy: str, host: str) -> None:
     for kind, suffix in (("Pod", "pod"), ("Deployment", "deployment")):
         text = _render("k8s", policy, host, kind=kind)
-        assert text is not None
         _golden(f"{policy}@{host}.{suffix}.yaml", text)
         doc = _validate(text)
         assert doc["kind"] == kind
@@ -112,14 +132,12 @@ def test_k8s_golden_and_valid_against_two_api_versions(policy: str, host: str) -
 @pytest.mark.parametrize(("policy", "host"), CASES, ids=[f"{p}@{h}" for p, h in CASES])
 def test_quadlet_golden(policy: str, host: str) -> None:
     text = _render("quadlet", policy, host)
-    assert text is not None
     _golden(f"{policy}@{host}.container", text)
 
 
 def test_the_validator_refuses_a_broken_manifest() -> None:
     """The schema check bites: a misspelt field (strict) and a bad resize policy fail."""
     text = _render("k8s", "npu-chat", "rk3588")
-    assert text is not None
     doc = yaml.safe_load(text)
     doc["spec"]["containers"][0]["resources"]["limit"] = {"memory": "1Gi"}
     with pytest.raises(kubernetes_validate.ValidationError):
@@ -132,7 +150,6 @@ def test_the_validator_refuses_a_broken_manifest() -> None:
 
 def test_npu_chat_pod_carries_the_budget_probe_volume_and_comments() -> None:
     text = _render("k8s", "npu-chat", "rk3588")
-    assert text is not None
     doc = _validate(text)
     c = doc["spec"]["containers"][0]
     assert c["command"] == [ENGINE[0]] and c["args"] == list(ENGINE[1:])
@@ -232,7 +249,6 @@ def _sections(text: str) -> dict[str, list[str]]:
 
 def test_quadlet_service_carries_the_slice_and_the_limits() -> None:
     text = _render("quadlet", "npu-chat", "rk3588")
-    assert text is not None
     s = _sections(text)
     assert "Slice=governor-npu\\x2dchat.slice" in s["Service"]
     for directive in (
@@ -259,7 +275,6 @@ def test_quadlet_unit_parts_pass_systemd_analyze_verify(
     tool = shutil.which("systemd-analyze")
     assert tool is not None, "systemd-analyze missing (apt-get install systemd)"
     text = _render("quadlet", policy, host)
-    assert text is not None
     s = _sections(text)
     service = s["Service"] + ["ExecStart=/bin/true"]
     unit = "\n".join(

@@ -126,6 +126,7 @@ def test_an_address_the_parser_refuses_has_no_key(argv: list[str]) -> None:
 def test_an_address_variable_the_parser_refuses_has_no_key(env: dict[str, str]) -> None:
     with pytest.raises(parser.EngineArgvError):
         parser.parse_llama_argv([SRV], env)
+    assert argkey.compile_words([SRV]) == [SRV]  # the argv alone has a key: the env refuses
     with pytest.raises(argkey.Unkeyable):
         argkey.compile_env(env)
 

@@ -4,9 +4,12 @@ preflight's (tests/unit/engines/test_preflight.py)."""
 
 from __future__ import annotations
 
+import contextlib
 import io
 import os
+import signal
 import subprocess
+import time
 from pathlib import Path
 
 import pytest
@@ -96,15 +99,67 @@ def test_the_helper_prefetches_beside_the_engine_and_reports_through_the_shared_
         helper.start(
             engine.pid, spawn=lambda: (os.fork(), True), join=lambda: None, kill_group=lambda: None
         )
-        assert helper.pid is not None
-        os.waitpid(helper.pid, 0)
-        helper.pid = None
+        pid = helper.pid
+        assert pid is not None
+        # the helper is reaped when it exits, while the engine still runs: no zombie stays
+        # for the engine's life (a llama-server runs for days)
+        assert _gone(pid), f"prefetch helper {pid} still there: {_state(pid)}"
+        assert helper.reaped and engine.poll() is None
         res, lock_errno = helper.finish()
     finally:
         engine.kill()
         engine.wait()
     assert lock_errno is None
     assert res is not None and res.bytes == 2 * MIB and res.resident_fraction == 1.0
+
+
+def _state(pid: int) -> str:
+    """The process's state letter (Z: a zombie), "gone" when /proc has no such pid."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return "gone"
+
+
+def _gone(pid: int, limit_s: float = 30.0) -> bool:
+    """Whether ``pid`` disappears (exited AND reaped) within ``limit_s``: a bound for a slow
+    machine, not a timing assertion."""
+    deadline = time.monotonic() + limit_s
+    while time.monotonic() < deadline:
+        if _state(pid) == "gone":
+            return True
+        time.sleep(0.02)
+    return False
+
+
+def test_finish_stops_a_helper_still_reading_and_reaps_it(tmp_path: Path) -> None:
+    """The engine exited while the helper still works: finish() kills it through its pidfd and
+    reaps it (the reaper thread), nothing left behind."""
+    f = _make(tmp_path / "model.bin", 1 * MIB)
+    engine = subprocess.Popen(["sleep", "30"])
+
+    def spawn() -> tuple[int, bool]:
+        pid = os.fork()
+        if pid == 0:  # pragma: no cover - a helper that never finishes
+            signal.pthread_sigmask(signal.SIG_BLOCK, [signal.SIGTERM])
+            while True:
+                time.sleep(1)
+        return pid, True
+
+    helper = PrefetchHelper(files=(str(f),), mode="populate")
+    try:
+        helper.start(engine.pid, spawn=spawn, join=lambda: None, kill_group=lambda: None)
+        pid = helper.pid
+        assert pid is not None and not helper.reaped
+        assert helper.finish() == (None, None)
+        assert helper.pid is None and helper.reaped
+        assert _state(pid) == "gone"
+    finally:
+        if helper.pid is not None:  # the check failed: leave no forked pytest behind
+            with contextlib.suppress(OSError):
+                os.kill(helper.pid, signal.SIGKILL)
+        engine.kill()
+        engine.wait()
 
 
 def test_a_resident_file_is_not_filled_again_and_a_cold_one_is(
