@@ -436,6 +436,10 @@ def test_the_scripts_scanned_are_there() -> None:
     assert {"perf.qos", "perf.qos_guest", "perf.server"} <= set(modules)
     assert any(m.startswith("ansible_collections.") for m in modules)
     assert {"helpers", "engine", "vm", "conftest"} <= _tests_names()
+    graph = _graph(modules)
+    # qos_guest's module-level import and qos's function-level one (in main) are both arrows
+    assert {"perf.qos_common", "perf._helpers.disk", "perf.qos_guest"} <= graph["perf.qos"]
+    assert "perf.qos_common" in graph["perf.qos_guest"]
 
 
 def test_no_new_top_level_module() -> None:
