@@ -1,5 +1,5 @@
 """perf/qos.py's runs in the systemd guest: the workloads under each arm, what each run measures
-(the pure parts, the table and the command line are in perf/qos.py)."""
+(the pure parts and the table are in perf/qos_common.py, the command line in perf/qos.py)."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from perf.qos import (
+from perf.qos_common import (
     BG_COMM,
     CHAT_COMM,
     HELPERS,
@@ -204,7 +204,7 @@ def spin_argv(st: Setup) -> list[str]:
 
 
 def cluster(kind: str) -> str | None:
-    """The guest's CPUs the bench policies pin "big" or "little" to (perf.qos.guest_cpu)."""
+    """The guest's CPUs the bench policies pin "big" or "little" to (perf.qos_common.guest_cpu)."""
     cpus = guest_cpu({"cpu": {"cpus": kind}}, os.cpu_count() or 1).get("cpus")
     return None if cpus is None else str(cpus)
 

@@ -44,13 +44,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from perf._helpers.server import KVSERVER, SERVER, chat, free_port, prompt, wait_ready
 from perf.launch import cgroup_mount, compile_governor, governor_argv, missing_controllers, user_env
 
 REPO = Path(__file__).resolve().parents[1]
-# tests/helpers/server.py drives the server (tests/ is not a package: its modules import each
-# other by their names under tests/, e.g. engine.paths)
-sys.path.insert(0, str(REPO / "tests"))
-from helpers.server import KVSERVER, SERVER, chat, free_port, prompt, wait_ready  # noqa: E402
 
 MIB = 1 << 20
 

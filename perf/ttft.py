@@ -30,7 +30,6 @@ governor with prefetch <= 1.0x cold bare.
 from __future__ import annotations
 
 import argparse
-import importlib
 import os
 import statistics
 import subprocess
@@ -39,6 +38,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from perf._helpers.engine_paths import BIG, COMPLETION
 from perf.launch import (
     cgroup_mount,
     compile_governor,
@@ -48,8 +48,6 @@ from perf.launch import (
 )
 
 REPO = Path(__file__).resolve().parents[1]
-# scripts/engine-setup's cache (tests/engine/paths.py; tests/ is not a package, so by name)
-ENGINE_PATHS = importlib.import_module("tests.engine.paths")
 
 POLICY = """\
 name = "ttft-{mode}"
@@ -85,8 +83,8 @@ def timed(cmd: list[str], env: dict[str, str]) -> float:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
-    ap.add_argument("--model", type=Path, default=ENGINE_PATHS.BIG)
-    ap.add_argument("--engine", type=Path, default=ENGINE_PATHS.COMPLETION)
+    ap.add_argument("--model", type=Path, default=BIG)
+    ap.add_argument("--engine", type=Path, default=COMPLETION)
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--allow-missing", default="auto", help="auto: what the cgroup2 mount lacks")
     ap.add_argument(

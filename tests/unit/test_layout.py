@@ -7,6 +7,13 @@ Checked on the source with ast, nothing is imported: every ``import governor.x``
 that keep `governor launch` fast are still dependencies); imports under ``if TYPE_CHECKING:``
 do not. ``from governor.x import y`` is an arrow to governor.x.y when that is a module.
 
+The scripts beside the package, perf/ and ansible_collections/, are held to two of these lines
+(issue 32): no import circle among them (function-level imports count there too), and they
+never reach into tests/: no ``sys.path`` edit that adds a path under tests/, and no import of
+a module that only tests/ puts on the path (``helpers.*``, ``engine.*``, ``tests.*``), whether
+by an import statement or ``importlib.import_module``. tests/ may import perf/, not the other
+way round (what both need lives in perf/_helpers/).
+
 KNOWN_VIOLATIONS and KNOWN_LONG list what existed when the test was written and is being
 removed: a new violation fails, and so does a listed one that is gone (delete it from the
 list), so both lists only shrink.
@@ -23,6 +30,9 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[2]
 PACKAGE = REPO / "governor"
+# the Python beside the package: the benchmarks and the Ansible collection's plugins
+SCRIPT_DIRS = ("perf", "ansible_collections")
+TESTS = REPO / "tests"
 MAX_LINES = 500
 
 KNOWN_LONG: frozenset[str] = frozenset()  # api.py, prefetch.py and values.py were, until 17
@@ -173,6 +183,11 @@ def _modules() -> dict[str, Path]:
     return {_module_name(p): p for p in sorted(PACKAGE.rglob("*.py"))}
 
 
+def _script_modules() -> dict[str, Path]:
+    """perf/ and ansible_collections/'s Python files by dotted name."""
+    return {_module_name(p): p for top in SCRIPT_DIRS for p in sorted((REPO / top).rglob("*.py"))}
+
+
 def _is_type_checking(test: ast.expr) -> bool:
     return (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or (
         isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING"
@@ -239,9 +254,10 @@ def _arrows() -> dict[tuple[str, str], str]:
     return out
 
 
-def _graph() -> dict[str, set[str]]:
-    """{module: the governor modules it imports (any depth, TYPE_CHECKING excluded)}."""
-    modules = _modules()
+def _graph(modules: dict[str, Path] | None = None) -> dict[str, set[str]]:
+    """{module: the modules of ``modules`` (default: governor's) it imports (any depth,
+    TYPE_CHECKING excluded)}."""
+    modules = _modules() if modules is None else modules
     known = set(modules)
     out: dict[str, set[str]] = {}
     for module, path in modules.items():
@@ -250,6 +266,70 @@ def _graph() -> dict[str, set[str]]:
         )
         out[module] = {m for m in found if m in known and m != module}
     return out
+
+
+def _mentions_tests(node: ast.AST) -> bool:
+    """A string constant in ``node`` that names tests/ as a path part or a dotted module
+    ("tests", "tests/helpers", "tests.engine.paths")."""
+    return any(
+        isinstance(n, ast.Constant)
+        and isinstance(n.value, str)
+        and "tests" in n.value.replace("\\", "/").replace(".", "/").split("/")
+        for n in ast.walk(node)
+    )
+
+
+def _is_sys_path(node: ast.expr) -> bool:
+    return (
+        isinstance(node, ast.Attribute)
+        and node.attr == "path"
+        and isinstance(node.value, ast.Name)
+        and node.value.id == "sys"
+    )
+
+
+def reaches_into_tests(source: str, tests_names: frozenset[str]) -> dict[int, str]:
+    """{line: what} for each place ``source`` reaches into tests/: a ``sys.path`` edit
+    (insert, append, extend, assignment, +=) with a path under tests/, an import (any depth,
+    TYPE_CHECKING included: mypy follows those too) whose top name is ``tests`` or one that
+    only tests/ puts on the path (``tests_names``), or ``importlib.import_module`` of one."""
+    out: dict[int, str] = {}
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute):
+            func = node.func
+            if func.attr in ("insert", "append", "extend") and _is_sys_path(func.value):
+                if any(_mentions_tests(a) for a in node.args):
+                    out[node.lineno] = f"sys.path.{func.attr} of a path under tests/"
+            elif func.attr == "import_module" and node.args:
+                arg = node.args[0]
+                if isinstance(arg, ast.Constant) and isinstance(arg.value, str):
+                    top = arg.value.split(".")[0]
+                    if top == "tests" or top in tests_names:
+                        out[node.lineno] = f"importlib.import_module({arg.value!r})"
+        elif isinstance(node, ast.Assign | ast.AugAssign):
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            bare = [x.value if isinstance(x, ast.Subscript) else x for x in targets]
+            if any(_is_sys_path(x) for x in bare) and _mentions_tests(node.value):
+                out[node.lineno] = "sys.path set to a path under tests/"
+        elif isinstance(node, ast.Import | ast.ImportFrom):
+            if isinstance(node, ast.ImportFrom) and node.level:
+                continue
+            names = [a.name for a in node.names] if isinstance(node, ast.Import) else [node.module]
+            for name in names:
+                top = (name or "").split(".")[0]
+                if top == "tests" or top in tests_names:
+                    out[node.lineno] = f"import of {name} (a module under tests/)"
+    return out
+
+
+def _tests_names() -> frozenset[str]:
+    """The top-level names tests/ puts on sys.path for its own modules (helpers, engine, vm,
+    conftest, ...): what a script could only import by reaching into tests/."""
+    return frozenset(
+        p.stem if p.suffix == ".py" else p.name
+        for p in TESTS.iterdir()
+        if (p.is_dir() and not p.name.startswith((".", "__"))) or p.suffix == ".py"
+    )
 
 
 def circles(graph: dict[str, set[str]]) -> list[list[str]]:
@@ -326,6 +406,40 @@ def test_no_import_circle_anywhere_in_governor() -> None:
     assert not found, "import circles (break them: a module each side imports both ways):\n" + (
         "\n".join(" <-> ".join(c) for c in found)
     )
+
+
+def test_no_import_circle_in_perf_or_the_ansible_collection() -> None:
+    found = circles(_graph(_script_modules()))
+    assert not found, (
+        "import circles in perf/ or ansible_collections/ (move what both sides need into a"
+        " module each imports):\n" + "\n".join(" <-> ".join(c) for c in found)
+    )
+
+
+def test_perf_and_the_ansible_collection_never_reach_into_tests() -> None:
+    names = _tests_names()
+    found = [
+        f"{path.relative_to(REPO)}:{line}: {what}"
+        for path in _script_modules().values()
+        for line, what in sorted(reaches_into_tests(path.read_text(), names).items())
+    ]
+    assert not found, (
+        "perf/ and ansible_collections/ must not reach into tests/ (tests/ may import perf/;"
+        " put what both need in perf/_helpers/):\n" + "\n".join(found)
+    )
+
+
+def test_the_scripts_scanned_are_there() -> None:
+    """The two checks above see the files they are meant to (a moved folder would make them
+    pass on nothing)."""
+    modules = _script_modules()
+    assert {"perf.qos", "perf.qos_guest", "perf.server"} <= set(modules)
+    assert any(m.startswith("ansible_collections.") for m in modules)
+    assert {"helpers", "engine", "vm", "conftest"} <= _tests_names()
+    graph = _graph(modules)
+    # qos_guest's module-level import and qos's function-level one (in main) are both arrows
+    assert {"perf.qos_common", "perf._helpers.disk", "perf.qos_guest"} <= graph["perf.qos"]
+    assert "perf.qos_common" in graph["perf.qos_guest"]
 
 
 def test_no_new_top_level_module() -> None:
@@ -432,3 +546,44 @@ def test_circles_finds_each_circle_once_and_nothing_in_a_tree() -> None:
     assert circles(tree) == []
     graph = {"a": {"b"}, "b": {"c"}, "c": {"a", "d"}, "d": {"e"}, "e": {"d"}, "f": {"a"}}
     assert sorted(circles(graph)) == [["a", "b", "c"], ["d", "e"]]
+
+
+REACHING = """
+import sys
+import importlib
+from pathlib import Path
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO / "tests"))
+sys.path.insert(0, str(REPO))
+
+def later() -> None:
+    sys.path.append("tests/helpers")
+    from helpers.disk import loop_mount
+    import engine.paths
+    paths = importlib.import_module("tests.engine.paths")
+    sys.path[:0] = [str(REPO / "tests")]
+    sys.path += ["/opt/tests"]
+    from perf._helpers import disk
+    from .qos_common import Run
+    import vmstat
+"""
+
+
+def test_reaches_into_tests_sees_path_edits_and_imports_at_any_depth() -> None:
+    found = reaches_into_tests(REACHING, frozenset({"helpers", "engine", "vm"}))
+    assert sorted(found) == [6, 10, 11, 12, 13, 14, 15]
+    assert found[6] == "sys.path.insert of a path under tests/"
+    assert found[11] == "import of helpers.disk (a module under tests/)"
+    assert found[13] == "importlib.import_module('tests.engine.paths')"
+    assert found[14] == found[15] == "sys.path set to a path under tests/"
+
+
+def test_circles_are_found_among_the_scripts_with_function_level_imports() -> None:
+    a = "from perf.b import x\n"
+    b = "def main() -> None:\n    from perf.a import y\n"
+    known = {"perf.a", "perf.b"}
+    graph = {
+        "perf.a": set(imports_of(a, "perf.a", known=known)) & known,
+        "perf.b": set(imports_of(b, "perf.b", known=known)) & known,
+    }
+    assert circles(graph) == [["perf.a", "perf.b"]]

@@ -1,6 +1,6 @@
-"""perf/qos.py's pure parts: the chat's step log, speeds, stall seconds, the solo baseline
-around a run, the kernel's OOM victims, the bench policies made from the shipped ones, and the
-table (the benchmark itself runs in the systemd guest, not in CI)."""
+"""perf/qos.py's pure parts (perf/qos_common.py): the chat's step log, speeds, stall seconds, the
+solo baseline around a run, the kernel's OOM victims, the bench policies made from the shipped
+ones, and the table (the benchmark itself runs in the systemd guest, not in CI)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from perf.qos import (
+from perf.qos_common import (
     Run,
     bench_policy,
     cpu_table,
