@@ -134,6 +134,7 @@ def _waiting_engine(stop: Path) -> list[str]:
     return ["/bin/sh", "-c", f"while [ ! -e {stop} ]; do sleep 0.2; done"]
 
 
+@pytest.mark.compat
 @pytest.mark.kernel(controllers=("memory",), root=True, psi=False)
 def test_populate_charges_the_slice_and_not_the_governor(
     tmp_path: Path,
