@@ -131,7 +131,10 @@ def test_oom_group_kills_the_engine_tree_and_only_it(
     assert res.returncode == 137, res.stderr
     data = json.loads(report.read_text())
     assert data["oom_kill"] >= 1
-    assert data["oom_group_kill"] >= 1
+    if _kernel() >= (5, 17):  # memory.events has oom_group_kill from 5.17
+        assert data["oom_group_kill"] >= 1
+    else:  # not counted rather than a wrong 0 (the group kill: exit 137, no cgroup left)
+        assert data["oom_group_kill"] is None
     assert data["signal"] == signal.SIGKILL
     if _kernel() >= (5, 19):
         assert data["memory_peak"] >= 60 << 20

@@ -401,6 +401,10 @@ def guest_script(
     gets SIGINT after that many seconds (it stops, writes its junit xml, exit 124)."""
     env = guest_env(environ)
     env["GOVERNOR_TEST_TIER"] = tier_suite(tier)[0]
+    if tier in COMPAT_TIERS:  # the tests may size themselves down for the compat run
+        env["GOVERNOR_TEST_COMPAT"] = tier.removeprefix("compat-")
+    else:
+        env.pop("GOVERNOR_TEST_COMPAT", None)
     if full:
         env["GOVERNOR_TEST_FULL"] = "1"
     else:
