@@ -9,11 +9,8 @@ none) and never below memory.min (cgroup-v2.rst: memory.high below memory.min wo
 protected memory; memory.max below usage triggers OOM). Values are page-floored the way the
 kernel stores them (mm/page_counter.c).
 
-Older kernels (a board's 5.10): without cgroup.kill (< 5.14) ``kill`` and ``restart`` freeze the
-group and SIGKILL every pid of its subtree until none is left (:func:`kill_tree`); without
-memory.reclaim (< 5.19) ``reclaim N`` lowers memory.high to memory.current - N for one write
-(the kernel reclaims down to it inside that write, mm/memcontrol.c memory_high_write) and puts
-the value back at once.
+Older kernels (a board's 5.10): ``kill``/``restart`` without cgroup.kill and ``reclaim``
+without memory.reclaim do the same job by the interfaces they have (governor/monitor/fallbacks.py).
 """
 
 from __future__ import annotations
@@ -31,6 +28,7 @@ from governor.kernel import files as kf
 from governor.kernel.cgroupfs import CgroupFs
 from governor.kernel.parse import format_max, parse_flat_keyed, parse_max
 from governor.log import get_logger
+from governor.monitor.fallbacks import kill_tree, reclaim_by_high
 from governor.monitor.restart import NO_SUPERVISOR, Restarts
 from governor.plan.model import Action, Plan
 from governor.record import record
@@ -45,9 +43,6 @@ log = get_logger(__name__)
 EXEC_TIMEOUT_S = 10.0  # an exec action's command is killed after this
 EXEC_OUTPUT_MAX = 4096  # bytes of stdout/stderr kept in the log
 FREEZE_WAIT_S = 5.0  # how long to wait for cgroup.events "frozen 1"
-KILL_WAIT_S = 5.0  # without cgroup.kill: how long SIGKILL rounds go on before giving up
-KILL_POLL_S = 0.01
-NO_CGROUP_KILL = "no cgroup.kill (Linux < 5.14): froze the group, SIGKILLed each pid"
 CPU_WEIGHT_MIN, CPU_WEIGHT_MAX = 1, 10000  # cgroup-v2.rst "cpu.weight"
 THAW = Action(verb="thaw", text="thaw")
 _MEMORY_BOUNDED = (kf.MEMORY_MIN, kf.MEMORY_LOW, kf.MEMORY_HIGH, kf.MEMORY_MAX)
@@ -161,34 +156,17 @@ class Executor:
             self.fs.write(self.group, kf.MEMORY_RECLAIM, str(action.bytes))
             detail = None
         except BackendError as err:
-            if err.errno == errno.ENOENT and self._has(kf.MEMORY_HIGH):
-                detail = self._reclaim_by_high(action.bytes, before)  # Linux < 5.19
+            if err.errno == errno.ENOENT and (self.fs.path(self.group) / kf.MEMORY_HIGH).exists():
+                lower, _ = self._bounds(kf.MEMORY_HIGH)  # Linux < 5.19
+                detail = reclaim_by_high(
+                    self.fs, self.group, action.bytes, before, lower=lower, page=self.page_size
+                )
             # memory.reclaim returns EAGAIN when it reclaimed less than asked (cgroup-v2.rst)
             elif err.errno != errno.EAGAIN:
                 raise
             else:
                 detail = "EAGAIN: reclaimed less than asked"
         return Result(str(action), ok=True, before=before, after=self._current(), detail=detail)
-
-    def _reclaim_by_high(self, amount: int, current: int | None) -> str:
-        """memory.reclaim's job without it: memory.high := current - amount (never below
-        memory.min), which the kernel reclaims down to within the write, then the old value."""
-        old = self.fs.read(self.group, kf.MEMORY_HIGH).strip()
-        if current is None:
-            raise BackendError("no memory.current to reclaim from", cgroup=self.group)
-        lower, _ = self._bounds(kf.MEMORY_HIGH)
-        target = max(current - amount, lower) // self.page_size * self.page_size
-        how = "no memory.reclaim (Linux < 5.19): memory.high"
-        if target >= current:
-            return f"{how} not lowered: memory.min protects what is in use"
-        try:
-            self.fs.write(self.group, kf.MEMORY_HIGH, str(target))
-        finally:
-            self.fs.write(self.group, kf.MEMORY_HIGH, old)
-        return f"{how} lowered to {target} for one write, then {old} again"
-
-    def _has(self, file: str) -> bool:
-        return (self.fs.path(self.group) / file).exists()
 
     def _journal_locked(self) -> contextlib.AbstractContextManager[object]:
         """The slice journal's lock around read-baseline-write: a higher class's shed writes
@@ -449,63 +427,6 @@ class Executor:
                 poller.poll(min(left, 0.5) * 1000)
         finally:
             os.close(fd)
-
-
-def kill_tree(
-    fs: CgroupFs,
-    cgroup: str,
-    kill: Callable[[int, int], None] = os.kill,
-    *,
-    clock: Callable[[], float] = time.monotonic,
-    sleep: Callable[[float], None] = time.sleep,
-    wait_s: float = KILL_WAIT_S,
-) -> str | None:
-    """SIGKILL every process in ``cgroup``'s subtree. cgroup.kill (5.14+) does it race-free
-    (None). Where the kernel has none (ENOENT in a cgroup that exists): freeze the subtree
-    (cgroup.freeze, 5.2+: nothing forks away meanwhile; a frozen task still dies of SIGKILL),
-    SIGKILL each pid of each cgroup.procs until none is left, thaw (NO_CGROUP_KILL). A group
-    that still has processes after ``wait_s`` is a BackendError (a task stuck in D state)."""
-    try:
-        fs.kill(cgroup)
-        return None
-    except BackendError as err:
-        if err.errno != errno.ENOENT or not fs.exists(cgroup):
-            raise
-    frozen = False
-    with contextlib.suppress(GovernorError):
-        fs.freeze(cgroup, True)
-        frozen = True
-    try:
-        deadline = clock() + wait_s
-        while pids := _tree_pids(fs, cgroup):
-            if clock() >= deadline:
-                raise BackendError(
-                    f"{len(pids)} process(es) still in the group {wait_s:g}s after SIGKILL",
-                    cgroup=cgroup,
-                    file=kf.CGROUP_PROCS,
-                    hint="a process may be stuck in uninterruptible sleep (D state)",
-                )
-            for pid in pids:
-                with contextlib.suppress(ProcessLookupError):  # exited since the read
-                    kill(pid, signal_mod.SIGKILL)
-            sleep(KILL_POLL_S)
-    finally:
-        if frozen:
-            with contextlib.suppress(GovernorError):
-                fs.freeze(cgroup, False)
-    return NO_CGROUP_KILL
-
-
-def _tree_pids(fs: CgroupFs, cgroup: str) -> list[int]:
-    """The pids of ``cgroup`` and its descendants (a cgroup removed meanwhile has none)."""
-    try:
-        pids = fs.procs(cgroup)
-        children = fs.children(cgroup)
-    except BackendError as err:
-        if err.errno != errno.ENOENT:
-            raise
-        return []
-    return pids + [pid for child in children for pid in _tree_pids(fs, child)]
 
 
 EXEC_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"

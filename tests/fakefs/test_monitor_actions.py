@@ -127,14 +127,15 @@ class _HighWrites(FakeKernelCgroupFs):
 
 
 @pytest.mark.parametrize(
-    ("current", "reclaim", "want_high"),
+    ("current", "reclaim", "want_high", "high"),
     [
-        (MEMORY_MIN + (256 << 20), "64M", MEMORY_MIN + (192 << 20)),
-        (MEMORY_MIN + (16 << 20), "64M", MEMORY_MIN),  # never below memory.min
+        (MEMORY_MIN + (256 << 20), "64M", MEMORY_MIN + (192 << 20), str(MEMORY_HIGH)),
+        (MEMORY_MIN + (256 << 20), "64M", MEMORY_MIN + (192 << 20), "max"),
+        (MEMORY_MIN + (16 << 20), "64M", MEMORY_MIN, str(MEMORY_HIGH)),  # not below memory.min
     ],
 )
 def test_reclaim_without_memory_reclaim_lowers_memory_high_for_one_write_and_restores_it(
-    cgroup_root: Path, current: int, reclaim: str, want_high: int
+    cgroup_root: Path, current: int, reclaim: str, want_high: int, high: str
 ) -> None:
     """Linux < 5.19 (a board's 5.10) has no memory.reclaim: the action still reclaims, by a
     memory.high of current - N (not below memory.min) and the old value back at once."""
@@ -142,14 +143,14 @@ def test_reclaim_without_memory_reclaim_lowers_memory_high_for_one_write_and_res
     fs.highs = []
     plan = _applied(fs)
     _kset(fs, GROUP, files.MEMORY_CURRENT, f"{current}\n")
-    _kset(fs, GROUP, files.MEMORY_HIGH, f"{MEMORY_HIGH}\n")
+    _kset(fs, GROUP, files.MEMORY_HIGH, f"{high}\n")
     fs.highs.clear()
     res = _executor(fs, plan).execute(parse_action(f"reclaim {reclaim}"), CTX)
     assert res.ok, res
-    assert fs.highs == [str(want_high), str(MEMORY_HIGH)]
+    assert fs.highs == [str(want_high), high]
     assert (res.before, res.after) == (current, want_high)
     assert "no memory.reclaim (Linux < 5.19)" in (res.detail or "")
-    assert fs.read(GROUP, files.MEMORY_HIGH).strip() == str(MEMORY_HIGH)
+    assert fs.read(GROUP, files.MEMORY_HIGH).strip() == high
 
 
 def test_freeze_waits_for_frozen_then_thaws_by_itself(fake_fs: FakeKernelCgroupFs) -> None:
