@@ -60,7 +60,7 @@ _KERNEL_FEATURES: tuple[tuple[str, tuple[int, int], str, str], ...] = (
      "kill, restart and the watchdog after the governor's death fall back to freezing the "
      "group and SIGKILL of each of its pids until it is empty"),
     ("kernel.madv_populate_read", MADV_POPULATE_READ_MIN, "MADV_POPULATE_READ",
-     "prefetch falls back to read loops"),
+     "prefetch populate falls back to a MAP_POPULATE mapping (errors silent), then read loops"),
     ("kernel.memory_peak", MEMORY_PEAK_MIN, MEMORY_PEAK, "peak usage is not reported"),
     ("kernel.memory_reclaim", MEMORY_RECLAIM_MIN, MEMORY_RECLAIM,
      "the reclaim action falls back to lowering memory.high by its amount for one write "
