@@ -8,6 +8,9 @@ Bounds: ``set memory.X`` never goes above the plan's memory.max (the live one wh
 none) and never below memory.min (cgroup-v2.rst: memory.high below memory.min would reclaim
 protected memory; memory.max below usage triggers OOM). Values are page-floored the way the
 kernel stores them (mm/page_counter.c).
+
+Older kernels (a board's 5.10): ``kill``/``restart`` without cgroup.kill and ``reclaim``
+without memory.reclaim do the same job by the interfaces they have (governor/monitor/fallbacks.py).
 """
 
 from __future__ import annotations
@@ -25,6 +28,7 @@ from governor.kernel import files as kf
 from governor.kernel.cgroupfs import CgroupFs
 from governor.kernel.parse import format_max, parse_flat_keyed, parse_max
 from governor.log import get_logger
+from governor.monitor.fallbacks import kill_tree, reclaim_by_high
 from governor.monitor.restart import NO_SUPERVISOR, Restarts
 from governor.plan.model import Action, Plan
 from governor.record import record
@@ -152,10 +156,16 @@ class Executor:
             self.fs.write(self.group, kf.MEMORY_RECLAIM, str(action.bytes))
             detail = None
         except BackendError as err:
+            if err.errno == errno.ENOENT and (self.fs.path(self.group) / kf.MEMORY_HIGH).exists():
+                lower, _ = self._bounds(kf.MEMORY_HIGH)  # Linux < 5.19
+                detail = reclaim_by_high(
+                    self.fs, self.group, action.bytes, before, lower=lower, page=self.page_size
+                )
             # memory.reclaim returns EAGAIN when it reclaimed less than asked (cgroup-v2.rst)
-            if err.errno != errno.EAGAIN:
+            elif err.errno != errno.EAGAIN:
                 raise
-            detail = "EAGAIN: reclaimed less than asked"
+            else:
+                detail = "EAGAIN: reclaimed less than asked"
         return Result(str(action), ok=True, before=before, after=self._current(), detail=detail)
 
     def _journal_locked(self) -> contextlib.AbstractContextManager[object]:
@@ -241,15 +251,17 @@ class Executor:
 
     def _do_kill(self, action: Action, ctx: Context) -> Result:
         before = self._procs()
-        self._kill_group()
-        return Result("kill", ok=True, before={"procs": before})
+        how = self._kill_group()
+        return Result("kill", ok=True, before={"procs": before}, detail=how)
 
-    def _kill_group(self) -> None:
-        self.fs.kill(self.group)
+    def _kill_group(self) -> str | None:
+        """None (cgroup.kill) or how the kernel without it was made to do the same."""
+        how = kill_tree(self.fs, self.group, self.kill, clock=self.clock)
         if self.frozen_by_us:  # SIGKILL reaches frozen tasks, but thaw so they can exit
             self.fs.freeze(self.group, False)
             self.thaw_at = None
             self.frozen_by_us = False
+        return how
 
     def _do_exec(self, action: Action, ctx: Context) -> Result:
         import subprocess
@@ -303,11 +315,12 @@ class Executor:
         if refused is not None:
             return Result("restart", ok=False, detail=refused)
         before = self._procs()
-        self._kill_group()
+        how = self._kill_group()
         req = self.restarts.request(ctx.rule, ctx.when)
         return Result(
             "restart",
             ok=True,
+            detail=how,
             before={"procs": before},
             after={
                 "attempt": req.attempt,

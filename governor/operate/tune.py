@@ -190,7 +190,10 @@ def apply(
                 try:
                     put(file, value)
                 except BackendError as err:
-                    if err.errno != errno.EAGAIN:  # EAGAIN: reclaimed less than asked
+                    # EAGAIN: reclaimed less than asked; ENOENT: no memory.reclaim (Linux <
+                    # 5.19), where the staged memory.high's write reclaimed down to it already
+                    # (mm/memcontrol.c memory_high_write) and memory.max's write reclaims too
+                    if err.errno not in (errno.EAGAIN, errno.ENOENT):
                         raise
                 continue
             if file not in before:

@@ -34,6 +34,8 @@ MEMORY_PEAK_MIN = (5, 19)  # memory.peak: high-water mark reported by status
 MEMORY_RECLAIM_MIN = (5, 19)  # memory.reclaim: the "reclaim 64M" pressure action
 MADV_POPULATE_READ_MIN = (5, 14)  # MADV_POPULATE_READ: prefetch mode "populate"
 CLONE_INTO_CGROUP_MIN = (5, 7)  # clone3(CLONE_INTO_CGROUP): start the engine inside its leaf
+PSI_UNPRIVILEGED_MIN = (6, 5)  # PSI triggers for a process without CAP_SYS_RESOURCE
+ZSWAP_WRITEBACK_MIN = (6, 8)  # memory.zswap.writeback: a per-cgroup switch for zswap writeback
 
 # systemd gates (systemd.resource-control(5))
 ALLOWED_CPUS_MIN_SYSTEMD = 244  # AllowedCPUs=: cpuset for the systemd backend
@@ -55,12 +57,18 @@ _KERNEL_FEATURES: tuple[tuple[str, tuple[int, int], str, str], ...] = (
     ("kernel.clone_into_cgroup", CLONE_INTO_CGROUP_MIN, "clone3(CLONE_INTO_CGROUP)",
      "the launcher falls back to fork + write cgroup.procs"),
     ("kernel.cgroup_kill", CGROUP_KILL_MIN, CGROUP_KILL,
-     "kill falls back to signalling each pid (racy against forks)"),
+     "kill, restart and the watchdog after the governor's death fall back to freezing the "
+     "group and SIGKILL of each of its pids until it is empty"),
     ("kernel.madv_populate_read", MADV_POPULATE_READ_MIN, "MADV_POPULATE_READ",
-     "prefetch falls back to read loops"),
+     "prefetch populate falls back to a MAP_POPULATE mapping (errors silent), then read loops"),
     ("kernel.memory_peak", MEMORY_PEAK_MIN, MEMORY_PEAK, "peak usage is not reported"),
     ("kernel.memory_reclaim", MEMORY_RECLAIM_MIN, MEMORY_RECLAIM,
-     "the reclaim action is unavailable"),
+     "the reclaim action falls back to lowering memory.high by its amount for one write "
+     "(the kernel reclaims within it) and restoring it"),
+    ("kernel.psi_unprivileged", PSI_UNPRIVILEGED_MIN, "unprivileged PSI triggers",
+     "a monitor without CAP_SYS_RESOURCE polls the PSI totals instead of arming triggers"),
+    ("kernel.zswap_writeback", ZSWAP_WRITEBACK_MIN, "memory.zswap.writeback",
+     "zswap writes back to the swap device for every cgroup (no per-group switch)"),
 )  # fmt: skip
 
 
@@ -214,9 +222,14 @@ def _kernel_features(host: HostFacts) -> list[Finding]:
         if have >= minimum:
             out.append(_ok(topic, f"{feature} (kernel {_version(minimum)}+) is available"))
         else:
+            # what nothing relies on here is said, not warned about: zswap writeback (no
+            # setting uses it) and unprivileged PSI triggers for a governor running as root
+            unused = topic == "kernel.zswap_writeback" or (
+                topic == "kernel.psi_unprivileged" and host.euid == 0
+            )
             out.append(
                 Finding(
-                    level="warn",
+                    level="ok" if unused else "warn",
                     topic=topic,
                     message=f"{feature} needs kernel {_version(minimum)}+, this is "
                     f"{host.kernel_release}: {without}",

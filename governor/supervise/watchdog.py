@@ -6,7 +6,9 @@ Two mechanisms, because each covers what the other cannot:
 - a watchdog process blocks on a pipe whose only writer is the governor. When the governor
   dies (even by SIGKILL) the kernel closes the pipe; the watchdog reads EOF, writes cgroup.kill
   on the group (the whole subtree, race-free against forks), waits for it to empty and removes
-  the cgroups. A governor that exits normally disarms it.
+  the cgroups. A governor that exits normally disarms it. Where the kernel has no cgroup.kill
+  (before 5.14: a board's 5.10) it freezes the group (nothing forks away), sends SIGKILL to every
+  pid of every cgroup.procs below it until none is left (or WAIT_EMPTY_S passed), and thaws it.
 
 The watchdog is a POSIX shell (``/bin/sh``: dash or busybox on a board), not a copy of the
 governor's interpreter: a fork of Python holds 5+ MiB that drift apart from the parent's as
@@ -82,8 +84,24 @@ if [ -n "$root" ] && [ -n "$thaw" ] && [ -f "$root/$thaw/cgroup.freeze" ]; then
     echo 0 > "$root/$thaw/cgroup.freeze" 2>/dev/null
 fi
 if [ -n "$root" ] && [ -n "$kill" ]; then
-    printf '{"event": "watchdog.governor_gone", "action": "kill", "cgroup": "%s", "level": "warning"}\n' "$kill" >&2
-    echo 1 > "$root/$kill/cgroup.kill" 2>/dev/null
+    group=$root/$kill
+    if [ -e "$group/cgroup.kill" ] || [ ! -d "$group" ]; then
+        printf '{"event": "watchdog.governor_gone", "action": "kill", "cgroup": "%s", "level": "warning"}\n' "$kill" >&2
+        echo 1 > "$group/cgroup.kill" 2>/dev/null
+    else
+        # Linux < 5.14: freeze, SIGKILL each pid of the subtree until none is left, thaw
+        printf '{"event": "watchdog.governor_gone", "action": "kill", "cgroup": "%s", "fallback": "sigkill", "level": "warning"}\n' "$kill" >&2
+        [ -e "$group/cgroup.freeze" ] && echo 1 > "$group/cgroup.freeze" 2>/dev/null
+        n=0
+        while [ $n -lt $((WAIT_S * 50)) ]; do
+            pids=$(find "$group" -name cgroup.procs -exec cat {} + 2>/dev/null)
+            [ -n "$pids" ] || break
+            kill -9 $pids 2>/dev/null
+            sleep 0.02 2>/dev/null || sleep 1
+            n=$((n + 1))
+        done
+        [ -e "$group/cgroup.freeze" ] && echo 0 > "$group/cgroup.freeze" 2>/dev/null
+    fi
     # the published state of the supervisor that is gone (not one a new run wrote since)
     if [ -n "$state" ] && grep -q "\"pid\": $spid[,}]" "$state" 2>/dev/null; then
         rm -f "$state"

@@ -100,13 +100,57 @@ def test_reclaim_tolerates_eagain_and_reports_usage_before_and_after(
     fake_fs: FakeKernelCgroupFs,
 ) -> None:
     plan = _applied(fake_fs)
-    # no memory.reclaim in the tree: ENOENT is a failure, logged and reported, never raised
+    # no memory.reclaim and no memory.high (no memory controller): a failure, logged and
+    # reported, never raised
+    (fake_fs.path(GROUP) / files.MEMORY_HIGH).unlink()
     res = _executor(fake_fs, plan).execute(parse_action("reclaim 64M"), CTX)
     assert not res.ok and "memory.reclaim" in (res.detail or "")
     _kset(fake_fs, GROUP, files.MEMORY_RECLAIM, "")
     res = _executor(fake_fs, plan).execute(parse_action("reclaim 64M"), CTX)
     assert res.ok
     assert fake_fs.read(GROUP, files.MEMORY_RECLAIM) == str(64 << 20)
+
+
+class _HighWrites(FakeKernelCgroupFs):
+    """Records memory.high writes; writing memory.high below memory.current reclaims down to
+    it (mm/memcontrol.c memory_high_write), as the kernel does within the write."""
+
+    highs: list[str]
+
+    def write(self, cgroup: str, file: str, value: str) -> None:
+        super().write(cgroup, file, value)
+        if file == files.MEMORY_HIGH:
+            self.highs.append(value)
+            current = int(self.read(cgroup, files.MEMORY_CURRENT))
+            if value != "max" and current > int(value):
+                _kset(self, cgroup, files.MEMORY_CURRENT, f"{value}\n")
+
+
+@pytest.mark.parametrize(
+    ("current", "reclaim", "want_high", "high"),
+    [
+        (MEMORY_MIN + (256 << 20), "64M", MEMORY_MIN + (192 << 20), str(MEMORY_HIGH)),
+        (MEMORY_MIN + (256 << 20), "64M", MEMORY_MIN + (192 << 20), "max"),
+        (MEMORY_MIN + (16 << 20), "64M", MEMORY_MIN, str(MEMORY_HIGH)),  # not below memory.min
+    ],
+)
+def test_reclaim_without_memory_reclaim_lowers_memory_high_for_one_write_and_restores_it(
+    cgroup_root: Path, current: int, reclaim: str, want_high: int, high: str
+) -> None:
+    """Linux < 5.19 (a board's 5.10) has no memory.reclaim: the action still reclaims, by a
+    memory.high of current - N (not below memory.min) and the old value back at once."""
+    fs = _HighWrites(cgroup_root)
+    fs.highs = []
+    plan = _applied(fs)
+    _kset(fs, GROUP, files.MEMORY_CURRENT, f"{current}\n")
+    _kset(fs, GROUP, files.MEMORY_HIGH, f"{high}\n")
+    fs.highs.clear()
+    res = _executor(fs, plan).execute(parse_action(f"reclaim {reclaim}"), CTX)
+    assert res.ok, res
+    assert fs.highs == [str(want_high), high]
+    assert (res.before, res.after) == (current, want_high)
+    assert "no memory.reclaim (Linux < 5.19)" in (res.detail or "")
+    assert fs.read(GROUP, files.MEMORY_HIGH).strip() == high
 
 
 def test_freeze_waits_for_frozen_then_thaws_by_itself(fake_fs: FakeKernelCgroupFs) -> None:
@@ -213,10 +257,84 @@ def test_restart_kills_the_group_and_asks_the_launcher_until_the_limit(
 def test_a_failed_kill_records_no_restart(fake_fs: FakeKernelCgroupFs) -> None:
     plan = _applied(fake_fs)
     (fake_fs.path(GROUP) / files.CGROUP_KILL).unlink()  # a kernel before 5.14
+    fake_fs.add_process(LEAF, 4242)  # and a process SIGKILL does not end (D state)
     restarts = Restarts(limit=3, base_s=1.0)
-    res = _executor(fake_fs, plan, restarts=restarts).execute(parse_action("restart"), CTX)
-    assert not res.ok and "cgroup.kill" in (res.detail or "")
+    ticks = iter(range(100))
+    ex = _executor(fake_fs, plan, restarts=restarts, kill=lambda pid, sig: None,
+                   clock=lambda: float(next(ticks)))  # fmt: skip
+    res = ex.execute(parse_action("restart"), CTX)
+    assert not res.ok and "still in the group" in (res.detail or ""), res
     assert restarts.pending is None
+    assert fake_fs.read(GROUP, files.CGROUP_FREEZE).strip() == "0"  # thawed again
+
+
+class _Forks(FakeKernelCgroupFs):
+    """A pre-5.14 kernel (no cgroup.kill) whose engine forks a child while it runs: frozen, it
+    cannot fork (cgroup.freeze is honoured as the kernel's freezer would)."""
+
+    forks: int
+
+    def fork(self, cgroup: str, pid: int) -> None:
+        if self.read(GROUP, files.CGROUP_FREEZE).strip() != "1":
+            self.add_process(cgroup, pid)
+            self.forks += 1
+
+
+@pytest.mark.parametrize("verb", ["kill", "restart"])
+def test_kill_without_cgroup_kill_freezes_and_sigkills_every_pid_of_the_subtree(
+    cgroup_root: Path, verb: str
+) -> None:
+    """Linux < 5.14 (a board's 5.10) has no cgroup.kill: the group is frozen first (nothing
+    forks away), every pid of the group and its leaf gets SIGKILL until none is left, then it
+    is thawed; the action succeeds and says how."""
+    fs = _Forks(cgroup_root, has_kill=False)
+    fs.forks = 0
+    plan = _applied(fs)
+    assert not (fs.path(GROUP) / files.CGROUP_KILL).exists()
+    fs.add_process(LEAF, 4242)
+    fs.add_process(GROUP, 4300)  # the prefetch helper, say
+    sent: list[tuple[int, int]] = []
+    freezes: list[str] = []
+
+    def kill(pid: int, sig: int) -> None:
+        freezes.append(fs.read(GROUP, files.CGROUP_FREEZE).strip())
+        sent.append((pid, sig))
+        fs.fork(LEAF, pid + 1000)  # a fork racing with the kill: only if not frozen
+        fs.reap(pid)
+
+    restarts = Restarts(limit=3, base_s=1.0) if verb == "restart" else None
+    ex = _executor(fs, plan, kill=kill, restarts=restarts)
+    res = ex.execute(parse_action(verb), CTX)
+    assert res.ok, res
+    assert res.detail == "no cgroup.kill (Linux < 5.14): froze the group, SIGKILLed each pid"
+    assert sorted(sent) == [(4242, signal.SIGKILL), (4300, signal.SIGKILL)]
+    assert set(freezes) == {"1"} and fs.forks == 0
+    assert fs.procs(LEAF) == [] and fs.procs(GROUP) == []
+    assert fs.read(GROUP, files.CGROUP_FREEZE).strip() == "0"
+
+
+def test_kill_without_cgroup_kill_keeps_killing_what_slipped_past_a_round(
+    cgroup_root: Path,
+) -> None:
+    """Where no freezer holds (cgroup.freeze missing too): SIGKILL rounds until no pid is
+    left, so a child forked during the first round is killed by the next."""
+    fs = _Forks(cgroup_root, has_kill=False)
+    fs.forks = 0
+    plan = _applied(fs)
+    (fs.path(GROUP) / files.CGROUP_FREEZE).unlink()
+    fs.add_process(LEAF, 4242)
+    sent: list[int] = []
+
+    def kill(pid: int, sig: int) -> None:
+        sent.append(pid)
+        if pid == 4242:
+            fs.add_process(LEAF, 4243)  # forked just before it died
+        fs.reap(pid)
+
+    res = _executor(fs, plan, kill=kill).execute(parse_action("kill"), CTX)
+    assert res.ok, res
+    assert sent == [4242, 4243]
+    assert fs.procs(LEAF) == []
 
 
 # ---------------------------------------------------------------- the loop, polled

@@ -97,6 +97,18 @@ def test_lowering_max_goes_high_then_reclaim_then_max_then_the_tuned_high() -> N
     assert up == [(kf.MEMORY_MAX, str(4 * G)), (kf.MEMORY_HIGH, str(3 * G))]
 
 
+def test_lowering_max_without_memory_reclaim_still_applies(tmp_path: Path) -> None:
+    """Linux < 5.19 (a board's 5.10): no memory.reclaim; the staged memory.high does the
+    reclaim within its own write, and the tune is applied, not failed."""
+    fs = _tree(tmp_path, memory_current=str(1200 * M))  # above the new max: a reclaim step
+    (fs.path(GROUP) / kf.MEMORY_RECLAIM).unlink()
+    assert kf.MEMORY_RECLAIM in dict(steps({kf.MEMORY_MAX: str(3 * G)}, {kf.MEMORY_MAX: str(G)},
+                                           1200 * M))  # fmt: skip
+    apply(fs, GROUP, {kf.MEMORY_MAX: str(G)}, journal=Journal(tmp_path / "run" / "t"))
+    assert fs.read(GROUP, kf.MEMORY_MAX).strip() == str(G)
+    assert fs.read(GROUP, kf.MEMORY_HIGH).strip() == str(G)
+
+
 def test_apply_journals_and_rollback_restores_the_last_tune(tmp_path: Path) -> None:
     fs = _tree(tmp_path)
     journal = Journal(tmp_path / "run" / "t")

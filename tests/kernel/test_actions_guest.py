@@ -132,6 +132,7 @@ def _shared_dir() -> Path:
     return path
 
 
+@pytest.mark.compat
 @pytest.mark.kernel(controllers=("memory", "pids"), root=True, psi=True)
 def test_reclaim_signal_and_exec_actions_act_on_the_real_group(
     tmp_path: Path, scratch_slice: ScratchSlice, data_file: Path
@@ -185,7 +186,8 @@ def test_reclaim_signal_and_exec_actions_act_on_the_real_group(
     assert set(done) == {"reclaim", "signal", "exec"}, err[-3000:]
     # reclaim: 32 MiB of the engine's page cache (its anon memory cannot go: no swap)
     rec = done["reclaim"]
-    assert "detail" not in rec, rec  # all of it reclaimed (EAGAIN would say less)
+    # all of it reclaimed (EAGAIN would say less); before 5.19 the detail says memory.high did it
+    assert "detail" not in rec or "no memory.reclaim" in rec["detail"], rec
     assert rec["before"] - rec["after"] >= 24 * MIB, rec
     # signal: the engine's pid, the only process in the leaf
     assert done["signal"]["after"] == {"pids": [engine_pid]}, done["signal"]

@@ -44,6 +44,7 @@ def _leftovers(slice_: ScratchSlice) -> list[str]:
     return [str(p.relative_to(slice_.root)) for p in cgroups.subtree_dirs(slice_.path)]
 
 
+@pytest.mark.compat
 @pytest.mark.kernel(controllers=ALL, root=True)
 def test_launch_enables_controllers_itself_and_limits_read_back(
     tmp_path: Path, scratch_slice: ScratchSlice, empty_root_subtree: Path
@@ -91,6 +92,12 @@ def test_launch_enables_controllers_itself_and_limits_read_back(
     assert _leftovers(scratch_slice) == [scratch_slice.name]
 
 
+def _kernel() -> tuple[int, int]:
+    major, minor = os.uname().release.split(".")[:2]
+    return int(major), int(minor)
+
+
+@pytest.mark.compat
 @pytest.mark.kernel(controllers=ALL, root=True)
 def test_oom_group_kills_the_engine_tree_and_only_it(
     tmp_path: Path, scratch_slice: ScratchSlice, spawn: cgroups.Spawn
@@ -124,9 +131,15 @@ def test_oom_group_kills_the_engine_tree_and_only_it(
     assert res.returncode == 137, res.stderr
     data = json.loads(report.read_text())
     assert data["oom_kill"] >= 1
-    assert data["oom_group_kill"] >= 1
+    if _kernel() >= (5, 17):  # memory.events has oom_group_kill from 5.17
+        assert data["oom_group_kill"] >= 1
+    else:  # not counted rather than a wrong 0 (the group kill: exit 137, no cgroup left)
+        assert data["oom_group_kill"] is None
     assert data["signal"] == signal.SIGKILL
-    assert data["memory_peak"] >= 60 << 20
+    if _kernel() >= (5, 19):
+        assert data["memory_peak"] >= 60 << 20
+    else:  # memory.peak is 5.19+: the report says it has none rather than a wrong number
+        assert data["memory_peak"] is None
     assert bystander.poll() is None, "a process outside the slice was killed"
     assert _leftovers(scratch_slice) == []
 
@@ -212,13 +225,15 @@ def test_sigterm_to_governor_reaches_engine(tmp_path: Path, scratch_slice: Scrat
     assert _leftovers(scratch_slice) == []
 
 
+@pytest.mark.compat
 @pytest.mark.kernel(controllers=ALL, root=True)
 def test_governor_sigkill_takes_the_engine_tree_down(
     tmp_path: Path, scratch_slice: ScratchSlice
 ) -> None:
     policy = _policy(tmp_path, scratch_slice, "[pids]\nmax = 32\n")
     pids_file = tmp_path / "pids"
-    # the engine forks a grandchild in a new session: only cgroup.kill reaches it
+    # the engine forks a grandchild in a new session: only cgroup.kill reaches it (before
+    # 5.14, the watchdog's SIGKILL of each pid in the frozen group)
     script = f"setsid sleep 600 & echo $$ $! > {pids_file}; sleep 600"
     gov = subprocess.Popen(
         _governor("launch", "--policy", str(policy), "--", "/bin/sh", "-c", script),

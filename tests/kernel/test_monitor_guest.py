@@ -114,6 +114,7 @@ def _stall_start(group: Path, timeout: float) -> float:
     raise AssertionError(f"no memory stall in {group} within {timeout:.0f}s")
 
 
+@pytest.mark.compat
 @pytest.mark.kernel(**NEEDS)
 def test_rules_escalate_in_order_set_respects_bounds_and_kill_takes_the_group(
     tmp_path: Path, scratch_slice: ScratchSlice
@@ -176,6 +177,7 @@ def test_rules_escalate_in_order_set_respects_bounds_and_kill_takes_the_group(
     assert data["psi"][0]["mode"] == "trigger"
 
 
+@pytest.mark.compat
 @pytest.mark.kernel(**NEEDS)
 def test_freeze_really_freezes_the_group_and_thaws_it_after_its_duration(
     tmp_path: Path, scratch_slice: ScratchSlice
@@ -375,6 +377,7 @@ def test_an_idle_monitor_sleeps_in_its_wait_and_wakes_once_per_sample(
     assert 1 <= sampler["samples"] <= wall / sampler["interval_s"] + 2, sampler
 
 
+@pytest.mark.compat
 @pytest.mark.kernel(**NEEDS)
 def test_restart_relaunches_an_oom_killed_engine_up_to_restart_max_then_exits_137(
     tmp_path: Path, scratch_slice: ScratchSlice

@@ -36,7 +36,13 @@ HELPERS = Path(__file__).resolve().parents[1] / "helpers"
 REPO = Path(__file__).resolve().parents[2]
 MIB = 1 << 20
 FULL = os.environ.get("GOVERNOR_TEST_FULL") == "1"
-MODEL_MIB = 512 if FULL else 128  # guest RAM is 2 GiB
+# the compat tiers (scripts/test: Debian's 5.10 and 6.12) prove the same path with less I/O
+COMPAT = os.environ.get("GOVERNOR_TEST_COMPAT") is not None
+MODEL_MIB = 512 if FULL else 32 if COMPAT else 128  # guest RAM is 2 GiB
+# the page cache charged to the governor's own cgroup is its imports (10.6 MiB on 5.10, 13.5 MiB
+# on 6.12, measured): below this bound, and the model (MODEL_MIB more) would cross it
+GOVERNOR_FILE_MIB = 16
+assert MODEL_MIB > GOVERNOR_FILE_MIB
 PROTECT_MIB = MODEL_MIB + 32 if not FULL else 600  # the protected run's memory.min
 # model + flood exceed guest RAM, and the flood is read FLOOD_PASSES times: a one-pass flood
 # never evicts the model, whose pages the populate mapping left on the active list
@@ -55,6 +61,11 @@ def disk(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
         with open(mnt / "flood.bin", "wb") as f:
             f.truncate(FLOOD_MIB * MIB)  # holes read as fresh zeroed page-cache pages
         yield mnt
+
+
+def _kernel() -> tuple[int, int]:
+    major, minor = os.uname().release.split(".")[:2]
+    return int(major), int(minor)
 
 
 def _drop_caches() -> None:
@@ -134,6 +145,7 @@ def _waiting_engine(stop: Path) -> list[str]:
     return ["/bin/sh", "-c", f"while [ ! -e {stop} ]; do sleep 0.2; done"]
 
 
+@pytest.mark.compat
 @pytest.mark.kernel(controllers=("memory",), root=True, psi=False)
 def test_populate_charges_the_slice_and_not_the_governor(
     tmp_path: Path,
@@ -194,9 +206,13 @@ def test_populate_charges_the_slice_and_not_the_governor(
     data = json.loads(report.read_text())
     print(f"slice file={charged} governor file={governor_file} size={size} report={data}")
     assert charged >= 0.95 * size
-    assert governor_file < size // 8, "the governor's cgroup was charged for the model"
+    assert governor_file < GOVERNOR_FILE_MIB * MIB, (
+        "the governor's cgroup was charged for the model"
+    )
     assert data["prefetch_bytes"] == size
-    assert data["prefetch_method"] == "madv_populate_read"  # guest kernel >= 5.14
+    # MADV_POPULATE_READ is 5.14+: before it (a board's 5.10) a MAP_POPULATE mapping
+    want = "madv_populate_read" if _kernel() >= (5, 14) else "map_populate"
+    assert data["prefetch_method"] == want
     assert data["resident_fraction"] >= 0.95
     assert _resident(model) >= 0.95
 

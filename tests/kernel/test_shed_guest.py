@@ -166,6 +166,7 @@ def _interactive(marks: Path) -> list[str]:
     )
 
 
+@pytest.mark.compat
 @pytest.mark.kernel(controllers=("memory", "pids"), root=True)
 def test_shed_throttles_then_freezes_the_background_and_gives_it_back(
     tmp_path: Path, scratch_slice: ScratchSlice

@@ -2,7 +2,8 @@
 
 Run through scripts/test (which runs scripts/setup and activates .venv first)::
 
-    scripts/test                         # lint, host, kernel, systemd
+    scripts/test                         # lint, host, kernel, systemd, compat-5.10, compat-6.12
+    scripts/test --kernel 5.10           # kernel and systemd tiers on Debian's 5.10 kernel
     scripts/test --host-only             # lint, host
     scripts/test --tier kernel,systemd   # only the guest tiers
     scripts/test --tier kernel -k oom    # extra arguments go to every pytest run
@@ -18,6 +19,9 @@ Tiers
   systemd  ONE hand-made qemu boot with systemd as PID 1 (busybox initramfs, host root over 9p
            under a tmpfs overlay); inside, pytest -m systemd tests/systemd runs as a
            Type=oneshot Delegate=yes service
+  compat-S the kernel tier's boot on Debian's kernel of series S (5.10, 6.12: COMPAT_KERNELS,
+           fetched and cached by scripts/kernels), running only the tests marked `compat`
+           (launch, OOM group kill, the watchdog, each pressure action, prefetch, shed)
 
 Before a guest boots, the repo's Python files are compiled to bytecode on the host
 (compileall into their __pycache__ directories, which git ignores): the guests run with
@@ -72,8 +76,15 @@ from vm.junit import Case, Counts, TierResult, format_durations, format_table, j
 from vm.skips import is_ci
 
 ROOT = Path(__file__).resolve().parents[2]
-TIERS: tuple[str, ...] = ("lint", "host", "kernel", "systemd")
-GUEST_TIERS: tuple[str, ...] = ("kernel", "systemd")
+# Debian's kernel series of the matrix (scripts/kernels fetches and caches them): --kernel
+# boots the kernel and systemd tiers on one of them; the compat tiers run the tests marked
+# `compat` (tests/kernel) on each of COMPAT_KERNELS, in the default run too
+KERNEL_SERIES: tuple[str, ...] = ("5.10", "6.1", "6.12")
+COMPAT_KERNELS: tuple[str, ...] = ("5.10", "6.12")
+COMPAT_MARK = "compat"
+COMPAT_TIERS: tuple[str, ...] = tuple(f"compat-{k}" for k in COMPAT_KERNELS)
+TIERS: tuple[str, ...] = ("lint", "host", "kernel", "systemd", *COMPAT_TIERS)
+GUEST_TIERS: tuple[str, ...] = ("kernel", "systemd", *COMPAT_TIERS)
 HOST_MARKEXPR = "not kernel and not systemd and not engine"
 # tests marked `full` run at the seed's full scale (1.1 GiB model, 2 GiB board): only --full
 FULL_MARK = "full"
@@ -84,11 +95,18 @@ FULL_DEADLINE_S = 150 * 60
 # Per tier, seconds; a tier is stopped after it. Sized from measured wall times on the 2-core
 # CI machine with margin: lint 4 s (10 s with a cold mypy cache), host 105 s (150 s beside a
 # build), kernel ~25 min and systemd ~15 min before issue 21 (durations.txt of each run has
-# the current numbers)
-TIER_TIMEOUTS: dict[str, float] = {"lint": 300, "host": 600, "kernel": 2400, "systemd": 1800}
-FULL_TIER_TIMEOUTS: dict[str, float] = {**TIER_TIMEOUTS, "kernel": 4200, "systemd": 3000}
+# the current numbers); a compat tier's limit leaves a hung test its own 900 s
+TIER_TIMEOUTS: dict[str, float] = {
+    "lint": 300, "host": 600, "kernel": 2400, "systemd": 1800,
+    **dict.fromkeys(COMPAT_TIERS, 1500),
+}  # fmt: skip
+FULL_TIER_TIMEOUTS: dict[str, float] = {
+    **TIER_TIMEOUTS, "kernel": 4200, "systemd": 3000, **dict.fromkeys(COMPAT_TIERS, 3000),
+}  # fmt: skip
 # a tier with less time than this left before the deadline is not started
-MIN_START_S: dict[str, float] = {"lint": 30, "host": 60, "kernel": 300, "systemd": 300}
+MIN_START_S: dict[str, float] = {
+    "lint": 30, "host": 60, "kernel": 300, "systemd": 300, **dict.fromkeys(COMPAT_TIERS, 240),
+}  # fmt: skip
 # of a guest tier's timeout, what the boot before pytest and the power-off after may take: the
 # guest's pytest gets the rest (timeout -s INT), so it ends and writes its junit xml before the
 # host kills qemu
@@ -382,7 +400,11 @@ def guest_script(
     `guest_dir`/rc (the shared results directory as the guest sees it). With `budget`, pytest
     gets SIGINT after that many seconds (it stops, writes its junit xml, exit 124)."""
     env = guest_env(environ)
-    env["GOVERNOR_TEST_TIER"] = tier
+    env["GOVERNOR_TEST_TIER"] = tier_suite(tier)[0]
+    if tier in COMPAT_TIERS:  # the tests may size themselves down for the compat run
+        env["GOVERNOR_TEST_COMPAT"] = tier.removeprefix("compat-")
+    else:
+        env.pop("GOVERNOR_TEST_COMPAT", None)
     if full:
         env["GOVERNOR_TEST_FULL"] = "1"
     else:
@@ -406,6 +428,44 @@ def guest_script(
     return "\n".join(lines) + "\n"
 
 
+def tier_suite(tier: str) -> tuple[str, str]:
+    """(test directory under tests/, pytest marker expression) of a guest tier: a compat tier
+    runs the kernel tier's tests marked `compat`."""
+    if tier in COMPAT_TIERS:
+        return "kernel", f"kernel and {COMPAT_MARK}"
+    return tier, tier
+
+
+def tier_series(tier: str, series: str | None = None) -> str | None:
+    """The kernel series a guest tier boots: a compat tier's own, else ``series`` (--kernel;
+    None: the host's newest /boot/vmlinuz-*)."""
+    if tier in COMPAT_TIERS:
+        return tier.removeprefix("compat-")
+    return series
+
+
+def series_kernel(series: str, root: Path = ROOT) -> Path:
+    """The vmlinuz of Debian's kernel `series`, fetched and cached by scripts/kernels (which
+    also puts its modules under /lib/modules) when it is not cached yet."""
+    script = root / "scripts" / "kernels"
+
+    def cached() -> Path | None:
+        res = subprocess.run([str(script), "--path", series], capture_output=True, text=True,
+                             check=False)  # fmt: skip
+        out = res.stdout.strip()
+        return Path(out) if res.returncode == 0 and out else None
+
+    path = cached()
+    if path is None:
+        log(f"kernel {series}: not cached, fetching (scripts/kernels {series})")
+        res = subprocess.run([str(script), series], capture_output=True, text=True, check=False)
+        path = cached()
+        if path is None:
+            why = (res.stderr.strip().splitlines() or [f"exit {res.returncode}"])[-1]
+            raise RuntimeError(f"cannot fetch kernel {series}: {why}")
+    return path
+
+
 def markexpr(base: str, full: bool) -> str:
     """The pytest -m expression of a tier: default runs deselect the `full` tests (neither
     run nor counted as skips), --full keeps them."""
@@ -417,8 +477,9 @@ def guest_pytest_argv(
 ) -> list[str]:
     py = ROOT / ".venv" / "bin" / "python"
     per_test = FULL_GUEST_TEST_TIMEOUT_S if full else GUEST_TEST_TIMEOUT_S
+    tests, expr = tier_suite(tier)
     return [
-        str(py), "-m", "pytest", *GUEST_PYTEST_OFF, "-m", markexpr(tier, full), f"tests/{tier}",
+        str(py), "-m", "pytest", *GUEST_PYTEST_OFF, "-m", markexpr(expr, full), f"tests/{tests}",
         f"--junitxml={guest_dir}/junit.xml", "-o", f"junit_suite_name={tier}", "--durations=10",
         f"--timeout={per_test}", *pytest_args,
     ]  # fmt: skip
@@ -484,6 +545,7 @@ class Options:
     full: bool = False  # --full: the `full` tests too, larger timeouts
     kernel_vm: str = "qemu"
     serial: bool = True  # one tier at a time (--parallel: the kernel guest alongside the rest)
+    kernel_series: str | None = None  # --kernel: the kernel and systemd tiers boot this series
     cpus: int = GUEST_CPUS
     memory_mib: int = GUEST_MEMORY_MIB
     extra_notes: list[str] = field(default_factory=list)
@@ -731,10 +793,14 @@ def parse_tiers(values: Sequence[str]) -> list[str]:
             t = raw.strip()
             if not t:
                 continue
-            if t not in TIERS:
-                raise argparse.ArgumentTypeError(f"unknown tier {t!r} (choose from {TIERS})")
-            if t not in out:
-                out.append(t)
+            # "compat": every compat tier
+            names = COMPAT_TIERS if t == COMPAT_MARK else (t,)
+            for name in names:
+                if name not in TIERS:
+                    choices = (*TIERS, COMPAT_MARK)
+                    raise argparse.ArgumentTypeError(f"unknown tier {t!r} (choose from {choices})")
+                if name not in out:
+                    out.append(name)
     return sorted(out, key=TIERS.index)
 
 
@@ -746,7 +812,8 @@ def parse_args(argv: Sequence[str]) -> Options:
         allow_abbrev=False,
     )
     p.add_argument("--tier", action="append", default=[], metavar="TIER[,TIER]",
-                   help=f"tiers to run, repeatable or comma list: {','.join(TIERS)} (default all)")  # fmt: skip
+                   help=f"tiers to run, repeatable or comma list: {','.join(TIERS)} ({COMPAT_MARK}: "
+                   "every compat tier) (default all)")  # fmt: skip
     p.add_argument("--host-only", action="store_true", help="only lint and host tiers")
     env_timeout = os.environ.get("GOVERNOR_VM_TIMEOUT")
     env_deadline = os.environ.get("GOVERNOR_TEST_DEADLINE")
@@ -777,6 +844,11 @@ def parse_args(argv: Sequence[str]) -> Options:
                    help="arm64: the kernel tier boots an arm64 guest (qemu-system-aarch64, TCG; "
                    "scripts/arm64-setup) and runs its compat subset and the tiny model under "
                    "an arm64 llama.cpp; opt-in, the only tier by default")  # fmt: skip
+    p.add_argument("--kernel", choices=KERNEL_SERIES, default=None, dest="kernel_series",
+                   help="boot the kernel and systemd tiers (the default tiers then) on Debian's "
+                   "kernel of this series, fetched and cached by scripts/kernels (default: the "
+                   "newest /boot/vmlinuz-*); the compat tiers boot "
+                   f"{' and '.join(COMPAT_KERNELS)} in any case")  # fmt: skip
     p.add_argument("--results", type=Path, default=None,
                    help="results directory (default out/test-results/<timestamp>)")  # fmt: skip
     args, rest = p.parse_known_args(list(argv))
@@ -784,7 +856,12 @@ def parse_args(argv: Sequence[str]) -> Options:
         i = rest.index("--")
         rest = rest[:i] + rest[i + 1 :]
     try:
-        tiers = parse_tiers(args.tier) if args.tier else list(TIERS)
+        if args.tier:
+            tiers = parse_tiers(args.tier)
+        elif args.kernel_series is not None:
+            tiers = ["kernel", "systemd"]
+        else:
+            tiers = list(TIERS)
     except argparse.ArgumentTypeError as exc:
         p.error(str(exc))
     if args.host_only:
@@ -806,7 +883,7 @@ def parse_args(argv: Sequence[str]) -> Options:
                    timeouts=timeouts, deadline=deadline, full=args.full,
                    memory_mib=FULL_GUEST_MEMORY_MIB if args.full else GUEST_MEMORY_MIB,
                    kernel_vm=args.kernel_vm, serial=not args.parallel,
-                   arch=args.arch)  # fmt: skip
+                   arch=args.arch, kernel_series=args.kernel_series)  # fmt: skip
 
 
 def _fmt_timeouts(t: dict[str, float]) -> str:
@@ -876,18 +953,27 @@ def main(argv: Sequence[str] | None = None) -> int:
         + ("; --full: the `full` tests too" if opts.full else ""))  # fmt: skip
     if opts.pytest_args:
         log(f"extra pytest arguments: {shlex.join(opts.pytest_args)}")
-    kernel: Path | None = None
+    kernels: dict[str, Path] = {}  # guest tier -> the vmlinuz it boots
     accel = "tcg"
     if opts.arch == "amd64" and any(t in GUEST_TIERS for t in opts.tiers):
         t_prep = time.monotonic()
+        for tier in (t for t in opts.tiers if t in GUEST_TIERS):
+            series = tier_series(tier, opts.kernel_series)
+            try:
+                kernels[tier] = find_kernel() if series is None else series_kernel(series)
+            except (RuntimeError, OSError) as exc:
+                log(f"cannot prepare the {tier} guest: {exc}")
+        first = next(iter(kernels.values()), None)
         try:
-            kernel = find_kernel()
-            accel, why = detect_accel(kernel, ROOT / "out" / "vm-cache", opts.accel)
-            log(f"guest kernel {kernel}; accelerator {accel} ({why})")
+            if first is not None:  # KVM works for every kernel or for none: probed once
+                accel, why = detect_accel(first, ROOT / "out" / "vm-cache", opts.accel)
+                log(f"guest kernels: {', '.join(f'{t} {k}' for t, k in kernels.items())}; "
+                    f"accelerator {accel} ({why})")  # fmt: skip
         except (RuntimeError, OSError) as exc:
             log(f"cannot prepare guests: {exc}")
+            kernels.clear()
         t = time.monotonic()
-        guest_tests = [f"tests/{g}" for g in opts.tiers if g in GUEST_TIERS]
+        guest_tests = sorted({f"tests/{tier_suite(g)[0]}" for g in opts.tiers if g in GUEST_TIERS})
         why_not = precompile(test_dirs=guest_tests)
         if why_not is None:
             log(f"bytecode: compiled {', '.join(BYTECODE_DIRS)} in {time.monotonic() - t:.1f}s")
@@ -912,12 +998,12 @@ def main(argv: Sequence[str] | None = None) -> int:
                 from vm import arm64
 
                 res = arm64.tier_arm64(topts)
-            elif kernel is None:
+            elif tier not in kernels:
                 res = TierResult(tier, ok=False, wall=0.0, notes=["no guest kernel/qemu"])
             elif tier == "kernel" and opts.kernel_vm == "vng":
-                res = tier_kernel(topts, kernel, accel)
+                res = tier_kernel(topts, kernels[tier], accel)
             else:
-                res = tier_qemu(topts, tier, kernel, accel)
+                res = tier_qemu(topts, tier, kernels[tier], accel)
         except (RuntimeError, OSError, subprocess.SubprocessError) as exc:
             res = TierResult(tier, ok=False, wall=0.0, notes=[f"harness error: {exc}"])
         if cut and not res.ok:

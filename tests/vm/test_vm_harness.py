@@ -108,8 +108,10 @@ def test_newc_archive_lists_with_cpio(tmp_path: Path) -> None:
 
 def test_parse_args_tiers_and_passthrough() -> None:
     o = harness.parse_args([])
-    assert o.tiers == ["lint", "host", "kernel", "systemd"]
+    # the default run (CI) includes the compat tests on Debian's 5.10 and 6.12 (issue 37)
+    assert o.tiers == ["lint", "host", "kernel", "systemd", "compat-5.10", "compat-6.12"]
     assert o.pytest_args == []
+    assert o.kernel_series is None
     o = harness.parse_args(["--tier", "systemd,kernel", "-k", "oom", "-x"])
     assert o.tiers == ["kernel", "systemd"]
     assert o.pytest_args == ["-k", "oom", "-x"]
@@ -119,6 +121,48 @@ def test_parse_args_tiers_and_passthrough() -> None:
     assert harness.parse_args(["--host-only"]).tiers == ["lint", "host"]
     with pytest.raises(SystemExit):
         harness.parse_args(["--tier", "bogus"])
+
+
+def test_kernel_option_boots_the_guest_tiers_on_that_series_and_compat_runs_its_own() -> None:
+    o = harness.parse_args(["--kernel", "5.10"])
+    assert (o.tiers, o.kernel_series) == (["kernel", "systemd"], "5.10")
+    o = harness.parse_args(["--kernel", "6.12", "--tier", "systemd"])
+    assert (o.tiers, o.kernel_series) == (["systemd"], "6.12")
+    assert harness.tier_series("kernel", "6.12") == "6.12"
+    assert harness.tier_series("systemd", None) is None  # the newest /boot/vmlinuz-*
+    assert harness.tier_series("compat-5.10", "6.12") == "5.10"  # compat tiers: their own
+    assert harness.parse_args(["--tier", "compat"]).tiers == ["compat-5.10", "compat-6.12"]
+    assert harness.parse_args(["--tier", "compat-6.12,host"]).tiers == ["host", "compat-6.12"]
+    with pytest.raises(SystemExit):
+        harness.parse_args(["--kernel", "4.19"])
+
+
+def test_a_compat_tier_runs_the_kernel_tests_marked_compat() -> None:
+    s = harness.guest_script("compat-5.10", "/res/c", [], environ={})
+    assert "-m 'kernel and compat and not full' tests/kernel --junitxml=/res/c/junit.xml" in s
+    assert "export GOVERNOR_TEST_TIER=kernel\n" in s  # the kernel tier's tests, as there
+
+
+def test_series_kernel_fetches_once_through_scripts_kernels(tmp_path: Path) -> None:
+    script = tmp_path / "scripts" / "kernels"
+    script.parent.mkdir()
+    cache = tmp_path / "cache"
+    script.write_text(
+        "#!/bin/sh\n"
+        f'echo "$*" >> {tmp_path}/calls\n'
+        f'if [ "$1" = --path ]; then [ -e {cache}/$2 ] && echo {cache}/$2/vmlinuz; exit $?; fi\n'
+        f"mkdir -p {cache}/$1\n"
+    )
+    script.chmod(0o755)
+    assert harness.series_kernel("5.10", root=tmp_path) == cache / "5.10" / "vmlinuz"
+    assert harness.series_kernel("5.10", root=tmp_path) == cache / "5.10" / "vmlinuz"
+    calls = (tmp_path / "calls").read_text().splitlines()
+    assert calls == ["--path 5.10", "5.10", "--path 5.10", "--path 5.10"]
+    script.write_text("#!/bin/sh\necho 'kernels: no network' >&2; exit 1\n")
+    with pytest.raises(
+        RuntimeError, match=re.escape("cannot fetch kernel 6.12: kernels: no network")
+    ):
+        harness.series_kernel("6.12", root=tmp_path)
 
 
 def test_guest_script_exports_ci_and_writes_rc() -> None:
@@ -233,13 +277,17 @@ def _fake_tiers(
 
     monkeypatch.delenv("GOVERNOR_TEST_STARTED", raising=False)
     monkeypatch.setattr(harness, "find_kernel", lambda: Path("/boot/vmlinuz-fake"))
+    monkeypatch.setattr(harness, "series_kernel", lambda s: Path(f"/kernels/{s}/vmlinuz"))
     monkeypatch.setattr(harness, "detect_accel", lambda *_a: ("tcg", "requested"))
     monkeypatch.setattr(harness, "precompile", lambda **_k: None)
     monkeypatch.setattr(harness, "tier_lint", lambda _o: fake("lint"))
     monkeypatch.setattr(harness, "tier_host", lambda _o: fake("host"))
-    monkeypatch.setattr(
-        harness, "tier_qemu", lambda _o, tier, *_a: fake(tier, kernel_ok or tier != "kernel")
-    )
+
+    def qemu(_o: object, tier: str, kernel: Path, *_a: object) -> TierResult:
+        events.append(("kernel", str(kernel)))  # not a tier: the vmlinuz the tier boots
+        return fake(tier, kernel_ok or tier != "kernel")
+
+    monkeypatch.setattr(harness, "tier_qemu", qemu)
     return events
 
 
@@ -265,9 +313,16 @@ def test_the_kernel_guest_runs_alongside_the_other_tiers_and_its_result_counts(
 def test_serial_runs_one_tier_at_a_time(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     events = _fake_tiers(monkeypatch, parallel=False)
     assert harness.main(["--results", str(tmp_path / "r")]) == 0
-    assert events == [
-        (e, t) for t in ("lint", "host", "kernel", "systemd") for e in ("start", "end")
+    booted = [k for e, k in events if e == "kernel"]
+    assert booted == ["/boot/vmlinuz-fake"] * 2 + ["/kernels/5.10/vmlinuz", "/kernels/6.12/vmlinuz"]
+    tiers = ("lint", "host", "kernel", "systemd", "compat-5.10", "compat-6.12")
+    assert [ev for ev in events if ev[0] != "kernel"] == [
+        (e, t) for t in tiers for e in ("start", "end")
     ]
+    # --kernel: the kernel and systemd tiers boot that series
+    events.clear()
+    assert harness.main(["--kernel", "5.10", "--results", str(tmp_path / "r2")]) == 0
+    assert [k for e, k in events if e == "kernel"] == ["/kernels/5.10/vmlinuz"] * 2
 
 
 # ------------------------------------------------------------------ skips, deadline, durations

@@ -135,3 +135,24 @@ def test_no_cgroup_at_all_is_an_error_with_a_mount_fix() -> None:
     assert findings["cgroup2"].fix is not None
     assert "mount -t cgroup2" in findings["cgroup2"].fix
     assert findings["controller.memory"].level == "error"
+
+
+def test_a_5_10_kernel_names_each_late_feature_its_version_and_its_fallback() -> None:
+    """A board's 5.10 (issue 37): every feature from a newer kernel is stated with the version
+    it needs and what the governor does without it."""
+    host = replace(_facts("rk3588"), kernel_version=(5, 10), kernel_release="5.10.160", euid=0)
+    findings = _by_topic(diagnose(host))
+    kill = findings["kernel.cgroup_kill"]
+    assert kill.level == "warn" and "5.14+" in kill.message and "5.10.160" in kill.message
+    assert "freezing the group and SIGKILL of each of its pids" in kill.message
+    reclaim = findings["kernel.memory_reclaim"]
+    assert reclaim.level == "warn" and "5.19+" in reclaim.message
+    assert "lowering memory.high" in reclaim.message
+    assert findings["kernel.madv_populate_read"].level == "warn"
+    assert findings["kernel.memory_peak"].level == "warn"
+    assert findings["kernel.clone_into_cgroup"].level == "ok"  # 5.7
+    psi = findings["kernel.psi_unprivileged"]
+    assert psi.level == "ok" and "6.5+" in psi.message  # root arms triggers on any kernel
+    assert _by_topic(diagnose(replace(host, euid=1000)))["kernel.psi_unprivileged"].level == "warn"
+    zswap = findings["kernel.zswap_writeback"]
+    assert zswap.level == "ok" and "6.8+" in zswap.message
