@@ -46,6 +46,7 @@ from governor.kernel.cgroupfs import CgroupFs
 from governor.kernel.parse import parse_max
 from governor.log import get_logger
 from governor.monitor.actions import Context, Result
+from governor.monitor.fallbacks import kill_tree
 from governor.monitor.sources import protected_cache
 from governor.monitor.victims import (
     Victim,
@@ -240,8 +241,8 @@ class Shedder:
                     with contextlib.suppress(ProcessLookupError):
                         self.kill(pid, signal.SIGTERM)
                 held.stopped_at = now
-            elif step == "kill":
-                self.fs.kill(cg)
+            elif step == "kill":  # every pid by SIGKILL where there is no cgroup.kill (< 5.14)
+                kill_tree(self.fs, cg, self.kill)
                 if held.frozen:
                     self.fs.freeze(cg, False)
                     held.frozen = False

@@ -596,3 +596,26 @@ def test_stop_never_signals_a_published_engine_pid_outside_the_victims_cgroup(
     again = board.shedder(chat, kill=lambda pid, sig: sent.append((pid, sig)))
     assert again.shed(CTX).after["step"] == "stop"
     assert sent == [(4242, signal.SIGTERM)]
+
+
+def test_the_kill_step_sigkills_every_pid_where_the_kernel_has_no_cgroup_kill(
+    board: Board,
+) -> None:
+    """Linux < 5.14 (a board's 5.10): the shed's `kill` is the monitor's fallback, the group
+    frozen and each pid SIGKILLed, not a cgroup.kill write that fails at every firing."""
+    chat = board.publish(_plan("npu-chat", CHAT), 600 * MIB)
+    job = board.publish(_plan("job", QosSpec(qos_class="background", yields=("kill",))), 9)
+    board.fs.add_process(job.leaf, 4242)
+    (board.fs.path(job.group) / files.CGROUP_KILL).unlink()
+    sent: list[tuple[int, int]] = []
+
+    def kill(pid: int, sig: int) -> None:
+        sent.append((pid, sig))
+        if sig == signal.SIGKILL:
+            board.fs.reap(pid)
+
+    sh = board.shedder(chat, kill=kill)
+    res = sh.shed(CTX)
+    assert res.ok and res.after["step"] == "kill", res
+    assert sent == [(4242, signal.SIGKILL)]
+    assert board.fs.procs(job.leaf) == []
