@@ -237,7 +237,7 @@ def launch(path: Path, argv: tuple[str, ...], opts: HostOptions, lopts: LaunchOp
         )
         proc = ProcFs(opts.root / "proc")
         watchdog = lopts.watchdog
-        if watchdog is None and plan.launch.on_governor_exit == "kill":
+        if watchdog is None and needs_watchdog(plan):
             watchdog = fork_watchdog()
         supervisor = Supervisor(
             backend, Launcher(backend.fs, proc=proc), proc=proc, watchdog=watchdog
@@ -247,6 +247,14 @@ def launch(path: Path, argv: tuple[str, ...], opts: HostOptions, lopts: LaunchOp
     finally:
         if endpoint is not None:
             endpoint.close()
+
+
+def needs_watchdog(plan: Plan) -> bool:
+    """Whether the governor's death needs a watchdog to clean up after it: the engine's group
+    killed (on_governor_exit = "kill"), and under "keep" too the board's clocks given back and
+    a shed's victims released (the engine runs on; nothing else would undo them)."""
+    sheds = any(a.verb == "shed" for rule in plan.watch for a in rule.actions)
+    return plan.launch.on_governor_exit == "kill" or bool(plan.clocks) or sheds
 
 
 def ready_url(compiled: Compiled, argv: tuple[str, ...]) -> str | None:

@@ -144,3 +144,33 @@ def test_other_clocks_of_a_held_device_are_refused_and_apply_holds_until_remove(
     )  # fmt: skip
     assert removed.returncode == 0, removed.stderr
     assert snapshot(sysfs) == before
+
+
+def test_under_keep_the_engine_runs_on_and_the_watchdog_restores_the_clocks(
+    governor: Governor, sysfs: Path, tmp_path: Path
+) -> None:
+    """on_governor_exit = "keep": a SIGKILLed governor leaves its engine running, and its
+    watchdog (forked for the clocks alone) gives the board's clocks back."""
+    before = snapshot(sysfs)
+    run_dir = tmp_path / "run"
+    body = '[process]\non_governor_exit = "keep"\n' + CLOCKS
+    p = _launch(governor, sysfs, run_dir, _policy(governor, "kept", body), "sleep", "60")
+    leaf = governor.slice.child("kept/engine", create=False)
+    try:
+        cgroups.wait_for(
+            lambda: read(sysfs, DMC, "governor") == "performance", 60, "the clocks to be set"
+        )
+        cgroups.wait_for(lambda: cgroups.pids(leaf) != [], 30, "the engine in its leaf")
+        os.kill(p.pid, signal.SIGKILL)
+        p.wait(timeout=30)
+        cgroups.wait_for(lambda: snapshot(sysfs) == before, 30, "the watchdog's restore")
+        assert cgroups.pids(leaf) != [], "the engine did not run on"
+    finally:
+        if p.poll() is None:
+            p.kill()
+        _, err = p.communicate(timeout=60)
+        for pid in cgroups.pids(leaf) if leaf.is_dir() else []:
+            os.kill(pid, signal.SIGKILL)
+    gone = [e for e in Run(-9, "", err).events if e["event"] == "watchdog.governor_gone"]
+    assert [e["action"] for e in gone] == ["restore clocks"]
+    assert not (run_dir / "clocks.json").exists()
