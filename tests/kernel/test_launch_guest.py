@@ -328,3 +328,69 @@ def test_missing_controller_fails_closed_and_leaves_nothing(
     assert res.returncode == 0, res.stderr
     assert "NOT enforced: memory.max = 104857600 (memory controller missing)" in res.stderr
     assert sorted(os.listdir(sub)) == before
+
+
+# an engine that answers /health with 503 until the file ARGV[2] exists, then 200
+_HEALTH = """
+import http.server, os, sys
+class H(http.server.BaseHTTPRequestHandler):
+    def do_GET(self):
+        self.send_response(200 if os.path.exists(sys.argv[2]) else 503)
+        self.end_headers()
+    def log_message(self, *a):
+        pass
+http.server.HTTPServer(("127.0.0.1", int(sys.argv[1])), H).serve_forever()
+"""
+
+
+@pytest.mark.compat
+@pytest.mark.kernel(controllers=("memory",), root=True)
+def test_ready_is_published_once_the_engine_answers_200_and_sigterm_ends_the_run(
+    tmp_path: Path, scratch_slice: ScratchSlice
+) -> None:
+    """`[engine] ready`: the state says ready only after /health answered 200 (not at exec),
+    with the memory limit in force meanwhile; SIGTERM stops the engine (143), the group goes."""
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = int(s.getsockname()[1])
+    loaded = tmp_path / "loaded"
+    policy = _policy(
+        tmp_path,
+        scratch_slice,
+        f'[memory]\nmax = "128M"\n[engine]\nready = "http://127.0.0.1:{port}/health"\n'
+        'ready_timeout = "120s"\n',
+        name="rdy",
+    )
+    run_dir = tmp_path / "run"
+    engine = [sys.executable, "-c", _HEALTH, str(port), str(loaded)]
+    p = subprocess.Popen(
+        _governor("launch", "--policy", str(policy), "--", *engine),
+        cwd=REPO,
+        env={**os.environ, "GOVERNOR_RUN_DIR": str(run_dir)},
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    group = scratch_slice.path / "rdy"
+    state = run_dir / "rdy" / "state.json"
+    try:
+        published = cgroups.wait_for(
+            lambda: json.loads(state.read_text()) if state.exists() else None, 60, "the state"
+        )
+        assert published.get("ready") is not True  # exec'd, /health still 503
+        assert cgroups.read(group / "memory.max") == str(128 << 20)
+        loaded.touch()
+        cgroups.wait_for(
+            lambda: json.loads(state.read_text()).get("ready") is True, 60, "ready in the state"
+        )
+        p.send_signal(signal.SIGTERM)
+        assert p.wait(timeout=60) == 143
+    finally:
+        if p.poll() is None:
+            p.kill()
+        _, err = p.communicate(timeout=60)
+    assert '"event": "engine.ready"' in err
+    assert not group.exists()
