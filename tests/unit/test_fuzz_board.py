@@ -55,7 +55,9 @@ def _entry(draw: st.DrawFn) -> dict[str, object]:
             steps = [*steps, draw(st.sampled_from(["nap", "kill", "", "KILL", "throttle"]))]
         out["yield"] = steps if not _rarely(draw, 5) else draw(_VALUES)
     if draw(st.booleans()):
-        out["name"] = draw(st.sampled_from(["cam", "ui", "x", "Cam", "a b", "-x", "n" * 70]))
+        bad = _rarely(draw, 20)  # most names are good: a bad one must sit beside good entries
+        names = ["Cam", "a b", "-x", "n" * 70] if bad else ["cam", "ui", "x"]
+        out["name"] = draw(st.sampled_from(names))
     if _rarely(draw, 8):
         out[draw(st.sampled_from(["color", "Path", "reserve"]))] = draw(_VALUES)
     return out
@@ -63,7 +65,7 @@ def _entry(draw: st.DrawFn) -> dict[str, object]:
 
 @st.composite
 def _board_text(draw: st.DrawFn) -> bytes:
-    entries = draw(st.lists(_entry(), max_size=6))
+    entries = draw(st.lists(_entry(), min_size=0 if _rarely(draw, 10) else 1, max_size=6))
     lines = []
     if _rarely(draw, 5):
         lines.append(f"{_key(draw(st.sampled_from(['name', 'board', 'x'])))} = {_toml(3)}")
