@@ -22,7 +22,7 @@ COMPILE_TIME = (
     "click",
     "structlog",
     "governor.policy.model",
-    "governor.plan.compiler",
+    "governor.compile.compiler",
     "governor.cli.app",
 )
 
