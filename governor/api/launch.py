@@ -366,7 +366,7 @@ def _cpu_signature(opts: HostOptions) -> str:
     """What the GGUF estimate reads from the CPU (its repack family): machine + flags."""
     import os
 
-    from governor.engines.estimate import cpuinfo_machine
+    from governor.kernel.parse import cpuinfo_machine
     from governor.kernel.procfs import ProcFs
 
     text = ProcFs(opts.root / "proc").cpuinfo()
