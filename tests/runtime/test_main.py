@@ -162,7 +162,7 @@ def test_a_served_engine_with_a_ready_url_metrics_and_a_shed_rule_loads_no_deny_
     model.write_bytes(b"not a gguf")
     engine = [str(exe), "-m", str(model), "-c", "512", "-np", "1", "--host", "127.0.0.1"]
     policy = governor.policy(SERVED_POLICY)
-    seen = {}
+    seen: dict[str, set[str]] = {}
     for n, metrics in (("miss", False), ("hit", False), ("hit with --metrics", True)):
         options = ("--metrics", f"127.0.0.1:{_free_port()}") if metrics else ()
         args = governor.args(policy, [*engine, "--port", str(_free_port())], *options)
