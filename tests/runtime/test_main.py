@@ -33,6 +33,7 @@ COMPILE_TIME = (
     "governor.cli.app",
     "governor.api.operate",
     "governor.api.compile",
+    "governor.api.launch_compile",
 )
 # what the supervisor of a served engine must not hold either: dataclasses pulls inspect, which
 # pulls tokenize, ast and dis (the cost governor/record.py exists to avoid)
