@@ -50,12 +50,8 @@ def apply(path: Path, opts: HostOptions) -> Plan:
     # a re-apply creates nothing new: what the first apply created stays its to remove
     prior = Publisher(directory, plan.policy).read()
     where = (plan.cgroup_root, plan.group)
-    if (
-        prior
-        and prior.get("source") == "apply"
-        and (prior.get("cgroup_root"), prior.get("group")) == where
-    ):
-        created |= {c for c in prior.get("created") or () if c in plan.create}
+    if prior and prior.source == "apply" and (prior.cgroup_root, prior.group) == where:
+        created |= {c for c in prior.created or () if c in plan.create}
     # no supervisor: the state holds while the cgroup exists (governor status shows it)
     Publisher(directory, plan.policy).publish(
         applied_state(
@@ -79,13 +75,13 @@ def remove(path: Path, opts: HostOptions) -> Any:
     host = probe_host(opts, target=f"{policy.slice}/{policy.name}")
     # removal must work even where the limits could not be enforced any more
     plan = compile_plan(policy, host, allow_missing=MISSABLE, source=str(path))
-    from governor.rundir.state import Publisher, RunState, read_states, run_dir
+    from governor.rundir.state import Publisher, read_states, run_dir
 
     # `governor apply` (and `launch --keep`) record what they created: then the slice goes
     # only when it is among them (an operator's slice stays). Without a record (/run lost in a
     # reboot, a kept group from before this record existed) an empty slice the plan would
     # create goes, as before
-    mine = [st for st in map(RunState.read, read_states(run_dir())) if st.policy == plan.policy]
+    mine = [st for st in read_states(run_dir()) if st.policy == plan.policy]
     recorded = [st.created for st in mine if st.created is not None]
     owned: set[str] | None = None
     if recorded:

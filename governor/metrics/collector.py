@@ -36,7 +36,7 @@ MEMORY_KINDS = ("current", "anon", "file", "working_set", "peak")
 MEMORY_EVENTS = ("low", "high", "max", "oom", "oom_kill")
 PSI = ("cpu", "memory", "io")
 
-States = Callable[[], Sequence[dict[str, Any]]]
+States = Callable[[], Sequence[RunState]]
 
 
 def version() -> str:
@@ -80,8 +80,8 @@ class _Families:
 
 
 class GovernorCollector(Collector):
-    """``states()`` gives the slices to export (state dicts as governor/rundir/state.py publishes
-    them); ``run`` is where their journals live (the tunes)."""
+    """``states()`` gives the slices to export (the run-state records of
+    governor/rundir/state.py); ``run`` is where their journals live (the tunes)."""
 
     def __init__(self, states: States, run: Path) -> None:
         self.states = states
@@ -98,7 +98,7 @@ class GovernorCollector(Collector):
         info.add_metric([self.version], 1)
         yield info
         fams = _Families()
-        for st in map(RunState.read, self.states()):
+        for st in self.states():
             try:
                 plan = Plan.from_dict(st.plan)
             except (KeyError, ValueError, TypeError):

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
 
 from governor.errors import GovernorError
 from governor.kernel import files as kf
@@ -16,7 +15,7 @@ from governor.plan.board import BoardCgroup, read_board
 from governor.plan.model import QOS_RANK, SHED_STEPS, Plan
 from governor.record import record
 from governor.rundir.journal import Journal
-from governor.rundir.state import read_states, scan_states
+from governor.rundir.state import RunState, read_states, scan_states
 
 BOARD_DIR = "board"  # <run dir>/board/<name>/journal.jsonl: an ungoverned cgroup's journal
 
@@ -37,9 +36,9 @@ class Victim:
 Invalid = Callable[[str, str], None]  # (victim, reason): told once per problem by the shedder
 
 
-def _plan(state: dict[str, Any]) -> Plan | None:
+def _plan(state: RunState) -> Plan | None:
     try:
-        return Plan.from_dict(state["plan"]) if isinstance(state.get("plan"), dict) else None
+        return Plan.from_dict(state.plan) if isinstance(state.plan, dict) else None
     except (ValueError, TypeError, KeyError, AttributeError):  # another process wrote it
         return None
 
@@ -64,7 +63,7 @@ def governed_victims(
         if invalid is not None:
             invalid(err.path.parent.name, err.problem)
     for st in states:
-        if st.get("stale") or st.get("policy") == shedder.policy or not st.get("plan"):
+        if st.stale or st.policy == shedder.policy or not st.plan:
             continue
         plan = _plan(st)
         if plan is None:
@@ -94,7 +93,7 @@ def governed_victims(
                 yields=tuple(steps),
                 journal=Journal(run / plan.policy),
                 restore_high=high,
-                engine_pid=pid if isinstance(pid := st.get("engine_pid"), int) else None,
+                engine_pid=st.engine_pid,
             )
         )
     return out
