@@ -11,22 +11,10 @@ from typing import Any
 
 
 def write_atomic(path: str, text: str, mode: int) -> None:
-    import os
-    import tempfile
+    """The drop-in, durably (governor/atomic.py, the one atomic write)."""
+    from governor.atomic import write_atomic as atomic
 
-    directory = os.path.dirname(os.path.abspath(path))
-    fd, tmp = tempfile.mkstemp(dir=directory, prefix=".governor-tune-")
-    try:
-        with os.fdopen(fd, "w") as f:
-            f.write(text)
-            f.flush()
-            os.fsync(f.fileno())
-        os.chmod(tmp, mode)
-        os.replace(tmp, path)
-    except OSError:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
-        raise
+    atomic(path, text, mode, durable=True)
 
 
 def udiff(old: str, new: str, path: str) -> str:

@@ -28,6 +28,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from governor.atomic import write_atomic
 from governor.errors import BackendError
 from governor.kernel.clocks import ROLE_FILES
 from governor.record import field, record
@@ -240,12 +241,5 @@ class Ledger:
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(self.path)
             return
-        tmp = self.dir / f".{LEDGER_FILE}.{os.getpid()}"
         data = json.dumps({"format": FORMAT, "devices": entries}, indent=1).encode()
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o644)
-        try:
-            os.write(fd, data)
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-        os.replace(tmp, self.path)
+        write_atomic(self.path, data, 0o644, durable=True)

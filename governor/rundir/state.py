@@ -24,6 +24,7 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
+from governor.atomic import write_atomic
 from governor.errors import HostError, PolicyNotFound
 from governor.plan.model import Plan
 from governor.record import check_types, field, fields, record, replace
@@ -284,18 +285,10 @@ class Publisher:
 
     def _publish(self, state: Mapping[str, Any]) -> bool:
         data = json.dumps({"format": FORMAT, **state}, default=str).encode()
-        tmp = self.dir / f".{STATE_FILE}.{os.getpid()}"
         try:
             self.dir.mkdir(mode=0o755, parents=True, exist_ok=True)
-            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o644)
-            try:
-                os.write(fd, data)
-            finally:
-                os.close(fd)
-            os.replace(tmp, self.path)
+            write_atomic(self.path, data, 0o644)
         except OSError:
-            with contextlib.suppress(OSError):
-                os.unlink(tmp)
             return False
         return True
 
