@@ -31,7 +31,7 @@ from typing import Any
 from governor.atomic import write_atomic
 from governor.errors import BackendError
 from governor.kernel.clocks import ROLE_FILES
-from governor.record import field, record
+from governor.record import field, fields, record
 
 LEDGER_FILE = "clocks.json"
 LOCK_FILE = ".clocks.lock"
@@ -70,16 +70,11 @@ class ClockEntry:
     @classmethod
     def from_json(cls, entry: dict[str, Any]) -> ClockEntry:
         """An entry :func:`check_entry` passed (only :meth:`Ledger._load` reads one)."""
-        return cls(
-            key=entry["key"],
-            kind=entry["kind"],
-            name=entry["name"],
-            path=entry["path"],
-            request=entry["request"],
-            saved=entry["saved"],
-            holders=[Holder(h["policy"], h.get("pid"), h["source"]) for h in entry["holders"]],
-            failed=entry.get("failed"),
-        )
+        values = {f.name: entry[f.name] for f in fields(cls) if f.name in entry}
+        values["holders"] = [
+            Holder(h["policy"], h.get("pid"), h["source"]) for h in entry["holders"]
+        ]
+        return cls(**values)
 
     def to_json(self) -> dict[str, Any]:
         out: dict[str, Any] = {
