@@ -99,11 +99,9 @@ class GovernorCollector(Collector):
         yield info
         fams = _Families()
         for st in self.states():
-            try:
-                plan = Plan.from_dict(st.plan)
-            except (KeyError, ValueError, TypeError):
-                continue
-            self._slice(fams, st, plan)
+            plan = st.compiled()
+            if plan is not None:
+                self._slice(fams, st, plan)
         yield from fams.all.values()
         yield from _cma()
 

@@ -15,7 +15,7 @@ from governor.plan.board import BoardCgroup, read_board
 from governor.plan.model import QOS_RANK, SHED_STEPS, Plan
 from governor.record import record
 from governor.rundir.journal import Journal
-from governor.rundir.state import RunState, read_states, scan_states
+from governor.rundir.state import read_states, scan_states
 
 BOARD_DIR = "board"  # <run dir>/board/<name>/journal.jsonl: an ungoverned cgroup's journal
 
@@ -36,17 +36,10 @@ class Victim:
 Invalid = Callable[[str, str], None]  # (victim, reason): told once per problem by the shedder
 
 
-def _plan(state: RunState) -> Plan | None:
-    try:
-        return Plan.from_dict(state.plan) if isinstance(state.plan, dict) else None
-    except (ValueError, TypeError, KeyError, AttributeError):  # another process wrote it
-        return None
-
-
 def governed_groups(run: Path) -> list[str]:
     """The group of every published plan, live or stale: what a board entry may not be,
     contain or lie inside (governor/plan/board.py)."""
-    plans = (_plan(st) for st in read_states(run))
+    plans = (st.compiled() for st in read_states(run))
     return sorted({p.group for p in plans if p is not None and isinstance(p.group, str)})
 
 
@@ -65,7 +58,7 @@ def governed_victims(
     for st in states:
         if st.stale or st.policy == shedder.policy or not st.plan:
             continue
-        plan = _plan(st)
+        plan = st.compiled()
         if plan is None:
             continue
         cls, steps = plan.qos.qos_class, plan.qos.yields

@@ -17,7 +17,6 @@ from governor.operate.clocks import observe as clock_rows
 from governor.operate.clocks import render as render_clocks
 from governor.operate.devmem import device_board, render_device
 from governor.operate.observe import knobs, usage
-from governor.plan.model import Plan
 from governor.rundir.clocks import Ledger
 from governor.rundir.journal import Journal
 from governor.rundir.state import REVERTER, alive, states_of
@@ -39,9 +38,8 @@ def collect(
     )
     out = []
     for st in states:
-        try:
-            plan = Plan.from_dict(st.plan)
-        except (KeyError, ValueError, TypeError):
+        plan = st.compiled()
+        if plan is None:
             continue
         fs = CgroupFs(Path(plan.cgroup_root))
         exists = fs.exists(plan.group)

@@ -84,6 +84,15 @@ class RunState:
         values.update((k, v) for k, v in state.items() if k in known)
         return cls(**values)
 
+    def compiled(self) -> Plan | None:
+        """The published plan as a record (None: the state has none, or one this governor
+        cannot read; :func:`check_state` refused such a file already, a state built here
+        has a good one)."""
+        try:
+            return Plan.from_dict(self.plan) if isinstance(self.plan, dict) else None
+        except (KeyError, ValueError, TypeError, AttributeError):
+            return None
+
     def to_json(self) -> dict[str, Any]:
         """The state file's object (without ``format``, which Publisher adds)."""
         out: dict[str, Any] = {}

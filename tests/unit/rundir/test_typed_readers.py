@@ -95,3 +95,16 @@ def test_the_ledger_reads_typed_entries_and_writes_them_back_byte_for_byte(
     with ledger.locked() as entries:
         assert entries == {dev: read}
     assert ledger_file.read_bytes() == before
+
+
+def test_the_published_plan_is_read_once_through_the_record(tmp_path: Path) -> None:
+    """status, metrics and the shedder take the state's plan from RunState.compiled: a Plan,
+    or None for a state without one (never a traceback)."""
+    Publisher(tmp_path, "chat").publish(
+        applied(_plan(), policy_path="/p/chat.toml", created=[], started_at=1.0)
+    )
+    Publisher(tmp_path, "bare").publish({"policy": "bare", "source": "apply"})
+    by_name = {s.policy: s.compiled() for s in read_states(tmp_path)}
+    assert by_name["bare"] is None
+    chat = by_name["chat"]
+    assert chat is not None and chat.group == "governor.slice/chat" and chat.policy == "chat"
