@@ -18,7 +18,7 @@ from governor.backends.clocks import ANY_PID, BoardClocks
 from governor.compile.compiler import compile_plan
 from governor.kernel.files import MISSABLE
 from governor.policy.clocks import ClocksSection
-from governor.rundir.state import Publisher, RunState, read_states, run_dir
+from governor.rundir.state import Publisher, read_states, run_dir
 from governor.rundir.state import applied as applied_state
 from governor.supervise.supervisor import interruptible
 
@@ -51,12 +51,8 @@ def apply(path: Path, opts: HostOptions) -> Plan:
     # a re-apply creates nothing new: what the first apply created stays its to remove
     prior = Publisher(directory, plan.policy).read()
     where = (plan.cgroup_root, plan.group)
-    if (
-        prior
-        and prior.get("source") == "apply"
-        and (prior.get("cgroup_root"), prior.get("group")) == where
-    ):
-        created |= {c for c in prior.get("created") or () if c in plan.create}
+    if prior and prior.source == "apply" and (prior.cgroup_root, prior.group) == where:
+        created |= {c for c in prior.created or () if c in plan.create}
     # no supervisor: the state holds while the cgroup exists (governor status shows it)
     Publisher(directory, plan.policy).publish(
         applied_state(
@@ -82,7 +78,7 @@ def remove(path: Path, opts: HostOptions) -> Any:
     # only when it is among them (an operator's slice stays). Without a record (/run lost in a
     # reboot, a kept group from before this record existed) an empty slice the plan would
     # create goes, as before
-    mine = [st for st in map(RunState.read, read_states(run_dir())) if st.policy == plan.policy]
+    mine = [st for st in read_states(run_dir()) if st.policy == plan.policy]
     recorded = [st.created for st in mine if st.created is not None]
     owned: set[str] | None = None
     if recorded:

@@ -38,6 +38,7 @@ if TYPE_CHECKING:
     from governor.cache.plans import Compiled
     from governor.launch.launcher import ChildSetup
     from governor.plan.model import Plan
+    from governor.rundir.state import RunState
     from governor.supervise.watchdog import Watchdog
 
 log = get_logger("governor.launch")
@@ -268,7 +269,7 @@ def ready_url(compiled: Compiled, argv: tuple[str, ...]) -> str | None:
     return server_url(*server_address(argv, os.environ))
 
 
-def serve_metrics(where: tuple[str, int], states: Callable[[], list[dict[str, Any]]]) -> Any:
+def serve_metrics(where: tuple[str, int], states: Callable[[], list[RunState]]) -> Any:
     """--metrics: bind before anything is applied (a busy port is 69 with nothing changed),
     then serve /metrics from a thread until the run ends. prometheus_client is imported here
     and only here (the lean launch path never loads it without --metrics)."""

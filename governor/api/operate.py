@@ -64,9 +64,9 @@ def diff(path: Path, opts: HostOptions, *, install_root: Path = Path("/")) -> di
 def _governed(name: str) -> RunState:
     """The published state of NAME (66 when none; 69 when its supervisor is gone)."""
     from governor.errors import HostError
-    from governor.rundir.state import RunState, run_dir, states_of
+    from governor.rundir.state import run_dir, states_of
 
-    st = RunState.read(states_of(run_dir(), name, hint="`governor status` lists what runs")[0])
+    st = states_of(run_dir(), name, hint="`governor status` lists what runs")[0]
     if st.plan is None:
         from governor.errors import PolicyNotFound
 
@@ -471,7 +471,7 @@ def collect_names(directory: Path, name: str) -> bool:
     """Whether NAME still has a published state."""
     from governor.rundir.state import read_states
 
-    return any(s.get("policy") == name for s in read_states(directory))
+    return any(s.policy == name for s in read_states(directory))
 
 
 def metrics(textfile: Path | None, name: str | None) -> Path | bytes:

@@ -4,11 +4,10 @@ file, written whole or not at all."""
 
 from __future__ import annotations
 
-import contextlib
 import os
-import tempfile
 from pathlib import Path
 
+from governor.atomic import write_atomic
 from governor.errors import BackendError, PermissionDenied, PolicyNotFound, UsageError
 
 
@@ -37,23 +36,13 @@ def check_writable(path: Path, option: str) -> None:
 
 
 def write_policy(path: Path, text: str, *, force: bool) -> None:
-    """Write ``text`` to ``path`` whole or not at all (temp file + fsync + link/rename); an
-    existing file is replaced only with ``force``. The link is the existence check: no race."""
+    """Write ``text`` to ``path`` whole or not at all (governor/atomic.py); an existing file is
+    replaced only with ``force``. The link is the existence check: no race."""
 
     if (path.exists() or path.is_symlink()) and not force:  # the link below still decides
         raise _exists(path)
-    tmp: str | None = None
     try:
-        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(text)
-            f.flush()
-            os.fchmod(f.fileno(), 0o644)
-            os.fsync(f.fileno())
-        if force:
-            os.replace(tmp, path)
-        else:
-            os.link(tmp, path)
+        write_atomic(path, text, 0o644, durable=True, exclusive=not force)
     except FileExistsError as err:
         raise _exists(path) from err
     except FileNotFoundError as err:
@@ -66,10 +55,6 @@ def write_policy(path: Path, text: str, *, force: bool) -> None:
         raise PermissionDenied("cannot write", file=str(path), errno=err.errno) from err
     except OSError as err:
         raise BackendError("cannot write", file=str(path), errno=err.errno) from err
-    finally:
-        if tmp is not None:
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(tmp)
 
 
 def _exists(path: Path) -> UsageError:

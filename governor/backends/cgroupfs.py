@@ -310,19 +310,6 @@ class CgroupfsBackend:
 
     # --- remove --------------------------------------------------------------------------------
 
-    def _subtree(self, cgroup: str) -> list[str]:
-        """``cgroup`` and its descendants, parents first (none when it vanished meanwhile)."""
-        out = [cgroup]
-        try:
-            children = self.fs.children(cgroup)
-        except BackendError as err:
-            if err.errno != errno.ENOENT:
-                raise
-            children = []
-        for child in children:
-            out.extend(self._subtree(child))
-        return out
-
     def _populated(self, cgroup: str) -> bool:
         try:
             return self.fs.events(cgroup).get("populated", 0) != 0
@@ -342,7 +329,7 @@ class CgroupfsBackend:
                 raise
             if not self.fs.exists(group):
                 return True  # removed meanwhile (a launch's own cleanup): nothing to kill
-        for cgroup in self._subtree(group):
+        for cgroup in self.fs.subtree(group):
             for pid in self.fs.procs(cgroup):
                 # ESRCH: it exited between reading cgroup.procs and the kill
                 with suppress(ProcessLookupError):
@@ -380,7 +367,7 @@ class CgroupfsBackend:
                 killed = True
                 used_cgroup_kill = self._kill_subtree(plan.group)
                 self._wait_empty(plan.group, fallback=not used_cgroup_kill)
-            for cgroup in reversed(self._subtree(plan.group)):
+            for cgroup in reversed(self.fs.subtree(plan.group)):
                 if self._rmdir_if_exists(cgroup):
                     removed.append(cgroup)
         slice_ = plan.slice

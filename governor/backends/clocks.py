@@ -24,13 +24,12 @@ import os
 import sys
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 from governor.errors import BackendError, GovernorError, PolicyError
 from governor.kernel import clocks as kc
 from governor.log import get_logger
 from governor.plan.model import ClockTarget, ClockWrite, Plan
-from governor.rundir.clocks import Ledger, within
+from governor.rundir.clocks import ClockEntry, Holder, Ledger, within
 from governor.rundir.state import alive as governor_alive
 
 log = get_logger("governor.clocks")
@@ -51,13 +50,6 @@ def same(read_back: str, value: str) -> bool:
     if read_back.isdigit() and value.isdigit():
         return int(read_back) == int(value)
     return read_back == value
-
-
-def _holders(entry: dict[str, Any]) -> str:
-    return ", ".join(
-        f"{h['policy']}" + (f" (pid {h['pid']})" if h.get("pid") else " (governor apply)")
-        for h in entry.get("holders", [])
-    )
 
 
 def ordered(target: ClockTarget, current_min: int | None) -> list[ClockWrite]:
@@ -108,7 +100,7 @@ class BoardClocks:
         """Set (or share) every clock of ``plan``; the devices written, by path."""
         if not plan.clocks:
             return []
-        holder = {"policy": plan.policy, "pid": pid, "source": source}
+        holder = Holder(plan.policy, pid, source)
         with self.ledger.locked() as entries:
             self._prune(entries)
             for t in plan.clocks:
@@ -123,18 +115,18 @@ class BoardClocks:
                 held = entries.get(t.path)
                 if held is None:
                     continue
-                if held.get("failed"):
+                if held.failed:
                     raise BackendError(
                         f"{t.kind} {t.name} was not restored after its last holder:"
-                        f" {held['failed'][0]}",
+                        f" {held.failed[0]}",
                         file=t.path,
                         hint="restore it by hand (or reboot), then remove its entry from the"
                         f" clock ledger {self.ledger.path}",
                     )
-                if held["request"] != request(t):
+                if held.request != request(t):
                     raise PolicyError(
-                        f"{t.kind} {t.name} is held by policy {_holders(held)} with"
-                        f" {spelled(held['request'])}; this policy asks for"
+                        f"{t.kind} {t.name} is held by policy {held.holder_names()} with"
+                        f" {spelled(held.request)}; this policy asks for"
                         f" {spelled(request(t))}",
                         file=plan.source,
                         field=f"clocks.{t.key}",
@@ -147,31 +139,26 @@ class BoardClocks:
                 for t in plan.clocks:
                     held = entries.get(t.path)
                     if held is not None:
-                        if holder not in held["holders"]:
-                            held["holders"].append(holder)
+                        if holder not in held.holders:
+                            held.holders.append(holder)
                             joined.append(t.path)
-                        log.info("clocks.shared", device=t.name, holders=_holders(held))
+                        log.info("clocks.shared", device=t.name, holders=held.holder_names())
                         continue
-                    entry = entries[t.path] = {
-                        "key": t.key,
-                        "kind": t.kind,
-                        "name": t.name,
-                        "path": t.path,
-                        "request": request(t),
-                        "saved": [],
-                        "holders": [holder],
-                    }
+                    entry = entries[t.path] = ClockEntry(
+                        key=t.key, kind=t.kind, name=t.name, path=t.path, request=request(t),
+                        holders=[holder],
+                    )  # fmt: skip
                     written.append(t.path)
-                    self._set(t, entry["saved"])
-                    log.info("clocks.set", device=t.name, request=spelled(entry["request"]))
+                    self._set(t, entry.saved)
+                    log.info("clocks.set", device=t.name, request=spelled(entry.request))
             except BaseException:
                 for path in reversed(written):
                     self._restore_entry(entries, path)
                 # only the holds this acquisition added: a re-apply's earlier hold stays
                 for path in joined:
                     held = entries.get(path)
-                    if held is not None and holder in held["holders"]:
-                        held["holders"].remove(holder)
+                    if held is not None and holder in held.holders:
+                        held.holders.remove(holder)
                 raise
         return written
 
@@ -204,26 +191,22 @@ class BoardClocks:
         problems: list[str] = []
         with self.ledger.locked() as entries:
             for path, entry in list(entries.items()):
-                holders = entry.get("holders", [])
-                keep = [
-                    h
-                    for h in holders
-                    if not (h.get("policy") == policy and (pid == ANY_PID or h.get("pid") == pid))
-                ]
+                holders = entry.holders
+                keep = [h for h in holders if not (h.policy == policy and pid in (ANY_PID, h.pid))]
                 if len(keep) == len(holders):
                     continue
-                entry["holders"] = keep
+                entry.holders = keep
                 if keep:
-                    log.info("clocks.still_held", device=entry["name"], holders=_holders(entry))
+                    log.info("clocks.still_held", device=entry.name, holders=entry.holder_names())
                     continue
                 errors = self._restore_entry(entries, path)
                 if errors:
                     # the holders stay with the failed restore: a second release (remove)
                     # retries it, and status shows whose clock it is
-                    entry["holders"] = holders
+                    entry.holders = holders
                     problems.extend(errors)
                 else:
-                    restored.append(entry["name"])
+                    restored.append(entry.name)
         if problems:
             raise BackendError(
                 f"clock restore failed: {problems[0]}",
@@ -232,21 +215,21 @@ class BoardClocks:
             )
         return restored
 
-    def _prune(self, entries: dict[str, dict[str, Any]]) -> None:
+    def _prune(self, entries: dict[str, ClockEntry]) -> None:
         """Holders whose governor is gone leave; a device left without holders is restored."""
         for path, entry in list(entries.items()):
-            before = entry.get("holders", [])
-            entry["holders"] = [h for h in before if h.get("pid") is None or self.alive(h["pid"])]
-            if not entry["holders"]:
-                log.warning("clocks.stale", device=entry["name"], gone=len(before))
+            before = entry.holders
+            entry.holders = [h for h in before if h.pid is None or self.alive(h.pid)]
+            if not entry.holders:
+                log.warning("clocks.stale", device=entry.name, gone=len(before))
                 if self._restore_entry(entries, path):
-                    entry["holders"] = before  # whose it was, for status and a retry
+                    entry.holders = before  # whose it was, for status and a retry
 
-    def _restore_entry(self, entries: dict[str, dict[str, Any]], path: str) -> list[str]:
+    def _restore_entry(self, entries: dict[str, ClockEntry], path: str) -> list[str]:
         """Write back the originals in reverse order; the entry goes when all came back."""
         entry = entries[path]
         errors: list[str] = []
-        for file, value in reversed(entry.get("saved", [])):
+        for file, value in reversed(entry.saved):
             where = os.path.join(path, file)
             try:
                 self._write(where, value)
@@ -257,11 +240,11 @@ class BoardClocks:
             if not same(after, value):
                 errors.append(f"{where} reads back {after!r}, not the original {value!r}")
         if errors:
-            entry["failed"] = errors
-            log.error("clocks.restore_failed", device=entry["name"], errors=errors)
+            entry.failed = errors
+            log.error("clocks.restore_failed", device=entry.name, errors=errors)
         else:
             del entries[path]
-            log.info("clocks.restored", device=entry["name"])
+            log.info("clocks.restored", device=entry.name)
         return errors
 
 

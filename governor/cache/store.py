@@ -16,6 +16,8 @@ import stat
 from collections.abc import Mapping
 from pathlib import Path
 
+from governor.atomic import write_atomic
+
 _UNSAFE_MODE = stat.S_IWGRP | stat.S_IWOTH
 
 
@@ -80,18 +82,8 @@ def write_entry(directory: Path, name: str, data: bytes) -> bool:
         directory.mkdir(mode=0o700, parents=True, exist_ok=True)
     if not trusted_dir(directory):
         return False
-    import tempfile  # only when storing (a compile happened anyway)
-
     try:
-        fd, tmp = tempfile.mkstemp(dir=directory, prefix=".tmp-")
+        write_atomic(directory / name, data, 0o600)
     except OSError:
-        return False
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-        os.replace(tmp, directory / name)
-    except OSError:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
         return False
     return True

@@ -60,7 +60,10 @@ def show_install(result: Result, verb: str, dry_run: bool) -> None:
 
 def show_install_json(result: Result, dry_run: bool) -> None:
     """`install/uninstall --json`: what the Ansible module (ansible_collections/governor/board)
-    reads; ``changes`` holds each file's text before and after (null: absent)."""
+    reads; ``changes`` holds each file's text before and after (null: absent); ``tunable``
+    maps a slice directive to the key `governor tune` takes (governor/plan/unitmap.py)."""
+    from governor.plan.unitmap import tunable_directives
+
     doc = {
         "units": list(result.units),
         "manifest": result.manifest,
@@ -69,6 +72,7 @@ def show_install_json(result: Result, dry_run: bool) -> None:
         "changes": [{"path": c.path, "before": c.old, "after": c.new} for c in result.changes],
         "kept": list(result.kept),
         "reloaded": result.reloaded,
+        "tunable": tunable_directives(),
     }
     typer.echo(json.dumps(doc, indent=2))
 

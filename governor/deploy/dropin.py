@@ -136,17 +136,19 @@ def quote_exec_word(word: str) -> str:
 # --- rendering ---------------------------------------------------------------------------------
 
 
-def _unit_text(lines: Sequence[str]) -> str:
-    """Join rendered lines; a control character inside any one of them (a policy path with a
-    newline echoed in a comment) is written as a visible escape, so no text from a policy can
-    start a line of its own in a unit file. Directive values are quoted by quote_word."""
-    return "".join(_one_line(line) + "\n" for line in lines)
+def unit_text(lines: Sequence[str], *, keep_tab: bool = True) -> str:
+    """THE escaper of rendered text (units, Quadlet, Kubernetes YAML): join the lines; a control
+    character inside any one of them (a policy path with a newline echoed in a comment) is
+    written as a visible ``\\xNN``, so no text from a policy can start a line of its own.
+    Directive values are quoted by quote_word. ``keep_tab``: False for YAML (no tabs there)."""
+    return "".join(_one_line(line, keep_tab) + "\n" for line in lines)
 
 
-def _one_line(line: str) -> str:
+def _one_line(line: str, keep_tab: bool) -> str:
     if line.isprintable():
         return line
-    return "".join(c if c.isprintable() or c == "\t" else f"\\x{ord(c):02x}" for c in line)
+    keep = "\t" if keep_tab else ""
+    return "".join(c if c.isprintable() or c in keep else f"\\x{ord(c):02x}" for c in line)
 
 
 GOVERNOR_SLICE = """\
@@ -220,7 +222,7 @@ def render_slice(plan: Plan, systemd_version: int) -> str:
         lines.append(f"# {s.write.reason} -> {s.write.file} = {s.write.value}")
         lines.append(f"{s.directive}={s.ini}")
     lines += _governor_notes(plan, parts)
-    return _unit_text(lines)
+    return unit_text(lines)
 
 
 def _governor_notes(plan: Plan, parts: Split) -> list[str]:
@@ -279,7 +281,7 @@ def render_instance(
         lines += ["ExecStart=", "ExecStart=" + " ".join(quote_exec_word(w) for w in cmd)]
     if systemd_version < OOM_POLICY_MIN_SYSTEMD:
         lines.append(f"# OOMPolicy= needs systemd >= {OOM_POLICY_MIN_SYSTEMD}")
-    return _unit_text(lines)
+    return unit_text(lines)
 
 
 @dataclass(frozen=True)

@@ -16,13 +16,13 @@ import contextlib
 import difflib
 import hashlib
 import os
-import tempfile
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, ValidationError, field_validator
 
+from governor.atomic import write_atomic
 from governor.deploy.dropin import UNIT_DIR, UnitFile
 from governor.deploy.tunedropin import DROPIN_NAME
 from governor.errors import BackendError, PermissionDenied, PolicyError, PolicyNotFound
@@ -145,19 +145,7 @@ def _fsync_dir(directory: Path) -> None:
 def atomic_write(path: Path, text: str) -> None:
     """Write ``text`` to ``path`` so that a crash leaves the old or the new file, never half."""
     try:
-        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-        try:
-            with os.fdopen(fd, "w", encoding="utf-8") as f:
-                f.write(text)
-                f.flush()
-                os.fchmod(f.fileno(), FILE_MODE)
-                os.fsync(f.fileno())
-            os.rename(tmp, path)
-        except BaseException:
-            with contextlib.suppress(OSError):
-                os.unlink(tmp)
-            raise
-        _fsync_dir(path.parent)
+        write_atomic(path, text, FILE_MODE, durable=True)
     except OSError as err:
         raise _oserror(err, "cannot write", path) from err
 

@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 from typing import Literal
 from urllib.parse import urlsplit
 
+from governor.deploy.dropin import unit_text
 from governor.deploy.mounts import Mount, host_mounts
 from governor.kernel.parse import parse_cpulist
 from governor.plan.model import Plan
@@ -460,12 +461,6 @@ def render(plan: Plan, work: Workload) -> str:
             "    spec:",
         ]
         lines += _pod_spec(plan, work, res, "      ")
-    return "".join(_one_line(line) + "\n" for line in lines)
-
-
-def _one_line(line: str) -> str:
-    """No text from a policy or an argv can start a line of its own (JSON strings are escaped
-    already; comments carry policy text)."""
-    if line.isprintable():
-        return line
-    return "".join(c if c.isprintable() else f"\\x{ord(c):02x}" for c in line)
+    # no text from a policy or an argv can start a line of its own (JSON strings are escaped
+    # already; comments carry policy text)
+    return unit_text(lines, keep_tab=False)

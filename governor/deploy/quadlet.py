@@ -10,7 +10,7 @@ systemd nor Podman expresses (PSI rules, prefetch, ...) is listed in a comment.
 
 from __future__ import annotations
 
-from governor.deploy.dropin import quote_exec_word, quote_word
+from governor.deploy.dropin import quote_exec_word, quote_word, unit_text
 from governor.deploy.k8s import Workload, volumes
 from governor.plan.model import Plan
 from governor.plan.unitmap import policy_slice, split
@@ -95,10 +95,4 @@ def render(plan: Plan, work: Workload, systemd_version: int) -> str:
         lines.append("# Not expressed here (what to use instead):")
         lines += [f"#   {n}" for n in notes]
     lines += ["", "[Install]", "WantedBy=multi-user.target"]
-    return "".join(_one_line(line) + "\n" for line in lines)
-
-
-def _one_line(line: str) -> str:
-    if line.isprintable():
-        return line
-    return "".join(c if c.isprintable() or c == "\t" else f"\\x{ord(c):02x}" for c in line)
+    return unit_text(lines)

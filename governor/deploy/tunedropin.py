@@ -8,28 +8,17 @@ from __future__ import annotations
 import contextlib
 import difflib
 import os
-import tempfile
 from collections.abc import Mapping
 from typing import Any
 
+from governor.atomic import write_atomic as write_file_atomic
 from governor.backends.systemd import daemon_reload
 
 
 def write_atomic(path: str, text: str, mode: int) -> None:
+    """The drop-in, durably (governor/atomic.py, the one atomic write)."""
 
-    directory = os.path.dirname(os.path.abspath(path))
-    fd, tmp = tempfile.mkstemp(dir=directory, prefix=".governor-tune-")
-    try:
-        with os.fdopen(fd, "w") as f:
-            f.write(text)
-            f.flush()
-            os.fsync(f.fileno())
-        os.chmod(tmp, mode)
-        os.replace(tmp, path)
-    except OSError:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
-        raise
+    write_file_atomic(path, text, mode, durable=True)
 
 
 def udiff(old: str, new: str, path: str) -> str:

@@ -30,7 +30,7 @@ from dataclasses import dataclass, field, replace
 
 from governor.engines import server
 from governor.engines.gguf import GgufInfo
-from governor.engines.llama import SERVER_CACHE_RAM_MIB, EngineArgs
+from governor.engines.llama import EngineArgs
 
 MIB = 1 << 20
 KV_CELL_PAD = 256  # llama.cpp pads the KV cache size to a multiple of 256 cells
@@ -158,17 +158,14 @@ def settings_from_argv(args: EngineArgs, n_ctx_train: int) -> Settings:
     )
     if not args.server:
         return base
-    auto = args.parallel is None or args.parallel < 0
     return replace(
         base,
         server=True,
-        slots=server.AUTO_SLOTS if auto else (args.parallel or 1),
+        slots=args.server_slots,
         # auto slots force a unified KV buffer; an explicit -np defaults to one per slot
-        kv_unified=True if auto else bool(args.kv_unified),
-        cache_ram_mib=SERVER_CACHE_RAM_MIB if args.cache_ram is None else args.cache_ram,
-        ctx_checkpoints=(
-            server.CTX_CHECKPOINTS if args.ctx_checkpoints is None else args.ctx_checkpoints
-        ),
+        kv_unified=True if args.server_auto_slots else bool(args.kv_unified),
+        cache_ram_mib=args.server_cache_ram_mib,
+        ctx_checkpoints=args.server_ctx_checkpoints,
     )
 
 

@@ -26,11 +26,11 @@ import json
 import os
 import stat
 import struct
-import tempfile
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, BinaryIO
 
+from governor.atomic import write_atomic
 from governor.cache.store import cache_dir
 from governor.errors import HostError, PolicyError, PolicyNotFound
 
@@ -132,14 +132,7 @@ def read_gguf_cached(path: Path, directory: Path | None = None) -> GgufInfo:
     info = read_gguf(path)
     with contextlib.suppress(OSError):
         entry.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=entry.parent, prefix=".tmp-")
-        try:
-            with os.fdopen(fd, "w") as f:
-                json.dump(asdict(info), f)
-            os.replace(tmp, entry)
-        except OSError:
-            with contextlib.suppress(OSError):
-                os.unlink(tmp)
+        write_atomic(entry, json.dumps(asdict(info)), 0o600)
     return info
 
 

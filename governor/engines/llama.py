@@ -37,7 +37,11 @@ from governor.cache.argkey import (
     port_problem,
 )
 
-SERVER_CACHE_RAM_MIB = 8192  # llama-server --cache-ram default (common/common.h cache_ram_mib)
+# llama-server's defaults: what an absent option means, decided here and nowhere else (the
+# EngineArgs.server_* methods below; the estimate, the preflight cap and init read those)
+SERVER_CACHE_RAM_MIB = 8192  # --cache-ram (common/common.h cache_ram_mib)
+SERVER_AUTO_SLOTS = 4  # -np absent or -1 (tools/server/server.cpp: 4 slots, unified KV)
+SERVER_CTX_CHECKPOINTS = 32  # --ctx-checkpoints (common/common.h n_ctx_checkpoints)
 _SPLIT_RE = re.compile(r"^(?P<stem>.*)-(?P<idx>\d{5})-of-(?P<n>\d{5})\.gguf$")
 
 
@@ -84,6 +88,25 @@ class EngineArgs:
     @property
     def repacks(self) -> bool:
         return "no_repack" not in self.flags
+
+    # llama-server as it will run: the option given, else its default
+    @property
+    def server_auto_slots(self) -> bool:
+        """-np absent or -1: llama-server picks the slots (and unifies the KV buffer)."""
+        return self.parallel is None or self.parallel < 0
+
+    @property
+    def server_slots(self) -> int:
+        return SERVER_AUTO_SLOTS if self.server_auto_slots else (self.parallel or 1)
+
+    @property
+    def server_cache_ram_mib(self) -> int:
+        """The prompt cache's cap in MiB: -1 no limit, 0 off."""
+        return SERVER_CACHE_RAM_MIB if self.cache_ram is None else self.cache_ram
+
+    @property
+    def server_ctx_checkpoints(self) -> int:
+        return SERVER_CTX_CHECKPOINTS if self.ctx_checkpoints is None else self.ctx_checkpoints
 
 
 def is_gguf(args: EngineArgs | None) -> bool:

@@ -41,7 +41,6 @@ from typing import TYPE_CHECKING, Literal
 
 from governor.engines.budget import estimate_argv
 from governor.engines.llama import (
-    SERVER_CACHE_RAM_MIB,
     EngineArgs,
     EngineArgvError,
     is_gguf,
@@ -118,12 +117,12 @@ def engine_args(
 
 
 def _check_cache_ram(args: EngineArgs, cap: int) -> None:
-    asked = args.cache_ram
-    if asked is not None and 0 <= asked <= cap:
+    asked = args.server_cache_ram_mib  # absent: llama-server's default
+    if 0 <= asked <= cap:
         return
     said = (
-        f"no --cache-ram (llama-server's default {SERVER_CACHE_RAM_MIB} MiB)"
-        if asked is None
+        f"no --cache-ram (llama-server's default {asked} MiB)"
+        if args.cache_ram is None
         else "--cache-ram -1 (no limit)"
         if asked < 0
         else f"--cache-ram {asked}"

@@ -31,8 +31,8 @@ MIB = 1 << 20
 KV_CELL_PAD = 256
 # the HTTP thread pool and task queues on top of the engine's margin (docs/calibration.md)
 MARGIN_BYTES = 8 * MIB
-AUTO_SLOTS = 4  # -np absent or -1 (tools/server/server.cpp: 4 slots, unified KV)
-CTX_CHECKPOINTS = 32  # --ctx-checkpoints default (common/common.h n_ctx_checkpoints)
+# llama-server's defaults (what an absent -np, --cache-ram, --ctx-checkpoints mean):
+# governor/engines/llama.py, SERVER_*
 
 
 def checkpoint_bytes(info: GgufInfo, s: Settings, token_bytes: float) -> int:

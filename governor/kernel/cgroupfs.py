@@ -180,18 +180,35 @@ class CgroupFs:
             raise translate(err, "cannot list cgroup", cgroup=cgroup) from err
         return [f"{cgroup}/{name}" if cgroup else name for name in names]
 
-    def procs_below(self, cgroup: str) -> list[int]:
-        """Every pid in ``cgroup`` and its descendants; a cgroup that vanishes meanwhile (or
-        was never there) adds none."""
-        out: list[int] = []
+    def subtree(self, cgroup: str, *, strict: bool = True) -> list[str]:
+        """THE walk: ``cgroup`` and its descendants, parents first, siblings sorted. One that
+        vanished meanwhile (ENOENT) has no children; any other error passes, unless not
+        ``strict``: then a cgroup that cannot be listed has none either."""
+        out: list[str] = []
         todo = [cgroup]
         while todo:
             cg = todo.pop()
+            out.append(cg)
+            try:
+                children = self.children(cg)
+            except (BackendError, PermissionDenied) as err:
+                if strict and err.errno != errno.ENOENT:
+                    raise
+                children = []
+            todo += reversed(children)
+        return out
+
+    def procs_below(self, cgroup: str, *, strict: bool = False) -> list[int]:
+        """Every pid in ``cgroup`` and its descendants (:meth:`subtree`'s order); a cgroup that
+        vanishes meanwhile (or was never there) adds none, nor (unless ``strict``) one that
+        cannot be read."""
+        out: list[int] = []
+        for cg in self.subtree(cgroup, strict=strict):
             try:
                 out += self.procs(cg)
-                todo += self.children(cg)
-            except (BackendError, PermissionDenied):
-                continue
+            except (BackendError, PermissionDenied) as err:
+                if strict and err.errno != errno.ENOENT:
+                    raise
         return out
 
     def open_dir(self, cgroup: str) -> int:

@@ -41,7 +41,7 @@ MEMORY_KINDS = ("current", "anon", "file", "working_set", "peak")
 MEMORY_EVENTS = ("low", "high", "max", "oom", "oom_kill")
 PSI = ("cpu", "memory", "io")
 
-States = Callable[[], Sequence[dict[str, Any]]]
+States = Callable[[], Sequence[RunState]]
 
 
 def version() -> str:
@@ -83,8 +83,8 @@ class _Families:
 
 
 class GovernorCollector(Collector):
-    """``states()`` gives the slices to export (state dicts as governor/rundir/state.py publishes
-    them); ``run`` is where their journals live (the tunes)."""
+    """``states()`` gives the slices to export (the run-state records of
+    governor/rundir/state.py); ``run`` is where their journals live (the tunes)."""
 
     def __init__(self, states: States, run: Path) -> None:
         self.states = states
@@ -101,12 +101,10 @@ class GovernorCollector(Collector):
         info.add_metric([self.version], 1)
         yield info
         fams = _Families()
-        for st in map(RunState.read, self.states()):
-            try:
-                plan = Plan.from_dict(st.plan)
-            except (KeyError, ValueError, TypeError):
-                continue
-            self._slice(fams, st, plan)
+        for st in self.states():
+            plan = st.compiled()
+            if plan is not None:
+                self._slice(fams, st, plan)
         yield from fams.all.values()
         yield from _cma()
 

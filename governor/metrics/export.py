@@ -16,7 +16,7 @@ from prometheus_client import generate_latest, start_http_server, write_to_textf
 from governor.errors import GovernorError, HostError, PermissionDenied, PolicyNotFound
 from governor.metrics.collector import registry
 from governor.metrics.listen import url
-from governor.rundir.state import states_of
+from governor.rundir.state import RunState, states_of
 
 TEXTFILE = "governor.prom"
 
@@ -25,7 +25,7 @@ class Endpoint:
     """A /metrics server in a daemon thread; ``close()`` stops it and frees the port."""
 
     def __init__(
-        self, host: str, port: int, states: Callable[[], Sequence[dict[str, Any]]], run: Path
+        self, host: str, port: int, states: Callable[[], Sequence[RunState]], run: Path
     ) -> None:
         try:
             self.server, self.thread = start_http_server(port, host, registry(states, run))
@@ -65,14 +65,12 @@ def _bind_error(host: str, port: int, err: OSError) -> GovernorError:
     return HostError(f"cannot listen for metrics: {reason} ({where})", hint=hint)
 
 
-def serve(
-    host: str, port: int, states: Callable[[], Sequence[dict[str, Any]]], run: Path
-) -> Endpoint:
+def serve(host: str, port: int, states: Callable[[], Sequence[RunState]], run: Path) -> Endpoint:
     """Bind now (a busy port fails before anything is applied) and serve from a thread."""
     return Endpoint(host, port, states, run)
 
 
-def _states(run: Path, name: str | None) -> list[dict[str, Any]]:
+def _states(run: Path, name: str | None) -> list[RunState]:
     return states_of(run, name, hint="`governor status` lists what runs")
 
 

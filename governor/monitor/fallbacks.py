@@ -54,7 +54,7 @@ def kill_tree(
         frozen = True
     try:
         deadline = clock() + wait_s
-        while pids := _tree_pids(fs, cgroup):
+        while pids := fs.procs_below(cgroup, strict=True):
             if clock() >= deadline:
                 raise BackendError(
                     f"{len(pids)} process(es) still in the group {wait_s:g}s after SIGKILL",
@@ -71,18 +71,6 @@ def kill_tree(
             with contextlib.suppress(GovernorError):
                 fs.freeze(cgroup, False)
     return NO_CGROUP_KILL
-
-
-def _tree_pids(fs: CgroupFs, cgroup: str) -> list[int]:
-    """The pids of ``cgroup`` and its descendants (a cgroup removed meanwhile has none)."""
-    try:
-        pids = fs.procs(cgroup)
-        children = fs.children(cgroup)
-    except BackendError as err:
-        if err.errno != errno.ENOENT:
-            raise
-        return []
-    return pids + [pid for child in children for pid in _tree_pids(fs, child)]
 
 
 def reclaim_by_high(

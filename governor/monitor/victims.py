@@ -7,7 +7,6 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
 
 from governor.backends.placement import parse_proc_cgroup
 from governor.errors import GovernorError
@@ -39,17 +38,10 @@ class Victim:
 Invalid = Callable[[str, str], None]  # (victim, reason): told once per problem by the shedder
 
 
-def _plan(state: dict[str, Any]) -> Plan | None:
-    try:
-        return Plan.from_dict(state["plan"]) if isinstance(state.get("plan"), dict) else None
-    except (ValueError, TypeError, KeyError, AttributeError):  # another process wrote it
-        return None
-
-
 def governed_groups(run: Path) -> list[str]:
     """The group of every published plan, live or stale: what a board entry may not be,
     contain or lie inside (governor/plan/board.py)."""
-    plans = (_plan(st) for st in read_states(run))
+    plans = (st.compiled() for st in read_states(run))
     return sorted({p.group for p in plans if p is not None and isinstance(p.group, str)})
 
 
@@ -66,9 +58,9 @@ def governed_victims(
         if invalid is not None:
             invalid(err.path.parent.name, err.problem)
     for st in states:
-        if st.get("stale") or st.get("policy") == shedder.policy or not st.get("plan"):
+        if st.stale or st.policy == shedder.policy or not st.plan:
             continue
-        plan = _plan(st)
+        plan = st.compiled()
         if plan is None:
             continue
         cls, steps = plan.qos.qos_class, plan.qos.yields
@@ -96,7 +88,7 @@ def governed_victims(
                 yields=tuple(steps),
                 journal=Journal(run / plan.policy),
                 restore_high=high,
-                engine_pid=pid if isinstance(pid := st.get("engine_pid"), int) else None,
+                engine_pid=st.engine_pid,
             )
         )
     return out

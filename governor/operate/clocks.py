@@ -28,8 +28,8 @@ def observe(plan: Plan, run: Path) -> list[dict[str, Any]]:
     entries = Ledger(run).read()
     rows: list[dict[str, Any]] = []
     for target in plan.clocks:
-        entry = entries.get(target.path) or {}
-        holders = [h.get("policy") for h in entry.get("holders", [])]
+        entry = entries.get(target.path)
+        holders = [h.policy for h in entry.holders] if entry is not None else []
         for w in target.writes:
             path = os.path.join(target.path, w.file)
             live = _live(path)
@@ -48,7 +48,7 @@ def observe(plan: Plan, run: Path) -> list[dict[str, Any]]:
                     "kernel": live,
                     "state": state,
                     "holders": holders,
-                    "restore_failed": entry.get("failed") or [],
+                    "restore_failed": (entry.failed if entry is not None else None) or [],
                 }
             )
     return rows

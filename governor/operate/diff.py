@@ -139,8 +139,8 @@ def launch_skipped(plan: Plan, run: Path) -> set[str]:
     names behind its published plan's ``degraded`` limits (none when nothing runs it)."""
     out: set[str] = set()
     for st in read_states(run):
-        running = st.get("plan")
-        if st.get("policy") != plan.policy or st.get("stale") or not isinstance(running, dict):
+        running = st.plan
+        if st.policy != plan.policy or st.stale or not isinstance(running, dict):
             continue
         degraded = running.get("degraded")
         if isinstance(degraded, list):

@@ -17,10 +17,9 @@ from governor.operate.clocks import observe as clock_rows
 from governor.operate.clocks import render as render_clocks
 from governor.operate.devmem import device_board, render_device
 from governor.operate.observe import knobs, usage
-from governor.plan.model import Plan
 from governor.rundir.clocks import Ledger
 from governor.rundir.journal import Journal
-from governor.rundir.state import REVERTER, RunState, alive, states_of
+from governor.rundir.state import REVERTER, alive, states_of
 from governor.sizes import human_bytes
 
 SCHEMA_FORMAT = 1
@@ -38,10 +37,9 @@ def collect(
         " `governor apply`",
     )
     out = []
-    for st in map(RunState.read, states):
-        try:
-            plan = Plan.from_dict(st.plan)
-        except (KeyError, ValueError, TypeError):
+    for st in states:
+        plan = st.compiled()
+        if plan is None:
             continue
         fs = CgroupFs(Path(plan.cgroup_root))
         exists = fs.exists(plan.group)
@@ -270,9 +268,7 @@ def ledger_lines(run: Path, items: list[dict[str, Any]]) -> list[str]:
     entries = ledger.read()
     lines = list(ledger.problems)
     for path, entry in entries.items():
-        if entry.get("failed") and path not in shown:
-            holders = ", ".join(h["policy"] for h in entry["holders"]) or "nobody"
-            lines.append(
-                f"clock {entry['name']} NOT restored (held by {holders}): {entry['failed'][0]}"
-            )
+        if entry.failed and path not in shown:
+            holders = ", ".join(h.policy for h in entry.holders) or "nobody"
+            lines.append(f"clock {entry.name} NOT restored (held by {holders}): {entry.failed[0]}")
     return lines

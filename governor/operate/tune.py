@@ -23,20 +23,14 @@ from governor.deploy.tunedropin import udiff, write_atomic
 from governor.errors import BackendError, GovernorError, PolicyError
 from governor.kernel import files as kf
 from governor.kernel.cgroupfs import CgroupFs
+from governor.plan.unitmap import tunable
 from governor.rundir.journal import CHANGING, Journal
 
-# policy key -> (section, field, kernel file, integer-typed in the policy)
+# policy key -> (section, field, kernel file, integer-typed in the policy): the rows of the one
+# table (governor/plan/unitmap.py) that `governor tune` takes
 TUNABLE: dict[str, tuple[str, str, str, bool]] = {
-    "memory.min": ("memory", "min", kf.MEMORY_MIN, False),
-    "memory.low": ("memory", "low", kf.MEMORY_LOW, False),
-    "memory.high": ("memory", "high", kf.MEMORY_HIGH, False),
-    "memory.max": ("memory", "max", kf.MEMORY_MAX, False),
-    "memory.swap_max": ("memory", "swap_max", kf.MEMORY_SWAP_MAX, False),
-    "cpu.weight": ("cpu", "weight", kf.CPU_WEIGHT, True),
-    "cpu.max": ("cpu", "max", kf.CPU_MAX, False),
-    "cpu.cpus": ("cpu", "cpus", kf.CPUSET_CPUS, False),
-    "pids.max": ("pids", "max", kf.PIDS_MAX, True),
-    "io.weight": ("io", "weight", kf.IO_WEIGHT, True),
+    key: (key.partition(".")[0], key.partition(".")[2], m.cgroup_file, m.integer)
+    for key, m in tunable().items()
 }
 MARGIN_MIN = 32 << 20  # memory.max may not go below memory.current + max(32 MiB, 5 %)
 ORDER = (  # write order for raising; lowering memory.max is staged (apply())

@@ -1,7 +1,9 @@
 """Plan -> systemd, the part shared by unit files and D-Bus: unit names and ONE mapping table
 (policy field -> directive -> cgroup file) with the systemd version each directive needs. Pure:
 no files, no environment, no clock. deploy/dropin.py renders the table's settings into unit
-files; the transient backend (backends/systemd.py) sends them over D-Bus.
+files; the transient backend (backends/systemd.py) sends them over D-Bus; `governor tune`
+(operate/tune.py) takes its keys from it, and `install --json` hands the directive -> key part
+to the Ansible module (ansible_collections/governor/board), which has no copy of its own.
 
 Layout under systemd (documented in docs/server.md, "Deploy with systemd"):
 
@@ -177,6 +179,7 @@ class Mapping:
     ini: Callable[[str], str] = str
     bus: Callable[[str], list[DbusProp]] | None = None
     why_not: str = ""  # when directive is None: why, and where governor applies it instead
+    integer: bool = False  # the policy spells it as an integer (`governor tune` parses it so)
 
 
 def _bus(name: str, conv: Callable[[str], DbusValue]) -> Callable[[str], list[DbusProp]]:
@@ -185,7 +188,7 @@ def _bus(name: str, conv: Callable[[str], DbusValue]) -> Callable[[str], list[Db
 
 LIMITS: tuple[Mapping, ...] = (
     Mapping("pids.max", kf.PIDS_MAX, "TasksMax", TASKS_MAX_MIN_SYSTEMD, _bytes_ini,
-            _bus("TasksMax", _bytes_bus)),
+            _bus("TasksMax", _bytes_bus), integer=True),
     Mapping("memory.oom_group", kf.MEMORY_OOM_GROUP, None,
             why_not="systemd sets memory.oom.group only from OOMPolicy=kill on the whole unit,"
             " whose cgroup also holds the supervising governor; governor writes it on the"
@@ -201,9 +204,9 @@ LIMITS: tuple[Mapping, ...] = (
     Mapping("memory.max", kf.MEMORY_MAX, "MemoryMax", MEMORY_MAX_MIN_SYSTEMD, _bytes_ini,
             _bus("MemoryMax", _bytes_bus)),
     Mapping("io.weight", kf.IO_WEIGHT, "IOWeight", IO_WEIGHT_MIN_SYSTEMD, _io_weight,
-            _bus("IOWeight", lambda v: int(_io_weight(v)))),
+            _bus("IOWeight", lambda v: int(_io_weight(v))), integer=True),
     Mapping("cpu.weight", kf.CPU_WEIGHT, "CPUWeight", MEMORY_LOW_MIN_SYSTEMD, str,
-            _bus("CPUWeight", int)),
+            _bus("CPUWeight", int), integer=True),
     Mapping("cpu.max", kf.CPU_MAX, "CPUQuota", CPU_QUOTA_MIN_SYSTEMD, _cpu_max_ini,
             _cpu_max_bus),
     Mapping("cpu.cpus", kf.CPUSET_CPUS, "AllowedCPUs", ALLOWED_CPUS_MIN_SYSTEMD, str,
@@ -212,6 +215,24 @@ LIMITS: tuple[Mapping, ...] = (
             _bus("AllowedMemoryNodes", lambda v: cpu_mask(parse_cpulist(v)))),
 )  # fmt: skip
 _BY_FILE = {m.cgroup_file: m for m in LIMITS}
+_BY_FIELD = {m.field: m for m in LIMITS}
+# the rows `governor tune` takes, by policy key, in the order its hint lists them (the error
+# line "keys: ..." is a golden); memory.oom_group and cpu.mems are not tuned live
+TUNE_KEYS = (
+    "memory.min", "memory.low", "memory.high", "memory.max", "memory.swap_max", "cpu.weight",
+    "cpu.max", "cpu.cpus", "pids.max", "io.weight",
+)  # fmt: skip
+
+
+def tunable() -> dict[str, Mapping]:
+    """The rows `governor tune` takes, by policy key (``memory.high``)."""
+    return {key: _BY_FIELD[key] for key in TUNE_KEYS}
+
+
+def tunable_directives() -> dict[str, str]:
+    """Unit directive -> the key `governor tune` takes for it (``MemoryHigh`` ->
+    ``memory.high``): what `install --json` gives the Ansible module for a live tune."""
+    return {m.directive: key for key, m in tunable().items() if m.directive is not None}
 
 
 def mapping_for(cgroup_file: str) -> Mapping | None:

@@ -28,13 +28,73 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from governor.atomic import write_atomic
 from governor.errors import BackendError
 from governor.kernel.clocks import ROLE_FILES
+from governor.record import field, fields, record
 
 LEDGER_FILE = "clocks.json"
 LOCK_FILE = ".clocks.lock"
 FORMAT = 1
 _FILES = {kind: frozenset(files.values()) for kind, files in ROLE_FILES.items()}
+
+
+@record(frozen=True)
+class Holder:
+    """One holder of a device: ``pid`` None for `governor apply` (held until `governor
+    remove`); ``source`` launch, monitor or apply."""
+
+    policy: str
+    pid: int | None
+    source: str
+
+    def to_json(self) -> dict[str, Any]:
+        return {"policy": self.policy, "pid": self.pid, "source": self.source}
+
+
+@record
+class ClockEntry:
+    """One device's entry: the writes asked for (``request``, [file, value] pairs), the
+    originals saved before each write in write order (``saved``), who holds it, and the
+    restore's errors when it failed (the entry then stays, with its holders)."""
+
+    key: str
+    kind: str  # cpufreq | devfreq
+    name: str
+    path: str  # the device directory: the entry's key in the file
+    request: list[list[str]]
+    saved: list[list[str]] = field(default_factory=list)
+    holders: list[Holder] = field(default_factory=list)
+    failed: list[str] | None = None
+
+    @classmethod
+    def from_json(cls, entry: dict[str, Any]) -> ClockEntry:
+        """An entry :func:`check_entry` passed (only :meth:`Ledger._load` reads one)."""
+        values = {f.name: entry[f.name] for f in fields(cls) if f.name in entry}
+        values["holders"] = [
+            Holder(h["policy"], h.get("pid"), h["source"]) for h in entry["holders"]
+        ]
+        return cls(**values)
+
+    def to_json(self) -> dict[str, Any]:
+        out: dict[str, Any] = {
+            "key": self.key,
+            "kind": self.kind,
+            "name": self.name,
+            "path": self.path,
+            "request": self.request,
+            "saved": self.saved,
+            "holders": [h.to_json() for h in self.holders],
+        }
+        if self.failed is not None:
+            out["failed"] = self.failed
+        return out
+
+    def holder_names(self) -> str:
+        """``chat (pid 12), batch (governor apply)``: for messages and logs."""
+        return ", ".join(
+            h.policy + (f" (pid {h.pid})" if h.pid else " (governor apply)") for h in self.holders
+        )
 
 
 def _pairs(value: Any, kind: str) -> str | None:
@@ -113,7 +173,7 @@ class Ledger:
         self.invalid: dict[str, Any] = {}  # the entries read but not valid, kept as they were
         self.problems: list[str] = []  # one line per invalid entry (or the whole file)
 
-    def _load(self) -> dict[str, dict[str, Any]]:
+    def _load(self) -> dict[str, ClockEntry]:
         """The valid entries; the invalid ones in :attr:`invalid`; ValueError for a file that
         is not a ledger at all."""
         self.invalid, self.problems = {}, []
@@ -125,17 +185,17 @@ class Ledger:
         devices = data.get("devices") if isinstance(data, dict) else None
         if not isinstance(devices, dict):
             raise ValueError('no "devices" object')
-        valid: dict[str, dict[str, Any]] = {}
+        valid: dict[str, ClockEntry] = {}
         for key, entry in devices.items():
             problem = check_entry(key, entry, self.sysfs_root)
             if problem is None:
-                valid[key] = entry
+                valid[key] = ClockEntry.from_json(entry)
             else:
                 self.invalid[key] = entry
                 self.problems.append(f"clock ledger entry {key!r}: {problem}")
         return valid
 
-    def read(self) -> dict[str, dict[str, Any]]:
+    def read(self) -> dict[str, ClockEntry]:
         """The valid entries by device path, without the lock (status, diff): {} when none or
         when the file cannot be read (:attr:`problems` says why)."""
         try:
@@ -147,7 +207,7 @@ class Ledger:
         return {}
 
     @contextlib.contextmanager
-    def locked(self) -> Iterator[dict[str, dict[str, Any]]]:
+    def locked(self) -> Iterator[dict[str, ClockEntry]]:
         """The valid entries, to change in place; written back (with the invalid ones as they
         were) when the block ends, even when it raises (what was written to the board before
         the error is recorded). BackendError (71) when the file is not a ledger."""
@@ -167,7 +227,7 @@ class Ledger:
             try:
                 yield entries
             finally:
-                self._write({**self.invalid, **entries})
+                self._write({**self.invalid, **{k: e.to_json() for k, e in entries.items()}})
         finally:
             os.close(fd)
 
@@ -176,19 +236,5 @@ class Ledger:
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(self.path)
             return
-        tmp = self.dir / f".{LEDGER_FILE}.{os.getpid()}"
         data = json.dumps({"format": FORMAT, "devices": entries}, indent=1).encode()
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o644)
-        try:
-            os.write(fd, data)
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-        os.replace(tmp, self.path)
-
-
-def held_by(entries: dict[str, dict[str, Any]], policy: str) -> list[dict[str, Any]]:
-    """The entries ``policy`` holds (status, diff)."""
-    return [
-        e for e in entries.values() if any(h.get("policy") == policy for h in e.get("holders", []))
-    ]
+        write_atomic(self.path, data, 0o644, durable=True)

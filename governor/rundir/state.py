@@ -24,9 +24,10 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
+from governor.atomic import write_atomic
 from governor.errors import HostError, PolicyNotFound
 from governor.plan.model import Plan
-from governor.record import check_types, field, fields, record
+from governor.record import check_types, field, fields, record, replace
 from governor.rundir.journal import is_number
 
 STATE_FILE = "state.json"
@@ -75,13 +76,22 @@ class RunState:
 
     @classmethod
     def read(cls, state: Mapping[str, Any]) -> RunState:
-        """A state as read back (read_states, or the one a supervisor serves /metrics from):
-        another process wrote it, so its values pass as they are and a key it lacks has its
-        default (None for the ones every writer sets: a reader skips a state without a plan)."""
-        known = {f.name for f in fields(cls)}
+        """The record of a state file's object that :func:`check_state` passed (only
+        :func:`load_state` reads one): a key it lacks has its default (None for the ones every
+        writer sets: a reader skips a state without a plan); ``stale`` is the reader's."""
+        known = {f.name for f in fields(cls)} - {"stale"}
         values: dict[str, Any] = dict.fromkeys(_REQUIRED)
         values.update((k, v) for k, v in state.items() if k in known)
         return cls(**values)
+
+    def compiled(self) -> Plan | None:
+        """The published plan as a record (None: the state has none, or one this governor
+        cannot read; :func:`check_state` refused such a file already, a state built here
+        has a good one)."""
+        try:
+            return Plan.from_dict(self.plan) if isinstance(self.plan, dict) else None
+        except (KeyError, ValueError, TypeError, AttributeError):
+            return None
 
     def to_json(self) -> dict[str, Any]:
         """The state file's object (without ``format``, which Publisher adds)."""
@@ -90,6 +100,8 @@ class RunState:
             value = getattr(self, key)
             if value is None and key in _WHEN_SET and self.source != "launch":
                 continue  # carried over from `governor apply`'s state only when it had it
+            if value is None and key in _NEVER_NONE:
+                continue  # a state read back that lacked it (a writer always sets it)
             out[key] = round(value, 3) if key == "started_at" else value
         return out
 
@@ -115,6 +127,7 @@ _KEYS = {
 }  # fmt: skip
 _WHEN_SET = frozenset({"created", "systemd", "kept_by"})
 _REQUIRED = _KEYS["apply"][:10]  # what every writer sets (the fields without a default)
+_NEVER_NONE = frozenset({"started_at", "cgroup_root", "group", "leaf", "plan"})
 
 
 # ------------------------------------------------------------------ the one validating reader
@@ -216,8 +229,8 @@ def check_state(data: Any, name: str | None = None) -> str | None:
     return None
 
 
-def load_state(path: Path) -> dict[str, Any]:
-    """THE reader of one state.json: its object, checked (:func:`check_state`); StateError
+def load_state(path: Path) -> RunState:
+    """THE reader of one state.json: its record, checked (:func:`check_state`); StateError
     (one line, this file) when it cannot be read or is not a state. FileNotFoundError passes."""
     try:
         raw = path.read_bytes()
@@ -234,7 +247,7 @@ def load_state(path: Path) -> dict[str, Any]:
     problem = check_state(data, path.parent.name)
     if problem is not None:
         raise StateError(path, problem)
-    return dict(data)
+    return RunState.read(data)
 
 
 def run_dir(environ: Mapping[str, str] | None = None, *, euid: int | None = None) -> Path:
@@ -265,7 +278,7 @@ class Publisher:
         # the monitor's thread and the main thread both publish: one temp file at a time
         self._lock = threading.Lock()
 
-    def read(self) -> dict[str, Any] | None:
+    def read(self) -> RunState | None:
         """What is published under this name now (by anyone), None when nothing readable is
         (no file, or one that is not a state: :func:`load_state`)."""
         try:
@@ -275,24 +288,16 @@ class Publisher:
 
     def publish(self, state: RunState | Mapping[str, Any]) -> bool:
         """Atomically replace the state file; False (never raises) when it cannot be written:
-        publishing must not stop the engine. A mapping is a state read back (put back as is)."""
+        publishing must not stop the engine. A mapping is written as it is."""
         with self._lock:
             return self._publish(state.to_json() if isinstance(state, RunState) else state)
 
     def _publish(self, state: Mapping[str, Any]) -> bool:
         data = json.dumps({"format": FORMAT, **state}, default=str).encode()
-        tmp = self.dir / f".{STATE_FILE}.{os.getpid()}"
         try:
             self.dir.mkdir(mode=0o755, parents=True, exist_ok=True)
-            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o644)
-            try:
-                os.write(fd, data)
-            finally:
-                os.close(fd)
-            os.replace(tmp, self.path)
+            write_atomic(self.path, data, 0o644)
         except OSError:
-            with contextlib.suppress(OSError):
-                os.unlink(tmp)
             return False
         return True
 
@@ -357,11 +362,11 @@ REVERTER = b"governor.operate.confirm"  # the --confirm reverter's command line 
 
 def scan_states(
     directory: Path, proc: Path = Path("/proc")
-) -> tuple[list[dict[str, Any]], list[StateError]]:
+) -> tuple[list[RunState], list[StateError]]:
     """Every published state (:func:`load_state`), with ``stale`` set from its pid (False for
     `apply`'s, which have no process: they hold while the cgroup exists); and one StateError
     per state file that is not a state (the others are read all the same)."""
-    out: list[dict[str, Any]] = []
+    out: list[RunState] = []
     errors: list[StateError] = []
     try:
         names = sorted(p.name for p in directory.iterdir() if p.is_dir())
@@ -375,15 +380,13 @@ def scan_states(
         except StateError as err:
             errors.append(err)
             continue
-        if state.get("source") == "apply":
-            state["stale"] = False
-        else:
-            state["stale"] = not alive(state.get("pid"), proc)
+        if state.source != "apply":  # apply's has no process: it holds while the cgroup exists
+            state = replace(state, stale=not alive(state.pid, proc))
         out.append(state)
     return out, errors
 
 
-def read_states(directory: Path, proc: Path = Path("/proc")) -> list[dict[str, Any]]:
+def read_states(directory: Path, proc: Path = Path("/proc")) -> list[RunState]:
     """:func:`scan_states`' states (a file that is not a state is skipped)."""
     return scan_states(directory, proc)[0]
 
@@ -395,24 +398,23 @@ def prune_stale(
     of each removed. A journal in the same directory stays (tune history, rollback)."""
     pruned: list[tuple[str, Any]] = []
     for state in read_states(directory, proc):
-        policy = state.get("policy")
-        if not state["stale"] or not isinstance(policy, str) or name not in (None, policy):
+        if not state.stale or name not in (None, state.policy):
             continue
-        publisher = Publisher(directory, policy)
+        publisher = Publisher(directory, state.policy)
         again = publisher.read()  # a new run may have published since
-        if again is None or again.get("pid") != state.get("pid"):
+        if again is None or again.pid != state.pid:
             continue
         publisher.remove()
-        pruned.append((policy, state.get("pid")))
+        pruned.append((state.policy, state.pid))
     return pruned
 
 
-def states_of(directory: Path, name: str | None, *, hint: str) -> list[dict[str, Any]]:
+def states_of(directory: Path, name: str | None, *, hint: str) -> list[RunState]:
     """:func:`read_states`, only NAME's when given: PolicyNotFound (66) when it has none (its
     file's problem when it has one that is not a state)."""
     states, errors = scan_states(directory)
     if name is not None:
-        states = [s for s in states if s.get("policy") == name]
+        states = [s for s in states if s.policy == name]
         if not states:
             bad = next((e for e in errors if e.path.parent.name == name), None)
             if bad is not None:

@@ -34,17 +34,17 @@ from governor.supervise.watchdog import fork_watchdog
 KEPT_FROM_APPLY = ("created", "backend", "systemd")
 
 
-def take_over(publisher: Publisher, plan: Plan) -> dict[str, Any] | None:
+def take_over(publisher: Publisher, plan: Plan) -> RunState | None:
     """The state published before this monitor (`governor apply`'s, or a stale one), or
     HostError (69) when a live supervisor governs the name already."""
     prior = publisher.read()
-    if prior is None or prior.get("source") == "apply":
+    if prior is None or prior.source == "apply":
         return prior
-    pid = prior.get("pid")
-    if isinstance(pid, int) and pid != os.getpid() and alive(pid):
+    pid = prior.pid
+    if pid is not None and pid != os.getpid() and alive(pid):
         raise HostError(
             f"{plan.policy} is governed already by governor pid {pid}"
-            f" ({prior.get('source')}, {publisher.path})",
+            f" ({prior.source}, {publisher.path})",
             hint=f"its monitor acts on the slice: `governor status {plan.policy}` shows its"
             " rules; stop it first to attach another",
         )
@@ -60,7 +60,7 @@ def attach(
     psi_triggers: bool,
     duration_s: float | None,
     report: Path | None,
-    serve: Callable[[Callable[[], list[dict[str, Any]]]], Any] | None,
+    serve: Callable[[Callable[[], list[RunState]]], Any] | None,
 ) -> dict[str, Any]:
     """Attach the pressure monitor to the plan's running group until SIGINT/SIGTERM/SIGHUP/
     SIGQUIT, ``duration_s`` or the group is gone; returns the monitor's report (also written to
@@ -133,7 +133,7 @@ class _Published:
         self,
         plan: Plan,
         policy_path: Path,
-        prior: dict[str, Any] | None,
+        prior: RunState | None,
         publisher: Publisher,
         engine_pids: Callable[[], list[int]],
     ) -> None:
@@ -143,10 +143,10 @@ class _Published:
         except OSError:
             self.sha256 = None
         self.started_at, self.where = time.time(), str(policy_path.resolve())
-        self.carried = (
-            {k: prior[k] for k in KEPT_FROM_APPLY if k in prior} if prior is not None else {}
-        )
-        self.snapshot: list[dict[str, Any]] = []
+        self.carried = {
+            k: v for k in KEPT_FROM_APPLY if prior and (v := getattr(prior, k)) is not None
+        }
+        self.snapshot: list[RunState] = []
 
     def publish(self, mon: Monitor) -> None:
         plan = self.plan
@@ -175,17 +175,18 @@ class _Published:
             qos=plan.qos.to_json(),
             shed_totals=mon.shed_totals(),
         )
-        self.snapshot[:] = [state.to_json()]
+        self.snapshot[:] = [state]
         self.publisher.publish(state)
 
 
-def _hand_back(publisher: Publisher, prior: dict[str, Any] | None, *, gone: bool) -> None:
+def _hand_back(publisher: Publisher, prior: RunState | None, *, gone: bool) -> None:
     """At the monitor's end: apply's state again while its slice stands (status, remove's
     record); else none. Only our own: a launch of the name may have started meanwhile and
     published its own."""
-    if (publisher.read() or {}).get("pid") not in (os.getpid(), None):
+    now = publisher.read()
+    if now is not None and now.pid not in (os.getpid(), None):
         return
     if prior is not None and not gone:
-        publisher.publish({k: v for k, v in prior.items() if k != "format"})
+        publisher.publish(prior)
     else:
         publisher.remove()

@@ -104,7 +104,7 @@ class Supervisor:
         self.engine_pid: int | None = None
         self.started_at = 0.0
         self.board: dict[str, int] | None = None  # the unaccounted memory's baseline
-        self.state: dict[str, Any] | None = None  # the last published state (served metrics)
+        self.state: RunState | None = None  # the last published state (served metrics)
         # readiness (job.ready_url): None = ready at exec, False = loading, True = answered 200
         self.ready: bool | None = None
         self.ready_wait: ReadyWait | None = None
@@ -349,7 +349,7 @@ class Supervisor:
             qos=plan.qos.to_json(),
             shed_totals=monitor.shed_totals() if monitor is not None else [],
         )
-        self.state = state.to_json()  # also what --metrics serves
+        self.state = state  # also what --metrics serves
         self.publisher.publish(state)
 
     def _start_helper(self, job: Job, engine_pid: int) -> None:

@@ -173,7 +173,7 @@ def test_monitor_publishes_its_state_for_status_and_gives_apply_its_state_back(
     )  # fmt: skip
     try:
         deadline = time.monotonic() + 60
-        while (publisher.read() or {}).get("source") != "monitor":
+        while getattr(publisher.read(), "source", None) != "monitor":
             assert mon.poll() is None and time.monotonic() < deadline, mon.stderr
             time.sleep(0.05)
         state = publisher.read()
@@ -185,15 +185,15 @@ def test_monitor_publishes_its_state_for_status_and_gives_apply_its_state_back(
         mon.send_signal(signal.SIGTERM)
         _, err = mon.communicate(timeout=60)
     assert mon.returncode == 0, err
-    assert state is not None and state["pid"] == mon.pid, state
-    assert state["created"] == applied["created"]
+    assert state is not None and state.pid == mon.pid, state
+    assert state.created == applied["created"]
     assert shown.returncode == 0, shown.stderr
     (item,) = json.loads(shown.stdout)
     assert (item["source"], item["state"], item["pid"]) == ("monitor", "running", mon.pid)
     assert [r["when"] for r in item["rules"]] == ["memory some 150ms/2s", "oom_kill"]
     after = publisher.read()
-    assert after is not None and after["source"] == "apply", after
-    assert after["created"] == applied["created"]
+    assert after is not None and after.source == "apply", after
+    assert after.created == applied["created"]
     assert os.path.exists(publisher.path)
 
 
@@ -229,7 +229,7 @@ def test_monitor_refuses_a_name_a_live_supervisor_governs_and_replaces_a_stale_o
         code, _, err = _run(capsys, *argv, "--duration", "0.3", "--sample-interval", "0.1")
         assert code == 69, err
         assert f"governed already by governor pid {other.pid}" in err, err
-        assert publisher.read() == {"format": 1, **launched}  # untouched
+        assert json.loads(publisher.path.read_bytes()) == {"format": 1, **launched}  # untouched
     finally:
         other.kill()
         other.wait()
@@ -260,7 +260,7 @@ def test_a_monitor_leaves_a_state_it_does_not_own_when_it_ends(
 
     def replace_state() -> None:
         deadline = time.monotonic() + 30
-        while (publisher.read() or {}).get("source") != "monitor":
+        while getattr(publisher.read(), "source", None) != "monitor":
             if time.monotonic() > deadline:
                 return
             time.sleep(0.02)
@@ -274,4 +274,4 @@ def test_a_monitor_leaves_a_state_it_does_not_own_when_it_ends(
         api_attach.MonitorOptions(sample_s=0.1, duration_s=1.5),
     )
     other.join(timeout=30)
-    assert publisher.read() == {"format": 1, **theirs}
+    assert json.loads(publisher.path.read_bytes()) == {"format": 1, **theirs}

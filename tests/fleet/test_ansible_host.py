@@ -168,8 +168,40 @@ OLD = (
 )
 
 
-def test_only_limit_directives_of_the_policy_slice_are_tuned_live() -> None:
-    only = _module().only_limits
+def _install_json_tunable(capsys: pytest.CaptureFixture[str]) -> dict[str, str]:
+    """The directive -> tune key table as `governor install --json` prints it (the module
+    has no copy: governor/plan/unitmap.py is the one table)."""
+    import json
+
+    from governor.cli.render import show_install_json
+    from governor.deploy.install import Result
+
+    capsys.readouterr()
+    show_install_json(Result(changes=[], units=[SLICE], manifest="m"), dry_run=True)
+    tunable: dict[str, str] = json.loads(capsys.readouterr().out)["tunable"]
+    return tunable
+
+
+def test_install_json_carries_the_directive_to_tune_key_table(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    assert _install_json_tunable(capsys) == {
+        "MemoryMin": "memory.min", "MemoryLow": "memory.low", "MemoryHigh": "memory.high",
+        "MemoryMax": "memory.max", "MemorySwapMax": "memory.swap_max", "CPUWeight": "cpu.weight",
+        "CPUQuota": "cpu.max", "AllowedCPUs": "cpu.cpus", "TasksMax": "pids.max",
+        "IOWeight": "io.weight",
+    }  # fmt: skip
+
+
+def test_only_limit_directives_of_the_policy_slice_are_tuned_live(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    tunable = _install_json_tunable(capsys)
+
+    def only(changes: list[dict[str, Any]], slice_unit: str) -> list[str] | None:
+        result: list[str] | None = _module().only_limits(changes, slice_unit, tunable)
+        return result
+
     new = OLD.replace("MemoryHigh=209715200", "MemoryHigh=157286400").replace("150%", "200%")
     assert only([{"path": PATH, "before": OLD, "after": new}], SLICE) == [
         "cpu.max=200%",
@@ -188,6 +220,9 @@ def test_only_limit_directives_of_the_policy_slice_are_tuned_live() -> None:
     assert only([{"path": dropin, "before": "Nice=1\n", "after": "Nice=2\n"}], SLICE) is None
     assert only([{"path": PATH, "before": None, "after": OLD}], SLICE) is None
     assert only([{"path": PATH, "before": OLD, "after": OLD}], SLICE) is None  # nothing to tune
+    # a governor whose install --json has no table (older): every change restarts
+    changed = [{"path": PATH, "before": OLD, "after": unlimited}]
+    assert _module().only_limits(changed, SLICE, {}) is None
 
 
 # ---------------------------------------------------------------- issue 35: items 5 and 6

@@ -154,9 +154,9 @@ def test_any_state_file_is_a_state_or_one_line_and_hides_no_other(
                 reach["one line"] += 1
             else:
                 reach["read"] += 1
-                RunState.read(state)
+                assert isinstance(state, RunState) and state.policy == "st"
             states, errors = scan_states(run_dir)
-            assert "good" in [s["policy"] for s in states] and len(errors) <= 1
+            assert "good" in [s.policy for s in states] and len(errors) <= 1
             items = collect(run_dir)
             assert "good" in [it["policy"] for it in items]
             render(items)

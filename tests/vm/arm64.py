@@ -93,21 +93,14 @@ def guest_script(guest_dir: str, pytest_args: list[str], budget: float) -> str:
     argv.append("--ignore=tests/kernel/test_server_guest.py")
     if not any(a == "-k" or a.startswith("-k") for a in pytest_args):
         argv += ["-k", compat_selection()]
-    argv = ["timeout", "--signal=INT", "--kill-after=30", f"{max(1, int(budget))}", *argv]
-    lines = ["#!/bin/bash", "# governor test guest: arm64, kernel tier (compat subset)"]
-    lines += [f"export {k}={shlex.quote(v)}" for k, v in sorted(env.items())]
-    lines += [
-        f"cd {shlex.quote(str(harness.ROOT))} || exit 127",
-        'echo "guest: $(uname -m), kernel $(uname -r), $(nproc) cpus,'
-        " $(awk '/MemTotal/{print int($2/1024)}' /proc/meminfo) MiB,"
-        ' $(grep -m1 Features /proc/cpuinfo)"',
-        shlex.join(argv),
-        "rc=$?",
-        f"echo $rc > {shlex.quote(guest_dir)}/rc",
-        "sync",
-        "exit $rc",
-    ]
-    return "\n".join(lines) + "\n"
+    banner = f"$(uname -m), kernel $(uname -r), $(nproc) cpus, {harness.MEMTOTAL_MIB}"
+    return harness.shell_script(
+        env,
+        harness.budgeted(argv, budget),
+        guest_dir,
+        title="arm64, kernel tier (compat subset)",
+        banner=banner + ", $(grep -m1 Features /proc/cpuinfo)",
+    )
 
 
 def qemu_argv(

@@ -411,14 +411,41 @@ def guest_script(
         env.pop("GOVERNOR_TEST_FULL", None)
     argv = guest_pytest_argv(tier, guest_dir, pytest_args, full=full)
     if budget is not None:
-        argv = ["timeout", "--signal=INT", "--kill-after=30", f"{max(1, int(budget))}", *argv]
-    lines = ["#!/bin/bash", f"# governor test guest: {tier} tier"]
+        argv = budgeted(argv, budget)
+    banner = "kernel $(uname -r), PID 1 $(cat /proc/1/comm), $(nproc) cpus, " + MEMTOTAL_MIB
+    return shell_script(
+        env, argv, guest_dir, title=f"{tier} tier", banner=banner + ", CI=${CI:-unset}"
+    )
+
+
+MEMTOTAL_MIB = "$(awk '/MemTotal/{print int($2/1024)}' /proc/meminfo) MiB"
+
+
+def budgeted(argv: Sequence[str], budget: float) -> list[str]:
+    """``argv`` that gets SIGINT after ``budget`` seconds (pytest then writes its junit xml)."""
+    return ["timeout", "--signal=INT", "--kill-after=30", f"{max(1, int(budget))}", *argv]
+
+
+def shell_script(
+    env: dict[str, str],
+    argv: Sequence[str],
+    guest_dir: str,
+    *,
+    title: str | None = None,
+    banner: str | None = None,
+) -> str:
+    """THE guest's bash script (every tier, the arm64 guest, `tests/vm/run.py`'s commands):
+    ``env`` exported, the tree as the working directory, ``banner`` echoed as "guest: ...",
+    ``argv`` run, its exit code to ``guest_dir``/rc (the shared directory as the guest sees
+    it), synced."""
+    lines = ["#!/bin/bash"]
+    if title is not None:
+        lines.append(f"# governor test guest: {title}")
     lines += [f"export {k}={shlex.quote(v)}" for k, v in sorted(env.items())]
+    lines.append(f"cd {shlex.quote(str(ROOT))} || exit 127")
+    if banner is not None:
+        lines.append(f'echo "guest: {banner}"')
     lines += [
-        f"cd {shlex.quote(str(ROOT))} || exit 127",
-        'echo "guest: kernel $(uname -r), PID 1 $(cat /proc/1/comm), $(nproc) cpus,'
-        " $(awk '/MemTotal/{print int($2/1024)}' /proc/meminfo) MiB,"
-        ' CI=${CI:-unset}"',
         shlex.join(argv),
         "rc=$?",
         f"echo $rc > {shlex.quote(guest_dir)}/rc",

@@ -13,7 +13,6 @@ subtree_control starts empty in the plain guest.
 from __future__ import annotations
 
 import argparse
-import shlex
 import sys
 import tempfile
 import time
@@ -27,18 +26,7 @@ RUN_TIMEOUT_S = 3000.0
 
 
 def command_script(argv: Sequence[str], guest_dir: str) -> str:
-    env = harness.guest_env()
-    lines = ["#!/bin/bash"]
-    lines += [f"export {k}={shlex.quote(v)}" for k, v in sorted(env.items())]
-    lines += [
-        f"cd {shlex.quote(str(harness.ROOT))} || exit 127",
-        shlex.join(argv),
-        "rc=$?",
-        f"echo $rc > {shlex.quote(guest_dir)}/rc",
-        "sync",
-        "exit $rc",
-    ]
-    return "\n".join(lines) + "\n"
+    return harness.shell_script(harness.guest_env(), argv, guest_dir)
 
 
 def run(

@@ -416,3 +416,16 @@ def test_systemd_analyze_verify_accepts_every_rendered_unit(
     ]
     assert out.returncode == 0, out.stdout + out.stderr
     assert not ours, "\n".join(ours)
+
+
+def test_one_escaper_for_every_rendered_text() -> None:
+    """Units, Quadlet files and Kubernetes YAML go through deploy/dropin.py unit_text: a
+    control character from a policy never starts a line; a tab stays in unit text, not in
+    YAML."""
+    from governor.deploy.dropin import unit_text
+
+    assert (
+        unit_text(["# path /p\n[Service]", "A=\tb\x1b"]) == "# path /p\\x0a[Service]\nA=\tb\\x1b\n"
+    )
+    assert unit_text(["key: a\tb\r"], keep_tab=False) == "key: a\\x09b\\x0d\n"
+    assert unit_text(["plain", ""]) == "plain\n\n"

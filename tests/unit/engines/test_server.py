@@ -15,7 +15,6 @@ from pathlib import Path
 import pytest
 
 from governor.engines import estimate as em
-from governor.engines import server
 from governor.engines.gguf import GgufInfo, Tensor
 from governor.engines.llama import EngineArgvError, parse_llama_argv
 from governor.engines.preflight import engine_args
@@ -157,7 +156,7 @@ def test_a_recurrent_models_checkpoints_are_warned_about() -> None:
     est = _est(["-c", "1024", "-cram", "0"], info=_kvserver(recurrent=True))
     assert any("recurrent model" in w for w in est.warnings)
     assert est.term("checkpoints") == 0
-    assert server.CTX_CHECKPOINTS == 32
+    assert parse_llama_argv(["llama-server", "-m", "m.gguf"]).server_ctx_checkpoints == 32
 
 
 def test_a_one_shot_engine_has_none_of_the_server_terms() -> None:
@@ -189,6 +188,17 @@ def test_max_cache_ram_refuses_a_bigger_prompt_cache(extra: list[str], said: str
     assert env is not None and env.cache_ram == 128
     # a one-shot engine has no prompt cache to cap
     assert engine_args("llama.cpp", None, ["llama-completion"], max_cache_ram=0) is not None
+
+
+def test_an_absent_cache_ram_is_llama_servers_default_for_the_cap_and_the_estimate() -> None:
+    """One decision (governor/engines/llama.py SERVER_CACHE_RAM_MIB): no --cache-ram is 8192
+    MiB for the estimate's prompt cache and for engine.max_cache_ram alike, so a cap at or
+    above it passes and one below it is refused."""
+    args = engine_args("llama.cpp", None, [SERVER, "-c", "512"], max_cache_ram=8192)
+    assert args is not None and args.cache_ram is None and args.server_cache_ram_mib == 8192
+    assert _est(["-c", "512"]).settings.cache_ram_mib == 8192
+    with pytest.raises(PolicyError, match="default 8192 MiB"):
+        engine_args("llama.cpp", None, [SERVER, "-c", "512"], max_cache_ram=8191)
 
 
 # ------------------------------------------------------------------------------ the CLI

@@ -20,7 +20,7 @@ from governor.metrics.export import TEXTFILE, exposition, serve, write_textfile
 from governor.metrics.listen import parse_listen
 from governor.plan.model import Plan
 from governor.rundir.journal import Journal
-from governor.rundir.state import Publisher
+from governor.rundir.state import Publisher, RunState
 
 REPO = Path(__file__).resolve().parents[3]
 HOSTS = REPO / "tests" / "fixtures" / "hosts"
@@ -234,7 +234,7 @@ def test_the_endpoint_serves_the_states_it_is_given_and_a_busy_port_is_69(tmp_pa
     import urllib.request
 
     plan, _group, run = _slice(tmp_path)
-    state = {"policy": "mx", "plan": plan.to_dict(), "restarts": 1}
+    state = RunState.read({"policy": "mx", "plan": plan.to_dict(), "restarts": 1})
     ep = serve("127.0.0.1", 0, lambda: [state], run)
     try:
         with urllib.request.urlopen(ep.url, timeout=10) as resp:

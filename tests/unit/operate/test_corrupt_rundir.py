@@ -103,7 +103,7 @@ def test_one_bad_state_hides_no_other_slice_and_raises_nowhere(
     before = path.read_bytes()
 
     states, errors = scan_states(run)
-    assert [s["policy"] for s in states] == ["good"]
+    assert [s.policy for s in states] == ["good"]
     assert [e.path for e in errors] == [path] and str(path) in str(errors[0])
     items = collect(run)
     assert [it["policy"] for it in items] == ["good"]
@@ -195,4 +195,4 @@ def test_rollback_and_metrics_read_past_a_corrupt_journal_line(
         assert exit_.value.code in (0, None), (argv, out, err)
         assert "Traceback" not in err
     assert high.read_text().strip() == "max"  # the good tune was rolled back
-    assert read_states(run)[0]["policy"] == "good"
+    assert read_states(run)[0].policy == "good"

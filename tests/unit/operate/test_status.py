@@ -93,7 +93,7 @@ def test_a_state_whose_pid_is_not_a_governor_is_stale(tmp_path: Path) -> None:
             Publisher(run, name).publish(
                 {"policy": name, "source": "launch", "pid": pid, "plan": plan.to_dict()}
             )
-        states = {s["policy"]: s["stale"] for s in read_states(run)}
+        states = {s.policy: s.stale for s in read_states(run)}
     finally:
         sleeper.kill()
         sleeper.wait()
@@ -117,7 +117,7 @@ def test_status_prune_removes_only_stale_states_and_keeps_their_journal(
     assert prune_stale(run, None, tmp_path / "proc") == [("gone", 2**22 + 1)]
     assert not (run / "gone" / "state.json").exists()
     assert (run / "gone" / "journal.jsonl").exists()
-    assert [s["policy"] for s in read_states(run, tmp_path / "proc")] == ["live"]
+    assert [s.policy for s in read_states(run, tmp_path / "proc")] == ["live"]
     env = {**os.environ, "GOVERNOR_RUN_DIR": str(run), "PYTHONPATH": str(REPO)}
     Publisher(run, "gone").publish(
         {"policy": "gone", "source": "launch", "pid": 2**22 + 1, "plan": plan.to_dict()}

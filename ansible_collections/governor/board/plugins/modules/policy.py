@@ -147,19 +147,6 @@ drift:
   type: dict
 """
 
-# [Slice] directive of the policy slice -> the key `governor tune` takes (policy spelling)
-TUNABLE = {
-    "MemoryMin": "memory.min",
-    "MemoryLow": "memory.low",
-    "MemoryHigh": "memory.high",
-    "MemoryMax": "memory.max",
-    "MemorySwapMax": "memory.swap_max",
-    "CPUWeight": "cpu.weight",
-    "CPUQuota": "cpu.max",
-    "AllowedCPUs": "cpu.cpus",
-    "TasksMax": "pids.max",
-    "IOWeight": "io.weight",
-}
 GOVERNOR_LINE = re.compile(r"^governor: .*$", re.MULTILINE)
 
 
@@ -241,9 +228,11 @@ def _directives(text: str | None) -> dict[str, str]:
     return out
 
 
-def only_limits(changes: list[Json], slice_unit: str) -> list[str] | None:
+def only_limits(changes: list[Json], slice_unit: str, tunable: dict[str, str]) -> list[str] | None:
     """KEY=VALUE for `governor tune` when the only change is limit directives of the policy
-    slice; None when anything else changed (a restart is needed)."""
+    slice; None when anything else changed (a restart is needed). ``tunable``: [Slice]
+    directive -> the key `governor tune` takes, from `install --json` (the governor's own
+    table; an older governor gives none: every change restarts)."""
     tune: list[str] = []
     for c in changes:
         if not c["path"].endswith("/" + slice_unit):
@@ -256,10 +245,10 @@ def only_limits(changes: list[Json], slice_unit: str) -> list[str] | None:
         for key in sorted(after):
             if before[key] == after[key]:
                 continue
-            if key not in TUNABLE:
+            if key not in tunable:
                 return None
             value = "max" if after[key] == "infinity" else after[key]
-            tune.append(f"{TUNABLE[key]}={value}")
+            tune.append(f"{tunable[key]}={value}")
     return tune or None
 
 
@@ -359,7 +348,8 @@ def _present(module: AnsibleModule, board: Board, result: Json, policy: str) -> 
     result["diff_items"] += _diff(changes)
     running = board.active(service)
     slice_unit = planned["units"][0]
-    tune = only_limits(changes, slice_unit) if (p["live"] and running) else None
+    live = p["live"] and running
+    tune = only_limits(changes, slice_unit, planned.get("tunable") or {}) if live else None
     if tune:
         result["tuned"] = tune
     if module.check_mode:

@@ -1,0 +1,110 @@
+"""One typed record per shared run-dir file (issue 32 item 4): state.json reads back as a
+RunState (governor/rundir/state.py load_state, the one reader), the clock ledger's entries as
+ClockEntry/Holder (governor/rundir/clocks.py); a record read back and written again is the
+file as it was, so a reader that rewrites (the ledger's lock, a monitor giving `governor
+apply`'s state back) changes nothing it did not mean to.
+
+Needs: a tmp directory."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+from fakefs.plans import make_plan
+
+from governor.rundir.clocks import ClockEntry, Holder, Ledger
+from governor.rundir.state import Publisher, RunState, applied, load_state, read_states
+
+
+def _plan(policy: str = "chat") -> dict[str, object]:
+    return make_plan(policy=policy, group=f"governor.slice/{policy}").to_dict()
+
+
+def test_states_read_back_as_records_with_the_readers_stale(tmp_path: Path) -> None:
+    plan = _plan()
+    Publisher(tmp_path, "chat").publish(
+        applied(plan, policy_path="/p/chat.toml", created=["governor.slice/chat"], started_at=1.5)
+    )
+    gone = {"policy": "dead", "source": "launch", "pid": 2**22 + 7, "plan": _plan("dead")}
+    Publisher(tmp_path, "dead").publish(gone)
+    states = read_states(tmp_path)
+    assert all(isinstance(s, RunState) for s in states)
+    assert [(s.policy, s.source, s.stale) for s in states] == [
+        ("chat", "apply", False),
+        ("dead", "launch", True),
+    ]
+    assert states[0].created == ["governor.slice/chat"] and states[0].started_at == 1.5
+
+
+def test_a_state_that_says_stale_itself_is_not_believed(tmp_path: Path) -> None:
+    """``stale`` is the reader's (the pid's liveness), never the file's."""
+    (tmp_path / "chat").mkdir()
+    path = tmp_path / "chat" / "state.json"
+    path.write_text(json.dumps({"policy": "chat", "source": "apply", "stale": True}))
+    assert load_state(path).stale is False
+    assert [s.stale for s in read_states(tmp_path)] == [False]
+
+
+def test_a_state_read_back_and_published_again_is_the_same_file(tmp_path: Path) -> None:
+    publisher = Publisher(tmp_path, "chat")
+    publisher.publish(
+        applied(_plan(), policy_path="/p/chat.toml", created=["a", "a/b"], started_at=2.25)
+    )
+    before = publisher.path.read_bytes()
+    again = publisher.read()
+    assert again is not None
+    publisher.publish(again)
+    assert publisher.path.read_bytes() == before
+    # one written by hand (or an older governor) without a start time stays readable
+    publisher.publish({"policy": "chat", "source": "apply", "plan": _plan()})
+    hand = publisher.read()
+    assert hand is not None and hand.started_at is None
+    publisher.publish(hand)
+    assert publisher.read() == hand
+
+
+def test_the_ledger_reads_typed_entries_and_writes_them_back_byte_for_byte(
+    tmp_path: Path,
+) -> None:
+    dev = str(tmp_path / "sys" / "devices" / "system" / "cpu" / "cpufreq" / "policy4")
+    os.makedirs(dev)
+    entry = {
+        "key": "big",
+        "kind": "cpufreq",
+        "name": "policy4",
+        "path": dev,
+        "request": [["scaling_governor", "performance"]],
+        "saved": [["scaling_governor", "schedutil"]],
+        "holders": [
+            {"policy": "chat", "pid": 12, "source": "launch"},
+            {"policy": "batch", "pid": None, "source": "apply"},
+        ],
+        "failed": ["x reads back y"],
+    }
+    ledger_file = tmp_path / "clocks.json"
+    ledger_file.write_text(json.dumps({"format": 1, "devices": {dev: entry}}, indent=1))
+    before = ledger_file.read_bytes()
+    ledger = Ledger(tmp_path, tmp_path / "sys")
+    (read,) = ledger.read().values()
+    assert isinstance(read, ClockEntry)
+    assert read.holders == [Holder("chat", 12, "launch"), Holder("batch", None, "apply")]
+    assert read.failed == ["x reads back y"] and read.saved == [["scaling_governor", "schedutil"]]
+    assert read.holder_names() == "chat (pid 12), batch (governor apply)"
+    with ledger.locked() as entries:
+        assert entries == {dev: read}
+    assert ledger_file.read_bytes() == before
+
+
+def test_the_published_plan_is_read_once_through_the_record(tmp_path: Path) -> None:
+    """status, metrics and the shedder take the state's plan from RunState.compiled: a Plan,
+    or None for a state without one (never a traceback)."""
+    Publisher(tmp_path, "chat").publish(
+        applied(_plan(), policy_path="/p/chat.toml", created=[], started_at=1.0)
+    )
+    Publisher(tmp_path, "bare").publish({"policy": "bare", "source": "apply"})
+    by_name = {s.policy: s.compiled() for s in read_states(tmp_path)}
+    assert by_name["bare"] is None
+    chat = by_name["chat"]
+    assert chat is not None and chat.group == "governor.slice/chat" and chat.policy == "chat"
