@@ -11,7 +11,8 @@ from governor.backends.cgroupfs import CgroupfsBackend
 from governor.errors import BackendError, PolicyError
 from governor.kernel import files as kf
 from governor.kernel.cgroupfs import CgroupFs
-from governor.monitor.actions import Context, Executor
+from governor.monitor.actions.base import Context
+from governor.monitor.actions.executor import Executor
 from governor.operate.tune import (
     apply,
     check_guards,

@@ -31,8 +31,8 @@ from helpers.cgroups import ScratchSlice, Spawn
 
 from governor.kernel.cgroupfs import CgroupFs
 from governor.log import capture_logs
-from governor.monitor.actions import Context
-from governor.monitor.shed import STOP_GRACE_S, Shedder
+from governor.monitor.actions.base import Context
+from governor.monitor.actions.shedder import STOP_GRACE_S, Shedder
 from governor.plan.model import Plan, QosSpec
 from governor.record import replace
 from governor.rundir.journal import Journal
