@@ -83,6 +83,9 @@ RUN_TIME = _tree(
     "governor.cache",
 )
 WIRING = _tree("governor.api", "governor.cli")
+# the one list of action verbs (issue 32): a stdlib-only table the policy parser reads; it names
+# the run time's handlers by module path and imports none of them
+VERB_REGISTRY = ("governor.monitor.actions.registry",)
 
 # the ground floor and the folders: a new top-level module must find its folder (or be added
 # here with a reason)
@@ -119,6 +122,7 @@ ARROWS = (
         _tree("governor.policy"),
         _tree("governor.plan", "governor.backends", "governor.launch", "governor.monitor"),
         "a policy is data; what is made of it lives downstream",
+        allowed=VERB_REGISTRY,
     ),
     Arrow(
         _tree("governor.plan"),
@@ -133,6 +137,7 @@ ARROWS = (
             *WIRING,
         ),
         "compile time makes a plan; it never reaches a run, the live board or deployment",
+        allowed=VERB_REGISTRY,
     ),
     Arrow(
         RUN_TIME,
