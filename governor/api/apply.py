@@ -70,8 +70,8 @@ def apply(path: Path, opts: HostOptions) -> Plan:
 
 def remove(path: Path, opts: HostOptions) -> Any:
     """`governor remove`: kill what runs in the policy's group and remove its cgroups."""
+    from governor.compile.compiler import compile_plan
     from governor.kernel.files import MISSABLE
-    from governor.plan.compiler import compile_plan
     from governor.policy.clocks import ClocksSection
 
     # clocks are released by name below: a board whose clocks no longer resolve still removes

@@ -16,12 +16,12 @@ from governor.api.host import (
 from governor.record import record
 
 if TYPE_CHECKING:
-    from governor.plan.doctor import Finding
+    from governor.compile.doctor import Finding
     from governor.plan.host import HostFacts
 
 
 def doctor(opts: HostOptions) -> tuple[HostFacts, list[Finding]]:
-    from governor.plan.doctor import diagnose
+    from governor.compile.doctor import diagnose
 
     host = probe_host(opts)
     return host, diagnose(host)

@@ -10,8 +10,8 @@ from typing import TYPE_CHECKING, Any
 from governor.record import field, record
 
 if TYPE_CHECKING:
+    from governor.compile.compiler import Workload
     from governor.engines.preflight import Preflight
-    from governor.plan.compiler import Workload
     from governor.plan.host import HostFacts
     from governor.plan.model import Plan
     from governor.policy.model import Policy
@@ -68,7 +68,7 @@ def compile_policy(
     attach: str | None = None,
 ) -> Plan:
     """compile_plan with the options every command passes the same way."""
-    from governor.plan.compiler import Workload, compile_plan
+    from governor.compile.compiler import Workload, compile_plan
 
     if workload is None and model_bytes is not None:
         workload = Workload(model_bytes=model_bytes)

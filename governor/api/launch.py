@@ -264,7 +264,7 @@ def ready_url(compiled: Compiled, argv: tuple[str, ...]) -> str | None:
         return compiled.ready_url
     import os
 
-    from governor.engines.argkey import server_address
+    from governor.cache.argkey import server_address
     from governor.supervise.ready import server_url
 
     return server_url(*server_address(argv, os.environ))
@@ -366,7 +366,7 @@ def _cpu_signature(opts: HostOptions) -> str:
     """What the GGUF estimate reads from the CPU (its repack family): machine + flags."""
     import os
 
-    from governor.engines.estimate import cpuinfo_machine
+    from governor.kernel.parse import cpuinfo_machine
     from governor.kernel.procfs import ProcFs
 
     text = ProcFs(opts.root / "proc").cpuinfo()
@@ -443,7 +443,7 @@ def _ready_url(plan: Plan, args: EngineArgs | None) -> str | None:
 def _placements(plan: Plan, host: HostFacts) -> tuple[tuple[str, str, str, Plan], ...]:
     if host.systemd_version is None:
         return ()  # for_launch says why it cannot run
-    from governor.plan.placement import compile_placements
+    from governor.compile.placements import compile_placements
 
     return tuple(
         (p.mode, p.unit, p.cgroup, p.plan) for p in compile_placements(plan, host.systemd_version)
