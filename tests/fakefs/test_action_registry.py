@@ -13,12 +13,12 @@ from typing import Any
 import pytest
 
 from governor.backends.cgroupfs import CgroupfsBackend
+from governor.compile.compiler import watch_rule
 from governor.kernel import files
 from governor.kernel.procfs import ProcFs
 from governor.monitor.actions import registry
 from governor.monitor.actions.base import Context, Env, Handler, Result, Ticked
 from governor.monitor.loop import Monitor
-from governor.plan.compiler import watch_rule
 from governor.plan.model import Action, WatchCondition
 from governor.policy.values import parse_action
 from governor.record import replace
