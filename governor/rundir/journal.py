@@ -13,7 +13,7 @@ its detached reverter (``reverter_pid``, governor/operate/confirm.py); a later `
 undoes it. :meth:`Journal.pending` lists the tunes still waiting. Decisions that read then write
 (confirm, the reverter's revert) hold :meth:`Journal.locked`.
 
-A higher QoS class's `shed` (governor/monitor/shed.py) journals each step it takes on this slice
+A higher QoS class's `shed` (governor/monitor/actions/shedder.py) journals each step it takes on this slice
 and each undo: ``source: "shed"``, ``by`` (the shedding policy), ``pid`` (its governor), ``step``
 (throttle, freeze, stop, kill; thaw, raise, release), ``when`` (the rule). :meth:`Journal.shed`
 folds them into what holds now: the slice's own monitor takes it as its baseline (it never

@@ -453,7 +453,7 @@ class Shedder:
     @contextlib.contextmanager
     def _locked(self, victim: Victim) -> Iterator[None]:
         """The victim's journal lock around a step's writes and its entry: the victim's own
-        monitor reads its baseline under the same lock (governor/monitor/actions.py), so it
+        monitor reads its baseline under the same lock (governor/monitor/actions/limits.py, freeze.py), so it
         never lifts a throttle whose entry is not written yet. Without a journal (an
         unwritable run dir) the step still goes, as before."""
         with victim.journal.try_locked() as failed:
