@@ -5,7 +5,7 @@ Every change to a live limit is one JSON line, appended (O_APPEND, one write): a
 wall-clock ``time``, its ``source`` and the ``changes`` made: ``cgroup``, ``file``, ``before``
 and ``after`` as the kernel reads them. `rollback` restores ``before`` values in reverse order;
 the running monitor asks :meth:`Journal.tuned` for the operator's latest value of a file so
-that its own actions never undo a tune. Standard library only (the run time uses it).
+that its own actions never undo a tune. Standard library and shared records only (run time).
 
 A tune made with ``--confirm DURATION`` carries ``confirm_by`` (epoch seconds) and the pid of
 its detached reverter (``reverter_pid``, governor/operate/confirm.py); a later ``confirm`` entry
