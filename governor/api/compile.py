@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+import os
+import tomllib
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -13,7 +15,16 @@ from governor.api.host import (
     preflight_engine,
     probe_host,
 )
+from governor.compile.doctor import diagnose
+from governor.engines.budget import estimate_argv, policy_budget
+from governor.engines.draft import draft
+from governor.engines.llama import EngineArgvError, parse_llama_argv
+from governor.errors import PolicyError
+from governor.monitor.victims import governed_groups
+from governor.plan.board import is_board_file, load_board
+from governor.policy.model import Policy
 from governor.record import record
+from governor.rundir.state import run_dir
 
 if TYPE_CHECKING:
     from governor.compile.doctor import Finding
@@ -21,7 +32,6 @@ if TYPE_CHECKING:
 
 
 def doctor(opts: HostOptions) -> tuple[HostFacts, list[Finding]]:
-    from governor.compile.doctor import diagnose
 
     host = probe_host(opts)
     return host, diagnose(host)
@@ -30,7 +40,6 @@ def doctor(opts: HostOptions) -> tuple[HostFacts, list[Finding]]:
 def check_board(path: Path) -> int | None:
     """`governor check` of the board file (issue 23): the number of cgroups it lists, None
     when ``path`` is no board file (a policy). PolicyError (65) names the file and field."""
-    from governor.plan.board import is_board_file, load_board
 
     if not is_board_file(path):
         return None
@@ -41,10 +50,6 @@ def governed_slices(policy_dir: Path) -> list[str]:
     """The groups a board entry may not be, contain or lie inside: every published plan's
     (the run dir) and every policy's in ``policy_dir`` (the board file's directory,
     /etc/governor): ``<slice>/<name>``."""
-    import tomllib
-
-    from governor.monitor.victims import governed_groups
-    from governor.rundir.state import run_dir
 
     out = set(governed_groups(run_dir()))
     try:
@@ -63,7 +68,6 @@ def governed_slices(policy_dir: Path) -> list[str]:
 
 
 def schema() -> dict[str, Any]:
-    from governor.policy.model import Policy
 
     out = Policy.model_json_schema(by_alias=True, mode="validation")
     out["$schema"] = "https://json-schema.org/draft/2020-12/schema"
@@ -81,11 +85,6 @@ class EstimateOptions:
 
 def estimate(model: Path, opts: HostOptions, eopts: EstimateOptions) -> Any:
     """`governor estimate`: the resident-memory estimate of llama.cpp for a GGUF model."""
-    import os
-
-    from governor.engines.budget import estimate_argv, policy_budget
-    from governor.engines.llama import EngineArgvError, parse_llama_argv
-    from governor.errors import PolicyError
 
     # --engine-argv is options only, or the whole command line starting with the program
     # (llama-server: its slots and prompt cache count)
@@ -122,6 +121,5 @@ def check_engine(path: Path, opts: HostOptions, argv: tuple[str, ...], *, force:
 
 def init(opts: HostOptions, req: Any) -> Any:
     """`governor init`: a policy for a GGUF model on this board (governor/engines/draft.py)."""
-    from governor.engines.draft import draft
 
     return draft(req, probe_host(opts), root=opts.root)

@@ -12,7 +12,6 @@ from governor.api.host import (
     HostOptions,
     cgroupfs_backend,
     check_device,
-    preflight_engine,
     sysfs_root,
 )
 from governor.log import get_logger
@@ -20,7 +19,6 @@ from governor.record import record
 
 if TYPE_CHECKING:
     from governor.cache.plans import Compiled
-    from governor.engines.llama import EngineArgs
     from governor.launch.launcher import ChildSetup
     from governor.plan.host import HostFacts
     from governor.plan.model import Plan
@@ -325,7 +323,11 @@ def compiled_for_launch(
             return hit
     if lopts.isolate_compile:
         return _compile_isolated(path, argv, opts, lopts, backend_name, name=name)
-    entry, host = _compile_launch(path, argv, opts, lopts, backend_name, cwd=cwd or Path.cwd())
+    from governor.api.launch_compile import compile_launch  # install's compile, in-process
+
+    entry, host = compile_launch(
+        path, argv, opts, backend_name, force=lopts.force, cwd=cwd or Path.cwd()
+    )
     if name is not None:
         compiled.store(name, entry, directory=cache)
     return entry, host
@@ -349,8 +351,12 @@ def _compile_isolated(
     from governor.plan.host import HostFacts
     from governor.record import replace
 
-    def work() -> bytes:
-        entry, host = _compile_launch(path, argv, opts, lopts, backend_name, cwd=Path.cwd())
+    def work() -> bytes:  # runs in the child: only it imports the compile side
+        from governor.api.launch_compile import compile_launch
+
+        entry, host = compile_launch(
+            path, argv, opts, backend_name, force=lopts.force, cwd=Path.cwd()
+        )
         if name is not None:
             compiled.store(name, entry)
         return json.dumps({"entry": entry.to_json().decode(), "host": host.to_dict()}).encode()
@@ -375,92 +381,3 @@ def _cpu_signature(opts: HostOptions) -> str:
         if line.startswith(("flags", "Features")):
             return f"{machine}|{line.partition(':')[2].strip()}"
     return machine
-
-
-def _compile_launch(
-    path: Path,
-    argv: tuple[str, ...],
-    opts: HostOptions,
-    lopts: LaunchOptions,
-    backend_name: str,
-    *,
-    cwd: Path,
-) -> tuple[Compiled, HostFacts]:
-    """Compile time for a launch: policy, host, plan and every refusal before apply (the
-    same preflight as `check --engine-argv`: governor/engines/preflight.py)."""
-
-    from governor.cache import plans as compiled
-    from governor.engines.llama import model_parts
-
-    # under systemd the manager enables controllers along the unit's path itself
-    plan, host, checked = preflight_engine(
-        path, argv, opts, probe_target=backend_name != "systemd", force=lopts.force, cwd=cwd
-    )
-    target = None if backend_name == "systemd" else plan.group
-    for note in checked.notes:
-        log.debug("preflight.note", note=note)
-    args = checked.args  # the argv preflight_engine read and checked (engine_args)
-    files = checked.files
-    models = [str(p) for p in (model_parts(args.model) if args and args.model else [])]
-    if plan.engine.kind == "rkllm":  # its .rkllm file: the device memory (engines/rkllm.py)
-        from governor.engines.rkllm import parse_rkllm_argv
-
-        models = [str(parse_rkllm_argv(argv).model)]
-    inputs = [*models, *files]
-    idents = tuple(i for i in (compiled.file_identity(p) for p in inputs) if i is not None)
-    chain = tuple(
-        (p, digest) for p in _policy_chain(path) if (digest := compiled.sha256_file(p)) is not None
-    )
-    entry = compiled.Compiled(
-        plan=plan,
-        warnings=tuple(checked.warnings),
-        estimate=checked.estimate.to_dict() if checked.estimate is not None else None,
-        prefetch_files=tuple(files),
-        prefetch_bytes=checked.prefetch_bytes,
-        target=target,
-        chain=chain,
-        inputs=idents,
-        host_key=compiled.host_key(host),
-        placements=_placements(plan, host) if backend_name == "systemd" else (),
-        model_bytes=sum(i[3] for i in idents if i[0] in models) if models else None,
-        ready_url=_ready_url(plan, args),
-        ready_server=plan.engine.ready is None and args is not None and args.server,
-    )
-    return entry, host
-
-
-def _ready_url(plan: Plan, args: EngineArgs | None) -> str | None:
-    """engine.ready ("exec" = at exec), else llama-server's /health from its --host/--port."""
-    if plan.engine.ready is not None:
-        return None if plan.engine.ready == "exec" else plan.engine.ready
-    if args is not None and args.server:
-        from governor.supervise.ready import server_url
-
-        return server_url(args.host, args.port)
-    return None
-
-
-def _placements(plan: Plan, host: HostFacts) -> tuple[tuple[str, str, str, Plan], ...]:
-    if host.systemd_version is None:
-        return ()  # for_launch says why it cannot run
-    from governor.compile.placements import compile_placements
-
-    return tuple(
-        (p.mode, p.unit, p.cgroup, p.plan) for p in compile_placements(plan, host.systemd_version)
-    )
-
-
-def _policy_chain(path: Path) -> list[str]:
-    """The policy file and every file it extends (resolved paths), for the cache's check."""
-    import tomllib
-
-    out: list[str] = []
-    current: Path | None = path.resolve()
-    while current is not None and str(current) not in out:
-        out.append(str(current))
-        try:
-            parent = tomllib.loads(current.read_text()).get("extends")
-        except (OSError, ValueError):
-            break
-        current = (current.parent / parent).resolve() if isinstance(parent, str) else None
-    return out

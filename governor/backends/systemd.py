@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import errno
 import os
+import subprocess
 import time
 from collections.abc import Callable, Collection, Iterator
 from contextlib import contextmanager, suppress
@@ -237,7 +238,6 @@ _PROTECT_DIRECTIVE = {"memory.min": "MemoryMin", "memory.low": "MemoryLow"}
 
 def set_runtime_property(unit: str, assignment: str, *, hint: str | None = None) -> None:
     """``systemctl set-property --runtime UNIT KEY=VALUE`` (until reboot; no pystemd needed)."""
-    import subprocess
 
     try:
         subprocess.run(
@@ -256,7 +256,6 @@ def set_runtime_property(unit: str, assignment: str, *, hint: str | None = None)
 
 def daemon_reload() -> str:
     """Reload unit files: over D-Bus when pystemd is there, else ``systemctl daemon-reload``."""
-    import subprocess
 
     try:
         PystemdBus().reload()

@@ -38,6 +38,7 @@ else:
     except ImportError:  # pragma: no cover - Pythons built without it
         from hashlib import sha256
 from governor import __version__
+from governor.cache.argkey import Unkeyable, compile_env, compile_words
 from governor.log import get_logger
 from governor.plan.host import HostFacts, probe
 from governor.plan.model import FORMAT, Plan
@@ -164,7 +165,6 @@ def entry_name(
 ) -> str | None:
     """The entry's file name; None when the policy cannot be read or the argv holds what the
     compile refuses in a part the key leaves out (the compile says why)."""
-    from governor.cache.argkey import Unkeyable, compile_env, compile_words
 
     try:
         text = policy.read_bytes()

@@ -8,6 +8,7 @@ preflight of `governor launch` and `governor check --engine-argv` (governor/engi
 from __future__ import annotations
 
 import platform
+from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -38,8 +39,6 @@ def estimate_argv(args: EngineArgs, *, root: Path, budget: int | None) -> Estima
     parts = model_parts(args.model)
     info = read_gguf(parts[0])
     if len(parts) > 1:  # tensors of the other parts: their sizes add to the weights
-        from dataclasses import replace
-
         extra = tuple(t for p in parts[1:] for t in read_gguf(p).tensors)
         info = replace(info, tensors=info.tensors + extra)
     return estimate(

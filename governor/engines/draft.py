@@ -37,6 +37,8 @@ from governor.engines.llama import (
     parse_llama_argv,
 )
 from governor.errors import PolicyError, UsageError
+from governor.kernel.parse import format_cpulist
+from governor.policy.loader import load_text
 from governor.policy.model import NAME_RE
 
 if TYPE_CHECKING:
@@ -293,14 +295,12 @@ def draft(req: Request, host: HostFacts, *, root: Path) -> Draft:
     needed = ["memory"] + (["cpuset"] if big else [])
     missing = tuple(c for c in needed if c not in host.controllers)
     text = render(name, req, host, sizing, (tuple(engine), options), parsed, missing)
-    from governor.policy.loader import load_text
 
     load_text(text, source="governor init")  # a bug here is ours: PolicyError, never a bad file
     return Draft(name=name, text=text, engine=tuple(engine), sizing=sizing, missing=missing)
 
 
 def _cpulist(cpus: tuple[int, ...]) -> str:
-    from governor.kernel.parse import format_cpulist
 
     return format_cpulist(cpus)
 

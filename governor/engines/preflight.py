@@ -39,6 +39,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Literal
 
+from governor.engines.budget import estimate_argv
 from governor.engines.llama import (
     SERVER_CACHE_RAM_MIB,
     EngineArgs,
@@ -381,7 +382,6 @@ def fit_estimate(
     """The budget of a GGUF model: llama.cpp's estimated resident memory against memory.max
     (65 unless ``force``). (None, ...) when the optional `gguf` package is missing: the caller
     falls back to the file size."""
-    from governor.engines.budget import estimate_argv
 
     try:
         est = estimate_argv(args, root=root, budget=memory_max)

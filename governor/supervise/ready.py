@@ -17,6 +17,7 @@ import socket
 import threading
 import time
 from collections.abc import Callable
+from urllib.parse import urlsplit
 
 from governor.errors import HostError
 from governor.record import record
@@ -45,7 +46,6 @@ class Endpoint:
 
 def parse(url: str) -> Endpoint:
     """An http://HOST:PORT/PATH URL (validated by the policy model) as an endpoint."""
-    from urllib.parse import urlsplit
 
     parts = urlsplit(url)
     if parts.hostname is None or parts.port is None:
