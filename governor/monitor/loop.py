@@ -27,6 +27,7 @@ import collections
 import contextlib
 import os
 import select
+import threading
 import time
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -484,8 +485,6 @@ def close_triggers(fds: Sequence[int]) -> None:
         for fd in fds:
             _close(fd)
         return
-    import threading
-
     threads = [threading.Thread(target=_close, args=(fd,), daemon=True) for fd in fds]
     for t in threads:
         t.start()

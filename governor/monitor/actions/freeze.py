@@ -5,6 +5,7 @@ higher class's shed holds on this slice (its journal) is never thawed here."""
 from __future__ import annotations
 
 import os
+import select
 from collections.abc import Callable
 
 from governor.errors import GovernorError
@@ -82,8 +83,6 @@ class Freeze(Handler):
     def _wait_frozen(self, want: bool) -> bool:
         """Wait until cgroup.events says ``frozen <want>``: poll() on the file for its
         modified notification (POLLPRI), re-reading after each wake-up."""
-        import select
-
         env = self.env
         deadline = env.clock() + FREEZE_WAIT_S
         fd = env.fs.open_watch(env.group, kf.CGROUP_EVENTS)

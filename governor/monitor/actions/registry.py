@@ -43,7 +43,7 @@ VERBS: dict[str, Verb] = {
         Verb("freeze", "duration", f"{_PKG}.freeze:Freeze", "`freeze DURATION`"),
         Verb("thaw", "none", f"{_PKG}.freeze:Freeze", "`thaw`"),
         Verb("kill", "none", f"{_PKG}.group:Group", "`kill`"),
-        Verb("exec", "argv", f"{_PKG}.notify:Exec", "`exec ARGV...`"),
+        Verb("exec", "argv", f"{_PKG}.command:Exec", "`exec ARGV...`"),
         Verb("restart", "none", f"{_PKG}.group:Group", "`restart` (launch only)"),
         Verb(
             "shed",
