@@ -29,6 +29,8 @@ class Verb:
     args: Args
     handler: str  # "module:Class", the class a monitor runs it with
     usage: str  # how the manual spells it ("`signal SIG`")
+    # what it does outlives the governor unless its watchdog reverts it (a shed's victims)
+    watchdog: bool = False
 
 
 _PKG = "governor.monitor.actions"
@@ -50,6 +52,7 @@ VERBS: dict[str, Verb] = {
             "none",
             f"{_PKG}.shed:Shed",
             "`shed` (take memory from slices of a lower [qos] class)",
+            watchdog=True,
         ),
     )
 }
@@ -73,6 +76,12 @@ def register(verb: Verb) -> None:
 
 def unregister(name: str) -> None:
     VERBS.pop(name, None)
+
+
+def needs_watchdog(name: str) -> bool:
+    """Whether a governor running ``name`` needs a watchdog should it die."""
+    verb = VERBS.get(name)
+    return verb is not None and verb.watchdog
 
 
 def handler_class(name: str) -> type[Handler]:
