@@ -4,6 +4,9 @@ every refusal launch makes before it applies anything), the child's setup, then 
 
 from __future__ import annotations
 
+import json
+import os
+import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -14,14 +17,27 @@ from governor.api.host import (
     check_device,
     sysfs_root,
 )
+from governor.api.isolate import run_isolated
+from governor.backends.choose import choose
+from governor.cache import plans as compiled
+from governor.cache.argkey import server_address
+from governor.errors import UsageError
+from governor.kernel.parse import cpuinfo_machine
+from governor.kernel.procfs import ProcFs
+from governor.launch.launcher import Launcher
 from governor.log import get_logger
 from governor.monitor.actions import registry as verbs
-from governor.record import record
+from governor.plan.host import HostFacts
+from governor.plan.placement import CompiledPlacement
+from governor.plan.render import enforcement
+from governor.record import record, replace
+from governor.rundir.state import run_dir
+from governor.supervise.supervisor import Job, Supervisor
+from governor.supervise.watchdog import fork_watchdog
 
 if TYPE_CHECKING:
     from governor.cache.plans import Compiled
     from governor.launch.launcher import ChildSetup
-    from governor.plan.host import HostFacts
     from governor.plan.model import Plan
     from governor.supervise.watchdog import Watchdog
 
@@ -49,8 +65,6 @@ def _backend_name(opts: HostOptions, lopts: LaunchOptions) -> str:
     """Resolve --backend auto before probing (the systemd layout probes no slice path)."""
     if lopts.backend == "cgroupfs":
         return "cgroupfs"
-    from governor.backends.choose import choose
-    from governor.kernel.procfs import ProcFs
 
     pid1 = ProcFs(opts.root / "proc").pid1_comm()  # "" under hidepid=: not systemd
     return choose(lopts.backend, pid1=pid1)  # type: ignore[arg-type]  # cli validates it
@@ -64,7 +78,6 @@ def _launch_backend(
     if name != "systemd":
         return entry.plan, cgroupfs_backend(entry.plan)
     from governor.backends.systemd import for_launch
-    from governor.plan.placement import CompiledPlacement
 
     placements = tuple(CompiledPlacement(m, u, c, p) for m, u, c, p in entry.placements)  # type: ignore[arg-type]  # modes written by compile_placements
     return for_launch(
@@ -165,9 +178,6 @@ def _child_setup(plan: Plan, executable: str, argv: tuple[str, ...]) -> ChildSet
 
 def _announce(plan: Plan, leaf: str | None = None) -> None:
     """Say plainly, on stderr, where the engine runs and which limits are (not) in force."""
-    import sys
-
-    from governor.plan.render import enforcement
 
     on, off = enforcement(plan)
     out = sys.stderr
@@ -181,14 +191,6 @@ def _announce(plan: Plan, leaf: str | None = None) -> None:
 def launch(path: Path, argv: tuple[str, ...], opts: HostOptions, lopts: LaunchOptions) -> int:
     """`governor launch`: the compiled plan (cached, else compiled with every pre-apply
     refusal), then the supervisor. Returns the engine's status (128+N for signal N)."""
-    import os
-
-    from governor.errors import UsageError
-    from governor.kernel.procfs import ProcFs
-    from governor.launch.launcher import Launcher
-    from governor.rundir.state import run_dir
-    from governor.supervise.supervisor import Job, Supervisor
-    from governor.supervise.watchdog import fork_watchdog
 
     if not argv:
         raise UsageError(
@@ -261,9 +263,7 @@ def ready_url(compiled: Compiled, argv: tuple[str, ...]) -> str | None:
     /health from this launch's --host/--port (LLAMA_ARG_HOST/PORT), None: ready at exec."""
     if not compiled.ready_server:
         return compiled.ready_url
-    import os
 
-    from governor.cache.argkey import server_address
     from governor.supervise.ready import server_url
 
     return server_url(*server_address(argv, os.environ))
@@ -273,10 +273,8 @@ def serve_metrics(where: tuple[str, int], states: Callable[[], list[dict[str, An
     """--metrics: bind before anything is applied (a busy port is 69 with nothing changed),
     then serve /metrics from a thread until the run ends. prometheus_client is imported here
     and only here (the lean launch path never loads it without --metrics)."""
-    import sys
 
     from governor.metrics.export import serve
-    from governor.rundir.state import run_dir
 
     endpoint = serve(where[0], where[1], states, run_dir())
     sys.stderr.write(f"governor: metrics at {endpoint.url}\n")
@@ -297,7 +295,6 @@ def compiled_for_launch(
     """The plan cache's entry for this launch, else a compile (which stores it). ``cwd`` and
     ``cache`` stand for another process's view (install compiles for the service: cwd /, the
     cache directory of root without GOVERNOR_CACHE_DIR)."""
-    from governor.cache import plans as compiled
 
     name = None
     if lopts.plan_cache:
@@ -345,12 +342,6 @@ def _compile_isolated(
 ) -> tuple[Compiled, HostFacts]:
     """The compile (and the store) in a short-lived child; this process reads the entry back
     from its pipe and never imports the compile-time stack (governor/api/isolate.py)."""
-    import json
-
-    from governor.api.isolate import run_isolated
-    from governor.cache import plans as compiled
-    from governor.plan.host import HostFacts
-    from governor.record import replace
 
     def work() -> bytes:  # runs in the child: only it imports the compile side
         from governor.api.launch_compile import compile_launch
@@ -371,10 +362,6 @@ def _compile_isolated(
 
 def _cpu_signature(opts: HostOptions) -> str:
     """What the GGUF estimate reads from the CPU (its repack family): machine + flags."""
-    import os
-
-    from governor.kernel.parse import cpuinfo_machine
-    from governor.kernel.procfs import ProcFs
 
     text = ProcFs(opts.root / "proc").cpuinfo()
     machine = cpuinfo_machine(text, os.uname().machine)
