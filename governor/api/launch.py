@@ -26,6 +26,7 @@ from governor.kernel.parse import cpuinfo_machine
 from governor.kernel.procfs import ProcFs
 from governor.launch.launcher import Launcher
 from governor.log import get_logger
+from governor.monitor.actions import registry as verbs
 from governor.plan.host import HostFacts
 from governor.plan.placement import CompiledPlacement
 from governor.plan.render import enforcement
@@ -254,8 +255,8 @@ def needs_watchdog(plan: Plan) -> bool:
     """Whether the governor's death needs a watchdog to clean up after it: the engine's group
     killed (on_governor_exit = "kill"), and under "keep" too the board's clocks given back and
     a shed's victims released (the engine runs on; nothing else would undo them)."""
-    sheds = any(a.verb == "shed" for rule in plan.watch for a in rule.actions)
-    return plan.launch.on_governor_exit == "kill" or bool(plan.clocks) or sheds
+    holds = any(verbs.needs_watchdog(a.verb) for rule in plan.watch for a in rule.actions)
+    return plan.launch.on_governor_exit == "kill" or bool(plan.clocks) or holds
 
 
 def ready_url(compiled: Compiled, argv: tuple[str, ...]) -> str | None:

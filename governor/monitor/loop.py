@@ -14,10 +14,11 @@ Where the file is missing (PSI disabled), ``psi.unavailable`` is logged once per
 rule cannot fire; the compiler refuses such a policy unless ``--allow-missing psi``.
 ``--psi poll`` (psi_triggers=False) forces the fallback (tests compare both paths).
 
-Restarts: the ``restart`` action kills the group and asks the launcher's budget (restart.py);
-:meth:`Monitor.engine_exited` takes a last look (an OOM kill races the exit: a rule on
-``oom_kill`` can still ask), :meth:`Monitor.engine_started` points at the new pid. Shedding:
-shed.py; a board firing that is only the held victims' own stall: ownstall.py.
+Actions: the handlers registered for the plan's verbs (governor/monitor/actions/), each with
+the same lifecycle (run at a firing, observe before the rules, tick at each turn, close at the
+end, totals for the state): this loop never names a verb. :meth:`Monitor.engine_exited` takes a
+last look (an OOM kill races the exit: a rule on ``oom_kill`` can still restart),
+:meth:`Monitor.engine_started` points at the new pid.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ import collections
 import contextlib
 import os
 import select
+import threading
 import time
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -36,17 +38,15 @@ from governor.kernel.cgroupfs import CgroupFs
 from governor.kernel.procfs import ProcFs
 from governor.log import get_logger
 from governor.monitor import psi
-from governor.monitor.actions import THAW, Context, Executor, Result
+from governor.monitor.actions.base import Context, Result
+from governor.monitor.actions.executor import Executor
 from governor.monitor.leak import LeakDetector
-from governor.monitor.ownstall import OwnStall
 from governor.monitor.restart import Restarts
 from governor.monitor.rules import Firing, Observations, Rule, RuleEngine
 from governor.monitor.sampler import DEFAULT_INTERVAL_S, Sampler
-from governor.monitor.shed import Reverter, Shedder
 from governor.monitor.sources import Board, DeviceMemory, EventFile, open_optional
 from governor.plan.model import Plan, WatchTrigger
 from governor.rundir.journal import Journal
-from governor.rundir.state import run_dir
 
 log = get_logger(__name__)
 
@@ -72,13 +72,12 @@ class Monitor:
         on_change: Callable[[], None] | None = None,
         wall: Callable[[], float] = time.time,
         journal: Journal | None = None,
-        watchdog: Reverter | None = None,
-        shedder: Shedder | None = None,
+        watchdog: object | None = None,
     ) -> None:
         """``engine_pids`` for attach mode; without it the engine is the pid given to
-        :meth:`engine_started` (launch). ``restarts`` is the launcher's relaunch budget.
-        A plan with a `shed` action gets a Shedder (governor/monitor/shed.py) over the run
-        directory of ``journal`` and the watchdog that reverts it if this process dies."""
+        :meth:`engine_started` (launch). ``restarts`` is the launcher's relaunch budget;
+        ``journal`` the slice's journal (its directory's parent: the run directory a `shed`
+        reads); ``watchdog`` reverts what an action holds should this process die."""
         self.fs = fs
         self.plan = plan
         self.group = plan.group
@@ -86,6 +85,7 @@ class Monitor:
         self.rules = [Rule.from_watch(w) for w in plan.watch]
         self.engine = RuleEngine(self.rules)
         self.pid: int | None = None
+        self.board = Board(proc or ProcFs())
         self.executor = executor or Executor(
             fs,
             plan,
@@ -93,15 +93,9 @@ class Monitor:
             clock=clock,
             restarts=restarts,
             journal=journal,
+            watchdog=watchdog,
+            memavailable=self.board.memavailable,
         )
-        self.shed_rules = [r for r in self.rules if any(a.verb == "shed" for a in r.actions)]
-        self.board = board = Board(proc or ProcFs())
-        if shedder is None and self.shed_rules:
-            run = journal.dir.parent if journal is not None else run_dir()
-            avail = board.memavailable  # a raise of the undo grows a victim into it, no more
-            shedder = Shedder(fs, plan, run=run, watchdog=watchdog, clock=clock, memavailable=avail)
-        self.shedder = self.executor.shedder = shedder
-        self.own_stall = OwnStall.of(fs, plan, {r.index for r in self.shed_rules})
         self.psi_triggers = psi_triggers
         self.sampler = Sampler(fs, self.group, interval_s=sample_s)
         self.devmem = DeviceMemory(fs, self.board.proc, self.rules, plan.device is not None)
@@ -217,10 +211,7 @@ class Monitor:
         self.pid = None
 
     def close(self) -> None:
-        if self.executor.thaw_at is not None:  # never leave a group frozen behind
-            self.executor.execute(THAW, Context(rule=-1, when="monitor stopped"))
-        if self.shedder is not None and self.shedder.holding():  # nor another one shed
-            self.shedder.release_all("monitor stopped")
+        self.executor.close("monitor stopped")  # nothing left frozen, nor another slice shed
         self.poll_files()  # a last look: an OOM kill races the engine's exit
         close_triggers([a.fd for a in self.armed if a.fd is not None])
         for ev in (self.mem_events, self.cg_events):
@@ -232,10 +223,11 @@ class Monitor:
     # ------------------------------------------------------------------ waiting
 
     def timeout(self) -> float:
-        """Seconds until the next timer (sample, automatic thaw)."""
+        """Seconds until the next timer (sample, an action's: an automatic thaw)."""
         deadlines = [self._next_sample]
-        if self.executor.thaw_at is not None:
-            deadlines.append(self.executor.thaw_at)
+        action = self.executor.deadline()
+        if action is not None:
+            deadlines.append(action)
         return max(0.0, min(deadlines) - self.clock())
 
     def wait(self, exit_fd: int, limit_s: float | None) -> bool:
@@ -283,24 +275,26 @@ class Monitor:
         if now >= self._next_sample:
             sampled = self._sample(now, fired_psi, counters)
             self._next_sample = max(now, self._next_sample + self.sampler.interval_s)
-        held = self.shedder.held_groups() if self.shedder is not None else []
-        self.own_stall.discount(now, fired_psi, held, sampled=bool(sampled))
+        self.executor.observe(now, fired_psi, sampled=bool(sampled))
         if fired_psi or counters or sampled or any(self.engine.active(r.index) for r in self.rules):
             self._evaluate(now, fired_psi, counters, sampled)
-        self.executor.on_timer(self.clock())
-        self._give_back(self.clock())
+        self._tick(self.clock())
         self._maybe_changed()
 
-    def _give_back(self, now: float) -> None:
-        """Undo a shed step by step once every shedding rule has been quiet for its cooldown."""
-        sh = self.shedder
-        if sh is not None and sh.holding():
-            rules = self.shed_rules
-            if all(self.engine.quiet(r.index, now, r.cooldown_s or sh.settle_s) for r in rules):
-                done = sh.undo()
-                if done is not None:
-                    self.recent.append(done)
-                    self._published = None  # republish: the victim's status changed
+    def _tick(self, now: float) -> None:
+        """The actions' timers and give-backs (a thaw, a shed's undo step)."""
+        quiet = self.engine.quiet
+        for done in self.executor.tick(now, lambda rule, cooldown: quiet(rule, now, cooldown)):
+            if done.publish:  # as the published state's last actions show a firing
+                self.recent.append(
+                    {
+                        "rule": -1,
+                        "when": done.when,
+                        "at": round(self.wall(), 3),
+                        "actions": [done.result.as_dict()],
+                    }
+                )
+                self._published = None  # republish: what the action holds changed
 
     def rule_states(self) -> list[dict[str, Any]]:
         """Each rule's state (monitor/rules.py describe) with its times as epoch seconds."""
@@ -313,9 +307,10 @@ class Monitor:
                     item[key] = round(item[key] + offset, 3)
         return out
 
-    def shed_totals(self) -> list[dict[str, Any]]:
-        """The shed steps and undos per victim (the metrics' governor_shed_total)."""
-        return self.shedder.totals_list() if self.shedder is not None else []
+    def totals(self) -> dict[str, list[dict[str, Any]]]:
+        """The actions' own counters by the published state's field (``shed_totals``: the
+        shed steps and undos per victim, the metrics' governor_shed_total)."""
+        return self.executor.totals()
 
     def action_totals(self) -> list[dict[str, Any]]:
         """How many times each rule ran each action verb (the metrics' actions_total)."""
@@ -443,7 +438,7 @@ class Monitor:
             results.append(res)
             key = (rule.index, action.verb)
             self.action_counts[key] = self.action_counts.get(key, 0) + 1
-            if action.verb == "kill" or (action.verb == "restart" and res.ok):
+            if self.executor.ends_firing(action, res):
                 break  # nothing is left to act on
         firing = {
             "rule": rule.index,
@@ -490,8 +485,6 @@ def close_triggers(fds: Sequence[int]) -> None:
         for fd in fds:
             _close(fd)
         return
-    import threading
-
     threads = [threading.Thread(target=_close, args=(fd,), daemon=True) for fd in fds]
     for t in threads:
         t.start()

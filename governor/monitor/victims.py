@@ -1,4 +1,4 @@
-"""Who a `shed` may take memory from (issue 23, governor/monitor/shed.py): the other governed
+"""Who a `shed` may take memory from (issue 23, governor/monitor/actions/shedder.py): the other governed
 slices whose published run state (governor/rundir/state.py) is live and whose plan's ``[qos]
 class`` ranks below the shedder's, and the board file's ungoverned cgroups
 (governor/plan/board.py) of a lower class."""

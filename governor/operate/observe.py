@@ -100,7 +100,7 @@ def knobs(
         unit = unit_values.get(file) if has_unit else None
         tuned = journal.tuned(file) if journal is not None else None
         state = _knob_state(file, policy, kernel, unit, tuned=tuned, has_unit=has_unit)
-        if state == "drifted" and hold and file == kf.MEMORY_HIGH and kernel == hold["memory_high"]:
+        if state == "drifted" and hold and file == kf.MEMORY_HIGH and kernel == hold.memory_high:
             state = "shed"
         out.append(
             {

@@ -79,7 +79,7 @@ def collect(
             "clocks": clock_rows(plan, run),  # [clocks]: governor/operate/clocks.py
             "qos": st.qos or plan.qos.to_json(),
             # a higher class's shed that holds on this slice (its journal; issue 23)
-            "shed": journal.shed(alive),
+            "shed": hold.as_dict() if (hold := journal.shed(alive)) is not None else None,
         }
         if exists:  # NPU/GPU memory memcg may not see, and the board (operate/devmem.py)
             item["device_memory"], item["board"] = device_board(fs, plan, st.board)

@@ -14,18 +14,32 @@ files to the plan byte for byte.
 from __future__ import annotations
 
 import json
+from enum import StrEnum
 from typing import Any, Literal
 
 from governor.record import asdict, field, record
 
 FORMAT = 2  # 1: the pydantic Plan of wave 1; 2: dataclasses, typed actions, rule texts
 
-ActionVerb = Literal[
-    "log", "signal", "reclaim", "set", "freeze", "thaw", "kill", "exec", "restart", "shed"
-]
+ActionVerb = str  # a verb of governor/monitor/actions/registry.py (the policy parser checks it)
 QosClass = Literal["background", "standard", "interactive"]
-# the shed ladder, mildest first (governor/monitor/shed.py); [qos] yield picks a prefix-free subset
-SHED_STEPS = ("throttle", "freeze", "stop", "kill")
+
+
+class ShedStep(StrEnum):
+    """A step of a `shed` (governor/monitor/actions/shedder.py) as its victim's journal spells
+    it: the ladder's four, then the undo's."""
+
+    THROTTLE = "throttle"
+    FREEZE = "freeze"
+    STOP = "stop"
+    KILL = "kill"
+    THAW = "thaw"
+    RAISE = "raise"
+    RELEASE = "release"
+
+
+# the shed ladder, mildest first; [qos] yield picks a prefix-free subset
+SHED_STEPS: tuple[str, ...] = (ShedStep.THROTTLE, ShedStep.FREEZE, ShedStep.STOP, ShedStep.KILL)
 QOS_RANK = {"background": 0, "standard": 1, "interactive": 2}
 
 

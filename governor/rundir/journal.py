@@ -5,7 +5,7 @@ Every change to a live limit is one JSON line, appended (O_APPEND, one write): a
 wall-clock ``time``, its ``source`` and the ``changes`` made: ``cgroup``, ``file``, ``before``
 and ``after`` as the kernel reads them. `rollback` restores ``before`` values in reverse order;
 the running monitor asks :meth:`Journal.tuned` for the operator's latest value of a file so
-that its own actions never undo a tune. Standard library only (the run time uses it).
+that its own actions never undo a tune. Standard library and shared records only (run time).
 
 A tune made with ``--confirm DURATION`` carries ``confirm_by`` (epoch seconds) and the pid of
 its detached reverter (``reverter_pid``, governor/operate/confirm.py); a later ``confirm`` entry
@@ -13,7 +13,7 @@ its detached reverter (``reverter_pid``, governor/operate/confirm.py); a later `
 undoes it. :meth:`Journal.pending` lists the tunes still waiting. Decisions that read then write
 (confirm, the reverter's revert) hold :meth:`Journal.locked`.
 
-A higher QoS class's `shed` (governor/monitor/shed.py) journals each step it takes on this slice
+A higher QoS class's `shed` (governor/monitor/actions/shedder.py) journals each step it takes on this slice
 and each undo: ``source: "shed"``, ``by`` (the shedding policy), ``pid`` (its governor), ``step``
 (throttle, freeze, stop, kill; thaw, raise, release), ``when`` (the rule). :meth:`Journal.shed`
 folds them into what holds now: the slice's own monitor takes it as its baseline (it never
@@ -33,10 +33,63 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+from governor.plan.model import ShedStep
+from governor.record import field, record
+
 JOURNAL_FILE = "journal.jsonl"
 LOCK_FILE = "journal.lock"
 CHANGING = ("tune", "rollback", "monitor")  # the sources whose entries change a limit
-SHED_HOLDS = {"throttle": "throttled", "freeze": "frozen", "stop": "stopped", "kill": "killed"}
+SHED_HOLDS = {
+    ShedStep.THROTTLE: "throttled",
+    ShedStep.FREEZE: "frozen",
+    ShedStep.STOP: "stopped",
+    ShedStep.KILL: "killed",
+}
+
+
+@record
+class Hold:
+    """What a shed holds on one victim: the shedder's own account of a victim
+    (governor/monitor/actions/shedder.py) and what the victim's journal folds to
+    (:meth:`Journal.shed`: its own monitor's baseline, `governor status`) are this one record.
+
+    ``steps``: the ladder's steps taken and not undone; ``frozen``; ``memory_high``: the
+    throttle's value as the journal last saw it (raised by the undo's steps)."""
+
+    by: str | None = None  # the shedding policy
+    pid: int | None = None  # its governor
+    since: float | None = None  # its first step (epoch seconds)
+    when: str | None = None  # the rule
+    frozen: bool = False
+    memory_high: str | None = None
+    steps: list[ShedStep] = field(default_factory=list)
+
+    def took(self, step: Any, changes: Any = ()) -> None:
+        """One journaled step (or undo step) and its changes."""
+        if step in SHED_HOLDS and step not in self.steps:
+            self.steps.append(ShedStep(step))
+        if step == ShedStep.FREEZE:
+            self.frozen = True
+        elif step in (ShedStep.THAW, ShedStep.STOP):
+            self.frozen = False
+        for change in changes:
+            if change.get("file") == "memory.high":
+                self.memory_high = str(change.get("after"))
+
+    @property
+    def state(self) -> str:
+        """throttled, frozen, stopped or killed: the strongest step that holds."""
+        return next(
+            (SHED_HOLDS[s] for s in (ShedStep.KILL, ShedStep.STOP) if s in self.steps),
+            "frozen" if self.frozen else "throttled",
+        )
+
+    def as_dict(self) -> dict[str, Any]:
+        """As `governor status --json` shows it."""
+        return {
+            "by": self.by, "pid": self.pid, "since": self.since, "frozen": self.frozen,
+            "memory_high": self.memory_high, "when": self.when, "state": self.state,
+        }  # fmt: skip
 
 
 def _int(v: Any) -> bool:
@@ -217,38 +270,22 @@ class Journal:
     def tail(self, n: int = 5) -> list[dict[str, Any]]:
         return self.entries()[-n:]
 
-    def shed(self, alive: Callable[[int | None], bool] | None = None) -> dict[str, Any] | None:
-        """The shed that holds on this slice now, or None: ``by``, ``pid``, ``since`` (its
-        first step), ``when``, ``state`` (throttled, frozen, stopped, killed: the strongest
-        step not undone), ``frozen`` and ``memory_high`` (the throttle's value, raised by the
-        undo's steps). ``alive(pid)`` says whether the shedder still runs (a dead one's
+    def shed(self, alive: Callable[[int | None], bool] | None = None) -> Hold | None:
+        """The shed that holds on this slice now, or None: its entries folded into a
+        :class:`Hold`. ``alive(pid)`` says whether the shedder still runs (a dead one's
         watchdog reverted its changes: nothing holds)."""
-        held: dict[str, Any] | None = None
+        held: Hold | None = None
         for e in self.entries():
             if e.get("source") != "shed":
                 continue
             step = e.get("step")
-            if step == "release":
+            if step == ShedStep.RELEASE:
                 held = None
                 continue
-            if held is None or held.get("pid") != e.get("pid"):
-                held = {"by": e.get("by"), "pid": e.get("pid"), "since": e.get("time")}
-                held.update(frozen=False, memory_high=None, steps=[])
-            held["when"] = e.get("when", held.get("when"))
-            if step in SHED_HOLDS:
-                held["steps"].append(step)
-            if step == "freeze":
-                held["frozen"] = True
-            elif step in ("thaw", "stop"):
-                held["frozen"] = False
-            for change in e.get("changes", ()):
-                if change.get("file") == "memory.high":
-                    held["memory_high"] = str(change.get("after"))
-        if held is None or (alive is not None and not alive(held.get("pid"))):
+            if held is None or held.pid != e.get("pid"):
+                held = Hold(by=e.get("by"), pid=e.get("pid"), since=e.get("time"))
+            held.when = e.get("when", held.when)
+            held.took(step, e.get("changes", ()))
+        if held is None or (alive is not None and not alive(held.pid)):
             return None
-        steps = held.pop("steps")
-        held["state"] = next(
-            (SHED_HOLDS[s] for s in ("kill", "stop") if s in steps),
-            "frozen" if held["frozen"] else "throttled",
-        )
         return held

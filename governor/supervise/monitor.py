@@ -173,7 +173,7 @@ class _Published:
             last_actions=list(mon.recent),
             action_totals=mon.action_totals(),
             qos=plan.qos.to_json(),
-            shed_totals=mon.shed_totals(),
+            shed_totals=mon.totals().get("shed_totals", []),
         )
         self.snapshot[:] = [state]
         self.publisher.publish(state)

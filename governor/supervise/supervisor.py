@@ -347,7 +347,7 @@ class Supervisor:
             ready=self.ready,
             board=self.board,
             qos=plan.qos.to_json(),
-            shed_totals=monitor.shed_totals() if monitor is not None else [],
+            shed_totals=monitor.totals().get("shed_totals", []) if monitor is not None else [],
         )
         self.state = state  # also what --metrics serves
         self.publisher.publish(state)

@@ -174,7 +174,7 @@ class Watchdog:
 
     def arm_shed(self, cgroup_root: str, reverts: list[tuple[str, str, str]]) -> None:
         """From now on, the governor's death reverts what its `shed` holds (governor/monitor/
-        shed.py): ``(op, value, cgroup)`` with op "thaw" (value unused) or "high" (memory.high
+        actions/shedder.py): ``(op, value, cgroup)`` with op "thaw" (value unused) or "high" (memory.high
         := value). Each call replaces the previous list; an empty list reverts nothing."""
         lines = [f"shedroot {cgroup_root}", "shed-reset"]
         lines += [f"shed {op} {value or '-'} {cg}" for op, value, cg in reverts]

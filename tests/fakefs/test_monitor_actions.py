@@ -19,7 +19,8 @@ from governor.errors import BackendError
 from governor.kernel import files
 from governor.kernel.procfs import ProcFs
 from governor.log import capture_logs
-from governor.monitor.actions import Context, Executor
+from governor.monitor.actions.base import Context
+from governor.monitor.actions.executor import Executor
 from governor.monitor.loop import Monitor
 from governor.monitor.restart import Restarts
 from governor.plan.model import Action, Plan, WatchCondition, WatchRule, WatchTrigger

@@ -19,11 +19,13 @@ from governor.compile.compiler import compile_action, watch_rule
 from governor.errors import PolicyError
 from governor.kernel import files
 from governor.kernel.procfs import ProcFs
-from governor.monitor.actions import Context, Executor
+from governor.monitor.actions.base import Context
+from governor.monitor.actions.executor import Executor
+from governor.monitor.actions.shed import Shed
+from governor.monitor.actions.shedder import RAISE_STEPS, ROOM_HEADROOM, SETTLE_S, Shedder
 from governor.monitor.loop import Monitor
-from governor.monitor.shed import RAISE_STEPS, ROOM_HEADROOM, SETTLE_S, Shedder
 from governor.plan.board import load_board
-from governor.plan.model import Plan, QosSpec, WatchCondition, WatchTrigger
+from governor.plan.model import Plan, QosSpec, ShedStep, WatchCondition, WatchTrigger
 from governor.policy.values import parse_action
 from governor.record import replace
 from governor.rundir.journal import Journal
@@ -115,7 +117,14 @@ def _undone(sh: Shedder) -> str:
     """The step of the shedder's next undo."""
     done = sh.undo()
     assert done is not None
-    return str(done["actions"][0]["after"]["step"])
+    return str(done.after["step"])
+
+
+def _shed(mon: Monitor) -> Shed:
+    """The monitor's shed handler (made for its plan's `shed` rules)."""
+    handler = mon.executor.handler("shed")
+    assert isinstance(handler, Shed)
+    return handler
 
 
 def _high(fs: FakeKernelCgroupFs, plan: Plan) -> str:
@@ -146,8 +155,14 @@ def test_the_ladder_throttles_then_freezes_within_yield_and_waits_the_settle_tim
     ]
     held = Journal(board.run / "npu-batch").shed()
     assert held is not None
-    assert (held["by"], held["state"], held["frozen"]) == ("npu-chat", "frozen", True)
-    assert held["memory_high"] == str(700 * MIB) and held["when"] == CTX.when
+    assert (held.by, held.state, held.frozen) == ("npu-chat", "frozen", True)
+    assert held.memory_high == str(700 * MIB) and held.when == CTX.when
+    # one hold: the shedder's own account of the victim is what its journal folds to
+    own = sh.held["npu-batch"].hold
+    assert (own.by, own.pid, own.steps, own.frozen, own.memory_high, own.when) == (
+        held.by, held.pid, held.steps, held.frozen, held.memory_high, held.when,
+    )  # fmt: skip
+    assert own.state == held.state and held.steps == [ShedStep.THROTTLE, ShedStep.FREEZE]
     # the watchdog knows what to revert should the shedder die
     assert board.reverts[-1] == [
         ("thaw", "-", batch.group),
@@ -260,7 +275,7 @@ def test_one_shedder_per_victim_the_second_passes_it_over_until_the_release(
     assert _high(board.fs, batch) == str(BATCH_HIGH)
     res = second.shed(CTX)
     assert res.after["step"] == "throttle" and res.after["victim"] == "npu-batch"
-    assert Journal(board.run / "npu-batch").shed()["by"] == "std"  # type: ignore[index]
+    assert Journal(board.run / "npu-batch").shed().by == "std"  # type: ignore[union-attr]
     # a shedder that died (its watchdog reverted it) holds nothing: the first may take it
     dead = board.shedder(chat, pid=1003, alive=lambda pid: pid == 1003)
     assert dead.shed(CTX).after["step"] == "throttle"
@@ -442,8 +457,8 @@ def test_the_monitor_sheds_on_a_board_trigger_and_gives_back_once_quiet(
         second(800)  # quiet for the cooldown: the undo, step by step
     assert board.fs.read(batch.group, files.CGROUP_FREEZE).strip() == "0"
     assert _high(board.fs, batch) == str(BATCH_HIGH)
-    assert not mon.shedder.holding()  # type: ignore[union-attr]
-    steps = {(t["victim"], t["step"]) for t in mon.shed_totals()}
+    assert not _shed(mon).shedder.holding()
+    steps = {(t["victim"], t["step"]) for t in mon.totals()["shed_totals"]}
     assert ("npu-batch", "release") in steps
     mon.finish()
 
@@ -522,16 +537,15 @@ def test_a_board_trigger_set_off_by_the_held_victims_own_stall_neither_escalates
     second(0)
     second(300)  # stall outside the victims: the shed throttles the batch
     assert _high(board.fs, batch) == str(512 * MIB)
-    assert mon.shedder is not None
     for _ in range(40):  # the board's stall is the batch's own, at its throttle
-        if not mon.shedder.holding():
+        if not _shed(mon).shedder.holding():
             break
         second(300, **{batch.group: 300})
         assert not frozen()
     # quiet for the cooldown: the undo raised memory.high back and released the batch
     assert _high(board.fs, batch) == str(BATCH_HIGH)
-    assert not mon.shedder.holding()
-    assert mon.own_stall.discounted > 0
+    assert not _shed(mon).shedder.holding()
+    assert _shed(mon).own_stall.discounted > 0
     # outside pressure again: throttle, then freeze, although the batch stalls as well
     for _ in range(14):
         second(400, **{batch.group: 300})
@@ -539,7 +553,7 @@ def test_a_board_trigger_set_off_by_the_held_victims_own_stall_neither_escalates
     # the same with the stall inside the shedder's own group, overlapping the batch's
     for _ in range(30):
         second(0)
-    assert not frozen() and not mon.shedder.holding()
+    assert not frozen() and not _shed(mon).shedder.holding()
     for _ in range(14):
         second(300, **{batch.group: 300, chat.group: 300})
     assert frozen()

@@ -17,7 +17,7 @@ import pytest
 from governor.errors import PermissionDenied
 from governor.kernel import files
 from governor.log import capture_logs
-from governor.monitor.shed import RAISE_STEPS, Held
+from governor.monitor.actions.shedder import RAISE_STEPS, Held
 from governor.plan.model import QosSpec
 from governor.record import replace
 from governor.rundir.journal import Journal

@@ -12,7 +12,8 @@ from governor.compile.compiler import compile_action
 from governor.errors import BackendError, PolicyError
 from governor.kernel import files as kf
 from governor.kernel.cgroupfs import CgroupFs
-from governor.monitor.actions import Context, Executor
+from governor.monitor.actions.base import Context
+from governor.monitor.actions.executor import Executor
 from governor.operate.tune import (
     apply,
     check_guards,

@@ -1,5 +1,5 @@
 """The shed against hostile input on the real kernel (issue 35, items 1, 3, 8, 15), in the guest
-with the memory controller on: the shedder (governor/monitor/shed.py) runs in this process on
+with the memory controller on: the shedder (governor/monitor/actions/shedder.py) runs in this process on
 real cgroups below a scratch slice, its victims' published states and the board file written
 as another process (or a careless operator) would; its clock is a list (the settle time and
 the stop grace pass without waiting; nothing asserts on time).
@@ -31,8 +31,8 @@ from helpers.cgroups import ScratchSlice, Spawn
 
 from governor.kernel.cgroupfs import CgroupFs
 from governor.log import capture_logs
-from governor.monitor.actions import Context
-from governor.monitor.shed import STOP_GRACE_S, Shedder
+from governor.monitor.actions.base import Context
+from governor.monitor.actions.shedder import STOP_GRACE_S, Shedder
 from governor.plan.model import Plan, QosSpec
 from governor.record import replace
 from governor.rundir.journal import Journal

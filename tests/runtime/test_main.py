@@ -173,7 +173,7 @@ def test_a_served_engine_with_a_ready_url_metrics_and_a_shed_rule_loads_no_deny_
         # the supervisor did wait for /health and arm the rules in this interpreter
         for name in ("governor.supervise.supervisor", "governor.supervise.ready"):
             assert _loaded(modules, name), (n, name)
-        assert _loaded(modules, "governor.monitor.shed"), n
+        assert _loaded(modules, "governor.monitor.actions.shedder"), n
         assert _loaded(modules, "prometheus_client") is n.endswith("--metrics")
         # prometheus_client itself imports inspect (and with it tokenize, ast, dis): the price
         # of --metrics, which only that option pays; dataclasses and the compiler never

@@ -6,6 +6,8 @@ this table and the schema name the same keys and that every example validates
 
 from __future__ import annotations
 
+from governor.monitor.actions import registry as verbs
+
 # section ("" = the top level) -> what the section is for
 SECTIONS: dict[str, str] = {
     "": "A policy is one TOML file per engine. Its top-level keys name it and place its slice;"
@@ -235,10 +237,7 @@ KEYS: dict[str, tuple[str, str]] = {
         'for = "4s"',
     ),
     "pressure.do": (
-        "The actions, run in order at each firing: `log`, `signal SIG`, `reclaim SIZE`,"
-        " `set FILE VALUE` or `set FILE -10%`, `freeze DURATION`, `thaw`, `kill`,"
-        " `exec ARGV...`, `restart` (launch only) and `shed` (take memory from slices of a"
-        " lower [qos] class).",
+        f"The actions, run in order at each firing: {verbs.usage()}.",
         'do = ["log", "reclaim 64M"]',
     ),
     "pressure.cooldown": (

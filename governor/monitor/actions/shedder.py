@@ -45,7 +45,7 @@ from governor.kernel import files as kf
 from governor.kernel.cgroupfs import CgroupFs
 from governor.kernel.parse import parse_max
 from governor.log import get_logger
-from governor.monitor.actions import Context, Result
+from governor.monitor.actions.base import Context, Result
 from governor.monitor.fallbacks import kill_tree
 from governor.monitor.sources import protected_cache
 from governor.monitor.victims import (
@@ -54,8 +54,9 @@ from governor.monitor.victims import (
     governed_victims,
     own_process_cgroup,
 )
-from governor.plan.model import QOS_RANK, Plan
+from governor.plan.model import QOS_RANK, Plan, ShedStep
 from governor.record import field, record
+from governor.rundir.journal import Hold
 from governor.rundir.state import alive as governor_alive
 
 log = get_logger(__name__)
@@ -67,6 +68,13 @@ RAISE_MIN = 16 << 20  # ... of at least this many bytes each
 ROOM_HEADROOM = 128 << 20  # a raise leaves the board at least this much MemAvailable
 
 
+class Wait:
+    """The grace after a `stop`: no step now, the victim is not passed over."""
+
+
+WAIT = Wait()
+
+
 class Reverter(Protocol):
     """The watchdog's side of a shed (governor/supervise/watchdog.py)."""
 
@@ -75,12 +83,12 @@ class Reverter(Protocol):
 
 @record
 class Held:
-    """What this shedder did to one victim."""
+    """What this shedder did to one victim: the :class:`Hold` its journal folds to (the steps
+    done, frozen), and what the undo needs besides."""
 
     victim: Victim
-    done: list[str] = field(default_factory=list)
+    hold: Hold = field(default_factory=Hold)
     before_high: str | None = None  # memory.high before the throttle
-    frozen: bool = False
     stopped_at: float | None = None
     raise_by: int | None = None
     raises: int = 0
@@ -178,17 +186,17 @@ class Shedder:
             if victim.name not in self.held and self._held_by_another(victim):
                 continue  # one shedder per victim: the first keeps it until its release
             held = self.held.get(victim.name) or Held(victim)
-            step: str | None = None
+            step: ShedStep | Wait | None = None
             for _ in range(len(victim.yields)):  # each step at most once per firing
                 step = self._next_step(victim, held, now)
-                if step is None or step == "wait":
+                if step is None or isinstance(step, Wait):
                     break
                 with self._locked(victim):
                     res = self._take(victim, held, step, ctx, now)
                 if res.ok:
                     return res
                 failed = res  # not retried: the next step of its yield, or the next victim
-            if step == "wait":
+            if step is WAIT:
                 return Result("shed", ok=True, detail=f"{victim.name}: grace after stop")
         return failed or Result("shed", ok=True, detail="nothing left to shed")
 
@@ -196,25 +204,28 @@ class Shedder:
         """Another live shedder holds ``victim`` (its journal says so): two shedders on one
         victim would undo each other's steps."""
         other = victim.journal.shed(self.alive)
-        return other is not None and other.get("pid") != self.pid
+        return other is not None and other.pid != self.pid
 
-    def _next_step(self, victim: Victim, held: Held, now: float) -> str | None:
-        if "kill" in held.done or ("stop" in held.done and not self._populated(victim.cgroup)):
+    def _next_step(self, victim: Victim, held: Held, now: float) -> ShedStep | Wait | None:
+        steps = held.hold.steps
+        if ShedStep.KILL in steps or (
+            ShedStep.STOP in steps and not self._populated(victim.cgroup)
+        ):
             return None  # gone
         failed = self._failed.get(victim.name, [])
-        left = [s for s in victim.yields if s not in held.done and s not in failed]
+        left = [s for s in victim.yields if s not in steps and s not in failed]
         if not left:
             return None
         stopped = held.stopped_at
-        if left[0] == "kill" and stopped is not None and now - stopped < STOP_GRACE_S:
-            return "wait"
-        return left[0]
+        if left[0] == ShedStep.KILL and stopped is not None and now - stopped < STOP_GRACE_S:
+            return WAIT
+        return ShedStep(left[0])
 
     def _take(self, victim: Victim, held: Held, step: str, ctx: Context, now: float) -> Result:
         cg = victim.cgroup
         changes: list[dict[str, Any]] = []
         try:
-            if step == "throttle":
+            if step == ShedStep.THROTTLE:
                 before = self.fs.read(cg, kf.MEMORY_HIGH).strip()
                 target = self._floor(max(self._usage(cg), self._live(cg, kf.MEMORY_MIN) or 0))
                 limit = parse_max(before)
@@ -225,14 +236,14 @@ class Shedder:
                 held.before_high = before if held.before_high is None else held.before_high
                 held.raise_by, held.raises = None, 0  # a new undo starts from this throttle
                 changes.append(_change(cg, kf.MEMORY_HIGH, before, after))
-            elif step == "freeze":
+            elif step == ShedStep.FREEZE:
                 self.fs.freeze(cg, True)
-                held.frozen = True
+                held.hold.frozen = True
                 changes.append(_change(cg, kf.CGROUP_FREEZE, "0", "1"))
-            elif step == "stop":
-                if held.frozen:  # a frozen task handles its SIGTERM only once thawed
+            elif step == ShedStep.STOP:
+                if held.hold.frozen:  # a frozen task handles its SIGTERM only once thawed
                     self.fs.freeze(cg, False)
-                    held.frozen = False
+                    held.hold.frozen = False
                     changes.append(_change(cg, kf.CGROUP_FREEZE, "1", "0"))
                 pids = self._stop_pids(victim)
                 if not pids and self._populated(cg):  # the engine pid is not in its group
@@ -241,11 +252,11 @@ class Shedder:
                     with contextlib.suppress(ProcessLookupError):
                         self.kill(pid, signal.SIGTERM)
                 held.stopped_at = now
-            elif step == "kill":  # every pid by SIGKILL where there is no cgroup.kill (< 5.14)
+            elif step == ShedStep.KILL:  # each pid by SIGKILL without cgroup.kill (< 5.14)
                 kill_tree(self.fs, cg, self.kill)
-                if held.frozen:
+                if held.hold.frozen:
                     self.fs.freeze(cg, False)
-                    held.frozen = False
+                    held.hold.frozen = False
             else:  # never mapped to an action (a victim's yields hold only known steps)
                 raise GovernorError(f"unknown shed step {step[:40]!r} ({victim.cgroup})")
         except GovernorError as err:
@@ -257,7 +268,10 @@ class Shedder:
             return Result(
                 "shed", ok=False, after={"victim": victim.name, "step": step}, detail=str(err)
             )
-        held.done.append(step)
+        held.hold.took(step, changes)
+        if held.hold.since is None:
+            held.hold.by, held.hold.pid, held.hold.since = self.by, self.pid, time.time()
+        held.hold.when = ctx.when
         self.held[victim.name] = held
         self.last_step_at = now
         self._count(victim.name, step)
@@ -298,7 +312,7 @@ class Shedder:
         """The cgroups of the victims held now (governor/monitor/ownstall.py reads them)."""
         return [h.victim.cgroup for h in self.held.values()]
 
-    def undo(self) -> dict[str, Any] | None:
+    def undo(self) -> Result | None:
         """One undo step (the shedding rules are quiet), at most one per SETTLE_S."""
         now = self.clock()
         times = [t for t in (self.last_step_at, self._undo_waited_at) if t is not None]
@@ -315,36 +329,29 @@ class Shedder:
                 return None
             self._journal(held.victim, step, changes, when="quiet")
         self.last_step_at = now
-        if step == "release":
+        if step == ShedStep.RELEASE:
             del self.held[name]
         self._count(name, step)
         self._arm()
         log.info("shed.undo", by=self.by, victim=name, cgroup=held.victim.cgroup, step=step)
-        # as the published state's last actions show a firing
-        done = {"victim": name, "step": step, "changes": changes}
-        return {
-            "rule": -1,
-            "when": "shed quiet",
-            "at": round(time.time(), 3),
-            "actions": [{"action": "unshed", "ok": True, "after": done}],
-        }
+        return Result("unshed", ok=True, after={"victim": name, "step": step, "changes": changes})
 
-    def _give_back(self, held: Held) -> tuple[str | None, list[dict[str, Any]]]:
+    def _give_back(self, held: Held) -> tuple[ShedStep | None, list[dict[str, Any]]]:
         cg = held.victim.cgroup
-        gone = "kill" in held.done or "stop" in held.done
+        gone = ShedStep.KILL in held.hold.steps or ShedStep.STOP in held.hold.steps
         try:
-            if held.frozen and not gone:
+            if held.hold.frozen and not gone:
                 self.fs.freeze(cg, False)
-                held.frozen = False
-                held.done.remove("freeze")  # pressure that comes back may freeze it again
-                return "thaw", [_change(cg, kf.CGROUP_FREEZE, "1", "0")]
+                held.hold.frozen = False
+                held.hold.steps.remove(ShedStep.FREEZE)  # pressure that comes back may freeze again
+                return ShedStep.THAW, [_change(cg, kf.CGROUP_FREEZE, "1", "0")]
             if held.before_high is None or gone or not self.fs.exists(cg):
-                return "release", []
+                return ShedStep.RELEASE, []
             now_high = self.fs.read(cg, kf.MEMORY_HIGH).strip()
             goal = self._goal(held)
             current, target = parse_max(now_high), parse_max(goal)
             if current is None:
-                return "release", []
+                return ShedStep.RELEASE, []
             if held.raise_by is None:
                 gap = (target - current) if target is not None else current
                 held.raise_by = max(RAISE_MIN, gap // RAISE_STEPS)
@@ -358,8 +365,8 @@ class Shedder:
                     return None, []  # held as it is until the board has room
                 capped, new = bound < new, min(new, bound)
             held.raises += 1
-            if "throttle" in held.done:  # ... or throttle it again at what it then uses
-                held.done.remove("throttle")
+            if ShedStep.THROTTLE in held.hold.steps:  # ... or throttle it again at what it uses
+                held.hold.steps.remove(ShedStep.THROTTLE)
             final = not capped and (
                 (target is not None and new >= target)
                 or (target is None and held.raises >= RAISE_STEPS)
@@ -370,10 +377,10 @@ class Shedder:
             changes = [_change(cg, kf.MEMORY_HIGH, now_high, after)]
             if final:
                 held.before_high = None
-            return "raise", changes
+            return ShedStep.RAISE, changes
         except GovernorError as err:
             log.warning("shed.undo_failed", victim=held.victim.name, cgroup=cg, reason=str(err))
-            return "release", []
+            return ShedStep.RELEASE, []
 
     def _room(self) -> int | None:
         """What the board can give a victim now: MemAvailable less ``ROOM_HEADROOM`` and less
@@ -401,7 +408,7 @@ class Shedder:
             changes = []
             with self._locked(held.victim):
                 try:
-                    if held.frozen:
+                    if held.hold.frozen:
                         self.fs.freeze(cg, False)
                         changes.append(_change(cg, kf.CGROUP_FREEZE, "1", "0"))
                     if held.before_high is not None and self.fs.exists(cg):
@@ -411,8 +418,8 @@ class Shedder:
                         changes.append(_change(cg, kf.MEMORY_HIGH, before, after))
                 except GovernorError as err:
                     log.warning("shed.undo_failed", victim=name, cgroup=cg, reason=str(err))
-                self._journal(held.victim, "release", changes, when=why)
-            self._count(name, "release")
+                self._journal(held.victim, ShedStep.RELEASE, changes, when=why)
+            self._count(name, ShedStep.RELEASE)
             log.info("shed.undo", by=self.by, victim=name, cgroup=cg, step="release", reason=why)
         self.held.clear()
         self._failed.clear()
@@ -446,7 +453,7 @@ class Shedder:
     @contextlib.contextmanager
     def _locked(self, victim: Victim) -> Iterator[None]:
         """The victim's journal lock around a step's writes and its entry: the victim's own
-        monitor reads its baseline under the same lock (governor/monitor/actions.py), so it
+        monitor reads its baseline under the same lock (governor/monitor/actions/limits.py, freeze.py), so it
         never lifts a throttle whose entry is not written yet. Without a journal (an
         unwritable run dir) the step still goes, as before."""
         with victim.journal.try_locked() as failed:
@@ -461,7 +468,7 @@ class Shedder:
             return
         reverts: list[tuple[str, str, str]] = []
         for held in self.held.values():
-            if held.frozen:
+            if held.hold.frozen:
                 reverts.append(("thaw", "-", held.victim.cgroup))
             if held.before_high is not None:
                 reverts.append(("high", self._goal(held), held.victim.cgroup))

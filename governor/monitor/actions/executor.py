@@ -1,0 +1,132 @@
+"""Runs a fired rule's actions through their registered handlers (registry.py).
+
+Each action logs ONE structured event, ``action.done`` (or ``action.failed``), with the rule,
+the verb and the values before and after. Failures are logged and reported, never raised: the
+monitor must keep watching and the engine must keep running.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from governor.errors import GovernorError
+from governor.kernel.cgroupfs import CgroupFs
+from governor.log import get_logger
+from governor.monitor.actions import registry
+from governor.monitor.actions.base import Context, Env, Handler, Result, Ticked
+from governor.monitor.restart import Restarts
+from governor.plan.model import Action, Plan
+from governor.rundir.journal import Journal
+from governor.rundir.state import alive
+
+log = get_logger(__name__)
+
+
+class Executor:
+    """The handlers of one monitor: made for every verb the plan's rules name (at once, so
+    their ``observe``/``tick`` run from the start), and on first use for any other."""
+
+    def __init__(
+        self,
+        fs: CgroupFs,
+        plan: Plan,
+        *,
+        engine_pids: Callable[[], Sequence[int]],
+        clock: Callable[[], float] = time.monotonic,
+        run: Callable[..., Any] | None = None,
+        kill: Callable[[int, int], None] = os.kill,
+        page_size: int = os.sysconf("SC_PAGE_SIZE"),
+        restarts: Restarts | None = None,
+        journal: Journal | None = None,
+        alive: Callable[[int | None], bool] = alive,
+        watchdog: Any = None,
+        memavailable: Callable[[], int | None] | None = None,
+    ) -> None:
+        self.env = Env(
+            fs, plan, engine_pids, clock=clock, run=run, kill=kill, page_size=page_size,
+            restarts=restarts, journal=journal, alive=alive, watchdog=watchdog,
+            memavailable=memavailable,
+        )  # fmt: skip
+        self.env.execute = self.execute
+        self.handlers: dict[str, Handler] = {}  # by "module:Class", in the order first made
+        self.rules: dict[str, list[tuple[int, float | None]]] = {}  # handler -> (rule, cooldown)
+        for w in plan.watch:
+            for a in w.actions:
+                key = registry.VERBS[a.verb].handler
+                self.handler(a.verb)
+                uses = self.rules.setdefault(key, [])
+                if (w.index, w.cooldown_s) not in uses:
+                    uses.append((w.index, w.cooldown_s))
+
+    @property
+    def group(self) -> str:
+        return self.env.group
+
+    @property
+    def thaw_at(self) -> float | None:
+        return self.env.thaw_at
+
+    def handler(self, verb: str) -> Handler:
+        key = registry.VERBS[verb].handler
+        made = self.handlers.get(key)
+        if made is None:
+            made = self.handlers[key] = registry.handler_class(verb)(self.env)
+        return made
+
+    # ------------------------------------------------------------------ lifecycle
+
+    def execute(self, action: Action, ctx: Context) -> Result:
+        try:
+            res = self.handler(action.verb).run(action, ctx)
+        except GovernorError as err:
+            res = Result(str(action), ok=False, detail=str(err))
+        except (OSError, ValueError) as err:  # SubprocessError: caught by the exec handler
+            res = Result(str(action), ok=False, detail=f"{type(err).__name__}: {err}")
+        event = "action.done" if res.ok else "action.failed"
+        (log.info if res.ok else log.warning)(
+            event, rule=ctx.rule, when=ctx.when, cgroup=self.group, **res.as_dict()
+        )
+        return res
+
+    def ends_firing(self, action: Action, res: Result) -> bool:
+        return self.handler(action.verb).ends_firing(action, res)
+
+    def observe(self, now: float, fired: set[int], *, sampled: bool) -> None:
+        for h in list(self.handlers.values()):
+            h.observe(now, fired, sampled=sampled)
+
+    def deadline(self) -> float | None:
+        times = [t for h in self.handlers.values() if (t := h.deadline()) is not None]
+        return min(times, default=None)
+
+    def tick(self, now: float, quiet: Callable[[int, float], bool]) -> list[Ticked]:
+        """Every handler's tick; ``quiet(rule, cooldown_s)`` is the rule engine's."""
+        out = []
+        for key, h in list(self.handlers.items()):
+            rules = self.rules.get(key, [])
+
+            def all_quiet(settle_s: float, rules: list[tuple[int, float | None]] = rules) -> bool:
+                return all(quiet(i, cooldown or settle_s) for i, cooldown in rules)
+
+            done = h.tick(now, all_quiet)
+            if done is not None:
+                out.append(done)
+        return out
+
+    def on_timer(self, now: float) -> Result | None:
+        """A due timer's action (a timed freeze's thaw), no rule counted as quiet."""
+        done = self.tick(now, lambda _rule, _cooldown: False)
+        return done[0].result if done else None
+
+    def close(self, why: str) -> None:
+        for h in list(self.handlers.values()):
+            h.close(why)
+
+    def totals(self) -> dict[str, list[dict[str, Any]]]:
+        out: dict[str, list[dict[str, Any]]] = {}
+        for h in self.handlers.values():
+            out.update(h.totals())
+        return out
