@@ -5,11 +5,11 @@ services: the board file's ``[board] reserve``, default :func:`reserve_for`). Ev
 slice, running (its published state) or installed (its unit and manifest), has a
 :class:`Claim`: its ``memory.min`` (guaranteed) and its expected peak (the engine's estimate
 where there is one, else ``memory.max``, else ``memory.high``); device memory a policy budgets
-with ``[device]`` is held outside every cgroup and counts in both.
+with ``[device]`` is held outside every cgroup and counts in the peak.
 
 Two checks, both pure (:func:`admit`):
 
-- **guarantees** never overcommit: the sum of every claim's min (+ device) and the new one's
+- **guarantees** never overcommit: the sum of every claim's memory.min and the new one's
   must stay within the budget, else the board cannot admit it;
 - **peaks** may overcommit (a QoS pair is meant to share the board, the shed arbitrates): the
   new policy's ``[qos] admit`` says what happens when its peak does not fit beside the others'.
@@ -82,7 +82,9 @@ class Claim:
 
     @property
     def guaranteed(self) -> int:
-        return self.min + self.device
+        """What the guarantees count: memory.min (the issue's sum of memory.min; device
+        memory is no memcg protection, it counts in the peak)."""
+        return self.min
 
     @property
     def peak_claim(self) -> int:
