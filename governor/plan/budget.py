@@ -158,7 +158,9 @@ def admit(budget: Budget, new: Claim, others: tuple[Claim, ...]) -> Verdict:
     min_left = budget.budget - sum(c.guaranteed for c in others)
     peak_left = budget.budget - sum(c.peak_claim for c in others)
     need_min = max(0, new.guaranteed - min_left)
-    need_peak = max(0, new.peak_claim - peak_left)
+    # an overlap is with the others' peaks: a peak above the budget on an empty board is the
+    # policy's own sizing (check's estimate against memory.max), not an admission matter
+    need_peak = min(max(0, new.peak_claim - peak_left), sum(c.peak_claim for c in others))
     kind: VerdictKind = "guarantees" if need_min else "peaks" if need_peak else "fits"
     victims: tuple[Claim, ...] = ()
     enough = True
@@ -209,10 +211,14 @@ def refusal_text(verdict: Verdict) -> str:
         what = f"memory.min {gib(c.guaranteed)}, {gib(max(0, verdict.min_left))} of guarantees left"
     else:
         what = (
-            f"peak {gib(c.peak_claim)} ({c.peak_source}),"
+            f"peak {gib(c.peak_claim)} ({_source(c)}),"
             f" {gib(max(0, verdict.peak_left))} of peaks left"
         )
     return f"the board cannot admit {c.name}: {what} ({holders_text(verdict)})"
+
+
+def _source(c: Claim) -> str:
+    return "its memory.min" if c.peak_source == "none" else c.peak_source
 
 
 def overlap_text(verdict: Verdict) -> str:
@@ -227,7 +233,7 @@ def overlap_text(verdict: Verdict) -> str:
     else:
         who = "; no class sheds the other"
     return (
-        f"{c.name}'s peak {gib(c.peak_claim)} ({c.peak_source}) overlaps the others' claims by"
+        f"{c.name}'s peak {gib(c.peak_claim)} ({_source(c)}) overlaps the others' claims by"
         f" {gib(verdict.missing)} ({holders_text(verdict)}){who}"
     )
 

@@ -156,3 +156,12 @@ def test_a_bad_reserve_is_a_policy_error_naming_the_field(
     with pytest.raises(PolicyError) as err:
         load_board(f)
     assert err.value.field == field and err.value.exit_code == 65
+
+
+def test_a_peak_above_the_budget_alone_is_no_overlap_and_the_overlap_is_at_most_the_others() -> (
+    None
+):
+    big = claim("chat", "interactive", 1 * GIB, 2 * GIB)
+    assert admit(BOARD_2G, big, ()).fits
+    v = admit(BOARD_2G, big, (claim("tiny", "background", 0, 10 * MIB),))
+    assert v.kind == "peaks" and v.missing == 10 * MIB
