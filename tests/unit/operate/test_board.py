@@ -18,7 +18,7 @@ GOLDEN = Path(__file__).resolve().parents[2] / "golden/plans/base@rk3588.json"
 
 def plan_dict(name: str, cls: str, **limits: str) -> dict[str, Any]:
     """A compiled plan (the rk3588 golden's) renamed, with these memory limits on its group."""
-    plan = json.loads(GOLDEN.read_text())
+    plan: dict[str, Any] = json.loads(GOLDEN.read_text())
     group = f"governor.slice/{name}"
     plan.update(policy=name, group=group, leaf=f"{group}/engine")
     plan["writes"] = [
