@@ -288,3 +288,22 @@ def test_name_comes_from_the_model_file_and_engine_argv_keeps_its_program(
     assert policy["engine"]["threads"] == 2
     named, _, _ = _init(capsys, str(HOSTS / "rk3588"), "--model", str(tiny))
     assert named["name"] == "tiny"
+
+
+def test_init_writes_an_explicit_admit_a_server_sheds_a_one_shot_run_waits(
+    tiny: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    root = str(HOSTS / "cgroup2-full")
+    policy, text, _ = _init(capsys, root, "--model", str(tiny), "--board-memory", "2G")
+    assert policy["qos"] == {"class": "background", "admit": "wait"}
+    assert 'admit = "wait"  # when the board cannot take it' in text
+    server, text, _ = _init(
+        capsys, root, "--model", str(tiny), "--board-memory", "2G",
+        "--engine-argv", "llama-server -np 1 --port 8080",
+    )  # fmt: skip
+    assert server["qos"] == {"class": "interactive", "admit": "shed"}
+    assert 'admit = "shed"  # when the board cannot take its peak' in text
+    out_file = tmp_path / "server.toml"
+    out_file.write_text(text)
+    code, out, err = run(capsys, "--root", root, "check", str(out_file))
+    assert code == 0, out + err
