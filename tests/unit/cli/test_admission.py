@@ -245,9 +245,16 @@ def test_the_board_lock_is_one_holder_at_a_time_and_not_inherited_by_a_fork(
         holder.stdin.close()
         holder.wait(timeout=30)
     fd = board_lock(tmp_path, block=False)
+    r, w = os.pipe()
     pid = os.fork()
-    if pid == 0:  # the child (a watchdog forked while the lock is held) holds nothing
+    if pid == 0:  # a watchdog forked while the lock is held: it lives on and holds nothing
+        os.close(w)
+        os.read(r, 1)
         os._exit(0)
-    os.waitpid(pid, 0)
-    os.close(fd)
-    os.close(board_lock(tmp_path, block=False))
+    try:
+        os.close(fd)  # released by this close although the child still has the descriptor
+        os.close(board_lock(tmp_path, block=False))
+    finally:
+        os.close(w)
+        os.waitpid(pid, 0)
+        os.close(r)
