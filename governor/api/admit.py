@@ -135,7 +135,12 @@ def admission(
 
     new = claim_of_plan(plan_claim_dict(plan), estimate=estimate, state="running")
     mode = plan.qos.admit
-    fd = board_lock(run) if run is not None else -1
+    fd = -1
+    if run is not None:
+        try:
+            fd = board_lock(run)
+        except OSError as err:  # an unwritable run dir: weighed all the same, unlocked
+            log.warning("admit.unlocked", run=str(run), reason=err.strerror)
     try:
         seen = read()
         for p in seen.problems:
@@ -177,11 +182,14 @@ def admission(
                 f" room for {new.name} ({holders_text(verdict)})"
             )
         deadline = clock() + plan.qos.admit_timeout_s
+        locked = fd >= 0
         while True:  # wait (or let the victims go) without the lock: they may need it
-            os.close(fd)
-            fd = -1
+            if locked:
+                os.close(fd)
+                fd = -1
             sleep(POLL_S)
-            fd = board_lock(run)
+            if locked and run is not None:
+                fd = board_lock(run)
             seen = read()
             verdict = admit(seen.budget, new, seen.claims)
             if verdict.fits:
