@@ -323,7 +323,7 @@ def render(  # noqa: PLR0917  # one policy from all its inputs
         *_cpu_and_process_tables(host, parsed),
         *_engine_table(host, s, engine),
         *_prefetch_table(parsed),
-        *_qos_table(s),
+        *draft_server.qos_lines(s.est.settings.server),
         "",
         *_pressure(host),
     ]
@@ -448,27 +448,6 @@ def _prefetch_table(parsed: EngineArgs) -> list[str]:
             " slice and protected by memory.min"
         )
     return out
-
-
-def _qos_table(s: Sizing) -> list[str]:
-    """[qos] with an explicit admit (issue 36): a server answers people (interactive: it makes
-    room by stopping background engines), a one-shot run can wait its turn (background)."""
-    if s.est.settings.server:
-        return [
-            "",
-            "[qos]",
-            'class = "interactive"  # a server answers people: a shed takes memory from lower'
-            " classes, never from it",
-            'admit = "shed"  # when the board cannot take its peak beside the other engines, stop'
-            " background ones to make room (docs/several.md)",
-        ]
-    return [
-        "",
-        "[qos]",
-        'class = "background"  # a one-shot run: an interactive engine may shed it',
-        'admit = "wait"  # when the board cannot take it beside the other engines, wait up to'
-        ' admit_timeout ("60s") for room, then exit 75 (docs/several.md)',
-    ]
 
 
 _RULES = """\
