@@ -345,7 +345,8 @@ def test_an_installed_but_stopped_service_keeps_its_claim_against_a_launch(
     )
     mib = int(Budget.of(memtotal).budget * 0.6) >> 20
     name = policy.stem
-    policy.write_text(policy.read_text().replace('min = "16M"', f'min = "{mib}M"'))
+    # its memory.min alone (high and max stay unset: a min above them would be refused, 65)
+    policy.write_text(f'name = "{name}"\nslice = "governor.slice"\n[memory]\nmin = "{mib}M"\n')
     _run(*GOVERNOR, "install", str(policy))
     other = tmp_path / "gt-admit.toml"
     other.write_text(f'name = "gt-admit"\n[memory]\nmin = "{mib}M"\n')
