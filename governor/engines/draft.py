@@ -38,6 +38,7 @@ from governor.engines.llama import (
 )
 from governor.errors import PolicyError, UsageError
 from governor.kernel.parse import format_cpulist
+from governor.plan.budget import reserve_for  # the board's reserve: one spelling (issue 36)
 from governor.policy.loader import load_text
 from governor.policy.model import NAME_RE
 
@@ -45,9 +46,6 @@ if TYPE_CHECKING:
     from governor.plan.host import HostFacts
 
 GIB = 1 << 30
-RESERVE_BASE = 128 * MIB  # kernel, init, sshd, journald: what a headless board runs anyway
-RESERVE_SHARE = 16  # plus 1/16 of the board: page tables, slab and cache grow with it
-RESERVE_CAP = 1 * GIB
 HEADROOM_MIN = 64 * MIB  # the prefetch helper and the engine's heap spread (~4 MiB per run)
 HEADROOM_SHARE = 0.10  # the estimate's error against memory.peak (docs/calibration.md)
 DEFAULT_ENGINE = "llama-completion"  # the one-shot CLI (notes/engine.md "Which binary")
@@ -92,10 +90,6 @@ class Draft:
     engine: tuple[str, ...]  # the engine command line the policy was sized for
     sizing: Sizing
     missing: tuple[str, ...]  # controllers the policy uses that this host lacks
-
-
-def reserve_for(board: int) -> int:
-    return min(RESERVE_CAP, RESERVE_BASE + board // RESERVE_SHARE)
 
 
 def headroom_for(total: int) -> int:
@@ -329,6 +323,7 @@ def render(  # noqa: PLR0917  # one policy from all its inputs
         *_cpu_and_process_tables(host, parsed),
         *_engine_table(host, s, engine),
         *_prefetch_table(parsed),
+        *draft_server.qos_lines(s.est.settings.server),
         "",
         *_pressure(host),
     ]

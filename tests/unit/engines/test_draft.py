@@ -20,6 +20,7 @@ from governor.engines import budget
 from governor.engines import draft as ip
 from governor.engines.estimate import MIB
 from governor.errors import EXIT_NOINPUT, EXIT_POLICY, EXIT_USAGE
+from governor.plan.budget import reserve_for
 
 REPO = Path(__file__).resolve().parents[3]
 HOSTS = REPO / "tests" / "fixtures" / "hosts"
@@ -138,7 +139,7 @@ def test_memory_values_follow_the_estimate_and_the_board(
         assert size["min"] >= est.term("weights") > size["min"] - MIB
         assert size["max"] - MIB < est.total + ip.headroom_for(est.total) <= size["max"]
         assert est.total < size["high"] < size["max"]
-        ceiling = board - ip.reserve_for(board)
+        ceiling = board - reserve_for(board)
         assert size["max"] <= ceiling
         more = budget.estimate_argv(ip._args((), tiny, ctx + 256), root=Path(root), budget=None)
         assert ctx == 2048 or more.total + ip.headroom_for(more.total) > ceiling
@@ -149,7 +150,7 @@ def test_memory_values_follow_the_estimate_and_the_board(
 
 
 def test_reserve_scales_with_the_board() -> None:
-    sizes = [ip.reserve_for(b) for b in (1 * GIB, 2 * GIB, 4 * GIB, 8 * GIB, 64 * GIB)]
+    sizes = [reserve_for(b) for b in (1 * GIB, 2 * GIB, 4 * GIB, 8 * GIB, 64 * GIB)]
     assert sizes == sorted(sizes) and sizes[1] == 256 * MIB and sizes[-1] == GIB
     for ceiling in (100 * MIB, 1700 * MIB, 7 * GIB):
         fit = ip.fit_budget(ceiling)
@@ -287,3 +288,22 @@ def test_name_comes_from_the_model_file_and_engine_argv_keeps_its_program(
     assert policy["engine"]["threads"] == 2
     named, _, _ = _init(capsys, str(HOSTS / "rk3588"), "--model", str(tiny))
     assert named["name"] == "tiny"
+
+
+def test_init_writes_an_explicit_admit_a_server_sheds_a_one_shot_run_waits(
+    tiny: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    root = str(HOSTS / "cgroup2-full")
+    policy, text, _ = _init(capsys, root, "--model", str(tiny), "--board-memory", "2G")
+    assert policy["qos"] == {"class": "background", "admit": "wait"}
+    assert 'admit = "wait"  # when the board cannot take it' in text
+    server, text, _ = _init(
+        capsys, root, "--model", str(tiny), "--board-memory", "2G",
+        "--engine-argv", "llama-server -np 1 --port 8080",
+    )  # fmt: skip
+    assert server["qos"] == {"class": "interactive", "admit": "shed"}
+    assert 'admit = "shed"  # when the board cannot take its peak' in text
+    out_file = tmp_path / "server.toml"
+    out_file.write_text(text)
+    code, out, err = run(capsys, "--root", root, "check", str(out_file))
+    assert code == 0, out + err
