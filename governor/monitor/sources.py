@@ -10,7 +10,7 @@ refuses (EPERM); the monitor then re-reads them at every sample instead and says
 from __future__ import annotations
 
 import os
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 
 from governor.errors import BackendError, GovernorError
 from governor.kernel import files as kf
@@ -25,6 +25,9 @@ from governor.record import record
 log = get_logger(__name__)
 
 _READ_MAX = 65536
+# the board's default reserve (issue 36): 128 MiB + MemTotal / 16, at most 1 GiB
+RESERVE_BASE = 128 << 20
+RESERVE_MAX = 1 << 30
 
 
 class EventFile:
@@ -94,6 +97,34 @@ class Board:
         """``board available``: MemAvailable less the group's protected page cache."""
         raw = self.memavailable()
         return None if raw is None else max(0, raw - protected_cache(fs, group))
+
+    def levels(self, fs: CgroupFs, group: str, kinds: Collection[str]) -> dict[str, int | None]:
+        """The board-wide levels the rules of these kinds compare (rules.Observations)."""
+        out: dict[str, int | None] = {}
+        if "memavailable" in kinds:
+            out["memavailable"] = self.memavailable()
+        if "available" in kinds:
+            out["available"] = self.available(fs, group)
+        if "headroom" in kinds:
+            out["spare"] = self.spare(fs, group)
+        return out
+
+    def spare(self, fs: CgroupFs, group: str) -> int | None:
+        """``board available`` less the board's reserve (the OS's and ungoverned services'
+        memory, docs/several.md): what a governed slice may still grow into before the
+        board's other tenants are squeezed. Negative when the reserve is eaten into."""
+        avail = self.available(fs, group)
+        reserve = self.reserve()
+        return None if avail is None or reserve is None else avail - reserve
+
+    def reserve(self) -> int | None:
+        """The board's reserve: 128 MiB + 1/16 of MemTotal, at most 1 GiB (what `init` leaves
+        the OS, governor/engines/draft.py)."""
+        try:
+            total = self.proc.meminfo()["MemTotal"]
+        except (OSError, ValueError, KeyError):
+            return None
+        return min(RESERVE_BASE + total // 16, RESERVE_MAX)
 
     def memory_some_avg10(self) -> float | None:
         try:
