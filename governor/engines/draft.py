@@ -37,15 +37,13 @@ from governor.engines.llama import (
     parse_llama_argv,
 )
 from governor.errors import PolicyError, UsageError
+from governor.plan.budget import reserve_for  # the board's reserve: one spelling (issue 36)
 from governor.policy.model import NAME_RE
 
 if TYPE_CHECKING:
     from governor.plan.host import HostFacts
 
 GIB = 1 << 30
-RESERVE_BASE = 128 * MIB  # kernel, init, sshd, journald: what a headless board runs anyway
-RESERVE_SHARE = 16  # plus 1/16 of the board: page tables, slab and cache grow with it
-RESERVE_CAP = 1 * GIB
 HEADROOM_MIN = 64 * MIB  # the prefetch helper and the engine's heap spread (~4 MiB per run)
 HEADROOM_SHARE = 0.10  # the estimate's error against memory.peak (docs/calibration.md)
 DEFAULT_ENGINE = "llama-completion"  # the one-shot CLI (notes/engine.md "Which binary")
@@ -90,10 +88,6 @@ class Draft:
     engine: tuple[str, ...]  # the engine command line the policy was sized for
     sizing: Sizing
     missing: tuple[str, ...]  # controllers the policy uses that this host lacks
-
-
-def reserve_for(board: int) -> int:
-    return min(RESERVE_CAP, RESERVE_BASE + board // RESERVE_SHARE)
 
 
 def headroom_for(total: int) -> int:
