@@ -20,14 +20,13 @@ from governor.kernel.parse import parse_flat_keyed, parse_max, parse_psi
 from governor.kernel.procfs import ProcFs
 from governor.log import get_logger
 from governor.monitor.rules import Rule
+from governor.plan.board import read_board
+from governor.plan.budget import reserve_for
 from governor.record import record
 
 log = get_logger(__name__)
 
 _READ_MAX = 65536
-# the board's default reserve (issue 36): 128 MiB + MemTotal / 16, at most 1 GiB
-RESERVE_BASE = 128 << 20
-RESERVE_MAX = 1 << 30
 
 
 class EventFile:
@@ -86,6 +85,7 @@ class Board:
 
     def __init__(self, proc: ProcFs) -> None:
         self.proc = proc
+        self._reserve: int | None = None
 
     def memavailable(self) -> int | None:
         try:
@@ -118,13 +118,16 @@ class Board:
         return None if avail is None or reserve is None else avail - reserve
 
     def reserve(self) -> int | None:
-        """The board's reserve: 128 MiB + 1/16 of MemTotal, at most 1 GiB (what `init` leaves
-        the OS, governor/engines/draft.py)."""
-        try:
-            total = self.proc.meminfo()["MemTotal"]
-        except (OSError, ValueError, KeyError):
-            return None
-        return min(RESERVE_BASE + total // 16, RESERVE_MAX)
+        """The board's reserve: the board file's ``[board] reserve``, else the default (128
+        MiB + MemTotal/16, at most 1 GiB: governor/plan/budget.py); read once."""
+        if self._reserve is None:
+            self._reserve = read_board().reserve  # an invalid file: the default
+            if self._reserve is None:
+                try:
+                    self._reserve = reserve_for(self.proc.meminfo()["MemTotal"])
+                except (OSError, ValueError, KeyError):
+                    return None
+        return self._reserve
 
     def memory_some_avg10(self) -> float | None:
         try:
