@@ -149,6 +149,7 @@ def compile_plan(
         )
         for file, value, reason in (*files, *cpuset)
     ]
+    asked = tuple(writes)  # a headroom rule's peak claim, whatever this host enforces
     writes, controllers, degraded = available(writes, policy, host, allow_missing, problems)
 
     create = (policy.slice, group, f"{group}/{LEAF}") if attach is None else ()
@@ -177,7 +178,7 @@ def compile_plan(
         protect_parents=tuple(
             w.file for w in writes if w.file in (kf.MEMORY_MIN, kf.MEMORY_LOW) and w.value != "0"
         ),
-        watch=_watch(policy, writes, source),
+        watch=_watch(policy, asked, source),
         notes=tuple(notes),
         degraded=tuple(degraded),
         device=_device(policy, workload),
