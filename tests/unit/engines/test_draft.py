@@ -338,7 +338,7 @@ def test_a_server_draft_is_interactive_and_sheds_before_the_stall(
     """llama-server answers a chat: init writes [qos] class = "interactive" and the
     `board available < headroom` shed rule (no PSI needed); a one-shot CLI gets neither."""
     root = str(HOSTS / "rk3588")
-    policy, text, _ = _init(
+    policy, _, _ = _init(
         capsys, root, "--model", str(tiny), "--engine-argv", "/opt/llama/llama-server -t 2"
     )
     assert policy["qos"]["class"] == "interactive"
