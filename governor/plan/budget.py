@@ -24,9 +24,10 @@ admission, the gatherer in governor/operate/board.py).
 
 from __future__ import annotations
 
-from typing import Literal
+from collections.abc import Mapping
+from typing import Any, Literal
 
-from governor.plan.model import QOS_RANK, SHED_STEPS
+from governor.plan.model import QOS_RANK, SHED_STEPS, Plan
 from governor.record import record
 
 MIB = 1 << 20
@@ -227,3 +228,72 @@ def overlap_text(verdict: Verdict) -> str:
         f"{c.name}'s peak {gib(c.peak_claim)} ({c.peak_source}) overlaps the others' claims by"
         f" {gib(verdict.missing)} ({holders_text(verdict)}){who}"
     )
+
+
+def _size(value: object) -> int | None:
+    """A limit as a plan writes it: bytes, or None for "max" (or anything not a size)."""
+    if isinstance(value, int) and not isinstance(value, bool):
+        return value
+    if isinstance(value, str) and value.split()[0:1] and value.split()[0].isdigit():
+        return int(value.split()[0])
+    return None
+
+
+def claim_of_plan(
+    plan: Mapping[str, Any],
+    *,
+    estimate: int | None = None,
+    state: ClaimState = "running",
+    current: int | None = None,
+) -> Claim:
+    """The claim of a compiled plan as its dict (``Plan.to_dict()``, a published state's
+    ``plan``, a manifest's): its group's memory.min, and the peak from ``estimate``, else its
+    memory.max, else its memory.high. Raises ValueError for a dict that is not a plan."""
+    try:
+        group = plan["group"]
+        limits = {
+            w["file"]: _size(w["value"])
+            for w in plan["writes"]
+            if w["cgroup"] == group and w["file"] in ("memory.min", "memory.max", "memory.high")
+        }
+        qos = plan.get("qos") or {}
+        device = plan.get("device") or {}
+        dev = device.get("memory")
+        mn = limits.get("memory.min") or 0
+        peak, source = peak_of(
+            estimate, limits.get("memory.max"), limits.get("memory.high"), max(mn, current or 0)
+        )
+        return Claim(
+            name=str(plan["policy"]),
+            group=str(group),
+            qos_class=str(qos.get("qos_class", "standard")),
+            min=mn,
+            peak=peak,
+            peak_source=source,
+            current=current,
+            state=state,
+            device=dev if isinstance(dev, int) and not isinstance(dev, bool) else 0,
+            yields=tuple(qos.get("yields", SHED_STEPS)),
+        )
+    except (KeyError, TypeError, AttributeError) as err:
+        raise ValueError(f"not a compiled plan: {err!r}") from err
+
+
+def plan_claim_dict(plan: Plan) -> dict[str, Any]:
+    """The part of a compiled plan its claim reads (:func:`claim_of_plan`), cheaply (no
+    ``to_dict()`` of the whole plan on the launch path); also what `install` records in its
+    manifest so an installed-but-stopped service keeps its claim."""
+    memory = ("memory.min", "memory.max", "memory.high")
+    out: dict[str, Any] = {
+        "policy": plan.policy,
+        "group": plan.group,
+        "writes": [
+            {"cgroup": w.cgroup, "file": w.file, "value": w.value}
+            for w in plan.writes
+            if w.cgroup == plan.group and w.file in memory
+        ],
+        "qos": {"qos_class": plan.qos.qos_class, "yields": list(plan.qos.yields)},
+    }
+    if plan.device is not None:
+        out["device"] = {"memory": plan.device.memory}
+    return out

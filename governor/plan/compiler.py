@@ -260,7 +260,12 @@ def _qos(policy: Policy, source: str | None) -> QosSpec:
             hint="remove qos.yield, or give the policy a lower [qos] class",
         )
     yields = tuple(s for s in SHED_STEPS if s in policy.qos.yield_)
-    return QosSpec(qos_class=policy.qos.class_, yields=yields)
+    return QosSpec(
+        qos_class=policy.qos.class_,
+        yields=yields,
+        admit=policy.qos.admit,
+        admit_timeout_s=policy.qos.admit_timeout.seconds,
+    )
 
 
 def _device(policy: Policy, workload: Workload) -> DeviceSpec | None:

@@ -99,6 +99,10 @@ class QosSpec:
 
     qos_class: QosClass = "standard"
     yields: tuple[str, ...] = SHED_STEPS
+    # [qos] admit and admit_timeout (issue 36, governor/plan/budget.py): left out of the JSON
+    # at their defaults, so plans without them keep their shape (goldens, caches)
+    admit: Literal["warn", "refuse", "wait", "shed"] = "warn"
+    admit_timeout_s: float = 60.0
 
     def to_json(self) -> dict[str, Any]:
         """As the policy spells it (the run state's ``qos``)."""
@@ -257,6 +261,9 @@ class Plan:
             out.pop("device", None)  # plans without [device] keep their shape (goldens, caches)
         if not self.clocks:  # a plan without [clocks] reads as it did before them
             del out["clocks"]
+        qos = out["qos"]
+        if qos["admit"] == "warn" and qos["admit_timeout_s"] == 60.0:
+            del qos["admit"], qos["admit_timeout_s"]
         return out
 
     def to_json(self, *, indent: int | None = 2) -> str:
@@ -313,7 +320,12 @@ class Plan:
 def _qos(d: dict[str, Any] | None) -> QosSpec:
     if not d:
         return QosSpec()
-    return QosSpec(qos_class=d["qos_class"], yields=tuple(d["yields"]))
+    return QosSpec(
+        qos_class=d["qos_class"],
+        yields=tuple(d["yields"]),
+        admit=d.get("admit", "warn"),
+        admit_timeout_s=float(d.get("admit_timeout_s", 60.0)),
+    )
 
 
 def _watch_rule(d: dict[str, Any]) -> WatchRule:

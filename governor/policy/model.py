@@ -323,6 +323,12 @@ class QosSection(_Section):
     yield_: Annotated[tuple[ShedStep, ...], Field(strict=False)] = Field(
         default=("throttle", "freeze", "stop", "kill"), alias="yield"
     )
+    # what a launch or install does when this slice's peak does not fit beside the board's
+    # other claims (issue 36; the guarantees never overcommit: "warn" and "refuse" refuse then)
+    admit: Literal["warn", "refuse", "wait", "shed"] = "warn"
+    admit_timeout: Duration = Field(
+        default=d.Duration(60_000_000), json_schema_extra={"default": "60s"}
+    )
 
     @field_validator("yield_")
     @classmethod

@@ -78,6 +78,10 @@ class Job:
     ready_url: str | None = None
     ready_timeout_s: float = 300.0
     sysfs_root: str = "/sys"  # [clocks]: every clock file written resolves under it
+    # the board lock admission took (governor/api/admit.py): released once the state is
+    # published, so a racing launch reads this slice's claim; the admission's note is journaled
+    board_release: Callable[[], None] | None = None
+    admit_note: str | None = None
 
 
 class Supervisor:
@@ -206,6 +210,11 @@ class Supervisor:
     def _run_applied(self, job: Job) -> int:
         started = self.clock()
         self.publisher = Publisher(job.run_dir or run_dir(), job.plan.policy)
+        if job.admit_note:  # why it runs now (`status` shows the journal): issue 36
+            with contextlib.suppress(OSError):
+                Journal((job.run_dir or run_dir()) / job.plan.policy).append(
+                    "admit", [], reason=job.admit_note
+                )
         try:
             return self._run_published(job, started)
         finally:
@@ -352,6 +361,8 @@ class Supervisor:
         )
         self.state = state.to_json()  # also what --metrics serves
         self.publisher.publish(state)
+        if job.board_release is not None:
+            job.board_release()  # idempotent: the next launch's admission sees this claim
 
     def _start_helper(self, job: Job, engine_pid: int) -> None:
         """The prefetch helper for this start of the engine (mode none: nothing)."""
