@@ -1,7 +1,5 @@
 """`governor init` beside the board's tenants (issue 36): the other governed slices' claims
-and the board file's reserve it sizes against, the comment lines that say so, and what an
-interactive draft (llama-server) adds: its [qos] class and the ``board available <
-headroom`` rule that sheds a lower class before the board is full."""
+and the board file's reserve it sizes against, and the comment lines that say so."""
 
 from __future__ import annotations
 
@@ -54,23 +52,4 @@ def board_lines(s: Sizing) -> list[str]:
         f" at peak = {mib(s.ceiling)} MiB for the engine",
         f"# (sized beside them: {'; '.join(s.tenants)}; `governor board` lists them,"
         " --board-memory sizes for an empty board);",
-    ]
-
-
-# an interactive engine's claim: what the board keeps for it before any stall (issue 36)
-HEADROOM_RULE = """\
-[[pressure]]                # shed before the stall: once the board can no longer give what this
-when = "board available < headroom"  # engine still needs (its peak claim - memory.current), a
-do = ["log", "shed"]        # lower class yields a step (throttle, freeze... its [qos] yield)
-cooldown = "3s"             # at each firing while it lasts; undone once the board has room
-"""
-
-
-def qos_table(s: Sizing) -> list[str]:
-    if not s.est.settings.server:
-        return []
-    return [
-        "",
-        "[qos]",
-        'class = "interactive"  # llama-server answers a chat: lower classes yield to it (shed)',
     ]
