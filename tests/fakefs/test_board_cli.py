@@ -58,9 +58,7 @@ def board(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     claim = plan_claim_dict(tts)
     claim["writes"] = [{"cgroup": "governor.slice/tts", "file": "memory.max", "value": "314572800"}]
     (tmp_path / "etc/governor/installed").mkdir(parents=True)
-    (tmp_path / "etc/governor/installed/tts.json").write_text(
-        json.dumps({"claim": {"plan": claim}})
-    )
+    (tmp_path / "etc/governor/installed/tts.json").write_text(json.dumps({"claim": claim}))
     return tmp_path
 
 
