@@ -27,6 +27,17 @@ from typing import TYPE_CHECKING
 
 from governor.errors import AdmissionRefused
 from governor.log import get_logger
+from governor.operate import board as claims
+from governor.plan.board import board_path
+from governor.plan.budget import (
+    admit,
+    claim_of_plan,
+    gib,
+    holders_text,
+    overlap_text,
+    plan_claim_dict,
+    refusal_text,
+)
 from governor.record import record
 
 if TYPE_CHECKING:
@@ -76,14 +87,10 @@ def board_lock(run: Path, *, block: bool = True) -> int:
 
 
 def _where(board: Path | None) -> str:
-    from governor.plan.board import board_path
-
     return f"[qos] admit, {board if board is not None else board_path()}"
 
 
 def _refuse(verdict: Verdict, board: Path | None, extra: str = "") -> AdmissionRefused:
-    from governor.plan.budget import refusal_text
-
     return AdmissionRefused(f"{refusal_text(verdict)}{extra} ({_where(board)})", hint=ADMIT_HINT)
 
 
@@ -117,10 +124,7 @@ def admission(
     "refuse" are refused all the same. ``run``: None for a board rendered elsewhere (no
     running claims, no lock). ``gather``, ``stop``, ``clock`` and ``sleep`` are the tests'
     doors; ``say``: where the warning lines go (default stderr, at once)."""
-    from governor.operate import board as claims
-
     _say = say or say_now
-    from governor.plan.budget import admit, claim_of_plan, overlap_text, plan_claim_dict
 
     def read() -> BoardClaims:
         if gather is not None:
@@ -175,8 +179,6 @@ def admission(
                     _stop(plan, victim, run)
             note = f"admitted after stopping {names} (a lower class)"
         else:
-            from governor.plan.budget import gib, holders_text
-
             _say(
                 f"waiting up to {plan.qos.admit_timeout_s:g}s for {gib(verdict.missing)} of"
                 f" room for {new.name} ({holders_text(verdict)})"
@@ -217,11 +219,12 @@ def _held(fd: int, hold: bool, verdict: Verdict | None, note: str | None = None)
 def _stop(plan: Plan, victim: Claim, run: Path) -> None:
     """Stop one lower-class engine with the shed ladder's "stop" step (SIGTERM to its
     published engine pid, thawed first), journaled in the victim's journal as a shed by this
-    policy "when" its admission (governor/monitor/shed.py; the call site is here and only
+    policy "when" its admission (governor/monitor/actions/shedder.py; the call site is here and only
     here)."""
-    from governor.kernel.cgroupfs import CgroupFs
-    from governor.monitor.actions import Context
-    from governor.monitor.shed import Held, Shedder
+    # the shedder only when an admission stops a victim (not on every launch)
+    from governor.kernel.cgroupfs import CgroupFs  # noqa: PLC0415
+    from governor.monitor.actions.base import Context  # noqa: PLC0415
+    from governor.monitor.actions.shedder import Held, Shedder  # noqa: PLC0415
 
     shedder = Shedder(CgroupFs(Path(plan.cgroup_root)), plan, run=run)
     for v in shedder.victims():

@@ -8,6 +8,8 @@ import tomllib
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from governor.api.admit import admission
+from governor.api.board import tenants
 from governor.api.host import (
     HostOptions,
     check_device,
@@ -19,7 +21,7 @@ from governor.compile.doctor import diagnose
 from governor.engines.budget import estimate_argv, policy_budget
 from governor.engines.draft import draft
 from governor.engines.llama import EngineArgvError, parse_llama_argv
-from governor.errors import PolicyError
+from governor.errors import HostError, PolicyError
 from governor.monitor.victims import governed_groups
 from governor.plan.board import is_board_file, load_board
 from governor.policy.model import Policy
@@ -123,9 +125,6 @@ def check_engine(path: Path, opts: HostOptions, argv: tuple[str, ...], *, force:
 def admit_check(plan: Any, opts: HostOptions, estimate: Any, *, force: bool) -> None:
     """The board's admission as launch will ask it (governor/api/admit.py), without acting:
     75 when the guarantees (or, under admit = "refuse", the peak) do not fit now."""
-    from governor.api.admit import admission
-    from governor.errors import HostError
-    from governor.rundir.state import run_dir
 
     try:
         run: Path | None = run_dir()
@@ -146,4 +145,6 @@ def admit_check(plan: Any, opts: HostOptions, estimate: Any, *, force: bool) -> 
 def init(opts: HostOptions, req: Any) -> Any:
     """`governor init`: a policy for a GGUF model on this board (governor/engines/draft.py)."""
 
-    return draft(req, probe_host(opts), root=opts.root)
+    # --board-memory: an empty board of that size (the tenants are not read)
+    beside = tenants(opts) if req.board_memory is None else None
+    return draft(req, probe_host(opts), root=opts.root, tenants=beside)

@@ -6,6 +6,7 @@ Every command (check, plan, apply, launch, install) goes through this one functi
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Literal
 
@@ -148,6 +149,7 @@ def compile_plan(
         )
         for file, value, reason in (*files, *cpuset)
     ]
+    asked = tuple(writes)  # a headroom rule's peak claim, whatever this host enforces
     writes, controllers, degraded = available(writes, policy, host, allow_missing, problems)
 
     create = (policy.slice, group, f"{group}/{LEAF}") if attach is None else ()
@@ -176,7 +178,7 @@ def compile_plan(
         protect_parents=tuple(
             w.file for w in writes if w.file in (kf.MEMORY_MIN, kf.MEMORY_LOW) and w.value != "0"
         ),
-        watch=_watch(policy),
+        watch=_watch(policy, asked, source),
         notes=tuple(notes),
         degraded=tuple(degraded),
         device=_device(policy, workload),
@@ -197,18 +199,40 @@ def _engine_spec(policy: Policy) -> EngineSpec:
     )
 
 
-def _watch(policy: Policy) -> tuple[WatchRule, ...]:
+def _watch(
+    policy: Policy, writes: Sequence[CgroupWrite], source: str | None
+) -> tuple[WatchRule, ...]:
     """The [[pressure]] rules as the run time's monitor watches them, in the policy's order."""
     return tuple(
         watch_rule(
             i,
-            _watch_trigger(r.when),
+            _headroom(i, writes, source)
+            if isinstance(r.when, v.HeadroomCondition)
+            else _watch_trigger(r.when),
             tuple(r.do),
             when=str(r.when),
             hold_s=r.for_.seconds if r.for_ else None,
             cooldown_s=r.cooldown.seconds if r.cooldown else None,
         )
         for i, r in enumerate(policy.pressure)
+    )
+
+
+def _headroom(index: int, writes: Sequence[CgroupWrite], source: str | None) -> WatchCondition:
+    """``board available < headroom``: the slice's claimed peak as far as the plan knows it,
+    memory.max else memory.high (at launch the engine's estimate replaces it, the way the
+    board's claims count it); refused without either: the headroom would be unknown."""
+    values = {w.file: w.value for w in writes}
+    for file in (kf.MEMORY_MAX, kf.MEMORY_HIGH):
+        if values.get(file, "max") != "max":
+            return WatchCondition(
+                condition="headroom", threshold=int(values[file]), file="/proc/meminfo"
+            )
+    raise PolicyError(
+        "`board available < headroom` needs the slice's peak claim: memory.max or memory.high",
+        file=source,
+        field=f"pressure[{index}].when",
+        hint="set [memory] max (the engine's peak) or high",
     )
 
 
@@ -270,6 +294,8 @@ def when_text(t: WatchTrigger | WatchCondition) -> str:
         return f"memavailable < {v.format_bytes(t.threshold)}"
     if t.condition == "available":
         return f"board available < {v.format_bytes(t.threshold)}"
+    if t.condition == "headroom":
+        return "board available < headroom"
     if t.condition == "device":
         return f"device memory > {v.format_bytes(t.threshold)}"
     return str(t.event)
@@ -342,6 +368,8 @@ def _watch_trigger(when: v.Condition) -> WatchTrigger | WatchCondition:
         # "board available": MemAvailable less the page cache the group's memory.min protects
         kind: Literal["memavailable", "available"] = "available" if when.board else "memavailable"
         return WatchCondition(condition=kind, threshold=when.below, file="/proc/meminfo")
+    if isinstance(when, v.HeadroomCondition):  # the peak claim: _headroom (the plan's writes)
+        return WatchCondition(condition="headroom", file="/proc/meminfo")
     if isinstance(when, v.DeviceMemoryCondition):
         return WatchCondition(condition="device", threshold=when.above, file="/proc/PID/fdinfo")
     return WatchCondition(condition="event", event=when.event, file=kf.MEMORY_EVENTS)

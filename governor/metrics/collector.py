@@ -32,6 +32,7 @@ from governor.kernel.cgroupfs import CgroupFs
 from governor.kernel.procfs import ProcFs
 from governor.launch.prefetch import Prefetcher, resident_pages
 from governor.operate import observe
+from governor.operate.board import gather
 from governor.operate.devmem import device_board
 from governor.plan.model import Plan
 from governor.rundir.journal import Journal
@@ -101,12 +102,16 @@ class GovernorCollector(Collector):
         info.add_metric([self.version], 1)
         yield info
         fams = _Families()
+        root = None
         for st in self.states():
             plan = st.compiled()
-            if plan is not None:
-                self._slice(fams, st, plan)
+            if plan is None:
+                continue
+            root = plan.cgroup_root
+            self._slice(fams, st, plan)
         yield from fams.all.values()
         yield from _cma()
+        yield from _board(self.run, root)
 
     # ------------------------------------------------------------------ one slice
 
@@ -337,6 +342,28 @@ def _cma() -> Iterator[Metric]:
             g = GaugeMetricFamily(f"governor_cma_{name}_bytes", f"/proc/meminfo {key}")
             g.add_metric([], values[key])
             yield g
+
+
+def _board(run: Path, cgroup_root: str | None) -> Iterator[Metric]:
+    """The board's budget and every governed slice's claims on it, running or installed: the
+    figures of `governor board` (governor/operate/board.py); board-wide, no policy label."""
+
+    seen = gather(run=run, cgroup_root=Path(cgroup_root or "/sys/fs/cgroup"))
+    if seen.budget.memtotal <= 0:
+        return
+    budget = GaugeMetricFamily(
+        "governor_board_budget_bytes", "MemTotal less the board's reserve ([board] reserve)"
+    )
+    budget.add_metric([], seen.budget.budget)
+    yield budget
+    claimed = GaugeMetricFamily(
+        "governor_board_claimed_bytes",
+        "the governed slices' claims: memory.min (+ [device]) and their expected peaks",
+        labels=["kind"],
+    )
+    claimed.add_metric(["min"], sum(c.guaranteed for c in seen.claims))
+    claimed.add_metric(["peak"], sum(c.peak_claim for c in seen.claims))
+    yield claimed
 
 
 def _resident_ratio(files: Sequence[str]) -> float | None:

@@ -73,16 +73,18 @@ class Monitor:
         wall: Callable[[], float] = time.time,
         journal: Journal | None = None,
         watchdog: object | None = None,
+        peak: int | None = None,
     ) -> None:
         """``engine_pids`` for attach mode; without it the engine is the pid given to
         :meth:`engine_started` (launch). ``restarts`` is the launcher's relaunch budget;
         ``journal`` the slice's journal (its directory's parent: the run directory a `shed`
-        reads); ``watchdog`` reverts what an action holds should this process die."""
+        reads); ``watchdog`` reverts what an action holds should this process die.
+        ``peak``: the engine's estimate (a headroom rule's claimed peak, Rule.from_watch)."""
         self.fs = fs
         self.plan = plan
         self.group = plan.group
         self.clock = clock
-        self.rules = [Rule.from_watch(w) for w in plan.watch]
+        self.rules = [Rule.from_watch(w, peak) for w in plan.watch]
         self.engine = RuleEngine(self.rules)
         self.pid: int | None = None
         self.board = Board(proc or ProcFs())
@@ -99,8 +101,7 @@ class Monitor:
         self.psi_triggers = psi_triggers
         self.sampler = Sampler(fs, self.group, interval_s=sample_s)
         self.devmem = DeviceMemory(fs, self.board.proc, self.rules, plan.device is not None)
-        self.needs_meminfo = any(r.kind == "memavailable" for r in self.rules)
-        self.needs_available = any(r.kind == "available" for r in self.rules)
+        self.kinds = frozenset(r.kind for r in self.rules)  # the board levels sampled
         self.leaks = {r.index: LeakDetector(r.window_s) for r in self._leak_rules()}
         self.armed: list[psi.Armed] = []
         self._psi_cgroup: dict[int, str] = {}  # rule -> where its trigger is armed
@@ -383,10 +384,7 @@ class Monitor:
                 total = self._psi_total(armed)
                 if total is not None and armed.poller.update(now, total):
                     fired_psi.add(armed.rule)
-        if self.needs_meminfo:
-            out["memavailable"] = self.board.memavailable()
-        if self.needs_available:
-            out["available"] = self.board.available(self.fs, self.group)
+        out.update(self.board.levels(self.fs, self.group, self.kinds))
         out["device"] = self.devmem.sample(self.group)
         if s.anon is not None:
             leak: dict[int, float] = {}
@@ -414,6 +412,8 @@ class Monitor:
             counters=counters,
             memavailable=sampled.get("memavailable"),
             available=sampled.get("available"),
+            spare=sampled.get("spare"),
+            current=sampled["sample"].current if "sample" in sampled else None,
             leak=sampled.get("leak", {}),
             device=sampled.get("device"),
         )

@@ -69,20 +69,20 @@ def running_claims(run: Path, fs: CgroupFs, proc: Path) -> tuple[list[Claim], li
     problems = [f"{e.path}: {e.problem}" for e in errors]
     out: list[Claim] = []
     for st in states:
-        if st.get("stale") or not isinstance(st.get("plan"), dict):
+        if st.stale or not isinstance(st.plan, dict):
             continue
-        model = st.get("model") or {}
-        total = model.get("total") if isinstance(model, dict) else None
+        model = st.model or {}
+        total = model.get("total")
         estimate = total if isinstance(total, int) and not isinstance(total, bool) else None
         try:
-            plan = st["plan"]
+            plan = st.plan
             out.append(
                 claim_of_plan(
                     plan, estimate=estimate, state="running", current=_current(fs, plan["group"])
                 )
             )
         except (ValueError, KeyError, TypeError) as err:
-            problems.append(f"{run / str(st.get('policy'))}: {err}")
+            problems.append(f"{run / st.policy}: {err}")
     return out, problems
 
 

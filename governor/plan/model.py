@@ -141,12 +141,15 @@ class WatchTrigger:
 @record(frozen=True)
 class WatchCondition:
     """A non-PSI rule condition: a leak slope, the board-wide MemAvailable floor (``available``:
-    less the group's page cache its memory.min protects), or a memory.events counter that went
-    up."""
+    less the group's page cache its memory.min protects), the board's available memory below the
+    slice's headroom (``headroom``: claimed peak less memory.current; available less the board's
+    reserve too), or a memory.events counter that went up."""
 
-    condition: Literal["leak", "memavailable", "available", "event", "device"]
+    condition: Literal["leak", "memavailable", "available", "headroom", "event", "device"]
     file: str  # where it is read: "memory.stat", "/proc/meminfo", "memory.events", fdinfo
-    threshold: int = 0  # leak: bytes/s; memavailable, device: bytes
+    # leak: bytes/s; memavailable, device: bytes; headroom: the slice's claimed peak (its
+    # memory.max, else memory.high; the engine's estimate replaces it at launch)
+    threshold: int = 0
     window_s: float | None = None  # leak: the slope's window
     event: str | None = None  # event: the memory.events key ("oom_kill")
 
@@ -157,6 +160,8 @@ class WatchCondition:
             return f"memavailable < {self.threshold}"
         if self.condition == "available":
             return f"board available < {self.threshold}"
+        if self.condition == "headroom":
+            return "board available < headroom"
         if self.condition == "device":
             return f"device memory > {self.threshold}"
         return str(self.event)

@@ -97,6 +97,7 @@ Trigger = Annotated[
             "description": "'[board|system] <memory|cpu|io> <some|full> <stall>/<window>', e.g. 'memory some 150ms/2s'"
             " (board/system: the whole board's /proc/pressure);"
             " 'leak > 500KB/s for 60s'; 'memavailable < 800M' (or 'board available < 200M');"
+            " 'board available < headroom' (less than the slice's claimed peak still needs);"
             " 'device memory > 1.5G' (the group's DRM and dma-buf memory); or a memory.events counter:"
             " 'oom_kill', 'oom_group_kill', 'oom', 'max', 'high'",
         }

@@ -238,6 +238,7 @@ class Supervisor:
             on_change=lambda: self._publish(job),
             journal=Journal((job.run_dir or run_dir()) / plan.policy),
             watchdog=self.watchdog,  # reverts a `shed` should this process die
+            peak=_estimate_total(job),
         )
         monitor.engine_started(pid)
         try:
@@ -428,3 +429,9 @@ def _write_report(path: Path, report: LaunchReport) -> None:
     except OSError as err:
         # the engine ran: its status is what the caller gets; the report's loss is said
         log.error("report.failed", file=str(path), error=err.strerror or str(err))
+
+
+def _estimate_total(job: Job) -> int | None:
+    """The engine's estimated resident memory (its claimed peak), when launch made one."""
+    total = (job.extra.get("estimate") or {}).get("total")
+    return total if isinstance(total, int) and total > 0 else None
