@@ -7,6 +7,7 @@ Every command (check, plan, apply, launch, install) goes through this one functi
 from __future__ import annotations
 
 from dataclasses import dataclass
+from decimal import Decimal
 from typing import Literal
 
 from governor.errors import HostError, PolicyError
@@ -43,7 +44,9 @@ MEMORY_MIN_MODEL_MARGIN = 64 << 20
 
 # Memory files in the order they are written: oom.group first so that a limit that takes
 # effect at once already kills the group together; protection before limits.
-_MEMORY_ORDER = ("oom_group", "swap_max", "min", "low", "high", "max")
+_MEMORY_ORDER = (
+    "oom_group", "swap_max", "zswap_max", "zswap_writeback", "min", "low", "high", "max",
+)  # fmt: skip
 _MEMORY_FILE = kf.MEMORY_FILES
 
 
@@ -73,6 +76,11 @@ def _memory(
         if key == "oom_group":
             if mem.oom_group is not None:
                 out.append((kf.MEMORY_OOM_GROUP, "1" if mem.oom_group else "0", "memory.oom_group"))
+            continue
+        if key == "zswap_writeback":
+            if mem.zswap_writeback is not None:
+                on = "1" if mem.zswap_writeback else "0"
+                out.append((kf.MEMORY_ZSWAP_WRITEBACK, on, "memory.zswap_writeback"))
             continue
         size: v.Size | None = getattr(mem, key)
         if size is None:
@@ -267,6 +275,10 @@ def when_text(t: WatchTrigger | WatchCondition) -> str:
         return f"board available < {v.format_bytes(t.threshold)}"
     if t.condition == "device":
         return f"device memory > {v.format_bytes(t.threshold)}"
+    if t.condition in ("refaults", "board_refaults"):
+        window = Duration(int((t.window_s or 0) * 1e6))
+        board = "board " if t.condition == "board_refaults" else ""
+        return f"{board}refaults > {Decimal(t.threshold) / 100:f}%/{window}"
     return str(t.event)
 
 
@@ -339,6 +351,19 @@ def _watch_trigger(when: v.Condition) -> WatchTrigger | WatchCondition:
         return WatchCondition(condition=kind, threshold=when.below, file="/proc/meminfo")
     if isinstance(when, v.DeviceMemoryCondition):
         return WatchCondition(condition="device", threshold=when.above, file="/proc/PID/fdinfo")
+    if isinstance(when, v.RefaultCondition):
+        # the share in 1/100 %: "12.5%" stays exact in an int
+        basis = int((when.percent * 100).to_integral_value())
+        if when.board:
+            return WatchCondition(
+                condition="board_refaults",
+                threshold=basis,
+                window_s=when.window.seconds,
+                file="/proc/vmstat",
+            )
+        return WatchCondition(
+            condition="refaults", threshold=basis, window_s=when.window.seconds, file=kf.MEMORY_STAT
+        )
     return WatchCondition(condition="event", event=when.event, file=kf.MEMORY_EVENTS)
 
 

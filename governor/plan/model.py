@@ -126,10 +126,13 @@ class WatchCondition:
     less the group's page cache its memory.min protects), or a memory.events counter that went
     up."""
 
-    condition: Literal["leak", "memavailable", "available", "event", "device"]
+    condition: Literal[
+        "leak", "memavailable", "available", "event", "device", "refaults", "board_refaults"
+    ]
     file: str  # where it is read: "memory.stat", "/proc/meminfo", "memory.events", fdinfo
-    threshold: int = 0  # leak: bytes/s; memavailable, device: bytes
-    window_s: float | None = None  # leak: the slope's window
+    # leak: bytes/s; memavailable, device: bytes; refaults: the share in 1/100 of a percent
+    threshold: int = 0
+    window_s: float | None = None  # leak: the slope's window; refaults: the window
     event: str | None = None  # event: the memory.events key ("oom_kill")
 
     def text(self) -> str:
@@ -141,6 +144,9 @@ class WatchCondition:
             return f"board available < {self.threshold}"
         if self.condition == "device":
             return f"device memory > {self.threshold}"
+        if self.condition in ("refaults", "board_refaults"):
+            board = "board " if self.condition == "board_refaults" else ""
+            return f"{board}refaults > {self.threshold / 100:g}%/{self.window_s:g}s"
         return str(self.event)
 
 
