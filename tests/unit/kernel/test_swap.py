@@ -86,7 +86,8 @@ def test_a_zram_board_counts_the_pool_as_used_memory(tmp_path: Path) -> None:
     assert board.zram_used == 142606336  # mem_used_total, not the compressed size
     assert board.zram_stored == 536870912
     assert board.disk_used == 1024 * 1024
-    assert board.as_dict()["zram"][0]["compr_data_size"] == 134217728
+    assert board.zram[0].compr_data_size == 134217728
+    assert board.as_dict()["zram_used"] == 142606336
 
 
 def test_zswap_in_front_of_a_disk_swap(tmp_path: Path) -> None:
