@@ -21,10 +21,13 @@ if TYPE_CHECKING:
 
 
 def doctor(opts: HostOptions) -> tuple[HostFacts, list[Finding]]:
-    from governor.plan.doctor import diagnose
+    from governor.api.host import sysfs_root
+    from governor.kernel.swap import SwapReader
+    from governor.plan.doctor import diagnose, swap_finding
 
     host = probe_host(opts)
-    return host, diagnose(host)
+    swap = SwapReader(opts.root / "proc", sysfs_root(opts)).read()
+    return host, [*diagnose(host), swap_finding(swap, host.kernel_version)]
 
 
 def check_board(path: Path) -> int | None:

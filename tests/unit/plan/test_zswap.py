@@ -12,9 +12,11 @@ import pytest
 
 from governor.errors import HostError, PolicyError
 from governor.kernel import files as kf
+from governor.kernel.swap import BoardSwap, SwapDevice, ZramStat
 from governor.operate.diff import skipped_name
 from governor.plan import unitmap
 from governor.plan.compiler import compile_plan
+from governor.plan.doctor import swap_finding
 from governor.plan.host import HostFacts, probe
 from governor.plan.model import Plan
 from governor.policy.loader import load_text
@@ -97,3 +99,27 @@ def test_the_unit_carries_the_zswap_keys_where_systemd_has_the_directive(
         assert ini["MemoryZSwapMax"] == str(64 << 20)
         bus = dict(p for u in sp.unit for p in u.bus())
         assert bus["MemoryZSwapWriteback"] is False
+
+
+def _board(zswap: bool | None) -> BoardSwap:
+    return BoardSwap(
+        devices=(SwapDevice("/dev/zram0", "partition", 1 << 30, 256 << 20, 100),),
+        zram=(ZramStat("zram0", 256 << 20, 64 << 20, 72 << 20),),
+        zswap_enabled=zswap,
+    )
+
+
+def test_doctor_says_zram_memory_is_charged_to_no_slice() -> None:
+    f = swap_finding(_board(False), (6, 1))
+    assert f.level == "ok" and f.topic == "swap"
+    assert "zram holds 72MiB of board memory for 256MiB stored, charged to no slice" in f.message
+
+
+def test_doctor_warns_about_zswap_in_front_of_zram() -> None:
+    f = swap_finding(_board(True), (6, 8))
+    assert f.level == "warn" and "compresses every page twice" in f.message
+    assert "zswap_writeback keeps it off the device" in f.message
+
+
+def test_doctor_without_swap_says_swap_max_does_nothing() -> None:
+    assert "swap_max has no effect" in swap_finding(BoardSwap(), (6, 1)).message
