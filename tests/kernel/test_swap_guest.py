@@ -41,7 +41,7 @@ MIB = 1 << 20
 ANON_JOB = """
 import mmap, os, sys, time
 mib = int(sys.argv[1]); page = mmap.PAGESIZE
-m = mmap.mmap(-1, mib << 20)
+m = mmap.mmap(-1, mib << 20, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)  # anon, not shmem
 for off in range(0, mib << 20, page):
     m[off:off + page // 4] = os.urandom(page // 4)
 print("anon ready", flush=True)
@@ -174,6 +174,7 @@ def test_a_throttled_background_jobs_anon_pages_go_to_zram_and_status_counts_the
         ]
         assert sw["zram_used"] > 0 and sw["zram_stored"] >= 32 * MIB, sw
         assert item["usage"]["memory"]["swap"] >= 32 * MIB
+        assert int(cgroups.read_kv(group / "memory.stat")["anon"]) < 48 * MIB  # the rest swapped
         plain = _status(run, "bg").stdout
         assert "charged to no slice" in plain and "swap_max 128MiB on zram costs the board" in plain
         print("status:", *[ln for ln in plain.splitlines() if "swap" in ln], sep="\n  ")
