@@ -14,6 +14,7 @@ EXIT_POLICY = 65  # EX_DATAERR
 EXIT_NOINPUT = 66  # EX_NOINPUT
 EXIT_UNAVAILABLE = 69  # EX_UNAVAILABLE
 EXIT_OSERR = 71  # EX_OSERR
+EXIT_TEMPFAIL = 75  # EX_TEMPFAIL: the board cannot take the engine now (issue 36)
 EXIT_NOPERM = 77  # EX_NOPERM
 EXIT_NOT_EXECUTABLE = 126
 EXIT_NOT_FOUND = 127
@@ -170,6 +171,14 @@ class BackendError(_OsFailure):
 
 class PermissionDenied(_OsFailure):
     exit_code = EXIT_NOPERM
+
+
+class AdmissionRefused(GovernorError):
+    """The board's budget cannot take this slice now (governor/plan/budget.py): its
+    guarantees do not fit beside the others', or its peak does not and ``[qos] admit`` says
+    refuse (or a wait ran out). Nothing was applied."""
+
+    exit_code = EXIT_TEMPFAIL
 
 
 class LaunchError(GovernorError):

@@ -207,7 +207,12 @@ def launch(path: Path, argv: tuple[str, ...], opts: HostOptions, lopts: LaunchOp
     for event, message in compiled.warnings:
         log.warning(event, message=message)
     check_device(compiled.plan, opts)  # live, also on a cached plan: MemAvailable moves
-    plan, backend = _launch_backend(compiled, backend_name, host, opts)
+    admitted = admit_launch(compiled, directory, opts, lopts)  # 75 before anything is applied
+    try:
+        plan, backend = _launch_backend(compiled, backend_name, host, opts)
+    except BaseException:
+        admitted.release()
+        raise
     # --metrics binds first: a busy port is the one error line, before anything is applied
     supervisors: list[Supervisor] = []
     endpoint = None
@@ -234,6 +239,8 @@ def launch(path: Path, argv: tuple[str, ...], opts: HostOptions, lopts: LaunchOp
             ready_timeout_s=plan.engine.ready_timeout_s,
             sysfs_root=str(sysfs_root(opts)),
             run_dir=directory,
+            board_release=admitted.release,
+            admit_note=admitted.note,
         )
         proc = ProcFs(opts.root / "proc")
         watchdog = lopts.watchdog
@@ -245,8 +252,26 @@ def launch(path: Path, argv: tuple[str, ...], opts: HostOptions, lopts: LaunchOp
         supervisors.append(supervisor)
         return supervisor.run(job)
     finally:
+        admitted.release()  # the supervisor releases it as soon as the state is published
         if endpoint is not None:
             endpoint.close()
+
+
+def admit_launch(
+    compiled: Compiled, directory: Path, opts: HostOptions, lopts: LaunchOptions
+) -> Any:
+    """The board's admission (governor/api/admit.py): the board lock, held until the state is
+    published, or AdmissionRefused (75)."""
+    from governor.api.admit import admission
+
+    total = (compiled.estimate or {}).get("total")
+    return admission(
+        compiled.plan,
+        run=directory,
+        root=opts.root,
+        estimate=total if isinstance(total, int) else None,
+        force=lopts.force,
+    )
 
 
 def needs_watchdog(plan: Plan) -> bool:

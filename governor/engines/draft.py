@@ -4,8 +4,9 @@ The numbers come from the GGUF estimate (governor/engines/estimate.py, the same 
 `check --engine-argv` and `launch` use) and the board's probed facts (governor/plan/host.py):
 
     board    = --board-memory, else MemTotal
-    reserve  = 128 MiB + board / 16, at most 1 GiB        (left to the OS and its services)
-    ceiling  = board - reserve                             (the most the engine may have)
+    reserve  = [board] reserve, else 128 MiB + board / 16, at most 1 GiB   (the OS's)
+    claimed  = the other slices' peak claims (none with --board-memory: an empty board)
+    ceiling  = board - reserve - claimed                   (the most the engine may have)
     headroom = max(64 MiB, 10 % of the estimate)           (estimate error, the prefetch helper)
     -c       = the largest multiple of 256 whose estimate + headroom <= ceiling (or --ctx,
                refused when it does not fit)
@@ -28,8 +29,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from governor.engines import draft_server
+from governor.engines import draft_board, draft_server
 from governor.engines.budget import estimate_argv
+from governor.engines.draft_board import Tenants
 from governor.engines.estimate import KV_CELL_PAD, MIB, Estimate
 from governor.engines.llama import (
     EngineArgs,
@@ -43,9 +45,6 @@ if TYPE_CHECKING:
     from governor.plan.host import HostFacts
 
 GIB = 1 << 30
-RESERVE_BASE = 128 * MIB  # kernel, init, sshd, journald: what a headless board runs anyway
-RESERVE_SHARE = 16  # plus 1/16 of the board: page tables, slab and cache grow with it
-RESERVE_CAP = 1 * GIB
 HEADROOM_MIN = 64 * MIB  # the prefetch helper and the engine's heap spread (~4 MiB per run)
 HEADROOM_SHARE = 0.10  # the estimate's error against memory.peak (docs/calibration.md)
 DEFAULT_ENGINE = "llama-completion"  # the one-shot CLI (notes/engine.md "Which binary")
@@ -81,6 +80,8 @@ class Sizing:
     mem_min: int
     mem_high: int
     mem_max: int
+    claimed: int = 0  # the other slices' peak claims (the board's tenants)
+    tenants: tuple[str, ...] = ()  # "batch 950 MiB (running)", largest first
 
 
 @dataclass(frozen=True)
@@ -90,10 +91,6 @@ class Draft:
     engine: tuple[str, ...]  # the engine command line the policy was sized for
     sizing: Sizing
     missing: tuple[str, ...]  # controllers the policy uses that this host lacks
-
-
-def reserve_for(board: int) -> int:
-    return min(RESERVE_CAP, RESERVE_BASE + board // RESERVE_SHARE)
 
 
 def headroom_for(total: int) -> int:
@@ -189,19 +186,21 @@ def size(  # the request, the engine and the board
     board: int,
     source: str,
     program: str = DEFAULT_ENGINE,
+    tenants: Tenants | None = None,
 ) -> Sizing:
     """The context and the memory values, or PolicyError (65) with the estimate's terms and
     the fixes when the model does not fit the board (at the smallest context, or at --ctx)."""
-    reserve = reserve_for(board)
-    ceiling = (board - reserve) // MIB * MIB  # whole MiB: the values are written in MiB
+    t = tenants or Tenants()
+    reserve, claimed, ceiling = t.room(board)
     budget = fit_budget(ceiling)
     first = estimate_argv(
         _args(options, req.model, ctx or KV_CELL_PAD, program), root=root, budget=budget
     )
     largest = first.max_ctx
+    others = f" - {claimed >> 20} MiB the other slices claim" if claimed else ""
     room = (
         f"the board leaves {budget >> 20} MiB ({board >> 20} MiB - {reserve >> 20} MiB OS reserve"
-        " - headroom)"
+        f"{others} - headroom)"
     )
     if largest is None:
         small = (
@@ -243,6 +242,8 @@ def size(  # the request, the engine and the board
         mem_min=_mib_up(est.term("weights")) * MIB,
         mem_high=_mib_up(est.total + headroom // 2) * MIB,
         mem_max=_mib_up(est.total + headroom) * MIB,
+        claimed=claimed,
+        tenants=t.lines(),
     )
 
 
@@ -263,16 +264,18 @@ def _fixes(est: Estimate, *, smaller_model: bool) -> str:
 # ------------------------------------------------------------------------------ the policy
 
 
-def draft(req: Request, host: HostFacts, *, root: Path) -> Draft:
-    """Size and render the policy for ``req`` on the board ``host`` describes."""
+def draft(req: Request, host: HostFacts, *, root: Path, tenants: Tenants | None = None) -> Draft:
+    """Size and render the policy for ``req`` on the board ``host`` describes, beside the
+    ``tenants`` it already has (the other governed slices' claims, the board's reserve)."""
     name = policy_name(req)
     program, options, parsed = _split_engine(req)
     ctx = req.ctx if req.ctx is not None else parsed.ctx
+    board, source = host.mem_total, f"MemTotal of {root}"
+    # a policy of the same name replaces its own claim; --board-memory: an empty board
+    tenants = (tenants or Tenants()).without(name)
     if req.board_memory is not None:
-        board, source = req.board_memory, "--board-memory"
-    else:
-        board, source = host.mem_total, f"MemTotal of {root}"
-    budget = fit_budget((board - reserve_for(board)) // MIB * MIB)
+        board, source, tenants = req.board_memory, "--board-memory", Tenants()
+    budget = fit_budget(tenants.room(board)[2])
     options, server_ctx = draft_server.server_cache(
         req.model, program, options, ctx, root=root, budget=budget
     )
@@ -284,6 +287,7 @@ def draft(req: Request, host: HostFacts, *, root: Path) -> Draft:
         board=board,
         source=source,
         program=program,
+        tenants=tenants,
     )
     big = host.core_types.big if host.core_types is not None else ()
     threads = len(big) if big else len(host.cpus_online)
@@ -329,8 +333,9 @@ def render(  # noqa: PLR0917  # one policy from all its inputs
         *_cpu_and_process_tables(host, parsed),
         *_engine_table(host, s, engine),
         *_prefetch_table(parsed),
+        *draft_board.qos_table(s),
         "",
-        *_pressure(host),
+        *_pressure(host, interactive=s.est.settings.server),
     ]
     return "\n".join(out) + "\n"
 
@@ -364,8 +369,7 @@ def _sizing_comment(  # noqa: PLR0917  # the head comment: how the numbers below
     out += [f"#   {t.name:<{w}}{t.bytes / MIB:8.1f} MiB  {t.detail}" for t in est.terms]
     out += [
         f"#   {'total':<{w}}{est.total / MIB:8.1f} MiB",
-        f"# board {mib(s.board)} MiB - OS reserve {mib(s.reserve)} MiB (128 MiB + 1/16 of the"
-        f" board, at most 1 GiB) = {mib(s.ceiling)} MiB for the engine;",
+        *draft_board.board_lines(s),
         f"# headroom above the estimate: max(64 MiB, 10 %) = {s.headroom / MIB:.1f} MiB (the"
         " estimate's error against memory.peak, docs/calibration.md).",
     ]
@@ -483,10 +487,13 @@ cooldown = "60s"
 """
 
 
-def _pressure(host: HostFacts) -> list[str]:
+def _pressure(host: HostFacts, *, interactive: bool = False) -> list[str]:
+    # the headroom rule reads /proc/meminfo and memory.current: no PSI needed
+    first = [*draft_board.HEADROOM_RULE.splitlines(), ""] if interactive else []
     if host.psi:
-        return _RULES.splitlines()
+        return [*first, *_RULES.splitlines()]
     return [
+        *first,
         f"# no [[pressure]] rules: this board has no PSI ({host.psi_detail}); with psi=1 on the",
         "# kernel command line, uncomment these:",
         *("# " + line if line else "#" for line in _RULES.splitlines()),

@@ -76,16 +76,18 @@ class Monitor:
         watchdog: Reverter | None = None,
         shedder: Shedder | None = None,
         page_size: int | None = None,
+        peak: int | None = None,
     ) -> None:
         """``engine_pids`` for attach mode; without it the engine is the pid given to
         :meth:`engine_started` (launch). ``restarts`` is the launcher's relaunch budget.
         A plan with a `shed` action gets a Shedder (governor/monitor/shed.py) over the run
-        directory of ``journal`` and the watchdog that reverts it if this process dies."""
+        directory of ``journal`` and the watchdog that reverts it if this process dies.
+        ``peak``: the engine's estimate (a headroom rule's claimed peak, Rule.from_watch)."""
         self.fs = fs
         self.plan = plan
         self.group = plan.group
         self.clock = clock
-        self.rules = [Rule.from_watch(w) for w in plan.watch]
+        self.rules = [Rule.from_watch(w, peak) for w in plan.watch]
         self.engine = RuleEngine(self.rules)
         self.pid: int | None = None
         self.executor = executor or Executor(
@@ -107,8 +109,7 @@ class Monitor:
         self.psi_triggers = psi_triggers
         self.sampler = Sampler(fs, self.group, interval_s=sample_s)
         self.devmem = DeviceMemory(fs, self.board.proc, self.rules, plan.device is not None)
-        self.needs_meminfo = any(r.kind == "memavailable" for r in self.rules)
-        self.needs_available = any(r.kind == "available" for r in self.rules)
+        self.kinds = frozenset(r.kind for r in self.rules)  # the board levels sampled
         self.leaks = {r.index: LeakDetector(r.window_s) for r in self._leak_rules()}
         thrash = [(r.index, r.kind, r.window_s) for r in self.rules if "refaults" in r.kind]
         self.thrash = Thrash(thrash, page_size or os.sysconf("SC_PAGE_SIZE"), board.refaults)
@@ -396,10 +397,7 @@ class Monitor:
                 total = self._psi_total(armed)
                 if total is not None and armed.poller.update(now, total):
                     fired_psi.add(armed.rule)
-        if self.needs_meminfo:
-            out["memavailable"] = self.board.memavailable()
-        if self.needs_available:
-            out["available"] = self.board.available(self.fs, self.group)
+        out.update(self.board.levels(self.fs, self.group, self.kinds))
         out["device"] = self.devmem.sample(self.group)
         if s.anon is not None:
             leak: dict[int, float] = {}
@@ -428,6 +426,8 @@ class Monitor:
             counters=counters,
             memavailable=sampled.get("memavailable"),
             available=sampled.get("available"),
+            spare=sampled.get("spare"),
+            current=sampled["sample"].current if "sample" in sampled else None,
             leak=sampled.get("leak", {}),
             device=sampled.get("device"),
             refaults=sampled.get("refaults", {}),

@@ -9,9 +9,10 @@ it began one window before its first event); it *fires* on evidence once it has 
 for ``for`` (hold) and its cooldown has passed.
 
 Without a cooldown a PSI or event rule fires on every piece of evidence (the kernel already
-limits a trigger to one event per window), and a level rule (leak, memavailable, device
-memory, refaults) fires once per episode. Rules that fire in the same step fire in policy
-order, so a ladder written from mild to severe (log -> reclaim -> set -> freeze -> kill) escalates in order as pressure rises.
+limits a trigger to one event per window), and a level rule (leak, memavailable, headroom,
+device memory, refaults) fires once per episode. Rules that fire in the same step fire in
+policy order, so a ladder written from mild to severe (log -> reclaim -> set -> freeze ->
+kill) escalates in order as pressure rises.
 """
 
 from __future__ import annotations
@@ -23,11 +24,14 @@ from governor.plan.model import Action, WatchRule, WatchTrigger
 from governor.record import field, record
 
 RuleKind = Literal[
-    "psi", "leak", "memavailable", "available", "event", "device", "refaults", "board_refaults"
-]
+    "psi", "leak", "memavailable", "available", "headroom", "event", "device", "refaults",
+    "board_refaults",
+]  # fmt: skip
 # level rules: evidence while a sampled value is past the threshold, one firing per episode
 # without a cooldown
-LEVEL_KINDS = ("leak", "memavailable", "available", "device", "refaults", "board_refaults")
+LEVEL_KINDS = (
+    "leak", "memavailable", "available", "headroom", "device", "refaults", "board_refaults",
+)  # fmt: skip
 # a PSI episode ends when no trigger event came for this many windows (+ PSI_GRACE_S)
 PSI_GAP_WINDOWS = 2.5
 PSI_GRACE_S = 1.0
@@ -44,13 +48,16 @@ class Rule:
     hold_s: float = 0.0
     cooldown_s: float | None = None
     window_s: float = 0.0  # PSI: the trigger window
-    # leak: bytes/s, device: bytes (fire above); memavailable: bytes (below); refaults: the
-    # share of the file cache in 1/100 of a percent (fire above)
+    # leak: bytes/s, device: bytes (fire above); memavailable: bytes (below); headroom: the
+    # slice's claimed peak (fire when the board's spare memory is below peak - memory.current);
+    # refaults: the share of the file cache in 1/100 of a percent (fire above)
     threshold: int = 0
     event: str | None = None  # event: the memory.events key
 
     @classmethod
-    def from_watch(cls, w: WatchRule) -> Rule:
+    def from_watch(cls, w: WatchRule, peak: int | None = None) -> Rule:
+        """``peak``: the engine's estimate at launch, the claimed peak of a headroom rule in
+        place of the plan's (memory.max, else memory.high)."""
         t = w.trigger
         common = {
             "index": w.index,
@@ -65,12 +72,13 @@ class Rule:
             return cls(kind="event", event=t.event, **common)  # type: ignore[arg-type]
         kind: RuleKind = (
             t.condition
-            if t.condition in ("leak", "device", "available", "refaults", "board_refaults")
+            if t.condition
+            in ("leak", "device", "available", "headroom", "refaults", "board_refaults")
             else "memavailable"
         )
         return cls(
             kind=kind,
-            threshold=t.threshold,
+            threshold=peak if kind == "headroom" and peak else t.threshold,
             window_s=t.window_s or 0.0,
             **common,  # type: ignore[arg-type]  # keys above
         )
@@ -85,6 +93,9 @@ class Observations:
     memavailable: int | None = None  # bytes, when sampled this step
     # bytes: MemAvailable less the group's page cache its memory.min protects (board available)
     available: int | None = None
+    # bytes: board available less the board's reserve (what the slice may still grow into)
+    spare: int | None = None
+    current: int | None = None  # the group's memory.current, when sampled this step
     leak: Mapping[int, float] = field(default_factory=dict)  # rule index -> slope B/s
     device: int | None = None  # the group's device memory (kernel/devmem.py total), when sampled
     # rule index -> refaulted share of the file cache over the rule's window (percent)
@@ -203,6 +214,12 @@ def _evidence(
             return False, None, False
         below = got < rule.threshold
         return below, got, not below
+    if rule.kind == "headroom":
+        if obs.spare is None or obs.current is None:
+            return False, None, False
+        # what the slice is known to still need: its claimed peak less what it holds
+        short = obs.spare < max(0, rule.threshold - obs.current)
+        return short, obs.spare, not short
     if rule.kind == "device":
         if obs.device is None:
             return False, None, False

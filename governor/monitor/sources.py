@@ -10,7 +10,7 @@ refuses (EPERM); the monitor then re-reads them at every sample instead and says
 from __future__ import annotations
 
 import os
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 
 from governor.errors import BackendError, GovernorError
 from governor.kernel import files as kf
@@ -21,6 +21,8 @@ from governor.kernel.procfs import ProcFs
 from governor.log import get_logger
 from governor.monitor.rules import Rule
 from governor.monitor.thrash import board_file_bytes, refault_pages
+from governor.plan.board import read_board
+from governor.plan.budget import reserve_for
 from governor.record import record
 
 log = get_logger(__name__)
@@ -84,6 +86,7 @@ class Board:
 
     def __init__(self, proc: ProcFs) -> None:
         self.proc = proc
+        self._reserve: int | None = None
 
     def memavailable(self) -> int | None:
         try:
@@ -105,6 +108,37 @@ class Board:
         except (OSError, ValueError):
             return None
         return None if pages is None or file is None else (pages, file)
+
+    def levels(self, fs: CgroupFs, group: str, kinds: Collection[str]) -> dict[str, int | None]:
+        """The board-wide levels the rules of these kinds compare (rules.Observations)."""
+        out: dict[str, int | None] = {}
+        if "memavailable" in kinds:
+            out["memavailable"] = self.memavailable()
+        if "available" in kinds:
+            out["available"] = self.available(fs, group)
+        if "headroom" in kinds:
+            out["spare"] = self.spare(fs, group)
+        return out
+
+    def spare(self, fs: CgroupFs, group: str) -> int | None:
+        """``board available`` less the board's reserve (the OS's and ungoverned services'
+        memory, docs/several.md): what a governed slice may still grow into before the
+        board's other tenants are squeezed. Negative when the reserve is eaten into."""
+        avail = self.available(fs, group)
+        reserve = self.reserve()
+        return None if avail is None or reserve is None else avail - reserve
+
+    def reserve(self) -> int | None:
+        """The board's reserve: the board file's ``[board] reserve``, else the default (128
+        MiB + MemTotal/16, at most 1 GiB: governor/plan/budget.py); read once."""
+        if self._reserve is None:
+            self._reserve = read_board().reserve  # an invalid file: the default
+            if self._reserve is None:
+                try:
+                    self._reserve = reserve_for(self.proc.meminfo()["MemTotal"])
+                except (OSError, ValueError, KeyError):
+                    return None
+        return self._reserve
 
     def memory_some_avg10(self) -> float | None:
         try:

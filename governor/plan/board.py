@@ -10,6 +10,10 @@ container) that a `shed` may take memory from, each with its QoS class.
     name = "camera"                        # journal, status and metrics name (default: the
                                            # path's last component)
 
+    [board]
+    reserve = "384MiB"   # kept for the OS and ungoverned services (issue 36): the budget is
+                         # MemTotal less this (default: 128 MiB + MemTotal/16, at most 1 GiB)
+
 Checked like a policy (``governor check /etc/governor/board.toml``): any problem is a
 PolicyError (65) naming the file and the field. Standard library only: the run time (the
 shedding monitor) reads it too. A missing file means no ungoverned cgroups.
@@ -28,6 +32,9 @@ from governor.errors import PolicyError
 from governor.errors import shown as _shown
 from governor.plan.model import QOS_RANK, SHED_STEPS
 from governor.record import record
+from governor.sizes import BINARY
+
+RESERVE_LIMIT = 64 << 30  # a reserve this large is a typo, not a board
 
 BOARD_FILE = Path("/etc/governor/board.toml")
 BOARD_ENV = "GOVERNOR_BOARD"
@@ -40,6 +47,8 @@ NAME_MAX = 255  # a cgroup is a directory: each path component is a file name (l
 _NAME_RE = re.compile(r"^[a-z0-9][a-z0-9_-]{0,62}$")
 _PATH_RE = re.compile(r"^[A-Za-z0-9@:_.\\-]+(/[A-Za-z0-9@:_.\\-]+)*$")
 _KEYS = ("path", "class", "yield", "name")
+_BOARD_KEYS = ("reserve",)
+_SIZE_RE = re.compile(r"^(\d+(?:\.\d+)?)\s*(|B|K|KiB|M|MiB|G|GiB|T|TiB)$")
 
 
 @record(frozen=True)
@@ -57,6 +66,7 @@ class BoardRead:
 
     entries: tuple[BoardCgroup, ...] = ()
     errors: tuple[PolicyError, ...] = ()
+    reserve: int | None = None  # [board] reserve, bytes (None: the default, plan/budget.py)
 
 
 def board_path(environ: Mapping[str, str] | None = None) -> Path:
@@ -71,7 +81,7 @@ def is_board_file(path: Path) -> bool:
         raw = tomllib.loads(path.read_text())
     except (OSError, ValueError, RecursionError):  # the policy loader says what is wrong
         return False
-    return "cgroup" in raw and "name" not in raw
+    return ("cgroup" in raw or "board" in raw) and "name" not in raw
 
 
 def read_board(path: Path | None = None, governed: Collection[str] = ()) -> BoardRead:
@@ -112,10 +122,17 @@ def parse_board(raw: dict[str, Any], source: str, governed: Collection[str] = ()
     def fail(msg: str, field: str, hint: str = BOARD_HINT) -> PolicyError:
         return PolicyError(msg, file=source, field=field, hint=hint)
 
-    errors = [fail("unknown key", key) for key in raw if key != "cgroup"]
+    errors = [fail("unknown key", key) for key in raw if key not in ("cgroup", "board")]
+    reserve = None
+    try:
+        reserve = _reserve(raw.get("board", {}), fail)
+    except PolicyError as err:
+        errors.append(err)
     tables = raw.get("cgroup", [])
     if not isinstance(tables, list):
-        return BoardRead(errors=(*errors, fail("expected [[cgroup]] tables", "cgroup")))
+        return BoardRead(
+            errors=(*errors, fail("expected [[cgroup]] tables", "cgroup")), reserve=reserve
+        )
     slices = (GOVERNED_ROOT, *governed)
     out: list[BoardCgroup] = []
     for i, t in enumerate(tables):
@@ -127,7 +144,32 @@ def parse_board(raw: dict[str, Any], source: str, governed: Collection[str] = ()
             errors.append(err)
             continue
         out.append(entry)
-    return BoardRead(entries=tuple(out), errors=tuple(errors))
+    return BoardRead(entries=tuple(out), errors=tuple(errors), reserve=reserve)
+
+
+def _reserve(t: object, fail: Callable[..., PolicyError]) -> int | None:
+    """``[board] reserve``: bytes (an integer) or a size ("384MiB", "1G"), below 64 GiB."""
+    if not isinstance(t, dict):
+        raise fail(f"expected a [board] table, got {_shown(t)}", "board")
+    for key in t:
+        if key not in _BOARD_KEYS:
+            raise fail("unknown key", f"board.{key}")
+    value = t.get("reserve")
+    if value is None:
+        return None
+    size: int | None = None
+    if isinstance(value, int) and not isinstance(value, bool):
+        size = value
+    elif isinstance(value, str) and (m := _SIZE_RE.fullmatch(value.strip())):
+        size = int(float(m.group(1)) * BINARY[m.group(2)])
+    if size is None or not 0 <= size < RESERVE_LIMIT:
+        raise fail(
+            f'expected a size below 64GiB (bytes, or like "384MiB"), got {_shown(value)}',
+            "board.reserve",
+            hint="the memory kept for the OS and ungoverned services; leave it out for the"
+            " default (128 MiB + MemTotal/16, at most 1 GiB)",
+        )
+    return size
 
 
 def _entry(

@@ -6,8 +6,8 @@ Every command (check, plan, apply, launch, install) goes through this one functi
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
-from decimal import Decimal
 from typing import Literal
 
 from governor.errors import HostError, PolicyError
@@ -31,9 +31,11 @@ from governor.plan.model import (
     WatchRule,
     WatchTrigger,
 )
+from governor.plan.thrash import refault_text, refault_watch
 from governor.policy import values as v
 from governor.policy.durations import Duration
 from governor.policy.model import Policy
+from governor.policy.refaults import RefaultCondition
 
 LEAF = "engine"  # processes live only in leaves (no internal processes rule)
 
@@ -73,14 +75,9 @@ def _memory(
     out: list[Write] = []
     resolved: dict[str, int | None] = {}
     for key in _MEMORY_ORDER:
-        if key == "oom_group":
-            if mem.oom_group is not None:
-                out.append((kf.MEMORY_OOM_GROUP, "1" if mem.oom_group else "0", "memory.oom_group"))
-            continue
-        if key == "zswap_writeback":
-            if mem.zswap_writeback is not None:
-                on = "1" if mem.zswap_writeback else "0"
-                out.append((kf.MEMORY_ZSWAP_WRITEBACK, on, "memory.zswap_writeback"))
+        if key in ("oom_group", "zswap_writeback"):  # switches: "1" / "0"
+            if (on := getattr(mem, key)) is not None:
+                out.append((_MEMORY_FILE[key], "1" if on else "0", f"memory.{key}"))
             continue
         size: v.Size | None = getattr(mem, key)
         if size is None:
@@ -156,6 +153,7 @@ def compile_plan(
         )
         for file, value, reason in (*files, *cpuset)
     ]
+    asked = tuple(writes)  # a headroom rule's peak claim, whatever this host enforces
     writes, controllers, degraded = available(writes, policy, host, allow_missing, problems)
 
     create = (policy.slice, group, f"{group}/{LEAF}") if attach is None else ()
@@ -184,7 +182,7 @@ def compile_plan(
         protect_parents=tuple(
             w.file for w in writes if w.file in (kf.MEMORY_MIN, kf.MEMORY_LOW) and w.value != "0"
         ),
-        watch=_watch(policy),
+        watch=_watch(policy, asked, source),
         notes=tuple(notes),
         degraded=tuple(degraded),
         device=_device(policy, workload),
@@ -205,18 +203,40 @@ def _engine_spec(policy: Policy) -> EngineSpec:
     )
 
 
-def _watch(policy: Policy) -> tuple[WatchRule, ...]:
+def _watch(
+    policy: Policy, writes: Sequence[CgroupWrite], source: str | None
+) -> tuple[WatchRule, ...]:
     """The [[pressure]] rules as the run time's monitor watches them, in the policy's order."""
     return tuple(
         watch_rule(
             i,
-            _watch_trigger(r.when),
+            _headroom(i, writes, source)
+            if isinstance(r.when, v.HeadroomCondition)
+            else _watch_trigger(r.when),
             tuple(r.do),
             when=str(r.when),
             hold_s=r.for_.seconds if r.for_ else None,
             cooldown_s=r.cooldown.seconds if r.cooldown else None,
         )
         for i, r in enumerate(policy.pressure)
+    )
+
+
+def _headroom(index: int, writes: Sequence[CgroupWrite], source: str | None) -> WatchCondition:
+    """``board available < headroom``: the slice's claimed peak as far as the plan knows it,
+    memory.max else memory.high (at launch the engine's estimate replaces it, the way the
+    board's claims count it); refused without either: the headroom would be unknown."""
+    values = {w.file: w.value for w in writes}
+    for file in (kf.MEMORY_MAX, kf.MEMORY_HIGH):
+        if values.get(file, "max") != "max":
+            return WatchCondition(
+                condition="headroom", threshold=int(values[file]), file="/proc/meminfo"
+            )
+    raise PolicyError(
+        "`board available < headroom` needs the slice's peak claim: memory.max or memory.high",
+        file=source,
+        field=f"pressure[{index}].when",
+        hint="set [memory] max (the engine's peak) or high",
     )
 
 
@@ -244,7 +264,12 @@ def _qos(policy: Policy, source: str | None) -> QosSpec:
             hint="remove qos.yield, or give the policy a lower [qos] class",
         )
     yields = tuple(s for s in SHED_STEPS if s in policy.qos.yield_)
-    return QosSpec(qos_class=policy.qos.class_, yields=yields)
+    return QosSpec(
+        qos_class=policy.qos.class_,
+        yields=yields,
+        admit=policy.qos.admit,
+        admit_timeout_s=policy.qos.admit_timeout.seconds,
+    )
 
 
 def _device(policy: Policy, workload: Workload) -> DeviceSpec | None:
@@ -273,12 +298,12 @@ def when_text(t: WatchTrigger | WatchCondition) -> str:
         return f"memavailable < {v.format_bytes(t.threshold)}"
     if t.condition == "available":
         return f"board available < {v.format_bytes(t.threshold)}"
+    if t.condition == "headroom":
+        return "board available < headroom"
     if t.condition == "device":
         return f"device memory > {v.format_bytes(t.threshold)}"
     if t.condition in ("refaults", "board_refaults"):
-        window = Duration(int((t.window_s or 0) * 1e6))
-        board = "board " if t.condition == "board_refaults" else ""
-        return f"{board}refaults > {Decimal(t.threshold) / 100:f}%/{window}"
+        return refault_text(t)
     return str(t.event)
 
 
@@ -349,21 +374,12 @@ def _watch_trigger(when: v.Condition) -> WatchTrigger | WatchCondition:
         # "board available": MemAvailable less the page cache the group's memory.min protects
         kind: Literal["memavailable", "available"] = "available" if when.board else "memavailable"
         return WatchCondition(condition=kind, threshold=when.below, file="/proc/meminfo")
+    if isinstance(when, v.HeadroomCondition):  # the peak claim: _headroom (the plan's writes)
+        return WatchCondition(condition="headroom", file="/proc/meminfo")
     if isinstance(when, v.DeviceMemoryCondition):
         return WatchCondition(condition="device", threshold=when.above, file="/proc/PID/fdinfo")
-    if isinstance(when, v.RefaultCondition):
-        # the share in 1/100 %: "12.5%" stays exact in an int
-        basis = int((when.percent * 100).to_integral_value())
-        if when.board:
-            return WatchCondition(
-                condition="board_refaults",
-                threshold=basis,
-                window_s=when.window.seconds,
-                file="/proc/vmstat",
-            )
-        return WatchCondition(
-            condition="refaults", threshold=basis, window_s=when.window.seconds, file=kf.MEMORY_STAT
-        )
+    if isinstance(when, RefaultCondition):
+        return refault_watch(when)
     return WatchCondition(condition="event", event=when.event, file=kf.MEMORY_EVENTS)
 
 

@@ -99,6 +99,10 @@ class QosSpec:
 
     qos_class: QosClass = "standard"
     yields: tuple[str, ...] = SHED_STEPS
+    # [qos] admit and admit_timeout (issue 36, governor/plan/budget.py): left out of the JSON
+    # at their defaults, so plans without them keep their shape (goldens, caches)
+    admit: Literal["warn", "refuse", "wait", "shed"] = "warn"
+    admit_timeout_s: float = 60.0
 
     def to_json(self) -> dict[str, Any]:
         """As the policy spells it (the run state's ``qos``)."""
@@ -123,14 +127,18 @@ class WatchTrigger:
 @record(frozen=True)
 class WatchCondition:
     """A non-PSI rule condition: a leak slope, the board-wide MemAvailable floor (``available``:
-    less the group's page cache its memory.min protects), or a memory.events counter that went
-    up."""
+    less the group's page cache its memory.min protects), the board's available memory below the
+    slice's headroom (``headroom``: claimed peak less memory.current; available less the board's
+    reserve too), or a memory.events counter that went up."""
 
     condition: Literal[
-        "leak", "memavailable", "available", "event", "device", "refaults", "board_refaults"
-    ]
+        "leak", "memavailable", "available", "headroom", "event", "device", "refaults",
+        "board_refaults",
+    ]  # fmt: skip
     file: str  # where it is read: "memory.stat", "/proc/meminfo", "memory.events", fdinfo
-    # leak: bytes/s; memavailable, device: bytes; refaults: the share in 1/100 of a percent
+    # leak: bytes/s; memavailable, device: bytes; headroom: the slice's claimed peak (its
+    # memory.max, else memory.high; the engine's estimate replaces it at launch); refaults:
+    # the share in 1/100 of a percent
     threshold: int = 0
     window_s: float | None = None  # leak: the slope's window; refaults: the window
     event: str | None = None  # event: the memory.events key ("oom_kill")
@@ -142,6 +150,8 @@ class WatchCondition:
             return f"memavailable < {self.threshold}"
         if self.condition == "available":
             return f"board available < {self.threshold}"
+        if self.condition == "headroom":
+            return "board available < headroom"
         if self.condition == "device":
             return f"device memory > {self.threshold}"
         if self.condition in ("refaults", "board_refaults"):
@@ -258,6 +268,9 @@ class Plan:
             out.pop("device", None)  # plans without [device] keep their shape (goldens, caches)
         if not self.clocks:  # a plan without [clocks] reads as it did before them
             del out["clocks"]
+        qos = out["qos"]
+        if qos["admit"] == "warn" and qos["admit_timeout_s"] == 60.0:
+            del qos["admit"], qos["admit_timeout_s"]
         return out
 
     def to_json(self, *, indent: int | None = 2) -> str:
@@ -314,7 +327,12 @@ class Plan:
 def _qos(d: dict[str, Any] | None) -> QosSpec:
     if not d:
         return QosSpec()
-    return QosSpec(qos_class=d["qos_class"], yields=tuple(d["yields"]))
+    return QosSpec(
+        qos_class=d["qos_class"],
+        yields=tuple(d["yields"]),
+        admit=d.get("admit", "warn"),
+        admit_timeout_s=float(d.get("admit_timeout_s", 60.0)),
+    )
 
 
 def _watch_rule(d: dict[str, Any]) -> WatchRule:

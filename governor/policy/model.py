@@ -96,6 +96,7 @@ Trigger = Annotated[
             "description": "'[board|system] <memory|cpu|io> <some|full> <stall>/<window>', e.g. 'memory some 150ms/2s'"
             " (board/system: the whole board's /proc/pressure);"
             " 'leak > 500KB/s for 60s'; 'memavailable < 800M' (or 'board available < 200M');"
+            " 'board available < headroom' (less than the slice's claimed peak still needs);"
             " 'device memory > 1.5G' (the group's DRM and dma-buf memory);"
             " 'refaults > 50%/10s' (file pages re-read in the window as a share of the file"
             " cache; 'board refaults': the whole board's); or a memory.events counter:"
@@ -325,6 +326,12 @@ class QosSection(_Section):
     )
     yield_: Annotated[tuple[ShedStep, ...], Field(strict=False)] = Field(
         default=("throttle", "freeze", "stop", "kill"), alias="yield"
+    )
+    # what a launch or install does when this slice's peak does not fit beside the board's
+    # other claims (issue 36; the guarantees never overcommit: "warn" and "refuse" refuse then)
+    admit: Literal["warn", "refuse", "wait", "shed"] = "warn"
+    admit_timeout: Duration = Field(
+        default=d.Duration(60_000_000), json_schema_extra={"default": "60s"}
     )
 
     @field_validator("yield_")

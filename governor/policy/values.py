@@ -21,11 +21,10 @@ from governor.sizes import BINARY, format_bytes, human_bytes
 __all__ = [
     "MAX_CPU",
     "CpuSpec",
-    "RefaultCondition",
     "format_bytes",
     "human_bytes",
     "parse_cpus",
-]  # re-exported: the compiler and tests spell v.format_bytes, v.parse_cpus, v.RefaultCondition
+]  # re-exported: the compiler and tests spell v.format_bytes, v.parse_cpus
 
 # ---------------------------------------------------------------- sizes
 
@@ -286,6 +285,16 @@ class MemAvailableCondition:
 
 
 @dataclass(frozen=True)
+class HeadroomCondition:
+    """``board available < headroom``: what the board can still give (MemAvailable less the
+    group's protected page cache and the board's reserve) is less than what this slice is known
+    to still need (its claimed peak less its memory.current): shed before the board is full."""
+
+    def __str__(self) -> str:
+        return "board available < headroom"
+
+
+@dataclass(frozen=True)
 class EventCondition:
     """``oom_kill``: a memory.events counter of the group went up."""
 
@@ -309,6 +318,7 @@ Condition = (
     PsiTrigger
     | LeakCondition
     | MemAvailableCondition
+    | HeadroomCondition
     | EventCondition
     | DeviceMemoryCondition
     | RefaultCondition
@@ -317,8 +327,8 @@ _DEVICE_RE = re.compile(r"^\s*device\s+memory\s*>\s*(?P<size>\S+)\s*$")
 
 
 def parse_condition(value: object) -> Condition:
-    """A rule's ``when``: a PSI trigger, ``leak > R/s for W``, ``memavailable < SIZE``,
-    ``[board] refaults > P%/W`` or a memory.events counter name (``oom_kill``)."""
+    """A rule's ``when``: a PSI trigger, ``leak > R/s for W``, ``memavailable < SIZE``, ``board
+    available < headroom``, ``[board] refaults > P%/W`` or a memory.events name (``oom_kill``)."""
     if isinstance(value, Condition):
         return value
     if not isinstance(value, str):
@@ -345,6 +355,13 @@ def parse_condition(value: object) -> Condition:
             raise ValueError(
                 f"cannot parse {value!r} (form: 'memavailable < 800M' or 'board available < 200M')"
             )
+        if m["size"] == "headroom":
+            if m["spelling"] == "memavailable":
+                raise ValueError(
+                    f"headroom is compared with the board's available memory in {value!r}"
+                    " (form: 'board available < headroom')"
+                )
+            return HeadroomCondition()
         size = parse_size(m["size"], allow=frozenset({"bytes"}))
         if size.bytes == 0:
             raise ValueError(f"memavailable floor must be positive in {value!r}")

@@ -78,6 +78,10 @@ class Job:
     ready_url: str | None = None
     ready_timeout_s: float = 300.0
     sysfs_root: str = "/sys"  # [clocks]: every clock file written resolves under it
+    # the board lock admission took (governor/api/admit.py): released once the state is
+    # published, so a racing launch reads this slice's claim; the admission's note is journaled
+    board_release: Callable[[], None] | None = None
+    admit_note: str | None = None
 
 
 class Supervisor:
@@ -206,6 +210,11 @@ class Supervisor:
     def _run_applied(self, job: Job) -> int:
         started = self.clock()
         self.publisher = Publisher(job.run_dir or run_dir(), job.plan.policy)
+        if job.admit_note:  # why it runs now (`status` shows the journal): issue 36
+            with contextlib.suppress(OSError):
+                Journal((job.run_dir or run_dir()) / job.plan.policy).append(
+                    "admit", [], reason=job.admit_note
+                )
         try:
             return self._run_published(job, started)
         finally:
@@ -229,6 +238,7 @@ class Supervisor:
             on_change=lambda: self._publish(job),
             journal=Journal((job.run_dir or run_dir()) / plan.policy),
             watchdog=self.watchdog,  # reverts a `shed` should this process die
+            peak=_estimate_total(job),
         )
         monitor.engine_started(pid)
         try:
@@ -351,6 +361,8 @@ class Supervisor:
         )
         self.state = state.to_json()  # also what --metrics serves
         self.publisher.publish(state)
+        if job.board_release is not None:
+            job.board_release()  # idempotent: the next launch's admission sees this claim
 
     def _start_helper(self, job: Job, engine_pid: int) -> None:
         """The prefetch helper for this start of the engine (mode none: nothing)."""
@@ -417,3 +429,9 @@ def _write_report(path: Path, report: LaunchReport) -> None:
     except OSError as err:
         # the engine ran: its status is what the caller gets; the report's loss is said
         log.error("report.failed", file=str(path), error=err.strerror or str(err))
+
+
+def _estimate_total(job: Job) -> int | None:
+    """The engine's estimated resident memory (its claimed peak), when launch made one."""
+    total = (job.extra.get("estimate") or {}).get("total")
+    return total if isinstance(total, int) and total > 0 else None

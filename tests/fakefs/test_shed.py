@@ -448,6 +448,49 @@ def test_the_monitor_sheds_on_a_board_trigger_and_gives_back_once_quiet(
     mon.finish()
 
 
+def test_the_headroom_rule_throttles_a_lower_class_before_the_board_is_full(
+    board: Board, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``board available < headroom`` (issue 36): the chat claims a 1000 MiB peak (its
+    estimate, given at launch) and holds 600 MiB; the board (its file's reserve: 300 MiB)
+    sheds the batch job as soon as MemAvailable less the reserve is below the 400 MiB the
+    chat still needs, with no PSI stall at all, and gives back once the chat has room."""
+    (tmp_path / "board.toml").write_text('[board]\nreserve = "300MiB"\n')
+    monkeypatch.setenv("GOVERNOR_BOARD", str(tmp_path / "board.toml"))
+    rule = watch_rule(
+        0,
+        WatchCondition(condition="headroom", threshold=1800 * MIB, file="/proc/meminfo"),
+        ("shed",),
+        cooldown_s=5.0,
+        when="board available < headroom",
+    )
+    chat = board.publish(replace(_plan("npu-chat", CHAT), watch=(rule,)), 600 * MIB)
+    batch = board.publish(_plan("npu-batch", BATCH, high=BATCH_HIGH), 512 * MIB)
+    proc = tmp_path / "proc"
+    proc.mkdir()
+    mon = Monitor(
+        board.fs, chat, engine_pids=lambda: [], proc=ProcFs(proc), clock=lambda: board.now[0],
+        journal=Journal(board.run / chat.policy), watchdog=board, peak=1000 * MIB,
+    ).start()  # fmt: skip
+    assert [r.threshold for r in mon.rules] == [1000 * MIB]  # the estimate, not memory.max
+
+    def second(avail_mib: int) -> None:
+        (proc / "meminfo").write_text(f"MemTotal: 2000000 kB\nMemAvailable: {avail_mib << 10} kB\n")
+        board.tick(1.0)
+        mon.dispatch()
+
+    second(710)  # 710 - 300 = 410 MiB spare >= 400 MiB still needed
+    assert _high(board.fs, batch) == str(BATCH_HIGH)
+    second(690)  # 390 MiB spare: short of the chat's headroom
+    assert _high(board.fs, batch) == str(512 * MIB)  # throttled at its memory.current
+    (board.fs.path(chat.group) / files.MEMORY_CURRENT).write_text(f"{900 * MIB}\n")
+    for _ in range(40):
+        second(690)  # the chat grew to 900 MiB: 100 MiB more is all it needs
+    assert _high(board.fs, batch) == str(BATCH_HIGH)
+    assert not mon.shedder.holding()  # type: ignore[union-attr]
+    mon.finish()
+
+
 def test_the_watchdog_reverts_a_dead_shedders_holds(tmp_path: Path) -> None:
     """EOF on the pipe (the governor died, even by SIGKILL): the /bin/sh watchdog thaws the
     victims and writes memory.high back, from the latest list it was given only."""

@@ -267,4 +267,17 @@ KEYS: dict[str, tuple[str, str]] = {
         ' `stop`, `kill` in that order; without "kill" it is never killed by a shed.',
         'yield = ["throttle", "freeze"]',
     ),
+    "qos.admit": (
+        "What `launch` and `install` do when this slice's expected peak does not fit beside the"
+        " board's other claims (docs/several.md): `warn` admits it with one warning line,"
+        " `refuse` exits 75, `wait` waits up to `admit_timeout` for room, `shed` stops running"
+        " engines of a lower class. Guarantees (memory.min) never overcommit: `warn` and"
+        " `refuse` refuse then, `wait` and `shed` act.",
+        'admit = "shed"',
+    ),
+    "qos.admit_timeout": (
+        'How long `admit = "wait"` (or a shed\'s victims) may take to make room before the'
+        " launch exits 75.",
+        'admit_timeout = "2m"',
+    ),
 }

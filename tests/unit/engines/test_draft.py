@@ -12,6 +12,7 @@ import shlex
 import sys
 import tomllib
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -20,6 +21,7 @@ from governor.engines import budget
 from governor.engines import draft as ip
 from governor.engines.estimate import MIB
 from governor.errors import EXIT_NOINPUT, EXIT_POLICY, EXIT_USAGE
+from governor.plan.budget import reserve_for
 
 REPO = Path(__file__).resolve().parents[3]
 HOSTS = REPO / "tests" / "fixtures" / "hosts"
@@ -138,7 +140,7 @@ def test_memory_values_follow_the_estimate_and_the_board(
         assert size["min"] >= est.term("weights") > size["min"] - MIB
         assert size["max"] - MIB < est.total + ip.headroom_for(est.total) <= size["max"]
         assert est.total < size["high"] < size["max"]
-        ceiling = board - ip.reserve_for(board)
+        ceiling = board - reserve_for(board)
         assert size["max"] <= ceiling
         more = budget.estimate_argv(ip._args((), tiny, ctx + 256), root=Path(root), budget=None)
         assert ctx == 2048 or more.total + ip.headroom_for(more.total) > ceiling
@@ -149,7 +151,7 @@ def test_memory_values_follow_the_estimate_and_the_board(
 
 
 def test_reserve_scales_with_the_board() -> None:
-    sizes = [ip.reserve_for(b) for b in (1 * GIB, 2 * GIB, 4 * GIB, 8 * GIB, 64 * GIB)]
+    sizes = [reserve_for(b) for b in (1 * GIB, 2 * GIB, 4 * GIB, 8 * GIB, 64 * GIB)]
     assert sizes == sorted(sizes) and sizes[1] == 256 * MIB and sizes[-1] == GIB
     for ceiling in (100 * MIB, 1700 * MIB, 7 * GIB):
         fit = ip.fit_budget(ceiling)
@@ -287,3 +289,71 @@ def test_name_comes_from_the_model_file_and_engine_argv_keeps_its_program(
     assert policy["engine"]["threads"] == 2
     named, _, _ = _init(capsys, str(HOSTS / "rk3588"), "--model", str(tiny))
     assert named["name"] == "tiny"
+
+
+# ------------------------------------------------------------------ beside the board's tenants
+
+
+def _claim(name: str, peak_mib: int, state: str = "running") -> Any:
+    from governor.plan.budget import Claim
+
+    return Claim(
+        name=name, group=f"governor.slice/{name}", qos_class="background", min=0,
+        peak=peak_mib * MIB, peak_source="max", state=state,  # type: ignore[arg-type]
+    )  # fmt: skip
+
+
+def test_init_sizes_against_what_the_other_slices_leave_and_says_so(tiny: Path) -> None:
+    """2 GiB board, reserve 256 MiB: alone the engine may have 1792 MiB; beside a batch job
+    claiming 950 MiB (running) and an installed tts claiming 300 MiB, 542 MiB. Its own old
+    claim (same name) does not count; --board-memory means an empty board of that size."""
+    from governor.engines.draft_board import Tenants
+    from governor.plan.host import probe
+
+    host = replace_mem(probe_root(HOSTS / "cgroup2-full", probe), 2 * GIB)
+    tenants = Tenants(claims=(_claim("batch", 950), _claim("tts", 300, "installed"),
+                              _claim("tiny", 1500)))  # fmt: skip
+    req = ip.Request(model=tiny, ctx=None)
+    alone = ip.draft(req, host, root=HOSTS / "cgroup2-full")
+    beside = ip.draft(req, host, root=HOSTS / "cgroup2-full", tenants=tenants)
+    assert alone.sizing.ceiling == 1792 * MIB and alone.sizing.claimed == 0
+    assert beside.sizing.ceiling == 542 * MIB and beside.sizing.claimed == 1250 * MIB
+    assert beside.sizing.mem_max <= 542 * MIB
+    assert "- 1250 MiB the other slices claim at peak = 542 MiB for the engine" in beside.text
+    assert "batch 950 MiB (running); tts 300 MiB (installed)" in beside.text
+    empty = ip.draft(
+        ip.Request(model=tiny, board_memory=2 * GIB), host, root=HOSTS / "cgroup2-full",
+        tenants=tenants,
+    )  # fmt: skip
+    assert empty.sizing.ceiling == 1792 * MIB and "other slices" not in empty.text
+    # the board file's reserve replaces the default
+    own = ip.draft(req, host, root=HOSTS / "cgroup2-full", tenants=Tenants(reserve=512 * MIB))
+    assert own.sizing.ceiling == 1536 * MIB
+    assert "OS reserve 512 MiB = 1536 MiB for the engine" in own.text
+
+
+def test_a_server_draft_is_interactive_and_sheds_before_the_stall(
+    tiny: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """llama-server answers a chat: init writes [qos] class = "interactive" and the
+    `board available < headroom` shed rule (no PSI needed); a one-shot CLI gets neither."""
+    root = str(HOSTS / "rk3588")
+    policy, _, _ = _init(
+        capsys, root, "--model", str(tiny), "--engine-argv", "/opt/llama/llama-server -t 2"
+    )
+    assert policy["qos"]["class"] == "interactive"
+    first = policy["pressure"][0]
+    assert first["when"] == "board available < headroom" and first["do"] == ["log", "shed"]
+    cli, _, _ = _init(capsys, root, "--model", str(tiny))
+    assert "qos" not in cli
+    assert all("headroom" not in r["when"] for r in cli["pressure"])
+
+
+def probe_root(root: Path, probe: Any) -> Any:
+    return probe(root)
+
+
+def replace_mem(host: Any, mem_total: int) -> Any:
+    from governor.record import replace
+
+    return replace(host, mem_total=mem_total)

@@ -85,6 +85,24 @@ def test_condition_rules_compile_to_watch_conditions() -> None:
     assert when_text(raw) == "memavailable < 200MiB"
 
 
+def test_a_headroom_rule_compiles_with_the_slices_peak_claim() -> None:
+    """memory.max, else memory.high, is the claimed peak; neither: refused (65) naming the rule."""
+    from governor.errors import PolicyError
+    from governor.plan.compiler import _headroom, when_text
+    from governor.plan.model import CgroupWrite
+
+    def w(file: str, value: str) -> CgroupWrite:
+        return CgroupWrite(cgroup="g", file=file, value=value, reason=file, controller="memory")
+
+    got = _headroom(2, [w("memory.high", "800"), w("memory.max", "1000")], "p.toml")
+    assert (got.condition, got.threshold) == ("headroom", 1000)
+    assert _headroom(2, [w("memory.high", "800"), w("memory.max", "max")], None).threshold == 800
+    assert when_text(got) == "board available < headroom"
+    with pytest.raises(PolicyError) as err:
+        _headroom(2, [w("memory.min", "100")], "p.toml")
+    assert err.value.exit_code == 65 and err.value.field == "pressure[2].when"
+
+
 # ---------------------------------------------------------------- rule engine
 
 
@@ -249,3 +267,38 @@ def test_the_slowest_third_is_the_leak_rate() -> None:
         v += r
     slope = det.slope()
     assert slope is not None and 900 <= slope <= 1100
+
+
+# ---------------------------------------------------------------- board available < headroom
+
+
+def test_the_headroom_condition_parses_and_spells_back() -> None:
+    got = v.parse_condition("board  available<headroom")
+    assert got == v.HeadroomCondition()
+    assert str(got) == "board available < headroom"
+    with pytest.raises(ValueError, match="board available < headroom"):
+        v.parse_condition("memavailable < headroom")
+
+
+def _headroom_rule(peak: int) -> Rule:
+    trig = WatchCondition(condition="headroom", threshold=peak, file="/proc/meminfo")
+    return Rule.from_watch(watch_rule(index=0, trigger=trig, actions=("shed",)))
+
+
+def test_a_headroom_rule_fires_when_the_board_spares_less_than_the_slice_still_needs() -> None:
+    # claimed peak 1000 MiB, holding 600 MiB: it still needs 400 MiB
+    eng = RuleEngine([_headroom_rule(1000 << 20)])
+
+    def fires(t: float, spare_mib: int, current_mib: int = 600) -> bool:
+        obs = Observations(spare=spare_mib << 20, current=current_mib << 20)
+        return bool(eng.step(t, obs))
+
+    assert not eng.step(0.0, Observations(spare=None, current=600 << 20))
+    assert not fires(1.0, 450)
+    assert fires(2.0, 399)  # fires before any stall: only the claim says it
+    assert not fires(3.0, 300)  # a level rule: once per episode
+    assert not fires(4.0, 300, current_mib=800)  # grown: it needs only 200 MiB more
+    assert fires(5.0, 150, current_mib=800)  # a new episode
+    # at its peak it needs nothing: only a board eating into the reserve is short
+    assert not fires(6.0, 0, current_mib=1000)
+    assert fires(7.0, -1, current_mib=1100)

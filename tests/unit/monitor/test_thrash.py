@@ -19,6 +19,7 @@ from governor.plan.compiler import _watch_trigger, watch_rule, when_text
 from governor.plan.model import WatchCondition
 from governor.policy import values as v
 from governor.policy.durations import Duration
+from governor.policy.refaults import RefaultCondition
 
 PAGE = 4096
 
@@ -35,7 +36,7 @@ def test_refault_conditions_parse_and_spell_back(
     text: str, percent: str, window_us: int, board: bool
 ) -> None:
     c = v.parse_condition(text)
-    assert c == v.RefaultCondition(Decimal(percent), Duration(window_us), board=board)
+    assert c == RefaultCondition(Decimal(percent), Duration(window_us), board=board)
     assert v.parse_condition(str(c)) == c
 
 

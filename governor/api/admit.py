@@ -1,0 +1,210 @@
+"""Admission against the board's budget (issue 36) in the composition root: `check
+--engine-argv`, `launch`, `install` and the Ansible module ask :func:`admission` before
+anything is applied.
+
+The arithmetic is pure (governor/plan/budget.py), the claims are gathered from what runs and
+what is installed (governor/operate/board.py). This module adds what needs a clock, the board
+lock and the shed: a refusal (75, nothing applied), the one warning line of an admitted
+overlap, ``[qos] admit = "wait"`` (poll for room up to admit_timeout, saying who holds it) and
+``"shed"`` (stop lower-class engines through the shed ladder, journaled as the admission's).
+
+The board lock: ``<run dir>/board.lock`` (lockf), taken before the claims are read and held
+until the new slice's state is published (the supervisor releases it: Job.board_release),
+so two launches racing for the last room are decided one after the other: one starts, one
+exits 75.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import os
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from governor.errors import AdmissionRefused
+from governor.log import get_logger
+from governor.record import record
+
+if TYPE_CHECKING:
+    from governor.operate.board import BoardClaims
+    from governor.plan.budget import Claim, Verdict
+    from governor.plan.model import Plan
+
+log = get_logger("governor.admit")
+
+LOCK_FILE = "board.lock"
+POLL_S = 0.5  # "wait" and "shed": how often the board's claims are read again
+ADMIT_HINT = (
+    "`governor status` lists what runs and holds the memory: stop one, lower this policy's"
+    ' memory.min, set [qos] admit = "wait" or "shed", or --force admits it anyway'
+)
+
+
+@record
+class Admitted:
+    """What admission decided: the board lock's fd (held until the state is published; None:
+    released), the verdict and what was done for it."""
+
+    lock_fd: int | None
+    verdict: Verdict | None = None
+    note: str | None = None  # for the new slice's journal: "admitted after stopping X"
+
+    def release(self) -> None:
+        """Release the board lock (once: a second call does nothing)."""
+        fd, self.lock_fd = self.lock_fd, None
+        if fd is not None:
+            with contextlib.suppress(OSError):
+                os.close(fd)
+
+
+def board_lock(run: Path, *, block: bool = True) -> int:
+    """The board lock's fd (lockf LOCK_EX); close it to release."""
+    run.mkdir(mode=0o755, parents=True, exist_ok=True)
+    fd = os.open(run / LOCK_FILE, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+    try:
+        # a POSIX record lock, not flock(): a process forked while it is held (the watchdog,
+        # the prefetch helper) does not inherit it, so it goes with this process's close
+        fcntl.lockf(fd, fcntl.LOCK_EX if block else fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+def _where(board: Path | None) -> str:
+    from governor.plan.board import board_path
+
+    return f"[qos] admit, {board if board is not None else board_path()}"
+
+
+def _refuse(verdict: Verdict, board: Path | None, extra: str = "") -> AdmissionRefused:
+    from governor.plan.budget import refusal_text
+
+    return AdmissionRefused(f"{refusal_text(verdict)}{extra} ({_where(board)})", hint=ADMIT_HINT)
+
+
+def _say(line: str) -> None:
+    sys.stderr.write(f"governor: {line}\n")
+    sys.stderr.flush()
+
+
+def admission(
+    plan: Plan,
+    *,
+    run: Path,
+    root: Path = Path("/"),
+    estimate: int | None = None,
+    force: bool = False,
+    board: Path | None = None,
+    hold: bool = True,
+    gather: Callable[[], BoardClaims] | None = None,
+    stop: Callable[[Plan, Claim], None] | None = None,
+    clock: Callable[[], float] = time.monotonic,
+    sleep: Callable[[float], None] = time.sleep,
+) -> Admitted:
+    """Admit ``plan`` on the board or raise AdmissionRefused (75). ``hold``: keep the board
+    lock (launch: until the state is published); else it is released on return (check,
+    install). ``gather``, ``stop``, ``clock`` and ``sleep`` are the tests' doors."""
+    from governor.operate import board as claims
+    from governor.plan.budget import admit, claim_of_plan, overlap_text, plan_claim_dict
+
+    def read() -> BoardClaims:
+        if gather is not None:
+            return gather()
+        return claims.gather(run=run, cgroup_root=Path(plan.cgroup_root), root=root, board=board)
+
+    new = claim_of_plan(plan_claim_dict(plan), estimate=estimate, state="running")
+    mode = plan.qos.admit
+    fd = board_lock(run)
+    try:
+        seen = read()
+        for p in seen.problems:
+            log.warning("admit.skipped", problem=p)
+        if seen.budget.memtotal <= 0:  # no MemTotal (a fixture root): nothing to weigh
+            log.warning("admit.no_memtotal", root=str(root), detail="admitted unweighed")
+            return _held(fd, hold, None)
+        verdict = admit(seen.budget, new, seen.claims)
+        if verdict.fits:
+            return _held(fd, hold, verdict)
+        if force:
+            _say(f"admitted by --force: {overlap_text(verdict)}")
+            return _held(fd, hold, verdict)
+        if mode == "warn" and verdict.kind == "peaks":
+            _say(f"admitted with an overlap: {overlap_text(verdict)}")
+            return _held(fd, hold, verdict)
+        if mode in ("warn", "refuse"):
+            raise _refuse(verdict, board)
+        note = None
+        if mode == "shed":
+            if not verdict.enough:
+                raise _refuse(verdict, board, ", and no lower class to shed frees enough")
+            names = ", ".join(v.name for v in verdict.victims)
+            _say(f"admission of {new.name} stops {names} (a lower class) to make room")
+            for victim in verdict.victims:
+                if stop is not None:
+                    stop(plan, victim)
+                else:
+                    _stop(plan, victim, run)
+            note = f"admitted after stopping {names} (a lower class)"
+        else:
+            from governor.plan.budget import gib, holders_text
+
+            _say(
+                f"waiting up to {plan.qos.admit_timeout_s:g}s for {gib(verdict.missing)} of"
+                f" room for {new.name} ({holders_text(verdict)})"
+            )
+        deadline = clock() + plan.qos.admit_timeout_s
+        while True:  # wait (or let the victims go) without the lock: they may need it
+            os.close(fd)
+            fd = -1
+            sleep(POLL_S)
+            fd = board_lock(run)
+            seen = read()
+            verdict = admit(seen.budget, new, seen.claims)
+            if verdict.fits:
+                if note is None:
+                    note = "admitted after waiting for room"
+                _say(f"{new.name} admitted: {note}")
+                return _held(fd, hold, verdict, note)
+            if clock() >= deadline:
+                raise _refuse(verdict, board, f", after {plan.qos.admit_timeout_s:g}s of {mode}")
+    except BaseException:
+        if fd >= 0:
+            os.close(fd)
+        raise
+
+
+def _held(fd: int, hold: bool, verdict: Verdict | None, note: str | None = None) -> Admitted:
+    if not hold:
+        os.close(fd)
+        return Admitted(None, verdict, note)
+    return Admitted(fd, verdict, note)
+
+
+def _stop(plan: Plan, victim: Claim, run: Path) -> None:
+    """Stop one lower-class engine with the shed ladder's "stop" step (SIGTERM to its
+    published engine pid, thawed first), journaled in the victim's journal as a shed by this
+    policy "when" its admission (governor/monitor/shed.py; the call site is here and only
+    here)."""
+    from governor.kernel.cgroupfs import CgroupFs
+    from governor.monitor.actions import Context
+    from governor.monitor.shed import Held, Shedder
+
+    shedder = Shedder(CgroupFs(Path(plan.cgroup_root)), plan, run=run)
+    for v in shedder.victims():
+        if v.name == victim.name and v.governed and "stop" in v.yields:
+            step = "stop"
+        elif v.name == victim.name and v.governed and "kill" in v.yields:
+            step = "kill"
+        else:
+            continue
+        ctx = Context(rule=-1, when=f"admission of {plan.policy}")
+        with shedder._locked(v):  # the ladder's own lock and journal entry
+            res = shedder._take(v, Held(v), step, ctx, time.monotonic())
+        if not res.ok:
+            log.warning("admit.stop_failed", victim=v.name, detail=res.detail)
+        return

@@ -1,0 +1,76 @@
+"""`governor init` beside the board's tenants (issue 36): the other governed slices' claims
+and the board file's reserve it sizes against, the comment lines that say so, and what an
+interactive draft (llama-server) adds: its [qos] class and the ``board available <
+headroom`` rule that sheds a lower class before the board is full."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from governor.plan.budget import Claim, reserve_for
+
+if TYPE_CHECKING:
+    from governor.engines.draft import Sizing
+
+
+def mib(n: int) -> int:
+    return n >> 20
+
+
+@dataclass(frozen=True)
+class Tenants:
+    """What the board already holds (governor/operate/board.py gathers it): the other governed
+    slices' claims and the board file's ``[board] reserve`` (None: the default)."""
+
+    claims: tuple[Claim, ...] = ()
+    reserve: int | None = None
+
+    def without(self, name: str) -> Tenants:
+        return Tenants(tuple(c for c in self.claims if c.name != name), self.reserve)
+
+    def room(self, board: int) -> tuple[int, int, int]:
+        """(reserve, the claims' peaks, what is left: whole MiB, the values are in MiB)."""
+        reserve = reserve_for(board) if self.reserve is None else self.reserve
+        claimed = sum(c.peak_claim for c in self.claims)
+        return reserve, claimed, max(0, board - reserve - claimed) >> 20 << 20
+
+    def lines(self) -> tuple[str, ...]:
+        ordered = sorted(self.claims, key=lambda c: (-c.peak_claim, c.name))
+        return tuple(f"{c.name} {mib(c.peak_claim)} MiB ({c.state})" for c in ordered)
+
+
+def board_lines(s: Sizing) -> list[str]:
+    """How much of the board is this engine's: the reserve, and the other slices' claims."""
+    reserve = (
+        f"OS reserve {mib(s.reserve)} MiB"
+        if s.reserve != reserve_for(s.board)
+        else f"OS reserve {mib(s.reserve)} MiB (128 MiB + 1/16 of the board, at most 1 GiB)"
+    )
+    if not s.tenants:
+        return [f"# board {mib(s.board)} MiB - {reserve} = {mib(s.ceiling)} MiB for the engine;"]
+    return [
+        f"# board {mib(s.board)} MiB - {reserve} - {mib(s.claimed)} MiB the other slices claim"
+        f" at peak = {mib(s.ceiling)} MiB for the engine",
+        f"# (sized beside them: {'; '.join(s.tenants)}; `governor board` lists them,"
+        " --board-memory sizes for an empty board);",
+    ]
+
+
+# an interactive engine's claim: what the board keeps for it before any stall (issue 36)
+HEADROOM_RULE = """\
+[[pressure]]                # shed before the stall: once the board can no longer give what this
+when = "board available < headroom"  # engine still needs (its peak claim - memory.current), a
+do = ["log", "shed"]        # lower class yields a step (throttle, freeze... its [qos] yield)
+cooldown = "3s"             # at each firing while it lasts; undone once the board has room
+"""
+
+
+def qos_table(s: Sizing) -> list[str]:
+    if not s.est.settings.server:
+        return []
+    return [
+        "",
+        "[qos]",
+        'class = "interactive"  # llama-server answers a chat: lower classes yield to it (shed)',
+    ]

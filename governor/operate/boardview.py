@@ -1,0 +1,186 @@
+"""`governor board` (issue 36): one table for the whole board, from the claims the gatherer
+(governor/operate/board.py) reads, the board's big ungoverned cgroups, and `--fits`.
+
+The figures, in bytes (the JSON form; the table prints them in MiB):
+
+- ``memtotal``, ``reserve`` (the board file's ``[board] reserve``, else the default),
+  ``budget`` = memtotal - reserve (governor/plan/budget.py);
+- each governed slice (running: a live published state; installed: `governor install`'s
+  manifest, its service stopped): class, ``min`` (memory.min + [device]), ``peak`` (the claim:
+  the estimate, else memory.max, else memory.high) and where the peak comes from,
+  memory.current;
+- ``claimed``: the sums of min and peak; ``free``: budget less each (negative: the peaks
+  overcommit, the shed arbitrates);
+- ``ungoverned``: the top-level cgroups outside every governed slice (system.slice,
+  user.slice, machine.slice, a container's) holding at least ``BIG`` bytes, and every board
+  file entry, with memory.current.
+
+Reads only; the figures are the kernel's files and the published states as they are now.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from governor.errors import GovernorError
+from governor.kernel import files as kf
+from governor.kernel.cgroupfs import CgroupFs
+from governor.kernel.parse import parse_max
+from governor.plan.board import GOVERNED_ROOT, BoardCgroup
+from governor.plan.budget import Budget, Claim, Verdict, admit, gib, holders_text
+
+MIB = 1 << 20
+BIG = 16 * MIB  # an ungoverned top-level cgroup below this is not worth a row
+BOARD_FORMAT = 1
+
+
+def current_of(fs: CgroupFs, cgroup: str) -> int | None:
+    try:
+        return parse_max(fs.read(cgroup, kf.MEMORY_CURRENT))
+    except (GovernorError, ValueError):
+        return None
+
+
+def ungoverned(
+    fs: CgroupFs, claims: Sequence[Claim], entries: Sequence[BoardCgroup] = ()
+) -> list[dict[str, Any]]:
+    """The big top-level cgroups no policy governs, and the board file's entries (largest
+    first): ``{"cgroup", "name", "class", "current"}``; class is the board file's (else None)."""
+    tops = {GOVERNED_ROOT, *(c.group.split("/", 1)[0] for c in claims)}
+    rows: dict[str, dict[str, Any]] = {}
+    try:
+        children = fs.children("")
+    except GovernorError:
+        children = []
+    for child in children:
+        if child in tops:
+            continue
+        cur = current_of(fs, child)
+        if cur is not None and cur >= BIG:
+            rows[child] = {"cgroup": child, "name": child, "class": None, "current": cur}
+    for e in entries:
+        rows[e.path] = {
+            "cgroup": e.path,
+            "name": e.name,
+            "class": e.qos_class,
+            "current": current_of(fs, e.path),
+        }
+    return sorted(rows.values(), key=lambda r: (-(r["current"] or 0), r["cgroup"]))
+
+
+def claim_row(c: Claim) -> dict[str, Any]:
+    return {
+        "name": c.name,
+        "group": c.group,
+        "class": c.qos_class,
+        "min": c.guaranteed,
+        "peak": c.peak_claim,
+        "peak_source": c.peak_source,
+        "current": c.current,
+        "state": c.state,
+        "device": c.device,
+    }
+
+
+def view(
+    budget: Budget,
+    claims: Sequence[Claim],
+    others: Sequence[dict[str, Any]] = (),
+    problems: Sequence[str] = (),
+) -> dict[str, Any]:
+    """The board as `governor board --json` prints it (format 1: fields are only added)."""
+    order = {"running": 0, "installed": 1, "stopped": 2}
+    rows = sorted(claims, key=lambda c: (order.get(c.state, 3), -c.peak_claim, c.name))
+    claimed_min = sum(c.guaranteed for c in claims)
+    claimed_peak = sum(c.peak_claim for c in claims)
+    return {
+        "format": BOARD_FORMAT,
+        "memtotal": budget.memtotal,
+        "reserve": budget.reserve,
+        "budget": budget.budget,
+        "claimed": {"min": claimed_min, "peak": claimed_peak},
+        "free": {"guarantees": budget.budget - claimed_min, "peaks": budget.budget - claimed_peak},
+        "slices": [claim_row(c) for c in rows],
+        "ungoverned": list(others),
+        "problems": list(problems),
+    }
+
+
+def _mib(n: int | None) -> str:
+    return "-" if n is None else f"{n / MIB:.0f} MiB"
+
+
+def render(v: dict[str, Any]) -> str:
+    """The table `governor board` prints."""
+    lines = [
+        f"board: MemTotal {_mib(v['memtotal'])}, reserve {_mib(v['reserve'])},"
+        f" budget {_mib(v['budget'])}",
+        f"claimed: {_mib(v['claimed']['min'])} guaranteed (min),"
+        f" {_mib(v['claimed']['peak'])} at peak",
+        f"free: {_mib(v['free']['guarantees'])} for guarantees,"
+        f" {_mib(v['free']['peaks'])} for peaks",
+    ]
+    if v["slices"]:
+        lines += ["", f"{'SLICE':<16} {'CLASS':<12} {'MIN':>9} {'PEAK':>20} {'CURRENT':>9}  STATE"]
+        for s in v["slices"]:
+            peak = f"{_mib(s['peak'])} ({s['peak_source']})"
+            lines.append(
+                f"{s['name']:<16} {s['class']:<12} {_mib(s['min']):>9} {peak:>20}"
+                f" {_mib(s['current']):>9}  {s['state']}"
+            )
+    else:
+        lines += ["", "no governed slice"]
+    if v["ungoverned"]:
+        lines += ["", f"{'UNGOVERNED':<40} {'CLASS':<12} {'CURRENT':>9}"]
+        for u in v["ungoverned"]:
+            lines.append(f"{u['cgroup']:<40} {u['class'] or '-':<12} {_mib(u['current']):>9}")
+    for p in v["problems"]:
+        lines.append(f"skipped: {p}")
+    return "\n".join(lines) + "\n"
+
+
+def fits(budget: Budget, new: Claim, claims: Sequence[Claim], admit_mode: str) -> dict[str, Any]:
+    """`governor board --fits`: does ``new`` fit beside ``claims``, and what its launch would
+    do under its ``[qos] admit`` (the victims a shed would stop)."""
+    verdict: Verdict = admit(budget, new, tuple(claims))
+    out: dict[str, Any] = {
+        "policy": new.name,
+        "fits": verdict.fits,
+        "check": verdict.kind,
+        "admit": admit_mode,
+        "min": new.guaranteed,
+        "peak": new.peak_claim,
+        "peak_source": new.peak_source,
+        "free": {"guarantees": verdict.min_left, "peaks": verdict.peak_left},
+        "missing": verdict.missing,
+        "holders": [c.name for c in verdict.holders],
+        "victims": [c.name for c in verdict.victims] if admit_mode == "shed" else [],
+        "enough": verdict.enough,
+    }
+    out["line"] = fits_line(verdict, admit_mode)
+    return out
+
+
+def fits_line(verdict: Verdict, admit_mode: str) -> str:
+    c = verdict.claim
+    if verdict.fits:
+        return (
+            f"yes: {c.name} fits (min {gib(c.guaranteed)} of {gib(verdict.min_left)} left,"
+            f" peak {gib(c.peak_claim)} of {gib(verdict.peak_left)} left)"
+        )
+    what = "guarantees" if verdict.kind == "guarantees" else "peaks"
+    line = f"no: {c.name} lacks {gib(verdict.missing)} of {what} ({holders_text(verdict)})"
+    if admit_mode == "shed":
+        names = ", ".join(v.name for v in verdict.victims) or "nothing"
+        enough = "" if verdict.enough else ", not enough"
+        return f'{line}; admit = "shed" would stop {names}{enough}'
+    if verdict.kind == "peaks" and admit_mode == "warn":
+        return f'{line}; admit = "warn" would start it with a warning'
+    return f'{line}; admit = "{admit_mode}" would {_would(admit_mode)}'
+
+
+def _would(mode: str) -> str:
+    return {"refuse": "refuse it (75)", "wait": "wait for room", "warn": "refuse it (75)"}.get(
+        mode, "refuse it (75)"
+    )

@@ -1,0 +1,299 @@
+"""The board's budget and the claims on it (issue 36): the pure admission arithmetic.
+
+The board is one budget: MemTotal less a reserve (memory kept for the OS and the ungoverned
+services: the board file's ``[board] reserve``, default :func:`reserve_for`). Every governed
+slice, running (its published state) or installed (its unit and manifest), has a
+:class:`Claim`: its ``memory.min`` (guaranteed) and its expected peak (the engine's estimate
+where there is one, else ``memory.max``, else ``memory.high``); device memory a policy budgets
+with ``[device]`` is held outside every cgroup and counts in both.
+
+Two checks, both pure (:func:`admit`):
+
+- **guarantees** never overcommit: the sum of every claim's min (+ device) and the new one's
+  must stay within the budget, else the board cannot admit it;
+- **peaks** may overcommit (a QoS pair is meant to share the board, the shed arbitrates): the
+  new policy's ``[qos] admit`` says what happens when its peak does not fit beside the others'.
+
+The verdict names the holders (the claims that hold the memory, largest first), the missing
+bytes and the victims a ``shed`` admission would stop: running claims of a LOWER class only
+(never equal or higher, ``QOS_RANK``), lowest class first, largest first, until enough is free.
+
+Standard library only: plan/ is shared records, read at run time too (the launch path's
+admission, the gatherer in governor/operate/board.py).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any, Literal
+
+from governor.plan.model import QOS_RANK, SHED_STEPS, Plan
+from governor.record import record
+
+MIB = 1 << 20
+GIB = 1 << 30
+RESERVE_BASE = 128 * MIB  # kernel, init, sshd, journald: what a headless board runs anyway
+RESERVE_SHARE = 16  # plus 1/16 of the board: page tables, slab and cache grow with it
+RESERVE_CAP = 1 * GIB
+
+ADMIT_MODES = ("warn", "refuse", "wait", "shed")
+AdmitMode = Literal["warn", "refuse", "wait", "shed"]
+DEFAULT_ADMIT: AdmitMode = "warn"
+DEFAULT_ADMIT_TIMEOUT_S = 60.0
+PeakSource = Literal["estimate", "max", "high", "none"]
+ClaimState = Literal["running", "installed", "stopped"]
+VerdictKind = Literal["fits", "peaks", "guarantees"]
+
+
+def reserve_for(memtotal: int) -> int:
+    """The default reserve: 128 MiB + MemTotal/16, at most 1 GiB."""
+    return min(RESERVE_CAP, RESERVE_BASE + memtotal // RESERVE_SHARE)
+
+
+@record(frozen=True)
+class Budget:
+    """MemTotal, the reserve kept for the OS and ungoverned services, and what is left for the
+    governed slices (never negative)."""
+
+    memtotal: int
+    reserve: int
+    budget: int
+
+    @classmethod
+    def of(cls, memtotal: int, reserve: int | None = None) -> Budget:
+        r = reserve_for(memtotal) if reserve is None else reserve
+        return cls(memtotal=memtotal, reserve=r, budget=max(0, memtotal - r))
+
+
+@record(frozen=True)
+class Claim:
+    """One governed slice's claim on the board (bytes)."""
+
+    name: str  # the policy's name
+    group: str  # its cgroup, relative to the cgroup2 root ("governor.slice/chat")
+    qos_class: str  # interactive | standard | background
+    min: int  # memory.min: guaranteed
+    peak: int  # the expected peak (see peak_source); at least min
+    peak_source: PeakSource  # estimate | max | high | none (unbounded: its min or current)
+    current: int | None = None  # memory.current now (None: not running, or unreadable)
+    state: ClaimState = "running"
+    device: int = 0  # [device] memory, held outside every cgroup
+    yields: tuple[str, ...] = SHED_STEPS  # what a shed may do to it ([qos] yield)
+
+    @property
+    def guaranteed(self) -> int:
+        return self.min + self.device
+
+    @property
+    def peak_claim(self) -> int:
+        return max(self.peak, self.min) + self.device
+
+
+def peak_of(
+    estimate: int | None, memory_max: int | None, memory_high: int | None, floor: int = 0
+) -> tuple[int, PeakSource]:
+    """The expected peak and where it comes from: the estimate, else memory.max, else
+    memory.high (None: "max" or unset), else ``floor`` (the min, or memory.current)."""
+    for value, source in ((estimate, "estimate"), (memory_max, "max"), (memory_high, "high")):
+        if value is not None and value > 0:
+            return value, source  # type: ignore[return-value]  # the loop's literal
+    return floor, "none"
+
+
+@record(frozen=True)
+class Verdict:
+    """What admission says about one new claim beside the others."""
+
+    kind: VerdictKind  # fits | peaks (the peaks overcommit) | guarantees (refused)
+    claim: Claim  # the new one
+    budget: Budget
+    min_left: int  # guarantees left before the new claim (budget - others' guaranteed)
+    peak_left: int  # peaks left before the new claim
+    missing: int  # bytes the new claim lacks in the check that failed (0: fits)
+    holders: tuple[Claim, ...]  # the other claims on the board, largest first (that check's)
+    victims: tuple[Claim, ...]  # what a shed admission would stop (lower classes, running)
+    enough: bool  # the victims free at least ``missing`` in both checks
+
+    @property
+    def fits(self) -> bool:
+        return self.kind == "fits"
+
+
+def _frees(v: Claim) -> tuple[int, int]:
+    return v.guaranteed, v.peak_claim
+
+
+def shed_victims(
+    new: Claim, others: tuple[Claim, ...], need_min: int, need_peak: int
+) -> tuple[tuple[Claim, ...], bool]:
+    """The running claims of a lower class than ``new`` that may be stopped (their yield has
+    "stop" or "kill"), lowest class first and largest first, until ``need_min`` guarantee bytes
+    and ``need_peak`` peak bytes are free; and whether they are enough."""
+    rank = QOS_RANK.get(new.qos_class, QOS_RANK["standard"])
+    able = [
+        c
+        for c in others
+        if c.state == "running"
+        and QOS_RANK.get(c.qos_class, rank) < rank
+        and ({"stop", "kill"} & set(c.yields))
+    ]
+    able.sort(key=lambda c: (QOS_RANK[c.qos_class], -c.peak_claim, c.name))
+    out: list[Claim] = []
+    freed_min = freed_peak = 0
+    for c in able:
+        if freed_min >= need_min and freed_peak >= need_peak:
+            break
+        out.append(c)
+        m, p = _frees(c)
+        freed_min, freed_peak = freed_min + m, freed_peak + p
+    return tuple(out), freed_min >= need_min and freed_peak >= need_peak
+
+
+def admit(budget: Budget, new: Claim, others: tuple[Claim, ...]) -> Verdict:
+    """The pure admission check of ``new`` beside ``others`` (the new policy's own earlier
+    claim, same name, is left out: a restart replaces it)."""
+    others = tuple(c for c in others if c.name != new.name)
+    min_left = budget.budget - sum(c.guaranteed for c in others)
+    peak_left = budget.budget - sum(c.peak_claim for c in others)
+    need_min = max(0, new.guaranteed - min_left)
+    need_peak = max(0, new.peak_claim - peak_left)
+    kind: VerdictKind = "guarantees" if need_min else "peaks" if need_peak else "fits"
+    victims: tuple[Claim, ...] = ()
+    enough = True
+    if kind != "fits":
+        victims, enough = shed_victims(new, others, need_min, need_peak)
+
+    def key(c: Claim) -> int:
+        return c.guaranteed if kind == "guarantees" else c.peak_claim
+
+    holders = tuple(sorted((c for c in others if key(c) > 0), key=lambda c: (-key(c), c.name)))
+    return Verdict(
+        kind=kind,
+        claim=new,
+        budget=budget,
+        min_left=min_left,
+        peak_left=peak_left,
+        missing=need_min if kind == "guarantees" else need_peak,
+        holders=holders,
+        victims=victims,
+        enough=enough,
+    )
+
+
+def gib(n: int) -> str:
+    """A size for admission's lines: "1.1 GiB", "0.6 GiB"; below 0.1 GiB in MiB."""
+    if abs(n) >= GIB // 10:
+        return f"{n / GIB:.1f} GiB"
+    return f"{n / MIB:.0f} MiB"
+
+
+def holders_text(verdict: Verdict, limit: int = 3) -> str:
+    """``npu-batch holds 1.1 GiB, tts holds 0.2 GiB``: who holds what the check counted."""
+    guar = verdict.kind == "guarantees"
+    parts = [
+        f"{c.name} {'holds' if guar else 'claims'} {gib(c.guaranteed if guar else c.peak_claim)}"
+        + ("" if c.state == "running" else f", {c.state}")
+        for c in verdict.holders[:limit]
+    ]
+    if len(verdict.holders) > limit:
+        parts.append(f"{len(verdict.holders) - limit} more")
+    return "; ".join(parts) if parts else "no other slice"
+
+
+def refusal_text(verdict: Verdict) -> str:
+    """The one line of a refusal (without the ``governor:`` prefix and the coordinates)."""
+    c = verdict.claim
+    if verdict.kind == "guarantees":
+        what = f"memory.min {gib(c.guaranteed)}, {gib(max(0, verdict.min_left))} of guarantees left"
+    else:
+        what = (
+            f"peak {gib(c.peak_claim)} ({c.peak_source}),"
+            f" {gib(max(0, verdict.peak_left))} of peaks left"
+        )
+    return f"the board cannot admit {c.name}: {what} ({holders_text(verdict)})"
+
+
+def overlap_text(verdict: Verdict) -> str:
+    """The one warning line of an admitted overlap (admit = "warn", or --force)."""
+    c = verdict.claim
+    rank = QOS_RANK.get(c.qos_class, 1)
+    above = [h.name for h in verdict.holders if QOS_RANK.get(h.qos_class, rank) > rank]
+    if verdict.victims:
+        who = f"; {c.name} would shed {', '.join(v.name for v in verdict.victims)}"
+    elif above:
+        who = f"; {', '.join(above)} would shed {c.name}"
+    else:
+        who = "; no class sheds the other"
+    return (
+        f"{c.name}'s peak {gib(c.peak_claim)} ({c.peak_source}) overlaps the others' claims by"
+        f" {gib(verdict.missing)} ({holders_text(verdict)}){who}"
+    )
+
+
+def _size(value: object) -> int | None:
+    """A limit as a plan writes it: bytes, or None for "max" (or anything not a size)."""
+    if isinstance(value, int) and not isinstance(value, bool):
+        return value
+    if isinstance(value, str) and value.split()[0:1] and value.split()[0].isdigit():
+        return int(value.split()[0])
+    return None
+
+
+def claim_of_plan(
+    plan: Mapping[str, Any],
+    *,
+    estimate: int | None = None,
+    state: ClaimState = "running",
+    current: int | None = None,
+) -> Claim:
+    """The claim of a compiled plan as its dict (``Plan.to_dict()``, a published state's
+    ``plan``, a manifest's): its group's memory.min, and the peak from ``estimate``, else its
+    memory.max, else its memory.high. Raises ValueError for a dict that is not a plan."""
+    try:
+        group = plan["group"]
+        limits = {
+            w["file"]: _size(w["value"])
+            for w in plan["writes"]
+            if w["cgroup"] == group and w["file"] in ("memory.min", "memory.max", "memory.high")
+        }
+        qos = plan.get("qos") or {}
+        device = plan.get("device") or {}
+        dev = device.get("memory")
+        mn = limits.get("memory.min") or 0
+        peak, source = peak_of(
+            estimate, limits.get("memory.max"), limits.get("memory.high"), max(mn, current or 0)
+        )
+        return Claim(
+            name=str(plan["policy"]),
+            group=str(group),
+            qos_class=str(qos.get("qos_class", "standard")),
+            min=mn,
+            peak=peak,
+            peak_source=source,
+            current=current,
+            state=state,
+            device=dev if isinstance(dev, int) and not isinstance(dev, bool) else 0,
+            yields=tuple(qos.get("yields", SHED_STEPS)),
+        )
+    except (KeyError, TypeError, AttributeError) as err:
+        raise ValueError(f"not a compiled plan: {err!r}") from err
+
+
+def plan_claim_dict(plan: Plan) -> dict[str, Any]:
+    """The part of a compiled plan its claim reads (:func:`claim_of_plan`), cheaply (no
+    ``to_dict()`` of the whole plan on the launch path); also what `install` records in its
+    manifest so an installed-but-stopped service keeps its claim."""
+    memory = ("memory.min", "memory.max", "memory.high")
+    out: dict[str, Any] = {
+        "policy": plan.policy,
+        "group": plan.group,
+        "writes": [
+            {"cgroup": w.cgroup, "file": w.file, "value": w.value}
+            for w in plan.writes
+            if w.cgroup == plan.group and w.file in memory
+        ],
+        "qos": {"qos_class": plan.qos.qos_class, "yields": list(plan.qos.yields)},
+    }
+    if plan.device is not None:
+        out["device"] = {"memory": plan.device.memory}
+    return out

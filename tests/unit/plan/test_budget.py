@@ -1,0 +1,155 @@
+"""The board's budget and the pure admission arithmetic (issue 36, items 1 and 2), with fixture
+boards: the 2 GiB kernel guest's figures and a QoS pair."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from governor.errors import PolicyError
+from governor.plan.board import load_board, read_board
+from governor.plan.budget import (
+    GIB,
+    MIB,
+    Budget,
+    Claim,
+    admit,
+    overlap_text,
+    peak_of,
+    refusal_text,
+    reserve_for,
+)
+
+BOARD_2G = Budget.of(2 * GIB)  # reserve 128 MiB + 128 MiB = 256 MiB: budget 1.75 GiB
+
+
+def claim(
+    name: str, cls: str, mn: int, peak: int, *, state: str = "running", **kw: object
+) -> Claim:
+    return Claim(
+        name=name, group=f"governor.slice/{name}", qos_class=cls, min=mn, peak=peak,
+        peak_source="max", state=state, **kw,  # type: ignore[arg-type]
+    )  # fmt: skip
+
+
+def test_the_reserve_is_128_mib_and_a_sixteenth_capped_at_1_gib() -> None:
+    assert reserve_for(2 * GIB) == 256 * MIB
+    assert reserve_for(1 * GIB) == 192 * MIB
+    assert reserve_for(64 * GIB) == 1 * GIB
+    assert BOARD_2G.budget == 2 * GIB - 256 * MIB
+    assert Budget.of(2 * GIB, reserve=512 * MIB).budget == 1536 * MIB
+    assert Budget.of(GIB, reserve=2 * GIB).budget == 0
+
+
+def test_two_guarantees_over_the_budget_refuse_the_second_naming_the_first() -> None:
+    batch = claim("npu-batch", "background", int(1.1 * GIB), int(1.5 * GIB))
+    chat = claim("chat", "interactive", int(1.1 * GIB), int(1.6 * GIB))
+    v = admit(BOARD_2G, chat, (batch,))
+    assert v.kind == "guarantees" and not v.fits
+    assert v.min_left == BOARD_2G.budget - int(1.1 * GIB)
+    assert v.missing == int(1.1 * GIB) - v.min_left
+    assert [h.name for h in v.holders] == ["npu-batch"]
+    assert refusal_text(v) == (
+        "the board cannot admit chat: memory.min 1.1 GiB, 0.7 GiB of guarantees left"
+        " (npu-batch holds 1.1 GiB)"
+    )
+    # the background engine is of a lower class and yields "stop": a shed frees enough
+    assert [c.name for c in v.victims] == ["npu-batch"] and v.enough
+
+
+def test_guarantees_that_fit_with_overlapping_peaks_are_a_peak_verdict() -> None:
+    batch = claim("npu-batch", "background", 300 * MIB, 1200 * MIB)
+    chat = claim("chat", "interactive", 600 * MIB, 1000 * MIB)
+    v = admit(BOARD_2G, chat, (batch,))
+    assert v.kind == "peaks"
+    assert v.missing == 1000 * MIB + 1200 * MIB - BOARD_2G.budget
+    assert "chat would shed npu-batch" in overlap_text(v)
+    assert refusal_text(v).startswith("the board cannot admit chat: peak 1000 MiB (max)") is False
+    assert refusal_text(v).startswith("the board cannot admit chat: peak 1.0 GiB (max), 0.6 GiB")
+
+
+def test_claims_that_fit_are_admitted_and_name_no_victim() -> None:
+    v = admit(BOARD_2G, claim("a", "standard", 200 * MIB, 600 * MIB),
+              (claim("b", "standard", 200 * MIB, 600 * MIB),))  # fmt: skip
+    assert v.fits and v.missing == 0 and v.victims == ()
+
+
+def test_a_shed_never_takes_an_equal_or_higher_class_nor_one_that_does_not_yield_stop() -> None:
+    others = (
+        claim("peer", "interactive", 800 * MIB, 800 * MIB),
+        claim("std", "standard", 300 * MIB, 300 * MIB),
+        claim("frozen-only", "background", 100 * MIB, 100 * MIB, yields=("throttle", "freeze")),
+        claim("stopped", "background", 100 * MIB, 100 * MIB, state="installed"),
+    )
+    new = claim("chat", "interactive", 800 * MIB, 800 * MIB)
+    v = admit(BOARD_2G, new, others)
+    assert v.kind == "guarantees"
+    assert [c.name for c in v.victims] == ["std"]  # never peer (equal), nor the others
+    bg = admit(BOARD_2G, claim("job", "background", 800 * MIB, 800 * MIB), others)
+    assert bg.victims == () and not bg.enough
+
+
+def test_victims_go_lowest_class_first_largest_first_until_enough() -> None:
+    others = (
+        claim("std", "standard", 500 * MIB, 500 * MIB),
+        claim("bg-small", "background", 200 * MIB, 200 * MIB),
+        claim("bg-big", "background", 600 * MIB, 600 * MIB),
+    )
+    v = admit(BOARD_2G, claim("chat", "interactive", 700 * MIB, 700 * MIB), others)
+    # 1792 - 1300 = 492 MiB left; 208 MiB missing: the largest background alone frees it
+    assert v.kind == "guarantees" and [c.name for c in v.victims] == ["bg-big"] and v.enough
+
+
+def test_installed_claims_and_device_memory_count() -> None:
+    installed = claim("tts", "standard", 1 * GIB, 1 * GIB, state="installed")
+    v = admit(BOARD_2G, claim("chat", "interactive", 512 * MIB, 512 * MIB, device=300 * MIB),
+              (installed,))  # fmt: skip
+    assert v.kind == "guarantees" and v.missing == 1 * GIB + 812 * MIB - BOARD_2G.budget
+    assert "tts holds 1.0 GiB, installed" in refusal_text(v)
+    assert v.victims == ()  # not running: nothing to stop
+
+
+def test_the_new_policys_own_earlier_claim_is_replaced_not_added() -> None:
+    old = claim("chat", "interactive", 1 * GIB, 1 * GIB, state="installed")
+    assert admit(BOARD_2G, claim("chat", "interactive", 1 * GIB, 1 * GIB), (old,)).fits
+
+
+def test_the_peak_is_the_estimate_else_max_else_high_else_the_floor() -> None:
+    assert peak_of(700, 900, 800) == (700, "estimate")
+    assert peak_of(None, 900, 800) == (900, "max")
+    assert peak_of(None, None, 800) == (800, "high")
+    assert peak_of(None, None, None, 100) == (100, "none")
+    unbounded = Claim(name="x", group="g/x", qos_class="standard", min=300, peak=0,
+                      peak_source="none")  # fmt: skip
+    assert unbounded.peak_claim == 300  # never below its guarantee
+
+
+def test_the_board_files_reserve_is_read_and_checked(tmp_path: Path) -> None:
+    f = tmp_path / "board.toml"
+    f.write_text('[board]\nreserve = "384MiB"\n')
+    assert read_board(f).reserve == 384 * MIB and load_board(f) == ()
+    f.write_text("[board]\nreserve = 402653184\n")
+    assert read_board(f).reserve == 384 * MIB
+    assert read_board(tmp_path / "none.toml").reserve is None
+
+
+@pytest.mark.parametrize(
+    ("text", "field"),
+    [
+        ('[board]\nreserve = "lots"\n', "board.reserve"),
+        ("[board]\nreserve = -1\n", "board.reserve"),
+        ("[board]\nreserve = true\n", "board.reserve"),
+        ('[board]\nreserve = "100GiB"\n', "board.reserve"),
+        ('[board]\nreserv = "1G"\n', "board.reserv"),
+        ('board = "1G"\n', "board"),
+    ],
+)
+def test_a_bad_reserve_is_a_policy_error_naming_the_field(
+    tmp_path: Path, text: str, field: str
+) -> None:
+    f = tmp_path / "board.toml"
+    f.write_text(text)
+    with pytest.raises(PolicyError) as err:
+        load_board(f)
+    assert err.value.field == field and err.value.exit_code == 65
