@@ -24,8 +24,9 @@ from governor.errors import GovernorError
 from governor.kernel.cgroupfs import CgroupFs
 from governor.kernel.parse import parse_max
 from governor.kernel.procfs import ProcFs
+from governor.kernel.swap import SwapReader
 from governor.plan.board import read_board
-from governor.plan.budget import Budget, Claim, claim_of_plan
+from governor.plan.budget import Budget, Claim, claim_of_plan, zram_claim
 from governor.record import record
 from governor.rundir.state import scan_states
 
@@ -118,9 +119,12 @@ def gather(
     root: Path = Path("/"),
     board: Path | None = None,
 ) -> BoardClaims:
-    """Every claim on the board now, and its budget."""
+    """Every claim on the board now, and its budget; zram's pool (memory charged to no slice)
+    is one of them while it holds anything (plan/budget.py zram_claim)."""
     budget, problems = budget_of(root, board)
     fs = CgroupFs(cgroup_root)
     running, p1 = running_claims(run, fs, root / "proc")
     installed, p2 = installed_claims(root, {c.name for c in running})
-    return BoardClaims(budget=budget, claims=(*running, *installed), problems=(*problems, *p1, *p2))
+    zram = zram_claim(SwapReader(root / "proc", root / "sys").read().zram_used)
+    claims = (*running, *installed, *([zram] if zram is not None else []))
+    return BoardClaims(budget=budget, claims=claims, problems=(*problems, *p1, *p2))
