@@ -125,6 +125,9 @@ def check_engine(path: Path, opts: HostOptions, argv: tuple[str, ...], *, force:
 
 def init(opts: HostOptions, req: Any) -> Any:
     """`governor init`: a policy for a GGUF model on this board (governor/engines/draft.py)."""
+    from governor.api.board import tenants
     from governor.engines.draft import draft
 
-    return draft(req, probe_host(opts), root=opts.root)
+    # --board-memory: an empty board of that size (the tenants are not read)
+    beside = tenants(opts) if req.board_memory is None else None
+    return draft(req, probe_host(opts), root=opts.root, tenants=beside)

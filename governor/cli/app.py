@@ -77,6 +77,7 @@ COMMANDS: tuple[tuple[Callable[..., Any], dict[str, Any]], ...] = (
     (operate.metrics, {}),
     (compile_time.init, {}),
     (operate.status, {}),
+    (operate.board, {"context_settings": _NO_INTERSPERSED}),
     (operate.top, {}),
     (operate.diff, {}),
     (operate.tune, {"cls": operate.TuneCommand}),

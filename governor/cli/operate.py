@@ -232,3 +232,44 @@ def metrics(
         sys.stdout.flush()
     else:
         typer.echo(f"wrote {out}")
+
+
+def board(
+    engine: Annotated[
+        list[str] | None,
+        typer.Argument(help="with --fits: the engine command after --, for its estimate"),
+    ] = None,
+    as_json: Annotated[
+        bool, typer.Option("--json", help="the JSON form (format 1: fields are only added)")
+    ] = False,
+    fits: Annotated[
+        Path | None,
+        typer.Option(
+            "--fits",
+            metavar="POLICY",
+            help="would POLICY fit beside the board's claims now (its engine's estimate after"
+            ' --): yes (exit 0) or no (exit 75), and the victims admit = "shed" would stop',
+        ),
+    ] = None,
+) -> None:
+    """The whole board's memory: MemTotal, reserve and budget; each governed slice's class,
+    memory.min, peak claim, memory.current and state (running or installed); the big
+    ungoverned cgroups; what is left for guarantees and for peaks (docs/several.md)."""
+    from governor.api import board as api_board
+
+    opts = host_options()
+    if fits is None:
+        if engine:
+            raise typer.BadParameter("an engine command needs --fits POLICY", param_hint="ENGINE")
+        v = api_board.view(opts)
+        if as_json:
+            typer.echo(json.dumps(v, indent=2))
+        else:
+            from governor.operate.boardview import render
+
+            typer.echo(render(v), nl=False)
+        return
+    out = api_board.fits(fits, tuple(engine or ()), opts)
+    typer.echo(json.dumps(out, indent=2) if as_json else out["line"])
+    if not out["fits"]:
+        raise typer.Exit(75)  # EX_TEMPFAIL, as a refused launch: the board cannot take it now

@@ -99,15 +99,18 @@ class GovernorCollector(Collector):
         info.add_metric([self.version], 1)
         yield info
         fams = _Families()
+        root = None
         for st in map(RunState.read, self.states()):
             try:
                 plan = Plan.from_dict(st.plan)
             except (KeyError, ValueError, TypeError):
                 continue
+            root = plan.cgroup_root
             self._slice(fams, st, plan)
         yield from fams.all.values()
         yield from _cma()
         yield from _swap()
+        yield from _board(self.run, root)
 
     # ------------------------------------------------------------------ one slice
 
@@ -370,6 +373,29 @@ def _swap() -> Iterator[Metric]:
         for kind, state, value in rows:
             g.add_metric([kind, state], value)
         yield g
+
+
+def _board(run: Path, cgroup_root: str | None) -> Iterator[Metric]:
+    """The board's budget and every governed slice's claims on it, running or installed: the
+    figures of `governor board` (governor/operate/board.py); board-wide, no policy label."""
+    from governor.operate.board import gather
+
+    seen = gather(run=run, cgroup_root=Path(cgroup_root or "/sys/fs/cgroup"))
+    if seen.budget.memtotal <= 0:
+        return
+    budget = GaugeMetricFamily(
+        "governor_board_budget_bytes", "MemTotal less the board's reserve ([board] reserve)"
+    )
+    budget.add_metric([], seen.budget.budget)
+    yield budget
+    claimed = GaugeMetricFamily(
+        "governor_board_claimed_bytes",
+        "the governed slices' claims: memory.min (+ [device]) and their expected peaks",
+        labels=["kind"],
+    )
+    claimed.add_metric(["min"], sum(c.guaranteed for c in seen.claims))
+    claimed.add_metric(["peak"], sum(c.peak_claim for c in seen.claims))
+    yield claimed
 
 
 def _resident_ratio(files: Sequence[str]) -> float | None:

@@ -89,7 +89,32 @@ def collect(
         if exists:  # NPU/GPU memory memcg may not see, and the board (operate/devmem.py)
             item["device_memory"], item["board"] = device_board(fs, plan, st.board)
         out.append(item)
+    if out:  # the board's budget and claims: the same for every slice
+        claims = (budget := board_budget(run, Path(plan.cgroup_root))).pop("claims")
+        for item in out:
+            item["budget"] = {**budget, "claim": claims.get(item["policy"])}
     return out
+
+
+def board_budget(run: Path, cgroup_root: Path) -> dict[str, Any]:
+    """The figures of `governor board` (governor/operate/board.py gathers the claims)."""
+    from governor.operate.board import gather
+
+    seen = gather(run=run, cgroup_root=cgroup_root)
+    b = seen.budget
+    mins = sum(c.guaranteed for c in seen.claims)
+    peaks = sum(c.peak_claim for c in seen.claims)
+    return {
+        "memtotal": b.memtotal,
+        "reserve": b.reserve,
+        "budget": b.budget,
+        "claimed": {"min": mins, "peak": peaks},
+        "free": {"guarantees": b.budget - mins, "peaks": b.budget - peaks},
+        "claims": {
+            c.name: {"min": c.guaranteed, "peak": c.peak_claim, "peak_source": c.peak_source}
+            for c in seen.claims
+        },
+    }
 
 
 def shed_text(shed: dict[str, Any]) -> str:
@@ -120,6 +145,7 @@ def render(items: list[dict[str, Any]], *, now: float | None = None) -> str:
     lines: list[str] = []
     for it in items:
         lines += _head_lines(it)
+        lines += budget_lines(it.get("budget"))
         lines += _knob_lines(it)
         lines += _usage_lines(it)
         lines += render_device(it)
@@ -155,6 +181,23 @@ def _head_lines(it: dict[str, Any]) -> list[str]:
     if it.get("shed"):
         lines.append(f"  SHED     {shed_text(it['shed'])}")
     return lines
+
+
+def budget_lines(b: dict[str, Any] | None) -> list[str]:
+    """This slice's claim and the board's budget (`governor board` has the whole table)."""
+    if not b:
+        return []
+    c = b.get("claim")
+    mine = f"min {_size(c['min'])}, peak {_size(c['peak'])} ({c['peak_source']}); " if c else ""
+    return [
+        f"  claim: {mine}board budget {_size(b['budget'])}, claimed {_size(b['claimed']['min'])}"
+        f" min / {_size(b['claimed']['peak'])} peak, free {_signed(b['free']['guarantees'])}"
+        f" for guarantees / {_signed(b['free']['peaks'])} for peaks"
+    ]
+
+
+def _signed(n: int) -> str:
+    return f"-{_size(-n)}" if n < 0 else _size(n)
 
 
 def _knob_lines(it: dict[str, Any]) -> list[str]:

@@ -3,7 +3,8 @@
 Columns: memory current / memory.high / memory.max (current as % of high), anon / file,
 memory PSI some / full avg10, CPU % (of one CPU, over the last interval), throttled %,
 memory.events high / max / oom_kill since the previous frame, the [qos] class (int, std, bg)
-and the rules' states (after "SHED frozen by npu-chat" while a higher class's shed holds it).
+and the rules' states (after "SHED frozen by npu-chat" while a higher class's shed holds it);
+under the rows, the board's budget and claims (issue 36, `governor board`).
 Keys (interactive): ``m`` sort by memory, ``p`` by pressure, ``c`` by CPU, ``q`` quit.
 ``-b/--batch`` prints plain frames (systemd-cgtop's convention), ``-n N`` stops after N.
 """
@@ -54,6 +55,7 @@ class Frame:
             row: dict[str, Any] = {
                 "name": it["policy"],
                 "state": it["state"],
+                "budget": it.get("budget"),
                 "current": mem.get("current"),
                 "high": _knob(it, "memory.high"),
                 "max": _knob(it, "memory.max"),
@@ -126,7 +128,21 @@ def frame_text(rows: list[dict[str, Any]], key: str, now: float) -> str:
     stamp = time.strftime("%H:%M:%S", time.localtime(now))
     lines = [f"governor top - {stamp} - {len(rows)} slice(s), sorted by {key}", HEADER]
     lines += [format_row(r) for r in sort_rows(rows, key)] or ["(no governed slices)"]
+    if rows and rows[0].get("budget"):  # the board's claims, as `governor board` shows them
+        lines.append(board_line(rows[0]["budget"]))
     return "\n".join(lines) + "\n"
+
+
+def board_line(b: dict[str, Any]) -> str:
+    return (
+        f"board: budget {_size(b['budget'])}, claimed {_size(b['claimed']['min'])} min /"
+        f" {_size(b['claimed']['peak'])} peak, free {_signed(b['free']['guarantees'])} for"
+        f" guarantees / {_signed(b['free']['peaks'])} for peaks"
+    )
+
+
+def _signed(n: int) -> str:
+    return f"-{_size(-n)}" if n < 0 else _size(n)
 
 
 def batch(

@@ -16,8 +16,10 @@ from governor.api import host as api_host
 from governor.bench import metrics as bench_metrics
 from governor.bench.run import Row
 from governor.errors import HostError, PolicyNotFound
+from governor.kernel.procfs import ProcFs
 from governor.metrics.export import TEXTFILE, exposition, serve, write_textfile
 from governor.metrics.listen import parse_listen
+from governor.plan.budget import reserve_for
 from governor.plan.model import Plan
 from governor.rundir.journal import Journal
 from governor.rundir.state import Publisher
@@ -145,10 +147,15 @@ def test_every_series_has_its_name_labels_and_kernel_value(tmp_path: Path) -> No
     info = {"engine": plan.engine.kind, "model": "qwen-q4.gguf", "quant": "Q4_0", **p}
     assert _get(s, "governor_engine_info", **info) == 1
     assert [k for k in s if k[0] == "governor_build_info"]
+    # the board's figures (issue 36, `governor board`): the estimate is the slice's peak claim
+    memtotal = ProcFs().meminfo()["MemTotal"]
+    assert _get(s, "governor_board_budget_bytes") == memtotal - reserve_for(memtotal)
+    assert _get(s, "governor_board_claimed_bytes", kind="peak") == 1234567
+    assert _get(s, "governor_board_claimed_bytes", kind="min") == 0
     # bounded labels: every per-slice series says its policy, and nothing names a pid
     for name, labels in s:
         keys = dict(labels)
-        if name != "governor_build_info":
+        if not name.startswith(("governor_build_info", "governor_board_", "governor_cma_")):
             assert keys.get("policy") == "mx", name
         assert not {"pid", "engine_pid"} & set(keys), name
 
@@ -377,4 +384,4 @@ def test_the_counters_of_every_rule_and_action_start_at_zero_before_any_firing(
     ]
     # a gauge or counter of a file the kernel does not have stays absent, not 0
     assert not [k for k in s if k[0] == "governor_memory_events_total"]
-    assert not [k for k in s if ("kind", "peak") in k[1]]
+    assert not [k for k in s if k[0] == "governor_memory_bytes" and ("kind", "peak") in k[1]]

@@ -243,3 +243,23 @@ def test_a_victim_shows_the_shed_that_holds_it_and_its_class(tmp_path: Path) -> 
     (item,) = collect(run, "st")
     assert item["shed"] is None and "SHED" not in render([item])
     assert {k["file"]: k["state"] for k in item["knobs"]}["memory.high"] == "drifted"
+
+
+def test_status_shows_the_slices_claim_and_the_boards_budget(tmp_path: Path) -> None:
+    """Issue 36: the figures of `governor board`, in every item (max is st's peak claim)."""
+    from governor.kernel.procfs import ProcFs
+    from governor.plan.budget import reserve_for
+
+    plan, _group = _tree_plan(tmp_path)
+    run = tmp_path / "run"
+    Publisher(run, plan.policy).publish(
+        {"policy": plan.policy, "source": "apply", "pid": None, "plan": plan.to_dict()}
+    )
+    (item,) = collect(run, "st")
+    b = item["budget"]
+    memtotal = ProcFs().meminfo()["MemTotal"]  # the gatherer reads this host's /proc
+    assert (b["memtotal"], b["budget"]) == (memtotal, memtotal - reserve_for(memtotal))
+    assert b["claim"] == {"min": 0, "peak": 1536 << 20, "peak_source": "max"}
+    assert b["claimed"] == {"min": 0, "peak": 1536 << 20}
+    assert b["free"]["peaks"] == b["budget"] - (1536 << 20)
+    assert "  claim: min 0B, peak 1.5GiB (max); board budget" in render([item])

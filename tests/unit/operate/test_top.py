@@ -48,3 +48,21 @@ def test_sorting_and_the_frame_text() -> None:
     assert lines[1] == HEADER
     assert lines[2].startswith("big") and "88" in lines[2]  # 900 MiB of a 1 GiB memory.high
     assert frame_text([], "cpu", 1.0).splitlines()[-1] == "(no governed slices)"
+
+
+def test_the_frame_ends_with_the_boards_budget_and_claims() -> None:
+    """Issue 36: the figures of `governor board` under the rows (status's budget)."""
+    item = _item("a", 512 << 20, 0, 0, 0.0)
+    item["budget"] = {
+        "budget": 1792 << 20,
+        "claimed": {"min": 724 << 20, "peak": 1900 << 20},
+        "free": {"guarantees": 1068 << 20, "peaks": -(108 << 20)},
+    }
+    text = frame_text(Frame().rows([item], now=1.0), "memory", 1.0)
+    assert text.splitlines()[-1] == (
+        "board: budget 1.75GiB, claimed 724MiB min / 1.86GiB peak,"
+        " free 1.04GiB for guarantees / -108MiB for peaks"
+    )
+    assert "board:" not in frame_text(
+        Frame().rows([_item("a", 1, 0, 0, 0.0)], now=1.0), "memory", 1.0
+    )

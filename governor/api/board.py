@@ -1,0 +1,76 @@
+"""`governor board` in the composition root (issue 36): the gatherer's claims
+(governor/operate/board.py), the big ungoverned cgroups and `--fits POLICY -- ENGINE...`
+(the policy compiled as `check --engine-argv` would, weighed by governor/plan/budget.py's
+admit(); nothing is applied, no lock is taken)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from governor.api.host import HostOptions, probe_host
+
+if TYPE_CHECKING:
+    from governor.engines.draft_board import Tenants
+    from governor.operate.board import BoardClaims
+
+DEFAULT_CGROUP_ROOT = Path("/sys/fs/cgroup")
+
+
+def cgroup_root(opts: HostOptions) -> Path:
+    if opts.cgroup_root is not None:
+        return opts.cgroup_root
+    mount = probe_host(opts).cgroup_mount
+    return Path(mount) if mount is not None else opts.root / "sys/fs/cgroup"
+
+
+def claims(opts: HostOptions, cgroup: Path | None = None) -> BoardClaims:
+    from governor.operate.board import gather
+    from governor.rundir.state import run_dir
+
+    return gather(run=run_dir(), cgroup_root=cgroup or cgroup_root(opts), root=opts.root)
+
+
+def view(opts: HostOptions) -> dict[str, Any]:
+    """`governor board --json`: governor/operate/boardview.py's view of the board now."""
+    from governor.kernel.cgroupfs import CgroupFs
+    from governor.operate import boardview
+    from governor.plan.board import read_board
+
+    cg = cgroup_root(opts)
+    seen = claims(opts, cg)
+    others = boardview.ungoverned(CgroupFs(cg), seen.claims, read_board().entries)
+    return boardview.view(seen.budget, seen.claims, others, seen.problems)
+
+
+def fits(path: Path, engine: tuple[str, ...], opts: HostOptions) -> dict[str, Any]:
+    """`governor board --fits POLICY [-- ENGINE...]`: the verdict for POLICY (its engine's
+    estimate as its peak when ENGINE is given) beside the board's claims now."""
+    from governor.api.host import check
+    from governor.operate.boardview import fits as weigh
+    from governor.plan.budget import claim_of_plan, plan_claim_dict
+
+    estimate = None
+    if engine:
+        from governor.api.host import preflight_engine
+
+        plan, _host, checked = preflight_engine(path, engine, opts, probe_target=True, force=False)
+        estimate = checked.estimate.total if checked.estimate is not None else None
+    else:
+        plan = check(path, opts)
+    seen = claims(opts, Path(plan.cgroup_root))
+    new = claim_of_plan(plan_claim_dict(plan), estimate=estimate, state="running")
+    return weigh(seen.budget, new, seen.claims, plan.qos.admit)
+
+
+def tenants(opts: HostOptions) -> Tenants | None:
+    """What `init` sizes beside: the claims and the board file's reserve (None when the
+    board cannot be read: init then sizes for an empty board, as before issue 36)."""
+    from governor.engines.draft_board import Tenants
+    from governor.plan.board import read_board
+
+    try:
+        seen = claims(opts)
+    except OSError:
+        return None
+    return Tenants(claims=seen.claims, reserve=read_board().reserve)

@@ -1,0 +1,125 @@
+"""`governor board [--json] [--fits POLICY -- ENGINE...]` (issue 36) end to end on a tmp root:
+a published state (the running claim), an install manifest (the installed claim), a fake
+cgroup tree (memory.current, the ungoverned top-level cgroups) and /proc/meminfo.
+Needs: a tmp directory (no kernel)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from governor.cli.app import main
+from governor.kernel import files
+from governor.plan.budget import plan_claim_dict
+from governor.plan.model import QosSpec
+from governor.record import replace
+from governor.rundir.state import Publisher, applied
+
+from .plans import MEMORY_MAX, MEMORY_MIN, make_plan
+
+MIB = 1 << 20
+REPO = Path(__file__).resolve().parents[2]
+
+
+def run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
+    with pytest.raises(SystemExit) as info:
+        main(list(argv))
+    out, err = capsys.readouterr()
+    assert isinstance(info.value.code, int)
+    return info.value.code, out, err
+
+
+@pytest.fixture
+def board(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """A 2 GiB board: npu-chat applied (memory.min 1.1 GiB, max 1.8 GiB, 600 MiB used), tts
+    installed (stopped), system.slice 300 MiB, user.slice 4 MiB (too small for a row)."""
+    (tmp_path / "proc").mkdir()
+    (tmp_path / "proc" / "meminfo").write_text("MemTotal: 2097152 kB\nMemAvailable: 900000 kB\n")
+    cg = tmp_path / "cg"
+    for group, used in (
+        ("governor.slice/npu-chat", 600 * MIB), ("system.slice", 300 * MIB),
+        ("user.slice", 4 * MIB),
+    ):  # fmt: skip
+        (cg / group).mkdir(parents=True)
+        (cg / group / files.MEMORY_CURRENT).write_text(f"{used}\n")
+    for d in (cg, cg / "governor.slice"):  # a cgroup2 mount to probe
+        for f in ("cgroup.controllers", "cgroup.subtree_control"):
+            (d / f).write_text("cpuset cpu io memory pids\n")
+    chat = replace(make_plan(), cgroup_root=str(cg), qos=QosSpec(qos_class="interactive"))
+    run_dir = tmp_path / "run"
+    monkeypatch.setenv("GOVERNOR_RUN_DIR", str(run_dir))
+    monkeypatch.setenv("GOVERNOR_BOARD", str(tmp_path / "board.toml"))
+    Publisher(run_dir, chat.policy).publish(
+        applied(chat.to_dict(), policy_path=None, created=[], started_at=1.0)
+    )
+    tts = replace(chat, policy="tts", group="governor.slice/tts", writes=())
+    claim = plan_claim_dict(tts)
+    claim["writes"] = [{"cgroup": "governor.slice/tts", "file": "memory.max", "value": "314572800"}]
+    (tmp_path / "etc/governor/installed").mkdir(parents=True)
+    (tmp_path / "etc/governor/installed/tts.json").write_text(
+        json.dumps({"claim": {"plan": claim}})
+    )
+    return tmp_path
+
+
+def test_board_json_adds_up_the_running_and_installed_claims(
+    board: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    code, out, err = run(
+        capsys, "--root", str(board), "--cgroup-root", str(board / "cg"), "board", "--json"
+    )
+    assert code == 0, err
+    v = json.loads(out)
+    budget = 2048 * MIB - 256 * MIB  # reserve: 128 MiB + 2 GiB / 16
+    assert (v["memtotal"], v["reserve"], v["budget"]) == (2048 * MIB, 256 * MIB, budget)
+    rows = {s["name"]: s for s in v["slices"]}
+    assert rows["npu-chat"]["state"] == "running" and rows["npu-chat"]["class"] == "interactive"
+    assert (rows["npu-chat"]["min"], rows["npu-chat"]["peak"]) == (MEMORY_MIN, MEMORY_MAX)
+    assert rows["npu-chat"]["current"] == 600 * MIB
+    assert rows["tts"]["state"] == "installed" and rows["tts"]["peak"] == 300 * MIB
+    assert v["claimed"] == {"min": MEMORY_MIN, "peak": MEMORY_MAX + 300 * MIB}
+    assert v["free"] == {
+        "guarantees": budget - MEMORY_MIN,
+        "peaks": budget - MEMORY_MAX - 300 * MIB,
+    }
+    assert [(u["cgroup"], u["current"]) for u in v["ungoverned"]] == [("system.slice", 300 * MIB)]
+    code, text, _ = run(capsys, "--root", str(board), "--cgroup-root", str(board / "cg"), "board")
+    assert code == 0 and text.startswith("board: MemTotal 2048 MiB, reserve 256 MiB, budget")
+    assert "npu-chat" in text and "installed" in text and "system.slice" in text
+
+
+def test_board_file_reserve_changes_the_budget(
+    board: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    (board / "board.toml").write_text('[board]\nreserve = "512MiB"\n')
+    code, out, _ = run(
+        capsys, "--root", str(board), "--cgroup-root", str(board / "cg"), "board", "--json"
+    )
+    assert code == 0 and json.loads(out)["budget"] == 1536 * MIB
+
+
+def test_board_fits_answers_no_with_75_and_yes_with_0(
+    board: Path, capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    """Fits are weighed on the fixture board's MemTotal (7941 MiB) beside the same claims."""
+    host = REPO / "tests/fixtures/hosts/cgroup2-full"
+    cg = str(board / "cg")
+    big = tmp_path / "big.toml"
+    big.write_text('name = "big"\n[memory]\nmin = "7000MiB"\nmax = "7200MiB"\n')
+    code, out, err = run(
+        capsys, "--root", str(host), "--cgroup-root", cg, "board", "--fits", str(big)
+    )
+    assert code == 75, err
+    assert out.startswith("no: big lacks") and "npu-chat holds 1.1 GiB" in out
+    small = tmp_path / "small.toml"
+    small.write_text('name = "small"\n[memory]\nmin = "100MiB"\nmax = "500MiB"\n')
+    code, out, err = run(
+        capsys, "--root", str(host), "--cgroup-root", cg, "board", "--fits", str(small), "--json"
+    )
+    assert code == 0, err
+    got = json.loads(out)
+    assert got["fits"] and got["peak"] == 500 * MIB and got["peak_source"] == "max"
+    code, _, err = run(capsys, "--root", str(host), "--cgroup-root", cg, "board", "x")
+    assert code == 2 and "needs --fits" in err
