@@ -178,6 +178,19 @@ def test_a_throttled_background_jobs_anon_pages_go_to_zram_and_status_counts_the
         plain = _status(run, "bg").stdout
         assert "charged to no slice" in plain and "swap_max 128MiB on zram costs the board" in plain
         print("status:", *[ln for ln in plain.splitlines() if "swap" in ln], sep="\n  ")
+        # governor board (and admission, which gathers the same claims) counts zram's pool
+        res = subprocess.run(
+            [sys.executable, "-m", "governor", "board", "--json"], capture_output=True,
+            text=True, timeout=240, cwd=REPO, check=False,
+            env={**os.environ, "GOVERNOR_RUN_DIR": str(run)},
+        )  # fmt: skip
+        assert res.returncode == 0, res.stderr
+        board = json.loads(res.stdout)
+        (zram,) = [c for c in board["slices"] if c["name"] == "[zram]"]
+        now_used = _mm_stat(zram_swap)[2]
+        assert zram["min"] > 0 and abs(zram["min"] - now_used) <= 4 * MIB, (zram, now_used)
+        assert board["claimed"]["min"] >= zram["min"]
+        print(f"board: [zram] claims {zram['min']} B; claimed min {board['claimed']['min']} B")
     finally:
         _stop(proc)
     assert proc.returncode in (0, 143), err.read_text()[-2000:]
