@@ -66,11 +66,14 @@ cooldown = "3s"             # at each firing while it lasts; undone once the boa
 """
 
 
-def qos_table(s: Sizing) -> list[str]:
-    if not s.est.settings.server:
+QOS_WHY = {
+    "interactive": "answers a chat: lower classes yield to it (shed)",
+    "background": "yields to higher classes (throttle, freeze, stop) when they need the board",
+}
+
+
+def qos_table(s: Sizing, qos_class: str = "interactive") -> list[str]:
+    if qos_class == "standard":
         return []
-    return [
-        "",
-        "[qos]",
-        'class = "interactive"  # llama-server answers a chat: lower classes yield to it (shed)',
-    ]
+    who = "llama-server" if s.est.settings.server else "the engine"
+    return ["", "[qos]", f'class = "{qos_class}"  # {who} {QOS_WHY[qos_class]}']
