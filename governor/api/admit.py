@@ -87,7 +87,8 @@ def _refuse(verdict: Verdict, board: Path | None, extra: str = "") -> AdmissionR
     return AdmissionRefused(f"{refusal_text(verdict)}{extra} ({_where(board)})", hint=ADMIT_HINT)
 
 
-def _say(line: str) -> None:
+def say_now(line: str) -> None:
+    """One ``governor: ...`` warning line on stderr."""
     sys.stderr.write(f"governor: {line}\n")
     sys.stderr.flush()
 
@@ -95,35 +96,55 @@ def _say(line: str) -> None:
 def admission(
     plan: Plan,
     *,
-    run: Path,
+    run: Path | None,
     root: Path = Path("/"),
     estimate: int | None = None,
     force: bool = False,
     board: Path | None = None,
     hold: bool = True,
+    act: bool = True,
+    install_root: Path | None = None,
     gather: Callable[[], BoardClaims] | None = None,
     stop: Callable[[Plan, Claim], None] | None = None,
     clock: Callable[[], float] = time.monotonic,
     sleep: Callable[[float], None] = time.sleep,
+    say: Callable[[str], None] | None = None,
 ) -> Admitted:
     """Admit ``plan`` on the board or raise AdmissionRefused (75). ``hold``: keep the board
-    lock (launch: until the state is published); else it is released on return (check,
-    install). ``gather``, ``stop``, ``clock`` and ``sleep`` are the tests' doors."""
+    lock (launch: until the state is published; install: until its manifest is written);
+    else it is released on return (check). ``act``: False where nothing starts now (check,
+    install): "wait" and "shed" only say what the start will do, the guarantees of "warn" and
+    "refuse" are refused all the same. ``run``: None for a board rendered elsewhere (no
+    running claims, no lock). ``gather``, ``stop``, ``clock`` and ``sleep`` are the tests'
+    doors; ``say``: where the warning lines go (default stderr, at once)."""
     from governor.operate import board as claims
+
+    _say = say or say_now
     from governor.plan.budget import admit, claim_of_plan, overlap_text, plan_claim_dict
 
     def read() -> BoardClaims:
         if gather is not None:
             return gather()
-        return claims.gather(run=run, cgroup_root=Path(plan.cgroup_root), root=root, board=board)
+        return claims.gather(
+            run=run,
+            cgroup_root=Path(plan.cgroup_root),
+            root=root,
+            board=board,
+            install_root=install_root,
+        )
 
     new = claim_of_plan(plan_claim_dict(plan), estimate=estimate, state="running")
     mode = plan.qos.admit
-    fd = board_lock(run)
+    fd = -1
+    if run is not None:
+        try:
+            fd = board_lock(run)
+        except OSError as err:  # an unwritable run dir: weighed all the same, unlocked
+            log.warning("admit.unlocked", run=str(run), reason=err.strerror)
     try:
         seen = read()
         for p in seen.problems:
-            log.warning("admit.skipped", problem=p)
+            log.debug("admit.skipped", problem=p)  # status and `check` say what is wrong
         if seen.budget.memtotal <= 0:  # no MemTotal (a fixture root): nothing to weigh
             log.warning("admit.no_memtotal", root=str(root), detail="admitted unweighed")
             return _held(fd, hold, None)
@@ -138,6 +159,9 @@ def admission(
             return _held(fd, hold, verdict)
         if mode in ("warn", "refuse"):
             raise _refuse(verdict, board)
+        if not act or run is None:
+            _say(f"at its start {new.name} will {mode} for room: {overlap_text(verdict)}")
+            return _held(fd, hold, verdict)
         note = None
         if mode == "shed":
             if not verdict.enough:
@@ -158,11 +182,14 @@ def admission(
                 f" room for {new.name} ({holders_text(verdict)})"
             )
         deadline = clock() + plan.qos.admit_timeout_s
+        locked = fd >= 0
         while True:  # wait (or let the victims go) without the lock: they may need it
-            os.close(fd)
-            fd = -1
+            if locked:
+                os.close(fd)
+                fd = -1
             sleep(POLL_S)
-            fd = board_lock(run)
+            if locked and run is not None:
+                fd = board_lock(run)
             seen = read()
             verdict = admit(seen.budget, new, seen.claims)
             if verdict.fits:
@@ -179,6 +206,8 @@ def admission(
 
 
 def _held(fd: int, hold: bool, verdict: Verdict | None, note: str | None = None) -> Admitted:
+    if fd < 0:
+        return Admitted(None, verdict, note)
     if not hold:
         os.close(fd)
         return Admitted(None, verdict, note)

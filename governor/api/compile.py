@@ -120,7 +120,31 @@ def check_engine(path: Path, opts: HostOptions, argv: tuple[str, ...], *, force:
     applies anything (the same preflight); returns (plan, estimate, warnings)."""
     plan, _host, checked = preflight_engine(path, argv, opts, probe_target=True, force=force)
     check_device(plan, opts)
+    admit_check(plan, opts, checked.estimate, force=force)
     return plan, checked.estimate, checked.messages
+
+
+def admit_check(plan: Any, opts: HostOptions, estimate: Any, *, force: bool) -> None:
+    """The board's admission as launch will ask it (governor/api/admit.py), without acting:
+    75 when the guarantees (or, under admit = "refuse", the peak) do not fit now."""
+    from governor.api.admit import admission
+    from governor.errors import HostError
+    from governor.rundir.state import run_dir
+
+    try:
+        run: Path | None = run_dir()
+    except HostError:
+        run = None  # no run directory: nothing runs under governor here
+    total = getattr(estimate, "total", None)
+    admission(
+        plan,
+        run=run,
+        root=opts.root,
+        estimate=total if isinstance(total, int) else None,
+        force=force,
+        hold=False,
+        act=False,
+    )
 
 
 def init(opts: HostOptions, req: Any) -> Any:

@@ -15,6 +15,7 @@ class InstallOptions:
     dry_run: bool = False
     engine: tuple[str, ...] = ()  # engine argv for the instance's ExecStart= (optional)
     governor: str | None = None  # governor executable in ExecStart= (default: this one)
+    force: bool = False  # install even when the board cannot admit it (issue 36)
 
 
 def _governor_executable() -> str:
@@ -29,12 +30,14 @@ def _governor_executable() -> str:
 
 def install(path: Path, opts: HostOptions, iopts: InstallOptions) -> Any:
     """`governor install`: render the policy's units for this host's systemd and write them."""
+    from governor.api.admit import say_now
     from governor.backends.systemd import daemon_reload
     from governor.deploy import dropin
     from governor.deploy import install as inst
     from governor.engines.preflight import engine_args
     from governor.engines.preflight import model_bytes as model_size
     from governor.errors import HostError
+    from governor.plan.budget import plan_claim_dict
 
     policy = load_policy(path)
     model_bytes = None
@@ -64,17 +67,53 @@ def install(path: Path, opts: HostOptions, iopts: InstallOptions) -> Any:
         engine=iopts.engine or None,
     )
     live = iopts.root.resolve() == Path("/")
-    result = inst.install(
-        plan.policy,
-        files,
-        dropin.unit_names(plan),
-        root=iopts.root,
-        dry_run=iopts.dry_run,
-        reload=daemon_reload if live else None,
-    )
+    said: list[str] = []  # the admission's warning, said once the install is done
+    admitted = admit_install(plan, opts, iopts, live=live, say=said.append)  # 75: no write
+    try:
+        result = inst.install(
+            plan.policy,
+            files,
+            dropin.unit_names(plan),
+            root=iopts.root,
+            dry_run=iopts.dry_run,
+            reload=daemon_reload if live else None,
+            claim=plan_claim_dict(plan),
+        )
+    finally:
+        admitted.release()  # the manifest (the claim) is written: the next one reads it
+    for line in said:
+        say_now(line)
     if live and not iopts.dry_run and iopts.engine:
         _precompile_for_service(path.resolve(), iopts.engine, opts)
     return result
+
+
+def admit_install(
+    plan: Any, opts: HostOptions, iopts: InstallOptions, *, live: bool, say: Any = None
+) -> Any:
+    """The board's admission of the installed slice (governor/api/admit.py): against what
+    runs here (a live install) and what is installed under the install root. Nothing starts
+    now: "wait" and "shed" say what the start will do; the guarantees are checked all the
+    same. Returns the admission, holding the board lock until the manifest is written."""
+    from governor.api.admit import admission
+    from governor.errors import HostError
+    from governor.rundir.state import run_dir
+
+    run = None
+    if live:
+        try:
+            run = run_dir()
+        except HostError:
+            run = None  # no run directory: nothing runs under governor here
+    return admission(
+        plan,
+        run=run,
+        root=opts.root,
+        force=iopts.force,
+        act=False,
+        install_root=iopts.root,
+        say=say,
+    )
 
 
 def _precompile_for_service(policy_path: Path, engine: tuple[str, ...], opts: HostOptions) -> None:

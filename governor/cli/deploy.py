@@ -39,6 +39,12 @@ def install(  # noqa: PLR0917  # typer passes every option as a parameter
     dry_run: DryRun = False,
     allow_missing: AllowMissing = "",
     as_json: AsJson = False,
+    force: Annotated[
+        bool,
+        typer.Option(
+            "--force", help="install even when the board cannot admit it (exit 75, docs/several.md)"
+        ),
+    ] = False,
 ) -> None:
     """Write the policy's systemd slice and governor@ service drop-in (diff shown first)."""
     from governor.api import deploy as api_deploy
@@ -47,7 +53,9 @@ def install(  # noqa: PLR0917  # typer passes every option as a parameter
     result = api_deploy.install(
         policy,
         host_options(allow_missing),
-        api_deploy.InstallOptions(root=root, dry_run=dry_run, engine=tuple(engine or ())),
+        api_deploy.InstallOptions(
+            root=root, dry_run=dry_run, engine=tuple(engine or ()), force=force
+        ),
     )
     if as_json:
         show_install_json(result, dry_run)

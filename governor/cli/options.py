@@ -119,7 +119,11 @@ Metrics = Annotated[
 
 Force = Annotated[
     bool,
-    typer.Option("--force", help="go ahead even when the GGUF memory estimate exceeds memory.max"),
+    typer.Option(
+        "--force",
+        help="go ahead even when the GGUF memory estimate exceeds memory.max or the board"
+        " cannot admit it (exit 75)",
+    ),
 ]
 
 

@@ -20,6 +20,7 @@ import tempfile
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from pydantic import BaseModel, ConfigDict, ValidationError, field_validator
 
@@ -65,6 +66,9 @@ class Manifest(BaseModel):
     units: tuple[str, ...]
     files: tuple[ManifestFile, ...]
     created_dirs: tuple[str, ...] = ()  # parents first
+    # the slice's claim on the board (governor/plan/budget.py plan_claim_dict; issue 36): an
+    # installed service that does not run keeps it (governor/operate/board.py reads it)
+    claim: dict[str, Any] | None = None
 
     @field_validator("created_dirs")
     @classmethod
@@ -254,8 +258,10 @@ def install(
     root: Path,
     dry_run: bool = False,
     reload: Callable[[], str] | None = None,
+    claim: dict[str, Any] | None = None,
 ) -> Result:
-    """Write ``files`` under ``root``; idempotent (nothing changes the second time)."""
+    """Write ``files`` under ``root``; idempotent (nothing changes the second time).
+    ``claim``: recorded in the manifest (the board's admission counts it)."""
     manifest_file = manifest_path(root, policy)
     rel_manifest = str(manifest_file.relative_to(root))
     own = _load_manifest(manifest_file)
@@ -300,7 +306,11 @@ def install(
     _undo(root, stale, others, dry_run=False)
     _makedirs(root, MANIFEST_DIR, created)
     manifest = Manifest(
-        policy=policy, units=tuple(units), files=tuple(entries), created_dirs=tuple(created)
+        policy=policy,
+        units=tuple(units),
+        files=tuple(entries),
+        created_dirs=tuple(created),
+        claim=claim,
     )
     new_manifest = manifest.model_dump_json(indent=2) + "\n"
     if _read(manifest_file) != new_manifest:

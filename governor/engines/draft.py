@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from governor.engines import draft_board, draft_server, draft_swap
+from governor.engines import draft_board, draft_qos, draft_server, draft_swap
 from governor.engines.budget import estimate_argv
 from governor.engines.draft_board import Tenants
 from governor.engines.estimate import KV_CELL_PAD, MIB, Estimate
@@ -63,7 +63,7 @@ class Request:
     engine_argv: tuple[str, ...] = ()
     name: str | None = None
     output: Path | None = None  # named in the policy's comments (POLICY without it)
-    qos_class: str | None = None  # --class; None: interactive for a server, else standard
+    qos_class: str | None = None  # --class; None: interactive for a server, else background
 
 
 @dataclass(frozen=True)
@@ -297,7 +297,7 @@ def draft(req: Request, host: HostFacts, *, root: Path, tenants: Tenants | None 
         engine += ["-t", str(threads)]
     needed = ["memory"] + (["cpuset"] if big else [])
     missing = tuple(c for c in needed if c not in host.controllers)
-    qos = req.qos_class or ("interactive" if sizing.est.settings.server else "standard")
+    qos = req.qos_class or draft_qos.default_class(sizing)
     swap, sd_card = draft_swap.read_swap(root)
     lines = draft_swap.swap_lines(swap, sd_card, qos, sizing.mem_max, host.kernel_version)
     text = render(name, req, host, sizing, (tuple(engine), options), parsed, missing, lines)
@@ -329,7 +329,7 @@ def render(  # noqa: PLR0917  # one policy from all its inputs
     swap: list[str],
 ) -> str:
     engine, _options = engine_options
-    qos = req.qos_class or ("interactive" if s.est.settings.server else "standard")
+    qos = req.qos_class or draft_qos.default_class(s)
     out = _sizing_comment(name, req, host, s, engine_options, missing)
     out += [
         f"name = {_q(name)}",
@@ -339,9 +339,9 @@ def render(  # noqa: PLR0917  # one policy from all its inputs
         *_cpu_and_process_tables(host, parsed),
         *_engine_table(host, s, engine),
         *_prefetch_table(parsed),
-        *draft_board.qos_table(s, qos),
+        *draft_qos.qos_table(s, qos),
         "",
-        *_pressure(host, interactive=qos == "interactive"),
+        *draft_qos.pressure(host, interactive=qos == "interactive"),
     ]
     return "\n".join(out) + "\n"
 
@@ -447,44 +447,3 @@ def _prefetch_table(parsed: EngineArgs) -> list[str]:
             " slice and protected by memory.min"
         )
     return out
-
-
-_RULES = """\
-# graded pressure rules (PSI, like policies/npu-chat.toml): one rule per severity, each firing
-# runs all of its actions in order. No `signal SIGUSR1`: llama.cpp does not handle it (it dies).
-[[pressure]]                # short stalls: note them and reclaim a little cold page cache
-when = "memory some 150ms/2s"
-do = ["log", "reclaim 64M"]
-cooldown = "5s"
-
-[[pressure]]                # the whole slice stalls: throttle earlier so reclaim starts sooner
-when = "memory full 500ms/2s"
-for = "4s"
-do = ["log", "set memory.high -10%"]
-cooldown = "15s"
-
-[[pressure]]                # a long full stall: pause the engine so the board recovers
-when = "memory full 1s/2s"
-for = "6s"
-do = ["freeze 5s"]
-cooldown = "20s"
-
-[[pressure]]                # it came back and still stalls: kill the group before the OOM killer
-when = "memory full 1500ms/2s"
-for = "15s"
-do = ["log", "kill"]
-cooldown = "60s"
-"""
-
-
-def _pressure(host: HostFacts, *, interactive: bool = False) -> list[str]:
-    # the headroom rule reads /proc/meminfo and memory.current: no PSI needed
-    first = [*draft_board.HEADROOM_RULE.splitlines(), ""] if interactive else []
-    if host.psi:
-        return [*first, *_RULES.splitlines()]
-    return [
-        *first,
-        f"# no [[pressure]] rules: this board has no PSI ({host.psi_detail}); with psi=1 on the",
-        "# kernel command line, uncomment these:",
-        *("# " + line if line else "#" for line in _RULES.splitlines()),
-    ]

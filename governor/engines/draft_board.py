@@ -1,7 +1,5 @@
 """`governor init` beside the board's tenants (issue 36): the other governed slices' claims
-and the board file's reserve it sizes against, the comment lines that say so, and what an
-interactive draft (llama-server) adds: its [qos] class and the ``board available <
-headroom`` rule that sheds a lower class before the board is full."""
+and the board file's reserve it sizes against, and the comment lines that say so."""
 
 from __future__ import annotations
 
@@ -55,25 +53,3 @@ def board_lines(s: Sizing) -> list[str]:
         f"# (sized beside them: {'; '.join(s.tenants)}; `governor board` lists them,"
         " --board-memory sizes for an empty board);",
     ]
-
-
-# an interactive engine's claim: what the board keeps for it before any stall (issue 36)
-HEADROOM_RULE = """\
-[[pressure]]                # shed before the stall: once the board can no longer give what this
-when = "board available < headroom"  # engine still needs (its peak claim - memory.current), a
-do = ["log", "shed"]        # lower class yields a step (throttle, freeze... its [qos] yield)
-cooldown = "3s"             # at each firing while it lasts; undone once the board has room
-"""
-
-
-QOS_WHY = {
-    "interactive": "answers a chat: lower classes yield to it (shed)",
-    "background": "yields to higher classes (throttle, freeze, stop) when they need the board",
-}
-
-
-def qos_table(s: Sizing, qos_class: str = "interactive") -> list[str]:
-    if qos_class == "standard":
-        return []
-    who = "llama-server" if s.est.settings.server else "the engine"
-    return ["", "[qos]", f'class = "{qos_class}"  # {who} {QOS_WHY[qos_class]}']

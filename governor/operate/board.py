@@ -104,9 +104,7 @@ def installed_claims(root: Path, skip: set[str]) -> tuple[list[Claim], list[str]
             claim = data.get("claim") if isinstance(data, dict) else None
             if claim is None:
                 continue  # installed before issue 36: no claim recorded (install again)
-            out.append(
-                claim_of_plan(claim["plan"], estimate=claim.get("estimate"), state="installed")
-            )
+            out.append(claim_of_plan(claim, state="installed"))
         except (OSError, ValueError, KeyError, TypeError, AttributeError) as err:
             problems.append(f"{path}: {err}")
     return out, problems
@@ -114,17 +112,23 @@ def installed_claims(root: Path, skip: set[str]) -> tuple[list[Claim], list[str]
 
 def gather(
     *,
-    run: Path,
+    run: Path | None,
     cgroup_root: Path,
     root: Path = Path("/"),
     board: Path | None = None,
+    install_root: Path | None = None,
 ) -> BoardClaims:
-    """Every claim on the board now, and its budget; zram's pool (memory charged to no slice)
-    is one of them while it holds anything (plan/budget.py zram_claim)."""
+    """Every claim on the board now, and its budget. ``root``: where /proc is (MemTotal);
+    ``install_root``: where `install` recorded its manifests (default ``root``); ``run``: the
+    run directory of the engines running now (None: a board rendered for elsewhere, none).
+    zram's pool (memory charged to no slice) is a claim while it holds anything
+    (plan/budget.py zram_claim)."""
     budget, problems = budget_of(root, board)
     fs = CgroupFs(cgroup_root)
-    running, p1 = running_claims(run, fs, root / "proc")
-    installed, p2 = installed_claims(root, {c.name for c in running})
+    running, p1 = running_claims(run, fs, root / "proc") if run is not None else ([], [])
+    installed, p2 = installed_claims(
+        root if install_root is None else install_root, {c.name for c in running}
+    )
     zram = zram_claim(SwapReader(root / "proc", root / "sys").read().zram_used)
     claims = (*running, *installed, *([zram] if zram is not None else []))
     return BoardClaims(budget=budget, claims=claims, problems=(*problems, *p1, *p2))

@@ -5,11 +5,11 @@ services: the board file's ``[board] reserve``, default :func:`reserve_for`). Ev
 slice, running (its published state) or installed (its unit and manifest), has a
 :class:`Claim`: its ``memory.min`` (guaranteed) and its expected peak (the engine's estimate
 where there is one, else ``memory.max``, else ``memory.high``); device memory a policy budgets
-with ``[device]`` is held outside every cgroup and counts in both.
+with ``[device]`` is held outside every cgroup and counts in the peak.
 
 Two checks, both pure (:func:`admit`):
 
-- **guarantees** never overcommit: the sum of every claim's min (+ device) and the new one's
+- **guarantees** never overcommit: the sum of every claim's memory.min and the new one's
   must stay within the budget, else the board cannot admit it;
 - **peaks** may overcommit (a QoS pair is meant to share the board, the shed arbitrates): the
   new policy's ``[qos] admit`` says what happens when its peak does not fit beside the others'.
@@ -82,7 +82,9 @@ class Claim:
 
     @property
     def guaranteed(self) -> int:
-        return self.min + self.device
+        """What the guarantees count: memory.min (the issue's sum of memory.min; device
+        memory is no memcg protection, it counts in the peak)."""
+        return self.min
 
     @property
     def peak_claim(self) -> int:
@@ -171,7 +173,9 @@ def admit(budget: Budget, new: Claim, others: tuple[Claim, ...]) -> Verdict:
     min_left = budget.budget - sum(c.guaranteed for c in others)
     peak_left = budget.budget - sum(c.peak_claim for c in others)
     need_min = max(0, new.guaranteed - min_left)
-    need_peak = max(0, new.peak_claim - peak_left)
+    # an overlap is with the others' peaks: a peak above the budget on an empty board is the
+    # policy's own sizing (check's estimate against memory.max), not an admission matter
+    need_peak = min(max(0, new.peak_claim - peak_left), sum(c.peak_claim for c in others))
     kind: VerdictKind = "guarantees" if need_min else "peaks" if need_peak else "fits"
     victims: tuple[Claim, ...] = ()
     enough = True
@@ -222,10 +226,14 @@ def refusal_text(verdict: Verdict) -> str:
         what = f"memory.min {gib(c.guaranteed)}, {gib(max(0, verdict.min_left))} of guarantees left"
     else:
         what = (
-            f"peak {gib(c.peak_claim)} ({c.peak_source}),"
+            f"peak {gib(c.peak_claim)} ({_source(c)}),"
             f" {gib(max(0, verdict.peak_left))} of peaks left"
         )
     return f"the board cannot admit {c.name}: {what} ({holders_text(verdict)})"
+
+
+def _source(c: Claim) -> str:
+    return "its memory.min" if c.peak_source == "none" else c.peak_source
 
 
 def overlap_text(verdict: Verdict) -> str:
@@ -240,7 +248,7 @@ def overlap_text(verdict: Verdict) -> str:
     else:
         who = "; no class sheds the other"
     return (
-        f"{c.name}'s peak {gib(c.peak_claim)} ({c.peak_source}) overlaps the others' claims by"
+        f"{c.name}'s peak {gib(c.peak_claim)} ({_source(c)}) overlaps the others' claims by"
         f" {gib(verdict.missing)} ({holders_text(verdict)}){who}"
     )
 

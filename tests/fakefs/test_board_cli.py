@@ -58,9 +58,7 @@ def board(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     claim = plan_claim_dict(tts)
     claim["writes"] = [{"cgroup": "governor.slice/tts", "file": "memory.max", "value": "314572800"}]
     (tmp_path / "etc/governor/installed").mkdir(parents=True)
-    (tmp_path / "etc/governor/installed/tts.json").write_text(
-        json.dumps({"claim": {"plan": claim}})
-    )
+    (tmp_path / "etc/governor/installed/tts.json").write_text(json.dumps({"claim": claim}))
     return tmp_path
 
 
@@ -123,3 +121,31 @@ def test_board_fits_answers_no_with_75_and_yes_with_0(
     assert got["fits"] and got["peak"] == 500 * MIB and got["peak_source"] == "max"
     code, _, err = run(capsys, "--root", str(host), "--cgroup-root", cg, "board", "x")
     assert code == 2 and "needs --fits" in err
+
+
+def test_board_fits_takes_the_engines_estimate_as_the_peak(
+    board: Path, capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    """`--fits POLICY -- ENGINE...`: the GGUF estimate of the engine's argv is the peak claim
+    (as launch's admission counts it), not the policy's memory.max."""
+    import sys
+
+    pytest.importorskip("gguf")
+    sys.path.insert(0, str(REPO / "tests" / "engine"))
+    try:
+        import make_gguf  # type: ignore[import-not-found,unused-ignore]
+    finally:
+        sys.path.pop(0)
+    model = tmp_path / "tiny.gguf"
+    assert make_gguf.main(["--preset", "tiny", "-o", str(model)]) == 0
+    capsys.readouterr()  # make_gguf's own lines
+    host = REPO / "tests/fixtures/hosts/cgroup2-full"
+    policy = tmp_path / "p.toml"
+    policy.write_text('name = "p"\n[memory]\nmax = "1G"\n[engine]\nkind = "llama.cpp"\n')
+    code, out, err = run(
+        capsys, "--root", str(host), "--cgroup-root", str(board / "cg"), "board", "--json",
+        "--fits", str(policy), "--", "llama-completion", "-m", str(model), "-c", "256",
+    )  # fmt: skip
+    assert code == 0, (out, err)
+    got = json.loads(out)
+    assert got["peak_source"] == "estimate" and 0 < got["peak"] < 1 << 30

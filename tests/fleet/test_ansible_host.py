@@ -147,6 +147,32 @@ def test_a_bad_policy_fails_with_governors_one_line_message(tmp_path: Path) -> N
     assert _files(root) == {}
 
 
+def test_a_policy_the_board_cannot_admit_fails_the_task_with_75_and_the_line(
+    tmp_path: Path,
+) -> None:
+    root, policy, defaults = _policy(tmp_path)
+    policy.write_text('name = "fleet-a"\n[memory]\nmin = "1.1GiB"\n')
+    second = tmp_path / "fleet-b.toml"
+    second.write_text('name = "fleet-b"\n[memory]\nmin = "1.1GiB"\n')
+    tasks: list[dict[str, Any]] = [
+        {"governor.board.policy": {"policy": str(policy)}, "register": "first"},
+        {
+            "governor.board.policy": {"policy": str(second)},
+            "register": "second",
+            "ignore_errors": True,
+        },
+    ]
+    r, run = run_play(tmp_path, tasks, defaults=defaults)
+    assert not r["first"].get("failed"), run.stdout
+    assert r["second"]["failed"] and r["second"]["rc"] == 75
+    # the rk3588 fixture's 1.92 GiB: 1.67 GiB of budget, fleet-a's installed claim holds 1.1
+    assert r["second"]["msg"].startswith(
+        "governor: the board cannot admit fleet-b: memory.min 1.1 GiB, 0.6 GiB of guarantees"
+        " left (fleet-a holds 1.1 GiB, installed) ([qos] admit, "
+    ), r["second"]["msg"]
+    assert not any("fleet-b" in f for f in _files(root))
+
+
 # ---------------------------------------------------------------- the live decision, pure
 
 

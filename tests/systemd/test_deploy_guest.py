@@ -328,3 +328,43 @@ def test_an_installed_engine_gets_its_argv_byte_for_byte_through_systemd(
     assert json.loads(out.read_text()) == HOSTILE_WORDS
     _run("systemctl", "stop", unit, check=False)
     _run(*GOVERNOR, "uninstall", str(policy))
+
+
+def test_an_installed_but_stopped_service_keeps_its_claim_against_a_launch(
+    policy: Path, tmp_path: Path
+) -> None:
+    """Issue 36: `governor install` records the slice's claim in its manifest; while the
+    service is installed and NOT running, a launch whose memory.min does not fit beside it is
+    refused (75) naming it, with nothing applied; once it is uninstalled the launch goes."""
+    from governor.plan.budget import Budget
+
+    memtotal = next(
+        int(line.split()[1]) * 1024
+        for line in Path("/proc/meminfo").read_text().splitlines()
+        if line.startswith("MemTotal:")
+    )
+    mib = int(Budget.of(memtotal).budget * 0.6) >> 20
+    name = policy.stem
+    policy.write_text(policy.read_text().replace('min = "16M"', f'min = "{mib}M"'))
+    _run(*GOVERNOR, "install", str(policy))
+    other = tmp_path / "gt-admit.toml"
+    other.write_text(f'name = "gt-admit"\n[memory]\nmin = "{mib}M"\n')
+    launch = [
+        *GOVERNOR,
+        "launch",
+        "--backend",
+        "cgroupfs",
+        "--policy",
+        str(other),
+        "--",
+        "/bin/true",
+    ]
+    refused = _run(*launch, check=False)
+    assert refused.returncode == 75, refused.stderr
+    line = refused.stderr.splitlines()[0]
+    assert line.startswith("governor: the board cannot admit gt-admit: memory.min "), line
+    assert f"({name} holds {mib / 1024:.1f} GiB, installed)" in line
+    assert not Path("/sys/fs/cgroup/governor.slice/gt-admit").exists()
+    _run(*GOVERNOR, "uninstall", name)
+    admitted = _run(*launch, check=False)
+    assert admitted.returncode == 0, admitted.stderr

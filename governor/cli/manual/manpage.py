@@ -18,6 +18,7 @@ from governor.errors import (
     EXIT_NOT_FOUND,
     EXIT_OSERR,
     EXIT_POLICY,
+    EXIT_TEMPFAIL,
     EXIT_UNAVAILABLE,
     EXIT_USAGE,
 )
@@ -36,6 +37,11 @@ EXIT_STATUS: tuple[tuple[str, str], ...] = (
         " running), or a server was not ready within engine.ready_timeout",
     ),
     (str(EXIT_OSERR), "a kernel write failed (the message names cgroup, file, value and errno)"),
+    (
+        str(EXIT_TEMPFAIL),
+        "the board cannot admit the engine now: its guarantees (or, under [qos] admit ="
+        ' "refuse", its peak) do not fit beside the other slices\' claims; nothing applied',
+    ),
     (str(EXIT_NOPERM), "permission denied"),
     (f"{EXIT_NOT_EXECUTABLE} / {EXIT_NOT_FOUND}", "the engine is not executable / not found"),
     ("other", "launch: the engine's own status; 128+N when it died of signal N"),

@@ -336,7 +336,8 @@ def test_a_server_draft_is_interactive_and_sheds_before_the_stall(
     tiny: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     """llama-server answers a chat: init writes [qos] class = "interactive" and the
-    `board available < headroom` shed rule (no PSI needed); a one-shot CLI gets neither."""
+    `board available < headroom` shed rule (no PSI needed); a one-shot CLI is background,
+    without the rule."""
     root = str(HOSTS / "rk3588")
     policy, _, _ = _init(
         capsys, root, "--model", str(tiny), "--engine-argv", "/opt/llama/llama-server -t 2"
@@ -345,7 +346,7 @@ def test_a_server_draft_is_interactive_and_sheds_before_the_stall(
     first = policy["pressure"][0]
     assert first["when"] == "board available < headroom" and first["do"] == ["log", "shed"]
     cli, _, _ = _init(capsys, root, "--model", str(tiny))
-    assert "qos" not in cli
+    assert cli["qos"]["class"] == "background"
     assert all("headroom" not in r["when"] for r in cli["pressure"])
 
 
@@ -357,3 +358,22 @@ def replace_mem(host: Any, mem_total: int) -> Any:
     from governor.record import replace
 
     return replace(host, mem_total=mem_total)
+
+
+def test_init_writes_an_explicit_admit_a_server_sheds_a_one_shot_run_waits(
+    tiny: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    root = str(HOSTS / "cgroup2-full")
+    policy, text, _ = _init(capsys, root, "--model", str(tiny), "--board-memory", "2G")
+    assert policy["qos"] == {"class": "background", "admit": "wait"}
+    assert 'admit = "wait"  # when the board cannot take it' in text
+    server, text, _ = _init(
+        capsys, root, "--model", str(tiny), "--board-memory", "2G",
+        "--engine-argv", "llama-server -np 1 --port 8080",
+    )  # fmt: skip
+    assert server["qos"] == {"class": "interactive", "admit": "shed"}
+    assert 'admit = "shed"  # when the board cannot take its peak' in text
+    out_file = tmp_path / "server.toml"
+    out_file.write_text(text)
+    code, out, err = run(capsys, "--root", root, "check", str(out_file))
+    assert code == 0, out + err

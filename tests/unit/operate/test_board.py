@@ -1,109 +1,113 @@
-"""`governor board` (issue 36, governor/operate/boardview.py): the board's table from fixture
-claims, its big ungoverned cgroups from a tmp cgroup tree, and `--fits` with its victims.
-Needs: a tmp directory (no kernel)."""
+"""The gatherer of the board's claims (governor/operate/board.py, issue 36) on fixture trees:
+a run directory with published states, an install root with manifests, a /proc/meminfo and a
+cgroup tree with memory.current."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
+from typing import Any
 
-from governor.kernel.cgroupfs import CgroupFs
-from governor.operate.boardview import fits, render, ungoverned, view
-from governor.plan.board import BoardCgroup
-from governor.plan.budget import Budget, Claim
+from governor.operate.board import gather
+from governor.plan.budget import GIB, MIB, reserve_for
+from governor.rundir.state import Publisher, applied
 
-MIB = 1 << 20
-# a 2 GiB board: reserve 128 MiB + 2048/16 = 256 MiB, budget 1792 MiB
-BUDGET = Budget.of(2048 * MIB)
-CHAT = Claim(
-    name="chat", group="governor.slice/chat", qos_class="interactive", min=400 * MIB,
-    peak=700 * MIB, peak_source="estimate", current=512 * MIB,
-)  # fmt: skip
-BATCH = Claim(
-    name="batch", group="governor.slice/batch", qos_class="background", min=0,
-    peak=950 * MIB, peak_source="max", current=600 * MIB, yields=("throttle", "freeze", "stop"),
-)  # fmt: skip
-TTS = Claim(
-    name="tts", group="governor.slice/tts", qos_class="standard", min=100 * MIB,
-    peak=300 * MIB, peak_source="high", state="installed",
-)  # fmt: skip
+MEMTOTAL_KB = 2 * 1024 * 1024  # a 2 GiB board
+GOLDEN = Path(__file__).resolve().parents[2] / "golden/plans/base@rk3588.json"
 
 
-def test_the_board_adds_up_every_claim_running_or_installed() -> None:
-    v = view(BUDGET, [TTS, BATCH, CHAT])
-    assert (v["memtotal"], v["reserve"], v["budget"]) == (2048 * MIB, 256 * MIB, 1792 * MIB)
-    assert v["claimed"] == {"min": 500 * MIB, "peak": 1950 * MIB}
-    # the peaks overcommit by 158 MiB: a negative free, the shed arbitrates
-    assert v["free"] == {"guarantees": 1292 * MIB, "peaks": -158 * MIB}
-    rows = [(s["name"], s["state"], s["min"], s["peak"], s["peak_source"]) for s in v["slices"]]
-    assert rows == [
-        ("batch", "running", 0, 950 * MIB, "max"),
-        ("chat", "running", 400 * MIB, 700 * MIB, "estimate"),
-        ("tts", "installed", 100 * MIB, 300 * MIB, "high"),
+def plan_dict(name: str, cls: str, **limits: str) -> dict[str, Any]:
+    """A compiled plan (the rk3588 golden's) renamed, with these memory limits on its group."""
+    plan: dict[str, Any] = json.loads(GOLDEN.read_text())
+    group = f"governor.slice/{name}"
+    plan.update(policy=name, group=group, leaf=f"{group}/engine")
+    plan["writes"] = [
+        {"cgroup": group, "file": f"memory.{k}", "value": v, "reason": k, "controller": "memory"}
+        for k, v in limits.items()
     ]
-    text = render(v)
-    assert text.splitlines()[0] == "board: MemTotal 2048 MiB, reserve 256 MiB, budget 1792 MiB"
-    assert "free: 1292 MiB for guarantees, -158 MiB for peaks" in text
-    assert (
-        "tts              standard       100 MiB       300 MiB (high)         -  installed" in text
+    plan["qos"] = {"qos_class": cls, "yields": ["throttle", "freeze", "stop", "kill"]}
+    return plan
+
+
+def board(tmp_path: Path) -> tuple[Path, Path, Path]:
+    root = tmp_path / "root"
+    (root / "proc").mkdir(parents=True)
+    (root / "proc/meminfo").write_text(f"MemTotal: {MEMTOTAL_KB} kB\nMemFree: 1 kB\n")
+    cg = tmp_path / "cgroup"
+    run = tmp_path / "run"
+    run.mkdir()
+    return root, cg, run
+
+
+def publish(run: Path, cg: Path, plan: dict[str, Any], current: int | None = None) -> None:
+    Publisher(run, plan["policy"]).publish(
+        applied(plan, policy_path=None, created=[], started_at=1.0)
     )
+    if current is not None:
+        (cg / plan["group"]).mkdir(parents=True)
+        (cg / plan["group"] / "memory.current").write_text(f"{current}\n")
 
 
-def test_big_ungoverned_top_level_cgroups_and_board_entries_are_listed(tmp_path: Path) -> None:
-    sizes = {
-        "system.slice": 300 * MIB,
-        "user.slice": 40 * MIB,
-        "init.scope": 2 * MIB,  # small: no row
-        "governor.slice": 1100 * MIB,  # governed
-        "docker": 200 * MIB,  # a container runtime's own top-level cgroup
-        "system.slice/camera.service": 5 * MIB,  # small, but in the board file
-    }
-    for cg, n in sizes.items():
-        (tmp_path / cg).mkdir(parents=True)
-        (tmp_path / cg / "memory.current").write_text(f"{n}\n")
-    cam = BoardCgroup(
-        name="camera", path="system.slice/camera.service", qos_class="background", yields=()
+def test_running_and_installed_claims_with_the_budget_and_the_board_files_reserve(
+    tmp_path: Path,
+) -> None:
+    root, cg, run = board(tmp_path)
+    publish(run, cg, plan_dict("batch", "background", min="104857600", max="524288000"),
+            current=300 * MIB)  # fmt: skip
+    installed = root / "etc/governor/installed"
+    installed.mkdir(parents=True)
+    manifest = {"policy": "tts", "units": [], "files": [],
+                "claim": plan_dict("tts", "standard", min="209715200", high="314572800")}  # fmt: skip
+    (installed / "tts.json").write_text(json.dumps(manifest))
+    # an installed policy that runs now is counted once, as running
+    (installed / "batch.json").write_text(json.dumps({**manifest, "policy": "batch",
+        "claim": plan_dict("batch", "background", min="1")}))  # fmt: skip
+    got = gather(run=run, cgroup_root=cg, root=root, board=tmp_path / "none.toml")
+    assert got.budget.memtotal == 2 * GIB and got.budget.reserve == reserve_for(2 * GIB)
+    by = {c.name: c for c in got.claims}
+    assert set(by) == {"batch", "tts"}
+    assert (by["batch"].min, by["batch"].peak, by["batch"].peak_source) == (
+        100 * MIB,
+        500 * MIB,
+        "max",
     )
-    rows = ungoverned(CgroupFs(tmp_path), [CHAT], [cam])
-    assert [(r["cgroup"], r["class"], r["current"]) for r in rows] == [
-        ("system.slice", None, 300 * MIB),
-        ("docker", None, 200 * MIB),
-        ("user.slice", None, 40 * MIB),
-        ("system.slice/camera.service", "background", 5 * MIB),
-    ]
+    assert (by["batch"].current, by["batch"].state, by["batch"].qos_class) == (
+        300 * MIB,
+        "running",
+        "background",
+    )
+    assert (by["tts"].min, by["tts"].peak, by["tts"].peak_source, by["tts"].state) == (
+        200 * MIB, 300 * MIB, "high", "installed")  # fmt: skip
+    f = tmp_path / "board.toml"
+    f.write_text('[board]\nreserve = "512MiB"\n')
+    assert gather(run=run, cgroup_root=cg, root=root, board=f).budget.budget == 1536 * MIB
 
 
-def test_fits_says_yes_when_both_checks_pass() -> None:
-    small = Claim(
-        name="small", group="governor.slice/small", qos_class="standard", min=100 * MIB,
-        peak=200 * MIB, peak_source="estimate",
-    )  # fmt: skip
-    out = fits(BUDGET, small, [CHAT], "warn")
-    assert out["fits"] and out["check"] == "fits"
-    assert out["line"].startswith("yes: small fits")
+def test_the_published_estimate_is_the_peak_and_a_stale_state_is_no_claim(tmp_path: Path) -> None:
+    root, cg, run = board(tmp_path)
+    plan = plan_dict("chat", "interactive", min="104857600", max="1073741824")
+    state = applied(plan, policy_path=None, created=[], started_at=1.0).to_json()
+    state.update(source="launch", pid=1, model={"model": "m", "quant": "q", "total": 700 * MIB})
+    Publisher(run, "chat").publish(state)
+    proc = root / "proc/1"
+    proc.mkdir()
+    (proc / "cmdline").write_bytes(b"python\0-m\0governor\0launch\0")
+    (c,) = gather(run=run, cgroup_root=cg, root=root).claims
+    assert (c.peak, c.peak_source, c.current) == (700 * MIB, "estimate", None)
+    (proc / "cmdline").write_bytes(b"sleep\0")  # the pid is not a governor any more: stale
+    assert gather(run=run, cgroup_root=cg, root=root).claims == ()
 
 
-def test_fits_under_shed_names_the_lower_class_victims_only() -> None:
-    big = Claim(
-        name="chat2", group="governor.slice/chat2", qos_class="standard", min=200 * MIB,
-        peak=900 * MIB, peak_source="estimate",
-    )  # fmt: skip
-    out = fits(BUDGET, big, [CHAT, BATCH], "shed")
-    assert not out["fits"] and out["check"] == "peaks"
-    # 1792 - 700 - 950 = 142 MiB of peaks left: 758 MiB missing; only batch ranks below
-    assert out["missing"] == 758 * MIB
-    assert out["victims"] == ["batch"] and out["enough"]
-    assert out["line"].endswith('admit = "shed" would stop batch')
-    warn = fits(BUDGET, big, [CHAT, BATCH], "warn")
-    assert warn["victims"] == [] and warn["line"].endswith("would start it with a warning")
-
-
-def test_fits_refuses_guarantees_that_overcommit_naming_who_holds_them() -> None:
-    greedy = Claim(
-        name="greedy", group="governor.slice/greedy", qos_class="interactive", min=1500 * MIB,
-        peak=1500 * MIB, peak_source="max",
-    )  # fmt: skip
-    out = fits(BUDGET, greedy, [CHAT, BATCH], "refuse")
-    assert out["check"] == "guarantees" and out["missing"] == 108 * MIB
-    assert out["holders"] == ["chat"]
-    assert out["line"].startswith("no: greedy lacks 0.1 GiB of guarantees (chat holds 0.4 GiB)")
-    assert out["line"].endswith('admit = "refuse" would refuse it (75)')
+def test_unreadable_states_and_manifests_are_skipped_with_their_reason(tmp_path: Path) -> None:
+    root, cg, run = board(tmp_path)
+    (run / "bad").mkdir()
+    (run / "bad/state.json").write_text("{")
+    installed = root / "etc/governor/installed"
+    installed.mkdir(parents=True)
+    (installed / "x.json").write_text('{"claim": {"policy": "x"}}')
+    (installed / "old.json").write_text('{"policy": "old", "units": [], "files": []}')
+    got = gather(run=run, cgroup_root=cg, root=root)
+    assert got.claims == ()
+    assert len(got.problems) == 2 and "x.json" in got.problems[1]
+    (root / "proc/meminfo").unlink()
+    assert gather(run=run, cgroup_root=cg, root=root).budget.memtotal == 0

@@ -101,13 +101,16 @@ def test_victims_go_lowest_class_first_largest_first_until_enough() -> None:
     assert v.kind == "guarantees" and [c.name for c in v.victims] == ["bg-big"] and v.enough
 
 
-def test_installed_claims_and_device_memory_count() -> None:
+def test_installed_claims_count_and_device_memory_counts_in_the_peak() -> None:
     installed = claim("tts", "standard", 1 * GIB, 1 * GIB, state="installed")
-    v = admit(BOARD_2G, claim("chat", "interactive", 512 * MIB, 512 * MIB, device=300 * MIB),
-              (installed,))  # fmt: skip
-    assert v.kind == "guarantees" and v.missing == 1 * GIB + 812 * MIB - BOARD_2G.budget
+    v = admit(BOARD_2G, claim("chat", "interactive", 900 * MIB, 900 * MIB), (installed,))
+    assert v.kind == "guarantees" and v.missing == 1 * GIB + 900 * MIB - BOARD_2G.budget
     assert "tts holds 1.0 GiB, installed" in refusal_text(v)
     assert v.victims == ()  # not running: nothing to stop
+    npu = claim("npu", "interactive", 512 * MIB, 512 * MIB, device=600 * MIB)
+    assert npu.guaranteed == 512 * MIB and npu.peak_claim == 1112 * MIB
+    v = admit(BOARD_2G, npu, (claim("b", "background", 100 * MIB, 800 * MIB),))
+    assert v.kind == "peaks" and v.missing == 1112 * MIB + 800 * MIB - BOARD_2G.budget
 
 
 def test_the_new_policys_own_earlier_claim_is_replaced_not_added() -> None:
@@ -153,3 +156,12 @@ def test_a_bad_reserve_is_a_policy_error_naming_the_field(
     with pytest.raises(PolicyError) as err:
         load_board(f)
     assert err.value.field == field and err.value.exit_code == 65
+
+
+def test_a_peak_above_the_budget_alone_is_no_overlap_and_the_overlap_is_at_most_the_others() -> (
+    None
+):
+    big = claim("chat", "interactive", 1 * GIB, 2 * GIB)
+    assert admit(BOARD_2G, big, ()).fits
+    v = admit(BOARD_2G, big, (claim("tiny", "background", 0, 10 * MIB),))
+    assert v.kind == "peaks" and v.missing == 10 * MIB

@@ -1,0 +1,260 @@
+"""Admission against the board's budget (issue 36, item 2) on the host: the command lines'
+exit 75 and its one line (`check --engine-argv`, `install`), and governor/api/admit.py's modes
+with fixture claims, a fake clock and a fake stop (the real ones run in the kernel guest:
+tests/kernel/test_admission_guest.py)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from governor.api.admit import admission, board_lock
+from governor.cli.app import main
+from governor.errors import AdmissionRefused
+from governor.operate.board import BoardClaims
+from governor.plan.budget import GIB, MIB, Budget, Claim
+from governor.plan.model import CgroupWrite, Plan, QosSpec
+from governor.record import replace
+
+REPO = Path(__file__).resolve().parents[3]
+RK3588 = REPO / "tests/fixtures/hosts/rk3588"
+GOLDEN = REPO / "tests/golden/plans/base@rk3588.json"
+BOARD = Budget.of(2 * GIB)  # budget 1.75 GiB
+
+
+def run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
+    with pytest.raises(SystemExit) as info:
+        main(list(argv))
+    out, err = capsys.readouterr()
+    assert isinstance(info.value.code, int)
+    return info.value.code, out, err
+
+
+def policy(tmp_path: Path, name: str, body: str) -> Path:
+    path = tmp_path / f"{name}.toml"
+    path.write_text(f'name = "{name}"\n{body}')
+    return path
+
+
+def test_install_refuses_guarantees_over_the_budget_with_75_and_writes_nothing(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("GOVERNOR_BOARD", str(tmp_path / "board.toml"))
+    root = tmp_path / "dest"
+    root.mkdir()
+    batch = policy(tmp_path, "npu-batch", '[memory]\nmin = "1.1GiB"\n[qos]\nclass = "background"\n')
+    chat = policy(tmp_path, "chat", '[memory]\nmin = "1.1GiB"\n[qos]\nclass = "interactive"\n')
+    code, _, err = run(capsys, "--root", str(RK3588), "install", str(batch), "--root", str(root))
+    assert code == 0, err
+    before = sorted(p for p in root.rglob("*"))
+    code, _, err = run(capsys, "--root", str(RK3588), "install", str(chat), "--root", str(root))
+    # rk3588's MemTotal 1.92 GiB: 1.67 GiB of budget, 0.57 GiB left beside npu-batch
+    assert code == 75, err
+    assert err.splitlines()[0] == (
+        "governor: the board cannot admit chat: memory.min 1.1 GiB, 0.6 GiB of guarantees"
+        f" left (npu-batch holds 1.1 GiB, installed) ([qos] admit, {tmp_path}/board.toml)"
+    )
+    assert err.splitlines()[1].startswith("hint: ")
+    assert sorted(p for p in root.rglob("*")) == before  # nothing of chat written
+    code, _, err = run(
+        capsys, "--root", str(RK3588), "install", str(chat), "--root", str(root), "--force"
+    )
+    assert code == 0, err
+    assert any(line.startswith("governor: admitted by --force: ") for line in err.splitlines())
+
+
+def test_check_engine_argv_says_75_beside_a_running_slice(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from governor.rundir.state import Publisher, applied
+
+    run_dir = tmp_path / "run"
+    monkeypatch.setenv("GOVERNOR_RUN_DIR", str(run_dir))
+    monkeypatch.setenv("GOVERNOR_BOARD", str(tmp_path / "board.toml"))
+    (tmp_path / "board.toml").write_text('[board]\nreserve = "200MiB"\n')
+    held = json.loads(GOLDEN.read_text())
+    group = "governor.slice/npu-batch"
+    held.update(policy="npu-batch", group=group, leaf=f"{group}/engine")
+    held["writes"] = [{"cgroup": group, "file": "memory.min", "value": str(GIB),
+                       "reason": "memory.min", "controller": "memory"}]  # fmt: skip
+    Publisher(run_dir, "npu-batch").publish(
+        applied(held, policy_path=None, created=[], started_at=1.0)
+    )
+    chat = policy(tmp_path, "chat", '[memory]\nmin = "800M"\n')
+    code, _, err = run(
+        capsys, "--root", str(RK3588), "check", str(chat), "--engine-argv", "/bin/sleep 1"
+    )
+    assert code == 75, err
+    assert err.splitlines()[0] == (
+        "governor: the board cannot admit chat: memory.min 0.8 GiB, 0.7 GiB of guarantees"
+        f" left (npu-batch holds 1.0 GiB) ([qos] admit, {tmp_path}/board.toml)"
+    )
+    chat.write_text('name = "chat"\n[memory]\nmin = "500M"\n')
+    code, _, err = run(
+        capsys, "--root", str(RK3588), "check", str(chat), "--engine-argv", "/bin/sleep 1"
+    )
+    assert code == 0, err
+
+
+# ------------------------------------------------------------------ the modes, one by one
+
+
+def plan(admit: str, cls: str = "interactive", timeout_s: float = 5.0) -> Plan:
+    """chat: memory.min 800 MiB, memory.max 1 GiB."""
+    p = Plan.from_json(GOLDEN.read_text())
+    group = "governor.slice/chat"
+    writes = tuple(
+        CgroupWrite(group, f, str(v), f, "memory")
+        for f, v in (("memory.min", 800 * MIB), ("memory.max", GIB))
+    )
+    return replace(
+        p, policy="chat", group=group, leaf=f"{group}/engine", writes=writes,
+        qos=QosSpec(qos_class=cls, admit=admit, admit_timeout_s=timeout_s),  # type: ignore[arg-type]
+    )  # fmt: skip
+
+
+def other(name: str, cls: str, mn: int, peak: int) -> Claim:
+    return Claim(name=name, group=f"governor.slice/{name}", qos_class=cls, min=mn, peak=peak,
+                 peak_source="max")  # fmt: skip
+
+
+class Board:
+    """Claims that change as the fake clock moves; what the fake stop stopped."""
+
+    def __init__(self, *claims: Claim) -> None:
+        self.claims = list(claims)
+        self.now = 0.0
+        self.stopped: list[str] = []
+        self.gone_at: dict[str, float] = {}
+
+    def gather(self) -> BoardClaims:
+        live = [c for c in self.claims if self.gone_at.get(c.name, 1e9) > self.now]
+        return BoardClaims(budget=BOARD, claims=tuple(live))
+
+    def stop(self, _plan: Plan, victim: Claim) -> None:
+        self.stopped.append(victim.name)
+        self.gone_at[victim.name] = self.now + 2.0  # its engine exits 2 s after the SIGTERM
+
+    def sleep(self, s: float) -> None:
+        self.now += s
+
+    def kw(self, tmp_path: Path) -> dict[str, Any]:
+        return {"run": tmp_path, "gather": self.gather, "stop": self.stop,
+                "clock": lambda: self.now, "sleep": self.sleep}  # fmt: skip
+
+
+def test_refuse_and_warn_refuse_guarantees_and_nothing_is_stopped(tmp_path: Path) -> None:
+    for mode in ("warn", "refuse"):
+        b = Board(other("npu-batch", "background", 1100 * MIB, 1100 * MIB))
+        with pytest.raises(AdmissionRefused) as err:
+            admission(plan(mode), **b.kw(tmp_path))
+        assert err.value.exit_code == 75 and b.stopped == [] and b.now == 0
+        assert "(npu-batch holds 1.1 GiB)" in str(err.value)
+
+
+def test_warn_admits_an_overlap_of_peaks_with_one_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    b = Board(other("npu-batch", "background", 100 * MIB, 1400 * MIB))
+    got = admission(plan("warn"), **b.kw(tmp_path))
+    assert got.verdict is not None and got.verdict.kind == "peaks" and got.lock_fd is not None
+    got.release()
+    (line,) = capsys.readouterr().err.splitlines()
+    assert line.startswith("governor: admitted with an overlap: chat's peak")
+    assert line.endswith("chat would shed npu-batch")
+    with pytest.raises(AdmissionRefused):
+        admission(plan("refuse"), **b.kw(tmp_path))
+
+
+def test_wait_admits_as_soon_as_the_holder_is_gone_and_refuses_at_the_timeout(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    b = Board(other("npu-batch", "standard", 1100 * MIB, 1100 * MIB))
+    b.gone_at["npu-batch"] = 3.0
+    got = admission(plan("wait"), **b.kw(tmp_path))
+    got.release()
+    assert b.now == 3.0 and b.stopped == [] and got.note == "admitted after waiting for room"
+    assert "waiting up to 5s" in capsys.readouterr().err
+    b = Board(other("npu-batch", "standard", 1100 * MIB, 1100 * MIB))
+    with pytest.raises(AdmissionRefused) as err:
+        admission(plan("wait"), **b.kw(tmp_path))
+    assert b.now == 5.0 and str(err.value).endswith(
+        f"(npu-batch holds 1.1 GiB), after 5s of wait ([qos] admit, {_board()})"
+    )
+
+
+def test_shed_stops_a_lower_class_only_and_admits_once_it_is_gone(tmp_path: Path) -> None:
+    b = Board(
+        other("peer", "interactive", 300 * MIB, 300 * MIB),
+        other("npu-batch", "background", 900 * MIB, 900 * MIB),
+    )
+    got = admission(plan("shed"), **b.kw(tmp_path))
+    got.release()
+    assert b.stopped == ["npu-batch"] and b.now == 2.0
+    assert got.note == "admitted after stopping npu-batch (a lower class)"
+    # an equal class holds it: never shed, refused at once
+    b = Board(other("peer", "interactive", 1100 * MIB, 1100 * MIB))
+    with pytest.raises(AdmissionRefused) as err:
+        admission(plan("shed"), **b.kw(tmp_path))
+    assert b.stopped == [] and "no lower class to shed frees enough" in str(err.value)
+
+
+def test_force_admits_guarantees_over_the_budget_with_a_warning(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    b = Board(other("npu-batch", "background", 1100 * MIB, 1100 * MIB))
+    admission(plan("refuse"), force=True, **b.kw(tmp_path)).release()
+    assert capsys.readouterr().err.startswith("governor: admitted by --force: ")
+
+
+def _board() -> str:
+    from governor.plan.board import board_path
+
+    return str(board_path())
+
+
+_HOLDER = """
+import sys, time
+from pathlib import Path
+from governor.api.admit import board_lock
+fd = board_lock(Path(sys.argv[1]))
+print("held", flush=True)
+sys.stdin.readline()
+"""
+
+
+def test_the_board_lock_is_one_holder_at_a_time_and_not_inherited_by_a_fork(
+    tmp_path: Path,
+) -> None:
+    holder = subprocess.Popen(
+        [sys.executable, "-c", _HOLDER, str(tmp_path)],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        assert holder.stdout is not None and holder.stdout.readline() == "held\n"
+        with pytest.raises(BlockingIOError):
+            board_lock(tmp_path, block=False)
+    finally:
+        assert holder.stdin is not None
+        holder.stdin.close()
+        holder.wait(timeout=30)
+    fd = board_lock(tmp_path, block=False)
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # a watchdog forked while the lock is held: it lives on and holds nothing
+        os.close(w)
+        os.read(r, 1)
+        os._exit(0)
+    try:
+        os.close(fd)  # released by this close although the child still has the descriptor
+        os.close(board_lock(tmp_path, block=False))
+    finally:
+        os.close(w)
+        os.waitpid(pid, 0)
+        os.close(r)
