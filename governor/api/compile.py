@@ -16,12 +16,14 @@ from governor.api.host import (
     load_policy,
     preflight_engine,
     probe_host,
+    sysfs_root,
 )
-from governor.compile.doctor import diagnose
+from governor.compile.doctor import diagnose, swap_finding
 from governor.engines.budget import estimate_argv, policy_budget
 from governor.engines.draft import draft
 from governor.engines.llama import EngineArgvError, parse_llama_argv
 from governor.errors import HostError, PolicyError
+from governor.kernel.swap import SwapReader
 from governor.monitor.victims import governed_groups
 from governor.plan.board import is_board_file, load_board
 from governor.policy.model import Policy
@@ -36,7 +38,8 @@ if TYPE_CHECKING:
 def doctor(opts: HostOptions) -> tuple[HostFacts, list[Finding]]:
 
     host = probe_host(opts)
-    return host, diagnose(host)
+    swap = SwapReader(opts.root / "proc", sysfs_root(opts)).read()
+    return host, [*diagnose(host), swap_finding(swap, host.kernel_version)]
 
 
 def check_board(path: Path) -> int | None:

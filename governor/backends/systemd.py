@@ -58,6 +58,8 @@ DBUS_SIGNATURES: dict[str, str] = {
     "AddRef": "b",
     "TasksMax": "t",
     "MemorySwapMax": "t",
+    "MemoryZSwapMax": "t",
+    "MemoryZSwapWriteback": "b",
     "MemoryMin": "t",
     "MemoryLow": "t",
     "MemoryHigh": "t",

@@ -8,6 +8,7 @@ import shlex
 from pathlib import Path
 from typing import Annotated
 
+import click
 import typer
 
 from governor.cli.complete import complete_policy_file
@@ -163,6 +164,15 @@ def init(  # noqa: PLR0917  # typer passes every option as a parameter
         Path | None, typer.Option("-o", "--output", help="write here instead of stdout")
     ] = None,
     force: Annotated[bool, typer.Option("--force", help="overwrite an existing -o file")] = False,
+    qos_class: Annotated[
+        str | None,
+        typer.Option(
+            "--class",
+            click_type=click.Choice(("interactive", "standard", "background")),
+            help="the [qos] class to draft (default: interactive for llama-server, else"
+            " standard); with the board's swap it chooses swap_max (docs/swap.md)",
+        ),
+    ] = None,
 ) -> None:
     """Write a commented policy for a GGUF model on this board (--root: another board's facts):
     memory.min/high/max from the estimate, the largest context that fits, big cores, prefetch,
@@ -183,6 +193,7 @@ def init(  # noqa: PLR0917  # typer passes every option as a parameter
             engine_argv=tuple(shlex.split(engine_argv)),
             name=name,
             output=output,
+            qos_class=qos_class,
         ),
     )
     if output is None:

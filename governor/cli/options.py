@@ -57,8 +57,8 @@ AllowMissing = Annotated[
     str,
     typer.Option(
         "--allow-missing",
-        help="comma list of controllers (memory,cpu,cpuset,io,pids) or 'psi' to run without;"
-        " the limits they carry are reported as NOT in force",
+        help="comma list of controllers (memory,cpu,cpuset,io,pids), 'psi' or 'zswap' to run"
+        " without; the limits they carry are reported as NOT in force",
     ),
 ]
 
@@ -137,7 +137,7 @@ def host_options(allow_missing: str = "") -> HostOptions:
     if unknown:
         raise UsageError(
             f"unknown name in --allow-missing: {','.join(sorted(unknown))} (--allow-missing)",
-            hint="use memory, cpu, cpuset, io, pids or psi",
+            hint="use memory, cpu, cpuset, io, pids, psi or zswap",
         )
     return HostOptions(
         root=STATE.root,

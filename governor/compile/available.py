@@ -37,6 +37,13 @@ def available(
                     degraded.append(f"{w.file} = {w.value} ({ctrl} controller missing)")
         else:
             problems.append(f"controller {ctrl} is not available ({where})")
+    late = _late_files(writes, host)
+    for w, need in late.items():
+        have = f"{host.kernel_version[0]}.{host.kernel_version[1]}"
+        if "zswap" in allow_missing:
+            degraded.append(f"{w.file} = {w.value} (kernel {have} < {need})")
+        else:
+            problems.append(f"{w.file} needs kernel >= {need} (this host: {host.kernel_release})")
     psi_rules = [r for r in policy.pressure if isinstance(r.when, v.PsiTrigger)]
     if psi_rules and not host.psi and "psi" not in allow_missing:
         problems.append(f"PSI is not available ({host.psi_detail}); [[pressure]] rules need it")
@@ -45,11 +52,30 @@ def available(
     if problems:
         raise HostError(
             "cannot enforce the policy on this host: " + "; ".join(problems),
-            hint=_host_hint(host, missing, allow_missing),
+            hint=_host_hint(host, missing, allow_missing, bool(late)),
             missing=tuple(missing),
         )
-    kept = [w for w in writes if w.controller not in missing]
+    kept = [w for w in writes if w.controller not in missing and w not in late]
     return kept, tuple(c for c in needed if c not in missing), degraded
+
+
+# zswap's per-cgroup files (cgroup-v2.rst; mm/memcontrol.c): the kernel that added each
+ZSWAP_MAX_MIN = (5, 19)  # memory.zswap.max / memory.zswap.current
+ZSWAP_WRITEBACK_MIN = (6, 8)  # memory.zswap.writeback
+LATE_FILES: dict[str, tuple[int, int]] = {
+    kf.MEMORY_ZSWAP_MAX: ZSWAP_MAX_MIN,
+    kf.MEMORY_ZSWAP_WRITEBACK: ZSWAP_WRITEBACK_MIN,
+}
+
+
+def _late_files(writes: list[CgroupWrite], host: HostFacts) -> dict[CgroupWrite, str]:
+    """Writes of files this kernel is too old for -> the version they need ("6.8")."""
+    out: dict[CgroupWrite, str] = {}
+    for w in writes:
+        need = LATE_FILES.get(w.file)
+        if need is not None and host.kernel_version < need:
+            out[w] = f"{need[0]}.{need[1]}"
+    return out
 
 
 def _missing_controllers(
@@ -80,7 +106,9 @@ def _missing_controllers(
     return missing
 
 
-def _host_hint(host: HostFacts, missing: dict[str, str], allow: frozenset[str]) -> str:
+def _host_hint(
+    host: HostFacts, missing: dict[str, str], allow: frozenset[str], late: bool = False
+) -> str:
     todo = sorted(set(missing) - allow)
     parts = []
     if host.cgroup_layout == "hybrid" and any(c in host.v1_controllers for c in todo):
@@ -89,6 +117,11 @@ def _host_hint(host: HostFacts, missing: dict[str, str], allow: frozenset[str]) 
         )
     if todo:
         parts.append(f"{'or ' if parts else ''}run degraded with --allow-missing {','.join(todo)}")
+    if late and "zswap" not in allow:
+        parts.append(
+            "drop the zswap keys from [memory] on this kernel, or run without them with"
+            " --allow-missing zswap"
+        )
     if not host.psi:
         parts.append("add psi=1 to the kernel command line for [[pressure]] rules")
     parts.append("`governor doctor` explains what this host supports")

@@ -31,9 +31,11 @@ from governor.plan.model import (
     WatchRule,
     WatchTrigger,
 )
+from governor.plan.thrash import refault_text, refault_watch
 from governor.policy import values as v
 from governor.policy.durations import Duration
 from governor.policy.model import Policy
+from governor.policy.refaults import RefaultCondition
 
 LEAF = "engine"  # processes live only in leaves (no internal processes rule)
 
@@ -44,7 +46,9 @@ MEMORY_MIN_MODEL_MARGIN = 64 << 20
 
 # Memory files in the order they are written: oom.group first so that a limit that takes
 # effect at once already kills the group together; protection before limits.
-_MEMORY_ORDER = ("oom_group", "swap_max", "min", "low", "high", "max")
+_MEMORY_ORDER = (
+    "oom_group", "swap_max", "zswap_max", "zswap_writeback", "min", "low", "high", "max",
+)  # fmt: skip
 _MEMORY_FILE = kf.MEMORY_FILES
 
 
@@ -71,9 +75,9 @@ def _memory(
     out: list[Write] = []
     resolved: dict[str, int | None] = {}
     for key in _MEMORY_ORDER:
-        if key == "oom_group":
-            if mem.oom_group is not None:
-                out.append((kf.MEMORY_OOM_GROUP, "1" if mem.oom_group else "0", "memory.oom_group"))
+        if key in ("oom_group", "zswap_writeback"):  # switches: "1" / "0"
+            if (on := getattr(mem, key)) is not None:
+                out.append((_MEMORY_FILE[key], "1" if on else "0", f"memory.{key}"))
             continue
         size: v.Size | None = getattr(mem, key)
         if size is None:
@@ -298,6 +302,8 @@ def when_text(t: WatchTrigger | WatchCondition) -> str:
         return "board available < headroom"
     if t.condition == "device":
         return f"device memory > {v.format_bytes(t.threshold)}"
+    if t.condition in ("refaults", "board_refaults"):
+        return refault_text(t)
     return str(t.event)
 
 
@@ -372,6 +378,8 @@ def _watch_trigger(when: v.Condition) -> WatchTrigger | WatchCondition:
         return WatchCondition(condition="headroom", file="/proc/meminfo")
     if isinstance(when, v.DeviceMemoryCondition):
         return WatchCondition(condition="device", threshold=when.above, file="/proc/PID/fdinfo")
+    if isinstance(when, RefaultCondition):
+        return refault_watch(when)
     return WatchCondition(condition="event", event=when.event, file=kf.MEMORY_EVENTS)
 
 

@@ -21,7 +21,9 @@ from governor.kernel.files import (
     MEMORY_RECLAIM,
 )
 from governor.kernel.parse import format_cpulist
+from governor.kernel.swap import BoardSwap
 from governor.plan.host import HostFacts
+from governor.sizes import human_bytes
 
 Level = Literal["ok", "warn", "error"]
 
@@ -294,3 +296,33 @@ def diagnose(host: HostFacts, *, needs: frozenset[str] = DEFAULT_NEEDS) -> list[
     findings += _kernel_features(host)
     findings += [_systemd(host), _privileges(host)]
     return findings
+
+
+def swap_finding(swap: BoardSwap, kernel: tuple[int, int]) -> Finding:
+    """The board's swap and what the governor does with it (issue 33; docs/swap.md)."""
+    kinds = swap.kinds
+    if not kinds:
+        return _ok("swap", "no swap device: anon pages stay in RAM; swap_max has no effect")
+    said = []
+    for d in swap.devices:
+        said.append(f"{d.name} ({'zram' if d.zram else d.type}, {human_bytes(d.size)})")
+    msg = "swap on " + ", ".join(said)
+    if "zram" in kinds:
+        msg += (
+            f"; zram holds {human_bytes(swap.zram_used)} of board memory for"
+            f" {human_bytes(swap.zram_stored)} stored, charged to no slice: a slice's swap_max"
+            " there is board memory the budget counts"
+        )
+    if swap.zswap_enabled:
+        msg += "; zswap is on (its pool is charged to each slice: zswap_max caps it"
+        msg += (
+            ", zswap_writeback keeps it off the device)" if kernel >= ZSWAP_WRITEBACK_MIN else ")"
+        )
+    if "zram" in kinds and swap.zswap_enabled:
+        return Finding(
+            level="warn",
+            topic="swap",
+            message=msg + "; zswap in front of zram compresses every page twice",
+            fix="disable one: echo N > /sys/module/zswap/parameters/enabled (or zswap.enabled=0)",
+        )
+    return _ok("swap", msg)

@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from governor.engines import draft_board, draft_qos, draft_server
+from governor.engines import draft_board, draft_qos, draft_server, draft_swap
 from governor.engines.budget import estimate_argv
 from governor.engines.draft_board import Tenants
 from governor.engines.estimate import KV_CELL_PAD, MIB, Estimate
@@ -65,6 +65,7 @@ class Request:
     engine_argv: tuple[str, ...] = ()
     name: str | None = None
     output: Path | None = None  # named in the policy's comments (POLICY without it)
+    qos_class: str | None = None  # --class; None: interactive for a server, else background
 
 
 @dataclass(frozen=True)
@@ -298,7 +299,10 @@ def draft(req: Request, host: HostFacts, *, root: Path, tenants: Tenants | None 
         engine += ["-t", str(threads)]
     needed = ["memory"] + (["cpuset"] if big else [])
     missing = tuple(c for c in needed if c not in host.controllers)
-    text = render(name, req, host, sizing, (tuple(engine), options), parsed, missing)
+    qos = req.qos_class or draft_qos.default_class(sizing)
+    swap, sd_card = draft_swap.read_swap(root)
+    lines = draft_swap.swap_lines(swap, sd_card, qos, sizing.mem_max, host.kernel_version)
+    text = render(name, req, host, sizing, (tuple(engine), options), parsed, missing, lines)
 
     load_text(text, source="governor init")  # a bug here is ours: PolicyError, never a bad file
     return Draft(name=name, text=text, engine=tuple(engine), sizing=sizing, missing=missing)
@@ -322,20 +326,22 @@ def render(  # noqa: PLR0917  # one policy from all its inputs
     engine_options: tuple[tuple[str, ...], tuple[str, ...]],
     parsed: EngineArgs,
     missing: tuple[str, ...],
+    swap: list[str],
 ) -> str:
     engine, _options = engine_options
+    qos = req.qos_class or draft_qos.default_class(s)
     out = _sizing_comment(name, req, host, s, engine_options, missing)
     out += [
         f"name = {_q(name)}",
         f"description = {_q(f'{draft_server.kind(s.est)} {req.model.name} at -c {s.ctx} (governor init)')}",
         "",
-        *_memory_table(s),
+        *draft_swap.memory_table(s, swap),
         *_cpu_and_process_tables(host, parsed),
         *_engine_table(host, s, engine),
         *_prefetch_table(parsed),
-        *draft_qos.qos_table(s),
+        *draft_qos.qos_table(s, qos),
         "",
-        *draft_qos.pressure(host, interactive=s.est.settings.server),
+        *draft_qos.pressure(host, interactive=qos == "interactive"),
     ]
     return "\n".join(out) + "\n"
 
@@ -385,22 +391,6 @@ def _sizing_comment(  # noqa: PLR0917  # the head comment: how the numbers below
             " (governor doctor says how to fix it)."
         )
     return out
-
-
-def _memory_table(s: Sizing) -> list[str]:
-    est = s.est
-    return [
-        "[memory]",
-        f'min = "{mib(s.mem_min)}MiB"  # the weights\' file pages ({mib(s.mem_min)} MiB) stay'
-        " resident under pressure from the rest of the board",
-        f'high = "{mib(s.mem_high)}MiB"  # estimate {est.total / MIB:.1f} + half the headroom'
-        f" ({s.headroom / 2 / MIB:.1f}), rounded up: reclaim and throttling start here",
-        f'max = "{mib(s.mem_max)}MiB"  # estimate {est.total / MIB:.1f} + headroom'
-        f" {s.headroom / MIB:.1f}, rounded up; at most the {mib(s.ceiling)} MiB the board can give",
-        'swap_max = "0"  # boards run without swap; never swap the KV cache behind the budget',
-        "oom_group = true  # an OOM kill takes the engine's whole process tree",
-        "",
-    ]
 
 
 def _cpu_and_process_tables(host: HostFacts, parsed: EngineArgs) -> list[str]:

@@ -21,10 +21,23 @@ cooldown = "3s"             # at each firing while it lasts; undone once the boa
 """
 
 
-def qos_table(s: Sizing) -> list[str]:
+def default_class(s: Sizing) -> str:
+    """The draft's class without --class: a server is interactive, a one-shot run background."""
+    return "interactive" if s.est.settings.server else "background"
+
+
+def qos_table(s: Sizing, qos_class: str | None = None) -> list[str]:
     """[qos] with an explicit admit (issue 36): a server answers people (interactive: it makes
-    room by stopping background engines), a one-shot run can wait its turn (background)."""
-    if s.est.settings.server:
+    room by stopping background engines), a one-shot run can wait its turn (background);
+    ``qos_class``: init's --class (issue 33), else :func:`default_class`."""
+    cls = qos_class or default_class(s)
+    if cls == "standard":
+        return [
+            "",
+            "[qos]",
+            'class = "standard"  # --class standard: sheds no one; a shed takes background first',
+        ]
+    if cls == "interactive":
         return [
             "",
             "[qos]",

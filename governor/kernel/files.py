@@ -26,6 +26,10 @@ MEMORY_EVENTS_LOCAL = "memory.events.local"
 MEMORY_STAT = "memory.stat"
 MEMORY_RECLAIM = "memory.reclaim"  # 5.19+
 MEMORY_PRESSURE = "memory.pressure"
+MEMORY_SWAP_CURRENT = "memory.swap.current"
+MEMORY_ZSWAP_CURRENT = "memory.zswap.current"  # 5.19+: the group's compressed zswap pool bytes
+MEMORY_ZSWAP_MAX = "memory.zswap.max"  # 5.19+
+MEMORY_ZSWAP_WRITEBACK = "memory.zswap.writeback"  # 6.8+: 0 keeps the group's pages off the device
 
 # the policy's [memory] keys -> their files, in one table (compiler, status, metrics)
 MEMORY_FILES: dict[str, str] = {
@@ -34,6 +38,8 @@ MEMORY_FILES: dict[str, str] = {
     "high": MEMORY_HIGH,
     "max": MEMORY_MAX,
     "swap_max": MEMORY_SWAP_MAX,
+    "zswap_max": MEMORY_ZSWAP_MAX,
+    "zswap_writeback": MEMORY_ZSWAP_WRITEBACK,
     "oom_group": MEMORY_OOM_GROUP,
 }
 
@@ -56,8 +62,9 @@ PIDS_CURRENT = "pids.current"
 CONTROLLER_ORDER: tuple[str, ...] = ("pids", "memory", "io", "cpu", "cpuset")
 # THE controller list: the controllers the governor uses. --allow-missing also takes "psi"
 # (pressure stall information: a kernel feature the pressure rules need, not a controller)
+# and "zswap" (memory.zswap.max 5.19+, memory.zswap.writeback 6.8+: left out on older kernels)
 CONTROLLERS: frozenset[str] = frozenset(CONTROLLER_ORDER)
-MISSABLE: frozenset[str] = CONTROLLERS | {"psi"}
+MISSABLE: frozenset[str] = CONTROLLERS | {"psi", "zswap"}
 
 
 def controller_of(filename: str) -> str | None:

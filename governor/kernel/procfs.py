@@ -9,7 +9,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from governor.kernel.parse import parse_meminfo
+from governor.kernel.parse import parse_flat_keyed, parse_meminfo
 
 
 class ProcFs:
@@ -39,6 +39,10 @@ class ProcFs:
     def meminfo(self) -> dict[str, int]:
         """/proc/meminfo in bytes."""
         return parse_meminfo(self.read("meminfo"))
+
+    def vmstat(self) -> dict[str, int]:
+        """/proc/vmstat: event counters and page counts (pages, not bytes)."""
+        return parse_flat_keyed(self.read("vmstat"))
 
     def pressure(self, resource: str) -> str:
         """/proc/pressure/<resource> as text."""

@@ -16,6 +16,7 @@ swap accounting) exports no series.
 
 from __future__ import annotations
 
+import contextlib
 import math
 import os
 from collections.abc import Callable, Iterable, Iterator, Sequence
@@ -34,6 +35,7 @@ from governor.launch.prefetch import Prefetcher, resident_pages
 from governor.operate import observe
 from governor.operate.board import gather
 from governor.operate.devmem import device_board
+from governor.operate.swap import board_swap
 from governor.plan.model import Plan
 from governor.rundir.journal import Journal
 from governor.rundir.state import RunState
@@ -111,6 +113,7 @@ class GovernorCollector(Collector):
             self._slice(fams, st, plan)
         yield from fams.all.values()
         yield from _cma()
+        yield from _swap()
         yield from _board(self.run, root)
 
     # ------------------------------------------------------------------ one slice
@@ -342,6 +345,34 @@ def _cma() -> Iterator[Metric]:
             g = GaugeMetricFamily(f"governor_cma_{name}_bytes", f"/proc/meminfo {key}")
             g.add_metric([], values[key])
             yield g
+
+
+def _swap() -> Iterator[Metric]:
+    """The board's swap by kind (issue 33): zram's pool (mem_used_total: board memory charged
+    to no cgroup) and what it stores (orig_data_size), zswap's pool and what it stores
+    (/proc/meminfo Zswap / Zswapped, 5.19+), a disk swap's used space. No series without swap."""
+
+    swap = board_swap()
+    rows: list[tuple[str, str, int]] = []
+    if "zram" in swap["kinds"]:
+        rows += [("zram", "used", swap["zram_used"]), ("zram", "stored", swap["zram_stored"])]
+    if "zswap" in swap["kinds"]:
+        with contextlib.suppress(OSError, ValueError):
+            mi = ProcFs().meminfo()
+            if "Zswap" in mi:
+                rows += [("zswap", "used", mi["Zswap"]), ("zswap", "stored", mi["Zswapped"])]
+    if "disk" in swap["kinds"]:
+        rows += [("disk", "used", swap["disk_used"]), ("disk", "stored", swap["disk_used"])]
+    if rows:
+        g = GaugeMetricFamily(
+            "governor_board_swap_bytes",
+            "the board's swap: used = memory (zram, zswap) or space (disk) it takes, stored ="
+            " the bytes swapped to it uncompressed",
+            labels=["kind", "state"],
+        )
+        for kind, state, value in rows:
+            g.add_metric([kind, state], value)
+        yield g
 
 
 def _board(run: Path, cgroup_root: str | None) -> Iterator[Metric]:

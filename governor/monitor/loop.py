@@ -24,10 +24,8 @@ last look (an OOM kill races the exit: a rule on ``oom_kill`` can still restart)
 from __future__ import annotations
 
 import collections
-import contextlib
 import os
 import select
-import threading
 import time
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -45,6 +43,7 @@ from governor.monitor.restart import Restarts
 from governor.monitor.rules import Firing, Observations, Rule, RuleEngine
 from governor.monitor.sampler import DEFAULT_INTERVAL_S, Sampler
 from governor.monitor.sources import Board, DeviceMemory, EventFile, open_optional
+from governor.monitor.thrash import Thrash
 from governor.plan.model import Plan, WatchTrigger
 from governor.rundir.journal import Journal
 
@@ -52,6 +51,7 @@ log = get_logger(__name__)
 
 RECENT_FIRINGS = 10  # kept for the published state (status: the last actions)
 MAX_REPORTED_FIRINGS = 200  # the report keeps the first ones; counts are always complete
+REFAULT_STEP_PCT = 5.0  # a refault share this far off the published one republishes the state
 _PRI = select.EPOLLPRI | select.EPOLLERR
 _EXIT = object()  # the engine's pidfd in the epoll (launch)
 
@@ -73,6 +73,7 @@ class Monitor:
         wall: Callable[[], float] = time.time,
         journal: Journal | None = None,
         watchdog: object | None = None,
+        page_size: int | None = None,
         peak: int | None = None,
     ) -> None:
         """``engine_pids`` for attach mode; without it the engine is the pid given to
@@ -103,6 +104,8 @@ class Monitor:
         self.devmem = DeviceMemory(fs, self.board.proc, self.rules, plan.device is not None)
         self.kinds = frozenset(r.kind for r in self.rules)  # the board levels sampled
         self.leaks = {r.index: LeakDetector(r.window_s) for r in self._leak_rules()}
+        thrash = [(r.index, r.kind, r.window_s) for r in self.rules if "refaults" in r.kind]
+        self.thrash = Thrash(thrash, page_size or os.sysconf("SC_PAGE_SIZE"), self.board.refaults)
         self.armed: list[psi.Armed] = []
         self._psi_cgroup: dict[int, str] = {}  # rule -> where its trigger is armed
         self.mem_events: EventFile | None = None
@@ -141,7 +144,7 @@ class Monitor:
                 armed = psi.arm(self.fs, where, w.index, w.trigger, triggers=self.psi_triggers)
                 if armed.fd is not None and not self._register(armed.fd, armed):
                     # not a kernfs PSI file (test trees): the write "worked", nothing will fire
-                    _close(armed.fd)
+                    psi.close_trigger(armed.fd)
                     armed = psi.polled(w.index, w.trigger, "epoll refused the PSI file")
                 self.armed.append(armed)
                 log.info("psi.armed", cgroup=where or "<root: system-wide>", **armed.describe())
@@ -214,7 +217,7 @@ class Monitor:
     def close(self) -> None:
         self.executor.close("monitor stopped")  # nothing left frozen, nor another slice shed
         self.poll_files()  # a last look: an OOM kill races the engine's exit
-        close_triggers([a.fd for a in self.armed if a.fd is not None])
+        psi.close_triggers([a.fd for a in self.armed if a.fd is not None])
         for ev in (self.mem_events, self.cg_events):
             if ev is not None:
                 ev.close()
@@ -303,6 +306,8 @@ class Monitor:
         offset = self.wall() - now
         out = self.engine.describe(now)
         for item in out:
+            if item["rule"] in self.thrash.meters:
+                item["refaults_pct"] = self.thrash.now_pct(item["rule"])
             for key in ("since", "last_fired", "hold_until", "cooldown_until"):
                 if item.get(key) is not None:
                     item[key] = round(item[key] + offset, 3)
@@ -326,6 +331,8 @@ class Monitor:
             return
         states = self.engine.describe(self.clock())
         sig = tuple((r["rule"], f"{r['state']}/{r['fired']}") for r in states)
+        # the refault share moves status's "now N%": republish when it crosses a 5-point step
+        sig += self.thrash.signature(REFAULT_STEP_PCT)
         if sig != self._published:
             self._published = sig
             self.on_change()
@@ -394,6 +401,7 @@ class Monitor:
                 if slope is not None:
                     leak[index] = slope
             out["leak"] = leak
+        out["refaults"] = self.thrash.sample(now, s.refault_file, s.file)
         return out
 
     def _psi_total(self, armed: psi.Armed) -> int | None:
@@ -416,6 +424,7 @@ class Monitor:
             current=sampled["sample"].current if "sample" in sampled else None,
             leak=sampled.get("leak", {}),
             device=sampled.get("device"),
+            refaults=sampled.get("refaults", {}),
         )
         for firing in self.engine.step(now, obs):
             self._fire(firing)
@@ -469,24 +478,3 @@ class Monitor:
             "sampler": self.sampler.summary(),
             **self.devmem.report(),
         }
-
-
-def _close(fd: int) -> None:
-    with contextlib.suppress(OSError):
-        os.close(fd)
-
-
-def close_triggers(fds: Sequence[int]) -> None:
-    """Close PSI trigger fds side by side: each close waits for an RCU grace period
-    (kernel/sched/psi.c psi_trigger_destroy: synchronize_rcu(), ~13 ms here), so N triggers
-    closed one after the other cost N grace periods after the engine exited; closed in
-    parallel threads, the grace periods overlap and the whole teardown costs about one."""
-    if len(fds) <= 1:
-        for fd in fds:
-            _close(fd)
-        return
-    threads = [threading.Thread(target=_close, args=(fd,), daemon=True) for fd in fds]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()

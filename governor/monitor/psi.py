@@ -19,8 +19,12 @@ once per file (governor/monitor/loop.py).
 
 from __future__ import annotations
 
+import contextlib
 import errno
+import os
+import threading
 from collections import deque
+from collections.abc import Sequence
 from typing import Literal
 
 from governor.errors import BackendError, GovernorError
@@ -206,3 +210,25 @@ class PolledTrigger:
             return False
         self._last_fire = now
         return True
+
+
+def close_trigger(fd: int) -> None:
+    with contextlib.suppress(OSError):
+        os.close(fd)
+
+
+def close_triggers(fds: Sequence[int]) -> None:
+    """Close PSI trigger fds side by side: each close waits for an RCU grace period
+    (kernel/sched/psi.c psi_trigger_destroy: synchronize_rcu(), ~13 ms here), so N triggers
+    closed one after the other cost N grace periods after the engine exited; closed in
+    parallel threads, the grace periods overlap and the whole teardown costs about one."""
+    if len(fds) <= 1:
+        for fd in fds:
+            close_trigger(fd)
+        return
+
+    threads = [threading.Thread(target=close_trigger, args=(fd,), daemon=True) for fd in fds]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()

@@ -10,8 +10,9 @@ for ``for`` (hold) and its cooldown has passed.
 
 Without a cooldown a PSI or event rule fires on every piece of evidence (the kernel already
 limits a trigger to one event per window), and a level rule (leak, memavailable, headroom,
-device memory) fires once per episode. Rules that fire in the same step fire in policy order, so a
-ladder written from mild to severe (log -> reclaim -> set -> freeze -> kill) escalates in order as pressure rises.
+device memory, refaults) fires once per episode. Rules that fire in the same step fire in
+policy order, so a ladder written from mild to severe (log -> reclaim -> set -> freeze ->
+kill) escalates in order as pressure rises.
 """
 
 from __future__ import annotations
@@ -22,7 +23,15 @@ from typing import Any, Literal
 from governor.plan.model import Action, WatchRule, WatchTrigger
 from governor.record import field, record
 
-RuleKind = Literal["psi", "leak", "memavailable", "available", "headroom", "event", "device"]
+RuleKind = Literal[
+    "psi", "leak", "memavailable", "available", "headroom", "event", "device", "refaults",
+    "board_refaults",
+]  # fmt: skip
+# level rules: evidence while a sampled value is past the threshold, one firing per episode
+# without a cooldown
+LEVEL_KINDS = (
+    "leak", "memavailable", "available", "headroom", "device", "refaults", "board_refaults",
+)  # fmt: skip
 # a PSI episode ends when no trigger event came for this many windows (+ PSI_GRACE_S)
 PSI_GAP_WINDOWS = 2.5
 PSI_GRACE_S = 1.0
@@ -40,7 +49,8 @@ class Rule:
     cooldown_s: float | None = None
     window_s: float = 0.0  # PSI: the trigger window
     # leak: bytes/s, device: bytes (fire above); memavailable: bytes (below); headroom: the
-    # slice's claimed peak (fire when the board's spare memory is below peak - memory.current)
+    # slice's claimed peak (fire when the board's spare memory is below peak - memory.current);
+    # refaults: the share of the file cache in 1/100 of a percent (fire above)
     threshold: int = 0
     event: str | None = None  # event: the memory.events key
 
@@ -62,7 +72,8 @@ class Rule:
             return cls(kind="event", event=t.event, **common)  # type: ignore[arg-type]
         kind: RuleKind = (
             t.condition
-            if t.condition in ("leak", "device", "available", "headroom")
+            if t.condition
+            in ("leak", "device", "available", "headroom", "refaults", "board_refaults")
             else "memavailable"
         )
         return cls(
@@ -87,6 +98,8 @@ class Observations:
     current: int | None = None  # the group's memory.current, when sampled this step
     leak: Mapping[int, float] = field(default_factory=dict)  # rule index -> slope B/s
     device: int | None = None  # the group's device memory (kernel/devmem.py total), when sampled
+    # rule index -> refaulted share of the file cache over the rule's window (percent)
+    refaults: Mapping[int, float] = field(default_factory=dict)
 
 
 @record(frozen=True)
@@ -173,10 +186,7 @@ class RuleEngine:
             if rule.cooldown_s is not None:
                 if st.last_fired is not None and now - st.last_fired < rule.cooldown_s - 1e-9:
                     continue
-            elif (
-                rule.kind in ("leak", "memavailable", "available", "headroom", "device")
-                and st.fired_in_episode
-            ):
+            elif rule.kind in LEVEL_KINDS and st.fired_in_episode:
                 continue
             st.last_fired = now
             st.fired_in_episode = True
@@ -215,6 +225,12 @@ def _evidence(
             return False, None, False
         above = obs.device > rule.threshold
         return above, obs.device, not above
+    if rule.kind in ("refaults", "board_refaults"):
+        share = obs.refaults.get(rule.index)
+        if share is None:
+            return False, None, False
+        above = share * 100 > rule.threshold  # threshold in 1/100 %
+        return above, round(share, 1), not above
     slope = obs.leak.get(rule.index)
     if slope is None:
         return False, None, False

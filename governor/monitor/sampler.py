@@ -1,4 +1,4 @@
-"""Sampler: memory.current, memory.peak and anon/file from memory.stat, at a fixed interval,
+"""Sampler: memory.current, memory.peak and anon/file/refaults from memory.stat, at a fixed interval,
 with its own CPU cost measured (process CPU time spent inside :meth:`Sampler.sample`).
 
 Used for reports and live views, for the leak detector, and (where no PSI trigger could be
@@ -33,6 +33,7 @@ class Sample:
     peak: int | None
     anon: int | None
     file: int | None
+    refault_file: int | None = None  # memory.stat workingset_refault_file (pages, cumulative)
 
 
 class Sampler:
@@ -83,7 +84,7 @@ class Sampler:
         cur = self._read(kf.MEMORY_CURRENT)
         peak = self._read(kf.MEMORY_PEAK)
         stat = self._read(kf.MEMORY_STAT)
-        anon = file = None
+        anon = file = refault = None
         if stat is not None:
             for line in stat.splitlines():
                 key, _, value = line.partition(" ")
@@ -91,13 +92,16 @@ class Sampler:
                     anon = int(value)
                 elif key == "file":
                     file = int(value)
-                    break  # memory.stat lists anon before file (mm/memcontrol.c memory_stats)
+                elif key in ("workingset_refault_file", "workingset_refault"):
+                    refault = int(value)  # "_file" since 5.9; listed after anon and file
+                    break
         s = Sample(
             t=now,
             current=parse_max(cur) if cur else None,
             peak=parse_max(peak) if peak else None,
             anon=anon,
             file=file,
+            refault_file=refault,
         )
         self.count += 1
         if s.current is not None:

@@ -20,6 +20,7 @@ from governor.kernel.parse import parse_flat_keyed, parse_max, parse_psi
 from governor.kernel.procfs import ProcFs
 from governor.log import get_logger
 from governor.monitor.rules import Rule
+from governor.monitor.thrash import board_file_bytes, refault_pages
 from governor.plan.board import read_board
 from governor.plan.budget import reserve_for
 from governor.record import record
@@ -97,6 +98,16 @@ class Board:
         """``board available``: MemAvailable less the group's protected page cache."""
         raw = self.memavailable()
         return None if raw is None else max(0, raw - protected_cache(fs, group))
+
+    def refaults(self) -> tuple[int, int] | None:
+        """``board refaults``: (/proc/vmstat workingset_refault_file in pages, the file LRUs
+        of /proc/meminfo in bytes); None when either is unreadable."""
+        try:
+            pages = refault_pages(self.proc.vmstat())
+            file = board_file_bytes(self.proc.meminfo())
+        except (OSError, ValueError):
+            return None
+        return None if pages is None or file is None else (pages, file)
 
     def levels(self, fs: CgroupFs, group: str, kinds: Collection[str]) -> dict[str, int | None]:
         """The board-wide levels the rules of these kinds compare (rules.Observations)."""

@@ -24,8 +24,9 @@ from governor.errors import GovernorError
 from governor.kernel.cgroupfs import CgroupFs
 from governor.kernel.parse import parse_max
 from governor.kernel.procfs import ProcFs
+from governor.kernel.swap import SwapReader
 from governor.plan.board import read_board
-from governor.plan.budget import Budget, Claim, claim_of_plan
+from governor.plan.budget import Budget, Claim, claim_of_plan, zram_claim
 from governor.record import record
 from governor.rundir.state import scan_states
 
@@ -119,11 +120,15 @@ def gather(
 ) -> BoardClaims:
     """Every claim on the board now, and its budget. ``root``: where /proc is (MemTotal);
     ``install_root``: where `install` recorded its manifests (default ``root``); ``run``: the
-    run directory of the engines running now (None: a board rendered for elsewhere, none)."""
+    run directory of the engines running now (None: a board rendered for elsewhere, none).
+    zram's pool (memory charged to no slice) is a claim while it holds anything
+    (plan/budget.py zram_claim)."""
     budget, problems = budget_of(root, board)
     fs = CgroupFs(cgroup_root)
     running, p1 = running_claims(run, fs, root / "proc") if run is not None else ([], [])
     installed, p2 = installed_claims(
         root if install_root is None else install_root, {c.name for c in running}
     )
-    return BoardClaims(budget=budget, claims=(*running, *installed), problems=(*problems, *p1, *p2))
+    zram = zram_claim(SwapReader(root / "proc", root / "sys").read().zram_used)
+    claims = (*running, *installed, *([zram] if zram is not None else []))
+    return BoardClaims(budget=budget, claims=claims, problems=(*problems, *p1, *p2))

@@ -28,7 +28,7 @@ from governor.kernel import files as kf
 from governor.kernel.cgroupfs import CgroupFs
 from governor.kernel.parse import parse_max
 from governor.plan.board import GOVERNED_ROOT, BoardCgroup
-from governor.plan.budget import Budget, Claim, Verdict, admit, gib, holders_text
+from governor.plan.budget import ZRAM_CLAIM, Budget, Claim, Verdict, admit, gib, holders_text
 
 MIB = 1 << 20
 BIG = 16 * MIB  # an ungoverned top-level cgroup below this is not worth a row
@@ -125,9 +125,11 @@ def render(v: dict[str, Any]) -> str:
         lines += ["", f"{'SLICE':<16} {'CLASS':<12} {'MIN':>9} {'PEAK':>20} {'CURRENT':>9}  STATE"]
         for s in v["slices"]:
             peak = f"{_mib(s['peak'])} ({s['peak_source']})"
+            zram = s["name"] == ZRAM_CLAIM  # swap no cgroup is charged for (issue 33)
             lines.append(
-                f"{s['name']:<16} {s['class']:<12} {_mib(s['min']):>9} {peak:>20}"
-                f" {_mib(s['current']):>9}  {s['state']}"
+                f"{s['name']:<16} {'-' if zram else s['class']:<12} {_mib(s['min']):>9}"
+                f" {peak:>20} {_mib(s['current']):>9}  "
+                + ("swapped pages, charged to no slice" if zram else s["state"])
             )
     else:
         lines += ["", "no governed slice"]

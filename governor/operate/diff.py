@@ -22,9 +22,12 @@ from governor.rundir.state import read_states
 
 def skipped_name(limit: str) -> str:
     """The --allow-missing name that leaves a ``plan.degraded`` entry out of force: its
-    controller (``memory.max = 1 (memory controller missing)`` -> ``memory``), or ``psi``."""
+    controller (``memory.max = 1 (memory controller missing)`` -> ``memory``), ``psi`` or ``zswap``
+    (a zswap file the kernel is too old for)."""
     if limit.startswith("[[pressure]]"):
         return "psi"
+    if limit.startswith("memory.zswap."):
+        return "zswap"
     return kf.controller_of(limit.split(" = ", 1)[0]) or ""
 
 

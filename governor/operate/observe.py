@@ -25,7 +25,9 @@ from governor.rundir.state import REVERTER, alive
 PSI_RESOURCES = ("memory", "cpu", "io")
 MEMORY_EVENTS = ("low", "high", "max", "oom", "oom_kill", "oom_group_kill")
 # policy spelling -> kernel file of the memory limits a slice can carry (oom.group is no limit)
-MEMORY_LIMITS = {k: file for k, file in kf.MEMORY_FILES.items() if k != "oom_group"}
+MEMORY_LIMITS = {
+    k: file for k, file in kf.MEMORY_FILES.items() if k not in ("oom_group", "zswap_writeback")
+}
 UNLIMITED = -1  # limits(): the kernel says "max"
 
 
@@ -150,7 +152,8 @@ def usage(fs: CgroupFs, group: str) -> dict[str, Any]:
         "peak": read_int(fs, group, kf.MEMORY_PEAK),
         "anon": stat.get("anon"),
         "file": stat.get("file"),
-        "swap": read_int(fs, group, "memory.swap.current"),
+        "swap": read_int(fs, group, kf.MEMORY_SWAP_CURRENT),
+        "zswap": read_int(fs, group, kf.MEMORY_ZSWAP_CURRENT),
         "working_set": None if current is None or inactive is None else max(current - inactive, 0),
     }
     try:

@@ -18,6 +18,7 @@ from governor.operate.clocks import observe as clock_rows
 from governor.operate.clocks import render as render_clocks
 from governor.operate.devmem import device_board, render_device
 from governor.operate.observe import knobs, usage
+from governor.operate.swap import board_swap, render_swap
 from governor.rundir.clocks import Ledger
 from governor.rundir.journal import Journal
 from governor.rundir.state import REVERTER, alive, states_of
@@ -39,6 +40,7 @@ def collect(
     )
     out = []
     root = ""
+    swap = board_swap()  # board-wide: read once (zram's memory is charged to no slice)
     for st in states:
         plan = st.compiled()
         if plan is None:
@@ -83,6 +85,7 @@ def collect(
             "qos": st.qos or plan.qos.to_json(),
             # a higher class's shed that holds on this slice (its journal; issue 23)
             "shed": hold.as_dict() if (hold := journal.shed(alive)) is not None else None,
+            "board_swap": swap,
         }
         if exists:  # NPU/GPU memory memcg may not see, and the board (operate/devmem.py)
             item["device_memory"], item["board"] = device_board(fs, plan, st.board)
@@ -146,6 +149,7 @@ def render(items: list[dict[str, Any]], *, now: float | None = None) -> str:
         lines += _knob_lines(it)
         lines += _usage_lines(it)
         lines += render_device(it)
+        lines += render_swap(it)
         lines += _rule_lines(it)
         lines += _journal_lines(it)
         lines += render_clocks(it.get("clocks", []))
@@ -226,6 +230,7 @@ def _usage_lines(it: dict[str, Any]) -> list[str]:
         lines.append(
             f"  memory   current {_size(m['current'])}  peak {_size(m['peak'])}"
             f"  anon {_size(m['anon'])}  file {_size(m['file'])}  swap {_size(m['swap'])}"
+            + (f"  zswap {_size(m['zswap'])}" if m.get("zswap") is not None else "")
         )
         ev = usage["memory_events"]
         if ev:
@@ -259,8 +264,12 @@ def _rule_lines(it: dict[str, Any]) -> list[str]:
             state += f" until {time.strftime('%H:%M:%S', time.localtime(r['cooldown_until']))}"
         elif r.get("hold_until"):
             state += f" until {time.strftime('%H:%M:%S', time.localtime(r['hold_until']))}"
+        now = ""
+        if "refaults_pct" in r:  # a thrash rule: the share over its window at the last sample
+            pct = r["refaults_pct"]
+            now = "  now " + ("-" if pct is None else f"{pct:g}%")
         lines.append(
-            f"  rule #{r['rule']} {r['when']:<24} {state:<22} fired {r['fired']}"
+            f"  rule #{r['rule']} {r['when']:<24} {state:<22} fired {r['fired']}{now}"
             f"  next: {', '.join(r['next_actions'])}"
         )
     for a in it["last_actions"][-5:]:

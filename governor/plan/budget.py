@@ -91,6 +91,21 @@ class Claim:
         return max(self.peak, self.min) + self.device
 
 
+ZRAM_CLAIM = "[zram]"  # no policy name has brackets: never replaced by a policy's own claim
+
+
+def zram_claim(mem_used_total: int) -> Claim | None:
+    """zram's pool as a claim (issue 33): a slice's swapped pages compressed into memory that
+    no cgroup is charged for. Held now, so it counts in both checks; never a shed victim (no
+    class yields it, nothing to stop); None when zram holds nothing."""
+    if mem_used_total <= 0:
+        return None
+    return Claim(
+        name=ZRAM_CLAIM, group="", qos_class="interactive", min=mem_used_total,
+        peak=mem_used_total, peak_source="none", current=mem_used_total, yields=(),
+    )  # fmt: skip
+
+
 def peak_of(
     estimate: int | None, memory_max: int | None, memory_high: int | None, floor: int = 0
 ) -> tuple[int, PeakSource]:

@@ -145,12 +145,16 @@ class WatchCondition:
     slice's headroom (``headroom``: claimed peak less memory.current; available less the board's
     reserve too), or a memory.events counter that went up."""
 
-    condition: Literal["leak", "memavailable", "available", "headroom", "event", "device"]
+    condition: Literal[
+        "leak", "memavailable", "available", "headroom", "event", "device", "refaults",
+        "board_refaults",
+    ]  # fmt: skip
     file: str  # where it is read: "memory.stat", "/proc/meminfo", "memory.events", fdinfo
     # leak: bytes/s; memavailable, device: bytes; headroom: the slice's claimed peak (its
-    # memory.max, else memory.high; the engine's estimate replaces it at launch)
+    # memory.max, else memory.high; the engine's estimate replaces it at launch); refaults:
+    # the share in 1/100 of a percent
     threshold: int = 0
-    window_s: float | None = None  # leak: the slope's window
+    window_s: float | None = None  # leak: the slope's window; refaults: the window
     event: str | None = None  # event: the memory.events key ("oom_kill")
 
     def text(self) -> str:
@@ -164,6 +168,9 @@ class WatchCondition:
             return "board available < headroom"
         if self.condition == "device":
             return f"device memory > {self.threshold}"
+        if self.condition in ("refaults", "board_refaults"):
+            board = "board " if self.condition == "board_refaults" else ""
+            return f"{board}refaults > {self.threshold / 100:g}%/{self.window_s:g}s"
         return str(self.event)
 
 

@@ -44,6 +44,8 @@ CPU_QUOTA_PERIOD_MIN_SYSTEMD = 242  # CPUQuotaPeriodSec= (before it the period w
 ALLOWED_CPUS_MIN_SYSTEMD = 244  # AllowedCPUs=, AllowedMemoryNodes= (cpuset controller)
 OOM_POLICY_MIN_SYSTEMD = 243  # OOMPolicy= for services
 OOM_POLICY_SCOPE_MIN_SYSTEMD = 253  # OOMPolicy= for scopes (252 rejects it on a transient scope)
+MEMORY_ZSWAP_MAX_MIN_SYSTEMD = 254  # MemoryZSwapMax=
+MEMORY_ZSWAP_WRITEBACK_MIN_SYSTEMD = 256  # MemoryZSwapWriteback=
 DELEGATE_SUBGROUP_MIN_SYSTEMD = 254  # DelegateSubgroup= would move the main process for us
 
 # systemd's cpu.max period when CPUQuotaPeriodSec= is unset (cgroup.c: CGROUP_CPU_QUOTA_DEFAULT_PERIOD_USEC)
@@ -195,6 +197,11 @@ LIMITS: tuple[Mapping, ...] = (
             " engine leaf"),
     Mapping("memory.swap_max", kf.MEMORY_SWAP_MAX, "MemorySwapMax", MEMORY_LOW_MIN_SYSTEMD,
             _bytes_ini, _bus("MemorySwapMax", _bytes_bus)),
+    Mapping("memory.zswap_max", kf.MEMORY_ZSWAP_MAX, "MemoryZSwapMax",
+            MEMORY_ZSWAP_MAX_MIN_SYSTEMD, _bytes_ini, _bus("MemoryZSwapMax", _bytes_bus)),
+    Mapping("memory.zswap_writeback", kf.MEMORY_ZSWAP_WRITEBACK, "MemoryZSwapWriteback",
+            MEMORY_ZSWAP_WRITEBACK_MIN_SYSTEMD, lambda v: "yes" if v == "1" else "no",
+            _bus("MemoryZSwapWriteback", lambda v: v == "1")),
     Mapping("memory.min", kf.MEMORY_MIN, "MemoryMin", MEMORY_MIN_MIN_SYSTEMD, _bytes_ini,
             _bus("MemoryMin", _bytes_bus)),
     Mapping("memory.low", kf.MEMORY_LOW, "MemoryLow", MEMORY_LOW_MIN_SYSTEMD, _bytes_ini,

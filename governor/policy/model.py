@@ -98,7 +98,9 @@ Trigger = Annotated[
             " (board/system: the whole board's /proc/pressure);"
             " 'leak > 500KB/s for 60s'; 'memavailable < 800M' (or 'board available < 200M');"
             " 'board available < headroom' (less than the slice's claimed peak still needs);"
-            " 'device memory > 1.5G' (the group's DRM and dma-buf memory); or a memory.events counter:"
+            " 'device memory > 1.5G' (the group's DRM and dma-buf memory);"
+            " 'refaults > 50%/10s' (file pages re-read in the window as a share of the file"
+            " cache; 'board refaults': the whole board's); or a memory.events counter:"
             " 'oom_kill', 'oom_group_kill', 'oom', 'max', 'high'",
         }
     ),
@@ -129,6 +131,8 @@ class MemorySection(_Section):
     high: MemorySize | None = None
     max: MemorySize | None = None
     swap_max: MemorySize | None = None
+    zswap_max: MemorySize | None = None  # memory.zswap.max (5.19+): the group's zswap pool
+    zswap_writeback: StrictBool | None = None  # memory.zswap.writeback (6.8+)
     oom_group: StrictBool | None = None
 
     @model_validator(mode="after")

@@ -16,6 +16,7 @@ from governor.monitor.actions import registry
 from governor.policy.cpus import MAX_CPU, CpuSpec, parse_cpus
 from governor.policy.durations import MAX_DIGITS as _MAX_DIGITS
 from governor.policy.durations import Duration, parse_duration
+from governor.policy.refaults import RefaultCondition, is_refaults, parse_refaults
 from governor.sizes import BINARY, format_bytes, human_bytes
 
 __all__ = [
@@ -321,13 +322,14 @@ Condition = (
     | HeadroomCondition
     | EventCondition
     | DeviceMemoryCondition
+    | RefaultCondition
 )
 _DEVICE_RE = re.compile(r"^\s*device\s+memory\s*>\s*(?P<size>\S+)\s*$")
 
 
 def parse_condition(value: object) -> Condition:
-    """A rule's ``when``: a PSI trigger, ``leak > R/s for W``, ``memavailable < SIZE``,
-    ``board available < headroom`` or a memory.events counter name (``oom_kill``)."""
+    """A rule's ``when``: a PSI trigger, ``leak > R/s for W``, ``memavailable < SIZE``, ``board
+    available < headroom``, ``[board] refaults > P%/W`` or a memory.events name (``oom_kill``)."""
     if isinstance(value, Condition):
         return value
     if not isinstance(value, str):
@@ -365,6 +367,8 @@ def parse_condition(value: object) -> Condition:
         if size.bytes == 0:
             raise ValueError(f"memavailable floor must be positive in {value!r}")
         return MemAvailableCondition(size.bytes, board=m["spelling"] != "memavailable")
+    if is_refaults(text):
+        return parse_refaults(text)
     if text.startswith("device"):
         if not (m := _DEVICE_RE.match(text)):
             raise ValueError(f"cannot parse {value!r} (form: 'device memory > 1.5G')")

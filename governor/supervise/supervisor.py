@@ -9,7 +9,7 @@ setup, the prefetch files): a :class:`Job`.
 Cleanup is unconditional: whatever fails after the apply (the start, the monitor, the report),
 the group is removed (unless ``keep``) before the watchdog is disarmed, so neither a traceback
 nor SIGKILL leaves a cgroup behind. The PSI trigger fds are closed after the report is written
-and side by side (governor/monitor/loop.py close_triggers), off the engine's exit path.
+and side by side (governor/monitor/psi.py close_triggers), off the engine's exit path.
 """
 
 from __future__ import annotations

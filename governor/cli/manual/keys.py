@@ -96,6 +96,17 @@ KEYS: dict[str, tuple[str, str]] = {
         "The swap limit (memory.swap.max); `0` keeps the engine out of swap.",
         'swap_max = "0"',
     ),
+    "memory.zswap_max": (
+        "The group's zswap pool limit (memory.zswap.max, kernel 5.19+): compressed pages the"
+        " group may keep in zswap, charged to it; `0` sends its swap straight to the device.",
+        'zswap_max = "256M"',
+    ),
+    "memory.zswap_writeback": (
+        "memory.zswap.writeback (kernel 6.8+): `false` keeps the group's zswap pages off the"
+        " swap device (an SD card's writes); refused on older kernels unless"
+        " `--allow-missing zswap`.",
+        "zswap_writeback = false",
+    ),
     "memory.oom_group": (
         "memory.oom.group: an OOM kill takes the engine's whole process tree together.",
         "oom_group = true",

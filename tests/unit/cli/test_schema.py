@@ -78,7 +78,9 @@ def test_schema_names_the_contract_keys() -> None:
     assert {"name", "description", "extends", "slice"} <= set(schema["properties"])
     assert schema["required"] == ["name"]
     memory = _section(schema, "MemorySection")["properties"]
-    assert set(memory) == {"min", "low", "high", "max", "swap_max", "oom_group"}
+    assert set(memory) == {
+        "min", "low", "high", "max", "swap_max", "zswap_max", "zswap_writeback", "oom_group",
+    }  # fmt: skip
     assert set(_section(schema, "CpuSection")["properties"]) == {"cpus", "weight", "max"}
     rule = _section(schema, "PressureRule")["properties"]
     assert {"when", "for", "do", "cooldown"} <= set(rule)  # "for", not the Python alias "for_"

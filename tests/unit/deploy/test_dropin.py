@@ -255,6 +255,8 @@ _SAMPLE = {
     kf.PIDS_MAX: "max",
     kf.MEMORY_OOM_GROUP: "1",
     kf.MEMORY_SWAP_MAX: "0",
+    kf.MEMORY_ZSWAP_MAX: "max",
+    kf.MEMORY_ZSWAP_WRITEBACK: "0",
     kf.MEMORY_MIN: "4096",
     kf.MEMORY_LOW: "4096",
     kf.MEMORY_HIGH: "max",

@@ -1,0 +1,49 @@
+"""``[board] refaults > P%/W``: the thrash condition (issue 33), parsed. Pure.
+
+File pages refaulted in the window (memory.stat ``workingset_refault_file``, in pages, times the
+page size) as a share of the group's file pages (memory.stat ``file``); ``board refaults``: the
+whole board's (/proc/vmstat and the file LRUs of /proc/meminfo). The failure PSI misses: a
+model evicted and re-read (Android lmkd's ``ro.lmk.thrashing_limit`` acts on the same share).
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from decimal import Decimal
+
+from governor.policy.durations import Duration, parse_duration
+
+_REFAULT_RE = re.compile(
+    r"^\s*(?P<board>board\s+)?refaults\s*>\s*(?P<num>[0-9]+(?:\.[0-9]+)?)\s*%\s*/\s*(?P<window>\S+)\s*$"
+)
+# the share is the difference of two samples (1 s apart by default): a shorter window says nothing
+REFAULT_WINDOW_MIN_US = 2_000_000
+
+
+@dataclass(frozen=True)
+class RefaultCondition:
+    percent: Decimal  # the share of the file pages, in percent (may exceed 100: re-read loops)
+    window: Duration
+    board: bool = False
+
+    def __str__(self) -> str:
+        return f"{'board ' if self.board else ''}refaults > {self.percent:f}%/{self.window}"
+
+
+def is_refaults(text: str) -> bool:
+    return text.startswith("refaults") or re.match(r"board\s+refaults", text) is not None
+
+
+def parse_refaults(value: str) -> RefaultCondition:
+    if not (m := _REFAULT_RE.match(value)):
+        raise ValueError(
+            f"cannot parse {value!r} (form: 'refaults > 50%/10s' or 'board refaults > 50%/10s')"
+        )
+    percent = Decimal(m["num"]).normalize()
+    window = parse_duration(m["window"])
+    if percent <= 0:
+        raise ValueError(f"refault share must be positive in {value!r}")
+    if window.us < REFAULT_WINDOW_MIN_US:
+        raise ValueError(f"refault window {window} is too short (at least 2s: two samples)")
+    return RefaultCondition(percent, window, board=bool(m["board"]))

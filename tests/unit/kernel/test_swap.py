@@ -1,0 +1,115 @@
+"""The board's swap (governor/kernel/swap.py): /proc/swaps, zram's mm_stat and zswap's switch,
+parsed from text as the kernel prints it, and read from a tmp /proc + /sys tree.
+
+Needs: nothing (text pasted from real machines: the header and zero row of this repo's
+development host, 6.18; a zram swap line as util-linux's zramctl sets it up)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from governor.kernel.swap import (
+    BoardSwap,
+    SwapReader,
+    parse_mm_stat,
+    parse_swaps,
+    parse_zswap_enabled,
+)
+
+SWAPS_ZRAM_AND_FILE = (
+    "Filename\t\t\t\tType\t\tSize\t\tUsed\t\tPriority\n"
+    "/dev/zram0                              partition\t1048572\t\t524288\t\t100\n"
+    "/swap\\040file                           file\t\t262140\t\t1024\t\t-2\n"
+)
+# 6.x: nine columns (huge_pages_since since 6.0); 5.10 prints eight
+MM_STAT_6 = "536870912 134217728 142606336        0 142606336     1024        0        0        0\n"
+MM_STAT_5_10 = "  4096000   1024000   1200128        0  1200128       12        0        0\n"
+
+
+def test_proc_swaps_lines_are_bytes_and_zram_is_named() -> None:
+    devices = parse_swaps(SWAPS_ZRAM_AND_FILE)
+    assert [d.name for d in devices] == ["/dev/zram0", "/swap\\040file"]
+    zram, disk = devices
+    assert (zram.type, zram.size, zram.used, zram.priority) == (
+        "partition", 1048572 * 1024, 524288 * 1024, 100,
+    )  # fmt: skip
+    assert zram.zram == "zram0" and disk.zram is None
+    assert disk.used == 1024 * 1024 and disk.priority == -2
+
+
+def test_an_empty_proc_swaps_is_no_device() -> None:
+    assert parse_swaps("Filename\t\t\t\tType\t\tSize\t\tUsed\t\tPriority\n") == ()
+
+
+def test_a_swaps_line_with_a_missing_column_is_refused() -> None:
+    with pytest.raises(ValueError, match="unexpected line"):
+        parse_swaps("Filename Type Size Used Priority\n/dev/zram0 partition 1024 0\n")
+
+
+@pytest.mark.parametrize("text", [MM_STAT_6, MM_STAT_5_10])
+def test_mm_stat_gives_stored_compressed_and_pool_bytes(text: str) -> None:
+    st = parse_mm_stat(text, "zram1")
+    first = [int(t) for t in text.split()[:3]]
+    assert st.device == "zram1"
+    assert [st.orig_data_size, st.compr_data_size, st.mem_used_total] == first
+
+
+def test_mm_stat_with_fewer_than_three_numbers_is_refused() -> None:
+    with pytest.raises(ValueError, match="at least 3"):
+        parse_mm_stat("4096 1024\n")
+
+
+@pytest.mark.parametrize(("text", "on"), [("Y\n", True), ("N\n", False)])
+def test_zswap_enabled_is_the_module_parameter(text: str, on: bool) -> None:
+    assert parse_zswap_enabled(text) is on
+
+
+def _tree(tmp_path: Path, swaps: str, mm: dict[str, str], zswap: str | None) -> SwapReader:
+    proc, sys = tmp_path / "proc", tmp_path / "sys"
+    proc.mkdir()
+    (proc / "swaps").write_text(swaps)
+    for dev, text in mm.items():
+        (sys / "block" / dev).mkdir(parents=True)
+        (sys / "block" / dev / "mm_stat").write_text(text)
+    if zswap is not None:
+        (sys / "module/zswap/parameters").mkdir(parents=True)
+        (sys / "module/zswap/parameters/enabled").write_text(zswap)
+    return SwapReader(proc, sys)
+
+
+def test_a_zram_board_counts_the_pool_as_used_memory(tmp_path: Path) -> None:
+    board = _tree(tmp_path, SWAPS_ZRAM_AND_FILE, {"zram0": MM_STAT_6}, "N\n").read()
+    assert board.kind == "zram"
+    assert board.kinds == ("zram", "disk")
+    assert board.zram_used == 142606336  # mem_used_total, not the compressed size
+    assert board.zram_stored == 536870912
+    assert board.disk_used == 1024 * 1024
+    assert board.zram[0].compr_data_size == 134217728
+    assert board.as_dict()["zram_used"] == 142606336
+
+
+def test_zswap_in_front_of_a_disk_swap(tmp_path: Path) -> None:
+    swaps = "Filename Type Size Used Priority\n/swapfile file 1048572 0 -2\n"
+    board = _tree(tmp_path, swaps, {}, "Y\n").read()
+    assert board.kinds == ("zswap", "disk") and board.kind == "zswap"
+    assert board.zram_used == 0
+
+
+def test_zswap_enabled_without_a_swap_device_is_no_swap(tmp_path: Path) -> None:
+    board = _tree(tmp_path, "Filename Type Size Used Priority\n", {}, "Y\n").read()
+    assert board.kind == "none" and board.kinds == ()
+
+
+def test_a_missing_mm_stat_is_reported_not_raised(tmp_path: Path) -> None:
+    reader = _tree(tmp_path, SWAPS_ZRAM_AND_FILE, {}, None)
+    board = reader.read()
+    assert board.zram == () and board.zswap_enabled is None
+    assert any("zram0/mm_stat" in e for e in reader.errors)
+
+
+def test_no_proc_swaps_is_an_empty_board(tmp_path: Path) -> None:
+    reader = SwapReader(tmp_path / "none", tmp_path / "none")
+    assert reader.read() == BoardSwap()
+    assert reader.errors
