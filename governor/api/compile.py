@@ -97,7 +97,11 @@ def estimate(model: Path, opts: HostOptions, eopts: EstimateOptions) -> Any:
             hint="give only the engine's options, e.g. --engine-argv '-nr -ub 128'",
         )
     program = words.pop(0) if words and not words[0].startswith("-") else "llama"
-    argv = [program, *words, "-m", str(model)]
+    router = model.is_dir() or model.suffix == ".ini"  # llama-server's router: a row per model
+    if router and not program.rsplit("/", 1)[-1].startswith("llama-server"):
+        program = "llama-server"
+    where = "--models-dir" if model.is_dir() else "--models-preset" if router else "-m"
+    argv = [program, *words, where, str(model)]
     if eopts.ctx is not None:
         argv += ["-c", str(eopts.ctx)]
     try:
@@ -109,6 +113,10 @@ def estimate(model: Path, opts: HostOptions, eopts: EstimateOptions) -> Any:
     budget = eopts.budget
     if budget is None and eopts.policy is not None:
         budget = policy_budget(load_policy(eopts.policy), root=opts.root)
+    if args.router:
+        from governor.engines.budget import estimate_router
+
+        return estimate_router(args, root=opts.root, budget=budget, cwd=Path.cwd(), env=os.environ)
     return estimate_argv(args, root=opts.root, budget=budget)
 
 

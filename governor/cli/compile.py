@@ -89,7 +89,14 @@ def doctor(
 
 
 def estimate(  # noqa: PLR0917  # typer passes every option as a parameter
-    model: Annotated[Path, typer.Argument(help="GGUF model file", show_default=False)],
+    model: Annotated[
+        Path,
+        typer.Argument(
+            help="GGUF model file; a models directory or a preset .ini: llama-server's router,"
+            " a row per model",
+            show_default=False,
+        ),
+    ],
     ctx: Annotated[
         int | None, typer.Option("-c", "--ctx-size", help="context (-c)", min=0, max=1 << 24)
     ] = None,
@@ -113,8 +120,10 @@ def estimate(  # noqa: PLR0917  # typer passes every option as a parameter
     ] = None,
     as_json: Annotated[bool, typer.Option("--json", help="print the estimate as JSON")] = False,
 ) -> None:
-    """Estimate llama.cpp's resident memory for a GGUF model (header only; no weights loaded).
-    Exit 0 when it fits the budget (or none was given), 1 when it does not; --policy and
+    """Estimate llama.cpp's resident memory for a GGUF model (header only; no weights loaded);
+    for llama-server's router (a models directory or preset) each model's and how many fit
+    together, largest first. Exit 0 when it fits the budget (or none was given), 1 when it does
+    not; --policy and
     --budget are mutually exclusive (2)."""
     from governor.api import compile as api_compile
     from governor.cli.options import exclusive

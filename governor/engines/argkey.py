@@ -39,6 +39,7 @@ VALUE_OPTS = frozenset(
         *("--top-k", "--top-p", "-ngl", "--n-gpu-layers", "-lv", "--verbosity", "-tb"),
         *("--threads-batch", "-fit", "--chat-template", "-sys", "--system-prompt"),
         *("--grammar", "--grammar-file", "-r", "--reverse-prompt"),
+        *("--models-dir", "--models-preset", "--models-max", "-a", "--alias"),
     ]
 )
 # of those, the ones whose value no compile reads (dropped from the key with their value)

@@ -8,6 +8,7 @@ preflight of `governor launch` and `governor check --engine-argv` (governor/engi
 from __future__ import annotations
 
 import platform
+from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -19,10 +20,12 @@ from governor.engines.estimate import (
     settings_from_argv,
 )
 from governor.engines.gguf import read_gguf_cached as read_gguf
-from governor.engines.llama import EngineArgs, model_parts
+from governor.engines.llama import EngineArgs, EngineArgvError, model_parts, parse_llama_argv
+from governor.errors import PolicyError, PolicyNotFound
 from governor.kernel.procfs import ProcFs
 
 if TYPE_CHECKING:
+    from governor.engines.router import RouterEstimate
     from governor.policy.model import Policy
 
 
@@ -62,3 +65,65 @@ def policy_budget(policy: Policy, *, root: Path) -> int | None:
     except (OSError, ValueError):
         mem_total = 0
     return size.resolve(mem_total)
+
+
+def estimate_router(
+    args: EngineArgs,
+    *,
+    root: Path,
+    budget: int | None,
+    cwd: Path,
+    env: Mapping[str, str] | None = None,
+) -> RouterEstimate:
+    """Every model a llama-server router may load, estimated with the argv the router gives its
+    child (governor/engines/router.py); 66 for a models directory or preset that is missing,
+    65 for a preset or a model's options that cannot be read."""
+    from governor.engines.router import MODELS_MAX, PresetError, RouterEstimate, router_models
+
+    preset_text = None
+    if args.models_preset is not None:
+        preset = Path(args.models_preset)
+        preset = preset if preset.is_absolute() else cwd / preset
+        try:
+            preset_text = preset.read_text(encoding="utf-8")
+        except OSError as err:
+            raise PolicyNotFound(
+                f"models preset not readable: {preset} ({err.strerror})",
+                file="engine argv",
+                field="--models-preset",
+                hint="check the path after --models-preset",
+            ) from err
+    try:
+        models, unsized = router_models(args, preset_text=preset_text, cwd=cwd)
+    except PresetError as err:
+        raise PolicyError(
+            err.reason,
+            file=str(args.models_preset),
+            field=f"line {err.line}",
+            hint="a preset holds [sections] of 'key = value' lines (llama-server's README)",
+        ) from err
+    except OSError as err:
+        raise PolicyNotFound(
+            f"models directory not readable: {args.models_dir} ({err.strerror})",
+            file="engine argv",
+            field="--models-dir",
+            hint="check the path after --models-dir",
+        ) from err
+    estimates = []
+    for model in models:
+        try:
+            child = parse_llama_argv(model.argv, env)
+        except EngineArgvError as err:
+            raise PolicyError(
+                f"model {model.alias}: {err.reason}",
+                file="engine argv",
+                field=err.option,
+                hint="check the router's options and the preset's keys for this model",
+            ) from err
+        estimates.append((model, estimate_argv(child, root=root, budget=budget)))
+    return RouterEstimate(
+        models=tuple(estimates),
+        models_max=MODELS_MAX if args.models_max is None else args.models_max,
+        budget=budget,
+        unsized=tuple(unsized),
+    )

@@ -51,6 +51,10 @@ _VALUE_OPTS = {
     "--swa-checkpoints": "ctx_checkpoints",
     "--host": "host",
     "--port": "port",
+    # llama-server's router (tools/server: one child llama-server per model, on demand)
+    "--models-dir": "models_dir",
+    "--models-preset": "models_preset",
+    "--models-max": "models_max",
 }
 # LLAMA_ARG_* variables of the same options (common/arg.cpp set_env); booleans below
 ENV_OPTS = {
@@ -67,6 +71,9 @@ ENV_OPTS = {
     "LLAMA_ARG_CTX_CHECKPOINTS": "ctx_checkpoints",
     "LLAMA_ARG_HOST": "host",
     "LLAMA_ARG_PORT": "port",
+    "LLAMA_ARG_MODELS_DIR": "models_dir",
+    "LLAMA_ARG_MODELS_PRESET": "models_preset",
+    "LLAMA_ARG_MODELS_MAX": "models_max",
 }
 _TRUTHY = frozenset(["on", "enabled", "true", "1"])  # common_arg_utils::is_truthy
 _FALSEY = frozenset(["off", "disabled", "false", "0"])  # common_arg_utils::is_falsey
@@ -116,6 +123,8 @@ _SKIP_VALUE_OPTS = frozenset(
         "--mmproj",
         "-md",
         "--model-draft",
+        "-a",
+        "--alias",
     ]
 )
 _FLAG_OPTS = {
@@ -123,10 +132,18 @@ _FLAG_OPTS = {
     "--no-mmap": "no_mmap",
     "-nr": "no_repack",
     "--no-repack": "no_repack",
+    "--repack": "repack",
     "-kvu": "kv_unified",
     "--kv-unified": "kv_unified",
     "-no-kvu": "no_kv_unified",
     "--no-kv-unified": "no_kv_unified",
+}
+# a flag given later turns its opposite off (the last one wins, as in llama.cpp)
+_OPPOSITE = {
+    "kv_unified": "no_kv_unified",
+    "no_kv_unified": "kv_unified",
+    "repack": "no_repack",
+    "no_repack": "repack",
 }
 INT32_MAX = (1 << 31) - 1
 SERVER_CACHE_RAM_MIB = 8192  # llama-server --cache-ram default (common/common.h cache_ram_mib)
@@ -155,11 +172,25 @@ class EngineArgs:
     port: int | None = None
     # options present that the estimate does not size (each: what it adds)
     unsized: tuple[str, ...] = ()
+    # llama-server's router: where its models are, how many it loads at once (None: default)
+    models_dir: str | None = None
+    models_preset: str | None = None
+    models_max: int | None = None
 
     @property
     def server(self) -> bool:
         """Whether the program is llama-server (its slots and prompt cache count)."""
         return Path(self.argv[0]).name.startswith("llama-server") if self.argv else False
+
+    @property
+    def router(self) -> bool:
+        """Whether llama-server runs as a router: no model of its own, its models from
+        --models-dir / --models-preset (each loaded in a child llama-server on demand)."""
+        return (
+            self.server
+            and self.model is None
+            and (self.models_dir is not None or self.models_preset is not None)
+        )
 
     @property
     def kv_unified(self) -> bool | None:
@@ -223,9 +254,7 @@ def parse_llama_argv(
             i += 1
         elif word in _FLAG_OPTS:
             key = _FLAG_OPTS[word]
-            flags.discard(
-                {"kv_unified": "no_kv_unified", "no_kv_unified": "kv_unified"}.get(key, "")
-            )
+            flags.discard(_OPPOSITE.get(key, ""))
             flags.add(key)
         elif (name if eq else word) in _UNSIZED_VALUE_OPTS:
             unsized.append(_UNSIZED_VALUE_OPTS[name if eq else word])
@@ -255,6 +284,9 @@ def parse_llama_argv(
         host=values.get("host"),
         port=None if "port" not in values else parse_int(values["port"]),
         unsized=tuple(dict.fromkeys(unsized)),
+        models_dir=values.get("models_dir"),
+        models_preset=values.get("models_preset"),
+        models_max=_int(values, "models_max", "--models-max"),
     )
 
 

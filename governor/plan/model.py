@@ -77,6 +77,16 @@ class DeviceSpec:
 
 
 @record(frozen=True)
+class RouterModelSpec:
+    """[engine.models.<alias>]: one router model's leaf limits in bytes (None: not set)."""
+
+    alias: str
+    max: int | None = None
+    high: int | None = None
+    oom_group: bool | None = None
+
+
+@record(frozen=True)
 class EngineSpec:
     kind: Literal["llama.cpp", "rkllm", "generic"] = "generic"
     max_context_tokens: int | None = None
@@ -84,6 +94,8 @@ class EngineSpec:
     threads: int | None = None
     ready: str | None = None  # URL answering 200 once the engine is ready, or "exec"
     ready_timeout_s: float = 300.0
+    evict: Literal["count", "memory"] = "count"  # llama-server's router: who makes room
+    models: tuple[RouterModelSpec, ...] = ()
 
 
 @record(frozen=True)
