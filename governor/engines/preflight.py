@@ -474,7 +474,7 @@ def fit_router(
         file="engine argv",
         field="--models-max",
         hint=(
-            f"pass --models-max {together}, or set [engine] evict = \"memory\" in the policy"
+            f'pass --models-max {together}, or set [engine] evict = "memory" in the policy'
             if together
             else f"no model fits alone (the largest, {largest[0].alias}, needs"
             f" ~{largest[1].total >> 20} MiB): raise memory.max or shrink its -c / --cache-ram"
