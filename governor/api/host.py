@@ -112,6 +112,17 @@ def preflight_engine(
     host = probe_host(opts, target=target)
     plan = compile_policy(policy, host, opts, path, model_bytes=size)
     checked = preflight(plan, args, root=opts.root, cwd=cwd or Path.cwd(), force=force, host=host)
+    if args is not None and args.router:  # llama-server's router: each model (engines/budget.py)
+        from dataclasses import replace
+
+        from governor.engines.budget import fit_router
+        from governor.kernel.files import MEMORY_MAX
+
+        memory_max = plan.limit(MEMORY_MAX)
+        said = fit_router(
+            args, plan.engine.evict, memory_max, root=opts.root, cwd=cwd or Path.cwd()
+        )
+        checked = replace(checked, warnings=(*checked.warnings, *said[1]))
     return plan, host, checked
 
 

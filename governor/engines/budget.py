@@ -127,3 +127,56 @@ def estimate_router(
         budget=budget,
         unsized=tuple(unsized),
     )
+
+
+def fit_router(
+    args: EngineArgs,
+    evict: str,
+    memory_max: int | None,
+    *,
+    root: Path,
+    cwd: Path,
+) -> tuple[RouterEstimate, list[tuple[str, str]]]:
+    """The budget of llama-server's router: its --models-max largest models (each estimated
+    as the router runs it) against memory.max. The router's eviction counts models, not bytes
+    (it loads --models-max of them whatever they weigh), so a --models-max under which the
+    largest cannot fit is refused (65) naming the count that fits, unless the policy says
+    ``[engine] evict = "memory"``."""
+    rest = estimate_router(args, root=root, budget=memory_max, cwd=cwd)
+    warnings: list[tuple[str, str]] = [
+        ("estimate.unsized", f"router model {name}: no local model file, not sized")
+        for name in rest.unsized
+    ]
+    if rest.fits or memory_max is None:
+        return rest, warnings
+    together = rest.together or 0
+    given = args.models_max
+    said = (
+        f"--models-max {rest.models_max} (llama-server's default)"
+        if given is None
+        else "--models-max 0 (no limit)"
+        if given == 0
+        else f"--models-max {given}"
+    )
+    numbers = (
+        f"{said} lets llama-server load {rest.loadable} of its {len(rest.models)} models at"
+        f" once: the {rest.loadable} largest need ~{rest.largest_bytes >> 20} MiB"
+        f" ({rest.largest_bytes} bytes), above memory.max {memory_max >> 20} MiB"
+        f" ({memory_max} bytes); {together} fit together"
+    )
+    if evict == "memory":
+        warnings.append(("router.overcommit", f"{numbers}; engine.evict = memory"))
+        return rest, warnings
+    largest = max(rest.models, key=lambda me: me[1].total)
+    raise PolicyError(
+        numbers,
+        file="engine argv",
+        field="--models-max",
+        hint=(
+            f'pass --models-max {together}, or set [engine] evict = "memory" in the policy'
+            if together
+            else f"no model fits alone (the largest, {largest[0].alias}, needs"
+            f" ~{largest[1].total >> 20} MiB): raise memory.max or shrink its -c / --cache-ram"
+        )
+        + " (governor estimate shows each model)",
+    )

@@ -54,7 +54,6 @@ from governor.policy.values import human_bytes
 
 if TYPE_CHECKING:
     from governor.engines.estimate import Estimate
-    from governor.engines.router import RouterEstimate
     from governor.plan.host import HostFacts
     from governor.plan.model import Plan
 
@@ -73,7 +72,6 @@ class Preflight:
     warnings: tuple[Said, ...] = ()
     notes: tuple[str, ...] = ()
     args: EngineArgs | None = None  # the engine argv it checked (engine_args), for the caller
-    router: RouterEstimate | None = None  # llama-server's router: each model's estimate
 
     @property
     def messages(self) -> list[str]:
@@ -424,65 +422,6 @@ def fit_estimate(
     )
 
 
-# ----------------------------------------------------------------------- llama-server's router
-
-
-def fit_router(
-    args: EngineArgs,
-    *,
-    evict: str,
-    memory_max: int | None,
-    root: Path,
-    cwd: Path,
-    source: str | None,
-) -> tuple[RouterEstimate, list[Said]]:
-    """The budget of llama-server's router: its --models-max largest models (each estimated
-    as the router runs it) against memory.max. The router's eviction counts models, not bytes
-    (it loads --models-max of them whatever they weigh), so a --models-max under which the
-    largest cannot fit is refused (65) naming the count that fits, unless the policy says
-    ``[engine] evict = "memory"``."""
-    from governor.engines.budget import estimate_router
-
-    rest = estimate_router(args, root=root, budget=memory_max, cwd=cwd)
-    warnings: list[Said] = [
-        ("estimate.unsized", f"router model {name}: no local model file, not sized")
-        for name in rest.unsized
-    ]
-    if rest.fits or memory_max is None:
-        return rest, warnings
-    together = rest.together or 0
-    given = args.models_max
-    said = (
-        f"--models-max {rest.models_max} (llama-server's default)"
-        if given is None
-        else "--models-max 0 (no limit)"
-        if given == 0
-        else f"--models-max {given}"
-    )
-    numbers = (
-        f"{said} lets llama-server load {rest.loadable} of its {len(rest.models)} models at"
-        f" once: the {rest.loadable} largest need ~{rest.largest_bytes >> 20} MiB"
-        f" ({rest.largest_bytes} bytes), above memory.max {memory_max >> 20} MiB"
-        f" ({memory_max} bytes); {together} fit together"
-    )
-    if evict == "memory":
-        warnings.append(("router.overcommit", f"{numbers}; engine.evict = memory"))
-        return rest, warnings
-    largest = max(rest.models, key=lambda me: me[1].total)
-    raise PolicyError(
-        numbers,
-        file="engine argv",
-        field="--models-max",
-        hint=(
-            f'pass --models-max {together}, or set [engine] evict = "memory" in the policy'
-            if together
-            else f"no model fits alone (the largest, {largest[0].alias}, needs"
-            f" ~{largest[1].total >> 20} MiB): raise memory.max or shrink its -c / --cache-ram"
-        )
-        + " (governor estimate shows each model)",
-    )
-
-
 # -------------------------------------------------------------------------------- the preflight
 
 
@@ -525,17 +464,6 @@ def preflight(
     warnings: list[Said] = [("engine.argv", w) for w in engine_warnings(args, plan, host)]
     notes: list[str] = []
     est = None
-    rest = None
-    if args is not None and args.router:
-        rest, more = fit_router(
-            args,
-            evict=plan.engine.evict,
-            memory_max=memory_max,
-            root=root,
-            cwd=cwd,
-            source=source,
-        )
-        warnings += more
     if args is not None and is_gguf(args):
         est, more, notes = fit_estimate(
             args,
@@ -568,5 +496,4 @@ def preflight(
         warnings=tuple(warnings),
         notes=tuple(notes),
         args=args,
-        router=rest,
     )

@@ -86,6 +86,11 @@ class RouterModelSpec:
     oom_group: bool | None = None
 
 
+def _engine(d: dict[str, Any]) -> EngineSpec:
+    models = tuple(RouterModelSpec(**m) for m in d.get("models", ()))
+    return EngineSpec(**{**d, "models": models})
+
+
 @record(frozen=True)
 class EngineSpec:
     kind: Literal["llama.cpp", "rkllm", "generic"] = "generic"
@@ -302,7 +307,7 @@ class Plan:
                 writes=tuple(CgroupWrite(**w) for w in d["writes"]),
                 controllers=tuple(d["controllers"]),
                 launch=LaunchSpec(**launch),
-                engine=EngineSpec(**d["engine"]),
+                engine=_engine(d["engine"]),
                 prefetch=PrefetchSpec(**prefetch),
                 watch=tuple(_watch_rule(w) for w in d["watch"]),
                 protect_parents=tuple(d.get("protect_parents", ())),

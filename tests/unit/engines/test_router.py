@@ -267,3 +267,45 @@ def test_check_of_a_router_whose_largest_model_fits_nothing_says_so(
     )  # fmt: skip
     assert code == 65
     assert "0 fit together" in err and "no model fits alone (the largest, four," in err
+
+
+# ------------------------------------------------------------------------------ the policy
+
+
+def test_router_model_tables_compile_into_the_plan_in_bytes() -> None:
+    from governor.plan.compiler import compile_plan
+    from governor.plan.host import probe
+    from governor.plan.model import Plan, RouterModelSpec
+    from governor.policy.loader import load_text
+
+    policy = load_text(
+        'name = "r"\n[memory]\nmax = "1G"\n[engine]\nkind = "llama.cpp"\nevict = "memory"\n'
+        '[engine.models.small]\nmax = "300M"\nhigh = "250M"\noom_group = true\n'
+        '[engine.models."a.b"]\nmax = "10%"\n'
+    )
+    host = probe(ROOT, target="governor.slice/r")
+    plan = compile_plan(policy, host)
+    assert plan.engine.evict == "memory"
+    assert plan.engine.models == (
+        RouterModelSpec(alias="a.b", max=host.mem_total // 10),
+        RouterModelSpec(alias="small", max=300 * MIB, high=250 * MIB, oom_group=True),
+    )
+    assert Plan.from_json(plan.to_json()) == plan  # the run time reads them back
+
+
+@pytest.mark.parametrize(
+    ("table", "said"),
+    [
+        ('evict = "lru"', "evict"),
+        ('[engine.models.x]\nhigh = "2G"\nmax = "1G"', "high (2GiB) is above max (1GiB)"),
+        ('[engine.models.".."]\nmax = "1G"', "cannot name a cgroup directory"),
+        ('[engine.models.x]\nmin = "1G"', "min"),
+    ],
+)
+def test_bad_router_keys_are_refused(table: str, said: str) -> None:
+    from governor.errors import PolicyError
+    from governor.policy.loader import load_text
+
+    with pytest.raises(PolicyError) as err:
+        load_text(f'name = "r"\n[engine]\nkind = "llama.cpp"\n{table}\n')
+    assert said in str(err.value)
