@@ -119,10 +119,11 @@ def preflight_engine(
         from governor.kernel.files import MEMORY_MAX
 
         memory_max = plan.limit(MEMORY_MAX)
-        said = fit_router(
+        rest, said = fit_router(
             args, plan.engine.evict, memory_max, root=opts.root, cwd=cwd or Path.cwd()
         )
-        checked = replace(checked, warnings=(*checked.warnings, *said[1]))
+        totals = {m.alias: e.total for m, e in rest.models}
+        checked = replace(checked, warnings=(*checked.warnings, *said), router=totals)
     return plan, host, checked
 
 

@@ -179,6 +179,33 @@ def _announce(plan: Plan, leaf: str | None = None) -> None:
     out.flush()
 
 
+def model_leaves(plan: Plan, estimate: dict[str, Any] | None) -> dict[str, Any] | None:
+    """llama-server's router: each model's leaf limits (governor/supervise/models.py), its
+    [engine.models.<alias>] table, else its estimate + headroom (init's rule) as max; None
+    when the engine is no router."""
+    if estimate is None or "router" not in estimate:
+        return None
+    from governor.engines.draft import headroom_for
+    from governor.supervise.models import ModelLimits
+
+    tables = {m.alias: m for m in plan.engine.models}
+    out: dict[str, Any] = {}
+    for alias, total in estimate["router"].items():
+        spec = tables.get(alias)
+        default = total + headroom_for(total)
+        if spec is None:
+            out[alias] = ModelLimits(max=default)
+        else:
+            out[alias] = ModelLimits(
+                max=spec.max if spec.max is not None else default,
+                high=spec.high,
+                oom_group=spec.oom_group,
+            )
+    for alias, spec in tables.items():  # a table for a model not found at compile time
+        out.setdefault(alias, ModelLimits(max=spec.max, high=spec.high, oom_group=spec.oom_group))
+    return out
+
+
 def launch(path: Path, argv: tuple[str, ...], opts: HostOptions, lopts: LaunchOptions) -> int:
     """`governor launch`: the compiled plan (cached, else compiled with every pre-apply
     refusal), then the supervisor. Returns the engine's status (128+N for signal N)."""
@@ -234,6 +261,7 @@ def launch(path: Path, argv: tuple[str, ...], opts: HostOptions, lopts: LaunchOp
             ready_timeout_s=plan.engine.ready_timeout_s,
             sysfs_root=str(sysfs_root(opts)),
             run_dir=directory,
+            model_leaves=model_leaves(plan, compiled.estimate),
         )
         proc = ProcFs(opts.root / "proc")
         watchdog = lopts.watchdog
@@ -414,7 +442,11 @@ def _compile_launch(
     entry = compiled.Compiled(
         plan=plan,
         warnings=tuple(checked.warnings),
-        estimate=checked.estimate.to_dict() if checked.estimate is not None else None,
+        estimate=checked.estimate.to_dict()
+        if checked.estimate is not None
+        else {"router": checked.router}  # each model's leaf: governor/supervise/models.py
+        if checked.router is not None
+        else None,
         prefetch_files=tuple(files),
         prefetch_bytes=checked.prefetch_bytes,
         target=target,

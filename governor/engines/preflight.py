@@ -72,6 +72,7 @@ class Preflight:
     warnings: tuple[Said, ...] = ()
     notes: tuple[str, ...] = ()
     args: EngineArgs | None = None  # the engine argv it checked (engine_args), for the caller
+    router: dict[str, int] | None = None  # llama-server's router: each model's estimate (bytes)
 
     @property
     def messages(self) -> list[str]:

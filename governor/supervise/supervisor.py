@@ -42,6 +42,7 @@ from governor.supervise.watchdog import Watchdog
 
 if TYPE_CHECKING:
     from governor.backends.clocks import BoardClocks
+    from governor.supervise.models import ModelLeaves
     from governor.supervise.ready import ReadyWait
 
 log = get_logger("governor.launch")
@@ -78,6 +79,8 @@ class Job:
     ready_url: str | None = None
     ready_timeout_s: float = 300.0
     sysfs_root: str = "/sys"  # [clocks]: every clock file written resolves under it
+    # llama-server's router: alias -> ModelLimits of each model's leaf (supervise/models.py)
+    model_leaves: dict[str, Any] | None = None
 
 
 class Supervisor:
@@ -216,6 +219,7 @@ class Supervisor:
         self.started_at = time.time()
         self.board = board_baseline(self.launcher.fs, self.proc, plan.slice)
         pid = self.engine_pid = self.launcher.start(plan, setup)
+        leaves = self._start_model_leaves(job)
         self._await_ready(job, pid)
         self._start_helper(job, pid)
         restarts = self.restarts = Restarts(plan.launch.restart_max, plan.launch.restart_backoff_s)
@@ -255,6 +259,8 @@ class Supervisor:
             if job.report is not None:
                 _write_report(job.report, report)
         finally:
+            if leaves is not None:
+                leaves.stop()
             monitor.close()
             if self.ready_wait is not None:
                 self.ready_wait.stop()
@@ -269,6 +275,21 @@ class Supervisor:
         if lock_error is not None:
             raise lock_error
         return code
+
+    def _start_model_leaves(self, job: Job) -> ModelLeaves | None:
+        """llama-server's router: each child it starts into its model's leaf."""
+        if job.model_leaves is None:
+            return None
+        from governor.supervise.models import ModelLeaves
+
+        return ModelLeaves(
+            self.launcher.fs,
+            group=job.plan.group,
+            leaf=job.plan.leaf,
+            limits=job.model_leaves,
+            router_pid=lambda: self.engine_pid,
+            proc_root=self.proc.root,
+        ).start()
 
     def _await_ready(self, job: Job, pid: int) -> None:
         """READY=1 for Type=notify services (no-op without $NOTIFY_SOCKET): at exec, or once
