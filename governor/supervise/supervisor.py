@@ -361,7 +361,10 @@ class Supervisor:
             rules=monitor.rule_states() if monitor is not None else [],
             last_actions=list(monitor.recent) if monitor is not None else [],
             action_totals=monitor.action_totals() if monitor is not None else [],
-            model={k: estimate.get(k) for k in ("model", "quant", "total")} if estimate else None,
+            model={
+                k: estimate.get(k) for k in ("model", "quant", "total", "router") if k in estimate
+            }
+            or None,
             prefetch_files=list(job.prefetch_files),
             plan=plan.to_dict(),
             systemd=job.systemd,
