@@ -285,6 +285,12 @@ def test_a_routers_status_has_a_row_per_model_leaf_and_the_metric_per_model(
         "  model    small  loaded  current 300MiB  max 400MiB  estimate 280MiB  oom_kill 0" in text
     )
     assert "  model    hog  unloaded" in text and "oom_kill 1" in text
+    from governor.operate.top import Frame, frame_text
+
+    top = frame_text(Frame().rows([item], 0.0), "memory", 0.0).splitlines()
+    slice_row = next(i for i, line in enumerate(top) if line.startswith("st"))
+    assert top[slice_row + 1].split()[:3] == ["hog", "4KiB", "8MiB"]
+    assert top[slice_row + 2].split()[:3] == ["small", "300MiB", "400MiB"]
     states = [json.loads((run / plan.policy / "state.json").read_text())]
     metrics = generate_latest(registry(lambda: states, run)).decode()
     assert 'governor_model_memory_bytes{model="small",policy="st"} 3.145728e+08' in metrics
