@@ -131,5 +131,8 @@ def check_engine(path: Path, opts: HostOptions, argv: tuple[str, ...], *, force:
 def init(opts: HostOptions, req: Any) -> Any:
     """`governor init`: a policy for a GGUF model on this board (governor/engines/draft.py)."""
     from governor.engines.draft import draft
+    from governor.engines.draft_router import draft_router, is_router_model
 
+    if is_router_model(req.model):  # llama-server's router: its models and --models-max
+        return draft_router(req, probe_host(opts), root=opts.root)
     return draft(req, probe_host(opts), root=opts.root)

@@ -147,7 +147,13 @@ def estimate(  # noqa: PLR0917  # typer passes every option as a parameter
 
 def init(  # noqa: PLR0917  # typer passes every option as a parameter
     model: Annotated[
-        Path, typer.Option("--model", "-m", help="the GGUF model file", show_default=False)
+        Path,
+        typer.Option(
+            "--model",
+            "-m",
+            help="the GGUF model file; a models directory or a preset .ini: llama-server's router",
+            show_default=False,
+        ),
     ],
     ctx: Annotated[
         int | None,
@@ -205,6 +211,15 @@ def init(  # noqa: PLR0917  # typer passes every option as a parameter
     s = draft.sizing
     root = f"--root {STATE.root} " if STATE.root != Path("/") else ""
     allow = f" --allow-missing {','.join(draft.missing)}" if draft.missing else ""
+    if not hasattr(s, "ctx"):  # llama-server's router (governor/engines/draft_router.py)
+        typer.echo(
+            f"wrote {output}: --models-max {s.models_max}, memory.high {s.mem_high >> 20} MiB,"
+            f" max {s.mem_max >> 20} MiB (the {s.models_max} largest models"
+            f" {s.chosen >> 20} MiB, board {s.board >> 20} MiB)\n"
+            f"next: governor {root}check {output}{allow} --engine-argv"
+            f" {shlex.quote(shlex.join(draft.engine))}"
+        )
+        return
     typer.echo(
         f"wrote {output}: -c {s.ctx}, memory.min {s.mem_min >> 20} MiB, high"
         f" {s.mem_high >> 20} MiB, max {s.mem_max >> 20} MiB (estimate {s.est.total >> 20} MiB,"

@@ -309,3 +309,34 @@ def test_bad_router_keys_are_refused(table: str, said: str) -> None:
     with pytest.raises(PolicyError) as err:
         load_text(f'name = "r"\n[engine]\nkind = "llama.cpp"\n{table}\n')
     assert said in str(err.value)
+
+
+def test_init_for_a_router_sizes_memory_max_for_the_models_that_fit_and_check_accepts_it(
+    models_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from governor.engines.draft import fit_budget, headroom_for, reserve_for
+
+    rest, _budget = _budget_for_two(models_dir)
+    totals = sorted((e.total for _m, e in rest.models), reverse=True)
+    # a board whose ceiling fits the two largest with their headroom, not all three
+    two = totals[0] + totals[1]
+    board = 4 * MIB * 1024  # shrunk until only two fit
+    while fits_together(totals, fit_budget(board - reserve_for(board))) > 2:
+        board -= MIB
+    assert fits_together(totals, fit_budget(board - reserve_for(board))) == 2
+    policy = tmp_path / "router.toml"
+    code, out, err = _governor(
+        capsys, "--root", str(ROOT), "init", "--model", str(models_dir), "--board-memory",
+        str(board), "--engine-argv", "llama-server -c 512 --cache-ram 0", "-o", str(policy),
+    )  # fmt: skip
+    assert code == 0, err
+    assert "--models-max 2" in out
+    text = policy.read_text()
+    assert f'max = "{-(-(two + headroom_for(two)) // MIB)}MiB"' in text
+    line = next(x for x in text.splitlines() if x.startswith("#   governor launch "))
+    engine = line.split(" -- ", 1)[1]
+    assert engine.endswith("--models-max 2")
+    code, _out, err = _governor(
+        capsys, "--root", str(ROOT), "check", str(policy), "--engine-argv", engine
+    )
+    assert code == 0, err
