@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import errno as errno_mod
 import os
+import sys
 
 EXIT_USAGE = 2
 EXIT_POLICY = 65  # EX_DATAERR
@@ -59,7 +60,6 @@ def report(err: BaseException, *, debug: bool) -> int:
     """The one error printer of both command lines (governor/main.py, governor/cli/app.py):
     ``governor: <message>`` and ``hint: ...`` on stderr, the traceback too with --debug; returns
     the error's exit code."""
-    import sys
 
     sys.stderr.write(f"governor: {one_line(str(err))}\n")
     hint = getattr(err, "hint", None)

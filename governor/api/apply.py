@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -13,6 +14,13 @@ from governor.api.host import (
     probe_host,
     sysfs_root,
 )
+from governor.backends.clocks import ANY_PID, BoardClocks
+from governor.compile.compiler import compile_plan
+from governor.kernel.files import MISSABLE
+from governor.policy.clocks import ClocksSection
+from governor.rundir.state import Publisher, RunState, read_states, run_dir
+from governor.rundir.state import applied as applied_state
+from governor.supervise.supervisor import interruptible
 
 if TYPE_CHECKING:
     from governor.plan.model import Plan
@@ -20,23 +28,16 @@ if TYPE_CHECKING:
 
 def apply(path: Path, opts: HostOptions) -> Plan:
     """`governor apply`: create the slice with its limits, no process."""
-    import time
-
-    from governor.rundir.state import Publisher, run_dir
-    from governor.rundir.state import applied as applied_state
 
     plan = check(path, opts)
     directory = run_dir()  # no run directory (69) refuses before anything is applied
     backend = cgroupfs_backend(plan)
     # the lock a launch of the same policy holds for its whole run: apply refuses (69) then
-    from governor.supervise.supervisor import interruptible
 
     # a stop signal while the limits are written rolls them back (exit 128+N), as ^C does
     with backend.lock(plan) as locked, interruptible():
         applied = backend.apply(plan)
         if plan.clocks:  # held until `governor remove` (no process: pid None)
-            from governor.backends.clocks import BoardClocks
-
             try:
                 clocks = BoardClocks(directory, sysfs_root=sysfs_root(opts))
                 clocks.acquire(plan, pid=None, source="apply")
@@ -70,16 +71,12 @@ def apply(path: Path, opts: HostOptions) -> Plan:
 
 def remove(path: Path, opts: HostOptions) -> Any:
     """`governor remove`: kill what runs in the policy's group and remove its cgroups."""
-    from governor.kernel.files import MISSABLE
-    from governor.plan.compiler import compile_plan
-    from governor.policy.clocks import ClocksSection
 
     # clocks are released by name below: a board whose clocks no longer resolve still removes
     policy = load_policy(path).model_copy(update={"clocks": ClocksSection()})
     host = probe_host(opts, target=f"{policy.slice}/{policy.name}")
     # removal must work even where the limits could not be enforced any more
     plan = compile_plan(policy, host, allow_missing=MISSABLE, source=str(path))
-    from governor.rundir.state import Publisher, RunState, read_states, run_dir
 
     # `governor apply` (and `launch --keep`) record what they created: then the slice goes
     # only when it is among them (an operator's slice stays). Without a record (/run lost in a
@@ -93,7 +90,6 @@ def remove(path: Path, opts: HostOptions) -> Any:
     removed = cgroupfs_backend(plan).remove(plan, owned=owned)
     # the board's clocks this policy holds (apply's, or a crashed run's): restored when no other
     # policy shares them (governor/backends/clocks.py)
-    from governor.backends.clocks import ANY_PID, BoardClocks
 
     BoardClocks(run_dir(), sysfs_root=sysfs_root(opts)).release(plan.policy, pid=ANY_PID)
 

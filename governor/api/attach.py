@@ -11,10 +11,17 @@ there."""
 
 from __future__ import annotations
 
+from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from governor.api.host import check
+from governor.api.launch import serve_metrics
+from governor.api.outputs import check_writable
+from governor.errors import UsageError
+from governor.kernel.cgroupfs import CgroupFs
 from governor.record import record
+from governor.supervise.monitor import attach
 
 if TYPE_CHECKING:
     from governor.api.host import HostOptions
@@ -32,8 +39,6 @@ class MonitorOptions:
 
 def _check_cgroup_option(cgroup: str) -> None:
     """``monitor --cgroup``: a path below the cgroup2 root, never out of it."""
-    from governor.errors import UsageError
-    from governor.kernel.cgroupfs import CgroupFs
 
     try:
         if not cgroup:
@@ -50,22 +55,14 @@ def monitor(path: Path, opts: HostOptions, mopts: MonitorOptions) -> dict[str, A
     """`governor monitor`: attach the pressure monitor to an already-running slice (one that
     `governor apply` or systemd created) until SIGINT/SIGTERM or the cgroup is gone; the run
     itself is governor/supervise/monitor.py."""
-    from governor.api.host import check
-    from governor.supervise.monitor import attach
 
     if mopts.cgroup is not None:
         _check_cgroup_option(mopts.cgroup)
     if mopts.report is not None:
-        from governor.api.outputs import check_writable
-
         check_writable(mopts.report, "--report")
     plan = check(path, opts, attach=mopts.cgroup)
     serve = None
     if mopts.metrics is not None:
-        from functools import partial
-
-        from governor.api.launch import serve_metrics
-
         serve = partial(serve_metrics, mopts.metrics)
     return attach(
         plan,

@@ -2,15 +2,18 @@
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 from typing import Any
 
 from governor.api.host import HostOptions, check
+from governor.api.outputs import check_writable
+from governor.bench.main import bench as run_bench
+from governor.errors import UsageError
 
 
 def bench(path: Path, argv: tuple[str, ...], opts: HostOptions, bopts: Any) -> Any:
     """`governor bench`: run the engine under the policy per governor/bench/main.py."""
-    from governor.bench.main import bench as run_bench
 
     _check_bench_options(bopts)
     plan = check(path, opts)
@@ -24,10 +27,6 @@ BENCH_CTX_MAX = 1 << 24
 def _check_bench_options(bopts: Any) -> None:
     """Refuse what would only fail (or mislead) after every run: NaN or absurd numbers, and
     output files that cannot be written."""
-    import math
-
-    from governor.api.outputs import check_writable
-    from governor.errors import UsageError
 
     numbers = {
         "--interval": bopts.interval,

@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+import os
+import tomllib
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -13,15 +15,24 @@ from governor.api.host import (
     preflight_engine,
     probe_host,
 )
+from governor.compile.doctor import diagnose
+from governor.engines.budget import estimate_argv, estimate_router, policy_budget
+from governor.engines.draft import draft
+from governor.engines.draft_router import draft_router, is_router_model
+from governor.engines.llama import EngineArgvError, parse_llama_argv
+from governor.errors import PolicyError
+from governor.monitor.victims import governed_groups
+from governor.plan.board import is_board_file, load_board
+from governor.policy.model import Policy
 from governor.record import record
+from governor.rundir.state import run_dir
 
 if TYPE_CHECKING:
-    from governor.plan.doctor import Finding
+    from governor.compile.doctor import Finding
     from governor.plan.host import HostFacts
 
 
 def doctor(opts: HostOptions) -> tuple[HostFacts, list[Finding]]:
-    from governor.plan.doctor import diagnose
 
     host = probe_host(opts)
     return host, diagnose(host)
@@ -30,7 +41,6 @@ def doctor(opts: HostOptions) -> tuple[HostFacts, list[Finding]]:
 def check_board(path: Path) -> int | None:
     """`governor check` of the board file (issue 23): the number of cgroups it lists, None
     when ``path`` is no board file (a policy). PolicyError (65) names the file and field."""
-    from governor.plan.board import is_board_file, load_board
 
     if not is_board_file(path):
         return None
@@ -41,10 +51,6 @@ def governed_slices(policy_dir: Path) -> list[str]:
     """The groups a board entry may not be, contain or lie inside: every published plan's
     (the run dir) and every policy's in ``policy_dir`` (the board file's directory,
     /etc/governor): ``<slice>/<name>``."""
-    import tomllib
-
-    from governor.monitor.victims import governed_groups
-    from governor.rundir.state import run_dir
 
     out = set(governed_groups(run_dir()))
     try:
@@ -63,7 +69,6 @@ def governed_slices(policy_dir: Path) -> list[str]:
 
 
 def schema() -> dict[str, Any]:
-    from governor.policy.model import Policy
 
     out = Policy.model_json_schema(by_alias=True, mode="validation")
     out["$schema"] = "https://json-schema.org/draft/2020-12/schema"
@@ -81,11 +86,6 @@ class EstimateOptions:
 
 def estimate(model: Path, opts: HostOptions, eopts: EstimateOptions) -> Any:
     """`governor estimate`: the resident-memory estimate of llama.cpp for a GGUF model."""
-    import os
-
-    from governor.engines.budget import estimate_argv, policy_budget
-    from governor.engines.llama import EngineArgvError, parse_llama_argv
-    from governor.errors import PolicyError
 
     # --engine-argv is options only, or the whole command line starting with the program
     # (llama-server: its slots and prompt cache count)
@@ -114,8 +114,6 @@ def estimate(model: Path, opts: HostOptions, eopts: EstimateOptions) -> Any:
     if budget is None and eopts.policy is not None:
         budget = policy_budget(load_policy(eopts.policy), root=opts.root)
     if args.router:
-        from governor.engines.budget import estimate_router
-
         return estimate_router(args, root=opts.root, budget=budget, cwd=Path.cwd(), env=os.environ)
     return estimate_argv(args, root=opts.root, budget=budget)
 
@@ -130,9 +128,6 @@ def check_engine(path: Path, opts: HostOptions, argv: tuple[str, ...], *, force:
 
 def init(opts: HostOptions, req: Any) -> Any:
     """`governor init`: a policy for a GGUF model on this board (governor/engines/draft.py)."""
-    from governor.engines.draft import draft
-    from governor.engines.draft_router import draft_router, is_router_model
-
     if is_router_model(req.model):  # llama-server's router: its models and --models-max
         return draft_router(req, probe_host(opts), root=opts.root)
     return draft(req, probe_host(opts), root=opts.root)

@@ -2,10 +2,23 @@
 
 from __future__ import annotations
 
+import shutil
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
 from governor.api.host import HostOptions, compile_policy, load_policy, probe_host
+from governor.api.launch import LaunchOptions, compiled_for_launch
+from governor.backends.systemd import daemon_reload
+from governor.cache.store import cache_dir
+from governor.deploy import dropin
+from governor.deploy import install as inst
+from governor.engines.preflight import engine_args
+from governor.engines.preflight import model_bytes as model_size
+from governor.errors import GovernorError, HostError
+from governor.log import get_logger
+from governor.plan.unitmap import service_unit
 from governor.record import record
 
 
@@ -18,8 +31,6 @@ class InstallOptions:
 
 
 def _governor_executable() -> str:
-    import shutil
-    import sys
 
     beside = Path(sys.executable).with_name("governor")  # the venv's console script
     if beside.exists():
@@ -29,12 +40,6 @@ def _governor_executable() -> str:
 
 def install(path: Path, opts: HostOptions, iopts: InstallOptions) -> Any:
     """`governor install`: render the policy's units for this host's systemd and write them."""
-    from governor.backends.systemd import daemon_reload
-    from governor.deploy import dropin
-    from governor.deploy import install as inst
-    from governor.engines.preflight import engine_args
-    from governor.engines.preflight import model_bytes as model_size
-    from governor.errors import HostError
 
     policy = load_policy(path)
     model_bytes = None
@@ -81,10 +86,6 @@ def _precompile_for_service(policy_path: Path, engine: tuple[str, ...], opts: Ho
     """Compile the plan the installed service will ask for (its ExecStart= command line, its
     working directory /, root's cache) so that `systemctl start` takes the lean path. Best
     effort: a refusal here is said now and again by the service when it starts."""
-    from governor.api.launch import LaunchOptions, compiled_for_launch
-    from governor.cache.store import cache_dir
-    from governor.errors import GovernorError
-    from governor.log import get_logger
 
     service_opts = HostOptions(
         root=opts.root, cgroup_root=opts.cgroup_root, sysfs_root=opts.sysfs_root
@@ -108,8 +109,6 @@ def _precompile_for_service(policy_path: Path, engine: tuple[str, ...], opts: Ho
 def uninstall(policy: str, root: Path, *, dry_run: bool = False) -> Any:
     """`governor uninstall`: remove what install wrote for a policy (a file or its name) and
     restore the files it replaced."""
-    from governor.backends.systemd import daemon_reload
-    from governor.deploy import install as inst
 
     name = load_policy(Path(policy)).name if policy.endswith(".toml") else policy
     live = root.resolve() == Path("/")
@@ -125,9 +124,6 @@ def _stop_policy_slices(name: str, units: list[str]) -> None:
     """A slice unit stays active (its cgroup too) after its file is gone: stop the policy's
     slice once nothing runs in it, so uninstall leaves no cgroup behind. A governor@ service
     still running keeps it (it runs in that slice; stop it first)."""
-    import subprocess
-
-    from governor.plan.unitmap import service_unit
 
     def systemctl(*argv: str) -> subprocess.CompletedProcess[str]:
         return subprocess.run(

@@ -10,6 +10,11 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Literal
 
 from governor.api.host import HostOptions, compile_policy, load_policy, probe_host
+from governor.deploy import k8s, quadlet
+from governor.engines.llama import is_gguf, model_parts
+from governor.engines.preflight import engine_args, fit_estimate
+from governor.errors import UsageError
+from governor.supervise.ready import server_url
 
 if TYPE_CHECKING:
     from governor.engines.llama import EngineArgs
@@ -29,10 +34,6 @@ def render(
     kind: Literal["Pod", "Deployment"] = "Pod",
     force: bool = False,
 ) -> str:
-    from governor.deploy import k8s, quadlet
-    from governor.engines.llama import model_parts
-    from governor.engines.preflight import engine_args
-    from governor.errors import UsageError
 
     if not engine:
         raise UsageError(
@@ -68,7 +69,6 @@ def render(
 
 
 def _ready_url(ready: str | None, args: EngineArgs | None) -> str | None:
-    from governor.supervise.ready import server_url
 
     if ready is not None:
         return None if ready == "exec" else ready
@@ -82,8 +82,6 @@ def _estimate(
 ) -> tuple[int | None, str | None]:
     """The GGUF estimate of the argv when its model is readable here (refused like `check`
     when it does not fit memory.max, unless --force); else (None, why)."""
-    from governor.engines.llama import is_gguf
-    from governor.engines.preflight import fit_estimate
 
     if args is None or args.model is None or not is_gguf(args):
         return None, None

@@ -10,8 +10,8 @@ from typing import TYPE_CHECKING, Any
 from governor.record import field, record
 
 if TYPE_CHECKING:
+    from governor.compile.compiler import Workload
     from governor.engines.preflight import Preflight
-    from governor.plan.compiler import Workload
     from governor.plan.host import HostFacts
     from governor.plan.model import Plan
     from governor.policy.model import Policy
@@ -68,7 +68,7 @@ def compile_policy(
     attach: str | None = None,
 ) -> Plan:
     """compile_plan with the options every command passes the same way."""
-    from governor.plan.compiler import Workload, compile_plan
+    from governor.compile.compiler import Workload, compile_plan
 
     if workload is None and model_bytes is not None:
         workload = Workload(model_bytes=model_bytes)
@@ -112,18 +112,6 @@ def preflight_engine(
     host = probe_host(opts, target=target)
     plan = compile_policy(policy, host, opts, path, model_bytes=size)
     checked = preflight(plan, args, root=opts.root, cwd=cwd or Path.cwd(), force=force, host=host)
-    if args is not None and args.router:  # llama-server's router: each model (engines/budget.py)
-        from dataclasses import replace
-
-        from governor.engines.budget import fit_router
-        from governor.kernel.files import MEMORY_MAX
-
-        memory_max = plan.limit(MEMORY_MAX)
-        rest, said = fit_router(
-            args, plan.engine.evict, memory_max, root=opts.root, cwd=cwd or Path.cwd()
-        )
-        totals = {m.alias: e.total for m, e in rest.models}
-        checked = replace(checked, warnings=(*checked.warnings, *said), router=totals)
     return plan, host, checked
 
 

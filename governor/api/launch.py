@@ -181,28 +181,17 @@ def _announce(plan: Plan, leaf: str | None = None) -> None:
 
 def model_leaves(plan: Plan, estimate: dict[str, Any] | None) -> dict[str, Any] | None:
     """llama-server's router: each model's leaf limits (governor/supervise/models.py), its
-    [engine.models.<alias>] table, else its estimate + headroom (init's rule) as max; None
-    when the engine is no router."""
+    [engine.models.<alias>] table, else its estimate + headroom (compiled with the estimate,
+    api/host.py) as max; None when the engine is no router."""
     if estimate is None or "router" not in estimate:
         return None
-    from governor.engines.draft import headroom_for
-    from governor.supervise.models import ModelLimits
-
     tables = {m.alias: m for m in plan.engine.models}
     out: dict[str, Any] = {}
-    for alias, total in estimate["router"].items():
-        spec = tables.get(alias)
-        default = total + headroom_for(total)
-        if spec is None:
-            out[alias] = ModelLimits(max=default)
-        else:
-            out[alias] = ModelLimits(
-                max=spec.max if spec.max is not None else default,
-                high=spec.high,
-                oom_group=spec.oom_group,
-            )
-    for alias, spec in tables.items():  # a table for a model not found at compile time
-        out.setdefault(alias, ModelLimits(max=spec.max, high=spec.high, oom_group=spec.oom_group))
+    for alias, default in estimate.get("router_max", {}).items():
+        out[alias] = {"max": default}
+    for alias, spec in tables.items():
+        given = {"max": spec.max, "high": spec.high, "oom_group": spec.oom_group}
+        out[alias] = {**out.get(alias, {}), **{k: v for k, v in given.items() if v is not None}}
     return out
 
 
@@ -292,7 +281,7 @@ def ready_url(compiled: Compiled, argv: tuple[str, ...]) -> str | None:
         return compiled.ready_url
     import os
 
-    from governor.engines.argkey import server_address
+    from governor.cache.argkey import server_address
     from governor.supervise.ready import server_url
 
     return server_url(*server_address(argv, os.environ))
@@ -394,7 +383,7 @@ def _cpu_signature(opts: HostOptions) -> str:
     """What the GGUF estimate reads from the CPU (its repack family): machine + flags."""
     import os
 
-    from governor.engines.estimate import cpuinfo_machine
+    from governor.kernel.parse import cpuinfo_machine
     from governor.kernel.procfs import ProcFs
 
     text = ProcFs(opts.root / "proc").cpuinfo()
@@ -444,7 +433,7 @@ def _compile_launch(
         warnings=tuple(checked.warnings),
         estimate=checked.estimate.to_dict()
         if checked.estimate is not None
-        else {"router": checked.router}  # each model's leaf: governor/supervise/models.py
+        else checked.router  # {"router", "router_max"}: each model's leaf (supervise/models.py)
         if checked.router is not None
         else None,
         prefetch_files=tuple(files),
@@ -475,7 +464,7 @@ def _ready_url(plan: Plan, args: EngineArgs | None) -> str | None:
 def _placements(plan: Plan, host: HostFacts) -> tuple[tuple[str, str, str, Plan], ...]:
     if host.systemd_version is None:
         return ()  # for_launch says why it cannot run
-    from governor.plan.placement import compile_placements
+    from governor.compile.placements import compile_placements
 
     return tuple(
         (p.mode, p.unit, p.cgroup, p.plan) for p in compile_placements(plan, host.systemd_version)

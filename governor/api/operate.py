@@ -273,11 +273,11 @@ def _routes(
     that change by where they go: under systemd the unit carrying the limits (through the
     manager) or the engine leaf (what systemd cannot express); else the policy's group."""
     from governor.backends import manager
+    from governor.compile.compiler import Workload, compile_plan
     from governor.errors import HostError
     from governor.kernel.cgroupfs import CgroupFs
     from governor.kernel.files import MISSABLE
     from governor.operate import tune as t
-    from governor.plan.compiler import Workload, compile_plan
     from governor.plan.host import probe
     from governor.plan.model import Plan
     from governor.policy.loader import load

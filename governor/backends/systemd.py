@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import errno
 import os
+import subprocess
 import time
 from collections.abc import Callable, Collection, Iterator
 from contextlib import contextmanager, suppress
@@ -41,7 +42,7 @@ from governor.kernel.cgroupfs import CgroupFs
 from governor.log import get_logger
 from governor.plan import unitmap
 from governor.plan.model import Plan
-from governor.plan.placement import CompiledPlacement, compile_placements
+from governor.plan.placement import CompiledPlacement
 
 log = get_logger(__name__)
 
@@ -237,7 +238,6 @@ _PROTECT_DIRECTIVE = {"memory.min": "MemoryMin", "memory.low": "MemoryLow"}
 
 def set_runtime_property(unit: str, assignment: str, *, hint: str | None = None) -> None:
     """``systemctl set-property --runtime UNIT KEY=VALUE`` (until reboot; no pystemd needed)."""
-    import subprocess
 
     try:
         subprocess.run(
@@ -256,7 +256,6 @@ def set_runtime_property(unit: str, assignment: str, *, hint: str | None = None)
 
 def daemon_reload() -> str:
     """Reload unit files: over D-Bus when pystemd is there, else ``systemctl daemon-reload``."""
-    import subprocess
 
     try:
         PystemdBus().reload()
@@ -282,7 +281,7 @@ def daemon_reload() -> str:
 class SystemdBackend:
     """Same surface as CgroupfsBackend for api/launch.py: ``fs``, ``lock``, ``apply``, ``remove``.
 
-    ``apply`` takes the *delegated* plan (see :func:`governor.plan.placement.delegated_plan`)."""
+    ``apply`` takes the *delegated* plan (see :func:`governor.compile.placements.delegated_plan`)."""
 
     def __init__(
         self,
@@ -387,16 +386,16 @@ def for_launch(
     *,
     systemd_version: int | None,
     proc_root: Path,
-    placements: tuple[CompiledPlacement, ...] = (),
+    placements: tuple[CompiledPlacement, ...],
 ) -> tuple[Plan, SystemdBackend]:
     """The delegated plan and the backend for ``governor launch --backend systemd``
-    (``placements``: compiled ahead; compiled here when not given)."""
+    (``placements``: both places, compiled ahead by governor/compile/placements.py)."""
     if systemd_version is None:
         raise HostError(
             "--backend systemd: systemd is not PID 1 on this host (/proc/1/comm)",
             hint="use --backend cgroupfs (or auto)",
         )
-    chosen = pick(placements or compile_placements(plan, systemd_version), own_cgroup(proc_root))
+    chosen = pick(placements, own_cgroup(proc_root))
     placement = Placement(chosen.mode, chosen.unit, chosen.cgroup)
     log.info("systemd.placement", mode=placement.mode, unit=placement.unit, cgroup=placement.cgroup)
     if placement.mode == "scope":

@@ -6,6 +6,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from governor.bench import metrics
 from governor.bench.run import (
     Case,
     Row,
@@ -20,7 +21,14 @@ from governor.bench.run import (
     to_json,
 )
 from governor.bench.sample import cgroup_reader
+from governor.engines.budget import estimate_argv
+from governor.engines.gguf import read_gguf_cached as read_gguf
+from governor.engines.llama import is_gguf, parse_llama_argv
+from governor.errors import GovernorError, PolicyNotFound, UsageError
+from governor.kernel.cgroupfs import CgroupFs
+from governor.kernel.parse import parse_meminfo
 from governor.log import get_logger
+from governor.rundir.state import STATE_FILE, run_dir
 
 log = get_logger(__name__)
 DEFAULT_MAX_FRACTION = 0.8  # the seed's evaluation scaffold: peak under 80 % of the board
@@ -67,8 +75,6 @@ def _cases(plan: Any, argv: tuple[str, ...], b: BenchOptions) -> list[Case]:
     if plan.engine.kind == "llama.cpp":
         return expand_matrix(argv, b.models, b.ctxs)
     if b.models or b.ctxs:
-        from governor.errors import UsageError
-
         raise UsageError(
             "--model/--ctx replace llama.cpp's -m/-c: the policy's engine.kind is generic"
             " (--model, --ctx, engine.kind)",
@@ -79,16 +85,12 @@ def _cases(plan: Any, argv: tuple[str, ...], b: BenchOptions) -> list[Case]:
 
 def _quant_and_estimate(row: Row, argv: tuple[str, ...], root: Path) -> None:
     """Fill the row's quant and estimate from the GGUF header (when gguf is importable)."""
-    from governor.engines.budget import estimate_argv
-    from governor.engines.llama import is_gguf, parse_llama_argv
-    from governor.errors import GovernorError
 
     args = parse_llama_argv(argv)
     if not is_gguf(args):
         return
     try:
         est = estimate_argv(args, root=root, budget=None)
-        from governor.engines.gguf import read_gguf_cached as read_gguf
 
         row.quant = read_gguf(Path(str(args.model))).quant
     except GovernorError as err:
@@ -102,14 +104,10 @@ def _quant_and_estimate(row: Row, argv: tuple[str, ...], root: Path) -> None:
 def bench(
     plan: Any, policy: Path, argv: tuple[str, ...], opts: Any, b: BenchOptions
 ) -> BenchResult:
-    from governor.kernel.cgroupfs import CgroupFs
-    from governor.kernel.parse import parse_meminfo
 
     if b.plot is not None:
         pyplot()  # fail before the runs, not after them
     if b.metrics_textfile is not None and not b.metrics_textfile.is_dir():
-        from governor.errors import PolicyNotFound
-
         raise PolicyNotFound(
             f"no such directory: {b.metrics_textfile} (--metrics-textfile)",
             hint="create it, or give node_exporter's --collector.textfile.directory",
@@ -123,7 +121,6 @@ def bench(
     log_dir = b.log_dir or default_log_dir()
     if log_dir is not None:
         log_dir.mkdir(parents=True, exist_ok=True)
-    from governor.rundir.state import STATE_FILE, run_dir
 
     spec = RunSpec(
         state=run_dir() / plan.policy / STATE_FILE,  # the launch publishes the engine's pid
@@ -162,8 +159,6 @@ def bench(
     if b.plot is not None:
         plot(rows, b.plot)
     if b.metrics_textfile is not None:
-        from governor.bench import metrics
-
         metrics.write(b.metrics_textfile, plan.policy, rows)
     failures = gate(
         rows, board_bytes=board, max_fraction=b.max_fraction, min_decode_tps=b.min_decode_tps

@@ -15,6 +15,7 @@ from statistics import fmean
 from prometheus_client import CollectorRegistry, Gauge
 
 from governor.bench.run import Row
+from governor.metrics.export import write_registry
 
 TEXTFILE = "governor_bench.prom"
 LABELS = ("policy", "model", "quant", "ctx")
@@ -71,6 +72,5 @@ def registry(policy: str, rows: Sequence[Row], now: float | None = None) -> Coll
 
 
 def write(directory: Path, policy: str, rows: Sequence[Row]) -> Path:
-    from governor.metrics.export import write_registry
 
     return write_registry(directory, TEXTFILE, registry(policy, rows), "--metrics-textfile")

@@ -38,6 +38,8 @@ from governor.bench.sample import (
     sources,
 )
 from governor.bench.timings import parse_timings
+from governor.engines.llama import parse_llama_argv
+from governor.errors import HostError, PermissionDenied
 
 COLUMNS = (
     "run", "model", "quant", "ctx", "peak_bytes", "anon_at_peak", "file_at_peak",
@@ -111,7 +113,6 @@ def expand_matrix(
     argv: Sequence[str], models: Sequence[str] = (), ctxs: Sequence[int] = ()
 ) -> list[Case]:
     """Every (model, ctx) combination of the argv; empty lists keep the argv's own value."""
-    from governor.engines.llama import parse_llama_argv
 
     base = parse_llama_argv(tuple(argv))
     cases = []
@@ -216,8 +217,6 @@ def pyplot() -> Any:
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt  # type: ignore[import-not-found,unused-ignore]
     except ImportError as err:
-        from governor.errors import HostError
-
         raise HostError(
             "--plot needs the python package matplotlib, which is not installed (--plot)",
             hint="pip install 'cgroup-governor[plot]'",
@@ -374,7 +373,6 @@ def drop_page_cache() -> None:
     """Cold start: file pages are charged to the cgroup that faults them in (cgroup-v2.rst
     "Memory Ownership"); pages a previous run left in the cache would be missing from the next
     run's memory.peak. 3 = page cache + slab (Documentation/admin-guide/sysctl/vm.rst)."""
-    from governor.errors import PermissionDenied
 
     os.sync()
     try:

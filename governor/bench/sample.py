@@ -17,6 +17,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import psutil
+
+from governor.errors import GovernorError
+from governor.kernel import files as kf
+
 MIN_INTERVAL_S = 0.05
 # where a row's figures come from: the kernel's high-water mark, else the highest sample
 PEAK_KERNEL = "memory.peak"
@@ -100,7 +105,6 @@ class EngineTreeReader:
         self._engine: Any = None  # psutil.Process
 
     def _find(self) -> Any:
-        import psutil
 
         if self.launch_pid is None:
             return None
@@ -117,7 +121,6 @@ class EngineTreeReader:
             return None
 
     def __call__(self) -> tuple[int, int, int] | None:
-        import psutil
 
         if self._engine is None or not self._engine.is_running():
             self._engine = self._find()
@@ -139,8 +142,6 @@ class EngineTreeReader:
 
 
 def cgroup_reader(fs: Any, group: str) -> Callable[[], tuple[int, int, int] | None]:
-    from governor.errors import GovernorError
-    from governor.kernel import files as kf
 
     def read() -> tuple[int, int, int] | None:
         try:

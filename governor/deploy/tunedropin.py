@@ -6,13 +6,16 @@ reverter runs it)."""
 from __future__ import annotations
 
 import contextlib
+import difflib
+import os
+import tempfile
 from collections.abc import Mapping
 from typing import Any
 
+from governor.backends.systemd import daemon_reload
+
 
 def write_atomic(path: str, text: str, mode: int) -> None:
-    import os
-    import tempfile
 
     directory = os.path.dirname(os.path.abspath(path))
     fd, tmp = tempfile.mkstemp(dir=directory, prefix=".governor-tune-")
@@ -30,7 +33,6 @@ def write_atomic(path: str, text: str, mode: int) -> None:
 
 
 def udiff(old: str, new: str, path: str) -> str:
-    import difflib
 
     return "".join(
         difflib.unified_diff(
@@ -63,7 +65,6 @@ def render_dropin(old: str | None, section: str, settings: Mapping[str, str]) ->
 def persist_dropin(path: str, section: str, settings: Mapping[str, str]) -> dict[str, Any]:
     """Write ``settings`` into the unit's tune drop-in (atomic). Returns {path, before, diff}:
     ``before`` is the previous text (None: there was none) for rollback."""
-    import os
 
     try:
         with open(path) as f:
@@ -80,9 +81,6 @@ def persist_dropin(path: str, section: str, settings: Mapping[str, str]) -> dict
 
 def restore_dropin(info: Mapping[str, Any]) -> None:
     """Put a tune drop-in back as it was before a persisted tune, then reload the manager."""
-    import os
-
-    from governor.backends.systemd import daemon_reload
 
     path, before = info["path"], info.get("before")
     if before is None:

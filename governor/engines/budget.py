@@ -7,26 +7,41 @@ preflight of `governor launch` and `governor check --engine-argv` (governor/engi
 
 from __future__ import annotations
 
+import math
 import platform
 from collections.abc import Mapping
+from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from governor.engines.estimate import (
     Estimate,
     cpu_family,
-    cpuinfo_machine,
     estimate,
     settings_from_argv,
 )
 from governor.engines.gguf import read_gguf_cached as read_gguf
 from governor.engines.llama import EngineArgs, EngineArgvError, model_parts, parse_llama_argv
+from governor.engines.router import MODELS_MAX, PresetError, RouterEstimate, router_models
 from governor.errors import PolicyError, PolicyNotFound
+from governor.kernel.files import MEMORY_MAX
+from governor.kernel.parse import cpuinfo_machine
 from governor.kernel.procfs import ProcFs
 
 if TYPE_CHECKING:
-    from governor.engines.router import RouterEstimate
+    from governor.engines.preflight import Preflight
+    from governor.plan.model import Plan
     from governor.policy.model import Policy
+
+MIB = 1 << 20
+HEADROOM_MIN = 64 * MIB  # the prefetch helper and the engine's heap spread (~4 MiB per run)
+HEADROOM_SHARE = 0.10  # the estimate's error against memory.peak (docs/calibration.md)
+
+
+def headroom_for(total: int) -> int:
+    """governor init's headroom over an estimate (governor/engines/draft.py), also a router
+    model's default leaf max."""
+    return max(HEADROOM_MIN, math.ceil(total * HEADROOM_SHARE))
 
 
 def host_family(root: Path) -> str:
@@ -41,8 +56,6 @@ def estimate_argv(args: EngineArgs, *, root: Path, budget: int | None) -> Estima
     parts = model_parts(args.model)
     info = read_gguf(parts[0])
     if len(parts) > 1:  # tensors of the other parts: their sizes add to the weights
-        from dataclasses import replace
-
         extra = tuple(t for p in parts[1:] for t in read_gguf(p).tensors)
         info = replace(info, tensors=info.tensors + extra)
     return estimate(
@@ -78,8 +91,6 @@ def estimate_router(
     """Every model a llama-server router may load, estimated with the argv the router gives its
     child (governor/engines/router.py); 66 for a models directory or preset that is missing,
     65 for a preset or a model's options that cannot be read."""
-    from governor.engines.router import MODELS_MAX, PresetError, RouterEstimate, router_models
-
     preset_text = None
     if args.models_preset is not None:
         preset = Path(args.models_preset)
@@ -180,3 +191,18 @@ def fit_router(
         )
         + " (governor estimate shows each model)",
     )
+
+
+def with_router(
+    checked: Preflight, plan: Plan, args: EngineArgs, *, root: Path, cwd: Path
+) -> Preflight:
+    """The preflight of a llama-server router (:func:`fit_router` against the plan's
+    memory.max), with each model's estimate and its leaf's default max (the estimate + init's
+    headroom) for the launch: {"router": {alias: bytes}, "router_max": {alias: bytes}}."""
+    rest, said = fit_router(args, plan.engine.evict, plan.limit(MEMORY_MAX), root=root, cwd=cwd)
+    totals = {m.alias: e.total for m, e in rest.models}
+    router = {
+        "router": totals,
+        "router_max": {a: t + headroom_for(t) for a, t in totals.items()},
+    }
+    return replace(checked, warnings=(*checked.warnings, *said), router=router)

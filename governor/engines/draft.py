@@ -29,7 +29,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from governor.engines import draft_server
-from governor.engines.budget import estimate_argv
+from governor.engines.budget import HEADROOM_MIN, HEADROOM_SHARE, estimate_argv
+from governor.engines.budget import headroom_for as _headroom_for
 from governor.engines.estimate import KV_CELL_PAD, MIB, Estimate
 from governor.engines.llama import (
     EngineArgs,
@@ -37,6 +38,8 @@ from governor.engines.llama import (
     parse_llama_argv,
 )
 from governor.errors import PolicyError, UsageError
+from governor.kernel.parse import format_cpulist
+from governor.policy.loader import load_text
 from governor.policy.model import NAME_RE
 
 if TYPE_CHECKING:
@@ -46,8 +49,6 @@ GIB = 1 << 30
 RESERVE_BASE = 128 * MIB  # kernel, init, sshd, journald: what a headless board runs anyway
 RESERVE_SHARE = 16  # plus 1/16 of the board: page tables, slab and cache grow with it
 RESERVE_CAP = 1 * GIB
-HEADROOM_MIN = 64 * MIB  # the prefetch helper and the engine's heap spread (~4 MiB per run)
-HEADROOM_SHARE = 0.10  # the estimate's error against memory.peak (docs/calibration.md)
 DEFAULT_ENGINE = "llama-completion"  # the one-shot CLI (notes/engine.md "Which binary")
 # the options init sets itself: -m from --model, -c from --ctx (or the largest that fits)
 _MODEL_OPTS = frozenset({"-m", "--model"})
@@ -92,12 +93,11 @@ class Draft:
     missing: tuple[str, ...]  # controllers the policy uses that this host lacks
 
 
+headroom_for = _headroom_for  # in engines/budget.py (a router model's default leaf max too)
+
+
 def reserve_for(board: int) -> int:
     return min(RESERVE_CAP, RESERVE_BASE + board // RESERVE_SHARE)
-
-
-def headroom_for(total: int) -> int:
-    return max(HEADROOM_MIN, math.ceil(total * HEADROOM_SHARE))
 
 
 def fit_budget(ceiling: int) -> int:
@@ -293,14 +293,12 @@ def draft(req: Request, host: HostFacts, *, root: Path) -> Draft:
     needed = ["memory"] + (["cpuset"] if big else [])
     missing = tuple(c for c in needed if c not in host.controllers)
     text = render(name, req, host, sizing, (tuple(engine), options), parsed, missing)
-    from governor.policy.loader import load_text
 
     load_text(text, source="governor init")  # a bug here is ours: PolicyError, never a bad file
     return Draft(name=name, text=text, engine=tuple(engine), sizing=sizing, missing=missing)
 
 
 def _cpulist(cpus: tuple[int, ...]) -> str:
-    from governor.kernel.parse import format_cpulist
 
     return format_cpulist(cpus)
 

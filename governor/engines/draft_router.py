@@ -16,14 +16,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from governor.engines.budget import estimate_router
+from governor.engines.budget import estimate_router, headroom_for
 from governor.engines.draft import (
     _RULES,
     Request,
     _mib_up,
     _q,
     fit_budget,
-    headroom_for,
     policy_name,
     reserve_for,
 )
@@ -31,6 +30,7 @@ from governor.engines.estimate import MIB
 from governor.engines.llama import EngineArgvError, parse_llama_argv
 from governor.engines.router import RouterEstimate, fits_together
 from governor.errors import PolicyError, UsageError
+from governor.policy.loader import load_text
 
 if TYPE_CHECKING:
     from governor.plan.host import HostFacts
@@ -108,8 +108,6 @@ def draft_router(req: Request, host: HostFacts, *, root: Path) -> RouterDraft:
     engine = (program, where, str(req.model), *options, *ctx, "--models-max", str(n))
     missing = tuple(c for c in ("memory",) if c not in host.controllers)
     text = _render(name, req, host, sizing, engine)
-    from governor.policy.loader import load_text
-
     load_text(text, source="governor init")
     return RouterDraft(name=name, text=text, engine=engine, sizing=sizing, missing=missing)
 

@@ -13,8 +13,8 @@ The order (the first refusal wins):
    b. the prefetch files: resolved (65 for "auto" without a llama.cpp -m), present (66),
       readable (77), regular files (65);
    c. ONE budget fit against memory.max (65): the GGUF estimate (weights + repack + KV cache +
-      compute) when the model is a GGUF, where --force turns the refusal into a warning; else the
-      model's file size (+ KV cache when known);
+      compute) of a GGUF (--force: a warning), else the model's file size (+ KV cache when
+      known); llama-server's router: its --models-max largest models (budget.with_router);
    d. the prefetch against memory.max (65): page cache is charged to the slice (cgroup-v2.rst,
       "Memory Ownership"), so populating more than memory.max reclaims the first pages to make
       room for the last (it would evict itself), and locked pages cannot be reclaimed at all;
@@ -25,8 +25,7 @@ workload it is launched with, which the operator fixes in the policy or the argv
 (EX_UNAVAILABLE) is kept for a host that lacks a capability.
 
 Warnings come back as data, ``(event, message)`` pairs, for the caller to print (check) or log
-(launch). The run time imports this module: no pydantic, typer or logging framework here, and
-the GGUF reader only when the model is a GGUF.
+(launch); no pydantic, typer or logging framework here.
 """
 
 from __future__ import annotations
@@ -37,8 +36,9 @@ import stat
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
+from governor.engines.budget import estimate_argv, with_router
 from governor.engines.llama import (
     SERVER_CACHE_RAM_MIB,
     EngineArgs,
@@ -72,7 +72,7 @@ class Preflight:
     warnings: tuple[Said, ...] = ()
     notes: tuple[str, ...] = ()
     args: EngineArgs | None = None  # the engine argv it checked (engine_args), for the caller
-    router: dict[str, int] | None = None  # llama-server's router: each model's estimate (bytes)
+    router: dict[str, Any] | None = None  # llama-server's router: engines/budget.py with_router
 
     @property
     def messages(self) -> list[str]:
@@ -382,7 +382,6 @@ def fit_estimate(
     """The budget of a GGUF model: llama.cpp's estimated resident memory against memory.max
     (65 unless ``force``). (None, ...) when the optional `gguf` package is missing: the caller
     falls back to the file size."""
-    from governor.engines.budget import estimate_argv
 
     try:
         est = estimate_argv(args, root=root, budget=memory_max)
@@ -490,7 +489,7 @@ def preflight(
         memory_high=memory_high,
         source=source,
     )
-    return Preflight(
+    checked = Preflight(
         estimate=est,
         files=tuple(str(p) for p in paths),
         prefetch_bytes=prefetch_bytes,
@@ -498,3 +497,4 @@ def preflight(
         notes=tuple(notes),
         args=args,
     )
+    return with_router(checked, plan, args, root=root, cwd=cwd) if args and args.router else checked

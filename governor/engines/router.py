@@ -30,6 +30,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from governor.cache import argkey
 from governor.engines import llama
 
 if TYPE_CHECKING:
@@ -48,8 +49,7 @@ ROUTER_ONLY = frozenset(
 )
 ROUTER_FLAGS = frozenset(["--models-autoload", "--no-models-autoload"])
 GLOBAL_SECTION = "*"
-_TRUTHY = frozenset(["on", "enabled", "true", "1"])
-_FALSEY = frozenset(["off", "disabled", "false", "0"])
+_TRUTHY, _FALSEY = argkey.TRUTHY, argkey.FALSEY
 _SECTION_RE = re.compile(r"^\[(?P<name>[^\]]+)\]$")
 
 
@@ -161,17 +161,17 @@ def parse_preset(text: str) -> dict[str, dict[str, str]]:
 def _option_of(key: str) -> tuple[str | None, str | None]:
     """(value option, flag option) a preset key names, in llama.cpp spelling."""
     if key.startswith("LLAMA_ARG_"):
-        canon = llama.ENV_OPTS.get(key)
+        canon = argkey.ENV_OPTS.get(key)
         if canon is not None:
-            return next(o for o, c in llama._VALUE_OPTS.items() if c == canon), None
+            return next(o for o, c in argkey.READ_OPTS.items() if c == canon), None
         flag = {"LLAMA_ARG_KV_UNIFIED": "--kv-unified", "LLAMA_ARG_REPACK": "--repack"}.get(key)
         return (None, flag) if flag is not None else (None, None)
     for word in (f"--{key}", f"-{key}"):
-        if word in llama._VALUE_OPTS or word in llama._SKIP_VALUE_OPTS:
+        if word in argkey.READ_OPTS or word in argkey.SKIP_VALUE_OPTS:
             return word, None
-        if word in llama._UNSIZED_VALUE_OPTS:
+        if word in argkey.UNSIZED_VALUE_OPTS:
             return word, None
-        if word in llama._FLAG_OPTS or word in llama._UNSIZED_FLAGS:
+        if word in argkey.FLAG_OPTS or word in argkey.UNSIZED_FLAGS:
             return None, word
     return f"--{key}", None  # an option this reader does not know: kept, never sized
 
@@ -237,7 +237,7 @@ def router_words(argv: Sequence[str]) -> list[str]:
         if word in ROUTER_ONLY:
             i += 2
             continue
-        if word in llama._VALUE_OPTS or word in llama._SKIP_VALUE_OPTS:
+        if word in argkey.READ_OPTS or word in argkey.SKIP_VALUE_OPTS:
             out += words[i : i + 2]
             i += 2
             continue

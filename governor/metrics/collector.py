@@ -19,13 +19,18 @@ from __future__ import annotations
 import math
 import os
 from collections.abc import Callable, Iterable, Iterator, Sequence
+from importlib.metadata import PackageNotFoundError
+from importlib.metadata import version as dist_version
 from pathlib import Path
 from typing import Any
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector, CollectorRegistry
 
+from governor.backends.device import cma
 from governor.kernel.cgroupfs import CgroupFs
+from governor.kernel.procfs import ProcFs
+from governor.launch.prefetch import Prefetcher, resident_pages
 from governor.operate import observe
 from governor.operate.devmem import device_board
 from governor.plan.model import Plan
@@ -40,8 +45,6 @@ States = Callable[[], Sequence[dict[str, Any]]]
 
 
 def version() -> str:
-    from importlib.metadata import PackageNotFoundError
-    from importlib.metadata import version as dist_version
 
     try:
         return dist_version("governor")
@@ -338,8 +341,6 @@ def _device(f: _Families, fs: CgroupFs, plan: Plan, st: RunState) -> None:
 
 def _cma() -> Iterator[Metric]:
     """/proc/meminfo CmaTotal / CmaFree: board-wide, no policy label (absent without CMA)."""
-    from governor.backends.device import cma
-    from governor.kernel.procfs import ProcFs
 
     values = cma(ProcFs())
     for key, name in (("CmaTotal", "total"), ("CmaFree", "free")):
@@ -353,7 +354,6 @@ def _resident_ratio(files: Sequence[str]) -> float | None:
     """Resident pages / pages of the files (mincore; nothing is read or faulted in)."""
     if not files:
         return None
-    from governor.launch.prefetch import Prefetcher, resident_pages
 
     pre = Prefetcher()
     resident = total = 0

@@ -11,7 +11,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from prometheus_client import start_http_server, write_to_textfile
+from prometheus_client import generate_latest, start_http_server, write_to_textfile
 
 from governor.errors import GovernorError, HostError, PermissionDenied, PolicyNotFound
 from governor.metrics.collector import registry
@@ -78,7 +78,6 @@ def _states(run: Path, name: str | None) -> list[dict[str, Any]]:
 
 def exposition(run: Path, name: str | None = None) -> bytes:
     """The text exposition of every governed slice (or ``name``), as a scrape would get it."""
-    from prometheus_client import generate_latest
 
     states = _states(run, name)
     return generate_latest(registry(lambda: states, run))

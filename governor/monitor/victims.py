@@ -9,9 +9,11 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+from governor.backends.placement import parse_proc_cgroup
 from governor.errors import GovernorError
 from governor.kernel import files as kf
 from governor.kernel.cgroupfs import CgroupFs
+from governor.kernel.procfs import ProcFs
 from governor.plan.board import BoardCgroup, read_board
 from governor.plan.model import QOS_RANK, SHED_STEPS, Plan
 from governor.record import record
@@ -142,8 +144,6 @@ def own_process_cgroup() -> str | None:
     """This process's cgroup2 path (/proc/self/cgroup): a shedder never takes it, its
     ancestors or its descendants. None when /proc says none, or the root (every cgroup lies
     inside it: none is excluded for it)."""
-    from governor.backends.placement import parse_proc_cgroup
-    from governor.kernel.procfs import ProcFs
 
     try:
         own = parse_proc_cgroup(ProcFs().self_cgroup())

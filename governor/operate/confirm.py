@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -36,8 +37,11 @@ import time
 from pathlib import Path
 from typing import IO, Any
 
+from governor.deploy.tunedropin import restore_dropin
 from governor.kernel.cgroupfs import CgroupFs
+from governor.operate.tune import rollback
 from governor.rundir.journal import Journal
+from governor.rundir.state import REVERTER, alive
 
 
 class Reverter:
@@ -84,7 +88,6 @@ def detach(pid: int, name: str) -> str | None:
     scope) nor the stop of the unit the tune ran from takes it along. Returns the scope's
     name; None without systemd, or when the manager did not take it (the reverter then stays
     where it is: status says so if it dies)."""
-    import shutil
 
     busctl = shutil.which("busctl")
     if not os.path.isdir("/run/systemd/system") or busctl is None:
@@ -130,7 +133,6 @@ def confirm(journal: Journal) -> list[dict[str, Any]]:
 
 def _stop(pid: int | None) -> None:
     """SIGTERM a reverter, only if that pid is still ours (its cmdline names governor.operate.confirm)."""
-    from governor.rundir.state import REVERTER, alive
 
     if pid and alive(pid, marker=REVERTER):
         with contextlib.suppress(OSError):
@@ -141,8 +143,6 @@ def revert_if_pending(
     journal: Journal, fs: CgroupFs, entry_ids: list[int]
 ) -> dict[str, Any] | None:
     """The reverter's work at the deadline: undo the entries unless confirmed or undone."""
-    from governor.deploy.tunedropin import restore_dropin
-    from governor.operate.tune import rollback
 
     with journal.locked():
         waiting = [e["id"] for e in journal.pending() if e["id"] in entry_ids]

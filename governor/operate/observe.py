@@ -13,12 +13,15 @@ import contextlib
 from collections.abc import Mapping
 from typing import Any
 
+from governor.backends import manager
 from governor.backends.cgroupfs import CgroupfsBackend
+from governor.backends.manager import same
 from governor.errors import GovernorError
 from governor.kernel import files as kf
 from governor.kernel.cgroupfs import CgroupFs
 from governor.plan.model import Plan
 from governor.rundir.journal import Journal
+from governor.rundir.state import REVERTER, alive
 
 PSI_RESOURCES = ("memory", "cpu", "io")
 MEMORY_EVENTS = ("low", "high", "max", "oom", "oom_kill", "oom_group_kill")
@@ -40,7 +43,6 @@ def _knob_state(
     file: str, policy: str, kernel: str | None, unit: str | None, *, tuned: str | None,
     has_unit: bool,
 ) -> str:  # fmt: skip
-    from governor.backends.manager import same
 
     if kernel is None:
         return "missing"
@@ -65,7 +67,6 @@ def knobs(
     tune in ``journal``), shed (memory.high at a higher class's throttle), drifted, unit drifted,
     missing; a tune waiting for --confirm says
     when it reverts (``reverts_at``)."""
-    from governor.rundir.state import REVERTER, alive
 
     reverts = (
         {
@@ -80,9 +81,7 @@ def knobs(
     rows: list[tuple[str, str, str, str, bool]] = []  # file, reason, policy, cgroup, unit?
     unit_values: dict[str, str | None] = {}
     if systemd:
-        from governor.backends.manager import unit_values as read_unit
-
-        unit_values = read_unit(systemd["unit"])
+        unit_values = manager.unit_values(systemd["unit"])  # looked up here: tests stand in for it
         for lim in systemd.get("limits", []):
             rows.append((lim["file"], lim["reason"], lim["policy"], systemd["cgroup"], True))
     for obs in CgroupfsBackend(fs).observe(plan):

@@ -12,6 +12,7 @@ Keys (interactive): ``m`` sort by memory, ``p`` by pressure, ``c`` by CPU, ``q``
 
 from __future__ import annotations
 
+import curses
 import sys
 import time
 from collections.abc import Callable
@@ -169,7 +170,6 @@ def batch(
 def interactive(
     run: Path, *, delay: float, iterations: int | None
 ) -> None:  # pragma: no cover - tmux test in the guest
-    import curses
 
     def loop(screen: Any) -> None:
         curses.curs_set(0)

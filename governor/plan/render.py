@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from governor.kernel.parse import format_cpulist
 from governor.plan.model import Plan, WatchTrigger
 
 
@@ -31,8 +32,6 @@ def plan_table(plan: Plan) -> str:
     launch = plan.launch
     proc = []
     if launch.affinity is not None:
-        from governor.kernel.parse import format_cpulist
-
         proc.append(f"affinity={format_cpulist(launch.affinity)}")
     for key in ("user", "group", "oom_score_adj", "nice"):
         val = getattr(launch, key)
@@ -94,8 +93,6 @@ def enforcement(plan: Plan) -> tuple[list[str], list[str]]:
     on = [f"{w.file}={w.value}" for w in plan.writes]
     launch = plan.launch
     if launch.affinity is not None:
-        from governor.kernel.parse import format_cpulist
-
         on.append(f"affinity={format_cpulist(launch.affinity)}")
     if launch.oom_score_adj is not None:
         on.append(f"oom_score_adj={launch.oom_score_adj}")

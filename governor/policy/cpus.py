@@ -6,6 +6,8 @@ import re
 from dataclasses import dataclass
 from typing import Literal
 
+from governor.kernel.parse import format_cpulist
+
 _CPULIST_RE = re.compile(r"[0-9]+(-[0-9]+)?(,[0-9]+(-[0-9]+)?)*")
 # CONFIG_NR_CPUS tops out at 8192 on arm64/x86_64 distribution kernels
 MAX_CPU = 8191
@@ -21,7 +23,6 @@ class CpuSpec:
     def __str__(self) -> str:
         if self.kind != "list":
             return self.kind
-        from governor.kernel.parse import format_cpulist
 
         return format_cpulist(self.cpus)
 

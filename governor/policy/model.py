@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import re
 from typing import Annotated, Any, Literal
+from urllib.parse import urlsplit
 
 from pydantic import (
     AfterValidator,
@@ -237,7 +238,6 @@ class ProcessSection(_Section):
 
 def _ready_url(url: str) -> str:
     """`ready`: "exec", or an http:// URL with a host and a port (no https: loopback health)."""
-    from urllib.parse import urlsplit
 
     if url == "exec":
         return url

@@ -22,13 +22,14 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from governor.errors import GovernorError
 from governor.kernel import files as kf
 from governor.kernel.cgroupfs import CgroupFs
 from governor.log import get_logger
+from governor.record import record
 
 log = get_logger(__name__)
 
@@ -37,7 +38,7 @@ POLL_S = 0.02  # between reads of the engine leaf's cgroup.procs
 ALIAS_OPTS = (b"-a", b"--alias")  # llama-server's --alias (common/arg.cpp)
 
 
-@dataclass(frozen=True)
+@record(frozen=True)
 class ModelLimits:
     """One model's leaf: memory.max / memory.high in bytes (None: not written) and
     memory.oom.group (None: the kernel's default)."""
@@ -45,6 +46,11 @@ class ModelLimits:
     max: int | None = None
     high: int | None = None
     oom_group: bool | None = None
+
+    @classmethod
+    def read(cls, d: Mapping[str, Any]) -> ModelLimits:
+        """From the plain mapping a launch hands the supervisor (api/launch.py model_leaves)."""
+        return cls(max=d.get("max"), high=d.get("high"), oom_group=d.get("oom_group"))
 
 
 def child_alias(cmdline: bytes) -> str | None:
@@ -78,7 +84,7 @@ class ModelLeaves:
         *,
         group: str,
         leaf: str,
-        limits: Mapping[str, ModelLimits],
+        limits: Mapping[str, ModelLimits | Mapping[str, Any]],
         router_pid: Callable[[], int | None],
         proc_root: Path = Path("/proc"),
         on_place: Callable[[str, int, str], None] | None = None,
@@ -86,7 +92,9 @@ class ModelLeaves:
         self.fs = fs
         self.group = group
         self.leaf = leaf
-        self.limits = dict(limits)
+        self.limits = {
+            a: v if isinstance(v, ModelLimits) else ModelLimits.read(v) for a, v in limits.items()
+        }
         self.router_pid = router_pid
         self.proc_root = proc_root
         self.on_place = on_place

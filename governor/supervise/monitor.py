@@ -13,6 +13,7 @@ there."""
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import signal
 import time
@@ -27,6 +28,7 @@ from governor.monitor.loop import Monitor
 from governor.plan.model import Plan
 from governor.rundir.journal import Journal
 from governor.rundir.state import Publisher, RunState, alive, run_dir
+from governor.supervise.watchdog import fork_watchdog
 
 # what the monitor's state carries over from `governor apply`'s
 KEPT_FROM_APPLY = ("created", "backend", "systemd")
@@ -81,7 +83,6 @@ def attach(
     endpoint = None if serve is None else serve(lambda: list(state.snapshot))
     # a freeze action holds the group while it runs: the sh watchdog thaws it if the monitor
     # dies (SIGKILL, OOM); every signal that ends it otherwise goes through finish() below
-    from governor.supervise.watchdog import fork_watchdog
 
     watchdog = fork_watchdog()
     try:
@@ -114,8 +115,6 @@ def attach(
                 signal.signal(sig, handler)
             out = mon.finish()
         if report is not None:
-            import json
-
             report.write_text(json.dumps(out, indent=2, sort_keys=True) + "\n")
         return out
     finally:

@@ -17,9 +17,10 @@ import socket
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from urllib.parse import urlsplit
 
 from governor.errors import HostError
+from governor.record import record
 
 PROBE_INTERVAL_S = 0.25
 PROBE_TIMEOUT_S = 2.0
@@ -31,7 +32,7 @@ class EngineNotReady(HostError):
     """The engine never answered 200 on its ready URL within the timeout (69)."""
 
 
-@dataclass(frozen=True)
+@record(frozen=True)
 class Endpoint:
     host: str
     port: int
@@ -45,7 +46,6 @@ class Endpoint:
 
 def parse(url: str) -> Endpoint:
     """An http://HOST:PORT/PATH URL (validated by the policy model) as an endpoint."""
-    from urllib.parse import urlsplit
 
     parts = urlsplit(url)
     if parts.hostname is None or parts.port is None:

@@ -37,12 +37,12 @@ from governor.plan.model import Plan
 from governor.record import field, record
 from governor.rundir.journal import Journal
 from governor.rundir.state import Publisher, RunState, applied, run_dir
+from governor.supervise.models import ModelLeaves
 from governor.supervise.sdnotify import notify
 from governor.supervise.watchdog import Watchdog
 
 if TYPE_CHECKING:
     from governor.backends.clocks import BoardClocks
-    from governor.supervise.models import ModelLeaves
     from governor.supervise.ready import ReadyWait
 
 log = get_logger("governor.launch")
@@ -280,8 +280,6 @@ class Supervisor:
         """llama-server's router: each child it starts into its model's leaf."""
         if job.model_leaves is None:
             return None
-        from governor.supervise.models import ModelLeaves
-
         return ModelLeaves(
             self.launcher.fs,
             group=job.plan.group,

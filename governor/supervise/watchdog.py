@@ -34,6 +34,7 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
+import sys
 
 SHELL = "/bin/sh"
 DISARM = b"disarm\n"
@@ -158,7 +159,6 @@ class Watchdog:
         """From now on, the governor's death also releases its hold on the board's clocks
         (governor/backends/clocks.py, run with this interpreter after the cgroups went):
         restored when it was the last holder."""
-        import sys
 
         package = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
         lines = [

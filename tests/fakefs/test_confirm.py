@@ -226,7 +226,7 @@ def test_the_persisted_drop_in_merges_and_rollback_restores_it(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     reloads: list[str] = []
-    monkeypatch.setattr("governor.backends.systemd.daemon_reload", lambda: reloads.append("r"))
+    monkeypatch.setattr("governor.deploy.tunedropin.daemon_reload", lambda: reloads.append("r"))
     path = tmp_path / "etc" / "governor-t.slice.d" / tunedropin.DROPIN_NAME
     first = tunedropin.persist_dropin(str(path), "Slice", {"MemoryHigh": "300M"})
     assert first["before"] is None and "+MemoryHigh=300M" in first["diff"]

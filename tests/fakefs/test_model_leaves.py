@@ -123,6 +123,7 @@ def test_the_alias_is_read_from_the_childs_cmdline(cmdline: bytes, alias: str | 
 
 
 def test_a_models_leaf_defaults_to_its_estimate_plus_headroom_and_a_table_overrides() -> None:
+    from governor.engines.budget import headroom_for
     from governor.plan.model import Plan
 
     class _Plan:
@@ -136,8 +137,12 @@ def test_a_models_leaf_defaults_to_its_estimate_plus_headroom_and_a_table_overri
         )
 
     plan: Plan = _Plan()  # type: ignore[assignment]  # only .engine is read
-    got = model_leaves(plan, {"router": {"small": 300 * MIB, "big": 800 * MIB, "tiny": 30 * MIB}})
-    assert got == {
+    totals = {"small": 300 * MIB, "big": 800 * MIB, "tiny": 30 * MIB}
+    estimate = {"router": totals, "router_max": {a: t + headroom_for(t) for a, t in totals.items()}}
+    got = model_leaves(plan, estimate)
+    assert got is not None
+    limits = {a: ModelLimits.read(v) for a, v in got.items()}
+    assert limits == {
         "small": ModelLimits(max=300 * MIB + 64 * MIB, high=200 * MIB, oom_group=True),
         "big": ModelLimits(max=900 * MIB),
         "tiny": ModelLimits(max=30 * MIB + 64 * MIB),  # headroom: at least 64 MiB (init's)

@@ -273,7 +273,7 @@ def test_check_of_a_router_whose_largest_model_fits_nothing_says_so(
 
 
 def test_router_model_tables_compile_into_the_plan_in_bytes() -> None:
-    from governor.plan.compiler import compile_plan
+    from governor.compile.compiler import compile_plan
     from governor.plan.host import probe
     from governor.plan.model import Plan, RouterModelSpec
     from governor.policy.loader import load_text
@@ -314,7 +314,8 @@ def test_bad_router_keys_are_refused(table: str, said: str) -> None:
 def test_init_for_a_router_sizes_memory_max_for_the_models_that_fit_and_check_accepts_it(
     models_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    from governor.engines.draft import fit_budget, headroom_for, reserve_for
+    from governor.engines.budget import headroom_for
+    from governor.engines.draft import fit_budget, reserve_for
 
     rest, _budget = _budget_for_two(models_dir)
     totals = sorted((e.total for _m, e in rest.models), reverse=True)
