@@ -5,7 +5,7 @@ other models keep serving.
 
 The tree keeps cgroup v2's no-internal-process rule: processes only in leaves, the router in
 ``engine``, its children in the siblings under ``models`` (cgroup-v2.rst "No Internal Process
-Constraint"); ``models`` gets the group's controllers in its subtree_control.
+Constraint"); the group and ``models`` enable memory in their subtree_control.
 
 The router forks and execs ``llama-server ... --alias NAME ... --model PATH`` (measured:
 /proc/<pid>/cmdline of its children, llama.cpp 0c1e57098), so a child is found by polling the
@@ -36,6 +36,7 @@ log = get_logger(__name__)
 MODELS = "models"  # <group>/models/<alias>
 POLL_S = 0.02  # between reads of the engine leaf's cgroup.procs
 ALIAS_OPTS = (b"-a", b"--alias")  # llama-server's --alias (common/arg.cpp)
+MODEL_CONTROLLERS = frozenset({"memory"})  # what a model's leaf limits (memory.max/high/oom.group)
 
 
 @record(frozen=True)
@@ -145,9 +146,12 @@ class ModelLeaves:
     def _place(self, pid: int, alias: str) -> bool:
         cg = self.cgroup(alias)
         if not self._models_ready:
+            # the plan enables memory down to the group only (its limits are on the group):
+            # the group (no process of its own) and models pass it on to each model's leaf
+            wanted = sorted(MODEL_CONTROLLERS & self.fs.controllers(self.group))
+            self.fs.enable(self.group, wanted)
             self.fs.mkdir(f"{self.group}/{MODELS}")
-            wanted = self.fs.subtree_control(self.group)
-            self.fs.enable(f"{self.group}/{MODELS}", sorted(wanted))
+            self.fs.enable(f"{self.group}/{MODELS}", wanted)
             self._models_ready = True
         limits = self.limits.get(alias, ModelLimits())
         if self.fs.mkdir(cg):
