@@ -7,6 +7,11 @@ import os
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from governor.backends.cgroupfs import CgroupfsBackend
+from governor.backends.device import check_device as fit
+from governor.kernel.cgroupfs import CgroupFs
+from governor.kernel.procfs import ProcFs
+from governor.plan.host import probe
 from governor.record import field, record
 
 if TYPE_CHECKING:
@@ -39,7 +44,6 @@ def load_policy(path: Path) -> Policy:
 
 
 def probe_host(opts: HostOptions, *, target: str | None = None) -> HostFacts:
-    from governor.plan.host import probe
 
     return probe(opts.root, cgroup_root=opts.cgroup_root, target=target, sysfs_root=opts.sysfs_root)
 
@@ -120,15 +124,10 @@ def check_device(plan: Plan, opts: HostOptions) -> int | None:
     check and launch, never cached (MemAvailable moves)."""
     if plan.device is None:
         return None
-    from governor.backends.device import check_device as fit
-    from governor.kernel.cgroupfs import CgroupFs
-    from governor.kernel.procfs import ProcFs
 
     return fit(plan, CgroupFs(Path(plan.cgroup_root)), ProcFs(opts.root / "proc"))
 
 
 def cgroupfs_backend(plan: Plan) -> Any:
-    from governor.backends.cgroupfs import CgroupfsBackend
-    from governor.kernel.cgroupfs import CgroupFs
 
     return CgroupfsBackend(CgroupFs(Path(plan.cgroup_root)))

@@ -4,6 +4,9 @@ every refusal launch makes before it applies anything), the child's setup, then 
 
 from __future__ import annotations
 
+import json
+import os
+import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -12,17 +15,28 @@ from governor.api.host import (
     HostOptions,
     cgroupfs_backend,
     check_device,
-    preflight_engine,
     sysfs_root,
 )
+from governor.api.isolate import run_isolated
+from governor.backends.choose import choose
+from governor.cache import plans as compiled
+from governor.cache.argkey import server_address
+from governor.errors import UsageError
+from governor.kernel.parse import cpuinfo_machine
+from governor.kernel.procfs import ProcFs
+from governor.launch.launcher import Launcher
 from governor.log import get_logger
-from governor.record import record
+from governor.plan.host import HostFacts
+from governor.plan.placement import CompiledPlacement
+from governor.plan.render import enforcement
+from governor.record import record, replace
+from governor.rundir.state import run_dir
+from governor.supervise.supervisor import Job, Supervisor
+from governor.supervise.watchdog import fork_watchdog
 
 if TYPE_CHECKING:
     from governor.cache.plans import Compiled
-    from governor.engines.llama import EngineArgs
     from governor.launch.launcher import ChildSetup
-    from governor.plan.host import HostFacts
     from governor.plan.model import Plan
     from governor.supervise.watchdog import Watchdog
 
@@ -50,8 +64,6 @@ def _backend_name(opts: HostOptions, lopts: LaunchOptions) -> str:
     """Resolve --backend auto before probing (the systemd layout probes no slice path)."""
     if lopts.backend == "cgroupfs":
         return "cgroupfs"
-    from governor.backends.choose import choose
-    from governor.kernel.procfs import ProcFs
 
     pid1 = ProcFs(opts.root / "proc").pid1_comm()  # "" under hidepid=: not systemd
     return choose(lopts.backend, pid1=pid1)  # type: ignore[arg-type]  # cli validates it
@@ -65,7 +77,6 @@ def _launch_backend(
     if name != "systemd":
         return entry.plan, cgroupfs_backend(entry.plan)
     from governor.backends.systemd import for_launch
-    from governor.plan.placement import CompiledPlacement
 
     placements = tuple(CompiledPlacement(m, u, c, p) for m, u, c, p in entry.placements)  # type: ignore[arg-type]  # modes written by compile_placements
     return for_launch(
@@ -166,9 +177,6 @@ def _child_setup(plan: Plan, executable: str, argv: tuple[str, ...]) -> ChildSet
 
 def _announce(plan: Plan, leaf: str | None = None) -> None:
     """Say plainly, on stderr, where the engine runs and which limits are (not) in force."""
-    import sys
-
-    from governor.plan.render import enforcement
 
     on, off = enforcement(plan)
     out = sys.stderr
@@ -198,14 +206,6 @@ def model_leaves(plan: Plan, estimate: dict[str, Any] | None) -> dict[str, Any] 
 def launch(path: Path, argv: tuple[str, ...], opts: HostOptions, lopts: LaunchOptions) -> int:
     """`governor launch`: the compiled plan (cached, else compiled with every pre-apply
     refusal), then the supervisor. Returns the engine's status (128+N for signal N)."""
-    import os
-
-    from governor.errors import UsageError
-    from governor.kernel.procfs import ProcFs
-    from governor.launch.launcher import Launcher
-    from governor.rundir.state import run_dir
-    from governor.supervise.supervisor import Job, Supervisor
-    from governor.supervise.watchdog import fork_watchdog
 
     if not argv:
         raise UsageError(
@@ -279,9 +279,7 @@ def ready_url(compiled: Compiled, argv: tuple[str, ...]) -> str | None:
     /health from this launch's --host/--port (LLAMA_ARG_HOST/PORT), None: ready at exec."""
     if not compiled.ready_server:
         return compiled.ready_url
-    import os
 
-    from governor.cache.argkey import server_address
     from governor.supervise.ready import server_url
 
     return server_url(*server_address(argv, os.environ))
@@ -291,10 +289,8 @@ def serve_metrics(where: tuple[str, int], states: Callable[[], list[dict[str, An
     """--metrics: bind before anything is applied (a busy port is 69 with nothing changed),
     then serve /metrics from a thread until the run ends. prometheus_client is imported here
     and only here (the lean launch path never loads it without --metrics)."""
-    import sys
 
     from governor.metrics.export import serve
-    from governor.rundir.state import run_dir
 
     endpoint = serve(where[0], where[1], states, run_dir())
     sys.stderr.write(f"governor: metrics at {endpoint.url}\n")
@@ -315,7 +311,6 @@ def compiled_for_launch(
     """The plan cache's entry for this launch, else a compile (which stores it). ``cwd`` and
     ``cache`` stand for another process's view (install compiles for the service: cwd /, the
     cache directory of root without GOVERNOR_CACHE_DIR)."""
-    from governor.cache import plans as compiled
 
     name = None
     if lopts.plan_cache:
@@ -342,7 +337,11 @@ def compiled_for_launch(
             return hit
     if lopts.isolate_compile:
         return _compile_isolated(path, argv, opts, lopts, backend_name, name=name)
-    entry, host = _compile_launch(path, argv, opts, lopts, backend_name, cwd=cwd or Path.cwd())
+    from governor.api.launch_compile import compile_launch  # install's compile, in-process
+
+    entry, host = compile_launch(
+        path, argv, opts, backend_name, force=lopts.force, cwd=cwd or Path.cwd()
+    )
     if name is not None:
         compiled.store(name, entry, directory=cache)
     return entry, host
@@ -359,15 +358,13 @@ def _compile_isolated(
 ) -> tuple[Compiled, HostFacts]:
     """The compile (and the store) in a short-lived child; this process reads the entry back
     from its pipe and never imports the compile-time stack (governor/api/isolate.py)."""
-    import json
 
-    from governor.api.isolate import run_isolated
-    from governor.cache import plans as compiled
-    from governor.plan.host import HostFacts
-    from governor.record import replace
+    def work() -> bytes:  # runs in the child: only it imports the compile side
+        from governor.api.launch_compile import compile_launch
 
-    def work() -> bytes:
-        entry, host = _compile_launch(path, argv, opts, lopts, backend_name, cwd=Path.cwd())
+        entry, host = compile_launch(
+            path, argv, opts, backend_name, force=lopts.force, cwd=Path.cwd()
+        )
         if name is not None:
             compiled.store(name, entry)
         return json.dumps({"entry": entry.to_json().decode(), "host": host.to_dict()}).encode()
@@ -381,10 +378,6 @@ def _compile_isolated(
 
 def _cpu_signature(opts: HostOptions) -> str:
     """What the GGUF estimate reads from the CPU (its repack family): machine + flags."""
-    import os
-
-    from governor.kernel.parse import cpuinfo_machine
-    from governor.kernel.procfs import ProcFs
 
     text = ProcFs(opts.root / "proc").cpuinfo()
     machine = cpuinfo_machine(text, os.uname().machine)
@@ -392,96 +385,3 @@ def _cpu_signature(opts: HostOptions) -> str:
         if line.startswith(("flags", "Features")):
             return f"{machine}|{line.partition(':')[2].strip()}"
     return machine
-
-
-def _compile_launch(
-    path: Path,
-    argv: tuple[str, ...],
-    opts: HostOptions,
-    lopts: LaunchOptions,
-    backend_name: str,
-    *,
-    cwd: Path,
-) -> tuple[Compiled, HostFacts]:
-    """Compile time for a launch: policy, host, plan and every refusal before apply (the
-    same preflight as `check --engine-argv`: governor/engines/preflight.py)."""
-
-    from governor.cache import plans as compiled
-    from governor.engines.llama import model_parts
-
-    # under systemd the manager enables controllers along the unit's path itself
-    plan, host, checked = preflight_engine(
-        path, argv, opts, probe_target=backend_name != "systemd", force=lopts.force, cwd=cwd
-    )
-    target = None if backend_name == "systemd" else plan.group
-    for note in checked.notes:
-        log.debug("preflight.note", note=note)
-    args = checked.args  # the argv preflight_engine read and checked (engine_args)
-    files = checked.files
-    models = [str(p) for p in (model_parts(args.model) if args and args.model else [])]
-    if plan.engine.kind == "rkllm":  # its .rkllm file: the device memory (engines/rkllm.py)
-        from governor.engines.rkllm import parse_rkllm_argv
-
-        models = [str(parse_rkllm_argv(argv).model)]
-    inputs = [*models, *files]
-    idents = tuple(i for i in (compiled.file_identity(p) for p in inputs) if i is not None)
-    chain = tuple(
-        (p, digest) for p in _policy_chain(path) if (digest := compiled.sha256_file(p)) is not None
-    )
-    entry = compiled.Compiled(
-        plan=plan,
-        warnings=tuple(checked.warnings),
-        estimate=checked.estimate.to_dict()
-        if checked.estimate is not None
-        else checked.router  # {"router", "router_max"}: each model's leaf (supervise/models.py)
-        if checked.router is not None
-        else None,
-        prefetch_files=tuple(files),
-        prefetch_bytes=checked.prefetch_bytes,
-        target=target,
-        chain=chain,
-        inputs=idents,
-        host_key=compiled.host_key(host),
-        placements=_placements(plan, host) if backend_name == "systemd" else (),
-        model_bytes=sum(i[3] for i in idents if i[0] in models) if models else None,
-        ready_url=_ready_url(plan, args),
-        ready_server=plan.engine.ready is None and args is not None and args.server,
-    )
-    return entry, host
-
-
-def _ready_url(plan: Plan, args: EngineArgs | None) -> str | None:
-    """engine.ready ("exec" = at exec), else llama-server's /health from its --host/--port."""
-    if plan.engine.ready is not None:
-        return None if plan.engine.ready == "exec" else plan.engine.ready
-    if args is not None and args.server:
-        from governor.supervise.ready import server_url
-
-        return server_url(args.host, args.port)
-    return None
-
-
-def _placements(plan: Plan, host: HostFacts) -> tuple[tuple[str, str, str, Plan], ...]:
-    if host.systemd_version is None:
-        return ()  # for_launch says why it cannot run
-    from governor.compile.placements import compile_placements
-
-    return tuple(
-        (p.mode, p.unit, p.cgroup, p.plan) for p in compile_placements(plan, host.systemd_version)
-    )
-
-
-def _policy_chain(path: Path) -> list[str]:
-    """The policy file and every file it extends (resolved paths), for the cache's check."""
-    import tomllib
-
-    out: list[str] = []
-    current: Path | None = path.resolve()
-    while current is not None and str(current) not in out:
-        out.append(str(current))
-        try:
-            parent = tomllib.loads(current.read_text()).get("extends")
-        except (OSError, ValueError):
-            break
-        current = (current.parent / parent).resolve() if isinstance(parent, str) else None
-    return out

@@ -6,6 +6,7 @@ Imports are lazy so that `governor launch` stays cheap to start (see perf/launch
 
 from __future__ import annotations
 
+import os
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -13,8 +14,10 @@ from typing import Annotated, Any, NoReturn
 
 import typer
 
+from governor import log
 from governor.cli import bench, deploy, operate, run
 from governor.cli import compile as compile_time
+from governor.cli.complete import COMPLETE_VAR, answer
 from governor.cli.options import STATE
 from governor.errors import EXIT_USAGE, GovernorError, Interrupted, Reported, report
 
@@ -49,7 +52,6 @@ def _global(
         ),
     ] = None,
 ) -> None:
-    from governor import log
 
     STATE.debug = debug
     STATE.root = root
@@ -92,13 +94,8 @@ def _fail(err: GovernorError) -> NoReturn:
 
 
 def main(argv: list[str] | None = None) -> None:
-    import os
-
-    from governor.cli.complete import COMPLETE_VAR
 
     if os.environ.get(COMPLETE_VAR):  # a shell asks for completions (share/*/governor scripts)
-        from governor.cli.complete import answer
-
         sys.exit(answer(typer.main.get_command(app), os.environ[COMPLETE_VAR]))
     try:
         rv = app(args=argv, standalone_mode=False)

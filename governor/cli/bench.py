@@ -9,6 +9,7 @@ import typer
 
 from governor.cli.complete import complete_policy_file
 from governor.cli.options import AllowMissing, Force, host_options, size_option
+from governor.cli.render import show_bench
 
 
 def bench(  # noqa: PLR0917  # typer passes every option as a parameter
@@ -62,7 +63,6 @@ def bench(  # noqa: PLR0917  # typer passes every option as a parameter
     """Run an engine under a policy N times: memory peak/samples, tokens/s, CSV/JSON, CI gate."""
     from governor.api import bench as api_bench
     from governor.bench.main import BenchOptions
-    from governor.cli.render import show_bench
 
     result = api_bench.bench(
         policy,

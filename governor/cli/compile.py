@@ -16,10 +16,13 @@ from governor.cli.options import (
     AllowMissing,
     Force,
     PolicyArg,
+    exclusive,
     host_options,
     size_option,
     split_argv,
 )
+from governor.cli.render import show_check, show_doctor, show_estimate, show_plan
+from governor.errors import UsageError
 
 
 def check(
@@ -39,7 +42,6 @@ def check(
     or check the board file (/etc/governor/board.toml: [[cgroup]] tables, no name)."""
     from governor.api import compile as api_compile
     from governor.api import host as api_host
-    from governor.cli.render import show_check
 
     board = api_compile.check_board(policy)
     if board is not None:
@@ -61,7 +63,6 @@ def plan(
 ) -> None:
     """Show what the policy means on this host: every cgroup write, in order, with its reason."""
     from governor.api import host as api_host
-    from governor.cli.render import show_plan
 
     show_plan(api_host.check(policy, host_options(allow_missing)), as_json=as_json)
 
@@ -80,7 +81,6 @@ def doctor(
 ) -> None:
     """What this host supports, what is missing, and how to fix each (exit 69 on errors)."""
     from governor.api import compile as api_compile
-    from governor.cli.render import show_doctor
 
     host, findings = api_compile.doctor(host_options())
     show_doctor(host, findings, as_json=as_json)
@@ -126,8 +126,6 @@ def estimate(  # noqa: PLR0917  # typer passes every option as a parameter
     not; --policy and
     --budget are mutually exclusive (2)."""
     from governor.api import compile as api_compile
-    from governor.cli.options import exclusive
-    from governor.cli.render import show_estimate
 
     exclusive("--policy", policy is not None, "--budget", budget is not None, "give one budget")
     est = api_compile.estimate(
@@ -190,8 +188,6 @@ def init(  # noqa: PLR0917  # typer passes every option as a parameter
 
     board = size_option(board_memory, "--board-memory")
     if board is not None and board <= 0:
-        from governor.errors import UsageError
-
         raise UsageError("--board-memory must be above 0 (--board-memory)", hint="e.g. 2G")
     draft = api_compile.init(
         host_options(),

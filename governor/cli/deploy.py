@@ -9,6 +9,7 @@ import typer
 
 from governor.cli.complete import complete_policy_name_or_file
 from governor.cli.options import AllowMissing, PolicyArg, host_options
+from governor.cli.render import show_install, show_install_json
 
 InstallRoot = Annotated[
     Path,
@@ -42,7 +43,6 @@ def install(  # noqa: PLR0917  # typer passes every option as a parameter
 ) -> None:
     """Write the policy's systemd slice and governor@ service drop-in (diff shown first)."""
     from governor.api import deploy as api_deploy
-    from governor.cli.render import show_install, show_install_json
 
     result = api_deploy.install(
         policy,
@@ -68,7 +68,6 @@ def uninstall(
 ) -> None:
     """Remove exactly what `governor install` wrote for the policy; restore what it replaced."""
     from governor.api import deploy as api_deploy
-    from governor.cli.render import show_install, show_install_json
 
     result = api_deploy.uninstall(policy, root, dry_run=dry_run)
     if as_json:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import sys
+import time
 from pathlib import Path
 from typing import Annotated
 
@@ -12,7 +13,7 @@ import click
 import typer
 from typer.core import TyperCommand
 
-from governor.cli.options import NAME_COMPLETION, AllowMissing, PolicyArg, host_options
+from governor.cli.options import NAME_COMPLETION, AllowMissing, PolicyArg, exclusive, host_options
 
 
 def status(
@@ -62,7 +63,6 @@ def top(
 ) -> None:
     """A live view of every governed slice: memory vs high/max, anon/file, device memory, memory PSI, CPU and
     throttling, memory.events since the last frame, rule states. Keys: m p c sort, q quits."""
-    import sys
 
     from governor.operate.top import batch as run_batch
     from governor.operate.top import interactive
@@ -150,7 +150,6 @@ def tune(  # noqa: PLR0917  # typer passes every option as a parameter
     usage (65), memory.max lowered in stages, reverted if it causes an OOM kill (71), journaled
     for `governor rollback`. Under systemd, slice-level knobs go through the manager (runtime
     unit properties), so `systemctl show` agrees."""
-    import time
 
     from governor.api import operate as api_operate
 
@@ -198,7 +197,6 @@ def rollback(
     """Undo changes from the slice's journal in reverse order: the last tune by default.
     --to and --all are mutually exclusive (exit 2)."""
     from governor.api import operate as api_operate
-    from governor.cli.options import exclusive
 
     exclusive("--to", to is not None, "--all", everything, "give one: --to ID or --all")
     out = api_operate.rollback(name, to=to, everything=everything)

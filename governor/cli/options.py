@@ -3,6 +3,7 @@ takes, and the converters for values that need more than typer's own checks."""
 
 from __future__ import annotations
 
+import shlex
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
 
@@ -11,7 +12,10 @@ import typer
 
 from governor.cli.choices import METRICS_ENV, PSI_MODES
 from governor.cli.complete import complete_policy_file, complete_policy_name
+from governor.errors import UsageError
 from governor.errors import UsageError as GovernorUsage
+from governor.kernel.files import MISSABLE
+from governor.metrics.listen import parse_listen
 
 if TYPE_CHECKING:
     from governor.api.host import HostOptions
@@ -19,7 +23,6 @@ if TYPE_CHECKING:
 
 def split_argv(text: str, option: str = "--engine-argv") -> tuple[str, ...]:
     """An engine command line given as one string, split like a shell would (no expansion)."""
-    import shlex
 
     try:
         return tuple(shlex.split(text))
@@ -93,8 +96,6 @@ Psi = Annotated[
 def listen_option(text: str | None) -> tuple[str, int] | None:
     if not text:
         return None
-    from governor.errors import UsageError
-    from governor.metrics.listen import parse_listen
 
     try:
         return parse_listen(text)
@@ -127,12 +128,9 @@ def host_options(allow_missing: str = "") -> HostOptions:
     from governor.api.host import HostOptions
 
     allowed = frozenset(a.strip() for a in allow_missing.split(",") if a.strip())
-    from governor.kernel.files import MISSABLE
 
     unknown = allowed - MISSABLE
     if unknown:
-        from governor.errors import UsageError
-
         raise UsageError(
             f"unknown name in --allow-missing: {','.join(sorted(unknown))} (--allow-missing)",
             hint="use memory, cpu, cpuset, io, pids or psi",
@@ -148,8 +146,6 @@ def host_options(allow_missing: str = "") -> HostOptions:
 def exclusive(option_a: str, a_given: bool, option_b: str, b_given: bool, hint: str) -> None:
     """Two options that contradict each other: a usage error (2), never one silently winning."""
     if a_given and b_given:
-        from governor.errors import UsageError
-
         raise UsageError(
             f"{option_a} and {option_b} are mutually exclusive ({option_a}, {option_b})",
             hint=hint,
@@ -159,7 +155,6 @@ def exclusive(option_a: str, a_given: bool, option_b: str, b_given: bool, hint: 
 def size_option(text: str | None, option: str) -> int | None:
     if text is None:
         return None
-    from governor.errors import UsageError
     from governor.policy.values import parse_size
 
     try:

@@ -24,12 +24,12 @@ Everything systemd cannot express (or this systemd version cannot) is applied by
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 from decimal import Decimal
 
 from governor.kernel import files as kf
 from governor.kernel.parse import parse_cpulist
 from governor.plan.model import CgroupWrite, Plan
+from governor.record import record
 
 # --- feature gates (systemd NEWS; systemd.resource-control(5), systemd.service(5)) -----------
 TASKS_MAX_MIN_SYSTEMD = 227  # TasksMax=
@@ -166,7 +166,7 @@ def cpu_mask(cpus: Sequence[int]) -> bytes:
     return bytes(mask)
 
 
-@dataclass(frozen=True)
+@record(frozen=True)
 class Mapping:
     """One row: a cgroup file the compiler writes, the directive that makes systemd write it."""
 
@@ -223,7 +223,7 @@ def _gate_note(m: Mapping, version: int) -> str:
     return f"{m.directive}= needs systemd >= {m.min_systemd} (this host: {version})"
 
 
-@dataclass(frozen=True)
+@record(frozen=True)
 class UnitSetting:
     mapping: Mapping
     write: CgroupWrite
@@ -239,7 +239,7 @@ class UnitSetting:
         return self.mapping.bus(self.write.value)
 
 
-@dataclass(frozen=True)
+@record(frozen=True)
 class Deferred:
     """A write systemd does not make; ``governor launch`` applies it on the engine leaf."""
 
@@ -247,7 +247,7 @@ class Deferred:
     why: str
 
 
-@dataclass(frozen=True)
+@record(frozen=True)
 class Split:
     unit: tuple[UnitSetting, ...]
     governor: tuple[Deferred, ...]

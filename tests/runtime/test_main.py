@@ -33,10 +33,11 @@ COMPILE_TIME = (
     "governor.cli.app",
     "governor.api.operate",
     "governor.api.compile",
+    "governor.api.launch_compile",
 )
 # what the supervisor of a served engine must not hold either: dataclasses pulls inspect, which
 # pulls tokenize, ast and dis (the cost governor/record.py exists to avoid)
-RUN_TIME_DENY = (*COMPILE_TIME, "dataclasses", "inspect", "tokenize", "ast", "dis")
+RUN_TIME_DENY = (*COMPILE_TIME, "dataclasses", "inspect", "tokenize", "ast", "dis", "tomllib")
 
 # governor.main.main(args), then what was imported, as JSON into argv[1]
 _PROBE = """

@@ -3,6 +3,15 @@ path under the environment's prefix it is installed to: pyproject.toml's data fi
 
 from __future__ import annotations
 
+import click
+import typer
+from click.shell_completion import get_completion_class
+
+from governor import __version__
+from governor.cli.app import app
+from governor.cli.complete import COMPLETE_VAR
+from governor.cli.manual import manpage, policyref
+
 MAN1 = "share/man/man1/governor.1"
 MAN5 = "share/man/man5/governor.toml.5"
 POLICY_MD = "docs/reference/policy.md"
@@ -16,11 +25,6 @@ COMPLETIONS = {"bash": BASH, "zsh": ZSH, "fish": FISH}
 def completion_script(shell: str) -> str:
     """click's script for `governor` (it calls `_GOVERNOR_COMPLETE=<shell>_complete governor`
     at each TAB: the answers come from the installed program, never from a stale list)."""
-    import typer
-    from click.shell_completion import get_completion_class
-
-    from governor.cli.app import app
-    from governor.cli.complete import COMPLETE_VAR
 
     cls = get_completion_class(shell)
     if cls is None:  # pragma: no cover - click ships all three
@@ -34,14 +38,8 @@ def completion_script(shell: str) -> str:
 
 
 def generated() -> dict[str, str]:
-    import typer
-
-    from governor import __version__
-    from governor.cli.app import app
-    from governor.cli.manual import manpage, policyref
 
     group = typer.main.get_command(app)
-    import click
 
     assert isinstance(group, click.Group)
     items = policyref.entries()

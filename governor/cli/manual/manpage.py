@@ -8,6 +8,7 @@ from __future__ import annotations
 import inspect
 
 import click
+from typer.utils import get_params_from_function
 
 from governor.cli.choices import METRICS_ENV
 from governor.cli.manual.roff import NO_HYPHENATION, bold, escape
@@ -66,7 +67,6 @@ def _argument_help(cmd: click.Command) -> dict[str, str]:
     """The help typer was given for each argument. typer-slim 0.21 sets it on its click
     Argument before click 8.5's Parameter.__init__ resets it to None (so `--help` lists the
     arguments bare): read it from the function's typer.Argument(...) instead."""
-    from typer.utils import get_params_from_function
 
     function = getattr(cmd.callback, "__wrapped__", None)
     if function is None:
