@@ -19,8 +19,9 @@ from governor.api.host import (
     sysfs_root,
 )
 from governor.compile.doctor import diagnose, swap_finding
-from governor.engines.budget import estimate_argv, policy_budget
+from governor.engines.budget import estimate_argv, estimate_router, policy_budget
 from governor.engines.draft import draft
+from governor.engines.draft_router import draft_router, is_router_model
 from governor.engines.llama import EngineArgvError, parse_llama_argv
 from governor.errors import HostError, PolicyError
 from governor.kernel.swap import SwapReader
@@ -101,7 +102,11 @@ def estimate(model: Path, opts: HostOptions, eopts: EstimateOptions) -> Any:
             hint="give only the engine's options, e.g. --engine-argv '-nr -ub 128'",
         )
     program = words.pop(0) if words and not words[0].startswith("-") else "llama"
-    argv = [program, *words, "-m", str(model)]
+    router = model.is_dir() or model.suffix == ".ini"  # llama-server's router: a row per model
+    if router and not program.rsplit("/", 1)[-1].startswith("llama-server"):
+        program = "llama-server"
+    where = "--models-dir" if model.is_dir() else "--models-preset" if router else "-m"
+    argv = [program, *words, where, str(model)]
     if eopts.ctx is not None:
         argv += ["-c", str(eopts.ctx)]
     try:
@@ -113,6 +118,8 @@ def estimate(model: Path, opts: HostOptions, eopts: EstimateOptions) -> Any:
     budget = eopts.budget
     if budget is None and eopts.policy is not None:
         budget = policy_budget(load_policy(eopts.policy), root=opts.root)
+    if args.router:
+        return estimate_router(args, root=opts.root, budget=budget, cwd=Path.cwd(), env=os.environ)
     return estimate_argv(args, root=opts.root, budget=budget)
 
 
@@ -147,7 +154,8 @@ def admit_check(plan: Any, opts: HostOptions, estimate: Any, *, force: bool) -> 
 
 def init(opts: HostOptions, req: Any) -> Any:
     """`governor init`: a policy for a GGUF model on this board (governor/engines/draft.py)."""
-
+    if is_router_model(req.model):  # llama-server's router: its models and --models-max
+        return draft_router(req, probe_host(opts), root=opts.root)
     # --board-memory: an empty board of that size (the tenants are not read)
     beside = tenants(opts) if req.board_memory is None else None
     return draft(req, probe_host(opts), root=opts.root, tenants=beside)

@@ -189,6 +189,22 @@ def _announce(plan: Plan, leaf: str | None = None) -> None:
     out.flush()
 
 
+def model_leaves(plan: Plan, estimate: dict[str, Any] | None) -> dict[str, Any] | None:
+    """llama-server's router: each model's leaf limits (governor/supervise/models.py), its
+    [engine.models.<alias>] table, else its estimate + headroom (compiled with the estimate,
+    api/host.py) as max; None when the engine is no router."""
+    if estimate is None or "router" not in estimate:
+        return None
+    tables = {m.alias: m for m in plan.engine.models}
+    out: dict[str, Any] = {}
+    for alias, default in estimate.get("router_max", {}).items():
+        out[alias] = {"max": default}
+    for alias, spec in tables.items():
+        given = {"max": spec.max, "high": spec.high, "oom_group": spec.oom_group}
+        out[alias] = {**out.get(alias, {}), **{k: v for k, v in given.items() if v is not None}}
+    return out
+
+
 def launch(path: Path, argv: tuple[str, ...], opts: HostOptions, lopts: LaunchOptions) -> int:
     """`governor launch`: the compiled plan (cached, else compiled with every pre-apply
     refusal), then the supervisor. Returns the engine's status (128+N for signal N)."""
@@ -243,6 +259,7 @@ def launch(path: Path, argv: tuple[str, ...], opts: HostOptions, lopts: LaunchOp
             run_dir=directory,
             board_release=admitted.release,
             admit_note=admitted.note,
+            model_leaves=model_leaves(plan, compiled.estimate),
         )
         proc = ProcFs(opts.root / "proc")
         watchdog = lopts.watchdog

@@ -54,7 +54,11 @@ def compile_launch(
     entry = compiled.Compiled(
         plan=plan,
         warnings=tuple(checked.warnings),
-        estimate=checked.estimate.to_dict() if checked.estimate is not None else None,
+        estimate=checked.estimate.to_dict()
+        if checked.estimate is not None
+        else checked.router  # {"router", "router_max"}: each model's leaf (supervise/models.py)
+        if checked.router is not None
+        else None,
         prefetch_files=tuple(files),
         prefetch_bytes=checked.prefetch_bytes,
         target=target,

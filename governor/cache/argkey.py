@@ -54,6 +54,10 @@ READ_OPTS = {
     "--swa-checkpoints": "ctx_checkpoints",
     "--host": "host",
     "--port": "port",
+    # llama-server's router (tools/server: one child llama-server per model, on demand)
+    "--models-dir": "models_dir",
+    "--models-preset": "models_preset",
+    "--models-max": "models_max",
 }
 # LLAMA_ARG_* variables of the same options (common/arg.cpp set_env); booleans below
 ENV_OPTS = {
@@ -70,6 +74,9 @@ ENV_OPTS = {
     "LLAMA_ARG_CTX_CHECKPOINTS": "ctx_checkpoints",
     "LLAMA_ARG_HOST": "host",
     "LLAMA_ARG_PORT": "port",
+    "LLAMA_ARG_MODELS_DIR": "models_dir",
+    "LLAMA_ARG_MODELS_PRESET": "models_preset",
+    "LLAMA_ARG_MODELS_MAX": "models_max",
 }
 TRUTHY = frozenset(["on", "enabled", "true", "1"])  # common_arg_utils::is_truthy
 FALSEY = frozenset(["off", "disabled", "false", "0"])  # common_arg_utils::is_falsey
@@ -119,6 +126,8 @@ SKIP_VALUE_OPTS = frozenset(
         "--mmproj",
         "-md",
         "--model-draft",
+        "-a",
+        "--alias",
     ]
 )
 FLAG_OPTS = {
@@ -126,6 +135,7 @@ FLAG_OPTS = {
     "--no-mmap": "no_mmap",
     "-nr": "no_repack",
     "--no-repack": "no_repack",
+    "--repack": "repack",
     "-kvu": "kv_unified",
     "--kv-unified": "kv_unified",
     "-no-kvu": "no_kv_unified",

@@ -90,7 +90,14 @@ def doctor(
 
 
 def estimate(  # noqa: PLR0917  # typer passes every option as a parameter
-    model: Annotated[Path, typer.Argument(help="GGUF model file", show_default=False)],
+    model: Annotated[
+        Path,
+        typer.Argument(
+            help="GGUF model file; a models directory or a preset .ini: llama-server's router,"
+            " a row per model",
+            show_default=False,
+        ),
+    ],
     ctx: Annotated[
         int | None, typer.Option("-c", "--ctx-size", help="context (-c)", min=0, max=1 << 24)
     ] = None,
@@ -114,8 +121,10 @@ def estimate(  # noqa: PLR0917  # typer passes every option as a parameter
     ] = None,
     as_json: Annotated[bool, typer.Option("--json", help="print the estimate as JSON")] = False,
 ) -> None:
-    """Estimate llama.cpp's resident memory for a GGUF model (header only; no weights loaded).
-    Exit 0 when it fits the budget (or none was given), 1 when it does not; --policy and
+    """Estimate llama.cpp's resident memory for a GGUF model (header only; no weights loaded);
+    for llama-server's router (a models directory or preset) each model's and how many fit
+    together, largest first. Exit 0 when it fits the budget (or none was given), 1 when it does
+    not; --policy and
     --budget are mutually exclusive (2)."""
     from governor.api import compile as api_compile
 
@@ -137,7 +146,13 @@ def estimate(  # noqa: PLR0917  # typer passes every option as a parameter
 
 def init(  # noqa: PLR0917  # typer passes every option as a parameter
     model: Annotated[
-        Path, typer.Option("--model", "-m", help="the GGUF model file", show_default=False)
+        Path,
+        typer.Option(
+            "--model",
+            "-m",
+            help="the GGUF model file; a models directory or a preset .ini: llama-server's router",
+            show_default=False,
+        ),
     ],
     ctx: Annotated[
         int | None,
@@ -203,6 +218,15 @@ def init(  # noqa: PLR0917  # typer passes every option as a parameter
     s = draft.sizing
     root = f"--root {STATE.root} " if STATE.root != Path("/") else ""
     allow = f" --allow-missing {','.join(draft.missing)}" if draft.missing else ""
+    if not hasattr(s, "ctx"):  # llama-server's router (governor/engines/draft_router.py)
+        typer.echo(
+            f"wrote {output}: --models-max {s.models_max}, memory.high {s.mem_high >> 20} MiB,"
+            f" max {s.mem_max >> 20} MiB (the {s.models_max} largest models"
+            f" {s.chosen >> 20} MiB, board {s.board >> 20} MiB)\n"
+            f"next: governor {root}check {output}{allow} --engine-argv"
+            f" {shlex.quote(shlex.join(draft.engine))}"
+        )
+        return
     typer.echo(
         f"wrote {output}: -c {s.ctx}, memory.min {s.mem_min >> 20} MiB, high"
         f" {s.mem_high >> 20} MiB, max {s.mem_max >> 20} MiB (estimate {s.est.total >> 20} MiB,"

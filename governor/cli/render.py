@@ -18,6 +18,7 @@ if TYPE_CHECKING:
     from governor.compile.doctor import Finding
     from governor.deploy.install import Result
     from governor.engines.estimate import Estimate
+    from governor.engines.router import RouterEstimate
     from governor.plan.host import HostFacts
     from governor.plan.model import Plan
 
@@ -99,13 +100,14 @@ def show_doctor(host: HostFacts, findings: Sequence[Finding], *, as_json: bool) 
                 typer.echo(f"{'':5} {'':<16} fix: {f.fix}")
 
 
-def show_estimate(est: Estimate, *, as_json: bool) -> None:
+def show_estimate(est: Estimate | RouterEstimate, *, as_json: bool) -> None:
     if as_json:
         typer.echo(json.dumps(est.to_dict(), indent=2))
-    else:
-        from governor.engines.estimate import render
+        return
+    from governor.engines import estimate, router
 
-        typer.echo(render(est), nl=False)
+    text = router.render(est) if isinstance(est, router.RouterEstimate) else estimate.render(est)
+    typer.echo(text, nl=False)
 
 
 def show_bench(result: BenchResult) -> None:

@@ -27,6 +27,7 @@ from governor.plan.model import (
     Plan,
     PrefetchSpec,
     QosSpec,
+    RouterModelSpec,
     WatchCondition,
     WatchRule,
     WatchTrigger,
@@ -177,7 +178,7 @@ def compile_plan(
         writes=tuple(writes),
         controllers=controllers,
         launch=_launch_spec(policy, affinity, workload),
-        engine=_engine_spec(policy),
+        engine=_engine_spec(policy, host),
         prefetch=PrefetchSpec(files=policy.prefetch.files, mode=policy.prefetch.mode),
         protect_parents=tuple(
             w.file for w in writes if w.file in (kf.MEMORY_MIN, kf.MEMORY_LOW) and w.value != "0"
@@ -191,8 +192,12 @@ def compile_plan(
     )
 
 
-def _engine_spec(policy: Policy) -> EngineSpec:
+def _engine_spec(policy: Policy, host: HostFacts) -> EngineSpec:
     e = policy.engine
+
+    def size(s: v.Size | None) -> int | None:
+        return None if s is None else s.resolve(host.mem_total)
+
     return EngineSpec(
         kind=e.kind,
         max_context_tokens=e.max_context_tokens,
@@ -200,6 +205,11 @@ def _engine_spec(policy: Policy) -> EngineSpec:
         ready=e.ready,
         ready_timeout_s=e.ready_timeout.seconds,
         threads=e.threads,
+        evict=e.evict,
+        models=tuple(
+            RouterModelSpec(alias=a, max=size(m.max), high=size(m.high), oom_group=m.oom_group)
+            for a, m in sorted(e.models.items())
+        ),
     )
 
 

@@ -7,7 +7,9 @@ preflight of `governor launch` and `governor check --engine-argv` (governor/engi
 
 from __future__ import annotations
 
+import math
 import platform
+from collections.abc import Mapping
 from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -19,12 +21,27 @@ from governor.engines.estimate import (
     settings_from_argv,
 )
 from governor.engines.gguf import read_gguf_cached as read_gguf
-from governor.engines.llama import EngineArgs, model_parts
+from governor.engines.llama import EngineArgs, EngineArgvError, model_parts, parse_llama_argv
+from governor.engines.router import MODELS_MAX, PresetError, RouterEstimate, router_models
+from governor.errors import PolicyError, PolicyNotFound
+from governor.kernel.files import MEMORY_MAX
 from governor.kernel.parse import cpuinfo_machine
 from governor.kernel.procfs import ProcFs
 
 if TYPE_CHECKING:
+    from governor.engines.preflight import Preflight
+    from governor.plan.model import Plan
     from governor.policy.model import Policy
+
+MIB = 1 << 20
+HEADROOM_MIN = 64 * MIB  # the prefetch helper and the engine's heap spread (~4 MiB per run)
+HEADROOM_SHARE = 0.10  # the estimate's error against memory.peak (docs/calibration.md)
+
+
+def headroom_for(total: int) -> int:
+    """governor init's headroom over an estimate (governor/engines/draft.py), also a router
+    model's default leaf max."""
+    return max(HEADROOM_MIN, math.ceil(total * HEADROOM_SHARE))
 
 
 def host_family(root: Path) -> str:
@@ -61,3 +78,131 @@ def policy_budget(policy: Policy, *, root: Path) -> int | None:
     except (OSError, ValueError):
         mem_total = 0
     return size.resolve(mem_total)
+
+
+def estimate_router(
+    args: EngineArgs,
+    *,
+    root: Path,
+    budget: int | None,
+    cwd: Path,
+    env: Mapping[str, str] | None = None,
+) -> RouterEstimate:
+    """Every model a llama-server router may load, estimated with the argv the router gives its
+    child (governor/engines/router.py); 66 for a models directory or preset that is missing,
+    65 for a preset or a model's options that cannot be read."""
+    preset_text = None
+    if args.models_preset is not None:
+        preset = Path(args.models_preset)
+        preset = preset if preset.is_absolute() else cwd / preset
+        try:
+            preset_text = preset.read_text(encoding="utf-8")
+        except OSError as err:
+            raise PolicyNotFound(
+                f"models preset not readable: {preset} ({err.strerror})",
+                file="engine argv",
+                field="--models-preset",
+                hint="check the path after --models-preset",
+            ) from err
+    try:
+        models, unsized = router_models(args, preset_text=preset_text, cwd=cwd)
+    except PresetError as err:
+        raise PolicyError(
+            err.reason,
+            file=str(args.models_preset),
+            field=f"line {err.line}",
+            hint="a preset holds [sections] of 'key = value' lines (llama-server's README)",
+        ) from err
+    except OSError as err:
+        raise PolicyNotFound(
+            f"models directory not readable: {args.models_dir} ({err.strerror})",
+            file="engine argv",
+            field="--models-dir",
+            hint="check the path after --models-dir",
+        ) from err
+    estimates = []
+    for model in models:
+        try:
+            child = parse_llama_argv(model.argv, env)
+        except EngineArgvError as err:
+            raise PolicyError(
+                f"model {model.alias}: {err.reason}",
+                file="engine argv",
+                field=err.option,
+                hint="check the router's options and the preset's keys for this model",
+            ) from err
+        estimates.append((model, estimate_argv(child, root=root, budget=budget)))
+    return RouterEstimate(
+        models=tuple(estimates),
+        models_max=MODELS_MAX if args.models_max is None else args.models_max,
+        budget=budget,
+        unsized=tuple(unsized),
+    )
+
+
+def fit_router(
+    args: EngineArgs,
+    evict: str,
+    memory_max: int | None,
+    *,
+    root: Path,
+    cwd: Path,
+) -> tuple[RouterEstimate, list[tuple[str, str]]]:
+    """The budget of llama-server's router: its --models-max largest models (each estimated
+    as the router runs it) against memory.max. The router's eviction counts models, not bytes
+    (it loads --models-max of them whatever they weigh), so a --models-max under which the
+    largest cannot fit is refused (65) naming the count that fits, unless the policy says
+    ``[engine] evict = "memory"``."""
+    rest = estimate_router(args, root=root, budget=memory_max, cwd=cwd)
+    warnings: list[tuple[str, str]] = [
+        ("estimate.unsized", f"router model {name}: no local model file, not sized")
+        for name in rest.unsized
+    ]
+    if rest.fits or memory_max is None:
+        return rest, warnings
+    together = rest.together or 0
+    given = args.models_max
+    said = (
+        f"--models-max {rest.models_max} (llama-server's default)"
+        if given is None
+        else "--models-max 0 (no limit)"
+        if given == 0
+        else f"--models-max {given}"
+    )
+    numbers = (
+        f"{said} lets llama-server load {rest.loadable} of its {len(rest.models)} models at"
+        f" once: the {rest.loadable} largest need ~{rest.largest_bytes >> 20} MiB"
+        f" ({rest.largest_bytes} bytes), above memory.max {memory_max >> 20} MiB"
+        f" ({memory_max} bytes); {together} fit together"
+    )
+    if evict == "memory":
+        warnings.append(("router.overcommit", f"{numbers}; engine.evict = memory"))
+        return rest, warnings
+    largest = max(rest.models, key=lambda me: me[1].total)
+    raise PolicyError(
+        numbers,
+        file="engine argv",
+        field="--models-max",
+        hint=(
+            f'pass --models-max {together}, or set [engine] evict = "memory" in the policy'
+            if together
+            else f"no model fits alone (the largest, {largest[0].alias}, needs"
+            f" ~{largest[1].total >> 20} MiB): raise memory.max or shrink its -c / --cache-ram"
+        )
+        + " (governor estimate shows each model)",
+    )
+
+
+def with_router(
+    checked: Preflight, plan: Plan, args: EngineArgs, *, root: Path, cwd: Path
+) -> Preflight:
+    """The preflight of a llama-server router (:func:`fit_router` against the plan's
+    memory.max), with each model's estimate and its leaf's default max (the estimate + init's
+    headroom) for the launch: {"router": {alias: bytes}, "router_max": {alias: bytes}}."""
+    rest, said = fit_router(args, plan.engine.evict, plan.limit(MEMORY_MAX), root=root, cwd=cwd)
+    totals = {m.alias: e.total for m, e in rest.models}
+    router = {
+        "router": totals,
+        "router_max": {a: t + headroom_for(t) for a, t in totals.items()},
+    }
+    return replace(checked, warnings=(*checked.warnings, *said), router=router)

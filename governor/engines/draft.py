@@ -30,7 +30,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from governor.engines import draft_board, draft_qos, draft_server, draft_swap
-from governor.engines.budget import estimate_argv
+from governor.engines.budget import HEADROOM_MIN, HEADROOM_SHARE, estimate_argv
+from governor.engines.budget import headroom_for as _headroom_for
 from governor.engines.draft_board import Tenants
 from governor.engines.estimate import KV_CELL_PAD, MIB, Estimate
 from governor.engines.llama import (
@@ -47,8 +48,6 @@ if TYPE_CHECKING:
     from governor.plan.host import HostFacts
 
 GIB = 1 << 30
-HEADROOM_MIN = 64 * MIB  # the prefetch helper and the engine's heap spread (~4 MiB per run)
-HEADROOM_SHARE = 0.10  # the estimate's error against memory.peak (docs/calibration.md)
 DEFAULT_ENGINE = "llama-completion"  # the one-shot CLI (notes/engine.md "Which binary")
 # the options init sets itself: -m from --model, -c from --ctx (or the largest that fits)
 _MODEL_OPTS = frozenset({"-m", "--model"})
@@ -96,8 +95,7 @@ class Draft:
     missing: tuple[str, ...]  # controllers the policy uses that this host lacks
 
 
-def headroom_for(total: int) -> int:
-    return max(HEADROOM_MIN, math.ceil(total * HEADROOM_SHARE))
+headroom_for = _headroom_for  # in engines/budget.py (a router model's default leaf max too)
 
 
 def fit_budget(ceiling: int) -> int:

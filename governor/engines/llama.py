@@ -42,6 +42,13 @@ from governor.cache.argkey import (
 SERVER_CACHE_RAM_MIB = 8192  # --cache-ram (common/common.h cache_ram_mib)
 SERVER_AUTO_SLOTS = 4  # -np absent or -1 (tools/server/server.cpp: 4 slots, unified KV)
 SERVER_CTX_CHECKPOINTS = 32  # --ctx-checkpoints (common/common.h n_ctx_checkpoints)
+# a flag given later turns its opposite off (the last one wins, as in llama.cpp)
+_OPPOSITE = {
+    "kv_unified": "no_kv_unified",
+    "no_kv_unified": "kv_unified",
+    "repack": "no_repack",
+    "no_repack": "repack",
+}
 _SPLIT_RE = re.compile(r"^(?P<stem>.*)-(?P<idx>\d{5})-of-(?P<n>\d{5})\.gguf$")
 
 
@@ -67,11 +74,25 @@ class EngineArgs:
     port: int | None = None
     # options present that the estimate does not size (each: what it adds)
     unsized: tuple[str, ...] = ()
+    # llama-server's router: where its models are, how many it loads at once (None: default)
+    models_dir: str | None = None
+    models_preset: str | None = None
+    models_max: int | None = None
 
     @property
     def server(self) -> bool:
         """Whether the program is llama-server (its slots and prompt cache count)."""
         return Path(self.argv[0]).name.startswith("llama-server") if self.argv else False
+
+    @property
+    def router(self) -> bool:
+        """Whether llama-server runs as a router: no model of its own, its models from
+        --models-dir / --models-preset (each loaded in a child llama-server on demand)."""
+        return (
+            self.server
+            and self.model is None
+            and (self.models_dir is not None or self.models_preset is not None)
+        )
 
     @property
     def kv_unified(self) -> bool | None:
@@ -154,9 +175,7 @@ def parse_llama_argv(
             i += 1
         elif word in FLAG_OPTS:
             key = FLAG_OPTS[word]
-            flags.discard(
-                {"kv_unified": "no_kv_unified", "no_kv_unified": "kv_unified"}.get(key, "")
-            )
+            flags.discard(_OPPOSITE.get(key, ""))
             flags.add(key)
         elif (name if eq else word) in UNSIZED_VALUE_OPTS:
             unsized.append(UNSIZED_VALUE_OPTS[name if eq else word])
@@ -186,6 +205,9 @@ def parse_llama_argv(
         host=values.get("host"),
         port=None if "port" not in values else parse_int(values["port"]),
         unsized=tuple(dict.fromkeys(unsized)),
+        models_dir=values.get("models_dir"),
+        models_preset=values.get("models_preset"),
+        models_max=_int(values, "models_max", "--models-max"),
     )
 
 

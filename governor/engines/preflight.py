@@ -13,8 +13,8 @@ The order (the first refusal wins):
    b. the prefetch files: resolved (65 for "auto" without a llama.cpp -m), present (66),
       readable (77), regular files (65);
    c. ONE budget fit against memory.max (65): the GGUF estimate (weights + repack + KV cache +
-      compute) when the model is a GGUF, where --force turns the refusal into a warning; else the
-      model's file size (+ KV cache when known);
+      compute) of a GGUF (--force: a warning), else the model's file size (+ KV cache when
+      known); llama-server's router: its --models-max largest models (budget.with_router);
    d. the prefetch against memory.max (65): page cache is charged to the slice (cgroup-v2.rst,
       "Memory Ownership"), so populating more than memory.max reclaims the first pages to make
       room for the last (it would evict itself), and locked pages cannot be reclaimed at all;
@@ -25,8 +25,7 @@ workload it is launched with, which the operator fixes in the policy or the argv
 (EX_UNAVAILABLE) is kept for a host that lacks a capability.
 
 Warnings come back as data, ``(event, message)`` pairs, for the caller to print (check) or log
-(launch). The run time imports this module: no pydantic, typer or logging framework here, and
-the GGUF reader only when the model is a GGUF.
+(launch); no pydantic, typer or logging framework here.
 """
 
 from __future__ import annotations
@@ -37,9 +36,9 @@ import stat
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
-from governor.engines.budget import estimate_argv
+from governor.engines.budget import estimate_argv, with_router
 from governor.engines.llama import (
     EngineArgs,
     EngineArgvError,
@@ -72,6 +71,7 @@ class Preflight:
     warnings: tuple[Said, ...] = ()
     notes: tuple[str, ...] = ()
     args: EngineArgs | None = None  # the engine argv it checked (engine_args), for the caller
+    router: dict[str, Any] | None = None  # llama-server's router: engines/budget.py with_router
 
     @property
     def messages(self) -> list[str]:
@@ -488,7 +488,7 @@ def preflight(
         memory_high=memory_high,
         source=source,
     )
-    return Preflight(
+    checked = Preflight(
         estimate=est,
         files=tuple(str(p) for p in paths),
         prefetch_bytes=prefetch_bytes,
@@ -496,3 +496,4 @@ def preflight(
         notes=tuple(notes),
         args=args,
     )
+    return with_router(checked, plan, args, root=root, cwd=cwd) if args and args.router else checked

@@ -148,6 +148,15 @@ class GovernorCollector(Collector):
         self._memory(f, fs, systemd["cgroup"] if systemd else plan.group, p)
         use = observe.usage(fs, plan.group)
         self._usage(f, use, p)
+        for row in observe.model_rows(fs, plan.group):  # llama-server's router: each leaf
+            if row["memory_current"] is not None:
+                f.gauge(
+                    "governor_model_memory_bytes",
+                    "memory.current of each model's leaf of llama-server's router",
+                    p,
+                    row["memory_current"],
+                    model=row["model"],
+                )
         _device(f, fs, plan, st)
         drift = sum(k["state"] != "in sync" for k in observe.knobs(fs, plan, systemd=systemd))
         f.gauge(

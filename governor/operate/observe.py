@@ -10,6 +10,7 @@ between two reads is not an error.
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Mapping
 from typing import Any
 
 from governor.backends import manager
@@ -188,3 +189,42 @@ def usage(fs: CgroupFs, group: str) -> dict[str, Any]:
             "max": read_int(fs, group, kf.PIDS_MAX),
         },
     }
+
+
+MODELS = "models"  # llama-server's router: <group>/models/<alias> (governor/supervise/models.py)
+
+
+def model_rows(
+    fs: CgroupFs, group: str, estimates: Mapping[str, int] | None = None
+) -> list[dict[str, Any]]:
+    """llama-server's router: one row per model leaf, as the kernel counts it now (a leaf
+    stays after its model is unloaded: ``loaded`` says whether a child runs in it)."""
+    try:
+        leaves = fs.children(f"{group}/{MODELS}")
+    except GovernorError:
+        return []
+    rows = []
+    for cg in leaves:
+        alias = cg.rsplit("/", 1)[1]
+        try:
+            loaded = bool(fs.procs(cg))
+        except GovernorError:
+            continue  # removed meanwhile
+        rows.append(
+            {
+                "model": alias,
+                "loaded": loaded,
+                "memory_current": read_int(fs, cg, kf.MEMORY_CURRENT),
+                "memory_max": read_int(fs, cg, kf.MEMORY_MAX),
+                "estimate": (estimates or {}).get(alias),
+                "oom_kill": _events(fs, cg).get("oom_kill", 0),
+            }
+        )
+    return rows
+
+
+def _events(fs: CgroupFs, cg: str) -> dict[str, int]:
+    try:
+        return fs.memory_events(cg)
+    except GovernorError:
+        return {}

@@ -17,7 +17,7 @@ from governor.operate.board import gather
 from governor.operate.clocks import observe as clock_rows
 from governor.operate.clocks import render as render_clocks
 from governor.operate.devmem import device_board, render_device
-from governor.operate.observe import knobs, usage
+from governor.operate.observe import knobs, model_rows, usage
 from governor.operate.swap import board_swap, render_swap
 from governor.rundir.clocks import Ledger
 from governor.rundir.journal import Journal
@@ -66,6 +66,8 @@ def collect(
             "systemd_unit": systemd["unit"] if systemd else None,
             "knobs": knobs(fs, plan, journal=journal, systemd=systemd) if exists else [],
             "usage": usage(fs, plan.group) if exists else None,
+            # llama-server's router: a row per model leaf (operate/observe.py model_rows)
+            "models": model_rows(fs, plan.group, (st.model or {}).get("router")) if exists else [],
             "rules": st.rules,
             "last_actions": st.last_actions,
             "journal": journal.tail(5),
@@ -252,6 +254,12 @@ def _usage_lines(it: dict[str, Any]) -> list[str]:
         pids = usage["pids"]
         if pids["current"] is not None:
             lines.append(f"  pids     {pids['current']} / {pids['max'] or 'max'}")
+    for row in it.get("models") or []:  # llama-server's router: one line per model leaf
+        lines.append(
+            f"  model    {row['model']}  {'loaded' if row['loaded'] else 'unloaded'}"
+            f"  current {_size(row['memory_current'])}  max {_size(row['memory_max'])}"
+            f"  estimate {_size(row['estimate'])}  oom_kill {row['oom_kill']}"
+        )
     return lines
 
 

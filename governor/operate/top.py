@@ -4,7 +4,9 @@ Columns: memory current / memory.high / memory.max (current as % of high), anon 
 memory PSI some / full avg10, CPU % (of one CPU, over the last interval), throttled %,
 memory.events high / max / oom_kill since the previous frame, the [qos] class (int, std, bg)
 and the rules' states (after "SHED frozen by npu-chat" while a higher class's shed holds it);
-under the rows, the board's budget and claims (issue 36, `governor board`).
+under a llama-server router's row, a row per model leaf (memory.current, memory.max, loaded,
+its estimate, oom_kill); under the rows, the board's budget and claims (issue 36, `governor
+board`).
 Keys (interactive): ``m`` sort by memory, ``p`` by pressure, ``c`` by CPU, ``q`` quit.
 ``-b/--batch`` prints plain frames (systemd-cgtop's convention), ``-n N`` stops after N.
 """
@@ -71,6 +73,7 @@ class Frame:
                 "rules": _rules(it["rules"]),
                 "qos": (it.get("qos") or {}).get("class", "standard"),
                 "shed": it.get("shed"),
+                "models": it.get("models") or [],  # llama-server's router: its model leaves
             }
             before = self.previous.get(it["policy"])
             if before is not None:
@@ -122,13 +125,26 @@ def format_row(r: dict[str, Any]) -> str:
     )
 
 
+def model_row(m: dict[str, Any]) -> str:
+    """One model leaf of llama-server's router, under its slice's row (MEM and MAX columns)."""
+    return (
+        f"  {m['model'][:13]:<14}{_size(m['memory_current']):>9}{'':>9}"
+        f"{_size(m['memory_max']):>9}  {'loaded' if m['loaded'] else 'unloaded'},"
+        f" estimate {_size(m['estimate'])}, oom_kill {m['oom_kill']}"
+    )
+
+
 _QOS = {"interactive": "int", "standard": "std", "background": "bg"}
 
 
 def frame_text(rows: list[dict[str, Any]], key: str, now: float) -> str:
     stamp = time.strftime("%H:%M:%S", time.localtime(now))
     lines = [f"governor top - {stamp} - {len(rows)} slice(s), sorted by {key}", HEADER]
-    lines += [format_row(r) for r in sort_rows(rows, key)] or ["(no governed slices)"]
+    for r in sort_rows(rows, key):
+        lines.append(format_row(r))
+        lines += [model_row(m) for m in r.get("models", ())]
+    if len(lines) == 2:
+        lines.append("(no governed slices)")
     if rows and rows[0].get("budget"):  # the board's claims, as `governor board` shows them
         lines.append(board_line(rows[0]["budget"]))
     return "\n".join(lines) + "\n"

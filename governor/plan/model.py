@@ -91,6 +91,21 @@ class DeviceSpec:
 
 
 @record(frozen=True)
+class RouterModelSpec:
+    """[engine.models.<alias>]: one router model's leaf limits in bytes (None: not set)."""
+
+    alias: str
+    max: int | None = None
+    high: int | None = None
+    oom_group: bool | None = None
+
+
+def _engine(d: dict[str, Any]) -> EngineSpec:
+    models = tuple(RouterModelSpec(**m) for m in d.get("models", ()))
+    return EngineSpec(**{**d, "models": models})
+
+
+@record(frozen=True)
 class EngineSpec:
     kind: Literal["llama.cpp", "rkllm", "generic"] = "generic"
     max_context_tokens: int | None = None
@@ -98,6 +113,8 @@ class EngineSpec:
     threads: int | None = None
     ready: str | None = None  # URL answering 200 once the engine is ready, or "exec"
     ready_timeout_s: float = 300.0
+    evict: Literal["count", "memory"] = "count"  # llama-server's router: who makes room
+    models: tuple[RouterModelSpec, ...] = ()
 
 
 @record(frozen=True)
@@ -323,7 +340,7 @@ class Plan:
                 writes=tuple(CgroupWrite(**w) for w in d["writes"]),
                 controllers=tuple(d["controllers"]),
                 launch=LaunchSpec(**launch),
-                engine=EngineSpec(**d["engine"]),
+                engine=_engine(d["engine"]),
                 prefetch=PrefetchSpec(**prefetch),
                 watch=tuple(_watch_rule(w) for w in d["watch"]),
                 protect_parents=tuple(d.get("protect_parents", ())),

@@ -259,6 +259,32 @@ def _ready_url(url: str) -> str:
     return url
 
 
+def _alias(name: str) -> str:
+    """A router model's name as a cgroup directory: models/<alias> (no '/', not '.'/'..')."""
+    if not name or "/" in name or name in (".", "..") or "\0" in name or len(name) > 200:
+        raise ValueError(f"model name {name[:40]!r} cannot name a cgroup directory")
+    return name
+
+
+class RouterModelSection(_Section):
+    """[engine.models.<alias>]: the leaf of one model of llama-server's router (absent: the
+    model's estimate + headroom as max)."""
+
+    max: MemorySize | None = None
+    high: MemorySize | None = None
+    oom_group: StrictBool | None = None
+
+    @model_validator(mode="after")
+    def _ordered(self) -> RouterModelSection:
+        if (
+            self.high is not None
+            and self.max is not None
+            and _definitely_greater(self.high, self.max)
+        ):
+            raise ValueError(f"high ({self.high}) is above max ({self.max})")
+        return self
+
+
 class EngineSection(_Section):
     # rkllm: RKLLM's demo (llm_demo MODEL.rkllm MAX_NEW_TOKENS MAX_CONTEXT_LEN), its model in
     # NPU memory (device.memory defaults to the .rkllm file's size)
@@ -272,6 +298,12 @@ class EngineSection(_Section):
     ready: Annotated[StrictStr, AfterValidator(_ready_url)] | None = None
     ready_timeout: Duration = Field(
         default=d.Duration(300_000_000), json_schema_extra={"default": "300s"}
+    )
+    # llama-server's router: "count" = its own --models-max decides (check refuses one under
+    # which the largest models cannot fit memory.max); "memory" = the governor makes room
+    evict: Literal["count", "memory"] = "count"
+    models: dict[Annotated[StrictStr, AfterValidator(_alias)], RouterModelSection] = Field(
+        default_factory=dict
     )
 
 

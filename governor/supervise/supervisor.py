@@ -37,6 +37,7 @@ from governor.plan.model import Plan
 from governor.record import field, record
 from governor.rundir.journal import Journal
 from governor.rundir.state import Publisher, RunState, applied, run_dir
+from governor.supervise.models import ModelLeaves
 from governor.supervise.sdnotify import notify
 from governor.supervise.watchdog import Watchdog
 
@@ -82,6 +83,8 @@ class Job:
     # published, so a racing launch reads this slice's claim; the admission's note is journaled
     board_release: Callable[[], None] | None = None
     admit_note: str | None = None
+    # llama-server's router: alias -> ModelLimits of each model's leaf (supervise/models.py)
+    model_leaves: dict[str, Any] | None = None
 
 
 class Supervisor:
@@ -225,6 +228,7 @@ class Supervisor:
         self.started_at = time.time()
         self.board = board_baseline(self.launcher.fs, self.proc, plan.slice)
         pid = self.engine_pid = self.launcher.start(plan, setup)
+        leaves = self._start_model_leaves(job)
         self._await_ready(job, pid)
         self._start_helper(job, pid)
         restarts = self.restarts = Restarts(plan.launch.restart_max, plan.launch.restart_backoff_s)
@@ -265,6 +269,8 @@ class Supervisor:
             if job.report is not None:
                 _write_report(job.report, report)
         finally:
+            if leaves is not None:
+                leaves.stop()
             monitor.close()
             if self.ready_wait is not None:
                 self.ready_wait.stop()
@@ -279,6 +285,19 @@ class Supervisor:
         if lock_error is not None:
             raise lock_error
         return code
+
+    def _start_model_leaves(self, job: Job) -> ModelLeaves | None:
+        """llama-server's router: each child it starts into its model's leaf."""
+        if job.model_leaves is None:
+            return None
+        return ModelLeaves(
+            self.launcher.fs,
+            group=job.plan.group,
+            leaf=job.plan.leaf,
+            limits=job.model_leaves,
+            router_pid=lambda: self.engine_pid,
+            proc_root=self.proc.root,
+        ).start()
 
     def _await_ready(self, job: Job, pid: int) -> None:
         """READY=1 for Type=notify services (no-op without $NOTIFY_SOCKET): at exec, or once
@@ -350,7 +369,10 @@ class Supervisor:
             rules=monitor.rule_states() if monitor is not None else [],
             last_actions=list(monitor.recent) if monitor is not None else [],
             action_totals=monitor.action_totals() if monitor is not None else [],
-            model={k: estimate.get(k) for k in ("model", "quant", "total")} if estimate else None,
+            model={
+                k: estimate.get(k) for k in ("model", "quant", "total", "router") if k in estimate
+            }
+            or None,
             prefetch_files=list(job.prefetch_files),
             plan=plan.to_dict(),
             systemd=job.systemd,

@@ -186,6 +186,20 @@ KEYS: dict[str, tuple[str, str]] = {
         " in the plan (`governor plan` shows it), not enforced.",
         "threads = 4",
     ),
+    "engine.evict": (
+        "llama-server's router (`--models-dir`/`--models-preset`) loads up to `--models-max`"
+        " models whatever they weigh. `count`: `check` and `launch` refuse a `--models-max`"
+        " under which its largest models cannot fit memory.max together (65, naming the count"
+        " that fits). `memory`: accepted with a warning; the governor is to make room by"
+        " memory (issue 38).",
+        'evict = "memory"',
+    ),
+    "engine.models": (
+        "One table a router model, by its name (the child's `--alias`: the GGUF's stem in"
+        " `--models-dir`, the section in the preset): `max`, `high` (sizes) and `oom_group`"
+        " for the model's own leaf `<slice>/<name>/models/<alias>`.",
+        'models = { small = { max = "300M", oom_group = true } }',
+    ),
     "engine.ready": (
         "The engine is ready (READY=1 to systemd) when this http:// URL answers 200;"
         " `exec`: ready once exec'd. llama-server's is derived from --host/--port when"

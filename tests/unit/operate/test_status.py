@@ -263,3 +263,55 @@ def test_status_shows_the_slices_claim_and_the_boards_budget(tmp_path: Path) -> 
     assert b["claimed"] == {"min": 0, "peak": 1536 << 20}
     assert b["free"]["peaks"] == b["budget"] - (1536 << 20)
     assert "  claim: min 0B, peak 1.5GiB (max); board budget" in render([item])
+
+
+def test_a_routers_status_has_a_row_per_model_leaf_and_the_metric_per_model(
+    tmp_path: Path,
+) -> None:
+    """Issue 38: llama-server's router: one row per <group>/models/<alias> (the kernel's
+    memory.current, memory.max, oom_kill; the estimate the launch published) and the metric
+    governor_model_memory_bytes{policy,model}."""
+    from prometheus_client import generate_latest
+
+    from governor.metrics.collector import registry
+
+    plan, group = _tree_plan(tmp_path)
+    for alias, current, limit, procs, events in (
+        ("small", 300 << 20, "419430400", "4242\n", "oom 0\noom_kill 0\n"),
+        ("hog", 4096, "8388608", "", "oom 2\noom_kill 1\n"),
+    ):
+        leaf = group / "models" / alias
+        leaf.mkdir(parents=True)
+        (leaf / "memory.current").write_text(f"{current}\n")
+        (leaf / "memory.max").write_text(f"{limit}\n")
+        (leaf / "cgroup.procs").write_text(procs)
+        (leaf / "memory.events").write_text(events)
+    run = tmp_path / "run"
+    Publisher(run, plan.policy).publish(
+        {"policy": plan.policy, "source": "launch", "pid": None, "plan": plan.to_dict(),
+         "model": {"router": {"small": 280 << 20, "hog": 40 << 20}}}
+    )  # fmt: skip
+    (item,) = collect(run, "st")
+    props = SCHEMA["items"]["properties"]["models"]["items"]
+    assert all(set(props["required"]) == set(row) for row in item["models"])
+    assert item["models"] == [
+        {"model": "hog", "loaded": False, "memory_current": 4096, "memory_max": 8 << 20,
+         "estimate": 40 << 20, "oom_kill": 1},
+        {"model": "small", "loaded": True, "memory_current": 300 << 20,
+         "memory_max": 400 << 20, "estimate": 280 << 20, "oom_kill": 0},
+    ]  # fmt: skip
+    text = render([item])
+    assert (
+        "  model    small  loaded  current 300MiB  max 400MiB  estimate 280MiB  oom_kill 0" in text
+    )
+    assert "  model    hog  unloaded" in text and "oom_kill 1" in text
+    from governor.operate.top import Frame, frame_text
+
+    top = frame_text(Frame().rows([item], 0.0), "memory", 0.0).splitlines()
+    slice_row = next(i for i, line in enumerate(top) if line.startswith("st"))
+    assert top[slice_row + 1].split()[:3] == ["hog", "4KiB", "8MiB"]
+    assert top[slice_row + 2].split()[:3] == ["small", "300MiB", "400MiB"]
+    states = [json.loads((run / plan.policy / "state.json").read_text())]
+    metrics = generate_latest(registry(lambda: states, run)).decode()
+    assert 'governor_model_memory_bytes{model="small",policy="st"} 3.145728e+08' in metrics
+    assert 'governor_model_memory_bytes{model="hog",policy="st"} 4096.0' in metrics

@@ -1,0 +1,337 @@
+"""llama-server's router: the models it may load, each child's argv, and how many fit together.
+
+A llama-server started without a model of its own and with ``--models-dir DIR`` and/or
+``--models-preset FILE`` is a router (tools/server README "Using multiple models", the version
+of notes/engine.md): it starts one child ``llama-server ... --alias NAME ... --model PATH`` per
+model on demand and keeps at most ``--models-max`` (default 4, 0 = no limit) loaded, whatever
+they weigh. Measured with that build (GET /models, each model's ``status.args``):
+
+- a models directory lists each ``*.gguf`` file as the model named by its stem, and each
+  subdirectory as the model named by the directory (its GGUF that is not an ``mmproj*``
+  projector; the first part of a split model);
+- a preset is an INI file: one section a model (its name; ``model = PATH`` for one that is not
+  in the directory), ``[*]`` for every model; keys are the options without dashes, short
+  forms (``c``, ``np``) and ``LLAMA_ARG_*`` names included; flags take true/false;
+- precedence: the router's command line, then the model's section, then ``[*]`` (a preset's
+  ``c = 1024`` loses to the router's ``-c 256``); the children inherit the environment, which
+  every option overrides;
+- the router owns --host/--port/--alias/--model of the child; ``load-on-startup``,
+  ``stop-timeout`` and ``dedup-cache-models`` are the preset's own keys (no option).
+
+Each child's argv is built here in that precedence (the last word wins in
+parse_llama_argv), so the one llama.cpp estimate sizes each model as the router will run it.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from governor.cache import argkey
+from governor.engines import llama
+
+if TYPE_CHECKING:
+    from governor.engines.estimate import Estimate
+
+MIB = 1 << 20
+MODELS_MAX = 4  # --models-max default (common/arg.cpp); 0 = no limit
+# the preset's own keys: no llama-server option (tools/server README "Model presets")
+PRESET_ONLY = frozenset(["version", "load-on-startup", "stop-timeout", "dedup-cache-models"])
+# the router's own options, never passed to a child (it sets --host/--port/--alias/--model)
+ROUTER_ONLY = frozenset(
+    [
+        *("--models-dir", "--models-preset", "--models-max", "--host", "--port"),
+        *("-a", "--alias", "-m", "--model"),
+    ]
+)
+ROUTER_FLAGS = frozenset(["--models-autoload", "--no-models-autoload"])
+GLOBAL_SECTION = "*"
+_TRUTHY, _FALSEY = argkey.TRUTHY, argkey.FALSEY
+_SECTION_RE = re.compile(r"^\[(?P<name>[^\]]+)\]$")
+
+
+class PresetError(ValueError):
+    """A preset file the router would not read; ``line`` is 1-based."""
+
+    def __init__(self, reason: str, *, line: int) -> None:
+        super().__init__(f"{reason} (line {line})")
+        self.reason = reason
+        self.line = line
+
+
+@dataclass(frozen=True)
+class RouterModel:
+    """One model the router may load: its name (the child's --alias), where it came from
+    ("models_dir" or "preset") and the child's argv as the router builds it."""
+
+    alias: str
+    source: str
+    argv: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class RouterEstimate:
+    """Each model's estimate and how many of them fit together in ``budget``."""
+
+    models: tuple[tuple[RouterModel, Estimate], ...]
+    models_max: int  # as given (0 = no limit)
+    budget: int | None = None
+    unsized: tuple[str, ...] = field(default_factory=tuple)  # models with no local file
+
+    @property
+    def loadable(self) -> int:
+        """How many models the router may hold loaded at once."""
+        n = len(self.models)
+        return n if self.models_max == 0 else min(self.models_max, n)
+
+    @property
+    def together(self) -> int | None:
+        """How many fit the budget together, the largest first (None: no budget)."""
+        if self.budget is None:
+            return None
+        return fits_together([e.total for _m, e in self.models], self.budget)
+
+    @property
+    def largest_bytes(self) -> int:
+        """What the ``loadable`` largest models need together."""
+        totals = sorted((e.total for _m, e in self.models), reverse=True)
+        return sum(totals[: self.loadable])
+
+    @property
+    def fits(self) -> bool:
+        together = self.together
+        return together is None or together >= self.loadable
+
+    def to_dict(self) -> dict[str, object]:
+        return {
+            "router": {
+                "models_max": self.models_max,
+                "loadable": self.loadable,
+                "budget": self.budget,
+                "fit_together": self.together,
+                "largest_bytes": self.largest_bytes,
+                "fits": self.fits,
+                "unsized": list(self.unsized),
+            },
+            "models": [
+                {"alias": m.alias, "source": m.source, "argv": list(m.argv), **e.to_dict()}
+                for m, e in self.models
+            ],
+        }
+
+
+def fits_together(totals: Sequence[int], budget: int) -> int:
+    """How many models fit ``budget`` at once in the worst case: the largest first."""
+    used = n = 0
+    for total in sorted(totals, reverse=True):
+        if used + total > budget:
+            break
+        used += total
+        n += 1
+    return n
+
+
+def parse_preset(text: str) -> dict[str, dict[str, str]]:
+    """The preset's sections (``*`` included) as {name: {key: value}}, keys as written;
+    keys before the first section (``version = 1``) are dropped. The last value of a key wins."""
+    out: dict[str, dict[str, str]] = {}
+    current: dict[str, str] | None = None
+    for n, raw in enumerate(text.splitlines(), 1):
+        line = raw.strip()
+        if not line or line[0] in ";#":
+            continue
+        m = _SECTION_RE.match(line)
+        if m:
+            name = m["name"].strip()
+            if not name:
+                raise PresetError("a section has no name", line=n)
+            current = out.setdefault(name, {})
+            continue
+        key, eq, value = line.partition("=")
+        if not eq or not key.strip():
+            raise PresetError(f"not a 'key = value' line: {line[:40]!r}", line=n)
+        if current is not None:
+            current[key.strip()] = value.strip()
+    return out
+
+
+def _option_of(key: str) -> tuple[str | None, str | None]:
+    """(value option, flag option) a preset key names, in llama.cpp spelling."""
+    if key.startswith("LLAMA_ARG_"):
+        canon = argkey.ENV_OPTS.get(key)
+        if canon is not None:
+            return next(o for o, c in argkey.READ_OPTS.items() if c == canon), None
+        flag = {"LLAMA_ARG_KV_UNIFIED": "--kv-unified", "LLAMA_ARG_REPACK": "--repack"}.get(key)
+        return (None, flag) if flag is not None else (None, None)
+    for word in (f"--{key}", f"-{key}"):
+        if word in argkey.READ_OPTS or word in argkey.SKIP_VALUE_OPTS:
+            return word, None
+        if word in argkey.UNSIZED_VALUE_OPTS:
+            return word, None
+        if word in argkey.FLAG_OPTS or word in argkey.UNSIZED_FLAGS:
+            return None, word
+    return f"--{key}", None  # an option this reader does not know: kept, never sized
+
+
+def preset_model(section: Mapping[str, str]) -> str | None:
+    """The model path a preset section names (``model``, ``m`` or ``LLAMA_ARG_MODEL``)."""
+    found = None
+    for key, value in section.items():
+        if _option_of(key)[0] in ("-m", "--model"):
+            found = value
+    return found
+
+
+def preset_words(section: Mapping[str, str]) -> list[str]:
+    """One preset section as the argv words the router passes its child."""
+    words: list[str] = []
+    for key, value in section.items():
+        if key in PRESET_ONLY:
+            continue
+        opt, flag = _option_of(key)
+        if opt in ROUTER_ONLY:  # the router sets the child's --model, --alias, --host, --port
+            continue
+        if opt is not None:
+            words += [opt, value]
+            continue
+        if flag is None:
+            continue
+        word = _flag_word(flag, value)
+        if word is not None:
+            words.append(word)
+    return words
+
+
+_SHORT_FLAGS = {"nr": "no-repack", "kvu": "kv-unified", "no-kvu": "no-kv-unified"}
+
+
+def _flag_word(flag: str, value: str) -> str | None:
+    """A boolean preset key as the flag llama-server reads (``repack = false`` is
+    --no-repack); None for a value that is neither true nor false (common_arg_utils)."""
+    if value.lower() not in _TRUTHY | _FALSEY:
+        return None
+    name = flag.lstrip("-")
+    name = _SHORT_FLAGS.get(name, name)
+    negated = name.startswith("no-")
+    base = name[3:] if negated else name
+    on = (value.lower() in _TRUTHY) != negated
+    return f"--{base}" if on else f"--no-{base}"
+
+
+def router_words(argv: Sequence[str]) -> list[str]:
+    """The router's own command line without what it keeps to itself (the program dropped)."""
+    out: list[str] = []
+    words = list(argv[1:])
+    i = 0
+    while i < len(words):
+        word = words[i]
+        if word == "--":
+            break
+        name, eq, _inline = word.partition("=")
+        if (eq and name in ROUTER_ONLY) or word in ROUTER_FLAGS:
+            i += 1
+            continue
+        if word in ROUTER_ONLY:
+            i += 2
+            continue
+        if word in argkey.READ_OPTS or word in argkey.SKIP_VALUE_OPTS:
+            out += words[i : i + 2]
+            i += 2
+            continue
+        out.append(word)
+        i += 1
+    return out
+
+
+def dir_models(models_dir: Path) -> dict[str, Path]:
+    """The models of a --models-dir, by name: each *.gguf (its stem), each subdirectory (its
+    GGUF that is not an mmproj* projector, the first part of a split model), sorted."""
+    out: dict[str, Path] = {}
+    for entry in sorted(models_dir.iterdir()):
+        if entry.is_file() and entry.suffix == ".gguf" and not entry.name.startswith("mmproj"):
+            out[entry.stem] = entry
+        elif entry.is_dir():
+            ggufs = sorted(
+                p
+                for p in entry.iterdir()
+                if p.suffix == ".gguf" and not p.name.startswith("mmproj")
+            )
+            split = [p for p in ggufs if re.search(r"-00001-of-\d{5}\.gguf$", p.name)]
+            if split or ggufs:
+                out[entry.name] = (split or ggufs)[0]
+    return out
+
+
+def router_models(
+    args: llama.EngineArgs, *, preset_text: str | None, cwd: Path
+) -> tuple[list[RouterModel], list[str]]:
+    """Every model the router may load with the child argv it builds, and the names of preset
+    models with no local model file (a Hugging Face repo: not sized)."""
+    program = args.argv[0] if args.argv else "llama-server"
+    preset = parse_preset(preset_text) if preset_text is not None else {}
+    common = preset.get(GLOBAL_SECTION, {})
+    found: dict[str, tuple[str, str | None]] = {}
+    if args.models_dir is not None:
+        base = Path(args.models_dir)
+        base = base if base.is_absolute() else cwd / base
+        for name, path in dir_models(base).items():
+            found[name] = ("models_dir", str(path))
+    for name in preset:
+        if name != GLOBAL_SECTION and name not in found:
+            found[name] = ("preset", None)
+    cli = router_words(args.argv)
+    models: list[RouterModel] = []
+    unsized: list[str] = []
+    for name, (source, listed) in found.items():
+        own = preset.get(name, {})
+        words = [*preset_words(common), *preset_words(own)]
+        model = preset_model(own) or preset_model(common) or listed
+        if model is None:
+            unsized.append(name)
+            continue
+        if not Path(model).is_absolute():
+            model = str(cwd / model)  # relative to the server's working directory
+        argv = (program, *words, *cli, "--alias", name, "--model", model)
+        models.append(RouterModel(alias=name, source=source, argv=argv))
+    return models, unsized
+
+
+def render(rest: RouterEstimate) -> str:
+    """The table `governor estimate` prints for a router: a row per model, then the fit."""
+
+    def mib(n: int) -> str:
+        return f"{n / MIB:9.1f} MiB"
+
+    width = max([5, *(len(m.alias) for m, _e in rest.models)])
+    given = "no limit" if rest.models_max == 0 else str(rest.models_max)
+    lines = [
+        f"llama-server router: {len(rest.models)} models, --models-max {given}"
+        f" ({rest.loadable} loaded at once)",
+        f"  {'model':<{width}}  {'estimate':>13}  {'weights':>13}  {'-c':>6}  file",
+    ]
+    by_size = sorted(rest.models, key=lambda me: me[1].total, reverse=True)
+    for m, e in by_size:
+        lines.append(
+            f"  {m.alias:<{width}}  {mib(e.total)}  {mib(e.term('weights'))}"
+            f"  {e.settings.ctx:>6}  {e.model}"
+        )
+    lines.append(f"  the {rest.loadable} largest together: {mib(rest.largest_bytes).strip()}")
+    together = rest.together
+    if rest.budget is not None and together is not None:
+        verdict = (
+            "fits"
+            if rest.fits
+            else f"does NOT fit: {together} fit together (largest first);"
+            f" pass --models-max {together}"
+            if together
+            else "does NOT fit: no model fits alone"
+        )
+        lines.append(f"  budget {mib(rest.budget).strip()} (memory.max): {verdict}")
+        lines.append(f"  fit together in the budget, largest first: {together}")
+    lines += [f"  warning: {name}: no local model file, not sized" for name in rest.unsized]
+    for m, e in by_size:
+        lines += [f"  warning: {m.alias}: {w}" for w in e.warnings]
+    return "\n".join(lines) + "\n"

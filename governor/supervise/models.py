@@ -1,0 +1,174 @@
+"""One leaf per model of llama-server's router (issue 38): each child the router starts goes
+to ``<group>/models/<alias>`` as soon as it appears, with that model's limits, so one child
+that outgrows its estimate is OOM-killed alone while the router (``<group>/engine``) and the
+other models keep serving.
+
+The tree keeps cgroup v2's no-internal-process rule: processes only in leaves, the router in
+``engine``, its children in the siblings under ``models`` (cgroup-v2.rst "No Internal Process
+Constraint"); the group and ``models`` enable memory in their subtree_control.
+
+The router forks and execs ``llama-server ... --alias NAME ... --model PATH`` (measured:
+/proc/<pid>/cmdline of its children, llama.cpp 0c1e57098), so a child is found by polling the
+engine leaf's cgroup.procs (a new process lands in its parent's cgroup) and reading its
+cmdline: a pid between fork and exec still shows the router's cmdline (no --alias) and is
+looked at again on the next poll. The limits are written before the pid moves (no window
+without them), and memory a process charged before the move stays with the old cgroup
+(cgroup-v2.rst "Memory Ownership"): the poll is short (POLL_S) so the child moves before its
+model is mapped, which takes it far longer than that (load logs: 0.1-1 s on a host, more
+under TCG).
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any
+
+from governor.errors import GovernorError
+from governor.kernel import files as kf
+from governor.kernel.cgroupfs import CgroupFs
+from governor.log import get_logger
+from governor.record import record
+
+log = get_logger(__name__)
+
+MODELS = "models"  # <group>/models/<alias>
+POLL_S = 0.02  # between reads of the engine leaf's cgroup.procs
+ALIAS_OPTS = (b"-a", b"--alias")  # llama-server's --alias (common/arg.cpp)
+MODEL_CONTROLLERS = frozenset({"memory"})  # what a model's leaf limits (memory.max/high/oom.group)
+
+
+@record(frozen=True)
+class ModelLimits:
+    """One model's leaf: memory.max / memory.high in bytes (None: not written) and
+    memory.oom.group (None: the kernel's default)."""
+
+    max: int | None = None
+    high: int | None = None
+    oom_group: bool | None = None
+
+    @classmethod
+    def read(cls, d: Mapping[str, Any]) -> ModelLimits:
+        """From the plain mapping a launch hands the supervisor (api/launch.py model_leaves)."""
+        return cls(max=d.get("max"), high=d.get("high"), oom_group=d.get("oom_group"))
+
+
+def child_alias(cmdline: bytes) -> str | None:
+    """The --alias of a llama-server child from its /proc/<pid>/cmdline (pure); None for a
+    process that is no router child (yet), or an alias that cannot name a directory. The last
+    one given wins, as in llama.cpp; llama-server takes a comma-separated list of aliases:
+    the first names the leaf."""
+    words = cmdline.rstrip(b"\0").split(b"\0")
+    found: bytes | None = None
+    for i, word in enumerate(words[1:], 1):
+        name, eq, value = word.partition(b"=")
+        if eq and name == b"--alias":
+            found = value
+        elif word in ALIAS_OPTS and i + 1 < len(words):
+            found = words[i + 1]
+    if found is None:
+        return None
+    alias = found.split(b",")[0].decode("utf-8", "replace").strip()
+    if not alias or "/" in alias or alias in (".", "..") or len(alias) > 200:
+        return None
+    return alias
+
+
+class ModelLeaves:
+    """Places the router's children into their leaves; ``poll`` is one pass (tests call it),
+    ``start`` runs it every POLL_S in a thread until ``stop``."""
+
+    def __init__(
+        self,
+        fs: CgroupFs,
+        *,
+        group: str,
+        leaf: str,
+        limits: Mapping[str, ModelLimits | Mapping[str, Any]],
+        router_pid: Callable[[], int | None],
+        proc_root: Path = Path("/proc"),
+        on_place: Callable[[str, int, str], None] | None = None,
+    ) -> None:
+        self.fs = fs
+        self.group = group
+        self.leaf = leaf
+        self.limits = {
+            a: v if isinstance(v, ModelLimits) else ModelLimits.read(v) for a, v in limits.items()
+        }
+        self.router_pid = router_pid
+        self.proc_root = proc_root
+        self.on_place = on_place
+        self.placed: dict[int, str] = {}  # pid -> alias, every child moved in this run
+        self._models_ready = False
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def cgroup(self, alias: str) -> str:
+        return f"{self.group}/{MODELS}/{alias}"
+
+    def start(self) -> ModelLeaves:
+        self._thread = threading.Thread(target=self._run, name="model-leaves", daemon=True)
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=5)
+
+    def _run(self) -> None:
+        while not self._stop.wait(POLL_S):
+            try:
+                self.poll()
+            except GovernorError as err:  # the group went away (the run is ending)
+                log.debug("models.poll_failed", error=str(err))
+
+    def poll(self) -> list[tuple[int, str]]:
+        """Move every child of the router found in the engine leaf; returns (pid, alias) of
+        those moved now."""
+        router = self.router_pid()
+        moved: list[tuple[int, str]] = []
+        for pid in self.fs.procs(self.leaf):
+            if pid == router:
+                continue
+            try:
+                cmdline = (self.proc_root / str(pid) / "cmdline").read_bytes()
+            except OSError:
+                continue  # gone already
+            alias = child_alias(cmdline)
+            if alias is None:
+                continue  # not exec'd yet, or not a router child: looked at again next poll
+            if self._place(pid, alias):
+                moved.append((pid, alias))
+        return moved
+
+    def _place(self, pid: int, alias: str) -> bool:
+        cg = self.cgroup(alias)
+        if not self._models_ready:
+            # the plan enables memory down to the group only (its limits are on the group):
+            # the group (no process of its own) and models pass it on to each model's leaf
+            wanted = sorted(MODEL_CONTROLLERS & self.fs.controllers(self.group))
+            self.fs.enable(self.group, wanted)
+            self.fs.mkdir(f"{self.group}/{MODELS}")
+            self.fs.enable(f"{self.group}/{MODELS}", wanted)
+            self._models_ready = True
+        limits = self.limits.get(alias, ModelLimits())
+        if self.fs.mkdir(cg):
+            # the limits before the pid: it is never in the leaf without them
+            if limits.oom_group is not None:
+                self.fs.write(cg, kf.MEMORY_OOM_GROUP, "1" if limits.oom_group else "0")
+            if limits.max is not None:
+                self.fs.write(cg, kf.MEMORY_MAX, str(limits.max))
+            if limits.high is not None:
+                self.fs.write(cg, kf.MEMORY_HIGH, str(limits.high))
+        try:
+            self.fs.move(pid, cg)
+        except GovernorError as err:  # it exited meanwhile (ESRCH)
+            log.debug("models.move_failed", pid=pid, alias=alias, error=str(err))
+            return False
+        self.placed[pid] = alias
+        log.info("model.placed", pid=pid, alias=alias, cgroup=cg, memory_max=limits.max)
+        if self.on_place is not None:
+            self.on_place(alias, pid, cg)
+        return True

@@ -1,0 +1,117 @@
+"""llama-server's router under `governor launch` in the kernel guest (issue 38 item 2): the real
+router (scripts/engine-setup's llama-server) with three synthetic models in a directory, each
+child it starts moved into <group>/models/<alias> while the router stays in .../engine; one
+model (hog: -lm none, an anonymous copy of its 13 MiB of weights) gets an 8 MiB leaf through
+[engine.models.hog] and is OOM-killed alone: its request fails, the router and the other
+models keep answering and nothing else is killed.
+
+Tiny models, -c 256, 4 tokens an answer: the TCG guest loads each in a few seconds.
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import openai
+import pytest
+from helpers import cgroups
+from helpers.cgroups import ScratchSlice
+from helpers.server import KVGUEST, SERVER, client, free_port, wait_ready
+
+from perf._helpers.engine_paths import TINY
+
+REPO = Path(__file__).resolve().parents[2]
+ALL = ("memory", "cpu", "cpuset", "io", "pids")
+MIB = 1 << 20
+
+
+def _ask(base: str, model: str) -> str:
+    r = client(base, timeout=300).chat.completions.create(
+        model=model,
+        messages=[{"role": "user", "content": "hello there"}],
+        max_tokens=4,
+        extra_body={"ignore_eos": True},
+    )
+    return r.choices[0].message.content or ""
+
+
+def _pids(path: Path) -> list[int]:
+    return [int(x) for x in cgroups.read(path / "cgroup.procs").split()]
+
+
+@pytest.mark.kernel(controllers=ALL, root=True, psi=True)
+@pytest.mark.engine(binary=SERVER, paths=(KVGUEST, TINY))
+def test_each_router_child_gets_its_own_leaf_and_an_overgrown_one_dies_alone(
+    tmp_path: Path, scratch_slice: ScratchSlice
+) -> None:
+    models = tmp_path / "models"
+    models.mkdir()
+    for name, target in (("tiny", TINY), ("kv", KVGUEST), ("hog", KVGUEST)):
+        (models / f"{name}.gguf").symlink_to(target)
+    preset = tmp_path / "models.ini"
+    preset.write_text("[hog]\nload-mode = none\n")  # weights as anonymous memory: unreclaimable
+    policy = tmp_path / "router.toml"
+    policy.write_text(
+        f'name = "router"\nslice = "{scratch_slice.name}"\n[memory]\nmax = "400M"\n'
+        'swap_max = "0"\n[engine]\nkind = "llama.cpp"\n[engine.models.hog]\nmax = "8M"\n'
+    )
+    port = free_port()
+    base = f"http://127.0.0.1:{port}"
+    engine = [
+        str(SERVER), "--models-dir", str(models), "--models-preset", str(preset),
+        "-c", "256", "--cache-ram", "0", "-np", "1", "-t", "2", "--host", "127.0.0.1",
+        "--port", str(port), "--chat-template", "chatml", "--no-webui",
+    ]  # fmt: skip
+    group = scratch_slice.path / "router"
+    log = tmp_path / "governor.log"
+    with log.open("w") as err:
+        gov = subprocess.Popen(
+            [sys.executable, "-m", "governor", "launch", "--policy", str(policy), "--", *engine],
+            cwd=REPO, stdout=subprocess.DEVNULL, stderr=err, text=True,
+        )  # fmt: skip
+        try:
+            wait_ready(base, gov, timeout=300)
+            router = _pids(group / "engine")
+            assert len(router) == 1, router  # no child before the first request
+            t0 = time.monotonic()
+            assert _ask(base, "tiny")
+            first_s = time.monotonic() - t0
+            tiny = _pids(group / "models" / "tiny")
+            assert len(tiny) == 1 and tiny != router
+            assert _pids(group / "engine") == router  # the child left the router's leaf
+            tiny_max = int(cgroups.read(group / "models" / "tiny" / "memory.max"))
+            # the default: tiny's estimate (30 MiB at -c 256) + init's headroom (64 MiB)
+            assert 80 * MIB < tiny_max < 110 * MIB, tiny_max
+            assert cgroups.read_kv(group / "models" / "tiny" / "memory.stat")["anon"] > 0
+            with pytest.raises(openai.APIError):
+                _ask(base, "hog")  # its leaf's 8 MiB: the child is OOM-killed loading
+            hog = cgroups.read_kv(group / "models" / "hog" / "memory.events")
+            assert hog["oom_kill"] >= 1, hog
+            assert int(cgroups.read(group / "models" / "hog" / "memory.max")) == 8 * MIB
+            assert _ask(base, "kv")  # the router serves the others
+            assert _ask(base, "tiny")
+            assert _pids(group / "engine") == router
+            assert _pids(group / "models" / "tiny") == tiny  # the same child, not reloaded
+            for leaf in ("engine", "models/tiny", "models/kv"):
+                events = cgroups.read_kv(group / leaf / "memory.events")
+                assert events["oom_kill"] == 0, (leaf, events)
+            assert gov.poll() is None
+            results = {
+                "first_request_s": round(first_s, 1),
+                "hog_oom_kills": hog["oom_kill"],
+                "tiny_max_mib": tiny_max // MIB,
+                "peak_mib": int(cgroups.read(group / "memory.peak")) // MIB,
+            }
+            (tmp_path / "router.json").write_text(json.dumps(results))
+            print("router guest:", json.dumps(results))
+        finally:
+            if gov.poll() is None:
+                gov.send_signal(signal.SIGTERM)
+            code = gov.wait(timeout=120)
+    assert code in (0, 143), log.read_text()[-3000:]
+    assert not group.exists(), "the group and its model leaves are removed at the end"

@@ -1,0 +1,344 @@
+"""llama-server's router (governor/engines/router.py): the preset's precedence as the router
+applies it (measured with the build of notes/engine.md: GET /models lists each model's child
+argv), the models of a --models-dir, each model's estimate, how many fit together, and the
+refusal of `check --engine-argv` for a --models-max under which the largest cannot fit."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+from governor.engines.budget import estimate_router
+from governor.engines.llama import EngineArgs, parse_llama_argv
+from governor.engines.router import (
+    PresetError,
+    RouterEstimate,
+    dir_models,
+    fits_together,
+    parse_preset,
+    router_models,
+)
+
+MIB = 1 << 20
+REPO = Path(__file__).resolve().parents[3]
+ROOT = REPO / "tests" / "fixtures" / "hosts" / "cgroup2-full"
+SERVER = "/opt/llama/bin/llama-server"
+
+PRESET = """\
+version = 1
+; every model
+[*]
+c = 512
+cache-ram = 16
+LLAMA_ARG_N_PARALLEL = 3
+load-on-startup = true
+
+[tiny]
+model = /m/tiny.gguf
+c = 1024
+np = 2
+repack = false
+port = 9999
+
+[big]
+m = /m/big.gguf
+LLAMA_ARG_CACHE_RAM = 0
+kv-unified = false
+stop-timeout = 5
+
+[remote]
+hf-repo = someone/some-model
+"""
+
+
+def _models(
+    argv: list[str], preset: str | None, cwd: Path = Path("/srv")
+) -> tuple[dict[str, EngineArgs], list[str]]:
+    args = parse_llama_argv([SERVER, *argv])
+    assert args.router
+    models, unsized = router_models(args, preset_text=preset, cwd=cwd)
+    return {m.alias: parse_llama_argv(m.argv) for m in models}, unsized
+
+
+# ------------------------------------------------------------------------------ the preset
+
+
+def test_the_routers_command_line_beats_the_models_section_which_beats_the_global_one() -> None:
+    got, unsized = _models(["--models-preset", "p.ini", "-c", "256", "--port", "8080"], PRESET)
+    tiny, big = got["tiny"], got["big"]
+    assert tiny.ctx == 256 and big.ctx == 256  # CLI over both
+    assert tiny.parallel == 2 and big.parallel == 3  # np over [*]
+    assert tiny.cache_ram == 16 and big.cache_ram == 0
+    assert not tiny.repacks and big.repacks  # repack = false
+    assert big.kv_unified is False
+    assert tiny.model == "/m/tiny.gguf" and big.model == "/m/big.gguf"
+    assert unsized == ["remote"]  # a Hugging Face repo: no file to read
+    # the router owns the child's port, alias and model; preset-only keys are no options
+    (tiny_argv,) = [
+        m.argv
+        for m in router_models(
+            parse_llama_argv(
+                [SERVER, "--models-preset", "p", "--port=8080", "--no-models-autoload"]
+            ),
+            preset_text=PRESET,
+            cwd=Path("/"),
+        )[0]
+        if m.alias == "tiny"
+    ]
+    assert not [w for w in tiny_argv if w.startswith(("--port", "--models"))], tiny_argv
+    assert "--no-models-autoload" not in tiny_argv
+    assert "--load-on-startup" not in tiny_argv and "--version" not in tiny_argv
+    assert tiny_argv[-4:] == ("--alias", "tiny", "--model", "/m/tiny.gguf")
+
+
+def test_without_a_command_line_value_the_models_section_wins_over_the_global_one() -> None:
+    got, _ = _models(["--models-preset", "p.ini"], PRESET)
+    assert got["tiny"].ctx == 1024 and got["big"].ctx == 512
+
+
+def test_a_preset_line_that_is_no_key_value_pair_is_refused_with_its_line() -> None:
+    with pytest.raises(PresetError) as err:
+        parse_preset("[a]\nc = 1\njust words\n")
+    assert err.value.line == 3
+    assert parse_preset("k = 1\n[x]\n# c\nc=2\nc = 3\n") == {"x": {"c": "3"}}
+
+
+def test_a_models_directory_lists_files_by_stem_and_subdirectories_by_name(
+    tmp_path: Path,
+) -> None:
+    for rel in (
+        "a.gguf",
+        "mmproj-x.gguf",
+        "notes.txt",
+        "mm/mmproj-F16.gguf",
+        "mm/mm-Q8_0.gguf",
+        "split/s-00002-of-00002.gguf",
+        "split/s-00001-of-00002.gguf",
+        "empty/readme",
+    ):
+        (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / rel).write_bytes(b"")
+    got = {k: v.relative_to(tmp_path).as_posix() for k, v in dir_models(tmp_path).items()}
+    assert got == {
+        "a": "a.gguf",
+        "mm": "mm/mm-Q8_0.gguf",
+        "split": "split/s-00001-of-00002.gguf",
+    }
+
+
+def test_a_preset_section_named_like_a_directory_model_sets_its_options(tmp_path: Path) -> None:
+    (tmp_path / "a.gguf").write_bytes(b"")
+    got, _ = _models(["--models-dir", str(tmp_path), "-np", "1"], "[a]\nc = 2048\n")
+    assert got["a"].ctx == 2048 and got["a"].parallel == 1
+    assert got["a"].model == str(tmp_path / "a.gguf")
+
+
+# ------------------------------------------------------------------------------ the arithmetic
+
+
+@pytest.mark.parametrize(
+    ("totals", "budget", "n"),
+    [
+        ([100, 300, 200], 600, 3),
+        ([100, 300, 200], 599, 2),  # the largest first: 300 + 200 fit, + 100 does not
+        ([100, 300, 200], 499, 1),
+        ([100, 300, 200], 299, 0),  # the largest alone does not fit
+        ([], 100, 0),
+    ],
+)
+def test_how_many_fit_together_counts_the_largest_first(
+    totals: list[int], budget: int, n: int
+) -> None:
+    assert fits_together(totals, budget) == n
+
+
+# ------------------------------------------------------------------------------ real GGUFs
+
+
+@pytest.fixture
+def models_dir(tmp_path: Path) -> Path:
+    sys.path.insert(0, str(REPO / "tests"))
+    try:
+        from engine.make_gguf import main as make
+    finally:
+        sys.path.pop(0)
+    d = tmp_path / "models"
+    d.mkdir()
+    for name, layers in (("one", 2), ("two", 4), ("four", 8)):
+        make(["-o", str(d / f"{name}.gguf"), "--preset", "tiny", "--n-layer", str(layers),
+              "--n-ctx-train", "4096"])  # fmt: skip
+    return d
+
+
+def test_each_model_is_estimated_as_its_child_runs_it(models_dir: Path) -> None:
+    argv = [SERVER, "--models-dir", str(models_dir), "-c", "512", "--cache-ram", "0"]
+    rest = estimate_router(parse_llama_argv(argv), root=ROOT, budget=None, cwd=models_dir)
+    assert rest.models_max == 4 and rest.loadable == 3 and rest.together is None
+    for model, est in rest.models:
+        alone = parse_llama_argv([SERVER, "-c", "512", "--cache-ram", "0", "-m", est.model])
+        from governor.engines.budget import estimate_argv
+
+        assert est.total == estimate_argv(alone, root=ROOT, budget=None).total, model.alias
+    totals = {m.alias: e.total for m, e in rest.models}
+    assert totals["four"] > totals["two"] > totals["one"]
+    assert rest.largest_bytes == sum(totals.values())
+
+
+def _governor(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
+    from governor.cli.app import main
+
+    code: int | str | None = 0
+    try:
+        main(list(argv))
+    except SystemExit as exc:
+        code = exc.code
+    out, err = capsys.readouterr()
+    return int(code or 0), out, err
+
+
+def _budget_for_two(models_dir: Path) -> tuple[RouterEstimate, int]:
+    argv = [SERVER, "--models-dir", str(models_dir), "-c", "512", "--cache-ram", "0"]
+    rest = estimate_router(parse_llama_argv(argv), root=ROOT, budget=None, cwd=models_dir)
+    totals = sorted((e.total for _m, e in rest.models), reverse=True)
+    return rest, totals[0] + totals[1] + MIB  # the two largest fit, all three do not
+
+
+def test_estimate_prints_a_row_per_model_and_how_many_fit_together(
+    models_dir: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    _rest, budget = _budget_for_two(models_dir)
+    code, out, err = _governor(
+        capsys, "--root", str(ROOT), "estimate", str(models_dir), "--budget", str(budget),
+        "--engine-argv", "--models-max 3 -c 512 --cache-ram 0",
+    )  # fmt: skip
+    assert code == 1, err  # 3 may load, 2 fit
+    rows = [line.split()[0] for line in out.splitlines() if "MiB" in line and ".gguf" in line]
+    assert rows == ["four", "two", "one"]  # largest first
+    assert "fit together in the budget, largest first: 2" in out
+    assert "pass --models-max 2" in out
+    code, out, err = _governor(
+        capsys, "--root", str(ROOT), "estimate", str(models_dir), "--budget", str(budget),
+        "--engine-argv", "llama-server --models-max 2 -c 512 --cache-ram 0",
+    )  # fmt: skip
+    assert code == 0, out + err
+
+
+def test_check_refuses_a_models_max_whose_largest_models_cannot_fit_unless_evict_is_memory(
+    models_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    _rest, budget = _budget_for_two(models_dir)
+    policy = tmp_path / "router.toml"
+    text = f'name = "router"\n[memory]\nmax = {budget}\n[engine]\nkind = "llama.cpp"\n'
+    policy.write_text(text)
+    engine = f"{SERVER} --models-dir {models_dir} -c 512 --cache-ram 0"
+    for models_max, said in (("", "--models-max 4 (llama-server's default)"), ("3", "")):
+        argv = f"{engine} --models-max {models_max}" if models_max else engine
+        code, _out, err = _governor(
+            capsys, "--root", str(ROOT), "check", str(policy), "--engine-argv", argv
+        )
+        assert code == 65, err
+        first, hint = err.splitlines()[:2]
+        assert first.startswith("governor: --models-max ") and said in first
+        assert "2 fit together (engine argv, --models-max)" in first
+        assert "pass --models-max 2" in hint
+    code, out, err = _governor(
+        capsys, "--root", str(ROOT), "check", str(policy), "--engine-argv",
+        f"{engine} --models-max 2",
+    )  # fmt: skip
+    assert code == 0, err
+    policy.write_text(text + 'evict = "memory"\n')
+    code, out, err = _governor(
+        capsys, "--root", str(ROOT), "check", str(policy), "--engine-argv", engine
+    )
+    assert code == 0, err
+    assert "engine.evict = memory" in out + err
+
+
+def test_check_of_a_router_whose_largest_model_fits_nothing_says_so(
+    models_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    policy = tmp_path / "router.toml"
+    policy.write_text('name = "router"\n[memory]\nmax = "8M"\n[engine]\nkind = "llama.cpp"\n')
+    code, _out, err = _governor(
+        capsys, "--root", str(ROOT), "check", str(policy), "--engine-argv",
+        f"{SERVER} --models-dir {models_dir} -c 512 --cache-ram 0 --models-max 1",
+    )  # fmt: skip
+    assert code == 65
+    assert "0 fit together" in err and "no model fits alone (the largest, four," in err
+
+
+# ------------------------------------------------------------------------------ the policy
+
+
+def test_router_model_tables_compile_into_the_plan_in_bytes() -> None:
+    from governor.compile.compiler import compile_plan
+    from governor.plan.host import probe
+    from governor.plan.model import Plan, RouterModelSpec
+    from governor.policy.loader import load_text
+
+    policy = load_text(
+        'name = "r"\n[memory]\nmax = "1G"\n[engine]\nkind = "llama.cpp"\nevict = "memory"\n'
+        '[engine.models.small]\nmax = "300M"\nhigh = "250M"\noom_group = true\n'
+        '[engine.models."a.b"]\nmax = "10%"\n'
+    )
+    host = probe(ROOT, target="governor.slice/r")
+    plan = compile_plan(policy, host)
+    assert plan.engine.evict == "memory"
+    assert plan.engine.models == (
+        RouterModelSpec(alias="a.b", max=host.mem_total // 10),
+        RouterModelSpec(alias="small", max=300 * MIB, high=250 * MIB, oom_group=True),
+    )
+    assert Plan.from_json(plan.to_json()) == plan  # the run time reads them back
+
+
+@pytest.mark.parametrize(
+    ("table", "said"),
+    [
+        ('evict = "lru"', "evict"),
+        ('[engine.models.x]\nhigh = "2G"\nmax = "1G"', "high (2GiB) is above max (1GiB)"),
+        ('[engine.models.".."]\nmax = "1G"', "cannot name a cgroup directory"),
+        ('[engine.models.x]\nmin = "1G"', "min"),
+    ],
+)
+def test_bad_router_keys_are_refused(table: str, said: str) -> None:
+    from governor.errors import PolicyError
+    from governor.policy.loader import load_text
+
+    with pytest.raises(PolicyError) as err:
+        load_text(f'name = "r"\n[engine]\nkind = "llama.cpp"\n{table}\n')
+    assert said in str(err.value)
+
+
+def test_init_for_a_router_sizes_memory_max_for_the_models_that_fit_and_check_accepts_it(
+    models_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from governor.engines.budget import headroom_for
+    from governor.engines.draft import fit_budget
+    from governor.plan.budget import reserve_for
+
+    rest, _budget = _budget_for_two(models_dir)
+    totals = sorted((e.total for _m, e in rest.models), reverse=True)
+    # a board whose ceiling fits the two largest with their headroom, not all three
+    two = totals[0] + totals[1]
+    board = 4 * MIB * 1024  # shrunk until only two fit
+    while fits_together(totals, fit_budget(board - reserve_for(board))) > 2:
+        board -= MIB
+    assert fits_together(totals, fit_budget(board - reserve_for(board))) == 2
+    policy = tmp_path / "router.toml"
+    code, out, err = _governor(
+        capsys, "--root", str(ROOT), "init", "--model", str(models_dir), "--board-memory",
+        str(board), "--engine-argv", "llama-server -c 512 --cache-ram 0", "-o", str(policy),
+    )  # fmt: skip
+    assert code == 0, err
+    assert "--models-max 2" in out
+    text = policy.read_text()
+    assert f'max = "{-(-(two + headroom_for(two)) // MIB)}MiB"' in text
+    line = next(x for x in text.splitlines() if x.startswith("#   governor launch "))
+    engine = line.split(" -- ", 1)[1]
+    assert engine.endswith("--models-max 2")
+    code, _out, err = _governor(
+        capsys, "--root", str(ROOT), "check", str(policy), "--engine-argv", engine
+    )
+    assert code == 0, err
