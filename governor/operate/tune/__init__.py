@@ -10,6 +10,10 @@ lesson, kubernetes#135670): memory.max below memory.current + a margin, or below
 refused with the numbers (65) unless ``force``. Lowering memory.max goes in stages: memory.high
 first, memory.reclaim of the excess, then memory.max, then memory.high's own target. After the
 writes, memory.events is read again: an OOM kill during the change reverts every write (71).
+
+This module holds the steps (keys, guards, staged writes, rollback, the policy file's rewrite);
+route.py sorts a tune's files by their way to the kernel, persisted.py is --persist, flow.py
+runs a tune end to end with an undo for every route, undo.py is `governor rollback`.
 """
 
 from __future__ import annotations
