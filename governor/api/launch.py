@@ -1,9 +1,16 @@
 """`governor launch` in the composition root: the compiled plan (cached, else compiled with
-every refusal launch makes before it applies anything), the child's setup, then the supervisor
-(governor/supervise/supervisor.py)."""
+every refusal launch makes before it applies anything: api/launch_compile.py), the child's
+setup (governor/launch/), then the supervisor (governor/supervise/supervisor.py).
+
+This module is the lean path's (governor/main.py): what it imports at module level is what a
+cached launch runs anyway. The imports left inside functions are deliberate, each for one
+branch a plain cached cgroupfs launch does not take; each says which."""
 
 from __future__ import annotations
 
+import json
+import os
+import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -12,19 +19,26 @@ from governor.api.host import (
     HostOptions,
     cgroupfs_backend,
     check_device,
-    preflight_engine,
     sysfs_root,
 )
+from governor.cache import plans as compiled
+from governor.engines.estimate import cpuinfo_machine
+from governor.errors import UsageError
+from governor.kernel.procfs import ProcFs
+from governor.launch.child import child_setup
+from governor.launch.executable import resolve_executable
+from governor.launch.launcher import Launcher
 from governor.log import get_logger
-from governor.record import record
+from governor.plan.host import HostFacts
+from governor.plan.model import Plan
+from governor.plan.render import enforcement
+from governor.record import record, replace
+from governor.rundir.state import run_dir
+from governor.supervise.supervisor import Backend, Job, Supervisor
+from governor.supervise.watchdog import Watchdog, fork_watchdog
 
 if TYPE_CHECKING:
-    from governor.cache.plans import Compiled
-    from governor.engines.llama import EngineArgs
-    from governor.launch.launcher import ChildSetup
-    from governor.plan.host import HostFacts
-    from governor.plan.model import Plan
-    from governor.supervise.watchdog import Watchdog
+    from governor.metrics.export import Endpoint
 
 log = get_logger("governor.launch")
 
@@ -50,20 +64,21 @@ def _backend_name(opts: HostOptions, lopts: LaunchOptions) -> str:
     """Resolve --backend auto before probing (the systemd layout probes no slice path)."""
     if lopts.backend == "cgroupfs":
         return "cgroupfs"
+    # lazy: --backend auto/systemd only (it may ask the bus)
     from governor.backends.choose import choose
-    from governor.kernel.procfs import ProcFs
 
     pid1 = ProcFs(opts.root / "proc").pid1_comm()  # "" under hidepid=: not systemd
     return choose(lopts.backend, pid1=pid1)  # type: ignore[arg-type]  # cli validates it
 
 
 def _launch_backend(
-    entry: Compiled, name: str, host: HostFacts, opts: HostOptions
-) -> tuple[Plan, Any]:
+    entry: compiled.Compiled, name: str, host: HostFacts, opts: HostOptions
+) -> tuple[Plan, Backend]:
     """(plan, backend) for launch: the cgroupfs layout, or the compiled placement inside a
     systemd unit (the installed service or a transient scope, whichever this process is in)."""
     if name != "systemd":
         return entry.plan, cgroupfs_backend(entry.plan)
+    # lazy: --backend systemd only (the unit's placement and the manager's bus)
     from governor.backends.systemd import for_launch
     from governor.plan.placement import CompiledPlacement
 
@@ -76,100 +91,18 @@ def _launch_backend(
     )
 
 
-def _systemd_state(full: Plan, backend: Any, host: HostFacts) -> dict[str, Any] | None:
+def _systemd_state(full: Plan, backend: Backend, host: HostFacts) -> dict[str, Any] | None:
     """For the published state under systemd: the unit carrying the limits and their values."""
     placement = getattr(backend, "placement", None)
     if placement is None or host.systemd_version is None:
         return None
-    from governor.backends.manager import describe
+    from governor.backends.manager import describe  # lazy: under systemd only
 
     return describe(full, placement.cgroup, host.systemd_version)
 
 
-def _which(name: str, path_env: str | None) -> str | None:
-    """The first $PATH entry holding ``name`` (execvp's search; shutil.which without the
-    imports it pulls: bz2, lzma, fnmatch)."""
-    import os
-
-    for directory in (path_env if path_env is not None else os.defpath).split(os.pathsep):
-        candidate = os.path.join(directory or ".", name)
-        if os.path.exists(candidate) and not os.path.isdir(candidate):
-            return candidate
-    return None
-
-
-def resolve_executable(argv0: str, path_env: str | None) -> str:
-    """Find the engine like execvp would, before anything is applied (127 / 126)."""
-    import os
-
-    from governor.errors import LaunchError
-
-    found = argv0 if "/" in argv0 else _which(argv0, path_env)
-    if found is None or not os.path.exists(found):
-        raise LaunchError(
-            f"engine not found: {argv0} (-- ENGINE)",
-            exit_code=127,
-            hint="give the engine's path after --, e.g. -- ./llama-completion -m model.gguf",
-        )
-    if os.path.isdir(found) or not os.access(found, os.X_OK):
-        raise LaunchError(
-            f"engine is not executable: {found} (-- ENGINE)",
-            exit_code=126,
-            hint=f"chmod +x {found}",
-        )
-    return found
-
-
-def _child_setup(plan: Plan, executable: str, argv: tuple[str, ...]) -> ChildSetup:
-    import grp
-    import os
-    import pwd
-
-    from governor.errors import HostError
-    from governor.launch.launcher import ChildSetup
-
-    env = dict(os.environ)
-    env.update(plan.launch.env)
-    uid = gid = None
-    user = home = None
-    if plan.launch.user is not None:
-        try:
-            pw = pwd.getpwnam(plan.launch.user)
-        except KeyError:
-            raise HostError(
-                f"process.user {plan.launch.user!r} does not exist on this host"
-                f" ({plan.source or 'policy'}, process.user; /etc/passwd)",
-                hint=f"useradd --system {plan.launch.user}, or change process.user",
-            ) from None
-        uid, gid, user, home = pw.pw_uid, pw.pw_gid, pw.pw_name, pw.pw_dir
-        env.update({"USER": user, "LOGNAME": user, "HOME": home})
-    if plan.launch.group is not None:
-        try:
-            gid = grp.getgrnam(plan.launch.group).gr_gid
-        except KeyError:
-            raise HostError(
-                f"process.group {plan.launch.group!r} does not exist on this host"
-                f" ({plan.source or 'policy'}, process.group; /etc/group)",
-                hint=f"groupadd --system {plan.launch.group}, or change process.group",
-            ) from None
-    return ChildSetup(
-        executable=executable,
-        argv=argv,
-        env=env,
-        uid=uid,
-        gid=gid,
-        user=user,
-        home=home,
-        pdeathsig=plan.launch.on_governor_exit == "kill",
-    )
-
-
 def _announce(plan: Plan, leaf: str | None = None) -> None:
     """Say plainly, on stderr, where the engine runs and which limits are (not) in force."""
-    import sys
-
-    from governor.plan.render import enforcement
-
     on, off = enforcement(plan)
     out = sys.stderr
     out.write(f"governor: {plan.policy} -> {plan.cgroup_root}/{leaf or plan.leaf}\n")
@@ -179,18 +112,16 @@ def _announce(plan: Plan, leaf: str | None = None) -> None:
     out.flush()
 
 
+def _check_report(lopts: LaunchOptions) -> None:
+    if lopts.report is not None:
+        from governor.api.outputs import check_writable  # lazy: --report only
+
+        check_writable(lopts.report, "--report")
+
+
 def launch(path: Path, argv: tuple[str, ...], opts: HostOptions, lopts: LaunchOptions) -> int:
     """`governor launch`: the compiled plan (cached, else compiled with every pre-apply
     refusal), then the supervisor. Returns the engine's status (128+N for signal N)."""
-    import os
-
-    from governor.errors import UsageError
-    from governor.kernel.procfs import ProcFs
-    from governor.launch.launcher import Launcher
-    from governor.rundir.state import run_dir
-    from governor.supervise.supervisor import Job, Supervisor
-    from governor.supervise.watchdog import fork_watchdog
-
     if not argv:
         raise UsageError(
             "no engine command given (-- ENGINE)",
@@ -198,16 +129,14 @@ def launch(path: Path, argv: tuple[str, ...], opts: HostOptions, lopts: LaunchOp
         )
     executable = resolve_executable(argv[0], os.environ.get("PATH"))
     directory = run_dir()  # no run directory (69) refuses before anything is applied
-    if lopts.report is not None:
-        from governor.api.outputs import check_writable
-
-        check_writable(lopts.report, "--report")
+    _check_report(lopts)
     backend_name = _backend_name(opts, lopts)
-    compiled, host = compiled_for_launch(path, argv, opts, lopts, backend_name)
-    for event, message in compiled.warnings:
+    entry, host = compiled_for_launch(path, argv, opts, lopts, backend_name)
+    for event, message in entry.warnings:
         log.warning(event, message=message)
-    check_device(compiled.plan, opts)  # live, also on a cached plan: MemAvailable moves
-    plan, backend = _launch_backend(compiled, backend_name, host, opts)
+    check_device(entry.plan, opts)  # live, also on a cached plan: MemAvailable moves
+    # the plan is compiled and checked; nothing is applied before the supervisor runs the job
+    plan, backend = _launch_backend(entry, backend_name, host, opts)
     # --metrics binds first: a busy port is the one error line, before anything is applied
     supervisors: list[Supervisor] = []
     endpoint = None
@@ -216,37 +145,69 @@ def launch(path: Path, argv: tuple[str, ...], opts: HostOptions, lopts: LaunchOp
             lopts.metrics, lambda: [s.state for s in supervisors if s.state is not None]
         )
     try:
-        _announce(compiled.plan, leaf=plan.leaf)
-        job = Job(
-            plan=plan,
-            setup=_child_setup(plan, executable, argv),
-            prefetch_files=compiled.prefetch_files,
-            report=lopts.report,
-            keep=lopts.keep,
-            sample_s=lopts.sample_s,
-            psi_triggers=lopts.psi_triggers,
-            extra={} if compiled.estimate is None else {"estimate": compiled.estimate},
-            backend=backend_name,
-            policy_sha256=compiled.chain[0][1] if compiled.chain else None,
-            model_bytes=compiled.model_bytes,
-            systemd=_systemd_state(compiled.plan, backend, host),
-            ready_url=ready_url(compiled, argv),
-            ready_timeout_s=plan.engine.ready_timeout_s,
-            sysfs_root=str(sysfs_root(opts)),
-            run_dir=directory,
+        _announce(entry.plan, leaf=plan.leaf)
+        job = _job(
+            entry,
+            plan,
+            backend=backend,
+            host=host,
+            command=(executable, argv),
+            directory=directory,
+            opts=opts,
+            lopts=lopts,
+            backend_name=backend_name,
         )
-        proc = ProcFs(opts.root / "proc")
-        watchdog = lopts.watchdog
-        if watchdog is None and needs_watchdog(plan):
-            watchdog = fork_watchdog()
-        supervisor = Supervisor(
-            backend, Launcher(backend.fs, proc=proc), proc=proc, watchdog=watchdog
-        )
+        supervisor = _supervisor(plan, backend, opts, lopts)
         supervisors.append(supervisor)
         return supervisor.run(job)
     finally:
         if endpoint is not None:
             endpoint.close()
+
+
+def _job(
+    entry: compiled.Compiled,
+    plan: Plan,
+    *,
+    backend: Backend,
+    host: HostFacts,
+    command: tuple[str, tuple[str, ...]],
+    directory: Path,
+    opts: HostOptions,
+    lopts: LaunchOptions,
+    backend_name: str,
+) -> Job:
+    """The launch, resolved for the supervisor: the plan to apply, the child to start
+    (``command``: the resolved executable and the engine's argv)."""
+    executable, argv = command
+    return Job(
+        plan=plan,
+        setup=child_setup(plan, executable, argv),
+        prefetch_files=entry.prefetch_files,
+        report=lopts.report,
+        keep=lopts.keep,
+        sample_s=lopts.sample_s,
+        psi_triggers=lopts.psi_triggers,
+        extra={} if entry.estimate is None else {"estimate": entry.estimate},
+        backend=backend_name,
+        policy_sha256=entry.chain[0][1] if entry.chain else None,
+        model_bytes=entry.model_bytes,
+        systemd=_systemd_state(entry.plan, backend, host),
+        ready_url=ready_url(entry, argv),
+        ready_timeout_s=plan.engine.ready_timeout_s,
+        sysfs_root=str(sysfs_root(opts)),
+        run_dir=directory,
+    )
+
+
+def _supervisor(
+    plan: Plan, backend: Backend, opts: HostOptions, lopts: LaunchOptions
+) -> Supervisor:
+    proc = ProcFs(opts.root / "proc")
+    watchdog = lopts.watchdog
+    if watchdog is None and needs_watchdog(plan):
+        watchdog = fork_watchdog()
+    return Supervisor(backend, Launcher(backend.fs, proc=proc), proc=proc, watchdog=watchdog)
 
 
 def needs_watchdog(plan: Plan) -> bool:
@@ -257,32 +218,41 @@ def needs_watchdog(plan: Plan) -> bool:
     return plan.launch.on_governor_exit == "kill" or bool(plan.clocks) or sheds
 
 
-def ready_url(compiled: Compiled, argv: tuple[str, ...]) -> str | None:
+def ready_url(entry: compiled.Compiled, argv: tuple[str, ...]) -> str | None:
     """The URL that answers once the engine is ready: engine.ready's, else llama-server's
     /health from this launch's --host/--port (LLAMA_ARG_HOST/PORT), None: ready at exec."""
-    if not compiled.ready_server:
-        return compiled.ready_url
-    import os
-
+    if not entry.ready_server:
+        return entry.ready_url
+    # lazy: llama-server only (the cache key's option table and the readiness probe)
     from governor.engines.argkey import server_address
     from governor.supervise.ready import server_url
 
     return server_url(*server_address(argv, os.environ))
 
 
-def serve_metrics(where: tuple[str, int], states: Callable[[], list[dict[str, Any]]]) -> Any:
+def serve_metrics(where: tuple[str, int], states: Callable[[], list[dict[str, Any]]]) -> Endpoint:
     """--metrics: bind before anything is applied (a busy port is 69 with nothing changed),
     then serve /metrics from a thread until the run ends. prometheus_client is imported here
     and only here (the lean launch path never loads it without --metrics)."""
-    import sys
-
-    from governor.metrics.export import serve
-    from governor.rundir.state import run_dir
+    from governor.metrics.export import serve  # lazy: --metrics only (prometheus_client)
 
     endpoint = serve(where[0], where[1], states, run_dir())
     sys.stderr.write(f"governor: metrics at {endpoint.url}\n")
     sys.stderr.flush()
     return endpoint
+
+
+def _cache_options(opts: HostOptions, lopts: LaunchOptions, backend_name: str) -> list[str]:
+    """What besides the policy and the argv keys the cache entry (a change compiles again)."""
+    return [
+        str(opts.root),
+        str(opts.cgroup_root),
+        str(opts.sysfs_root),
+        ",".join(sorted(opts.allow_missing)),
+        backend_name,
+        str(lopts.force),
+        _cpu_signature(opts),
+    ]
 
 
 def compiled_for_launch(
@@ -294,23 +264,13 @@ def compiled_for_launch(
     *,
     cwd: Path | None = None,
     cache: Path | None = None,
-) -> tuple[Compiled, HostFacts]:
+) -> tuple[compiled.Compiled, HostFacts]:
     """The plan cache's entry for this launch, else a compile (which stores it). ``cwd`` and
     ``cache`` stand for another process's view (install compiles for the service: cwd /, the
     cache directory of root without GOVERNOR_CACHE_DIR)."""
-    from governor.cache import plans as compiled
-
     name = None
     if lopts.plan_cache:
-        options = [
-            str(opts.root),
-            str(opts.cgroup_root),
-            str(opts.sysfs_root),
-            ",".join(sorted(opts.allow_missing)),
-            backend_name,
-            str(lopts.force),
-            _cpu_signature(opts),
-        ]
+        options = _cache_options(opts, lopts, backend_name)
         name = compiled.entry_name(path, argv, options=options, cwd=cwd or Path.cwd())
     if name is not None:
         hit = compiled.lookup(
@@ -325,7 +285,12 @@ def compiled_for_launch(
             return hit
     if lopts.isolate_compile:
         return _compile_isolated(path, argv, opts, lopts, backend_name, name=name)
-    entry, host = _compile_launch(path, argv, opts, lopts, backend_name, cwd=cwd or Path.cwd())
+    # lazy: a miss in this process (typer's launch, install): the compile-time stack
+    from governor.api.launch_compile import compile_launch
+
+    entry, host = compile_launch(
+        path, argv, opts, force=lopts.force, backend_name=backend_name, cwd=cwd or Path.cwd()
+    )
     if name is not None:
         compiled.store(name, entry, directory=cache)
     return entry, host
@@ -339,18 +304,19 @@ def _compile_isolated(
     backend_name: str,
     *,
     name: str | None,
-) -> tuple[Compiled, HostFacts]:
+) -> tuple[compiled.Compiled, HostFacts]:
     """The compile (and the store) in a short-lived child; this process reads the entry back
     from its pipe and never imports the compile-time stack (governor/api/isolate.py)."""
-    import json
-
+    # lazy: a miss only (the fork and its pipe)
     from governor.api.isolate import run_isolated
-    from governor.cache import plans as compiled
-    from governor.plan.host import HostFacts
-    from governor.record import replace
 
     def work() -> bytes:
-        entry, host = _compile_launch(path, argv, opts, lopts, backend_name, cwd=Path.cwd())
+        # lazy: in the child only, which ends after the compile
+        from governor.api.launch_compile import compile_launch
+
+        entry, host = compile_launch(
+            path, argv, opts, force=lopts.force, backend_name=backend_name, cwd=Path.cwd()
+        )
         if name is not None:
             compiled.store(name, entry)
         return json.dumps({"entry": entry.to_json().decode(), "host": host.to_dict()}).encode()
@@ -364,103 +330,9 @@ def _compile_isolated(
 
 def _cpu_signature(opts: HostOptions) -> str:
     """What the GGUF estimate reads from the CPU (its repack family): machine + flags."""
-    import os
-
-    from governor.engines.estimate import cpuinfo_machine
-    from governor.kernel.procfs import ProcFs
-
     text = ProcFs(opts.root / "proc").cpuinfo()
     machine = cpuinfo_machine(text, os.uname().machine)
     for line in text.splitlines():
         if line.startswith(("flags", "Features")):
             return f"{machine}|{line.partition(':')[2].strip()}"
     return machine
-
-
-def _compile_launch(
-    path: Path,
-    argv: tuple[str, ...],
-    opts: HostOptions,
-    lopts: LaunchOptions,
-    backend_name: str,
-    *,
-    cwd: Path,
-) -> tuple[Compiled, HostFacts]:
-    """Compile time for a launch: policy, host, plan and every refusal before apply (the
-    same preflight as `check --engine-argv`: governor/engines/preflight.py)."""
-
-    from governor.cache import plans as compiled
-    from governor.engines.llama import model_parts
-
-    # under systemd the manager enables controllers along the unit's path itself
-    plan, host, checked = preflight_engine(
-        path, argv, opts, probe_target=backend_name != "systemd", force=lopts.force, cwd=cwd
-    )
-    target = None if backend_name == "systemd" else plan.group
-    for note in checked.notes:
-        log.debug("preflight.note", note=note)
-    args = checked.args  # the argv preflight_engine read and checked (engine_args)
-    files = checked.files
-    models = [str(p) for p in (model_parts(args.model) if args and args.model else [])]
-    if plan.engine.kind == "rkllm":  # its .rkllm file: the device memory (engines/rkllm.py)
-        from governor.engines.rkllm import parse_rkllm_argv
-
-        models = [str(parse_rkllm_argv(argv).model)]
-    inputs = [*models, *files]
-    idents = tuple(i for i in (compiled.file_identity(p) for p in inputs) if i is not None)
-    chain = tuple(
-        (p, digest) for p in _policy_chain(path) if (digest := compiled.sha256_file(p)) is not None
-    )
-    entry = compiled.Compiled(
-        plan=plan,
-        warnings=tuple(checked.warnings),
-        estimate=checked.estimate.to_dict() if checked.estimate is not None else None,
-        prefetch_files=tuple(files),
-        prefetch_bytes=checked.prefetch_bytes,
-        target=target,
-        chain=chain,
-        inputs=idents,
-        host_key=compiled.host_key(host),
-        placements=_placements(plan, host) if backend_name == "systemd" else (),
-        model_bytes=sum(i[3] for i in idents if i[0] in models) if models else None,
-        ready_url=_ready_url(plan, args),
-        ready_server=plan.engine.ready is None and args is not None and args.server,
-    )
-    return entry, host
-
-
-def _ready_url(plan: Plan, args: EngineArgs | None) -> str | None:
-    """engine.ready ("exec" = at exec), else llama-server's /health from its --host/--port."""
-    if plan.engine.ready is not None:
-        return None if plan.engine.ready == "exec" else plan.engine.ready
-    if args is not None and args.server:
-        from governor.supervise.ready import server_url
-
-        return server_url(args.host, args.port)
-    return None
-
-
-def _placements(plan: Plan, host: HostFacts) -> tuple[tuple[str, str, str, Plan], ...]:
-    if host.systemd_version is None:
-        return ()  # for_launch says why it cannot run
-    from governor.plan.placement import compile_placements
-
-    return tuple(
-        (p.mode, p.unit, p.cgroup, p.plan) for p in compile_placements(plan, host.systemd_version)
-    )
-
-
-def _policy_chain(path: Path) -> list[str]:
-    """The policy file and every file it extends (resolved paths), for the cache's check."""
-    import tomllib
-
-    out: list[str] = []
-    current: Path | None = path.resolve()
-    while current is not None and str(current) not in out:
-        out.append(str(current))
-        try:
-            parent = tomllib.loads(current.read_text()).get("extends")
-        except (OSError, ValueError):
-            break
-        current = (current.parent / parent).resolve() if isinstance(parent, str) else None
-    return out

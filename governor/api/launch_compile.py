@@ -1,0 +1,102 @@
+"""Compile time for `governor launch`: policy, host, plan and every refusal before apply (the
+same preflight as `check --engine-argv`: governor/engines/preflight.py), as the plan cache's
+entry. Only a cache miss imports this module: in the isolated child of the lean path
+(api/isolate.py), in `install`, and in the typer path's launch; a cached launch never does."""
+
+from __future__ import annotations
+
+import tomllib
+from pathlib import Path
+
+from governor.api.host import HostOptions, preflight_engine
+from governor.cache import plans as compiled
+from governor.engines.llama import EngineArgs, model_parts
+from governor.engines.rkllm import parse_rkllm_argv
+from governor.log import get_logger
+from governor.plan.host import HostFacts
+from governor.plan.model import Plan
+from governor.plan.placement import compile_placements
+from governor.supervise.ready import server_url
+
+log = get_logger("governor.launch")
+
+
+def compile_launch(
+    path: Path,
+    argv: tuple[str, ...],
+    opts: HostOptions,
+    *,
+    force: bool,
+    backend_name: str,
+    cwd: Path,
+) -> tuple[compiled.Compiled, HostFacts]:
+    """The cache entry for a launch of ARGV under the policy at PATH, and the host probed."""
+    # under systemd the manager enables controllers along the unit's path itself
+    plan, host, checked = preflight_engine(
+        path, argv, opts, probe_target=backend_name != "systemd", force=force, cwd=cwd
+    )
+    for note in checked.notes:
+        log.debug("preflight.note", note=note)
+    args = checked.args  # the argv preflight_engine read and checked (engine_args)
+    files = checked.files
+    models = _models(plan, argv, args)
+    idents = tuple(
+        i for i in (compiled.file_identity(p) for p in [*models, *files]) if i is not None
+    )
+    chain = tuple(
+        (p, digest) for p in _policy_chain(path) if (digest := compiled.sha256_file(p)) is not None
+    )
+    entry = compiled.Compiled(
+        plan=plan,
+        warnings=tuple(checked.warnings),
+        estimate=checked.estimate.to_dict() if checked.estimate is not None else None,
+        prefetch_files=tuple(files),
+        prefetch_bytes=checked.prefetch_bytes,
+        target=None if backend_name == "systemd" else plan.group,
+        chain=chain,
+        inputs=idents,
+        host_key=compiled.host_key(host),
+        placements=_placements(plan, host) if backend_name == "systemd" else (),
+        model_bytes=sum(i[3] for i in idents if i[0] in models) if models else None,
+        ready_url=ready_url(plan, args),
+        ready_server=plan.engine.ready is None and args is not None and args.server,
+    )
+    return entry, host
+
+
+def _models(plan: Plan, argv: tuple[str, ...], args: EngineArgs | None) -> list[str]:
+    """The model files the engine reads (their identity keys the cache entry)."""
+    if plan.engine.kind == "rkllm":  # its .rkllm file: the device memory (engines/rkllm.py)
+        return [str(parse_rkllm_argv(argv).model)]
+    return [str(p) for p in (model_parts(args.model) if args and args.model else [])]
+
+
+def ready_url(plan: Plan, args: EngineArgs | None) -> str | None:
+    """engine.ready ("exec" = at exec), else llama-server's /health from its --host/--port."""
+    if plan.engine.ready is not None:
+        return None if plan.engine.ready == "exec" else plan.engine.ready
+    if args is not None and args.server:
+        return server_url(args.host, args.port)
+    return None
+
+
+def _placements(plan: Plan, host: HostFacts) -> tuple[tuple[str, str, str, Plan], ...]:
+    if host.systemd_version is None:
+        return ()  # for_launch says why it cannot run
+    return tuple(
+        (p.mode, p.unit, p.cgroup, p.plan) for p in compile_placements(plan, host.systemd_version)
+    )
+
+
+def _policy_chain(path: Path) -> list[str]:
+    """The policy file and every file it extends (resolved paths), for the cache's check."""
+    out: list[str] = []
+    current: Path | None = path.resolve()
+    while current is not None and str(current) not in out:
+        out.append(str(current))
+        try:
+            parent = tomllib.loads(current.read_text()).get("extends")
+        except (OSError, ValueError):
+            break
+        current = (current.parent / parent).resolve() if isinstance(parent, str) else None
+    return out
