@@ -11,13 +11,17 @@ there."""
 
 from __future__ import annotations
 
+from functools import partial
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
+from governor.api.host import HostOptions, check
+from governor.api.launch import serve_metrics
+from governor.api.outputs import check_writable
+from governor.errors import UsageError
+from governor.kernel.cgroupfs import CgroupFs
 from governor.record import record
-
-if TYPE_CHECKING:
-    from governor.api.host import HostOptions
+from governor.supervise.monitor import attach
 
 
 @record(frozen=True)
@@ -32,9 +36,6 @@ class MonitorOptions:
 
 def _check_cgroup_option(cgroup: str) -> None:
     """``monitor --cgroup``: a path below the cgroup2 root, never out of it."""
-    from governor.errors import UsageError
-    from governor.kernel.cgroupfs import CgroupFs
-
     try:
         if not cgroup:
             raise ValueError("empty")  # the root itself: never the engine's cgroup
@@ -50,22 +51,13 @@ def monitor(path: Path, opts: HostOptions, mopts: MonitorOptions) -> dict[str, A
     """`governor monitor`: attach the pressure monitor to an already-running slice (one that
     `governor apply` or systemd created) until SIGINT/SIGTERM or the cgroup is gone; the run
     itself is governor/supervise/monitor.py."""
-    from governor.api.host import check
-    from governor.supervise.monitor import attach
-
     if mopts.cgroup is not None:
         _check_cgroup_option(mopts.cgroup)
     if mopts.report is not None:
-        from governor.api.outputs import check_writable
-
         check_writable(mopts.report, "--report")
     plan = check(path, opts, attach=mopts.cgroup)
     serve = None
     if mopts.metrics is not None:
-        from functools import partial
-
-        from governor.api.launch import serve_metrics
-
         serve = partial(serve_metrics, mopts.metrics)
     return attach(
         plan,

@@ -3,8 +3,10 @@
 
 from __future__ import annotations
 
+import os
+import tomllib
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from governor.api.host import (
     HostOptions,
@@ -13,16 +15,22 @@ from governor.api.host import (
     preflight_engine,
     probe_host,
 )
+from governor.engines.budget import estimate_argv, policy_budget
+from governor.engines.draft import Draft, Request, draft
+from governor.engines.estimate import Estimate
+from governor.engines.llama import EngineArgvError, parse_llama_argv
+from governor.errors import PolicyError
+from governor.monitor.victims import governed_groups
+from governor.plan.board import is_board_file, load_board
+from governor.plan.doctor import Finding, diagnose
+from governor.plan.host import HostFacts
+from governor.plan.model import Plan
+from governor.policy.model import Policy
 from governor.record import record
-
-if TYPE_CHECKING:
-    from governor.plan.doctor import Finding
-    from governor.plan.host import HostFacts
+from governor.rundir.state import run_dir
 
 
 def doctor(opts: HostOptions) -> tuple[HostFacts, list[Finding]]:
-    from governor.plan.doctor import diagnose
-
     host = probe_host(opts)
     return host, diagnose(host)
 
@@ -30,8 +38,6 @@ def doctor(opts: HostOptions) -> tuple[HostFacts, list[Finding]]:
 def check_board(path: Path) -> int | None:
     """`governor check` of the board file (issue 23): the number of cgroups it lists, None
     when ``path`` is no board file (a policy). PolicyError (65) names the file and field."""
-    from governor.plan.board import is_board_file, load_board
-
     if not is_board_file(path):
         return None
     return len(load_board(path, governed_slices(path.parent)))
@@ -41,11 +47,6 @@ def governed_slices(policy_dir: Path) -> list[str]:
     """The groups a board entry may not be, contain or lie inside: every published plan's
     (the run dir) and every policy's in ``policy_dir`` (the board file's directory,
     /etc/governor): ``<slice>/<name>``."""
-    import tomllib
-
-    from governor.monitor.victims import governed_groups
-    from governor.rundir.state import run_dir
-
     out = set(governed_groups(run_dir()))
     try:
         files = sorted(policy_dir.glob("*.toml"))
@@ -63,8 +64,6 @@ def governed_slices(policy_dir: Path) -> list[str]:
 
 
 def schema() -> dict[str, Any]:
-    from governor.policy.model import Policy
-
     out = Policy.model_json_schema(by_alias=True, mode="validation")
     out["$schema"] = "https://json-schema.org/draft/2020-12/schema"
     out["title"] = "governor policy"
@@ -79,14 +78,8 @@ class EstimateOptions:
     budget: int | None = None  # budget in bytes (instead of a policy)
 
 
-def estimate(model: Path, opts: HostOptions, eopts: EstimateOptions) -> Any:
+def estimate(model: Path, opts: HostOptions, eopts: EstimateOptions) -> Estimate:
     """`governor estimate`: the resident-memory estimate of llama.cpp for a GGUF model."""
-    import os
-
-    from governor.engines.budget import estimate_argv, policy_budget
-    from governor.engines.llama import EngineArgvError, parse_llama_argv
-    from governor.errors import PolicyError
-
     # --engine-argv is options only, or the whole command line starting with the program
     # (llama-server: its slots and prompt cache count)
     words = list(eopts.engine_argv)
@@ -112,7 +105,9 @@ def estimate(model: Path, opts: HostOptions, eopts: EstimateOptions) -> Any:
     return estimate_argv(args, root=opts.root, budget=budget)
 
 
-def check_engine(path: Path, opts: HostOptions, argv: tuple[str, ...], *, force: bool) -> Any:
+def check_engine(
+    path: Path, opts: HostOptions, argv: tuple[str, ...], *, force: bool
+) -> tuple[Plan, Estimate | None, list[str]]:
     """`governor check --engine-argv`: the plan plus every refusal launch makes before it
     applies anything (the same preflight); returns (plan, estimate, warnings)."""
     plan, _host, checked = preflight_engine(path, argv, opts, probe_target=True, force=force)
@@ -120,8 +115,6 @@ def check_engine(path: Path, opts: HostOptions, argv: tuple[str, ...], *, force:
     return plan, checked.estimate, checked.messages
 
 
-def init(opts: HostOptions, req: Any) -> Any:
+def init(opts: HostOptions, req: Request) -> Draft:
     """`governor init`: a policy for a GGUF model on this board (governor/engines/draft.py)."""
-    from governor.engines.draft import draft
-
     return draft(req, probe_host(opts), root=opts.root)

@@ -17,27 +17,24 @@ quietly with 130 and the parent says it was interrupted, as before.
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import os
+import signal
 import sys
 from collections.abc import Callable
 
-from governor.errors import Reported
+from governor.errors import GovernorError, LaunchError, Reported, report
 
 EXIT_CRASH = 70  # EX_SOFTWARE: an unexpected exception in the compile child (traceback shown)
 
 
 def _prctl_pdeathsig() -> None:
     """The child dies with the parent (a SIGKILLed launch leaves no compile running)."""
-    import ctypes
-    import signal
-
     with contextlib.suppress(OSError, AttributeError):  # PR_SET_PDEATHSIG = 1
         ctypes.CDLL(None, use_errno=True).prctl(1, int(signal.SIGKILL), 0, 0, 0)
 
 
 def _child(work: Callable[[], bytes], w: int, debug: bool, close: tuple[int, ...]) -> int:
-    from governor.errors import GovernorError, report
-
     for fd in close:
         with contextlib.suppress(OSError):
             os.close(fd)
@@ -48,7 +45,7 @@ def _child(work: Callable[[], bytes], w: int, debug: bool, close: tuple[int, ...
     except KeyboardInterrupt:
         return 130  # the parent got the same ^C and says so
     except BaseException:  # a bug: shown with its traceback, never silent
-        import traceback
+        import traceback  # lazy: a crash of the compile child only
 
         traceback.print_exc()
         return EXIT_CRASH
@@ -88,10 +85,6 @@ def run_isolated(work: Callable[[], bytes], *, debug: bool, close: tuple[int, ..
     if code > 0:
         raise Reported(code)
     if code < 0:
-        import signal
-
-        from governor.errors import LaunchError
-
         raise LaunchError(
             f"the plan compile died of {signal.Signals(-code).name}"
             f" (pid {pid}, the compile child of governor launch)",

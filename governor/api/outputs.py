@@ -4,10 +4,12 @@ file, written whole or not at all."""
 
 from __future__ import annotations
 
+import contextlib
 import os
+import tempfile
 from pathlib import Path
 
-from governor.errors import PermissionDenied, PolicyNotFound, UsageError
+from governor.errors import BackendError, PermissionDenied, PolicyNotFound, UsageError
 
 
 def check_writable(path: Path, option: str) -> None:
@@ -37,11 +39,6 @@ def check_writable(path: Path, option: str) -> None:
 def write_policy(path: Path, text: str, *, force: bool) -> None:
     """Write ``text`` to ``path`` whole or not at all (temp file + fsync + link/rename); an
     existing file is replaced only with ``force``. The link is the existence check: no race."""
-    import contextlib
-    import os
-    import tempfile
-
-    from governor.errors import BackendError, PermissionDenied, PolicyNotFound
 
     if (path.exists() or path.is_symlink()) and not force:  # the link below still decides
         raise _exists(path)
