@@ -33,12 +33,12 @@ from pathlib import Path
 
 import psutil
 
+from governor.compile.compiler import watch_rule
 from governor.errors import GovernorError
 from governor.kernel.cgroupfs import CgroupFs
 from governor.kernel.parse import parse_psi
 from governor.monitor import psi
 from governor.monitor.loop import Monitor
-from governor.plan.compiler import watch_rule
 from governor.plan.host import probe
 from governor.plan.model import (
     EngineSpec,

@@ -15,8 +15,8 @@ from governor.api.host import (
 )
 from governor.backends.cgroupfs import Applied, CgroupfsBackend, Removed
 from governor.backends.clocks import ANY_PID, BoardClocks
+from governor.compile.compiler import compile_plan
 from governor.kernel.files import MISSABLE
-from governor.plan.compiler import compile_plan
 from governor.plan.model import Plan
 from governor.policy.clocks import ClocksSection
 from governor.rundir.state import Publisher, RunState, read_states, run_dir

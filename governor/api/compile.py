@@ -15,6 +15,7 @@ from governor.api.host import (
     preflight_engine,
     probe_host,
 )
+from governor.compile.doctor import Finding, diagnose
 from governor.engines.budget import estimate_argv, policy_budget
 from governor.engines.draft import Draft, Request, draft
 from governor.engines.estimate import Estimate
@@ -22,7 +23,6 @@ from governor.engines.llama import EngineArgvError, parse_llama_argv
 from governor.errors import PolicyError
 from governor.monitor.victims import governed_groups
 from governor.plan.board import is_board_file, load_board
-from governor.plan.doctor import Finding, diagnose
 from governor.plan.host import HostFacts
 from governor.plan.model import Plan
 from governor.policy.model import Policy

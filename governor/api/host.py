@@ -19,8 +19,8 @@ from governor.record import field, record
 # compile (each marked "lazy: compile time").
 
 if TYPE_CHECKING:
+    from governor.compile.compiler import Workload
     from governor.engines.preflight import Preflight
-    from governor.plan.compiler import Workload
     from governor.plan.model import Plan
     from governor.policy.model import Policy
 
@@ -74,7 +74,7 @@ def compile_policy(
     attach: str | None = None,
 ) -> Plan:
     """compile_plan with the options every command passes the same way."""
-    from governor.plan.compiler import Workload, compile_plan  # lazy: compile time
+    from governor.compile.compiler import Workload, compile_plan  # lazy: compile time
 
     if workload is None and model_bytes is not None:
         workload = Workload(model_bytes=model_bytes)

@@ -22,8 +22,9 @@ from governor.api.host import (
     sysfs_root,
 )
 from governor.cache import plans as compiled
-from governor.engines.estimate import cpuinfo_machine
+from governor.cache.argkey import server_address
 from governor.errors import UsageError
+from governor.kernel.parse import cpuinfo_machine
 from governor.kernel.procfs import ProcFs
 from governor.launch.child import child_setup
 from governor.launch.executable import resolve_executable
@@ -223,9 +224,7 @@ def ready_url(entry: compiled.Compiled, argv: tuple[str, ...]) -> str | None:
     /health from this launch's --host/--port (LLAMA_ARG_HOST/PORT), None: ready at exec."""
     if not entry.ready_server:
         return entry.ready_url
-    # lazy: llama-server only (the cache key's option table and the readiness probe)
-    from governor.engines.argkey import server_address
-    from governor.supervise.ready import server_url
+    from governor.supervise.ready import server_url  # lazy: an engine with a ready URL only
 
     return server_url(*server_address(argv, os.environ))
 

@@ -10,12 +10,12 @@ from pathlib import Path
 
 from governor.api.host import HostOptions, preflight_engine
 from governor.cache import plans as compiled
+from governor.compile.placements import compile_placements
 from governor.engines.llama import EngineArgs, model_parts
 from governor.engines.rkllm import parse_rkllm_argv
 from governor.log import get_logger
 from governor.plan.host import HostFacts
 from governor.plan.model import Plan
-from governor.plan.placement import compile_placements
 from governor.supervise.ready import server_url
 
 log = get_logger("governor.launch")

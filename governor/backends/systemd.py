@@ -41,7 +41,7 @@ from governor.kernel.cgroupfs import CgroupFs
 from governor.log import get_logger
 from governor.plan import unitmap
 from governor.plan.model import Plan
-from governor.plan.placement import CompiledPlacement, compile_placements
+from governor.plan.placement import CompiledPlacement
 
 log = get_logger(__name__)
 
@@ -282,7 +282,7 @@ def daemon_reload() -> str:
 class SystemdBackend:
     """Same surface as CgroupfsBackend for api/launch.py: ``fs``, ``lock``, ``apply``, ``remove``.
 
-    ``apply`` takes the *delegated* plan (see :func:`governor.plan.placement.delegated_plan`)."""
+    ``apply`` takes the *delegated* plan (see :func:`governor.compile.placements.delegated_plan`)."""
 
     def __init__(
         self,
@@ -387,16 +387,16 @@ def for_launch(
     *,
     systemd_version: int | None,
     proc_root: Path,
-    placements: tuple[CompiledPlacement, ...] = (),
+    placements: tuple[CompiledPlacement, ...],
 ) -> tuple[Plan, SystemdBackend]:
     """The delegated plan and the backend for ``governor launch --backend systemd``
-    (``placements``: compiled ahead; compiled here when not given)."""
+    (``placements``: both places, compiled ahead by governor/compile/placements.py)."""
     if systemd_version is None:
         raise HostError(
             "--backend systemd: systemd is not PID 1 on this host (/proc/1/comm)",
             hint="use --backend cgroupfs (or auto)",
         )
-    chosen = pick(placements or compile_placements(plan, systemd_version), own_cgroup(proc_root))
+    chosen = pick(placements, own_cgroup(proc_root))
     placement = Placement(chosen.mode, chosen.unit, chosen.cgroup)
     log.info("systemd.placement", mode=placement.mode, unit=placement.unit, cgroup=placement.cgroup)
     if placement.mode == "scope":

@@ -8,7 +8,7 @@ size) and the identity of every input it read. Its name is a hash of
     the governor's code (version, plan format, size and mtime of every module),
     the policy file's path and bytes, the working directory, the options,
     the words of the engine argv a compile reads and the engine's LLAMA_ARG_* variables
-    (governor/engines/argkey.py: not the prompt, seed, sampling, --host/--port),
+    (governor/cache/argkey.py: not the prompt, seed, sampling, --host/--port),
 
 and it is used only when what the name cannot cover still holds: the host facts the compiler
 used (the cgroup2 mount, its controllers, CPUs, MemTotal, kernel, PSI, systemd; not MemAvailable,
@@ -164,7 +164,7 @@ def entry_name(
 ) -> str | None:
     """The entry's file name; None when the policy cannot be read or the argv holds what the
     compile refuses in a part the key leaves out (the compile says why)."""
-    from governor.engines.argkey import Unkeyable, compile_env, compile_words
+    from governor.cache.argkey import Unkeyable, compile_env, compile_words
 
     try:
         text = policy.read_bytes()

@@ -15,9 +15,9 @@ import typer
 
 if TYPE_CHECKING:
     from governor.bench.main import BenchResult
+    from governor.compile.doctor import Finding
     from governor.deploy.install import Result
     from governor.engines.estimate import Estimate
-    from governor.plan.doctor import Finding
     from governor.plan.host import HostFacts
     from governor.plan.model import Plan
 

@@ -14,12 +14,12 @@ from typing import TYPE_CHECKING
 from governor.engines.estimate import (
     Estimate,
     cpu_family,
-    cpuinfo_machine,
     estimate,
     settings_from_argv,
 )
 from governor.engines.gguf import read_gguf_cached as read_gguf
 from governor.engines.llama import EngineArgs, model_parts
+from governor.kernel.parse import cpuinfo_machine
 from governor.kernel.procfs import ProcFs
 
 if TYPE_CHECKING:

@@ -86,17 +86,6 @@ REPACK_TYPES: dict[str, dict[str, int]] = {
 }
 
 
-def cpuinfo_machine(cpuinfo: str, default: str) -> str:
-    """The machine a /proc/cpuinfo text comes from (pure): arm64 kernels print "Features" and
-    "CPU architecture", x86 ones "flags" and "vendor_id"; else ``default`` (a --root tree's CPU)."""
-    keys = {line.partition(":")[0].strip() for line in cpuinfo.splitlines()}
-    if "Features" in keys and "CPU architecture" in keys:
-        return "aarch64"
-    if "flags" in keys and "vendor_id" in keys:
-        return "x86_64"
-    return default
-
-
 def cpu_family(machine: str, cpuinfo: str) -> str:
     """Which REPACK_TYPES row applies, from uname machine and /proc/cpuinfo text (pure)."""
     flags: set[str] = set()

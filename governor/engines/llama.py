@@ -12,7 +12,8 @@ default 32) and ``--host``/``--port``.
 
 llama.cpp reads each option from a ``LLAMA_ARG_*`` environment variable too (common/arg.cpp:
 the environment is applied first, the command line overrides it), so the engine's environment
-is read with the argv (:data:`ENV_OPTS`).
+is read with the argv (:data:`governor.cache.argkey.ENV_OPTS`). The option tables are the
+plan cache key's (governor/cache/argkey.py, standard library only): spelled once.
 """
 
 from __future__ import annotations
@@ -22,113 +23,20 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from governor.engines.argkey import host_problem, parse_int, port_problem
-
-# option -> canonical key; every one takes a value (as the next word or after "=")
-_VALUE_OPTS = {
-    "-m": "model",
-    "--model": "model",
-    "-c": "ctx",
-    "--ctx-size": "ctx",
-    "-t": "threads",
-    "--threads": "threads",
-    "-lm": "load_mode",
-    "--load-mode": "load_mode",
-    "-b": "batch",
-    "--batch-size": "batch",
-    "-ub": "ubatch",
-    "--ubatch-size": "ubatch",
-    "-ctk": "cache_type_k",
-    "--cache-type-k": "cache_type_k",
-    "-ctv": "cache_type_v",
-    "--cache-type-v": "cache_type_v",
-    "-np": "parallel",
-    "--parallel": "parallel",
-    "-cram": "cache_ram",
-    "--cache-ram": "cache_ram",
-    "-ctxcp": "ctx_checkpoints",
-    "--ctx-checkpoints": "ctx_checkpoints",
-    "--swa-checkpoints": "ctx_checkpoints",
-    "--host": "host",
-    "--port": "port",
-}
-# LLAMA_ARG_* variables of the same options (common/arg.cpp set_env); booleans below
-ENV_OPTS = {
-    "LLAMA_ARG_MODEL": "model",
-    "LLAMA_ARG_CTX_SIZE": "ctx",
-    "LLAMA_ARG_THREADS": "threads",
-    "LLAMA_ARG_LOAD_MODE": "load_mode",
-    "LLAMA_ARG_BATCH": "batch",
-    "LLAMA_ARG_UBATCH": "ubatch",
-    "LLAMA_ARG_CACHE_TYPE_K": "cache_type_k",
-    "LLAMA_ARG_CACHE_TYPE_V": "cache_type_v",
-    "LLAMA_ARG_N_PARALLEL": "parallel",
-    "LLAMA_ARG_CACHE_RAM": "cache_ram",
-    "LLAMA_ARG_CTX_CHECKPOINTS": "ctx_checkpoints",
-    "LLAMA_ARG_HOST": "host",
-    "LLAMA_ARG_PORT": "port",
-}
-_TRUTHY = frozenset(["on", "enabled", "true", "1"])  # common_arg_utils::is_truthy
-_FALSEY = frozenset(["off", "disabled", "false", "0"])  # common_arg_utils::is_falsey
-# options that change the engine's memory in ways the estimate does not size: named in a
-# warning, never silently ignored (value-taking ones; flags in _UNSIZED_FLAGS)
-_UNSIZED_VALUE_OPTS = {
-    "-mm": "--mmproj (multimodal projector: its weights and image buffers)",
-    "--mmproj": "--mmproj (multimodal projector: its weights and image buffers)",
-    "-md": "--model-draft (a second model and its KV cache)",
-    "--model-draft": "--model-draft (a second model and its KV cache)",
-    "--spec-draft-model": "--model-draft (a second model and its KV cache)",
-    "--lora": "--lora (adapter weights)",
-    "--kv-unified-per-slot": "--kv-unified-per-slot (sizes the KV pool without -c)",
-}
-_UNSIZED_FLAGS = {
-    "--swa-full": "--swa-full (full-size SWA cache)",
-}
-# other options that take a value: skipped so that e.g. `-p "-c"` is not read as -c
-_SKIP_VALUE_OPTS = frozenset(
-    [
-        "-p",
-        "--prompt",
-        "-f",
-        "--file",
-        "-n",
-        "--n-predict",
-        "-s",
-        "--seed",
-        "--temp",
-        "--top-k",
-        "--top-p",
-        "-ngl",
-        "--n-gpu-layers",
-        "-lv",
-        "--verbosity",
-        "-tb",
-        "--threads-batch",
-        "-fit",
-        "--chat-template",
-        "-sys",
-        "--system-prompt",
-        "--grammar",
-        "--grammar-file",
-        "-r",
-        "--reverse-prompt",
-        "--lora",
-        "--mmproj",
-        "-md",
-        "--model-draft",
-    ]
+from governor.cache.argkey import (
+    ENV_OPTS,
+    FALSEY,
+    FLAG_OPTS,
+    READ_OPTS,
+    SKIP_VALUE_OPTS,
+    TRUTHY,
+    UNSIZED_FLAGS,
+    UNSIZED_VALUE_OPTS,
+    host_problem,
+    parse_int,
+    port_problem,
 )
-_FLAG_OPTS = {
-    "--mlock": "mlock",
-    "--no-mmap": "no_mmap",
-    "-nr": "no_repack",
-    "--no-repack": "no_repack",
-    "-kvu": "kv_unified",
-    "--kv-unified": "kv_unified",
-    "-no-kvu": "no_kv_unified",
-    "--no-kv-unified": "no_kv_unified",
-}
-INT32_MAX = (1 << 31) - 1
+
 SERVER_CACHE_RAM_MIB = 8192  # llama-server --cache-ram default (common/common.h cache_ram_mib)
 _SPLIT_RE = re.compile(r"^(?P<stem>.*)-(?P<idx>\d{5})-of-(?P<n>\d{5})\.gguf$")
 
@@ -214,25 +122,25 @@ def parse_llama_argv(
         if word == "--":
             break
         name, eq, inline = word.partition("=")
-        if name in _VALUE_OPTS and name.startswith("--") and eq:
-            values[_VALUE_OPTS[name]] = inline
-        elif word in _VALUE_OPTS:
+        if name in READ_OPTS and name.startswith("--") and eq:
+            values[READ_OPTS[name]] = inline
+        elif word in READ_OPTS:
             if i + 1 >= len(words):
                 raise EngineArgvError(f"engine option {word} has no value", option=word)
-            values[_VALUE_OPTS[word]] = words[i + 1]
+            values[READ_OPTS[word]] = words[i + 1]
             i += 1
-        elif word in _FLAG_OPTS:
-            key = _FLAG_OPTS[word]
+        elif word in FLAG_OPTS:
+            key = FLAG_OPTS[word]
             flags.discard(
                 {"kv_unified": "no_kv_unified", "no_kv_unified": "kv_unified"}.get(key, "")
             )
             flags.add(key)
-        elif (name if eq else word) in _UNSIZED_VALUE_OPTS:
-            unsized.append(_UNSIZED_VALUE_OPTS[name if eq else word])
+        elif (name if eq else word) in UNSIZED_VALUE_OPTS:
+            unsized.append(UNSIZED_VALUE_OPTS[name if eq else word])
             i += 0 if eq else 1
-        elif word in _UNSIZED_FLAGS:
-            unsized.append(_UNSIZED_FLAGS[word])
-        elif word in _SKIP_VALUE_OPTS:
+        elif word in UNSIZED_FLAGS:
+            unsized.append(UNSIZED_FLAGS[word])
+        elif word in SKIP_VALUE_OPTS:
             i += 1
         i += 1
     if "model" in values:
@@ -261,11 +169,11 @@ def parse_llama_argv(
 def _env_flags(env: Mapping[str, str], flags: set[str]) -> None:
     """The boolean LLAMA_ARG_* variables (is_truthy / is_falsey of common/arg.cpp)."""
     unified = env.get("LLAMA_ARG_KV_UNIFIED", "").lower()
-    if unified in _TRUTHY:
+    if unified in TRUTHY:
         flags.add("kv_unified")
-    elif unified in _FALSEY:
+    elif unified in FALSEY:
         flags.add("no_kv_unified")
-    if env.get("LLAMA_ARG_REPACK", "").lower() in _FALSEY:
+    if env.get("LLAMA_ARG_REPACK", "").lower() in FALSEY:
         flags.add("no_repack")
 
 

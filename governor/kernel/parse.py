@@ -252,3 +252,14 @@ def parse_meminfo(text: str) -> dict[str, int]:
             value *= 1024
         out[key] = value
     return out
+
+
+def cpuinfo_machine(cpuinfo: str, default: str) -> str:
+    """The machine a /proc/cpuinfo text comes from (pure): arm64 kernels print "Features" and
+    "CPU architecture", x86 ones "flags" and "vendor_id"; else ``default`` (a --root tree's CPU)."""
+    keys = {line.partition(":")[0].strip() for line in cpuinfo.splitlines()}
+    if "Features" in keys and "CPU architecture" in keys:
+        return "aarch64"
+    if "flags" in keys and "vendor_id" in keys:
+        return "x86_64"
+    return default

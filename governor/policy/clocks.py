@@ -7,7 +7,7 @@ found on the board). Each is a governor name (``dmc = "performance"``) or a tabl
 ``freq`` (the userspace governor's fixed frequency). A frequency is ``"max"``, ``"min"``, an
 integer in the unit of the board's own list (cpufreq kHz, devfreq Hz) or a value with its unit
 (``"1.8GHz"``, ``"2112MHz"``); it must be in the board's available list, checked when the
-policy is compiled on the board (governor/plan/clocks.py).
+policy is compiled on the board (governor/compile/clocks.py).
 """
 
 from __future__ import annotations

@@ -17,9 +17,9 @@ import socket
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 
 from governor.errors import HostError
+from governor.record import record
 
 PROBE_INTERVAL_S = 0.25
 PROBE_TIMEOUT_S = 2.0
@@ -31,7 +31,7 @@ class EngineNotReady(HostError):
     """The engine never answered 200 on its ready URL within the timeout (69)."""
 
 
-@dataclass(frozen=True)
+@record(frozen=True)
 class Endpoint:
     host: str
     port: int

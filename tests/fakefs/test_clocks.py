@@ -18,11 +18,11 @@ import pytest
 from helpers.clocks import DMC, POLICY0, POLICY4, POLICY6, board, read, snapshot
 
 from governor.backends.clocks import ANY_PID, BoardClocks
+from governor.compile.compiler import compile_plan
 from governor.errors import BackendError, PolicyError
 from governor.kernel import clocks as kc
 from governor.operate import clocks as oc
 from governor.operate import diff as d
-from governor.plan.compiler import compile_plan
 from governor.plan.host import probe
 from governor.plan.model import Plan
 from governor.policy.loader import load_text

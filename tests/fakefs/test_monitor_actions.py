@@ -14,6 +14,7 @@ from typing import Literal
 import pytest
 
 from governor.backends.cgroupfs import CgroupfsBackend
+from governor.compile.compiler import compile_action, watch_rule
 from governor.errors import BackendError
 from governor.kernel import files
 from governor.kernel.procfs import ProcFs
@@ -21,7 +22,6 @@ from governor.log import capture_logs
 from governor.monitor.actions import Context, Executor
 from governor.monitor.loop import Monitor
 from governor.monitor.restart import Restarts
-from governor.plan.compiler import compile_action, watch_rule
 from governor.plan.model import Action, Plan, WatchCondition, WatchRule, WatchTrigger
 from governor.policy.values import parse_action as parse_policy_action
 from governor.record import replace

@@ -58,9 +58,9 @@ def test_a_failed_reacquisition_keeps_the_hold_it_had_before(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     from governor.backends.clocks import BoardClocks
+    from governor.compile.compiler import compile_plan
     from governor.errors import BackendError
     from governor.kernel import clocks as kc
-    from governor.plan.compiler import compile_plan
     from governor.plan.host import probe
     from governor.policy.loader import load_text
 

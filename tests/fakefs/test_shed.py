@@ -15,6 +15,7 @@ from typing import Any
 import pytest
 
 from governor.backends.cgroupfs import CgroupfsBackend
+from governor.compile.compiler import compile_action, watch_rule
 from governor.errors import PolicyError
 from governor.kernel import files
 from governor.kernel.procfs import ProcFs
@@ -22,7 +23,6 @@ from governor.monitor.actions import Context, Executor
 from governor.monitor.loop import Monitor
 from governor.monitor.shed import RAISE_STEPS, ROOM_HEADROOM, SETTLE_S, Shedder
 from governor.plan.board import load_board
-from governor.plan.compiler import compile_action, watch_rule
 from governor.plan.model import Plan, QosSpec, WatchCondition, WatchTrigger
 from governor.policy.values import parse_action
 from governor.record import replace

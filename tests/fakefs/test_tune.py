@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from governor.backends.cgroupfs import CgroupfsBackend
+from governor.compile.compiler import compile_action
 from governor.errors import BackendError, PolicyError
 from governor.kernel import files as kf
 from governor.kernel.cgroupfs import CgroupFs
@@ -21,7 +22,6 @@ from governor.operate.tune import (
     rollback,
     steps,
 )
-from governor.plan.compiler import compile_action
 from governor.policy.values import parse_action
 from governor.rundir.journal import Journal
 

@@ -9,8 +9,8 @@ from helpers import cgroups
 from helpers.cgroups import ScratchSlice
 
 from governor.backends.cgroupfs import CgroupfsBackend
+from governor.compile.compiler import compile_plan
 from governor.kernel.cgroupfs import CgroupFs
-from governor.plan.compiler import compile_plan
 from governor.plan.host import CoreTypes, probe
 from governor.policy.loader import load
 from governor.record import replace

@@ -25,7 +25,7 @@ import pytest
 from helpers.cgroups import ScratchSlice
 from vm import requirements
 
-from governor.plan.compiler import LEAF
+from governor.compile.compiler import LEAF
 
 REPO = Path(__file__).resolve().parents[2]
 ALLOW_MISSING = "memory,cpu,cpuset,io,pids"  # none of them is needed for what is tested here

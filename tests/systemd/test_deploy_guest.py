@@ -29,8 +29,8 @@ import pytest
 from helpers import cgroups
 from helpers.units import installed, systemctl_show
 
+from governor.compile.compiler import compile_plan
 from governor.plan import unitmap
-from governor.plan.compiler import compile_plan
 from governor.plan.host import probe
 from governor.plan.model import Plan
 from governor.policy.loader import load

@@ -58,7 +58,7 @@ ALLOW = {
     ("engines/gguf.py", "reading GGUF headers needs the python package"),
     # the problems joined here each end with their own (file): "controller io is not
     # available (/sys/fs/cgroup/cgroup.controllers)"
-    ("plan/available.py", "cannot enforce the policy on this host: "),
+    ("compile/available.py", "cannot enforce the policy on this host: "),
     # the address is inline ("at http://0.0.0.0:80/metrics"); the class appends the errno
     ("metrics/export.py", "cannot listen for metrics at "),
 }

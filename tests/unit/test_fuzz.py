@@ -32,10 +32,10 @@ import pytest
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
+from governor.compile.compiler import Workload, compile_plan
 from governor.engines.llama import EngineArgvError, parse_llama_argv
 from governor.engines.preflight import engine_args
 from governor.errors import GovernorError
-from governor.plan.compiler import Workload, compile_plan
 from governor.plan.host import HostFacts, probe
 from governor.plan.render import plan_table
 from governor.policy.loader import load, load_text

@@ -27,9 +27,9 @@ from hypothesis import strategies as st
 
 from governor.api import host as api_host
 from governor.backends.clocks import ANY_PID, BoardClocks
+from governor.compile.compiler import compile_plan
 from governor.errors import GovernorError
 from governor.operate.status import collect, render
-from governor.plan.compiler import compile_plan
 from governor.plan.host import probe
 from governor.plan.model import Plan
 from governor.policy.loader import load_text

@@ -72,7 +72,11 @@ def _matches(name: str, patterns: tuple[str, ...]) -> bool:
 
 # the lifetimes (README "Layout"): compile time makes a plan, the run time runs one, the live board
 # (operate/) and deployment act on what runs, the command line and the composition root wire it all
-COMPILE_TIME = _tree("governor.policy", "governor.plan", "governor.engines")
+# plan/ holds the records both lifetimes read (the compiled plan, host facts, the unit table,
+# placement records, the board file); the compiler and everything only a compile needs is in
+# compile/ (issue 32)
+SHARED = _tree("governor.plan")
+COMPILE_TIME = _tree("governor.policy", "governor.compile", "governor.engines")
 RUN_TIME = _tree(
     "governor.kernel",
     "governor.backends",
@@ -94,6 +98,7 @@ TOP_LEVEL_PACKAGES = frozenset(
         "bench",
         "cache",
         "cli",
+        "compile",
         "deploy",
         "engines",
         "kernel",
@@ -117,11 +122,23 @@ ARROWS = (
     ),
     Arrow(
         _tree("governor.policy"),
-        _tree("governor.plan", "governor.backends", "governor.launch", "governor.monitor"),
+        _tree(
+            "governor.plan",
+            "governor.compile",
+            "governor.backends",
+            "governor.launch",
+            "governor.monitor",
+        ),
         "a policy is data; what is made of it lives downstream",
     ),
     Arrow(
-        _tree("governor.plan"),
+        SHARED,
+        (*COMPILE_TIME, *_tree("governor.backends", "governor.launch", "governor.monitor")),
+        "the shared records (plan/) are read by both lifetimes: they import neither the"
+        " compiler nor the code that applies or runs a plan",
+    ),
+    Arrow(
+        _tree("governor.compile"),
         _tree("governor.backends", "governor.launch", "governor.monitor", "governor.engines"),
         "the compiler is pure: it never reaches the code that applies or runs a plan",
     ),
@@ -133,6 +150,13 @@ ARROWS = (
             *WIRING,
         ),
         "compile time makes a plan; it never reaches a run, the live board or deployment",
+    ),
+    Arrow(
+        RUN_TIME,
+        (*COMPILE_TIME, *_tree("pydantic", "typer", "click", "structlog", "dataclasses")),
+        "the run time (a cached launch's supervisor) never imports the compiler, the policy"
+        " models, the engines' argv and estimate code, pydantic, typer, structlog or"
+        " dataclasses, not even inside a function (issue 32: the lean supervisor, by structure)",
     ),
     Arrow(
         RUN_TIME,
@@ -513,8 +537,8 @@ def test_imports_of_sees_function_level_and_relative_imports_but_not_type_checki
         ("governor.kernel", "governor.log", True),
         ("governor.policy.loader", "governor.plan.host", True),
         ("governor.policy.loader", "governor.errors", False),
-        ("governor.plan.compiler", "governor.policy.model", False),
-        ("governor.plan.compiler", "governor.engines.llama", True),
+        ("governor.compile.compiler", "governor.policy.model", False),
+        ("governor.compile.compiler", "governor.engines.llama", True),
         ("governor.monitor.loop", "governor.launch.restart", True),
         ("governor.monitor.loop", "governor.kernel.psi", False),
         ("governor.launch.prefetch", "governor.launch.launcher", True),
@@ -534,7 +558,22 @@ def test_imports_of_sees_function_level_and_relative_imports_but_not_type_checki
         ("governor.operate.tune", "governor.rundir.journal", False),
         ("governor.deploy.install", "governor.operate.tune", False),
         ("governor.engines.preflight", "governor.rundir.state", True),
-        ("governor.plan.compiler", "governor.kernel.files", False),
+        ("governor.compile.compiler", "governor.kernel.files", False),
+        ("governor.compile.compiler", "governor.plan.model", False),
+        ("governor.plan.unitmap", "governor.compile.compiler", True),
+        ("governor.plan.placement", "governor.engines.llama", True),
+        ("governor.monitor.loop", "governor.plan.model", False),
+        ("governor.backends.systemd", "governor.plan.placement", False),
+        ("governor.backends.systemd", "governor.compile.placements", True),
+        ("governor.cache.plans", "governor.engines.llama", True),
+        ("governor.cache.plans", "governor.cache.argkey", False),
+        ("governor.engines.llama", "governor.cache.argkey", False),
+        ("governor.cache.plans", "governor.policy.model", True),
+        ("governor.supervise.ready", "dataclasses", True),
+        ("governor.launch.launcher", "pydantic.main", True),
+        ("governor.rundir.state", "structlog", True),
+        ("governor.monitor.actions", "typer", True),
+        ("governor.operate.tune", "dataclasses", False),
     ],
 )
 def test_arrows_forbid_what_the_layout_says(importer: str, imported: str, broken: bool) -> None:

@@ -10,11 +10,11 @@ from pathlib import Path
 from typing import Any
 
 from governor.backends import manager
+from governor.compile.compiler import Workload, compile_plan
 from governor.errors import HostError
 from governor.kernel.cgroupfs import CgroupFs
 from governor.kernel.files import MISSABLE
 from governor.operate import tune as t
-from governor.plan.compiler import Workload, compile_plan
 from governor.plan.host import HostFacts, probe
 from governor.plan.model import Plan
 from governor.policy.clocks import ClocksSection

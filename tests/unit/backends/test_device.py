@@ -10,12 +10,12 @@ from pathlib import Path
 import pytest
 
 from governor.backends.device import check_device, fit_device, others_protection
+from governor.compile.compiler import Workload, _watch_trigger, compile_plan, watch_rule
 from governor.engines.rkllm import check_rkllm, parse_rkllm_argv
 from governor.errors import PolicyError, PolicyNotFound
 from governor.kernel.cgroupfs import CgroupFs
 from governor.kernel.procfs import ProcFs
 from governor.monitor.rules import Observations, Rule, RuleEngine
-from governor.plan.compiler import Workload, _watch_trigger, compile_plan, watch_rule
 from governor.plan.host import probe
 from governor.plan.model import DeviceSpec, Plan, WatchCondition
 from governor.policy import values as v

@@ -18,11 +18,11 @@ from fakefs.fakekernel import FakeKernelCgroupFs, make_root
 
 from governor.backends import systemd as sd
 from governor.backends.placement import Placement
+from governor.compile import placements as pl
+from governor.compile.compiler import compile_plan
 from governor.errors import BackendError, HostError, PermissionDenied
 from governor.kernel import files as kf
-from governor.plan import placement as pl
 from governor.plan import unitmap
-from governor.plan.compiler import compile_plan
 from governor.plan.host import probe
 from governor.plan.model import Plan
 from governor.policy.loader import load_text

@@ -1,6 +1,6 @@
 """The plan cache's key and a fresh compile agree on every generated engine argv.
 
-A launch whose key (governor/cache/plans.py entry_name: the words of governor/engines/argkey.py
+A launch whose key (governor/cache/plans.py entry_name: the words of governor/cache/argkey.py
 compile_words, the LLAMA_ARG_* variables of compile_env) names a stored entry runs that entry's
 plan without compiling. So two argvs with one key must compile alike: both refused with the same
 error, or both accepted with the same plan. The key is a hash of the kept words, so the argvs
@@ -37,8 +37,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from governor.api.host import HostOptions, preflight_engine
-from governor.cache import plans
-from governor.engines import argkey
+from governor.cache import argkey, plans
 from governor.engines.preflight import engine_args, model_bytes
 from governor.engines.rkllm import check_rkllm
 from governor.errors import GovernorError

@@ -21,12 +21,12 @@ from helpers.golden import update_requested
 
 from governor.backends import choose, placement
 from governor.backends import systemd as sd
+from governor.compile import placements as compiled_placement
+from governor.compile.compiler import compile_plan
 from governor.deploy import dropin
 from governor.errors import HostError
 from governor.kernel import files as kf
-from governor.plan import placement as compiled_placement
 from governor.plan import unitmap
-from governor.plan.compiler import compile_plan
 from governor.plan.host import probe
 from governor.plan.model import Plan
 from governor.policy.loader import load, load_text

@@ -23,9 +23,9 @@ from helpers.golden import update_requested
 
 from governor.api import fleet
 from governor.api.host import HostOptions
+from governor.compile.compiler import compile_plan
 from governor.deploy import k8s
 from governor.errors import GovernorError, PolicyError, UsageError
-from governor.plan.compiler import compile_plan
 from governor.plan.host import probe
 from governor.plan.model import Plan
 from governor.policy.loader import load_text

@@ -20,6 +20,7 @@ from governor.engines import estimate as em
 from governor.engines.gguf import GgufInfo, Tensor, read_gguf
 from governor.engines.llama import parse_llama_argv
 from governor.errors import EXIT_POLICY, PolicyError
+from governor.kernel.parse import cpuinfo_machine
 
 MIB = 1 << 20
 Q40 = 18 / 32
@@ -84,9 +85,9 @@ def test_arm_repacks_the_q8_0_output_that_x86_leaves_alone() -> None:
 
 def test_cpuinfo_names_the_machine_of_another_root() -> None:
     rk3588 = (FIXTURES / "rk3588" / "proc" / "cpuinfo").read_text()
-    assert em.cpuinfo_machine(rk3588, "x86_64") == "aarch64"
-    assert em.cpuinfo_machine("vendor_id\t: AuthenticAMD\nflags\t\t: avx2\n", "aarch64") == "x86_64"
-    assert em.cpuinfo_machine("", "riscv64") == "riscv64"
+    assert cpuinfo_machine(rk3588, "x86_64") == "aarch64"
+    assert cpuinfo_machine("vendor_id\t: AuthenticAMD\nflags\t\t: avx2\n", "aarch64") == "x86_64"
+    assert cpuinfo_machine("", "riscv64") == "riscv64"
 
 
 def test_estimate_of_an_arm_board_tree_uses_its_cpu_not_this_one() -> None:

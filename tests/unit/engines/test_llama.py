@@ -6,10 +6,10 @@ from pathlib import Path
 
 import pytest
 
+from governor.compile.compiler import compile_plan
 from governor.engines.llama import EngineArgs, EngineArgvError, model_parts, parse_llama_argv
 from governor.engines.preflight import engine_args, engine_warnings
 from governor.errors import PolicyError
-from governor.plan.compiler import compile_plan
 from governor.plan.host import probe
 from governor.policy.loader import load_text
 from governor.policy.model import Policy

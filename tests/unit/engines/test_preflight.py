@@ -28,11 +28,11 @@ from pathlib import Path
 
 import pytest
 
+from governor.compile.compiler import Workload, compile_plan
 from governor.engines import estimate as est
 from governor.engines import preflight as pre
 from governor.engines.llama import EngineArgs
 from governor.errors import PermissionDenied, PolicyError, PolicyNotFound
-from governor.plan.compiler import Workload, compile_plan
 from governor.plan.host import probe
 from governor.plan.model import Plan
 from governor.policy.loader import load_text

@@ -9,10 +9,10 @@ from pathlib import Path
 
 import pytest
 
+from governor.compile.compiler import compile_plan
 from governor.errors import PolicyError
 from governor.monitor.psi import PolledTrigger
 from governor.monitor.restart import BACKOFF_CAP_S, Restarts, backoff_s
-from governor.plan.compiler import compile_plan
 from governor.plan.host import probe
 from governor.policy.loader import load_text
 

@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import pytest
 
+from governor.compile.compiler import watch_rule
 from governor.monitor.leak import LeakDetector
 from governor.monitor.psi import PolledTrigger, widen
 from governor.monitor.rules import Observations, Rule, RuleEngine
-from governor.plan.compiler import watch_rule
 from governor.plan.model import WatchCondition, WatchTrigger
 from governor.policy import values as v
 from governor.policy.durations import Duration
@@ -67,7 +67,7 @@ def test_bad_conditions_say_why(text: str, why: str) -> None:
 
 
 def test_condition_rules_compile_to_watch_conditions() -> None:
-    from governor.plan.compiler import _watch_trigger, when_text
+    from governor.compile.compiler import _watch_trigger, when_text
 
     leak = _watch_trigger(v.parse_condition("leak > 500KB/s for 60s"))
     assert leak == WatchCondition(

@@ -8,11 +8,11 @@ from pathlib import Path
 from typing import Any
 
 from governor.backends.device import board_baseline
+from governor.compile.compiler import compile_plan
 from governor.kernel.cgroupfs import CgroupFs
 from governor.kernel.procfs import ProcFs
 from governor.operate.devmem import board, device_memory, render_device
 from governor.operate.top import Frame, format_row
-from governor.plan.compiler import compile_plan
 from governor.plan.host import probe
 from governor.plan.model import Plan
 from governor.policy.loader import load_text

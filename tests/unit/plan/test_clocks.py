@@ -1,4 +1,4 @@
-"""[clocks] at compile time (governor/policy/clocks.py, governor/plan/clocks.py): the keys
+"""[clocks] at compile time (governor/policy/clocks.py, governor/compile/clocks.py): the keys
 resolved on the rk3588 fixture board, every value checked against the board's lists (65
 naming clocks.<key>), and the writes in `governor plan`.
 
@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 from helpers.clocks import DMC, FIXTURE_SYS, NPU, POLICY0, POLICY4, POLICY6
 
+from governor.compile.compiler import compile_plan
 from governor.errors import PolicyError
-from governor.plan.compiler import compile_plan
 from governor.plan.host import HostFacts, probe
 from governor.plan.model import Plan
 from governor.plan.render import plan_table

@@ -1,4 +1,4 @@
-"""The pure compiler (governor/plan/compiler.py): golden Plans for policies/*.toml on the fixture
+"""The pure compiler (governor/compile/compiler.py): golden Plans for policies/*.toml on the fixture
 hosts, host problems (HostError 69 listing every one), --allow-missing degradation, resolution of
 percentages, "big"/"little" and "model", page rounding, write order, and purity (no I/O, env or
 clock while compiling).
@@ -22,14 +22,14 @@ from helpers.golden import update_requested
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from governor.errors import HostError, PolicyError
-from governor.kernel import files as kf
-from governor.plan.compiler import (
+from governor.compile.compiler import (
     MEMLOCK_MODEL_MARGIN,
     MEMORY_MIN_MODEL_MARGIN,
     Workload,
     compile_plan,
 )
+from governor.errors import HostError, PolicyError
+from governor.kernel import files as kf
 from governor.plan.host import CgroupLevel, HostFacts, probe
 from governor.plan.model import EnableControllers, Plan, WatchTrigger
 from governor.policy import values as v

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from governor.plan.doctor import (
+from governor.compile.doctor import (
     CGROUP_KILL_MIN,
     PSI_FIX,
     UNIFIED_FIX,

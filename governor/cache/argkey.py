@@ -4,10 +4,11 @@ Standard library only, nothing imported: this runs on every `governor launch`
 (governor/cache/plans.py entry_name). llama.cpp's options that neither preflight nor the plan
 look at (the prompt, the seed, sampling, --host/--port) are dropped with their values, so a new
 prompt or port is a cache hit; every other word stays, in order (an option this module does not
-know is kept: a miss, never a stale hit). The words are walked exactly as
-governor/engines/llama.py parse_llama_argv walks them (which words take a value), so a value
-that looks like an option (`-p "-c 9"`) is never read as one; tests/unit/engines/test_argkey.py
-checks that the tables below agree with that parser's.
+know is kept: a miss, never a stale hit). llama.cpp's option tables are spelled here, once:
+governor/engines/llama.py parse_llama_argv reads them too, so the words are walked exactly as
+it walks them (which words take a value) and a value that looks like an option (`-p "-c 9"`) is
+never read as one (tests/unit/cache/test_argkey.py). The plan cache lives in the run time, so
+this module imports nothing from engines/ (the one arrow that ran back up, issue 32).
 
 --host/--port only say where llama-server's /health answers: api/launch.py derives that URL at
 every launch (:func:`server_address`), never from the cache. A --host/--port the parser would
@@ -25,22 +26,113 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 
-# every option llama.py's parser reads a value for (its _VALUE_OPTS, _UNSIZED_VALUE_OPTS and
-# _SKIP_VALUE_OPTS): the next word is that option's value, never an option
-VALUE_OPTS = frozenset(
+# llama.cpp's options, the one table: governor/engines/llama.py parse_llama_argv reads it too
+# option -> canonical key; every one takes a value (as the next word or after "=")
+READ_OPTS = {
+    "-m": "model",
+    "--model": "model",
+    "-c": "ctx",
+    "--ctx-size": "ctx",
+    "-t": "threads",
+    "--threads": "threads",
+    "-lm": "load_mode",
+    "--load-mode": "load_mode",
+    "-b": "batch",
+    "--batch-size": "batch",
+    "-ub": "ubatch",
+    "--ubatch-size": "ubatch",
+    "-ctk": "cache_type_k",
+    "--cache-type-k": "cache_type_k",
+    "-ctv": "cache_type_v",
+    "--cache-type-v": "cache_type_v",
+    "-np": "parallel",
+    "--parallel": "parallel",
+    "-cram": "cache_ram",
+    "--cache-ram": "cache_ram",
+    "-ctxcp": "ctx_checkpoints",
+    "--ctx-checkpoints": "ctx_checkpoints",
+    "--swa-checkpoints": "ctx_checkpoints",
+    "--host": "host",
+    "--port": "port",
+}
+# LLAMA_ARG_* variables of the same options (common/arg.cpp set_env); booleans below
+ENV_OPTS = {
+    "LLAMA_ARG_MODEL": "model",
+    "LLAMA_ARG_CTX_SIZE": "ctx",
+    "LLAMA_ARG_THREADS": "threads",
+    "LLAMA_ARG_LOAD_MODE": "load_mode",
+    "LLAMA_ARG_BATCH": "batch",
+    "LLAMA_ARG_UBATCH": "ubatch",
+    "LLAMA_ARG_CACHE_TYPE_K": "cache_type_k",
+    "LLAMA_ARG_CACHE_TYPE_V": "cache_type_v",
+    "LLAMA_ARG_N_PARALLEL": "parallel",
+    "LLAMA_ARG_CACHE_RAM": "cache_ram",
+    "LLAMA_ARG_CTX_CHECKPOINTS": "ctx_checkpoints",
+    "LLAMA_ARG_HOST": "host",
+    "LLAMA_ARG_PORT": "port",
+}
+TRUTHY = frozenset(["on", "enabled", "true", "1"])  # common_arg_utils::is_truthy
+FALSEY = frozenset(["off", "disabled", "false", "0"])  # common_arg_utils::is_falsey
+# options that change the engine's memory in ways the estimate does not size: named in a
+# warning, never silently ignored (value-taking ones; flags in UNSIZED_FLAGS)
+UNSIZED_VALUE_OPTS = {
+    "-mm": "--mmproj (multimodal projector: its weights and image buffers)",
+    "--mmproj": "--mmproj (multimodal projector: its weights and image buffers)",
+    "-md": "--model-draft (a second model and its KV cache)",
+    "--model-draft": "--model-draft (a second model and its KV cache)",
+    "--spec-draft-model": "--model-draft (a second model and its KV cache)",
+    "--lora": "--lora (adapter weights)",
+    "--kv-unified-per-slot": "--kv-unified-per-slot (sizes the KV pool without -c)",
+}
+UNSIZED_FLAGS = {
+    "--swa-full": "--swa-full (full-size SWA cache)",
+}
+# other options that take a value: skipped so that e.g. `-p "-c"` is not read as -c
+SKIP_VALUE_OPTS = frozenset(
     [
-        *("-m", "--model", "-c", "--ctx-size", "-t", "--threads", "-lm", "--load-mode"),
-        *("-b", "--batch-size", "-ub", "--ubatch-size", "-ctk", "--cache-type-k"),
-        *("-ctv", "--cache-type-v", "-np", "--parallel", "-cram", "--cache-ram"),
-        *("-ctxcp", "--ctx-checkpoints", "--swa-checkpoints", "--host", "--port"),
-        *("-mm", "--mmproj", "-md", "--model-draft", "--spec-draft-model", "--lora"),
-        "--kv-unified-per-slot",
-        *("-p", "--prompt", "-f", "--file", "-n", "--n-predict", "-s", "--seed", "--temp"),
-        *("--top-k", "--top-p", "-ngl", "--n-gpu-layers", "-lv", "--verbosity", "-tb"),
-        *("--threads-batch", "-fit", "--chat-template", "-sys", "--system-prompt"),
-        *("--grammar", "--grammar-file", "-r", "--reverse-prompt"),
+        "-p",
+        "--prompt",
+        "-f",
+        "--file",
+        "-n",
+        "--n-predict",
+        "-s",
+        "--seed",
+        "--temp",
+        "--top-k",
+        "--top-p",
+        "-ngl",
+        "--n-gpu-layers",
+        "-lv",
+        "--verbosity",
+        "-tb",
+        "--threads-batch",
+        "-fit",
+        "--chat-template",
+        "-sys",
+        "--system-prompt",
+        "--grammar",
+        "--grammar-file",
+        "-r",
+        "--reverse-prompt",
+        "--lora",
+        "--mmproj",
+        "-md",
+        "--model-draft",
     ]
 )
+FLAG_OPTS = {
+    "--mlock": "mlock",
+    "--no-mmap": "no_mmap",
+    "-nr": "no_repack",
+    "--no-repack": "no_repack",
+    "-kvu": "kv_unified",
+    "--kv-unified": "kv_unified",
+    "-no-kvu": "no_kv_unified",
+    "--no-kv-unified": "no_kv_unified",
+}
+# every option that takes a value: the next word is that option's value, never an option
+VALUE_OPTS = frozenset(READ_OPTS) | frozenset(UNSIZED_VALUE_OPTS) | SKIP_VALUE_OPTS
 # of those, the ones whose value no compile reads (dropped from the key with their value)
 IGNORED_OPTS = frozenset(
     [

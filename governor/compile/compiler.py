@@ -9,11 +9,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
+from governor.compile.available import available
+from governor.compile.clocks import resolve as resolve_clocks
 from governor.errors import HostError, PolicyError
 from governor.kernel import files as kf
 from governor.kernel.parse import format_cpulist
-from governor.plan.available import available
-from governor.plan.clocks import resolve as resolve_clocks
 from governor.plan.host import HostFacts
 from governor.plan.model import (
     SHED_STEPS,
