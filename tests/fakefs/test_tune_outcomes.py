@@ -129,3 +129,29 @@ def test_rollback_with_nothing_to_undo_is_66_with_a_journal_hint(
         assert "schema" not in err[1]
     assert Journal(run / "st").entries() == []
     assert (group / kf.MEMORY_HIGH).read_text().strip() == str(1 << 30)
+
+
+def test_a_tune_lists_and_writes_only_the_files_whose_value_changes(
+    slice_: tuple[Path, Path],
+) -> None:
+    """Routing (governor/operate/tune/route.py): a key already at its compiled value is no
+    change; the dry run shows each change with the kernel's value and its way (cgroupfs here:
+    no systemd); a tune to the values in force journals nothing."""
+    group, run = slice_
+    out = api_tune.tune("st", ("memory.high=1G", "memory.max=1200M"), dry_run=True, force=False)
+    assert out == {
+        "policy": "st",
+        "dry_run": True,
+        "changes": [
+            {
+                "file": kf.MEMORY_MAX,
+                "kernel": str(1536 * M),
+                "new": str(1200 * M),
+                "via": "cgroupfs",
+            }
+        ],
+    }
+    same = api_tune.tune("st", ("memory.high=1G",), dry_run=False, force=False)
+    assert same == {"policy": "st", "dry_run": False, "changes": []}
+    assert Journal(run / "st").entries() == []
+    assert (group / kf.MEMORY_MAX).read_text().strip() == str(1536 * M)
