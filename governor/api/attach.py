@@ -13,18 +13,15 @@ from __future__ import annotations
 
 from functools import partial
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from governor.api.host import check
+from governor.api.host import HostOptions, check
 from governor.api.launch import serve_metrics
 from governor.api.outputs import check_writable
 from governor.errors import UsageError
 from governor.kernel.cgroupfs import CgroupFs
 from governor.record import record
 from governor.supervise.monitor import attach
-
-if TYPE_CHECKING:
-    from governor.api.host import HostOptions
 
 
 @record(frozen=True)
@@ -39,7 +36,6 @@ class MonitorOptions:
 
 def _check_cgroup_option(cgroup: str) -> None:
     """``monitor --cgroup``: a path below the cgroup2 root, never out of it."""
-
     try:
         if not cgroup:
             raise ValueError("empty")  # the root itself: never the engine's cgroup
@@ -55,7 +51,6 @@ def monitor(path: Path, opts: HostOptions, mopts: MonitorOptions) -> dict[str, A
     """`governor monitor`: attach the pressure monitor to an already-running slice (one that
     `governor apply` or systemd created) until SIGINT/SIGTERM or the cgroup is gone; the run
     itself is governor/supervise/monitor.py."""
-
     if mopts.cgroup is not None:
         _check_cgroup_option(mopts.cgroup)
     if mopts.report is not None:

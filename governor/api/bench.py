@@ -4,17 +4,16 @@ from __future__ import annotations
 
 import math
 from pathlib import Path
-from typing import Any
 
 from governor.api.host import HostOptions, check
 from governor.api.outputs import check_writable
+from governor.bench.main import BenchOptions, BenchResult
 from governor.bench.main import bench as run_bench
 from governor.errors import UsageError
 
 
-def bench(path: Path, argv: tuple[str, ...], opts: HostOptions, bopts: Any) -> Any:
+def bench(path: Path, argv: tuple[str, ...], opts: HostOptions, bopts: BenchOptions) -> BenchResult:
     """`governor bench`: run the engine under the policy per governor/bench/main.py."""
-
     _check_bench_options(bopts)
     plan = check(path, opts)
     return run_bench(plan, path, argv, opts, bopts)
@@ -24,10 +23,9 @@ BENCH_INTERVAL_MAX_S = 60.0
 BENCH_CTX_MAX = 1 << 24
 
 
-def _check_bench_options(bopts: Any) -> None:
+def _check_bench_options(bopts: BenchOptions) -> None:
     """Refuse what would only fail (or mislead) after every run: NaN or absurd numbers, and
     output files that cannot be written."""
-
     numbers = {
         "--interval": bopts.interval,
         "--max-peak-fraction": bopts.max_fraction,

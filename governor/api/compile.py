@@ -20,9 +20,11 @@ from governor.api.host import (
 )
 from governor.compile.doctor import diagnose, swap_finding
 from governor.engines.budget import estimate_argv, estimate_router, policy_budget
-from governor.engines.draft import draft
-from governor.engines.draft_router import draft_router, is_router_model
+from governor.engines.draft import Draft, Request, draft
+from governor.engines.draft_router import RouterDraft, draft_router, is_router_model
+from governor.engines.estimate import Estimate
 from governor.engines.llama import EngineArgvError, parse_llama_argv
+from governor.engines.router import RouterEstimate
 from governor.errors import HostError, PolicyError
 from governor.kernel.swap import SwapReader
 from governor.monitor.victims import governed_groups
@@ -34,6 +36,7 @@ from governor.rundir.state import run_dir
 if TYPE_CHECKING:
     from governor.compile.doctor import Finding
     from governor.plan.host import HostFacts
+    from governor.plan.model import Plan
 
 
 def doctor(opts: HostOptions) -> tuple[HostFacts, list[Finding]]:
@@ -89,7 +92,7 @@ class EstimateOptions:
     budget: int | None = None  # budget in bytes (instead of a policy)
 
 
-def estimate(model: Path, opts: HostOptions, eopts: EstimateOptions) -> Any:
+def estimate(model: Path, opts: HostOptions, eopts: EstimateOptions) -> Estimate | RouterEstimate:
     """`governor estimate`: the resident-memory estimate of llama.cpp for a GGUF model."""
 
     # --engine-argv is options only, or the whole command line starting with the program
@@ -123,7 +126,9 @@ def estimate(model: Path, opts: HostOptions, eopts: EstimateOptions) -> Any:
     return estimate_argv(args, root=opts.root, budget=budget)
 
 
-def check_engine(path: Path, opts: HostOptions, argv: tuple[str, ...], *, force: bool) -> Any:
+def check_engine(
+    path: Path, opts: HostOptions, argv: tuple[str, ...], *, force: bool
+) -> tuple[Plan, Estimate | None, list[str]]:
     """`governor check --engine-argv`: the plan plus every refusal launch makes before it
     applies anything (the same preflight); returns (plan, estimate, warnings)."""
     plan, _host, checked = preflight_engine(path, argv, opts, probe_target=True, force=force)
@@ -132,7 +137,7 @@ def check_engine(path: Path, opts: HostOptions, argv: tuple[str, ...], *, force:
     return plan, checked.estimate, checked.messages
 
 
-def admit_check(plan: Any, opts: HostOptions, estimate: Any, *, force: bool) -> None:
+def admit_check(plan: Plan, opts: HostOptions, estimate: object, *, force: bool) -> None:
     """The board's admission as launch will ask it (governor/api/admit.py), without acting:
     75 when the guarantees (or, under admit = "refuse", the peak) do not fit now."""
 
@@ -152,7 +157,7 @@ def admit_check(plan: Any, opts: HostOptions, estimate: Any, *, force: bool) -> 
     )
 
 
-def init(opts: HostOptions, req: Any) -> Any:
+def init(opts: HostOptions, req: Request) -> Draft | RouterDraft:
     """`governor init`: a policy for a GGUF model on this board (governor/engines/draft.py)."""
     if is_router_model(req.model):  # llama-server's router: its models and --models-max
         return draft_router(req, probe_host(opts), root=opts.root)

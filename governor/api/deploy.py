@@ -5,10 +5,10 @@ from __future__ import annotations
 import shutil
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
-from governor.api.admit import admission, say_now
+from governor.api.admit import Admitted, admission, say_now
 from governor.api.host import HostOptions, compile_policy, load_policy, probe_host
 from governor.api.launch import LaunchOptions, compiled_for_launch
 from governor.backends.systemd import daemon_reload
@@ -20,7 +20,10 @@ from governor.engines.preflight import model_bytes as model_size
 from governor.errors import GovernorError, HostError
 from governor.log import get_logger
 from governor.plan.budget import plan_claim_dict
+from governor.plan.host import HostFacts
+from governor.plan.model import Plan
 from governor.plan.unitmap import service_unit
+from governor.policy.model import Policy
 from governor.record import record
 from governor.rundir.state import run_dir
 
@@ -35,39 +38,48 @@ class InstallOptions:
 
 
 def _governor_executable() -> str:
-
     beside = Path(sys.executable).with_name("governor")  # the venv's console script
     if beside.exists():
         return str(beside)
     return shutil.which("governor") or "/usr/local/bin/governor"
 
 
-def install(path: Path, opts: HostOptions, iopts: InstallOptions) -> Any:
-    """`governor install`: render the policy's units for this host's systemd and write them."""
+def _model_bytes(policy: Policy, engine: tuple[str, ...]) -> int | None:
+    """The model's size from the instance's engine argv (None without one)."""
+    if not engine:
+        return None
+    args = engine_args(
+        policy.engine.kind,
+        policy.engine.max_context_tokens,
+        engine,
+        max_cache_ram=policy.engine.max_cache_ram,
+        env=policy.process.env,  # the service's environment beyond the unit's own
+    )
+    return model_size(args)
 
-    policy = load_policy(path)
-    model_bytes = None
-    if iopts.engine:
-        kind, cap = policy.engine.kind, policy.engine.max_context_tokens
-        args = engine_args(
-            kind,
-            cap,
-            iopts.engine,
-            max_cache_ram=policy.engine.max_cache_ram,
-            env=policy.process.env,  # the service's environment beyond the unit's own
-        )
-        model_bytes = model_size(args)
-    host = probe_host(opts)  # systemd enables controllers along the unit's path itself
+
+def _systemd_host(opts: HostOptions) -> tuple[HostFacts, int]:
+    """The probed host and its systemd's version: systemd must be PID 1 (it enables
+    controllers along the unit's path itself)."""
+    host = probe_host(opts)
     if host.systemd_version is None:
         raise HostError(
             f"systemd is not PID 1 on the probed host ({host.root}/proc/1/comm: {host.pid1!r})",
             hint="install on the board itself, or render for it with --root of the global"
             " options pointing at a copy of its /proc and /sys",
         )
+    return host, host.systemd_version
+
+
+def install(path: Path, opts: HostOptions, iopts: InstallOptions) -> inst.Result:
+    """`governor install`: render the policy's units for this host's systemd and write them."""
+    policy = load_policy(path)
+    model_bytes = _model_bytes(policy, iopts.engine)
+    host, version = _systemd_host(opts)
     plan = compile_policy(policy, host, opts, path, model_bytes=model_bytes)
     files = dropin.render_install(
         plan,
-        host.systemd_version,
+        version,
         policy_path=str(path.resolve()),
         governor=iopts.governor or _governor_executable(),
         engine=iopts.engine or None,
@@ -95,13 +107,17 @@ def install(path: Path, opts: HostOptions, iopts: InstallOptions) -> Any:
 
 
 def admit_install(
-    plan: Any, opts: HostOptions, iopts: InstallOptions, *, live: bool, say: Any = None
-) -> Any:
+    plan: Plan,
+    opts: HostOptions,
+    iopts: InstallOptions,
+    *,
+    live: bool,
+    say: Callable[[str], None] | None = None,
+) -> Admitted:
     """The board's admission of the installed slice (governor/api/admit.py): against what
     runs here (a live install) and what is installed under the install root. Nothing starts
     now: "wait" and "shed" say what the start will do; the guarantees are checked all the
     same. Returns the admission, holding the board lock until the manifest is written."""
-
     run = None
     if live:
         try:
@@ -123,7 +139,6 @@ def _precompile_for_service(policy_path: Path, engine: tuple[str, ...], opts: Ho
     """Compile the plan the installed service will ask for (its ExecStart= command line, its
     working directory /, root's cache) so that `systemctl start` takes the lean path. Best
     effort: a refusal here is said now and again by the service when it starts."""
-
     service_opts = HostOptions(
         root=opts.root, cgroup_root=opts.cgroup_root, sysfs_root=opts.sysfs_root
     )
@@ -143,10 +158,9 @@ def _precompile_for_service(policy_path: Path, engine: tuple[str, ...], opts: Ho
         )
 
 
-def uninstall(policy: str, root: Path, *, dry_run: bool = False) -> Any:
+def uninstall(policy: str, root: Path, *, dry_run: bool = False) -> inst.Result:
     """`governor uninstall`: remove what install wrote for a policy (a file or its name) and
     restore the files it replaced."""
-
     name = load_policy(Path(policy)).name if policy.endswith(".toml") else policy
     live = root.resolve() == Path("/")
     result = inst.uninstall(

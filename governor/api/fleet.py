@@ -7,18 +7,15 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Literal
+from typing import Literal
 
 from governor.api.host import HostOptions, compile_policy, load_policy, probe_host
+from governor.api.launch_compile import ready_url
 from governor.deploy import k8s, quadlet
-from governor.engines.llama import is_gguf, model_parts
+from governor.engines.llama import EngineArgs, is_gguf, model_parts
 from governor.engines.preflight import engine_args, fit_estimate
 from governor.errors import UsageError
-from governor.supervise.ready import server_url
-
-if TYPE_CHECKING:
-    from governor.engines.llama import EngineArgs
-    from governor.plan.model import Plan
+from governor.plan.model import Plan
 
 Target = Literal["k8s", "quadlet"]
 DEFAULT_SYSTEMD = 252  # Debian 12's, when the probed host does not run systemd
@@ -34,7 +31,6 @@ def render(
     kind: Literal["Pod", "Deployment"] = "Pod",
     force: bool = False,
 ) -> str:
-
     if not engine:
         raise UsageError(
             "no engine command after -- (-- ENGINE)",
@@ -51,30 +47,33 @@ def render(
     host = probe_host(opts, target=f"{policy.slice}/{policy.name}")
     plan = compile_policy(policy, host, opts, path)
     estimate, note = _estimate(plan, args, opts, path, force=force)
-    ready = _ready_url(plan.engine.ready, args)
-    work = k8s.Workload(
-        argv=tuple(engine),
-        model=args.model if args is not None else None,
-        models=tuple(str(m) for m in model_parts(args.model)) if args and args.model else (),
-        ready_url=ready,
-        listen_host=args.host if args is not None else None,
-        estimate_bytes=estimate,
-        estimate_note=note,
-        image=image,
-        kind=kind,
-    )
+    work = _workload(plan, engine, args, image=image, kind=kind, estimate=(estimate, note))
     if target == "k8s":
         return k8s.render(plan, work)
     return quadlet.render(plan, work, host.systemd_version or DEFAULT_SYSTEMD)
 
 
-def _ready_url(ready: str | None, args: EngineArgs | None) -> str | None:
-
-    if ready is not None:
-        return None if ready == "exec" else ready
-    if args is not None and args.server:
-        return server_url(args.host, args.port)
-    return None
+def _workload(
+    plan: Plan,
+    engine: Sequence[str],
+    args: EngineArgs | None,
+    *,
+    image: str,
+    kind: Literal["Pod", "Deployment"],
+    estimate: tuple[int | None, str | None],
+) -> k8s.Workload:
+    """What the renderers need of the engine: its argv, model files, readiness, estimate."""
+    return k8s.Workload(
+        argv=tuple(engine),
+        model=args.model if args is not None else None,
+        models=tuple(str(m) for m in model_parts(args.model)) if args and args.model else (),
+        ready_url=ready_url(plan, args),
+        listen_host=args.host if args is not None else None,
+        estimate_bytes=estimate[0],
+        estimate_note=estimate[1],
+        image=image,
+        kind=kind,
+    )
 
 
 def _estimate(
@@ -82,7 +81,6 @@ def _estimate(
 ) -> tuple[int | None, str | None]:
     """The GGUF estimate of the argv when its model is readable here (refused like `check`
     when it does not fit memory.max, unless --force); else (None, why)."""
-
     if args is None or args.model is None or not is_gguf(args):
         return None, None
     if not Path(args.model).is_file():

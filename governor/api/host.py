@@ -5,19 +5,22 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from governor.backends.cgroupfs import CgroupfsBackend
 from governor.backends.device import check_device as fit
 from governor.kernel.cgroupfs import CgroupFs
 from governor.kernel.procfs import ProcFs
-from governor.plan.host import probe
+from governor.plan.host import HostFacts, probe
 from governor.record import field, record
+
+# Compile time stays out of this module's imports: the lean launch path (governor/main.py)
+# imports it, so policy/, the compiler and engines/ are imported inside the functions that
+# compile (each marked "lazy: compile time").
 
 if TYPE_CHECKING:
     from governor.compile.compiler import Workload
     from governor.engines.preflight import Preflight
-    from governor.plan.host import HostFacts
     from governor.plan.model import Plan
     from governor.policy.model import Policy
 
@@ -38,13 +41,12 @@ def sysfs_root(opts: HostOptions) -> Path:
 
 
 def load_policy(path: Path) -> Policy:
-    from governor.policy.loader import load
+    from governor.policy.loader import load  # lazy: compile time (pydantic)
 
     return load(path)
 
 
 def probe_host(opts: HostOptions, *, target: str | None = None) -> HostFacts:
-
     return probe(opts.root, cgroup_root=opts.cgroup_root, target=target, sysfs_root=opts.sysfs_root)
 
 
@@ -72,7 +74,7 @@ def compile_policy(
     attach: str | None = None,
 ) -> Plan:
     """compile_plan with the options every command passes the same way."""
-    from governor.compile.compiler import Workload, compile_plan
+    from governor.compile.compiler import Workload, compile_plan  # lazy: compile time
 
     if workload is None and model_bytes is not None:
         workload = Workload(model_bytes=model_bytes)
@@ -97,7 +99,7 @@ def preflight_engine(
 ) -> tuple[Plan, HostFacts, Preflight]:
     """load + engine argv + model + probe + compile + governor/engines/preflight.py: what check
     --engine-argv and launch both run, in this order, before anything is applied."""
-    from governor.engines.preflight import engine_args, model_bytes, preflight
+    from governor.engines.preflight import engine_args, model_bytes, preflight  # lazy: compile
 
     policy = load_policy(path)
     args = engine_args(
@@ -109,7 +111,7 @@ def preflight_engine(
     )
     size = model_bytes(args)
     if policy.engine.kind == "rkllm":
-        from governor.engines.rkllm import check_rkllm
+        from governor.engines.rkllm import check_rkllm  # lazy: compile time, rkllm only
 
         size = check_rkllm(argv, policy.engine.max_context_tokens)[1]
     target = f"{policy.slice}/{policy.name}" if probe_target else None
@@ -124,10 +126,8 @@ def check_device(plan: Plan, opts: HostOptions) -> int | None:
     check and launch, never cached (MemAvailable moves)."""
     if plan.device is None:
         return None
-
     return fit(plan, CgroupFs(Path(plan.cgroup_root)), ProcFs(opts.root / "proc"))
 
 
-def cgroupfs_backend(plan: Plan) -> Any:
-
+def cgroupfs_backend(plan: Plan) -> CgroupfsBackend:
     return CgroupfsBackend(CgroupFs(Path(plan.cgroup_root)))

@@ -30,13 +30,11 @@ EXIT_CRASH = 70  # EX_SOFTWARE: an unexpected exception in the compile child (tr
 
 def _prctl_pdeathsig() -> None:
     """The child dies with the parent (a SIGKILLed launch leaves no compile running)."""
-
     with contextlib.suppress(OSError, AttributeError):  # PR_SET_PDEATHSIG = 1
         ctypes.CDLL(None, use_errno=True).prctl(1, int(signal.SIGKILL), 0, 0, 0)
 
 
 def _child(work: Callable[[], bytes], w: int, debug: bool, close: tuple[int, ...]) -> int:
-
     for fd in close:
         with contextlib.suppress(OSError):
             os.close(fd)
@@ -47,7 +45,7 @@ def _child(work: Callable[[], bytes], w: int, debug: bool, close: tuple[int, ...
     except KeyboardInterrupt:
         return 130  # the parent got the same ^C and says so
     except BaseException:  # a bug: shown with its traceback, never silent
-        import traceback
+        import traceback  # lazy: a crash of the compile child only
 
         traceback.print_exc()
         return EXIT_CRASH

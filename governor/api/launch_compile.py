@@ -1,8 +1,7 @@
-"""A launch's compile: policy, host, plan, every refusal before apply, and the plan cache's
-entry. Only the short-lived child of a cache miss imports this module
-(governor/api/isolate.py; `governor install` compiles in-process): the cache-hit path stays in
-governor/api/launch.py and never loads the compile-time stack (issue 32).
-"""
+"""Compile time for `governor launch`: policy, host, plan and every refusal before apply (the
+same preflight as `check --engine-argv`: governor/engines/preflight.py), as the plan cache's
+entry. Only a cache miss imports this module: in the isolated child of the lean path
+(api/isolate.py), in `install`, and in the typer path's launch; a cached launch never does."""
 
 from __future__ import annotations
 
@@ -11,7 +10,6 @@ from pathlib import Path
 
 from governor.api.host import HostOptions, preflight_engine
 from governor.cache import plans as compiled
-from governor.cache.plans import Compiled
 from governor.compile.placements import compile_placements
 from governor.engines.llama import EngineArgs, model_parts
 from governor.engines.rkllm import parse_rkllm_argv
@@ -27,27 +25,24 @@ def compile_launch(
     path: Path,
     argv: tuple[str, ...],
     opts: HostOptions,
-    backend_name: str,
     *,
     force: bool,
+    backend_name: str,
     cwd: Path,
-) -> tuple[Compiled, HostFacts]:
-    """Compile time for a launch: policy, host, plan and every refusal before apply (the
-    same preflight as `check --engine-argv`: governor/engines/preflight.py)."""
+) -> tuple[compiled.Compiled, HostFacts]:
+    """The cache entry for a launch of ARGV under the policy at PATH, and the host probed."""
     # under systemd the manager enables controllers along the unit's path itself
     plan, host, checked = preflight_engine(
         path, argv, opts, probe_target=backend_name != "systemd", force=force, cwd=cwd
     )
-    target = None if backend_name == "systemd" else plan.group
     for note in checked.notes:
         log.debug("preflight.note", note=note)
     args = checked.args  # the argv preflight_engine read and checked (engine_args)
     files = checked.files
-    models = [str(p) for p in (model_parts(args.model) if args and args.model else [])]
-    if plan.engine.kind == "rkllm":  # its .rkllm file: the device memory (engines/rkllm.py)
-        models = [str(parse_rkllm_argv(argv).model)]
-    inputs = [*models, *files]
-    idents = tuple(i for i in (compiled.file_identity(p) for p in inputs) if i is not None)
+    models = _models(plan, argv, args)
+    idents = tuple(
+        i for i in (compiled.file_identity(p) for p in [*models, *files]) if i is not None
+    )
     chain = tuple(
         (p, digest) for p in _policy_chain(path) if (digest := compiled.sha256_file(p)) is not None
     )
@@ -61,19 +56,26 @@ def compile_launch(
         else None,
         prefetch_files=tuple(files),
         prefetch_bytes=checked.prefetch_bytes,
-        target=target,
+        target=None if backend_name == "systemd" else plan.group,
         chain=chain,
         inputs=idents,
         host_key=compiled.host_key(host),
         placements=_placements(plan, host) if backend_name == "systemd" else (),
         model_bytes=sum(i[3] for i in idents if i[0] in models) if models else None,
-        ready_url=compiled_ready_url(plan, args),
+        ready_url=ready_url(plan, args),
         ready_server=plan.engine.ready is None and args is not None and args.server,
     )
     return entry, host
 
 
-def compiled_ready_url(plan: Plan, args: EngineArgs | None) -> str | None:
+def _models(plan: Plan, argv: tuple[str, ...], args: EngineArgs | None) -> list[str]:
+    """The model files the engine reads (their identity keys the cache entry)."""
+    if plan.engine.kind == "rkllm":  # its .rkllm file: the device memory (engines/rkllm.py)
+        return [str(parse_rkllm_argv(argv).model)]
+    return [str(p) for p in (model_parts(args.model) if args and args.model else [])]
+
+
+def ready_url(plan: Plan, args: EngineArgs | None) -> str | None:
     """engine.ready ("exec" = at exec), else llama-server's /health from its --host/--port."""
     if plan.engine.ready is not None:
         return None if plan.engine.ready == "exec" else plan.engine.ready

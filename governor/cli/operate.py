@@ -86,10 +86,10 @@ def diff(
     Exit 0 when everything is in sync, 1 on any drift (each mismatch listed with its values).
     What --allow-missing names, here or for the launch that runs the policy, is listed as
     skipped, not as drift."""
-    from governor.api import operate as api_operate
+    from governor.api import diff as api_diff
     from governor.operate.diff import render
 
-    out = api_operate.diff(policy, host_options(allow_missing))
+    out = api_diff.diff(policy, host_options(allow_missing))
     typer.echo(json.dumps(out, indent=2) if as_json else render(out), nl=as_json)
     raise typer.Exit(0 if out["in_sync"] else 1)
 
@@ -151,9 +151,9 @@ def tune(  # noqa: PLR0917  # typer passes every option as a parameter
     for `governor rollback`. Under systemd, slice-level knobs go through the manager (runtime
     unit properties), so `systemctl show` agrees."""
 
-    from governor.api import operate as api_operate
+    from governor.api import tune as api_tune
 
-    out = api_operate.tune(
+    out = api_tune.tune(
         name, tuple(assignments or ()), dry_run=dry_run, force=force, persist=persist,
         confirm=confirm,
     )  # fmt: skip

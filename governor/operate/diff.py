@@ -1,7 +1,7 @@
 """`governor diff POLICY`: the policy compiled on this host vs the kernel vs the installed
 systemd files (what `install` would render now), plus the prerequisites the policy needs.
 
-Pure comparison over values the caller reads (api/operate.py does the I/O): every mismatch is listed
+Pure comparison over values the caller reads (api/diff.py does the I/O): every mismatch is listed
 with both values; ``in_sync`` is False when there is one (exit 1), True otherwise (exit 0).
 A limit left out on purpose (`--allow-missing`, given to diff or to the launch that runs the
 policy) is listed as skipped and is no drift: one answer with governor_policy_drift.

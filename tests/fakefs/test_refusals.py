@@ -96,7 +96,7 @@ def test_a_failed_tune_persist_leaves_the_policy_file_as_it_was(
     import shutil
 
     from governor.api import host as api_host
-    from governor.api import operate as api_operate
+    from governor.api import tune as api_tune
     from governor.errors import BackendError
     from governor.operate import tune as t
     from governor.rundir.state import Publisher, applied
@@ -127,7 +127,7 @@ def test_a_failed_tune_persist_leaves_the_policy_file_as_it_was(
 
     monkeypatch.setattr(t, "apply", fail)
     with pytest.raises(BackendError):
-        api_operate.tune("st", ("memory.high=900M",), dry_run=False, force=True, persist=True)
+        api_tune.tune("st", ("memory.high=900M",), dry_run=False, force=True, persist=True)
     assert policy.read_bytes() == before  # the persisted value went back with the failure
 
 

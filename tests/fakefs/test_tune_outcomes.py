@@ -15,6 +15,7 @@ import pytest
 
 from governor.api import host as api_host
 from governor.api import operate as api_operate
+from governor.api import tune as api_tune
 from governor.errors import BackendError, PolicyError
 from governor.kernel import files as kf
 from governor.kernel.cgroupfs import CgroupFs
@@ -70,10 +71,10 @@ def test_a_refused_tune_is_journaled_and_counted_and_a_refused_dry_run_is_not(
 ) -> None:
     group, run = slice_
     with pytest.raises(PolicyError, match=r"below memory\.current"):
-        api_operate.tune("st", ("memory.high=150M", "memory.max=200M"), dry_run=True, force=False)
+        api_tune.tune("st", ("memory.high=150M", "memory.max=200M"), dry_run=True, force=False)
     assert Journal(run / "st").entries() == []
     with pytest.raises(PolicyError, match=r"below memory\.current"):
-        api_operate.tune("st", ("memory.high=150M", "memory.max=200M"), dry_run=False, force=False)
+        api_tune.tune("st", ("memory.high=150M", "memory.max=200M"), dry_run=False, force=False)
     (entry,) = Journal(run / "st").entries()
     assert (entry["source"], entry["changes"]) == ("tune-refused", [])
     assert {"file": kf.MEMORY_MAX, "new": str(200 * M)} in entry["asked"]
@@ -83,7 +84,7 @@ def test_a_refused_tune_is_journaled_and_counted_and_a_refused_dry_run_is_not(
     assert "tune-refused: memory.max 209715200 is below" in text, text
     assert _tunes(run, "refused") == 1 and _tunes(run, "applied") == 0
     # a later tune and its rollback do not see the refusal as something to undo
-    api_operate.tune("st", ("memory.high=900M",), dry_run=False, force=False)
+    api_tune.tune("st", ("memory.high=900M",), dry_run=False, force=False)
     api_operate.rollback("st", to=None, everything=False)
     assert (group / kf.MEMORY_HIGH).read_text().strip() == str(1 << 30)
 
@@ -95,7 +96,7 @@ def test_a_tune_reverted_after_an_oom_kill_is_journaled_and_counted(
     kills = iter([0, 1])  # before the change, after it: an OOM kill happened meanwhile
     monkeypatch.setattr(CgroupFs, "memory_events", lambda _s, _g: {"oom_kill": next(kills)})
     with pytest.raises(BackendError, match="reverted"):
-        api_operate.tune("st", ("memory.high=900M",), dry_run=False, force=False)
+        api_tune.tune("st", ("memory.high=900M",), dry_run=False, force=False)
     monkeypatch.setattr(CgroupFs, "memory_events", lambda _s, _g: {"oom_kill": 1})
     assert (group / kf.MEMORY_HIGH).read_text().strip() == str(1 << 30)
     (entry,) = Journal(run / "st").entries()
@@ -128,3 +129,29 @@ def test_rollback_with_nothing_to_undo_is_66_with_a_journal_hint(
         assert "schema" not in err[1]
     assert Journal(run / "st").entries() == []
     assert (group / kf.MEMORY_HIGH).read_text().strip() == str(1 << 30)
+
+
+def test_a_tune_lists_and_writes_only_the_files_whose_value_changes(
+    slice_: tuple[Path, Path],
+) -> None:
+    """Routing (governor/operate/tune/route.py): a key already at its compiled value is no
+    change; the dry run shows each change with the kernel's value and its way (cgroupfs here:
+    no systemd); a tune to the values in force journals nothing."""
+    group, run = slice_
+    out = api_tune.tune("st", ("memory.high=1G", "memory.max=1200M"), dry_run=True, force=False)
+    assert out == {
+        "policy": "st",
+        "dry_run": True,
+        "changes": [
+            {
+                "file": kf.MEMORY_MAX,
+                "kernel": str(1536 * M),
+                "new": str(1200 * M),
+                "via": "cgroupfs",
+            }
+        ],
+    }
+    same = api_tune.tune("st", ("memory.high=1G",), dry_run=False, force=False)
+    assert same == {"policy": "st", "dry_run": False, "changes": []}
+    assert Journal(run / "st").entries() == []
+    assert (group / kf.MEMORY_MAX).read_text().strip() == str(1536 * M)

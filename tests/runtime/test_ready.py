@@ -129,7 +129,7 @@ def test_the_policy_key_takes_exec_or_an_http_url_with_a_port(value: str, ok: bo
 
 
 def test_launch_compiles_the_ready_url_from_the_server_argv(tmp_path: Path) -> None:
-    from governor.api.launch_compile import compiled_ready_url as _ready_url
+    from governor.api.launch_compile import ready_url as _ready_url
     from governor.engines.llama import parse_llama_argv
 
     def plan(ready_key: str | None) -> Plan:

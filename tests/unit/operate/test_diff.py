@@ -1,4 +1,4 @@
-"""`governor diff` (governor/operate/diff.py, api_operate.diff): compiled plan vs kernel files vs installed units,
+"""`governor diff` (governor/operate/diff.py, api_diff.diff): compiled plan vs kernel files vs installed units,
 over fixture hosts and tmp cgroup/unit trees."""
 
 from __future__ import annotations
@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
+from governor.api import diff as api_diff
 from governor.api import host as api_host
-from governor.api import operate as api_operate
 from governor.deploy import dropin, tunedropin
 from governor.deploy.install import manifest_path
 from governor.operate.diff import render, skipped_name
@@ -41,12 +41,12 @@ def _setup(tmp_path: Path) -> tuple[Path, api_host.HostOptions]:
 
 def test_in_sync_then_a_kernel_write_is_drift_with_both_values(tmp_path: Path) -> None:
     policy, opts = _setup(tmp_path)
-    out = api_operate.diff(policy, opts, install_root=tmp_path / "root")
+    out = api_diff.diff(policy, opts, install_root=tmp_path / "root")
     assert out["in_sync"], render(out)
     assert not out["systemd_checked"]
     group = Path(str(opts.cgroup_root)) / "governor.slice" / "df"
     (group / "memory.high").write_text("536870912\n")
-    out = api_operate.diff(policy, opts, install_root=tmp_path / "root")
+    out = api_diff.diff(policy, opts, install_root=tmp_path / "root")
     assert not out["in_sync"]
     (k,) = out["kernel"]
     assert (k["file"], k["plan"], k["kernel"]) == ("memory.high", str(1 << 30), "536870912")
@@ -56,7 +56,7 @@ def test_in_sync_then_a_kernel_write_is_drift_with_both_values(tmp_path: Path) -
 def test_a_group_that_does_not_exist_is_drift(tmp_path: Path) -> None:
     policy, opts = _setup(tmp_path)
     shutil.rmtree(Path(str(opts.cgroup_root)) / "governor.slice" / "df")
-    out = api_operate.diff(policy, opts, install_root=tmp_path / "root")
+    out = api_diff.diff(policy, opts, install_root=tmp_path / "root")
     assert not out["in_sync"] and out["kernel"][0]["kernel"] == "does not exist"
 
 
@@ -71,19 +71,19 @@ def test_installed_units_are_compared_with_what_install_renders_now(tmp_path: Pa
         (root / f.path).write_text(f.text)
     manifest_path(root, "df").parent.mkdir(parents=True, exist_ok=True)
     manifest_path(root, "df").write_text("{}")
-    out = api_operate.diff(policy, opts, install_root=root)
+    out = api_diff.diff(policy, opts, install_root=root)
     assert out["systemd_checked"] and out["in_sync"], render(out)
     unit = root / "etc/systemd/system" / unitmap.policy_slice(plan.slice, plan.policy)
     unit.write_text(unit.read_text().replace("MemoryMax=", "MemoryMax=1 #"))
-    out = api_operate.diff(policy, opts, install_root=root)
+    out = api_diff.diff(policy, opts, install_root=root)
     assert [u["file"] for u in out["systemd"]] == [str(unit.relative_to(root))]
     # put back; then a `tune --persist` drop-in on the slice: the policy no longer rules
     unit.write_text(unit.read_text().replace("MemoryMax=1 #", "MemoryMax="))
-    assert api_operate.diff(policy, opts, install_root=root)["in_sync"]
+    assert api_diff.diff(policy, opts, install_root=root)["in_sync"]
     tuned = Path(f"{unit}.d") / tunedropin.DROPIN_NAME
     tuned.parent.mkdir()
     tuned.write_text("[Slice]\nMemoryHigh=300M\n")
-    out = api_operate.diff(policy, opts, install_root=root)
+    out = api_diff.diff(policy, opts, install_root=root)
     assert not out["in_sync"]
     (u,) = out["systemd"]
     assert u["file"] == str(tuned.relative_to(root)) and "MemoryHigh=300M" in u["installed"]
@@ -128,14 +128,14 @@ def _drift_metric(run: Path) -> float:
 
 def test_limits_diff_is_told_to_skip_are_skipped_not_drift(tmp_path: Path) -> None:
     policy, opts, _ = _without_memory(tmp_path)
-    out = api_operate.diff(policy, opts, install_root=tmp_path / "root")
+    out = api_diff.diff(policy, opts, install_root=tmp_path / "root")
     assert not out["in_sync"] and out["skipped"] == []
     assert [p["want"].split(" = ")[0] for p in out["prerequisites"]] == [
         "memory.high",
         "memory.max",
     ]
     allowed = replace(opts, allow_missing=frozenset({"memory"}))
-    out = api_operate.diff(policy, allowed, install_root=tmp_path / "root")
+    out = api_diff.diff(policy, allowed, install_root=tmp_path / "root")
     assert out["in_sync"] and out["prerequisites"] == [], render(out)
     assert [s["by"] for s in out["skipped"]] == ["--allow-missing", "--allow-missing"]
     text = render(out)
@@ -154,11 +154,11 @@ def test_diff_and_the_drift_metric_give_one_answer_for_what_launch_skipped(
     Publisher(run, "df").publish(
         {"policy": "df", "source": "apply", "pid": None, "plan": plan.to_dict()}
     )
-    out = api_operate.diff(policy, opts, install_root=tmp_path / "root")
+    out = api_diff.diff(policy, opts, install_root=tmp_path / "root")
     assert (out["in_sync"], _drift_metric(run)) == (True, 0), render(out)
     assert {s["by"] for s in out["skipped"]} == {"the --allow-missing it runs with"}
     group = Path(str(opts.cgroup_root)) / plan.group
     (group / "pids.max").write_text("7\n")
-    out = api_operate.diff(policy, opts, install_root=tmp_path / "root")
+    out = api_diff.diff(policy, opts, install_root=tmp_path / "root")
     assert (out["in_sync"], _drift_metric(run)) == (False, 1), render(out)
     assert [k["file"] for k in out["kernel"]] == ["pids.max"]

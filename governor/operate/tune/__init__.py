@@ -10,15 +10,23 @@ lesson, kubernetes#135670): memory.max below memory.current + a margin, or below
 refused with the numbers (65) unless ``force``. Lowering memory.max goes in stages: memory.high
 first, memory.reclaim of the excess, then memory.max, then memory.high's own target. After the
 writes, memory.events is read again: an OOM kill during the change reverts every write (71).
+
+This module holds the steps (keys, guards, staged writes, rollback, the policy file's rewrite);
+route.py sorts a tune's files by their way to the kernel, persisted.py is --persist, flow.py
+runs a tune end to end with an undo for every route, undo.py is `governor rollback`.
 """
 
 from __future__ import annotations
 
 import contextlib
 import errno
+import os
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
+import tomlkit
+
+from governor.backends.manager import ManagerWriter
 from governor.deploy.tunedropin import udiff, write_atomic
 from governor.errors import BackendError, GovernorError, PolicyError
 from governor.kernel import files as kf
@@ -221,8 +229,6 @@ def apply(
 def writer_for(fs: CgroupFs, change: Mapping[str, Any]) -> Writer:
     """How to restore one journaled change: through the manager when it was made through it."""
     if change.get("unit"):
-        from governor.backends.manager import ManagerWriter
-
         return ManagerWriter(fs, change["unit"], change["cgroup"], int(change["systemd"]))
     group = change["cgroup"]
     return lambda file, value: fs.write(group, file, value)
@@ -285,9 +291,6 @@ def persist(path: str, overrides: Mapping[tuple[str, str], object]) -> str:
     """Write ``overrides`` into the policy file at ``path``, keeping its comments and layout
     (tomlkit); atomic (temp file + rename, same mode). Returns the unified diff (empty when the
     file already said so)."""
-    import os
-
-    import tomlkit
 
     with open(path) as f:
         old = f.read()
