@@ -12,6 +12,8 @@ from typing import Literal
 
 from governor.compile.available import available
 from governor.compile.clocks import resolve as resolve_clocks
+from governor.compile.headroom import headroom_condition
+from governor.compile.thrash import refault_text, refault_watch
 from governor.errors import HostError, PolicyError
 from governor.kernel import files as kf
 from governor.kernel.parse import format_cpulist
@@ -32,7 +34,6 @@ from governor.plan.model import (
     WatchRule,
     WatchTrigger,
 )
-from governor.plan.thrash import refault_text, refault_watch
 from governor.policy import values as v
 from governor.policy.durations import Duration
 from governor.policy.model import Policy
@@ -220,7 +221,7 @@ def _watch(
     return tuple(
         watch_rule(
             i,
-            _headroom(i, writes, source)
+            headroom_condition(i, writes, source)
             if isinstance(r.when, v.HeadroomCondition)
             else _watch_trigger(r.when),
             tuple(r.do),
@@ -229,24 +230,6 @@ def _watch(
             cooldown_s=r.cooldown.seconds if r.cooldown else None,
         )
         for i, r in enumerate(policy.pressure)
-    )
-
-
-def _headroom(index: int, writes: Sequence[CgroupWrite], source: str | None) -> WatchCondition:
-    """``board available < headroom``: the slice's claimed peak as far as the plan knows it,
-    memory.max else memory.high (at launch the engine's estimate replaces it, the way the
-    board's claims count it); refused without either: the headroom would be unknown."""
-    values = {w.file: w.value for w in writes}
-    for file in (kf.MEMORY_MAX, kf.MEMORY_HIGH):
-        if values.get(file, "max") != "max":
-            return WatchCondition(
-                condition="headroom", threshold=int(values[file]), file="/proc/meminfo"
-            )
-    raise PolicyError(
-        "`board available < headroom` needs the slice's peak claim: memory.max or memory.high",
-        file=source,
-        field=f"pressure[{index}].when",
-        hint="set [memory] max (the engine's peak) or high",
     )
 
 
@@ -384,7 +367,7 @@ def _watch_trigger(when: v.Condition) -> WatchTrigger | WatchCondition:
         # "board available": MemAvailable less the page cache the group's memory.min protects
         kind: Literal["memavailable", "available"] = "available" if when.board else "memavailable"
         return WatchCondition(condition=kind, threshold=when.below, file="/proc/meminfo")
-    if isinstance(when, v.HeadroomCondition):  # the peak claim: _headroom (the plan's writes)
+    if isinstance(when, v.HeadroomCondition):  # the peak claim: compile/headroom.py
         return WatchCondition(condition="headroom", file="/proc/meminfo")
     if isinstance(when, v.DeviceMemoryCondition):
         return WatchCondition(condition="device", threshold=when.above, file="/proc/PID/fdinfo")

@@ -12,7 +12,7 @@ import platform
 from collections.abc import Mapping
 from dataclasses import replace
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, ClassVar, Protocol, TypeVar
 
 from governor.engines.estimate import (
     Estimate,
@@ -29,7 +29,6 @@ from governor.kernel.parse import cpuinfo_machine
 from governor.kernel.procfs import ProcFs
 
 if TYPE_CHECKING:
-    from governor.engines.preflight import Preflight
     from governor.plan.model import Plan
     from governor.policy.model import Policy
 
@@ -193,9 +192,19 @@ def fit_router(
     )
 
 
-def with_router(
-    checked: Preflight, plan: Plan, args: EngineArgs, *, root: Path, cwd: Path
-) -> Preflight:
+class _Checked(Protocol):
+    """What :func:`with_router` adds to: a preflight (governor/engines/preflight.py)."""
+
+    __dataclass_fields__: ClassVar[dict[str, Any]]
+
+    @property
+    def warnings(self) -> tuple[tuple[str, str], ...]: ...
+
+
+C = TypeVar("C", bound=_Checked)
+
+
+def with_router(checked: C, plan: Plan, args: EngineArgs, *, root: Path, cwd: Path) -> C:
     """The preflight of a llama-server router (:func:`fit_router` against the plan's
     memory.max), with each model's estimate and its leaf's default max (the estimate + init's
     headroom) for the launch: {"router": {alias: bytes}, "router_max": {alias: bytes}}."""

@@ -33,6 +33,7 @@ from governor.engines import draft_board, draft_qos, draft_server, draft_swap
 from governor.engines.budget import HEADROOM_MIN, HEADROOM_SHARE, estimate_argv
 from governor.engines.budget import headroom_for as _headroom_for
 from governor.engines.draft_board import Tenants
+from governor.engines.draft_sizing import Sizing
 from governor.engines.estimate import KV_CELL_PAD, MIB, Estimate
 from governor.engines.llama import (
     EngineArgs,
@@ -65,25 +66,6 @@ class Request:
     name: str | None = None
     output: Path | None = None  # named in the policy's comments (POLICY without it)
     qos_class: str | None = None  # --class; None: interactive for a server, else background
-
-
-@dataclass(frozen=True)
-class Sizing:
-    """Every number behind the policy's memory values."""
-
-    board: int
-    board_source: str
-    reserve: int
-    ceiling: int
-    largest_ctx: int
-    ctx: int
-    est: Estimate
-    headroom: int
-    mem_min: int
-    mem_high: int
-    mem_max: int
-    claimed: int = 0  # the other slices' peak claims (the board's tenants)
-    tenants: tuple[str, ...] = ()  # "batch 950 MiB (running)", largest first
 
 
 @dataclass(frozen=True)

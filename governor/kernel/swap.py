@@ -13,9 +13,10 @@ Parsers take text (``parse_swaps``, ``parse_mm_stat``), :class:`SwapReader` take
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
+
+from governor.record import field, record
 
 SwapKind = Literal["zram", "zswap", "disk"]
 
@@ -35,7 +36,7 @@ MM_STAT_COLUMNS = (
 ZSWAP_ENABLED = "module/zswap/parameters/enabled"  # under /sys: "Y" / "N"
 
 
-@dataclass(frozen=True)
+@record(frozen=True)
 class SwapDevice:
     """One /proc/swaps line, sizes in bytes (the file says KiB)."""
 
@@ -52,7 +53,7 @@ class SwapDevice:
         return base if base.startswith("zram") and base[4:].isdigit() else None
 
 
-@dataclass(frozen=True)
+@record(frozen=True)
 class ZramStat:
     """A zram device's mm_stat (bytes)."""
 
@@ -62,7 +63,7 @@ class ZramStat:
     mem_used_total: int
 
 
-@dataclass(frozen=True)
+@record(frozen=True)
 class BoardSwap:
     """What the board swaps to and what it costs."""
 
@@ -165,7 +166,7 @@ def parse_zswap_enabled(text: str) -> bool:
     return value in ("Y", "1")
 
 
-@dataclass
+@record
 class SwapReader:
     """Reads the board's swap under an injected /proc and /sys."""
 

@@ -19,13 +19,8 @@ from governor.policy.durations import Duration, parse_duration
 from governor.policy.refaults import RefaultCondition, is_refaults, parse_refaults
 from governor.sizes import BINARY, format_bytes, human_bytes
 
-__all__ = [
-    "MAX_CPU",
-    "CpuSpec",
-    "format_bytes",
-    "human_bytes",
-    "parse_cpus",
-]  # re-exported: the compiler and tests spell v.format_bytes, v.parse_cpus
+# re-exported: the compiler and tests spell v.format_bytes, v.parse_cpus
+__all__ = ["MAX_CPU", "CpuSpec", "format_bytes", "human_bytes", "parse_cpus"]
 
 # ---------------------------------------------------------------- sizes
 

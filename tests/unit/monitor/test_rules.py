@@ -87,7 +87,8 @@ def test_condition_rules_compile_to_watch_conditions() -> None:
 
 def test_a_headroom_rule_compiles_with_the_slices_peak_claim() -> None:
     """memory.max, else memory.high, is the claimed peak; neither: refused (65) naming the rule."""
-    from governor.compile.compiler import _headroom, when_text
+    from governor.compile.compiler import when_text
+    from governor.compile.headroom import headroom_condition as _headroom
     from governor.errors import PolicyError
     from governor.plan.model import CgroupWrite
 
