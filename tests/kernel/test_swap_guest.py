@@ -212,6 +212,7 @@ def _kernel() -> tuple[int, int]:
     return int(major), int(minor)
 
 
+@pytest.mark.compat  # 5.10: both refused; 6.1: writeback refused; 6.12: both read back
 @pytest.mark.kernel(**NEEDS)
 def test_zswap_max_and_writeback_are_written_and_read_back_or_refused_by_version(
     tmp_path: Path, scratch_slice: ScratchSlice, zswap_on: None
@@ -227,33 +228,37 @@ def test_zswap_max_and_writeback_are_written_and_read_back_or_refused_by_version
     )  # fmt: skip
     run = tmp_path / "run"
     group = scratch_slice.path / "zs"
-    has_writeback = _kernel() >= (6, 8)
+    has_max, has_writeback = _kernel() >= (5, 19), _kernel() >= (6, 8)
+    have = ".".join(map(str, _kernel()))
+    degraded = [] if has_max else [f"memory.zswap.max = {16 * MIB} (kernel {have} < 5.19)"]
     extra: tuple[str, ...] = ()
     if not has_writeback:
+        degraded.append(f"memory.zswap.writeback = 0 (kernel {have} < 6.8)")
         check = subprocess.run(
             [sys.executable, "-m", "governor", "check", str(policy)],
             capture_output=True, text=True, timeout=240, cwd=REPO, check=False,
         )  # fmt: skip
         assert check.returncode == 69, check.stderr
         assert "memory.zswap.writeback needs kernel >= 6.8" in check.stderr
+        assert ("memory.zswap.max needs kernel >= 5.19" in check.stderr) is not has_max
         assert os.uname().release in check.stderr
         extra = ("--allow-missing", "zswap")
     proc, err = _launch(run, policy, "sleep", "600", extra=extra)
-    print(f"zswap: kernel {os.uname().release}, writeback file: {has_writeback}")
+    print(f"zswap: kernel {os.uname().release}, max file: {has_max}, writeback: {has_writeback}")
     try:
         cgroups.wait_for((run / "zs" / "state.json").exists, 240, "the published state")
-        assert cgroups.read(group / "memory.zswap.max") == str(16 * MIB)
+        if has_max:
+            assert cgroups.read(group / "memory.zswap.max") == str(16 * MIB)
         if has_writeback:
             assert cgroups.read(group / "memory.zswap.writeback") == "0"
         res = _status(run, "zs", "--json")
         (item,) = json.loads(res.stdout)
         assert item["board_swap"]["zswap_enabled"] is True
-        assert item["usage"]["memory"]["zswap"] == 0
         knobs = {k["file"]: k["state"] for k in item["knobs"]}
-        assert knobs["memory.zswap.max"] == "in sync"
-        if not has_writeback:
-            have = ".".join(map(str, _kernel()))
-            assert item["degraded"] == [f"memory.zswap.writeback = 0 (kernel {have} < 6.8)"]
+        if has_max:
+            assert item["usage"]["memory"]["zswap"] == 0
+            assert knobs["memory.zswap.max"] == "in sync"
+        assert item["degraded"] == degraded
     finally:
         _stop(proc)
     assert proc.returncode in (0, 143), err.read_text()[-2000:]
