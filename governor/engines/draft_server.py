@@ -79,24 +79,3 @@ def engine_lines(est: Estimate) -> list[str]:
         f"# slots: -np {st.slots} ({shared}, {st.slot_cells} tokens each); checkpoints"
         f" {est.term('checkpoints') / MIB:.1f} MiB",
     ]
-
-
-def qos_lines(server: bool) -> list[str]:
-    """[qos] with an explicit admit (issue 36): a server answers people (interactive: it makes
-    room by stopping background engines), a one-shot run can wait its turn (background)."""
-    if server:
-        return [
-            "",
-            "[qos]",
-            'class = "interactive"  # a server answers people: a shed takes memory from lower'
-            " classes, never from it",
-            'admit = "shed"  # when the board cannot take its peak beside the other engines, stop'
-            " background ones to make room (docs/several.md)",
-        ]
-    return [
-        "",
-        "[qos]",
-        'class = "background"  # a one-shot run: an interactive engine may shed it',
-        'admit = "wait"  # when the board cannot take it beside the other engines, wait up to'
-        ' admit_timeout ("60s") for room, then exit 75 (docs/several.md)',
-    ]
