@@ -219,24 +219,13 @@ def _held(fd: int, hold: bool, verdict: Verdict | None, note: str | None = None)
 def _stop(plan: Plan, victim: Claim, run: Path) -> None:
     """Stop one lower-class engine with the shed ladder's "stop" step (SIGTERM to its
     published engine pid, thawed first), journaled in the victim's journal as a shed by this
-    policy "when" its admission (governor/monitor/actions/shedder.py; the call site is here and only
-    here)."""
+    policy "when" its admission (governor/monitor/actions/shed.py stop_victim)."""
     # the shedder only when an admission stops a victim (not on every launch)
     from governor.kernel.cgroupfs import CgroupFs  # noqa: PLC0415
     from governor.monitor.actions.base import Context  # noqa: PLC0415
-    from governor.monitor.actions.shedder import Held, Shedder  # noqa: PLC0415
+    from governor.monitor.actions.shed import stop_victim  # noqa: PLC0415
 
-    shedder = Shedder(CgroupFs(Path(plan.cgroup_root)), plan, run=run)
-    for v in shedder.victims():
-        if v.name == victim.name and v.governed and "stop" in v.yields:
-            step = "stop"
-        elif v.name == victim.name and v.governed and "kill" in v.yields:
-            step = "kill"
-        else:
-            continue
-        ctx = Context(rule=-1, when=f"admission of {plan.policy}")
-        with shedder._locked(v):  # the ladder's own lock and journal entry
-            res = shedder._take(v, Held(v), step, ctx, time.monotonic())
-        if not res.ok:
-            log.warning("admit.stop_failed", victim=v.name, detail=res.detail)
-        return
+    ctx = Context(rule=-1, when=f"admission of {plan.policy}")
+    res = stop_victim(CgroupFs(Path(plan.cgroup_root)), plan, run, victim.name, ctx)
+    if res is not None and not res.ok:
+        log.warning("admit.stop_failed", victim=victim.name, detail=res.detail)
