@@ -1,0 +1,223 @@
+"""llama-server's router as the governor talks to it (issue 38 items 3 and 4): which models are
+loaded, whether one has a request in flight, each model's last request, and unloading one.
+
+- ``GET /models``: every model with ``status.value`` (unloaded, loading, loaded, sleeping,
+  ...) (tools/server/server-models.cpp, the build of notes/engine.md);
+- ``GET /slots?model=NAME&autoload=false``: the child's slots, proxied by the router without
+  loading a model that is not running (``autoload=false``; a GET never moves the router's own
+  ``last_used``); a slot with ``is_processing`` true is a request in flight. A child started
+  with ``--no-slots`` answers an error: its in-flight state is unknown (None);
+- ``POST /models/unload {"model": NAME}``: the router stops that child at once (it exits
+  within the preset's ``stop-timeout``, 10 s by default).
+
+The router keeps its own least-recently-used time (``meta.last_used``) but publishes it
+nowhere, so the governor keeps its own: :class:`Activity` reads each model leaf's
+``cpu.stat`` ``usage_usec`` (present in every cgroup v2 group, with or without the cpu
+controller) and dates a model's last request to the last sample at which its leaf used more
+than ``BUSY_USEC`` of CPU (an idle child sleeps in its HTTP loop: 0 us between requests;
+measured under TCG). A model's load is its first request.
+
+Standard library only (the run time's import set): HTTP/1.0 over a socket, as ready.py.
+"""
+
+from __future__ import annotations
+
+import json
+import socket
+import time
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any
+from urllib.parse import quote, urlsplit
+
+from governor.errors import GovernorError
+from governor.kernel.cgroupfs import CgroupFs
+from governor.log import get_logger
+
+log = get_logger(__name__)
+
+TIMEOUT_S = 5.0  # one request to the router (it answers /models and /slots at once)
+BUSY_USEC = 2000  # CPU a model leaf used between two samples that counts as a request
+MODELS = "models"  # <group>/models/<alias> (supervise/models.py)
+# the router's status values of a model that holds memory (server_model_status_to_string)
+RUNNING = frozenset({"loading", "loaded", "sleeping"})
+
+
+class RouterError(GovernorError):
+    """The router did not answer, or answered something that is not what llama-server says."""
+
+
+def base_url(url: str) -> str:
+    """http://HOST:PORT of any URL of the server (its /health, say)."""
+    parts = urlsplit(url)
+    if parts.hostname is None or parts.port is None:
+        raise ValueError(f"not an http://HOST:PORT URL: {url!r}")
+    host = f"[{parts.hostname}]" if ":" in parts.hostname else parts.hostname
+    return f"http://{host}:{parts.port}"
+
+
+def dechunk(body: bytes) -> bytes:
+    """An HTTP/1.1 chunked body as its bytes (the router answers a proxied GET chunked, even
+    to HTTP/1.0)."""
+    out = []
+    rest = body
+    while rest:
+        size_line, sep, rest = rest.partition(b"\r\n")
+        if not sep:
+            break
+        try:
+            size = int(size_line.split(b";")[0].strip() or b"0", 16)
+        except ValueError:
+            break
+        if size == 0:
+            break
+        out.append(rest[:size])
+        rest = rest[size + 2 :]
+    return b"".join(out)
+
+
+class RouterClient:
+    """The three calls the governor makes to a llama-server router at ``url``."""
+
+    def __init__(self, url: str, *, timeout: float = TIMEOUT_S) -> None:
+        parts = urlsplit(base_url(url))
+        assert parts.hostname is not None and parts.port is not None
+        self.host, self.port = parts.hostname, parts.port
+        self.url = base_url(url)
+        self.timeout = timeout
+
+    def request(self, method: str, path: str, body: Any = None) -> tuple[int, Any]:
+        """(HTTP status, the JSON body or None); RouterError when nothing answers."""
+        data = b"" if body is None else json.dumps(body).encode()
+        head = (
+            f"{method} {path} HTTP/1.0\r\nHost: {self.host}:{self.port}\r\n"
+            f"Connection: close\r\nContent-Length: {len(data)}\r\n"
+            + ("Content-Type: application/json\r\n" if body is not None else "")
+            + "\r\n"
+        )
+        try:
+            with socket.create_connection((self.host, self.port), timeout=self.timeout) as s:
+                s.sendall(head.encode() + data)
+                chunks = []
+                while True:
+                    chunk = s.recv(65536)
+                    if not chunk:
+                        break
+                    chunks.append(chunk)
+        except OSError as err:
+            raise RouterError(f"router {self.url} did not answer {method} {path}: {err}") from None
+        raw = b"".join(chunks)
+        top, _, payload = raw.partition(b"\r\n\r\n")
+        try:
+            status = int(top.split(b" ", 2)[1])
+        except (IndexError, ValueError):
+            raise RouterError(f"router {self.url}: not an HTTP answer to {path}") from None
+        if b"transfer-encoding: chunked" in top.lower():  # proxied answers are chunked
+            payload = dechunk(payload)
+        try:
+            return status, json.loads(payload) if payload.strip() else None
+        except ValueError:
+            return status, None
+
+    def models(self) -> dict[str, str]:
+        """{name: status} of every model the router lists (GET /models)."""
+        status, body = self.request("GET", "/models")
+        items = body.get("data") if isinstance(body, dict) else None
+        if status != 200 or not isinstance(items, list):
+            raise RouterError(f"router {self.url}: GET /models answered {status}")
+        out: dict[str, str] = {}
+        for item in items:
+            if not isinstance(item, dict) or not isinstance(item.get("id"), str):
+                continue
+            st = item.get("status")
+            value = st.get("value") if isinstance(st, dict) else st
+            out[item["id"]] = value if isinstance(value, str) else "unknown"
+        return out
+
+    def busy(self, model: str) -> bool | None:
+        """Whether ``model`` has a request in flight (a slot is processing); None when its
+        slots cannot be read (not running, --no-slots, no answer)."""
+        try:
+            status, body = self.request(
+                "GET", f"/slots?model={quote(model, safe='')}&autoload=false"
+            )
+        except RouterError:
+            return None
+        if status != 200 or not isinstance(body, list):
+            return None
+        return any(isinstance(s, dict) and s.get("is_processing") for s in body)
+
+    def unload(self, model: str) -> bool:
+        """POST /models/unload; True when the router took it (it stops the child at once)."""
+        try:
+            status, body = self.request("POST", "/models/unload", {"model": model})
+        except RouterError as err:
+            log.warning("router.unload_failed", model=model, reason=str(err))
+            return False
+        ok = status == 200 and isinstance(body, dict) and bool(body.get("success"))
+        if not ok:
+            log.warning("router.unload_refused", model=model, status=status, body=str(body)[:200])
+        return ok
+
+
+class Activity:
+    """Each model's last request (epoch seconds), from its leaf's CPU use (module docstring).
+    ``sample`` is one look at every model leaf; ``touch`` dates a model now (its load)."""
+
+    def __init__(
+        self,
+        fs: CgroupFs,
+        group: str,
+        *,
+        clock: Callable[[], float] = time.time,
+        busy_usec: int = BUSY_USEC,
+    ) -> None:
+        self.fs = fs
+        self.group = group
+        self.clock = clock
+        self.busy_usec = busy_usec
+        self.last: dict[str, float] = {}  # alias -> epoch of its last request
+        self._usage: dict[str, int] = {}  # alias -> usage_usec at the previous sample
+
+    def touch(self, alias: str, when: float | None = None) -> None:
+        self.last[alias] = self.clock() if when is None else when
+
+    def sample(self) -> bool:
+        """Read every model leaf's usage_usec; True when a model's last request moved."""
+        try:
+            leaves = self.fs.children(f"{self.group}/{MODELS}")
+        except GovernorError:
+            return False
+        now = self.clock()
+        moved = False
+        for cg in leaves:
+            alias = cg.rsplit("/", 1)[1]
+            try:
+                usage = self.fs.cpu_stat(cg).get("usage_usec", 0)
+            except GovernorError:
+                continue
+            before = self._usage.get(alias)
+            self._usage[alias] = usage
+            if before is not None and usage - before >= self.busy_usec:
+                self.last[alias] = now
+                moved = True
+        return moved
+
+    def lru(self, aliases: Iterable[str]) -> list[str]:
+        """``aliases`` least recently used first (never used: first of all, by name)."""
+        return sorted(aliases, key=lambda a: (self.last.get(a, 0.0), a))
+
+
+def idle_lru(
+    client: RouterClient,
+    last: Mapping[str, float | None],
+    *,
+    exclude: Iterable[str] = (),
+    statuses: Mapping[str, str] | None = None,
+) -> list[str]:
+    """The running models with no request in flight, least recently used first (``last``:
+    alias -> epoch of its last request). A model whose slots cannot be read is not idle."""
+    running = statuses if statuses is not None else client.models()
+    skip = set(exclude)
+    names = [n for n, st in running.items() if st in RUNNING and st != "loading" and n not in skip]
+    names.sort(key=lambda a: (last.get(a) or 0.0, a))
+    return [n for n in names if client.busy(n) is False]
