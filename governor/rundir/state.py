@@ -72,6 +72,10 @@ class RunState:
     # per victim ({"victim", "step", "count"}: the metric governor_shed_total)
     qos: dict[str, Any] | None = None
     shed_totals: list[dict[str, Any]] = field(default_factory=list)
+    # llama-server's router (issue 38): {"url": "http://HOST:PORT", "models": {alias:
+    # {"last_request": epoch | None}}, "unloads": [{"model", "reason", "count"}]}; a shed of
+    # this slice unloads its least recently used idle model through the url (supervise/router.py)
+    router: dict[str, Any] | None = None
     stale: bool = False  # set by the reader (read_states), never written
 
     @classmethod
@@ -113,7 +117,7 @@ _KEYS = {
         "policy", "source", "policy_path", "policy_sha256", "pid", "engine_pid", "started_at",
         "backend", "cgroup_root", "group", "leaf", "restarts", "model_bytes", "rules",
         "last_actions", "action_totals", "model", "prefetch_files", "plan", "systemd", "ready",
-        "board", "qos", "shed_totals",
+        "board", "qos", "shed_totals", "router",
     ),
     "monitor": (
         "policy", "source", "policy_path", "policy_sha256", "pid", "started_at", "backend",
@@ -197,6 +201,16 @@ _TYPES: dict[str, Callable[[Any], bool]] = {
     "board": _opt(lambda v: isinstance(v, dict) and all(_is_int(x) for x in v.values())),
     "qos": _opt(_has(**{"class": _str, "yield": _list_of(_str)})),
     "shed_totals": _list_of(_has(victim=_str, step=_str, count=_is_int)),
+    "router": _opt(
+        lambda v: isinstance(v, dict)
+        and _str(v.get("url"))
+        and isinstance(v.get("models", {}), dict)
+        and all(
+            isinstance(m, dict) and _opt(is_number)(m.get("last_request"))
+            for m in v.get("models", {}).values()
+        )
+        and _list_of(_has(model=_str, reason=_str, count=_is_int))(v.get("unloads", []))
+    ),
 }
 
 

@@ -67,6 +67,7 @@ BAD_VALUES: dict[str, object] = {
     "last_actions": {"at": 1},
     "action_totals": [["rule", 0]],
     "shed_totals": [{"victim": None, "count": "x"}],
+    "router": {"url": "http://127.0.0.1:1", "models": {"a": {"last_request": "now"}}},
     "qos": {"class": 3},
     "plan": {"policy": "bad"},
     "created": "governor.slice",
