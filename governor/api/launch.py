@@ -211,6 +211,7 @@ def _job(
         board_release=admitted.release,
         admit_note=admitted.note,
         model_leaves=model_leaves(plan, entry.estimate),
+        router_url=router_url(entry.estimate, argv),
     )
 
 
@@ -253,6 +254,17 @@ def model_leaves(plan: Plan, estimate: dict[str, Any] | None) -> dict[str, Any] 
         given = {"max": spec.max, "high": spec.high, "oom_group": spec.oom_group}
         out[alias] = {**out.get(alias, {}), **{k: v for k, v in given.items() if v is not None}}
     return out
+
+
+def router_url(estimate: dict[str, Any] | None, argv: tuple[str, ...]) -> str | None:
+    """llama-server's router: its http://HOST:PORT from this launch's --host/--port
+    (LLAMA_ARG_HOST/PORT), as ready_url finds it; None when the engine is no router."""
+    if estimate is None or "router" not in estimate:
+        return None
+    from governor.supervise.ready import server_url  # lazy: a router only
+    from governor.supervise.router import base_url
+
+    return base_url(server_url(*server_address(argv, os.environ)))
 
 
 def needs_watchdog(plan: Plan) -> bool:

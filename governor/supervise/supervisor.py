@@ -85,6 +85,8 @@ class Job:
     admit_note: str | None = None
     # llama-server's router: alias -> ModelLimits of each model's leaf (supervise/models.py)
     model_leaves: dict[str, Any] | None = None
+    # llama-server's router: its http://HOST:PORT (published as RunState.router's url)
+    router_url: str | None = None
 
 
 class Supervisor:
@@ -117,6 +119,7 @@ class Supervisor:
         self.ready_wait: ReadyWait | None = None
         self.not_ready: str | None = None  # why the engine was stopped as never ready
         self.forwarder: Forwarder | None = None  # installed from the apply's end (run())
+        self.leaves: ModelLeaves | None = None  # llama-server's router: its models' leaves
 
     def run(self, job: Job) -> int:
         """Returns the engine's status (128+N when it died of signal N)."""
@@ -287,17 +290,26 @@ class Supervisor:
         return code
 
     def _start_model_leaves(self, job: Job) -> ModelLeaves | None:
-        """llama-server's router: each child it starts into its model's leaf."""
+        """llama-server's router: each child it starts into its model's leaf; each model's
+        last request sampled and published (RunState.router) with its url."""
         if job.model_leaves is None:
             return None
-        return ModelLeaves(
+        activity = None
+        if job.router_url is not None:
+            from governor.supervise.router import Activity  # a router run only
+
+            activity = Activity(self.launcher.fs, job.plan.group)
+        self.leaves = ModelLeaves(
             self.launcher.fs,
             group=job.plan.group,
             leaf=job.plan.leaf,
             limits=job.model_leaves,
             router_pid=lambda: self.engine_pid,
             proc_root=self.proc.root,
-        ).start()
+            activity=activity,
+            on_change=lambda: self._publish(job),
+        )
+        return self.leaves.start()
 
     def _await_ready(self, job: Job, pid: int) -> None:
         """READY=1 for Type=notify services (no-op without $NOTIFY_SOCKET): at exec, or once
@@ -380,11 +392,20 @@ class Supervisor:
             board=self.board,
             qos=plan.qos.to_json(),
             shed_totals=monitor.totals().get("shed_totals", []) if monitor is not None else [],
+            router=self._router_state(job),
         )
         self.state = state  # also what --metrics serves
         self.publisher.publish(state)
         if job.board_release is not None:
             job.board_release()  # idempotent: the next launch's admission sees this claim
+
+    def _router_state(self, job: Job) -> dict[str, Any] | None:
+        """RunState.router: the router's url, each model's last request, the unloads."""
+        if job.router_url is None:
+            return None
+        if self.leaves is None:
+            return {"url": job.router_url, "models": {}, "unloads": []}
+        return {"url": job.router_url, **self.leaves.published()}
 
     def _start_helper(self, job: Job, engine_pid: int) -> None:
         """The prefetch helper for this start of the engine (mode none: nothing)."""
