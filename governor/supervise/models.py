@@ -31,9 +31,12 @@ from governor.kernel import files as kf
 from governor.kernel.cgroupfs import CgroupFs
 from governor.log import get_logger
 from governor.record import record
+from governor.supervise.evict import Evictor
+from governor.supervise.router import Activity, RouterClient
 
 if TYPE_CHECKING:
-    from governor.supervise.router import Activity
+    from governor.plan.model import Plan
+    from governor.rundir.journal import Journal
 
 log = get_logger(__name__)
 
@@ -103,6 +106,7 @@ class ModelLeaves:
         activity: Activity | None = None,
         on_change: Callable[[], None] | None = None,
         clock: Callable[[], float] = time.monotonic,
+        evictor: Evictor | None = None,
     ) -> None:
         self.fs = fs
         self.group = group
@@ -117,6 +121,7 @@ class ModelLeaves:
         self.activity = activity
         self.on_change = on_change
         self.clock = clock
+        self.evictor = evictor  # [engine] evict = "memory" (supervise/evict.py)
         self.unloads: dict[tuple[str, str], int] = {}  # (model, reason) -> how many
         self._dirty = False  # something to publish
         self._sampled: float | None = None  # clock of the last activity sample
@@ -221,11 +226,30 @@ class ModelLeaves:
                 self.fs.write(cg, kf.MEMORY_MAX, str(limits.max))
             if limits.high is not None:
                 self.fs.write(cg, kf.MEMORY_HIGH, str(limits.high))
+        # evict = "memory": a model that does not fit enters its leaf frozen (it allocates
+        # nothing) while idle models are unloaded for it, and is thawed whatever happens
+        frozen = self.evictor is not None and self.evictor.over(alias) is not None
         try:
-            self.fs.move(pid, cg)
-        except GovernorError as err:  # it exited meanwhile (ESRCH)
-            log.debug("models.move_failed", pid=pid, alias=alias, error=str(err))
-            return False
+            if frozen:
+                self.fs.freeze(cg, True)
+            try:
+                self.fs.move(pid, cg)
+            except GovernorError as err:  # it exited meanwhile (ESRCH)
+                log.debug("models.move_failed", pid=pid, alias=alias, error=str(err))
+                return False
+            self._placed(pid, alias, cg, limits)
+            if frozen:
+                assert self.evictor is not None
+                self.evictor.make_room(alias)
+        finally:
+            if frozen:
+                try:
+                    self.fs.freeze(cg, False)
+                except GovernorError as err:  # the leaf went away with the run
+                    log.warning("models.thaw_failed", cgroup=cg, error=str(err))
+        return True
+
+    def _placed(self, pid: int, alias: str, cg: str, limits: ModelLimits) -> None:
         self.placed[pid] = alias
         if self.activity is not None:
             self.activity.touch(alias)  # a model's load is its first request
@@ -233,4 +257,49 @@ class ModelLeaves:
         log.info("model.placed", pid=pid, alias=alias, cgroup=cg, memory_max=limits.max)
         if self.on_place is not None:
             self.on_place(alias, pid, cg)
-        return True
+
+
+def router_leaves(
+    fs: CgroupFs,
+    plan: Plan,
+    *,
+    limits: Mapping[str, ModelLimits | Mapping[str, Any]],
+    router_url: str | None,
+    claims: Mapping[str, Any],
+    board_free: Callable[[], int | None] | None,
+    journal: Journal | None,
+    router_pid: Callable[[], int | None],
+    proc_root: Path,
+    on_change: Callable[[], None] | None,
+) -> ModelLeaves:
+    """The supervisor's ModelLeaves for a router run: with the router's url, each model's
+    activity (supervise/router.py Activity) and, under ``[engine] evict = "memory"``, the
+    evictor (supervise/evict.py; ``claims``: alias -> the model's estimate)."""
+    activity = evictor = None
+    if router_url is not None:
+        activity = Activity(fs, plan.group)
+        if plan.engine.evict == "memory":
+            evictor = Evictor(
+                fs,
+                group=plan.group,
+                leaf=plan.leaf,
+                client=RouterClient(router_url),
+                activity=activity,
+                claims={a: v for a, v in claims.items() if isinstance(v, int)},
+                board_free=board_free,
+                journal=journal,
+            )
+    leaves = ModelLeaves(
+        fs,
+        group=plan.group,
+        leaf=plan.leaf,
+        limits=limits,
+        router_pid=router_pid,
+        proc_root=proc_root,
+        activity=activity,
+        on_change=on_change,
+        evictor=evictor,
+    )
+    if evictor is not None:
+        evictor.on_unload = leaves.count_unload
+    return leaves

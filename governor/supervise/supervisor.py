@@ -37,7 +37,7 @@ from governor.plan.model import Plan
 from governor.record import field, record
 from governor.rundir.journal import Journal
 from governor.rundir.state import Publisher, RunState, applied, run_dir
-from governor.supervise.models import ModelLeaves
+from governor.supervise.models import ModelLeaves, router_leaves
 from governor.supervise.sdnotify import notify
 from governor.supervise.watchdog import Watchdog
 
@@ -87,6 +87,9 @@ class Job:
     model_leaves: dict[str, Any] | None = None
     # llama-server's router: its http://HOST:PORT (published as RunState.router's url)
     router_url: str | None = None
+    # [engine] evict = "memory" without a memory.max on the group: the board's free budget
+    # for this slice now (what admission counts; api/launch.py), None when unknown
+    board_free: Callable[[], int | None] | None = None
 
 
 class Supervisor:
@@ -291,22 +294,19 @@ class Supervisor:
 
     def _start_model_leaves(self, job: Job) -> ModelLeaves | None:
         """llama-server's router: each child it starts into its model's leaf; each model's
-        last request sampled and published (RunState.router) with its url."""
+        last request sampled and published (RunState.router) with its url; evict = memory."""
         if job.model_leaves is None:
             return None
-        activity = None
-        if job.router_url is not None:
-            from governor.supervise.router import Activity  # a router run only
-
-            activity = Activity(self.launcher.fs, job.plan.group)
-        self.leaves = ModelLeaves(
+        self.leaves = router_leaves(
             self.launcher.fs,
-            group=job.plan.group,
-            leaf=job.plan.leaf,
+            job.plan,
             limits=job.model_leaves,
+            router_url=job.router_url,
+            claims=(job.extra.get("estimate") or {}).get("router") or {},
+            board_free=job.board_free,
+            journal=Journal((job.run_dir or run_dir()) / job.plan.policy),
             router_pid=lambda: self.engine_pid,
             proc_root=self.proc.root,
-            activity=activity,
             on_change=lambda: self._publish(job),
         )
         return self.leaves.start()

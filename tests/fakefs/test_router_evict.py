@@ -11,8 +11,11 @@ from typing import Any
 
 import pytest
 
+from governor.errors import GovernorError
 from governor.kernel import files as kf
+from governor.rundir.journal import Journal
 from governor.rundir.state import RunState, check_state
+from governor.supervise.evict import Evictor
 from governor.supervise.models import PUBLISH_S, SAMPLE_S, ModelLeaves, ModelLimits
 from governor.supervise.router import Activity
 
@@ -147,3 +150,215 @@ def test_a_router_launch_publishes_its_base_url_from_host_and_port(
     assert router_url({"router": {}}, (*argv, "--port", "41233")) == "http://127.0.0.1:41233"
     assert router_url({"model": "x.gguf", "total": 1}, argv) is None  # no router
     assert router_url(None, argv) is None
+
+
+# --- [engine] evict = "memory" ------------------------------------------------------------
+
+A, B, C = 101, 102, 103
+
+
+class FakeRouter:
+    """The router's side: which models run, which are busy; an unload ends the child (its
+    pid leaves its leaf) after ``exit_polls`` looks at its leaf. Every call recorded in
+    ``fs.writes`` (the one order of events)."""
+
+    def __init__(
+        self, fs: MovingFs, pids: dict[str, int], busy: frozenset[str] = frozenset()
+    ) -> None:
+        self.fs = fs
+        self.pids = pids
+        self.busy_set = set(busy)
+        self.unloaded: list[str] = []
+
+    def models(self) -> dict[str, str]:
+        return {a: "loaded" if a not in self.unloaded else "unloaded" for a in self.pids}
+
+    def busy(self, model: str) -> bool | None:
+        return model in self.busy_set
+
+    def unload(self, model: str) -> bool:
+        self.fs.writes.append(("router", "unload", model))
+        self.unloaded.append(model)
+        self.fs.reap(self.pids[model])
+        return True
+
+
+def _evict_tree(
+    fs: MovingFs, proc: Path, *, budget: str = str(300 * MIB), router_current: int = 20 * MIB
+) -> None:
+    fs.write(GROUP, kf.MEMORY_MAX, budget)
+    (fs.root / LEAF / kf.MEMORY_CURRENT).write_text(f"{router_current}\n")
+    fs.enable(GROUP, ["memory"])  # as ModelLeaves does at its first placement
+    fs.mkdir(f"{GROUP}/models")
+    fs.enable(f"{GROUP}/models", ["memory"])
+    for alias, pid in (("a", A), ("b", B)):
+        fs.mkdir(f"{GROUP}/models/{alias}")
+        fs.add_process(f"{GROUP}/models/{alias}", pid)
+    _spawn(fs, proc, C, _child("c"))
+    fs.writes.clear()
+
+
+def _leaves(
+    fs: MovingFs, proc: Path, router: FakeRouter, journal: Any = None, **kw: Any
+) -> tuple[ModelLeaves, Evictor]:
+    activity = Activity(fs, GROUP)
+    activity.last.update({"a": 1000.0, "b": 2000.0})  # a is the least recently used
+    evictor = Evictor(
+        fs, group=GROUP, leaf=LEAF, client=router, activity=activity,  # type: ignore[arg-type]
+        claims={"a": 100 * MIB, "b": 100 * MIB, "c": 100 * MIB}, journal=journal,
+        sleep=lambda _s: None, **kw,
+    )  # fmt: skip
+    leaves = ModelLeaves(
+        fs, group=GROUP, leaf=LEAF, limits={}, router_pid=lambda: 100, proc_root=proc,
+        activity=activity, evictor=evictor,
+    )  # fmt: skip
+    evictor.on_unload = leaves.count_unload
+    return leaves, evictor
+
+
+def test_the_arithmetic_claims_estimates_then_leaf_max_then_current_plus_the_router(
+    tree: tuple[MovingFs, Path],
+) -> None:
+    fs, proc = tree
+    _evict_tree(fs, proc)
+    router = FakeRouter(fs, {"a": A, "b": B, "c": C})
+    _, ev = _leaves(fs, proc, router)
+    # 100 + 100 (a, b loaded) + 20 (the router's memory.current) + 100 (c) over 300
+    assert ev.used("c") == 320 * MIB
+    assert ev.over("c") == (320 * MIB, 300 * MIB)
+    # no estimate for b: its leaf's memory.max; none either: its memory.current
+    del ev.claims["b"]
+    fs.write(f"{GROUP}/models/b", kf.MEMORY_MAX, str(150 * MIB))
+    assert ev.claim("b") == 150 * MIB
+    fs.write(f"{GROUP}/models/b", kf.MEMORY_MAX, "max")
+    (fs.root / GROUP / "models" / "b" / kf.MEMORY_CURRENT).write_text(f"{7 * MIB}\n")
+    assert ev.claim("b") == 7 * MIB
+    # an unloaded model (its leaf stays, with no process) claims nothing
+    fs.reap(B)
+    assert ev.used("c") == 220 * MIB
+    # no memory.max on the group: the board's free budget; neither: no eviction at all
+    fs.write(GROUP, kf.MEMORY_MAX, "max")
+    ev.board_free = lambda: 200 * MIB
+    assert ev.over("c") == (220 * MIB, 200 * MIB)
+    ev.board_free = None
+    assert ev.over("c") is None
+
+
+def test_a_model_that_does_not_fit_enters_frozen_and_the_lru_idle_ones_go_first(
+    tree: tuple[MovingFs, Path], tmp_path: Path
+) -> None:
+    fs, proc = tree
+    _evict_tree(fs, proc, budget=str(200 * MIB))  # c needs both a and b gone: 320 -> 120
+    router = FakeRouter(fs, {"a": A, "b": B, "c": C})
+    journal = Journal(tmp_path / "run" / "r")
+    leaves, _ = _leaves(fs, proc, router, journal)
+    assert leaves.poll() == [(C, "c")]
+    c = f"{GROUP}/models/c"
+    events = [w for w in fs.writes if w[0] in (c, "router") and w[1] != kf.MEMORY_MAX]
+    assert events == [
+        (c, kf.CGROUP_FREEZE, "1"),  # frozen first: c enters frozen and allocates nothing
+        (c, kf.CGROUP_PROCS, str(C)),
+        ("router", "unload", "a"),  # least recently used first
+        ("router", "unload", "b"),
+        (c, kf.CGROUP_FREEZE, "0"),  # thawed once it fits
+    ]
+    assert fs.read(c, kf.CGROUP_FREEZE).strip() == "0"
+    entries = journal.entries()
+    assert [(e["source"], e["model"], e["reason"]) for e in entries] == [
+        ("unload", "a", "room for c"), ("unload", "b", "room for c")
+    ]  # fmt: skip
+    assert leaves.published()["unloads"] == [
+        {"model": "a", "reason": "memory", "count": 1},
+        {"model": "b", "reason": "memory", "count": 1},
+    ]
+    # `governor status` shows them as the issue says
+    from governor.operate.status import _journal_lines
+
+    lines = _journal_lines({"journal": entries})
+    assert lines[0].endswith("unload a: room for c") and lines[1].endswith("unload b: room for c")
+
+
+def test_it_stops_unloading_once_the_new_model_fits(
+    tree: tuple[MovingFs, Path],
+) -> None:
+    fs, proc = tree
+    _evict_tree(fs, proc)  # 320 over 300: a alone makes room
+    router = FakeRouter(fs, {"a": A, "b": B, "c": C})
+    leaves, _ = _leaves(fs, proc, router)
+    leaves.poll()
+    assert router.unloaded == ["a"]
+    assert fs.procs(f"{GROUP}/models/b") == [B]
+
+
+def test_a_model_that_fits_is_placed_without_a_freeze(tree: tuple[MovingFs, Path]) -> None:
+    fs, proc = tree
+    _evict_tree(fs, proc, budget=str(400 * MIB))
+    router = FakeRouter(fs, {"a": A, "b": B, "c": C})
+    leaves, _ = _leaves(fs, proc, router)
+    assert leaves.poll() == [(C, "c")]
+    assert router.unloaded == []
+    assert not [w for w in fs.writes if w[1] == kf.CGROUP_FREEZE]
+
+
+def test_nothing_idle_is_journaled_and_the_new_model_thawed(
+    tree: tuple[MovingFs, Path], tmp_path: Path
+) -> None:
+    fs, proc = tree
+    _evict_tree(fs, proc)
+    router = FakeRouter(fs, {"a": A, "b": B, "c": C}, busy={"a", "b"})  # both answering
+    journal = Journal(tmp_path / "run" / "r")
+    leaves, _ = _leaves(fs, proc, router, journal)
+    assert leaves.poll() == [(C, "c")]
+    assert router.unloaded == []
+    c = f"{GROUP}/models/c"
+    assert fs.procs(c) == [C]
+    assert fs.read(c, kf.CGROUP_FREEZE).strip() == "0"
+    (entry,) = journal.entries()
+    assert entry["source"] == "unload" and "no idle model to unload for c" in entry["error"]
+    assert "320 MiB of claims over 300 MiB" in entry["error"]
+    assert leaves.published()["unloads"] == []
+
+
+def test_the_new_model_is_thawed_whatever_the_eviction_raises(
+    tree: tuple[MovingFs, Path],
+) -> None:
+    fs, proc = tree
+    _evict_tree(fs, proc)
+
+    class Broken(FakeRouter):
+        def unload(self, model: str) -> bool:
+            raise GovernorError("the group went away")
+
+    leaves, _ = _leaves(fs, proc, Broken(fs, {"a": A, "b": B, "c": C}))
+    with pytest.raises(GovernorError):
+        leaves.poll()
+    c = f"{GROUP}/models/c"
+    assert fs.read(c, kf.CGROUP_FREEZE).strip() == "0"
+    assert [w[2] for w in fs.writes if w[:2] == (c, kf.CGROUP_FREEZE)] == ["1", "0"]
+
+
+def test_a_slow_child_is_waited_for_at_most_the_bound(tree: tuple[MovingFs, Path]) -> None:
+    fs, proc = tree
+    _evict_tree(fs, proc)
+    clock = Clock(0.0)
+
+    class Slow(FakeRouter):
+        def unload(self, model: str) -> bool:
+            self.unloaded.append(model)
+            return True  # taken, but its child never exits
+
+    router = Slow(fs, {"a": A, "b": B, "c": C})
+    waits: list[float] = []
+
+    def sleep(s: float) -> None:
+        waits.append(s)
+        clock.now += s
+
+    leaves, ev = _leaves(fs, proc, router)
+    ev.sleep, ev.clock, ev.wait_s = sleep, clock, 2.0
+    leaves.poll()
+    # a never exits: waited 2 s, then b (the next idle one); neither frees anything, so
+    # nothing idle is left and c is thawed
+    assert router.unloaded == ["a", "b"]
+    assert 3.9 <= clock.now <= 4.2
+    assert fs.read(f"{GROUP}/models/c", kf.CGROUP_FREEZE).strip() == "0"
