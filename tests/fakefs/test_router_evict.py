@@ -6,6 +6,7 @@ test_router_guest.py."""
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
@@ -162,9 +163,7 @@ class FakeRouter:
     pid leaves its leaf) after ``exit_polls`` looks at its leaf. Every call recorded in
     ``fs.writes`` (the one order of events)."""
 
-    def __init__(
-        self, fs: MovingFs, pids: dict[str, int], busy: frozenset[str] = frozenset()
-    ) -> None:
+    def __init__(self, fs: MovingFs, pids: dict[str, int], busy: Iterable[str] = ()) -> None:
         self.fs = fs
         self.pids = pids
         self.busy_set = set(busy)
