@@ -361,3 +361,56 @@ def test_a_slow_child_is_waited_for_at_most_the_bound(tree: tuple[MovingFs, Path
     assert router.unloaded == ["a", "b"]
     assert 3.9 <= clock.now <= 4.2
     assert fs.read(f"{GROUP}/models/c", kf.CGROUP_FREEZE).strip() == "0"
+
+
+def test_the_board_free_budget_is_the_budget_less_every_other_slices_claim(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    from governor.api import launch
+    from governor.operate.board import BoardClaims
+    from governor.plan.budget import Budget, Claim
+
+    class _Engine:
+        evict = "memory"
+
+    class _Plan:
+        policy, cgroup_root, engine = "r", "/sys/fs/cgroup", _Engine()
+
+    def claim(name: str, peak: int) -> Claim:
+        return Claim(name=name, group=f"g/{name}", qos_class="standard", min=0, peak=peak,
+                     peak_source="max")  # fmt: skip
+
+    seen = BoardClaims(
+        budget=Budget.of(2048 * MIB, 256 * MIB),
+        claims=(claim("r", 900 * MIB), claim("chat", 700 * MIB), claim("bg", 200 * MIB)),
+    )
+    monkeypatch.setattr("governor.operate.board.gather", lambda **_kw: seen)
+    free = launch.board_free(_Plan(), tmp_path, tmp_path)  # type: ignore[arg-type]
+    assert free is not None
+    assert free() == (2048 - 256 - 700 - 200) * MIB  # its own claim ("r") is not counted
+    _Plan.engine = type("E", (), {"evict": "count"})()
+    assert launch.board_free(_Plan(), tmp_path, tmp_path) is None  # type: ignore[arg-type]
+
+
+def test_router_leaves_evicts_only_under_evict_memory(tmp_path: Path) -> None:
+    from governor.supervise.models import router_leaves
+
+    class _Plan:
+        group, leaf = GROUP, LEAF
+        engine = type("E", (), {"evict": "memory"})()
+
+    def build(plan: Any, url: str | None) -> ModelLeaves:
+        return router_leaves(
+            FakeKernelCgroupFs(tmp_path), plan, limits={}, router_url=url,
+            claims={"a": 1, "b": "?"}, board_free=None, journal=None,
+            router_pid=lambda: None, proc_root=tmp_path, on_change=None,
+        )  # fmt: skip
+
+    leaves = build(_Plan(), "http://127.0.0.1:8080")
+    assert leaves.evictor is not None and leaves.activity is not None
+    assert leaves.evictor.claims == {"a": 1}
+    assert leaves.evictor.on_unload == leaves.count_unload
+    assert build(_Plan(), None).evictor is None  # no url: no router to ask
+    _Plan.engine = type("E", (), {"evict": "count"})()
+    counted = build(_Plan(), "http://127.0.0.1:8080")
+    assert counted.evictor is None and counted.activity is not None
