@@ -149,6 +149,8 @@ class ModelLeaves:
                 self.poll()
             except GovernorError as err:  # the group went away (the run is ending)
                 log.debug("models.poll_failed", error=str(err))
+            except Exception as err:  # never the end of the placement thread (evict's bugs)
+                log.error("models.poll_crashed", error=repr(err))
             self.tick()
 
     def tick(self) -> bool:
