@@ -5,6 +5,7 @@ refusal of `check --engine-argv` for a --models-max under which the largest cann
 
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
 
@@ -342,3 +343,32 @@ def test_init_for_a_router_sizes_memory_max_for_the_models_that_fit_and_check_ac
         capsys, "--root", str(ROOT), "check", str(policy), "--engine-argv", engine
     )
     assert code == 0, err
+
+
+def test_the_plan_cache_keys_a_router_on_its_directory_preset_and_every_model_file(
+    tmp_path: Path,
+) -> None:
+    """A model added to the directory, a preset edited or a model file replaced changes the
+    launch's cache inputs (its estimate and leaf limits come from them): a miss, not a stale
+    plan."""
+    from governor.api.launch_compile import _router_inputs
+    from governor.cache.plans import file_identity
+
+    models = tmp_path / "models"
+    models.mkdir()
+    (models / "a.gguf").write_bytes(b"GGUF")
+    other = tmp_path / "elsewhere.gguf"
+    other.write_bytes(b"GGUF")
+    preset = tmp_path / "models.ini"
+    preset.write_text(f"[far]\nmodel = {other}\n")
+    argv = (SERVER, "--models-dir", "models", "--models-preset", "models.ini", "-c", "256")
+    args = parse_llama_argv(argv)
+    os.utime(models, ns=(1, 1))  # an old mtime: the next entry moves it whatever the clock's grain
+    inputs = _router_inputs(args, tmp_path)
+    assert inputs == [str(preset), str(models), str(models / "a.gguf"), str(other)]
+    before = [file_identity(p) for p in inputs]
+    (models / "b.gguf").write_bytes(b"GGUF")  # the directory's mtime moves
+    assert file_identity(str(models)) != before[1]
+    assert str(models / "b.gguf") in _router_inputs(args, tmp_path)
+    # not a router: nothing more than its -m (the caller's own list)
+    assert _router_inputs(parse_llama_argv((SERVER, "-m", str(other))), tmp_path) == []
