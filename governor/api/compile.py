@@ -122,7 +122,14 @@ def estimate(model: Path, opts: HostOptions, eopts: EstimateOptions) -> Estimate
     if budget is None and eopts.policy is not None:
         budget = policy_budget(load_policy(eopts.policy), root=opts.root)
     if args.router:
-        return estimate_router(args, root=opts.root, budget=budget, cwd=Path.cwd(), env=os.environ)
+        return estimate_router(
+            args,
+            root=opts.root,
+            budget=budget,
+            cwd=Path.cwd(),
+            env=os.environ,
+            budget_from="--budget" if eopts.budget is not None else "memory.max",
+        )
     return estimate_argv(args, root=opts.root, budget=budget)
 
 

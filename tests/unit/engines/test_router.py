@@ -219,6 +219,7 @@ def test_estimate_prints_a_row_per_model_and_how_many_fit_together(
     assert rows == ["four", "two", "one"]  # largest first
     assert "fit together in the budget, largest first: 2" in out
     assert "pass --models-max 2" in out
+    assert "(--budget): does NOT fit" in out  # the budget says where it came from
     code, out, err = _governor(
         capsys, "--root", str(ROOT), "estimate", str(models_dir), "--budget", str(budget),
         "--engine-argv", "llama-server --models-max 2 -c 512 --cache-ram 0",
