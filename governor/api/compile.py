@@ -166,8 +166,8 @@ def admit_check(plan: Plan, opts: HostOptions, estimate: object, *, force: bool)
 
 def init(opts: HostOptions, req: Request) -> Draft | RouterDraft:
     """`governor init`: a policy for a GGUF model on this board (governor/engines/draft.py)."""
-    if is_router_model(req.model):  # llama-server's router: its models and --models-max
-        return draft_router(req, probe_host(opts), root=opts.root)
     # --board-memory: an empty board of that size (the tenants are not read)
     beside = tenants(opts) if req.board_memory is None else None
+    if is_router_model(req.model):  # llama-server's router: its models and --models-max
+        return draft_router(req, probe_host(opts), root=opts.root, tenants=beside)
     return draft(req, probe_host(opts), root=opts.root, tenants=beside)
