@@ -13,6 +13,7 @@ from governor.cache import plans as compiled
 from governor.compile.placements import compile_placements
 from governor.engines.llama import EngineArgs, model_parts
 from governor.engines.rkllm import parse_rkllm_argv
+from governor.engines.router import router_models
 from governor.log import get_logger
 from governor.plan.host import HostFacts
 from governor.plan.model import Plan
@@ -41,7 +42,9 @@ def compile_launch(
     files = checked.files
     models = _models(plan, argv, args)
     idents = tuple(
-        i for i in (compiled.file_identity(p) for p in [*models, *files]) if i is not None
+        i
+        for i in (compiled.file_identity(p) for p in [*models, *files, *_router_inputs(args, cwd)])
+        if i is not None
     )
     chain = tuple(
         (p, digest) for p in _policy_chain(path) if (digest := compiled.sha256_file(p)) is not None
@@ -73,6 +76,34 @@ def _models(plan: Plan, argv: tuple[str, ...], args: EngineArgs | None) -> list[
     if plan.engine.kind == "rkllm":  # its .rkllm file: the device memory (engines/rkllm.py)
         return [str(parse_rkllm_argv(argv).model)]
     return [str(p) for p in (model_parts(args.model) if args and args.model else [])]
+
+
+def _router_inputs(args: EngineArgs | None, cwd: Path) -> list[str]:
+    """llama-server's router: the models directory (its mtime moves when a model is added or
+    removed), the preset and every model file the router may load, so a change to any of them
+    compiles again (each model's estimate and leaf limit come from them)."""
+    if args is None or not args.router:
+        return []
+    out: list[str] = []
+    preset_text = None
+    if args.models_preset is not None:
+        preset = Path(args.models_preset)
+        preset = preset if preset.is_absolute() else cwd / preset
+        out.append(str(preset))
+        try:
+            preset_text = preset.read_text()
+        except (OSError, UnicodeDecodeError):
+            return out  # the preflight refused it already
+    if args.models_dir is not None:
+        base = Path(args.models_dir)
+        out.append(str(base if base.is_absolute() else cwd / base))
+    try:
+        models, _unsized = router_models(args, preset_text=preset_text, cwd=cwd)
+    except (OSError, ValueError):
+        return out
+    for m in models:
+        out.append(m.argv[m.argv.index("--model") + 1])
+    return out
 
 
 def ready_url(plan: Plan, args: EngineArgs | None) -> str | None:

@@ -5,6 +5,7 @@ refusal of `check --engine-argv` for a --models-max under which the largest cann
 
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
 
@@ -218,6 +219,7 @@ def test_estimate_prints_a_row_per_model_and_how_many_fit_together(
     assert rows == ["four", "two", "one"]  # largest first
     assert "fit together in the budget, largest first: 2" in out
     assert "pass --models-max 2" in out
+    assert "(--budget): does NOT fit" in out  # the budget says where it came from
     code, out, err = _governor(
         capsys, "--root", str(ROOT), "estimate", str(models_dir), "--budget", str(budget),
         "--engine-argv", "llama-server --models-max 2 -c 512 --cache-ram 0",
@@ -342,3 +344,73 @@ def test_init_for_a_router_sizes_memory_max_for_the_models_that_fit_and_check_ac
         capsys, "--root", str(ROOT), "check", str(policy), "--engine-argv", engine
     )
     assert code == 0, err
+
+
+def test_the_plan_cache_keys_a_router_on_its_directory_preset_and_every_model_file(
+    tmp_path: Path,
+) -> None:
+    """A model added to the directory, a preset edited or a model file replaced changes the
+    launch's cache inputs (its estimate and leaf limits come from them): a miss, not a stale
+    plan."""
+    from governor.api.launch_compile import _router_inputs
+    from governor.cache.plans import file_identity
+
+    models = tmp_path / "models"
+    models.mkdir()
+    (models / "a.gguf").write_bytes(b"GGUF")
+    other = tmp_path / "elsewhere.gguf"
+    other.write_bytes(b"GGUF")
+    preset = tmp_path / "models.ini"
+    preset.write_text(f"[far]\nmodel = {other}\n")
+    argv = (SERVER, "--models-dir", "models", "--models-preset", "models.ini", "-c", "256")
+    args = parse_llama_argv(argv)
+    os.utime(models, ns=(1, 1))  # an old mtime: the next entry moves it whatever the clock's grain
+    inputs = _router_inputs(args, tmp_path)
+    assert inputs == [str(preset), str(models), str(models / "a.gguf"), str(other)]
+    before = [file_identity(p) for p in inputs]
+    (models / "b.gguf").write_bytes(b"GGUF")  # the directory's mtime moves
+    assert file_identity(str(models)) != before[1]
+    assert str(models / "b.gguf") in _router_inputs(args, tmp_path)
+    # not a router: nothing more than its -m (the caller's own list)
+    assert _router_inputs(parse_llama_argv((SERVER, "-m", str(other))), tmp_path) == []
+
+
+def test_init_for_a_router_sizes_beside_the_boards_other_claims(models_dir: Path) -> None:
+    """A board where two models fit alone: beside another slice's claim of the largest
+    model's size only one does, and the draft says which claim it was sized beside;
+    its own old claim (same name) does not count."""
+    from governor.engines.draft import Request, fit_budget
+    from governor.engines.draft_board import Tenants
+    from governor.engines.draft_router import draft_router
+    from governor.plan.budget import Claim, reserve_for
+    from governor.plan.host import probe
+    from governor.record import replace
+
+    rest, _budget = _budget_for_two(models_dir)
+    totals = sorted((e.total for _m, e in rest.models), reverse=True)
+    board = 4 * MIB * 1024
+    while fits_together(totals, fit_budget(board - reserve_for(board))) > 2:
+        board -= MIB
+    host = replace(probe(ROOT), mem_total=board)
+    req = Request(
+        model=models_dir, ctx=None, engine_argv=("llama-server", "-c", "512", "--cache-ram", "0")
+    )
+
+    def claim(name: str, peak: int) -> Claim:
+        return Claim(
+            name=name, group=f"governor.slice/{name}", qos_class="background", min=0,
+            peak=peak, peak_source="max", state="running",
+        )  # fmt: skip
+
+    alone = draft_router(req, host, root=ROOT)
+    assert alone.sizing.models_max == 2 and not alone.sizing.tenants
+    beside = draft_router(
+        req, host, root=ROOT, tenants=Tenants(claims=(claim("batch", totals[0]),))
+    )
+    assert beside.sizing.models_max == 1
+    assert beside.sizing.ceiling < alone.sizing.ceiling
+    assert "#   beside batch " in beside.text
+    own = draft_router(
+        req, host, root=ROOT, tenants=Tenants(claims=(claim(alone.name, totals[0]),))
+    )
+    assert own.sizing.models_max == 2
