@@ -163,10 +163,11 @@ class Evictor:
             tried.add(victim)
             if not self.client.unload(victim):
                 continue  # refused (it got a request meanwhile, say): the next one
+            asked = self.clock()
             gone = self._wait_gone(victim)
             log.info(
                 "model.unloaded", model=victim, reason=f"room for {new}", used=used,
-                budget=budget, exited=gone,
+                budget=budget, exited=gone, waited_s=round(self.clock() - asked, 3),
             )  # fmt: skip
             self._journal(victim, f"room for {new}")
             if self.on_unload is not None:

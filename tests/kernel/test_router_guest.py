@@ -189,7 +189,7 @@ def test_evict_memory_unloads_the_lru_idle_model_before_a_load_that_would_not_fi
             for m in ("a", "b", "c"):  # never left frozen
                 assert cgroups.read_kv(group / "models" / m / "cgroup.events")["frozen"] == 0
             assert gov.poll() is None
-            results = {
+            results: dict[str, object] = {
                 "peak_mib": round(peak / MIB, 1),
                 "max_mib": limit // MIB,
                 "unloads": len(unloads),
@@ -197,6 +197,12 @@ def test_evict_memory_unloads_the_lru_idle_model_before_a_load_that_would_not_fi
                 "requests": 4,
                 "wall_s": round(wall_s, 1),
             }
+            waited = [
+                json.loads(line)["waited_s"]
+                for line in log.read_text().splitlines()
+                if '"model.unloaded"' in line
+            ]
+            results["unload_exit_s"] = waited  # from POST /models/unload to the child gone
             print("router evict guest:", json.dumps(results))
         finally:
             if gov.poll() is None:
