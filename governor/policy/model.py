@@ -346,7 +346,7 @@ class PressureRule(_Section):
     cooldown: Duration | None = None
 
 
-ShedStep = Literal["throttle", "freeze", "stop", "kill"]
+ShedStep = Literal["unload", "throttle", "freeze", "stop", "kill"]
 
 
 class QosSection(_Section):
@@ -357,7 +357,7 @@ class QosSection(_Section):
         default="standard", alias="class"
     )
     yield_: Annotated[tuple[ShedStep, ...], Field(strict=False)] = Field(
-        default=("throttle", "freeze", "stop", "kill"), alias="yield"
+        default=("unload", "throttle", "freeze", "stop", "kill"), alias="yield"
     )
     # what a launch or install does when this slice's peak does not fit beside the board's
     # other claims (issue 36; the guarantees never overcommit: "warn" and "refuse" refuse then)
