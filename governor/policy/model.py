@@ -113,7 +113,8 @@ ActionStr = Annotated[
         {
             "type": "string",
             "description": "log | signal SIG | reclaim SIZE | set FILE VALUE|±N% | freeze DURATION"
-            " | thaw | kill | exec ARGV... | restart | shed (take memory from lower [qos] classes)",
+            " | thaw | kill | exec ARGV... | restart | unload (a router's idle model)"
+            " | shed (take memory from lower [qos] classes)",
         }
     ),
     PlainSerializer(str, return_type=str),
