@@ -304,6 +304,10 @@ def _journal_lines(it: dict[str, Any]) -> list[str]:
             done = e["error"]
         if e["source"] == "shed":
             done = f"{e.get('step')} by {e.get('by')}" + (f": {done}" if done else "")
+        if e["source"] == "unload" and e.get("model") and not e.get("error"):
+            # a model of llama-server's router unloaded: "unload tiny: room for small"
+            lines.append(f"  journal  #{e['id']} {at} unload {e['model']}: {e.get('reason')}")
+            continue
         lines.append(f"  journal  #{e['id']} {at} {e['source']}: {done}")
     for p in it.get("pending_confirm", []):
         at = time.strftime("%H:%M:%S", time.localtime(p["confirm_by"]))
