@@ -323,3 +323,34 @@ def test_a_board_files_cgroup_cannot_yield_unload(tmp_path: Path) -> None:
     assert err.value.field == "cgroup[0].yield"
     path.write_text('[[cgroup]]\npath = "a"\n')
     assert load_board(path)[0].yields == ("throttle", "freeze", "stop", "kill")
+
+
+def test_the_launch_publishes_the_verbs_unloads_beside_its_evictions() -> None:
+    """Supervisor._router_state: RunState.router.unloads = the leaves' (evict = "memory")
+    plus the monitor's `unload` handler's (the metric governor_model_unloads_total)."""
+    from types import SimpleNamespace
+
+    from governor.supervise.supervisor import Supervisor
+
+    leaves = SimpleNamespace(
+        published=lambda: {
+            "models": {"a": {"last_request": 5.0}},
+            "unloads": [{"model": "a", "reason": "memory", "count": 1}],
+        }
+    )
+    pressure = [{"model": "a", "reason": "pressure", "count": 2}]
+    monitor = SimpleNamespace(totals=lambda: {"router_unloads": pressure, "shed_totals": []})
+    job = SimpleNamespace(router_url="http://127.0.0.1:8080")
+    state = Supervisor._router_state(SimpleNamespace(leaves=leaves, monitor=monitor), job)  # type: ignore[arg-type]
+    assert state == {
+        "url": "http://127.0.0.1:8080",
+        "models": {"a": {"last_request": 5.0}},
+        "unloads": [
+            {"model": "a", "reason": "memory", "count": 1},
+            {"model": "a", "reason": "pressure", "count": 2},
+        ],
+    }
+    bare = SimpleNamespace(leaves=None, monitor=None)
+    assert Supervisor._router_state(bare, job) == {  # type: ignore[arg-type]
+        "url": "http://127.0.0.1:8080", "models": {}, "unloads": []
+    }  # fmt: skip
