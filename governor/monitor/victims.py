@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import Any
 
 from governor.backends.placement import parse_proc_cgroup
 from governor.errors import GovernorError
@@ -33,6 +34,10 @@ class Victim:
     engine_pid: int | None = None  # governed: the published engine pid
     governed: bool = True
     usage: int = 0  # memory.current when listed
+    # a llama-server router (its published state's router, issue 38): its url, and each
+    # model's last request (epoch seconds) for the `unload` step's least recently used
+    router_url: str | None = None
+    router_last: dict[str, float | None] | None = None
 
 
 Invalid = Callable[[str, str], None]  # (victim, reason): told once per problem by the shedder
@@ -89,9 +94,19 @@ def governed_victims(
                 journal=Journal(run / plan.policy),
                 restore_high=high,
                 engine_pid=st.engine_pid,
+                **_router(st.router),
             )
         )
     return out
+
+
+def _router(router: dict[str, Any] | None) -> dict[str, Any]:
+    """The victim's router fields from its published ``router`` (check_state checked it)."""
+    if not router or not isinstance(router.get("url"), str):
+        return {}
+    models = router.get("models") or {}
+    last = {a: (m.get("last_request") if isinstance(m, dict) else None) for a, m in models.items()}
+    return {"router_url": router["url"], "router_last": last}
 
 
 def board_victims(

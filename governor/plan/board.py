@@ -29,7 +29,7 @@ from typing import Any
 
 from governor.errors import PolicyError
 from governor.errors import shown as _shown
-from governor.plan.model import QOS_RANK, SHED_STEPS
+from governor.plan.model import CGROUP_STEPS, QOS_RANK
 from governor.record import record
 from governor.sizes import BINARY
 
@@ -213,10 +213,10 @@ def _entry(
             f"expected 'interactive', 'standard' or 'background', got {_shown(cls)}",
             f"{where}.class",
         )
-    steps = t.get("yield", list(SHED_STEPS))
-    if not isinstance(steps, list) or any(s not in SHED_STEPS for s in steps):
+    steps = t.get("yield", list(CGROUP_STEPS))
+    if not isinstance(steps, list) or any(s not in CGROUP_STEPS for s in steps):
         raise fail(
-            f"expected a list of {', '.join(SHED_STEPS)}, got {_shown(steps)}", f"{where}.yield"
+            f"expected a list of {', '.join(CGROUP_STEPS)}, got {_shown(steps)}", f"{where}.yield"
         )
     if len(set(steps)) != len(steps):
         raise fail(f"a step is listed twice in {steps}", f"{where}.yield")
@@ -228,5 +228,5 @@ def _entry(
             f"{where}.name",
         )
     return BoardCgroup(
-        name=name, path=path, qos_class=cls, yields=tuple(s for s in SHED_STEPS if s in steps)
+        name=name, path=path, qos_class=cls, yields=tuple(s for s in CGROUP_STEPS if s in steps)
     )

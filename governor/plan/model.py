@@ -27,8 +27,10 @@ QosClass = Literal["background", "standard", "interactive"]
 
 class ShedStep(StrEnum):
     """A step of a `shed` (governor/monitor/actions/shedder.py) as its victim's journal spells
-    it: the ladder's four, then the undo's."""
+    it: the ladder's five, then the undo's. ``unload`` (issue 38) stops a router victim's least
+    recently used idle model: it holds nothing, the model loads again at its next request."""
 
+    UNLOAD = "unload"
     THROTTLE = "throttle"
     FREEZE = "freeze"
     STOP = "stop"
@@ -38,8 +40,11 @@ class ShedStep(StrEnum):
     RELEASE = "release"
 
 
-# the shed ladder, mildest first; [qos] yield picks a prefix-free subset
-SHED_STEPS: tuple[str, ...] = (ShedStep.THROTTLE, ShedStep.FREEZE, ShedStep.STOP, ShedStep.KILL)
+# the ladder's steps on any cgroup, mildest first (a board file's ungoverned cgroup yields these)
+CGROUP_STEPS: tuple[str, ...] = (ShedStep.THROTTLE, ShedStep.FREEZE, ShedStep.STOP, ShedStep.KILL)
+# the shed ladder of a governed slice: a router's idle model goes first (a slice that is no
+# router passes over it); [qos] yield picks a subset, taken in this order
+SHED_STEPS: tuple[str, ...] = (ShedStep.UNLOAD, *CGROUP_STEPS)
 QOS_RANK = {"background": 0, "standard": 1, "interactive": 2}
 
 

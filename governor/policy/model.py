@@ -113,7 +113,8 @@ ActionStr = Annotated[
         {
             "type": "string",
             "description": "log | signal SIG | reclaim SIZE | set FILE VALUE|±N% | freeze DURATION"
-            " | thaw | kill | exec ARGV... | restart | shed (take memory from lower [qos] classes)",
+            " | thaw | kill | exec ARGV... | restart | unload (a router's idle model)"
+            " | shed (take memory from lower [qos] classes)",
         }
     ),
     PlainSerializer(str, return_type=str),
@@ -346,7 +347,7 @@ class PressureRule(_Section):
     cooldown: Duration | None = None
 
 
-ShedStep = Literal["throttle", "freeze", "stop", "kill"]
+ShedStep = Literal["unload", "throttle", "freeze", "stop", "kill"]
 
 
 class QosSection(_Section):
@@ -357,7 +358,7 @@ class QosSection(_Section):
         default="standard", alias="class"
     )
     yield_: Annotated[tuple[ShedStep, ...], Field(strict=False)] = Field(
-        default=("throttle", "freeze", "stop", "kill"), alias="yield"
+        default=("unload", "throttle", "freeze", "stop", "kill"), alias="yield"
     )
     # what a launch or install does when this slice's peak does not fit beside the board's
     # other claims (issue 36; the guarantees never overcommit: "warn" and "refuse" refuse then)

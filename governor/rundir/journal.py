@@ -63,12 +63,15 @@ class Hold:
     frozen: bool = False
     memory_high: str | None = None
     steps: list[ShedStep] = field(default_factory=list)
+    unloads: int = 0  # a router's idle models the shed unloaded (nothing held: they reload)
 
     def took(self, step: Any, changes: Any = ()) -> None:
         """One journaled step (or undo step) and its changes."""
         if step in SHED_HOLDS and step not in self.steps:
             self.steps.append(ShedStep(step))
-        if step == ShedStep.FREEZE:
+        if step == ShedStep.UNLOAD:
+            self.unloads += 1
+        elif step == ShedStep.FREEZE:
             self.frozen = True
         elif step in (ShedStep.THAW, ShedStep.STOP):
             self.frozen = False
@@ -78,7 +81,10 @@ class Hold:
 
     @property
     def state(self) -> str:
-        """throttled, frozen, stopped or killed: the strongest step that holds."""
+        """throttled, frozen, stopped or killed: the strongest step that holds; "unloaded"
+        when the shed only unloaded idle models of a router (nothing else was taken)."""
+        if self.unloads and not self.steps and not self.frozen and self.memory_high is None:
+            return "unloaded"
         return next(
             (SHED_HOLDS[s] for s in (ShedStep.KILL, ShedStep.STOP) if s in self.steps),
             "frozen" if self.frozen else "throttled",

@@ -31,6 +31,7 @@ from governor.launch.forward import Forwarder
 from governor.launch.helper import PrefetchHelper
 from governor.launch.launcher import ChildSetup, Launcher, LaunchReport
 from governor.log import get_logger
+from governor.monitor.actions.unload import TOTALS, merge_unloads
 from governor.monitor.loop import Monitor
 from governor.monitor.restart import Restarts
 from governor.plan.model import Plan
@@ -403,9 +404,10 @@ class Supervisor:
         """RunState.router: the router's url, each model's last request, the unloads."""
         if job.router_url is None:
             return None
-        if self.leaves is None:
-            return {"url": job.router_url, "models": {}, "unloads": []}
-        return {"url": job.router_url, **self.leaves.published()}
+        own = self.leaves.published() if self.leaves is not None else {"models": {}}
+        pressure = self.monitor.totals().get(TOTALS, []) if self.monitor is not None else []
+        unloads = merge_unloads(own.get("unloads", []), pressure)  # evictions and `unload`s
+        return {"url": job.router_url, "models": own["models"], "unloads": unloads}
 
     def _start_helper(self, job: Job, engine_pid: int) -> None:
         """The prefetch helper for this start of the engine (mode none: nothing)."""

@@ -1,8 +1,8 @@
 """A verb plugs in by a module and one registry entry (issue 32): the policy parser accepts it,
 the monitor makes its handler for the plan's rules and drives its whole lifecycle (run at a
 firing, observe before the rules, tick until its rules are quiet, close when the monitor
-stops, totals for the state) without the loop naming it. ``unload`` stands for the router's
-verb of issue 38."""
+stops, totals for the state) without the loop naming it. ``plug`` stands for a plug-in
+verb (the router's ``unload`` of issue 38 is a registered one since: its own name here)."""
 
 from __future__ import annotations
 
@@ -67,18 +67,18 @@ class Unload(Handler):
 @pytest.fixture
 def unload() -> Iterator[None]:
     CALLS.clear()
-    registry.register(registry.Verb("unload", "none", f"{__name__}:Unload", "`unload`"))
+    registry.register(registry.Verb("plug", "none", f"{__name__}:Unload", "`plug`"))
     try:
         yield
     finally:
-        registry.unregister("unload")
+        registry.unregister("plug")
 
 
 def test_a_registered_verb_runs_through_the_loop_with_its_whole_lifecycle(
     unload: None, fake_fs: FakeKernelCgroupFs, tmp_path: Path
 ) -> None:
     oom = WatchCondition(condition="event", event="oom_kill", file="memory.events")
-    plan = replace(make_plan(), watch=(watch_rule(0, oom, ("unload", "log"), cooldown_s=2.0),))
+    plan = replace(make_plan(), watch=(watch_rule(0, oom, ("plug", "log"), cooldown_s=2.0),))
     CgroupfsBackend(fake_fs).apply(plan)
     now = [0.0]
     mon = Monitor(
@@ -90,9 +90,9 @@ def test_a_registered_verb_runs_through_the_loop_with_its_whole_lifecycle(
     now[0] = 1.0
     (fake_fs.path(GROUP) / files.MEMORY_EVENTS).write_text("max 1\noom 1\noom_kill 1\n")
     mon.dispatch()
-    assert ("run", "unload", 0) in CALLS
+    assert ("run", "plug", 0) in CALLS
     (fired,) = mon.recent
-    assert [a["action"] for a in fired["actions"]] == ["unload"]  # ends_firing: no `log`
+    assert [a["action"] for a in fired["actions"]] == ["plug"]  # ends_firing: no `log`
     now[0] = 2.0
     mon.dispatch()
     assert len(mon.recent) == 1  # not quiet yet: its cooldown is 2 s
@@ -105,16 +105,16 @@ def test_a_registered_verb_runs_through_the_loop_with_its_whole_lifecycle(
         "reload",
     )
     assert mon.totals() == {"unload_totals": [{"model": "a", "count": 1}]}
-    assert mon.action_totals() == [{"rule": 0, "action": "unload", "count": 1}]
+    assert mon.action_totals() == [{"rule": 0, "action": "plug", "count": 1}]
     mon.finish()
     assert CALLS[-1] == ("close", "monitor stopped")
     assert sum(c[0] == "made" for c in CALLS) == 1  # one handler for the monitor's life
 
 
 def test_the_policy_knows_a_verb_exactly_while_it_is_registered(unload: None) -> None:
-    assert str(parse_action("unload")) == "unload"
+    assert str(parse_action("plug")) == "plug"
     with pytest.raises(ValueError, match="takes no argument"):
-        parse_action("unload all")
-    registry.unregister("unload")
-    with pytest.raises(ValueError, match=r"unknown action 'unload' .*\(known: log, signal, "):
-        parse_action("unload")
+        parse_action("plug all")
+    registry.unregister("plug")
+    with pytest.raises(ValueError, match=r"unknown action 'plug' .*\(known: log, signal, "):
+        parse_action("plug")

@@ -276,8 +276,10 @@ KEYS: dict[str, tuple[str, str]] = {
         'class = "interactive"',
     ),
     "qos.yield": (
-        "What a higher class's `shed` may do to this slice, a subset of `throttle`, `freeze`,"
-        ' `stop`, `kill` in that order; without "kill" it is never killed by a shed.',
+        "What a higher class's `shed` may do to this slice, a subset of `unload`, `throttle`,"
+        " `freeze`, `stop`, `kill` in that order; `unload` (a llama-server router's least"
+        " recently used idle model, again while one is idle) is passed over by a slice that is"
+        ' no router; without "kill" it is never killed by a shed.',
         'yield = ["throttle", "freeze"]',
     ),
     "qos.admit": (

@@ -48,6 +48,12 @@ VERBS: dict[str, Verb] = {
         Verb("exec", "argv", f"{_PKG}.command:Exec", "`exec ARGV...`"),
         Verb("restart", "none", f"{_PKG}.group:Group", "`restart` (launch only)"),
         Verb(
+            "unload",
+            "none",
+            f"{_PKG}.unload:Unload",
+            "`unload` (the least recently used idle model of this slice's router)",
+        ),
+        Verb(
             "shed",
             "none",
             f"{_PKG}.shed:Shed",

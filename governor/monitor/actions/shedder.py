@@ -9,6 +9,7 @@ or a descendant of it. Lowest class first, within a class the largest (memory.cu
 
 The ladder, per victim, restricted to the steps its ``[qos] yield`` allows:
 
+- **unload** (issue 38): a router victim's LRU idle model (unload.py), again while one is idle;
 - **throttle**: memory.high := its memory.current (not below its memory.min), so it cannot
   grow; the kernel reclaims it (to swap or zram where there is one) instead of the board;
 - **freeze**: cgroup.freeze 1;
@@ -46,6 +47,7 @@ from governor.kernel.cgroupfs import CgroupFs
 from governor.kernel.parse import parse_max
 from governor.log import get_logger
 from governor.monitor.actions.base import Context, Result
+from governor.monitor.actions.unload import unload_lru
 from governor.monitor.fallbacks import kill_tree
 from governor.monitor.sources import protected_cache
 from governor.monitor.victims import (
@@ -58,6 +60,7 @@ from governor.plan.model import QOS_RANK, Plan, ShedStep
 from governor.record import field, record
 from governor.rundir.journal import Hold
 from governor.rundir.state import alive as governor_alive
+from governor.supervise.router import RouterClient
 
 log = get_logger(__name__)
 
@@ -111,6 +114,7 @@ class Shedder:
         pid: int | None = None,
         memavailable: Callable[[], int | None] | None = None,
         own_cgroup: str | None = None,
+        router: Callable[[str], RouterClient] = RouterClient,
     ) -> None:
         self.fs = fs
         self.plan = plan
@@ -126,6 +130,7 @@ class Shedder:
         self.page_size = page_size
         self.pid = pid or os.getpid()  # what the victims' journals name this shedder by
         self.memavailable = memavailable  # the board's MemAvailable: how far a raise may go
+        self.router = router  # a victim router's client, by its url (the `unload` step)
         self.held: dict[str, Held] = {}  # in the order of their first step
         self.last_step_at: float | None = None
         self.totals: dict[tuple[str, str], int] = {}  # (victim, step) -> times
@@ -214,6 +219,8 @@ class Shedder:
             return None  # gone
         failed = self._failed.get(victim.name, [])
         left = [s for s in victim.yields if s not in steps and s not in failed]
+        if victim.router_url is None and ShedStep.UNLOAD in left:  # not a router: passed over
+            left.remove(ShedStep.UNLOAD)
         if not left:
             return None
         stopped = held.stopped_at
@@ -224,8 +231,11 @@ class Shedder:
     def _take(self, victim: Victim, held: Held, step: str, ctx: Context, now: float) -> Result:
         cg = victim.cgroup
         changes: list[dict[str, Any]] = []
+        model: str | None = None
         try:
-            if step == ShedStep.THROTTLE:
+            if step == ShedStep.UNLOAD:  # holds nothing: nothing to give back
+                model = unload_lru(self.router, victim.router_url, victim.router_last)
+            elif step == ShedStep.THROTTLE:
                 before = self.fs.read(cg, kf.MEMORY_HIGH).strip()
                 target = self._floor(max(self._usage(cg), self._live(cg, kf.MEMORY_MIN) or 0))
                 limit = parse_max(before)
@@ -275,21 +285,12 @@ class Shedder:
         self.held[victim.name] = held
         self.last_step_at = now
         self._count(victim.name, step)
-        self._journal(victim, step, changes, when=ctx.when, value=ctx.value)
+        extra = {} if model is None else {"model": model}
+        self._journal(victim, step, changes, when=ctx.when, value=ctx.value, **extra)
         self._arm()
-        log.warning(
-            "shed.step",
-            by=self.by,
-            victim=victim.name,
-            cgroup=cg,
-            step=step,
-            rule=ctx.rule,
-            when=ctx.when,
-        )
-        took: dict[str, Any] = {"victim": victim.name, "cgroup": cg, "step": step}
-        if changes:
-            took["changes"] = changes
-        return Result("shed", ok=True, after=took)
+        took: dict[str, Any] = {"victim": victim.name, "cgroup": cg, "step": step, **extra}
+        log.warning("shed.step", by=self.by, rule=ctx.rule, when=ctx.when, **took)
+        return Result("shed", ok=True, after={**took, "changes": changes} if changes else took)
 
     def _stop_pids(self, victim: Victim) -> list[int]:
         """The victim's engine when its published pid runs in its cgroup now (state.json is
@@ -442,11 +443,13 @@ class Shedder:
         *,
         when: str,
         value: Any = None,
+        **extra: Any,
     ) -> None:
         try:  # the caller holds the victim's journal lock (_locked)
             victim.journal.append(
-                "shed", changes, by=self.by, pid=self.pid, step=step, when=when, value=value
-            )
+                "shed", changes, by=self.by, pid=self.pid, step=step, when=when, value=value,
+                **extra,
+            )  # fmt: skip
         except OSError as err:
             log.warning("shed.journal_failed", victim=victim.name, reason=str(err))
 

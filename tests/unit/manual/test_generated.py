@@ -115,7 +115,7 @@ def test_the_reference_shows_types_defaults_and_bounds_from_the_schema() -> None
     assert by_path["process.on_governor_exit"].default == '"kill"'
     assert by_path["engine.ready_timeout"].default == '"300s"'
     assert by_path["name"].required
-    assert by_path["qos.yield"].default == '["throttle", "freeze", "stop", "kill"]'
+    assert by_path["qos.yield"].default == '["unload", "throttle", "freeze", "stop", "kill"]'
     md = generated()[POLICY_MD]
     assert "### `memory.high`" in md and "## [[pressure]]" in md
 

@@ -228,7 +228,8 @@ def test_a_victim_shows_the_shed_that_holds_it_and_its_class(tmp_path: Path) -> 
                        when="board memory some 100ms/1s")  # fmt: skip
         (item,) = collect(run, "st")
         _required_keys(item)
-        assert item["qos"] == {"class": "standard", "yield": ["throttle", "freeze", "stop", "kill"]}
+        steps = ["unload", "throttle", "freeze", "stop", "kill"]  # the default yield
+        assert item["qos"] == {"class": "standard", "yield": steps}
         shed = item["shed"]
         assert set(SCHEMA["items"]["properties"]["shed"]["required"]) <= set(shed)
         assert (shed["by"], shed["state"], shed["memory_high"]) == ("npu-chat", "throttled", "4096")

@@ -1,0 +1,122 @@
+"""``unload`` (issue 38): this slice's llama-server router unloads its least recently used idle
+model (no request in flight), a whole model's memory given back before anything is throttled
+or frozen. The model loads again at its next request: nothing is held, nothing to give back.
+
+Where the router is: the ``router`` of this slice's published state (governor/rundir/state.py,
+its url and each model's last request, published by the launch that runs the router); a
+`governor monitor` attached to the launched router's group reads the launch's state (the live
+one of the same group). Nothing idle, no router, no answer: the result is not ok, with why,
+and the rule's later actions run (``do = ["unload", "freeze 5s"]`` is a ladder). Each unload is
+a journal entry (source "unload", model, reason "pressure") and counted in ``totals`` as
+``router_unloads`` ({"model", "reason", "count"}), which the launch's publish adds to its
+router's ``unloads`` (the metric governor_model_unloads_total).
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any
+
+from governor.errors import GovernorError
+from governor.log import get_logger
+from governor.monitor.actions.base import Context, Env, Handler, Result
+from governor.plan.model import Action
+from governor.rundir.state import STATE_FILE, RunState, load_state, read_states, run_dir
+from governor.supervise.router import RouterClient, idle_lru
+
+log = get_logger(__name__)
+
+REASON = "pressure"
+TOTALS = "router_unloads"  # the published state's field ... merged into router.unloads
+
+
+class Unload(Handler):
+    def __init__(self, env: Env, router: Callable[[str], RouterClient] = RouterClient) -> None:
+        super().__init__(env)
+        self.router = router
+        self.counts: dict[tuple[str, str], int] = {}  # (model, reason) -> unloads
+
+    def run(self, action: Action, ctx: Context) -> Result:
+        found = self._router()
+        if found is None:
+            return Result(
+                "unload", ok=False,
+                detail="not a router: this slice's published state has no router url",
+            )  # fmt: skip
+        try:
+            model = unload_lru(self.router, *found)
+        except GovernorError as err:
+            return Result("unload", ok=False, detail=str(err))
+        self.counts[(model, REASON)] = self.counts.get((model, REASON), 0) + 1
+        self._journal(model, ctx)
+        return Result("unload", ok=True, after={"model": model, "router": found[0]})
+
+    def totals(self) -> dict[str, list[dict[str, Any]]]:
+        return {
+            TOTALS: [
+                {"model": m, "reason": r, "count": n} for (m, r), n in sorted(self.counts.items())
+            ]
+        }
+
+    def _router(self) -> tuple[str, dict[str, float | None]] | None:
+        """(url, {model: last request}) of this slice's router, or None."""
+        env = self.env
+        run = env.journal.dir.parent if env.journal is not None else run_dir()
+        states: list[RunState] = []
+        with contextlib.suppress(FileNotFoundError, GovernorError):
+            states.append(load_state(run / env.plan.policy / STATE_FILE))
+        with contextlib.suppress(OSError):  # attached (`governor monitor`): the live launch
+            states += [s for s in read_states(run) if not s.stale and s.group == env.group]
+        for st in states:
+            router = st.router
+            if router and isinstance(router.get("url"), str):
+                models = router.get("models") or {}
+                last = {
+                    a: (m.get("last_request") if isinstance(m, dict) else None)
+                    for a, m in models.items()
+                }
+                return router["url"], last
+        return None
+
+    def _journal(self, model: str, ctx: Context) -> None:
+        journal = self.env.journal
+        if journal is None:
+            return
+        try:
+            with self.env.journal_locked():
+                journal.append(
+                    "unload", [], model=model, reason=REASON, rule=ctx.rule, when=ctx.when,
+                    value=ctx.value,
+                )  # fmt: skip
+        except OSError as err:
+            log.warning("unload.journal_failed", model=model, reason=str(err))
+
+
+def unload_lru(
+    router: Callable[[str], RouterClient],
+    url: str | None,
+    last: Mapping[str, float | None] | None,
+) -> str:
+    """Unload the least recently used idle model of the router at ``url`` (``last``: each
+    model's last request) and name it; GovernorError when none is idle and unloaded, or the
+    router does not answer (the `unload` verb's and the shed ladder's step)."""
+    if url is None:
+        raise GovernorError("not a router: no router url published")
+    client = router(url)
+    for model in idle_lru(client, last or {}):
+        if client.unload(model):
+            return model
+    raise GovernorError(f"no idle model to unload (router {url})")
+
+
+def merge_unloads(*lists: Iterable[Mapping[str, Any]]) -> list[dict[str, Any]]:
+    """Unload counts ({"model", "reason", "count"}) from several counters as one list, summed
+    per (model, reason): the router's published ``unloads`` (the launch's own evictions and
+    this handler's ``router_unloads``)."""
+    out: dict[tuple[str, str], int] = {}
+    for items in lists:
+        for u in items:
+            key = (str(u["model"]), str(u["reason"]))
+            out[key] = out.get(key, 0) + int(u["count"])
+    return [{"model": m, "reason": r, "count": n} for (m, r), n in sorted(out.items())]

@@ -1,0 +1,160 @@
+"""Unload before freeze (issue 38 item 4) in the kernel guest: a higher class's shed whose
+victim is llama-server's router takes a whole idle model away first, before anything is
+throttled or frozen.
+
+The real router (scripts/engine-setup's llama-server) under `governor launch` in a background
+slice ([qos] yield by default: unload first), two tiny models loaded by one request each
+(tiny first, kv second: tiny is the least recently used) and idle; an interactive slice whose
+rule always holds (`board available < 60G`, one firing: its cooldown outlasts the test) sheds.
+Its first step on the router is "unload tiny": tiny's leaf empties, the router and kv's child
+keep running (the same pids), kv answers, the router slice's memory.high and cgroup.freeze are
+untouched. The shedder's stop gives the shed back (its journal's release).
+
+Tiny models, -c 256, 4 tokens an answer: the TCG guest loads each in a few seconds.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+from helpers import cgroups
+from helpers.cgroups import ScratchSlice
+from helpers.server import KVGUEST, SERVER, client, free_port, wait_ready
+
+from governor.rundir.journal import Journal
+from perf._helpers.engine_paths import TINY
+
+REPO = Path(__file__).resolve().parents[2]
+ALL = ("memory", "cpu", "cpuset", "io", "pids")
+
+
+def _ask(base: str, model: str) -> str:
+    r = client(base, timeout=300).chat.completions.create(
+        model=model,
+        messages=[{"role": "user", "content": "hello there"}],
+        max_tokens=4,
+        extra_body={"ignore_eos": True},
+    )
+    return r.choices[0].message.content or ""
+
+
+def _pids(path: Path) -> list[int]:
+    try:
+        return [int(x) for x in cgroups.read(path / "cgroup.procs").split()]
+    except FileNotFoundError:
+        return []  # the leaf is gone with its child
+
+
+def _launch(policy: Path, env: dict[str, str], *argv: str) -> subprocess.Popen[str]:
+    with policy.with_suffix(".log").open("w") as log:
+        return subprocess.Popen(
+            [sys.executable, "-m", "governor", "launch", "--policy", str(policy), "--", *argv],
+            cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT, text=True,
+        )  # fmt: skip
+
+
+def _state(run: Path, name: str) -> dict[str, Any]:
+    try:
+        data: dict[str, Any] = json.loads((run / name / "state.json").read_text())
+    except (FileNotFoundError, ValueError):
+        return {}
+    return data
+
+
+def _shed(run: Path) -> list[dict[str, Any]]:
+    return [e for e in Journal(run / "router").entries() if e["source"] == "shed"]
+
+
+def _stop(gov: subprocess.Popen[str]) -> int:
+    if gov.poll() is None:
+        gov.send_signal(signal.SIGTERM)
+    return gov.wait(timeout=120)
+
+
+@pytest.mark.kernel(controllers=ALL, root=True, psi=True)
+@pytest.mark.engine(binary=SERVER, paths=(KVGUEST, TINY))
+def test_a_shed_whose_victim_is_a_router_unloads_its_lru_idle_model_first(
+    tmp_path: Path, scratch_slice: ScratchSlice
+) -> None:
+    models = tmp_path / "models"
+    models.mkdir()
+    for name, target in (("tiny", TINY), ("kv", KVGUEST)):
+        (models / f"{name}.gguf").symlink_to(target)
+    run = tmp_path / "run"
+    run.mkdir(mode=0o755)
+    env = {**os.environ, "GOVERNOR_RUN_DIR": str(run)}
+    env["GOVERNOR_BOARD"] = str(tmp_path / "no-board.toml")
+    slice_ = f'slice = "{scratch_slice.name}"\n'
+    router_policy = tmp_path / "router.toml"
+    router_policy.write_text(
+        f'name = "router"\n{slice_}[memory]\nmax = "400M"\nswap_max = "0"\n'
+        '[engine]\nkind = "llama.cpp"\n[qos]\nclass = "background"\n'
+    )
+    chat_policy = tmp_path / "chat.toml"
+    chat_policy.write_text(
+        f'name = "chat"\n{slice_}[qos]\nclass = "interactive"\n[[pressure]]\n'
+        'when = "board available < 60G"\ndo = ["log", "shed"]\ncooldown = "600s"\n'
+    )
+    port = free_port()
+    base = f"http://127.0.0.1:{port}"
+    engine = [
+        str(SERVER), "--models-dir", str(models), "-c", "256", "--cache-ram", "0", "-np", "1",
+        "-t", "2", "--host", "127.0.0.1", "--port", str(port), "--chat-template", "chatml",
+        "--no-webui",
+    ]  # fmt: skip
+    group = scratch_slice.path / "router"
+    gov = _launch(router_policy, env, *engine)
+    chat: subprocess.Popen[str] | None = None
+    try:
+        wait_ready(base, gov, timeout=300)
+        assert _ask(base, "tiny")
+        assert _ask(base, "kv")  # tiny is now the least recently used
+        router = _pids(group / "engine")
+        tiny, kv = _pids(group / "models" / "tiny"), _pids(group / "models" / "kv")
+        assert len(router) == 1 and len(tiny) == 1 and len(kv) == 1, (router, tiny, kv)
+
+        def published() -> bool:
+            ms = (_state(run, "router").get("router") or {}).get("models") or {}
+            return all((ms.get(m) or {}).get("last_request") for m in ("tiny", "kv"))
+
+        cgroups.wait_for(published, 60, "the router's models published with a last request")
+        last = _state(run, "router")["router"]["models"]
+        assert last["tiny"]["last_request"] < last["kv"]["last_request"], last
+        high = cgroups.read(group / "memory.high")
+        t0 = time.monotonic()
+        chat = _launch(chat_policy, env, "/bin/sleep", "600")
+        cgroups.wait_for(lambda: _shed(run), 240, "the chat's shed on the router")
+        shed_s = time.monotonic() - t0
+        first = _shed(run)[0]
+        assert (first["step"], first["by"], first["model"]) == ("unload", "chat", "tiny"), first
+        cgroups.wait_for(
+            lambda: not _pids(group / "models" / "tiny"), 60, "tiny's child gone from its leaf"
+        )
+        # nothing else was taken: not throttled, not frozen, the router and kv untouched
+        assert [e["step"] for e in _shed(run)] == ["unload"]
+        assert cgroups.read(group / "memory.high") == high
+        assert cgroups.read(group / "cgroup.freeze") == "0"
+        assert _pids(group / "engine") == router
+        assert _pids(group / "models" / "kv") == kv
+        assert _ask(base, "kv")
+        assert _pids(group / "models" / "kv") == kv  # the same child answered
+        totals = _state(run, "chat")["shed_totals"]
+        assert {"victim": "router", "step": "unload", "count": 1} in totals, totals
+        assert _stop(chat) in (0, 143), chat_policy.with_suffix(".log").read_text()[-3000:]
+        assert [e["step"] for e in _shed(run)] == ["unload", "release"]
+        assert _ask(base, "tiny")  # it loads again at its next request
+        results = {"shed_s": round(shed_s, 1), "unloaded": first["model"], "steps": 1}
+        print("router unload guest:", json.dumps(results))
+    finally:
+        if chat is not None:
+            _stop(chat)
+        code = _stop(gov)
+    assert code in (0, 143), router_policy.with_suffix(".log").read_text()[-3000:]
