@@ -32,11 +32,14 @@ from governor.launch.executable import resolve_executable
 from governor.launch.launcher import Launcher
 from governor.log import get_logger
 from governor.monitor.actions import registry as verbs
+from governor.operate import board as claims
 from governor.plan.host import HostFacts
 from governor.plan.model import Plan
 from governor.plan.render import enforcement
 from governor.record import record, replace
 from governor.rundir.state import run_dir
+from governor.supervise.ready import server_url
+from governor.supervise.router import base_url
 from governor.supervise.supervisor import Backend, Job, Supervisor
 from governor.supervise.watchdog import Watchdog, fork_watchdog
 
@@ -211,6 +214,8 @@ def _job(
         board_release=admitted.release,
         admit_note=admitted.note,
         model_leaves=model_leaves(plan, entry.estimate),
+        router_url=router_url(entry.estimate, argv),
+        board_free=board_free(plan, directory, opts.root),
     )
 
 
@@ -255,6 +260,31 @@ def model_leaves(plan: Plan, estimate: dict[str, Any] | None) -> dict[str, Any] 
     return out
 
 
+def router_url(estimate: dict[str, Any] | None, argv: tuple[str, ...]) -> str | None:
+    """llama-server's router: its http://HOST:PORT from this launch's --host/--port
+    (LLAMA_ARG_HOST/PORT), as ready_url finds it; None when the engine is no router."""
+    if estimate is None or "router" not in estimate:
+        return None
+    return base_url(server_url(*server_address(argv, os.environ)))
+
+
+def board_free(plan: Plan, run: Path, root: Path) -> Callable[[], int | None] | None:
+    """[engine] evict = "memory": the board's free budget for this slice, read when a model
+    would not fit a group without memory.max (supervise/evict.py): the budget admission
+    weighs less every other slice's claim (governor/operate/board.py); None: another evict."""
+    if plan.engine.evict != "memory":
+        return None
+
+    def free() -> int | None:
+        seen = claims.gather(run=run, cgroup_root=Path(plan.cgroup_root), root=root)
+        if seen.budget.memtotal <= 0:
+            return None  # no MemTotal (a fixture root): nothing to weigh
+        others = sum(c.peak_claim for c in seen.claims if c.name != plan.policy)
+        return max(0, seen.budget.budget - others)
+
+    return free
+
+
 def needs_watchdog(plan: Plan) -> bool:
     """Whether the governor's death needs a watchdog to clean up after it: the engine's group
     killed (on_governor_exit = "kill"), and under "keep" too the board's clocks given back and
@@ -268,8 +298,6 @@ def ready_url(entry: compiled.Compiled, argv: tuple[str, ...]) -> str | None:
     /health from this launch's --host/--port (LLAMA_ARG_HOST/PORT), None: ready at exec."""
     if not entry.ready_server:
         return entry.ready_url
-    from governor.supervise.ready import server_url  # lazy: an engine with a ready URL only
-
     return server_url(*server_address(argv, os.environ))
 
 

@@ -139,6 +139,7 @@ class GovernorCollector(Collector):
         )
         self._rules(f, st, plan, p)
         self._sheds(f, st, p)
+        self._unloads(f, st, p)
         self._tunes(f, p)
         self._model(f, st, plan)
         if not exists:
@@ -281,6 +282,18 @@ class GovernorCollector(Collector):
                 s.get("count", 0),
                 victim=str(s.get("victim")),
                 step=str(s.get("step")),
+            )
+
+    def _unloads(self, f: _Families, st: RunState, p: str) -> None:
+        for u in (st.router or {}).get("unloads") or ():
+            f.counter(
+                "governor_model_unloads_total",
+                "models of llama-server's router the governor unloaded (reason: memory, for"
+                ' a new model under [engine] evict = "memory")',
+                p,
+                u.get("count", 0),
+                model=str(u.get("model")),
+                reason=str(u.get("reason")),
             )
 
     def _tunes(self, f: _Families, p: str) -> None:

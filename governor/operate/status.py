@@ -67,7 +67,11 @@ def collect(
             "knobs": knobs(fs, plan, journal=journal, systemd=systemd) if exists else [],
             "usage": usage(fs, plan.group) if exists else None,
             # llama-server's router: a row per model leaf (operate/observe.py model_rows)
-            "models": model_rows(fs, plan.group, (st.model or {}).get("router")) if exists else [],
+            "models": last_requests(
+                model_rows(fs, plan.group, (st.model or {}).get("router")) if exists else [],
+                st.router,
+                now,
+            ),
             "rules": st.rules,
             "last_actions": st.last_actions,
             "journal": journal.tail(5),
@@ -259,8 +263,33 @@ def _usage_lines(it: dict[str, Any]) -> list[str]:
             f"  model    {row['model']}  {'loaded' if row['loaded'] else 'unloaded'}"
             f"  current {_size(row['memory_current'])}  max {_size(row['memory_max'])}"
             f"  estimate {_size(row['estimate'])}  oom_kill {row['oom_kill']}"
+            f"  last request {ago(row.get('last_request_s'))}"
         )
     return lines
+
+
+def last_requests(
+    rows: list[dict[str, Any]], router: dict[str, Any] | None, now: float
+) -> list[dict[str, Any]]:
+    """Each model row with its last request as the launch published it (RunState.router,
+    supervise/router.py Activity): ``last_request`` (epoch) and ``last_request_s`` (its age)."""
+    models = (router or {}).get("models") or {}
+    for row in rows:
+        t = (models.get(row["model"]) or {}).get("last_request")
+        row["last_request"] = t
+        row["last_request_s"] = None if t is None else round(max(0.0, now - t), 1)
+    return rows
+
+
+def ago(seconds: float | None) -> str:
+    """An age as status and top show it: "12s ago", "5m ago", "3h ago"; "-": never."""
+    if seconds is None:
+        return "-"
+    if seconds < 120:
+        return f"{int(seconds)}s ago"
+    if seconds < 7200:
+        return f"{int(seconds // 60)}m ago"
+    return f"{int(seconds // 3600)}h ago"
 
 
 def _rule_lines(it: dict[str, Any]) -> list[str]:
@@ -304,6 +333,10 @@ def _journal_lines(it: dict[str, Any]) -> list[str]:
             done = e["error"]
         if e["source"] == "shed":
             done = f"{e.get('step')} by {e.get('by')}" + (f": {done}" if done else "")
+        if e["source"] == "unload" and e.get("model") and not e.get("error"):
+            # a model of llama-server's router unloaded: "unload tiny: room for small"
+            lines.append(f"  journal  #{e['id']} {at} unload {e['model']}: {e.get('reason')}")
+            continue
         lines.append(f"  journal  #{e['id']} {at} {e['source']}: {done}")
     for p in it.get("pending_confirm", []):
         at = time.strftime("%H:%M:%S", time.localtime(p["confirm_by"]))

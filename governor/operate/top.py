@@ -20,7 +20,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from governor.operate.status import collect
+from governor.operate.status import ago, collect
 from governor.sizes import human_bytes
 
 SORT_KEYS = {"m": "memory", "p": "pressure", "c": "cpu"}
@@ -130,7 +130,8 @@ def model_row(m: dict[str, Any]) -> str:
     return (
         f"  {m['model'][:13]:<14}{_size(m['memory_current']):>9}{'':>9}"
         f"{_size(m['memory_max']):>9}  {'loaded' if m['loaded'] else 'unloaded'},"
-        f" estimate {_size(m['estimate'])}, oom_kill {m['oom_kill']}"
+        f" estimate {_size(m['estimate'])}, oom_kill {m['oom_kill']},"
+        f" last request {ago(m.get('last_request_s'))}"
     )
 
 

@@ -129,6 +129,7 @@ _OPTIONAL: dict[str, Callable[[Any], bool]] = {
     "by": lambda v: v is None or isinstance(v, str),
     "step": lambda v: v is None or isinstance(v, str),
     "when": lambda v: v is None or isinstance(v, str),
+    "model": lambda v: v is None or isinstance(v, str),  # an unload's (supervise/evict.py)
 }
 
 

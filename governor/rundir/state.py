@@ -202,14 +202,16 @@ _TYPES: dict[str, Callable[[Any], bool]] = {
     "qos": _opt(_has(**{"class": _str, "yield": _list_of(_str)})),
     "shed_totals": _list_of(_has(victim=_str, step=_str, count=_is_int)),
     "router": _opt(
-        lambda v: isinstance(v, dict)
-        and _str(v.get("url"))
-        and isinstance(v.get("models", {}), dict)
-        and all(
-            isinstance(m, dict) and _opt(is_number)(m.get("last_request"))
-            for m in v.get("models", {}).values()
+        lambda v: (
+            isinstance(v, dict)
+            and _str(v.get("url"))
+            and isinstance(v.get("models", {}), dict)
+            and all(
+                isinstance(m, dict) and _opt(is_number)(m.get("last_request"))
+                for m in v.get("models", {}).values()
+            )
+            and _list_of(_has(model=_str, reason=_str, count=_is_int))(v.get("unloads", []))
         )
-        and _list_of(_has(model=_str, reason=_str, count=_is_int))(v.get("unloads", []))
     ),
 }
 

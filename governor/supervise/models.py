@@ -21,15 +21,22 @@ under TCG).
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from governor.errors import GovernorError
 from governor.kernel import files as kf
 from governor.kernel.cgroupfs import CgroupFs
 from governor.log import get_logger
 from governor.record import record
+from governor.supervise.evict import Evictor
+from governor.supervise.router import Activity, RouterClient
+
+if TYPE_CHECKING:
+    from governor.plan.model import Plan
+    from governor.rundir.journal import Journal
 
 log = get_logger(__name__)
 
@@ -37,6 +44,8 @@ MODELS = "models"  # <group>/models/<alias>
 POLL_S = 0.02  # between reads of the engine leaf's cgroup.procs
 ALIAS_OPTS = (b"-a", b"--alias")  # llama-server's --alias (common/arg.cpp)
 MODEL_CONTROLLERS = frozenset({"memory"})  # what a model's leaf limits (memory.max/high/oom.group)
+SAMPLE_S = 0.5  # between two samples of the models' activity (supervise/router.py Activity)
+PUBLISH_S = 1.0  # at most one republication of the models' state per this interval
 
 
 @record(frozen=True)
@@ -77,7 +86,12 @@ def child_alias(cmdline: bytes) -> str | None:
 
 class ModelLeaves:
     """Places the router's children into their leaves; ``poll`` is one pass (tests call it),
-    ``start`` runs it every POLL_S in a thread until ``stop``."""
+    ``start`` runs it every POLL_S in a thread until ``stop``.
+
+    With an ``activity`` the thread also samples each model's last request every SAMPLE_S
+    (a placement dates its model's too) and calls ``on_change`` when one moved, an unload was
+    counted or a child was placed, at most once per PUBLISH_S (the state file is not
+    rewritten at every poll): ``tick`` is that step, :meth:`published` what it publishes."""
 
     def __init__(
         self,
@@ -89,6 +103,10 @@ class ModelLeaves:
         router_pid: Callable[[], int | None],
         proc_root: Path = Path("/proc"),
         on_place: Callable[[str, int, str], None] | None = None,
+        activity: Activity | None = None,
+        on_change: Callable[[], None] | None = None,
+        clock: Callable[[], float] = time.monotonic,
+        evictor: Evictor | None = None,
     ) -> None:
         self.fs = fs
         self.group = group
@@ -100,6 +118,14 @@ class ModelLeaves:
         self.proc_root = proc_root
         self.on_place = on_place
         self.placed: dict[int, str] = {}  # pid -> alias, every child moved in this run
+        self.activity = activity
+        self.on_change = on_change
+        self.clock = clock
+        self.evictor = evictor  # [engine] evict = "memory" (supervise/evict.py)
+        self.unloads: dict[tuple[str, str], int] = {}  # (model, reason) -> how many
+        self._dirty = False  # something to publish
+        self._sampled: float | None = None  # clock of the last activity sample
+        self._published: float | None = None  # clock of the last on_change
         self._models_ready = False
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -123,6 +149,44 @@ class ModelLeaves:
                 self.poll()
             except GovernorError as err:  # the group went away (the run is ending)
                 log.debug("models.poll_failed", error=str(err))
+            self.tick()
+
+    def tick(self) -> bool:
+        """Sample the activity when SAMPLE_S passed; call ``on_change`` when something moved
+        and PUBLISH_S passed since the last call. True when it was called."""
+        now = self.clock()
+        if self.activity is not None and (self._sampled is None or now - self._sampled >= SAMPLE_S):
+            self._sampled = now
+            if self.activity.sample():
+                self._dirty = True
+        if not self._dirty or self.on_change is None:
+            return False
+        if self._published is not None and now - self._published < PUBLISH_S:
+            return False
+        self._dirty = False
+        self._published = now
+        try:
+            self.on_change()
+        except Exception as err:  # publishing must not end the placement thread
+            log.warning("models.publish_failed", error=str(err))
+        return True
+
+    def count_unload(self, model: str, reason: str) -> None:
+        key = (model, reason)
+        self.unloads[key] = self.unloads.get(key, 0) + 1
+        self._dirty = True
+
+    def published(self) -> dict[str, Any]:
+        """RunState.router's models and unloads (rundir/state.py): every model this run knows
+        (its limits, its leaves) with its last request (epoch, None: none yet)."""
+        last = dict(self.activity.last) if self.activity is not None else {}
+        names = set(self.limits) | set(self.placed.values()) | set(last)
+        return {
+            "models": {a: {"last_request": last.get(a)} for a in sorted(names)},
+            "unloads": [
+                {"model": m, "reason": r, "count": n} for (m, r), n in sorted(self.unloads.items())
+            ],
+        }
 
     def poll(self) -> list[tuple[int, str]]:
         """Move every child of the router found in the engine leaf; returns (pid, alias) of
@@ -162,13 +226,80 @@ class ModelLeaves:
                 self.fs.write(cg, kf.MEMORY_MAX, str(limits.max))
             if limits.high is not None:
                 self.fs.write(cg, kf.MEMORY_HIGH, str(limits.high))
+        # evict = "memory": a model that does not fit enters its leaf frozen (it allocates
+        # nothing) while idle models are unloaded for it, and is thawed whatever happens
+        frozen = self.evictor is not None and self.evictor.over(alias) is not None
         try:
-            self.fs.move(pid, cg)
-        except GovernorError as err:  # it exited meanwhile (ESRCH)
-            log.debug("models.move_failed", pid=pid, alias=alias, error=str(err))
-            return False
+            if frozen:
+                self.fs.freeze(cg, True)
+            try:
+                self.fs.move(pid, cg)
+            except GovernorError as err:  # it exited meanwhile (ESRCH)
+                log.debug("models.move_failed", pid=pid, alias=alias, error=str(err))
+                return False
+            self._placed(pid, alias, cg, limits)
+            if frozen:
+                assert self.evictor is not None
+                self.evictor.make_room(alias)
+        finally:
+            if frozen:
+                try:
+                    self.fs.freeze(cg, False)
+                except GovernorError as err:  # the leaf went away with the run
+                    log.warning("models.thaw_failed", cgroup=cg, error=str(err))
+        return True
+
+    def _placed(self, pid: int, alias: str, cg: str, limits: ModelLimits) -> None:
         self.placed[pid] = alias
+        if self.activity is not None:
+            self.activity.touch(alias)  # a model's load is its first request
+        self._dirty = True
         log.info("model.placed", pid=pid, alias=alias, cgroup=cg, memory_max=limits.max)
         if self.on_place is not None:
             self.on_place(alias, pid, cg)
-        return True
+
+
+def router_leaves(
+    fs: CgroupFs,
+    plan: Plan,
+    *,
+    limits: Mapping[str, ModelLimits | Mapping[str, Any]],
+    router_url: str | None,
+    claims: Mapping[str, Any],
+    board_free: Callable[[], int | None] | None,
+    journal: Journal | None,
+    router_pid: Callable[[], int | None],
+    proc_root: Path,
+    on_change: Callable[[], None] | None,
+) -> ModelLeaves:
+    """The supervisor's ModelLeaves for a router run: with the router's url, each model's
+    activity (supervise/router.py Activity) and, under ``[engine] evict = "memory"``, the
+    evictor (supervise/evict.py; ``claims``: alias -> the model's estimate)."""
+    activity = evictor = None
+    if router_url is not None:
+        activity = Activity(fs, plan.group)
+        if plan.engine.evict == "memory":
+            evictor = Evictor(
+                fs,
+                group=plan.group,
+                leaf=plan.leaf,
+                client=RouterClient(router_url),
+                activity=activity,
+                claims={a: v for a, v in claims.items() if isinstance(v, int)},
+                board_free=board_free,
+                journal=journal,
+            )
+    leaves = ModelLeaves(
+        fs,
+        group=plan.group,
+        leaf=plan.leaf,
+        limits=limits,
+        router_pid=router_pid,
+        proc_root=proc_root,
+        activity=activity,
+        on_change=on_change,
+        evictor=evictor,
+    )
+    if evictor is not None:
+        evictor.on_unload = leaves.count_unload
+    return leaves

@@ -37,7 +37,7 @@ from governor.plan.model import Plan
 from governor.record import field, record
 from governor.rundir.journal import Journal
 from governor.rundir.state import Publisher, RunState, applied, run_dir
-from governor.supervise.models import ModelLeaves
+from governor.supervise.models import ModelLeaves, router_leaves
 from governor.supervise.sdnotify import notify
 from governor.supervise.watchdog import Watchdog
 
@@ -85,6 +85,11 @@ class Job:
     admit_note: str | None = None
     # llama-server's router: alias -> ModelLimits of each model's leaf (supervise/models.py)
     model_leaves: dict[str, Any] | None = None
+    # llama-server's router: its http://HOST:PORT (published as RunState.router's url)
+    router_url: str | None = None
+    # [engine] evict = "memory" without a memory.max on the group: the board's free budget
+    # for this slice now (what admission counts; api/launch.py), None when unknown
+    board_free: Callable[[], int | None] | None = None
 
 
 class Supervisor:
@@ -117,6 +122,7 @@ class Supervisor:
         self.ready_wait: ReadyWait | None = None
         self.not_ready: str | None = None  # why the engine was stopped as never ready
         self.forwarder: Forwarder | None = None  # installed from the apply's end (run())
+        self.leaves: ModelLeaves | None = None  # llama-server's router: its models' leaves
 
     def run(self, job: Job) -> int:
         """Returns the engine's status (128+N when it died of signal N)."""
@@ -287,17 +293,23 @@ class Supervisor:
         return code
 
     def _start_model_leaves(self, job: Job) -> ModelLeaves | None:
-        """llama-server's router: each child it starts into its model's leaf."""
+        """llama-server's router: each child it starts into its model's leaf; each model's
+        last request sampled and published (RunState.router) with its url; evict = memory."""
         if job.model_leaves is None:
             return None
-        return ModelLeaves(
+        self.leaves = router_leaves(
             self.launcher.fs,
-            group=job.plan.group,
-            leaf=job.plan.leaf,
+            job.plan,
             limits=job.model_leaves,
+            router_url=job.router_url,
+            claims=(job.extra.get("estimate") or {}).get("router") or {},
+            board_free=job.board_free,
+            journal=Journal((job.run_dir or run_dir()) / job.plan.policy),
             router_pid=lambda: self.engine_pid,
             proc_root=self.proc.root,
-        ).start()
+            on_change=lambda: self._publish(job),
+        )
+        return self.leaves.start()
 
     def _await_ready(self, job: Job, pid: int) -> None:
         """READY=1 for Type=notify services (no-op without $NOTIFY_SOCKET): at exec, or once
@@ -380,11 +392,20 @@ class Supervisor:
             board=self.board,
             qos=plan.qos.to_json(),
             shed_totals=monitor.totals().get("shed_totals", []) if monitor is not None else [],
+            router=self._router_state(job),
         )
         self.state = state  # also what --metrics serves
         self.publisher.publish(state)
         if job.board_release is not None:
             job.board_release()  # idempotent: the next launch's admission sees this claim
+
+    def _router_state(self, job: Job) -> dict[str, Any] | None:
+        """RunState.router: the router's url, each model's last request, the unloads."""
+        if job.router_url is None:
+            return None
+        if self.leaves is None:
+            return {"url": job.router_url, "models": {}, "unloads": []}
+        return {"url": job.router_url, **self.leaves.published()}
 
     def _start_helper(self, job: Job, engine_pid: int) -> None:
         """The prefetch helper for this start of the engine (mode none: nothing)."""

@@ -11,6 +11,7 @@ Tiny models, -c 256, 4 tokens an answer: the TCG guest loads each in a few secon
 from __future__ import annotations
 
 import json
+import os
 import signal
 import subprocess
 import sys
@@ -21,7 +22,7 @@ import openai
 import pytest
 from helpers import cgroups
 from helpers.cgroups import ScratchSlice
-from helpers.server import KVGUEST, SERVER, client, free_port, wait_ready
+from helpers.server import KVGUEST, KVSERVER, SERVER, client, free_port, wait_ready
 
 from perf._helpers.engine_paths import TINY
 
@@ -115,3 +116,90 @@ def test_each_router_child_gets_its_own_leaf_and_an_overgrown_one_dies_alone(
             code = gov.wait(timeout=120)
     assert code in (0, 143), log.read_text()[-3000:]
     assert not group.exists(), "the group and its model leaves are removed at the end"
+
+
+@pytest.mark.kernel(controllers=ALL, root=True, psi=True)
+@pytest.mark.engine(binary=SERVER, paths=(KVSERVER,))
+def test_evict_memory_unloads_the_lru_idle_model_before_a_load_that_would_not_fit(
+    tmp_path: Path, scratch_slice: ScratchSlice
+) -> None:
+    """Issue 38 item 3: three 64 MiB models (103.6 MiB estimates at -c 256), a memory.max of
+    290M that fits the claims of two and the router but not three, --models-max 3 (the
+    router would never evict): A, B, C, A are all answered, the governor unloaded A for C
+    and B for A (least recently used idle first), nothing was OOM-killed."""
+    models = tmp_path / "models"
+    models.mkdir()
+    for name in ("a", "b", "c"):
+        (models / f"{name}.gguf").symlink_to(KVSERVER)
+    policy = tmp_path / "router.toml"
+    policy.write_text(
+        f'name = "router"\nslice = "{scratch_slice.name}"\n[memory]\nmax = "290M"\n'
+        'swap_max = "0"\n[engine]\nkind = "llama.cpp"\nevict = "memory"\n'
+    )
+    port = free_port()
+    base = f"http://127.0.0.1:{port}"
+    engine = [
+        str(SERVER), "--models-dir", str(models), "--models-max", "3", "-c", "256",
+        "--cache-ram", "0", "-np", "1", "-t", "2", "--host", "127.0.0.1", "--port", str(port),
+        "--chat-template", "chatml", "--no-webui",
+    ]  # fmt: skip
+    group = scratch_slice.path / "router"
+    run = tmp_path / "run"
+    env = {**os.environ, "GOVERNOR_RUN_DIR": str(run)}
+    log = tmp_path / "governor.log"
+    with log.open("w") as err:
+        gov = subprocess.Popen(
+            [sys.executable, "-m", "governor", "launch", "--policy", str(policy), "--", *engine],
+            cwd=REPO, env=env, stdout=subprocess.DEVNULL, stderr=err, text=True,
+        )  # fmt: skip
+        try:
+            wait_ready(base, gov, timeout=300)
+            t0 = time.monotonic()
+            for model in ("a", "b", "c", "a"):
+                assert _ask(base, model), model  # every request answered
+                time.sleep(1.2)  # the model leaves' activity is sampled every 0.5 s
+            wall_s = time.monotonic() - t0
+            loaded = {m: bool(_pids(group / "models" / m)) for m in ("a", "b", "c")}
+            assert loaded == {"a": True, "b": False, "c": True}, loaded
+            entries = [
+                json.loads(line)
+                for line in (run / "router" / "journal.jsonl").read_text().splitlines()
+            ]
+            unloads = [(e["model"], e.get("reason")) for e in entries if e["source"] == "unload"]
+            assert unloads == [("a", "room for c"), ("b", "room for a")], entries
+            status = subprocess.run(
+                [sys.executable, "-m", "governor", "status", "router"],
+                cwd=REPO, env=env, capture_output=True, text=True, timeout=120, check=True,
+            ).stdout  # fmt: skip
+            assert "unload a: room for c" in status and "unload b: room for a" in status
+            assert "last request" in status and "s ago" in status, status
+            state = json.loads((run / "router" / "state.json").read_text())
+            assert state["router"]["url"] == base
+            assert sorted(
+                (u["model"], u["reason"], u["count"]) for u in state["router"]["unloads"]
+            ) == [("a", "memory", 1), ("b", "memory", 1)]
+            kills = {
+                leaf: cgroups.read_kv(group / leaf / "memory.events")["oom_kill"]
+                for leaf in (".", "engine", "models/a", "models/b", "models/c")
+            }
+            assert not any(kills.values()), kills
+            peak = int(cgroups.read(group / "memory.peak"))
+            limit = int(cgroups.read(group / "memory.max"))
+            assert peak <= limit, (peak, limit)
+            for m in ("a", "b", "c"):  # never left frozen
+                assert cgroups.read_kv(group / "models" / m / "cgroup.events")["frozen"] == 0
+            assert gov.poll() is None
+            results = {
+                "peak_mib": round(peak / MIB, 1),
+                "max_mib": limit // MIB,
+                "unloads": len(unloads),
+                "oom_kills": sum(kills.values()),
+                "requests": 4,
+                "wall_s": round(wall_s, 1),
+            }
+            print("router evict guest:", json.dumps(results))
+        finally:
+            if gov.poll() is None:
+                gov.send_signal(signal.SIGTERM)
+            code = gov.wait(timeout=120)
+    assert code in (0, 143), log.read_text()[-3000:]

@@ -289,29 +289,37 @@ def test_a_routers_status_has_a_row_per_model_leaf_and_the_metric_per_model(
     run = tmp_path / "run"
     Publisher(run, plan.policy).publish(
         {"policy": plan.policy, "source": "launch", "pid": None, "plan": plan.to_dict(),
-         "model": {"router": {"small": 280 << 20, "hog": 40 << 20}}}
+         "model": {"router": {"small": 280 << 20, "hog": 40 << 20}},
+         "router": {"url": "http://127.0.0.1:8080",
+                    "models": {"small": {"last_request": 1000.0}, "hog": {"last_request": None}},
+                    "unloads": [{"model": "hog", "reason": "memory", "count": 2}]}}
     )  # fmt: skip
-    (item,) = collect(run, "st")
+    (item,) = collect(run, "st", now=1012.5)
     props = SCHEMA["items"]["properties"]["models"]["items"]
     assert all(set(props["required"]) == set(row) for row in item["models"])
     assert item["models"] == [
         {"model": "hog", "loaded": False, "memory_current": 4096, "memory_max": 8 << 20,
-         "estimate": 40 << 20, "oom_kill": 1},
+         "estimate": 40 << 20, "oom_kill": 1, "last_request": None, "last_request_s": None},
         {"model": "small", "loaded": True, "memory_current": 300 << 20,
-         "memory_max": 400 << 20, "estimate": 280 << 20, "oom_kill": 0},
+         "memory_max": 400 << 20, "estimate": 280 << 20, "oom_kill": 0,
+         "last_request": 1000.0, "last_request_s": 12.5},
     ]  # fmt: skip
     text = render([item])
     assert (
-        "  model    small  loaded  current 300MiB  max 400MiB  estimate 280MiB  oom_kill 0" in text
+        "  model    small  loaded  current 300MiB  max 400MiB  estimate 280MiB  oom_kill 0"
+        "  last request 12s ago" in text
     )
-    assert "  model    hog  unloaded" in text and "oom_kill 1" in text
+    assert "  model    hog  unloaded" in text and "oom_kill 1  last request -" in text
     from governor.operate.top import Frame, frame_text
 
     top = frame_text(Frame().rows([item], 0.0), "memory", 0.0).splitlines()
     slice_row = next(i for i, line in enumerate(top) if line.startswith("st"))
     assert top[slice_row + 1].split()[:3] == ["hog", "4KiB", "8MiB"]
     assert top[slice_row + 2].split()[:3] == ["small", "300MiB", "400MiB"]
+    assert top[slice_row + 1].endswith("last request -")
+    assert top[slice_row + 2].endswith("last request 12s ago")
     states = [RunState.read(json.loads((run / plan.policy / "state.json").read_text()))]
     metrics = generate_latest(registry(lambda: states, run)).decode()
     assert 'governor_model_memory_bytes{model="small",policy="st"} 3.145728e+08' in metrics
     assert 'governor_model_memory_bytes{model="hog",policy="st"} 4096.0' in metrics
+    assert 'governor_model_unloads_total{model="hog",policy="st",reason="memory"} 2.0' in metrics

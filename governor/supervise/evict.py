@@ -1,0 +1,211 @@
+"""``[engine] evict = "memory"`` (issue 38 item 3): room for a model before it allocates.
+
+llama-server's router evicts by count (``--models-max``), whatever the models weigh. With this
+policy the governor does it by memory: when a new child (alias X) is placed into its leaf
+(supervise/models.py) and
+
+    used = the claims of the models loaded now (each model leaf with a process: its estimate,
+           else its leaf's memory.max, else its memory.current)
+         + the router's own memory (the engine leaf's memory.current)
+         + X's claim
+
+passes the budget (the group's memory.max read now, else the board's free budget: what
+admission counts, handed in by the launch), X's leaf is frozen BEFORE the pid moves in (a
+process that enters a frozen cgroup is frozen: it never allocates before room is made), the
+least recently used idle models (supervise/router.py idle_lru, X excluded) are unloaded one
+at a time through the router until it fits, each waited for (bounded: WAIT_S; the router's
+stop-timeout is 10 s) until its leaf has no process, and X is thawed, always (finally).
+Nothing idle: logged and journaled, X thawed (its leaf's max and the pressure rules remain).
+
+It runs in the model leaves' poll thread: the bounded waits delay the placement of another
+child by at most WAIT_S per victim (a router loads one model per request; a second child
+started meanwhile stays in the engine leaf, charged there, until the next poll).
+
+Standard library only (the run time's import set).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Mapping
+from typing import TYPE_CHECKING
+
+from governor.errors import GovernorError
+from governor.kernel import files as kf
+from governor.kernel.cgroupfs import CgroupFs
+from governor.kernel.parse import parse_max
+from governor.log import get_logger
+from governor.supervise.router import Activity, RouterClient, RouterError, idle_lru
+
+if TYPE_CHECKING:
+    from governor.rundir.journal import Journal
+
+log = get_logger(__name__)
+
+MODELS = "models"
+WAIT_S = 20.0  # for an unloaded model's child to exit (the router's stop-timeout: 10 s)
+WAIT_POLL_S = 0.05
+REASON = "memory"  # RunState.router unloads' reason, governor_model_unloads_total's
+
+
+class Evictor:
+    """Makes room for a new model by unloading idle ones (module docstring). ``claims``:
+    alias -> its estimate (the estimate's "router" table); ``board_free``: the board's free
+    budget for this slice now (None: unknown); ``on_unload(model, reason)`` counts one."""
+
+    def __init__(
+        self,
+        fs: CgroupFs,
+        *,
+        group: str,
+        leaf: str,
+        client: RouterClient,
+        activity: Activity,
+        claims: Mapping[str, int],
+        board_free: Callable[[], int | None] | None = None,
+        journal: Journal | None = None,
+        on_unload: Callable[[str, str], None] | None = None,
+        wait_s: float = WAIT_S,
+        sleep: Callable[[float], None] = time.sleep,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.fs = fs
+        self.group = group
+        self.leaf = leaf
+        self.client = client
+        self.activity = activity
+        self.claims = dict(claims)
+        self.board_free = board_free
+        self.journal = journal
+        self.on_unload = on_unload
+        self.wait_s = wait_s
+        self.sleep = sleep
+        self.clock = clock
+
+    def cgroup(self, alias: str) -> str:
+        return f"{self.group}/{MODELS}/{alias}"
+
+    def _read(self, cgroup: str, file: str) -> int | None:
+        try:
+            return parse_max(self.fs.read(cgroup, file))
+        except (GovernorError, ValueError):
+            return None
+
+    def budget(self) -> int | None:
+        """The group's memory.max now, else the board's free budget; None: neither known."""
+        limit = self._read(self.group, kf.MEMORY_MAX)
+        if limit is not None:
+            return limit
+        if self.board_free is None:
+            return None
+        try:
+            return self.board_free()
+        except Exception as err:  # the board's files are another process's: never a crash
+            log.warning("evict.board_unreadable", error=str(err))
+            return None
+
+    def claim(self, alias: str) -> int:
+        """A model's claim: its estimate, else its leaf's memory.max, else memory.current."""
+        estimate = self.claims.get(alias)
+        if estimate is not None:
+            return estimate
+        cg = self.cgroup(alias)
+        return self._read(cg, kf.MEMORY_MAX) or self._read(cg, kf.MEMORY_CURRENT) or 0
+
+    def loaded(self, exclude: str) -> list[str]:
+        """The models whose leaf holds a process now (a child that is exiting still holds its
+        memory), ``exclude`` left out."""
+        try:
+            leaves = self.fs.children(f"{self.group}/{MODELS}")
+        except GovernorError:
+            return []
+        out = []
+        for cg in leaves:
+            alias = cg.rsplit("/", 1)[1]
+            if alias == exclude:
+                continue
+            try:
+                if self.fs.procs(cg):
+                    out.append(alias)
+            except GovernorError:
+                continue
+        return out
+
+    def used(self, new: str) -> int:
+        """The loaded models' claims + the router's memory.current + ``new``'s claim."""
+        router = self._read(self.leaf, kf.MEMORY_CURRENT) or 0
+        return sum(self.claim(a) for a in self.loaded(new)) + router + self.claim(new)
+
+    def over(self, new: str) -> tuple[int, int] | None:
+        """(used, budget) when ``new`` does not fit, None when it does (or no budget)."""
+        budget = self.budget()
+        if budget is None:
+            return None
+        used = self.used(new)
+        return (used, budget) if used > budget else None
+
+    def make_room(self, new: str) -> list[str]:
+        """Unload the LRU idle models until ``new`` fits; the models unloaded. The caller
+        froze ``new``'s leaf and thaws it afterwards, whatever this does."""
+        unloaded: list[str] = []
+        tried: set[str] = set()
+        while (over := self.over(new)) is not None:
+            used, budget = over
+            try:
+                idle = idle_lru(self.client, self.activity.last, exclude={new, *tried})
+            except RouterError as err:
+                idle = []
+                log.warning("evict.router_unreadable", error=str(err))
+            if not idle:
+                self._nothing_idle(new, used, budget)
+                break
+            victim = idle[0]
+            tried.add(victim)
+            if not self.client.unload(victim):
+                continue  # refused (it got a request meanwhile, say): the next one
+            gone = self._wait_gone(victim)
+            log.info(
+                "model.unloaded", model=victim, reason=f"room for {new}", used=used,
+                budget=budget, exited=gone,
+            )  # fmt: skip
+            self._journal(victim, f"room for {new}")
+            if self.on_unload is not None:
+                self.on_unload(victim, REASON)
+            unloaded.append(victim)
+        return unloaded
+
+    def _wait_gone(self, alias: str) -> bool:
+        """Until the model's leaf has no process, at most ``wait_s``; True when it has none."""
+        deadline = self.clock() + self.wait_s
+        cg = self.cgroup(alias)
+        while True:
+            try:
+                if not self.fs.procs(cg):
+                    return True
+            except GovernorError:
+                return True  # the leaf is gone
+            if self.clock() >= deadline:
+                log.warning("evict.unload_slow", model=alias, waited_s=self.wait_s)
+                return False
+            self.sleep(WAIT_POLL_S)
+
+    def _nothing_idle(self, new: str, used: int, budget: int) -> None:
+        mib = 1 << 20
+        why = (
+            f"no idle model to unload for {new}: {used // mib} MiB of claims"
+            f" over {budget // mib} MiB"
+        )
+        log.warning("evict.nothing_idle", model=new, used=used, budget=budget)
+        if self.journal is not None:
+            try:
+                self.journal.append("unload", [], model=new, error=why)
+            except OSError as err:
+                log.warning("evict.journal_failed", error=str(err))
+
+    def _journal(self, model: str, reason: str) -> None:
+        if self.journal is None:
+            return
+        try:
+            self.journal.append("unload", [], model=model, reason=reason)
+        except OSError as err:
+            log.warning("evict.journal_failed", error=str(err))

@@ -1,0 +1,416 @@
+"""Issue 38 item 3 and the router's publication on a fake cgroup tree: each model's last
+request sampled and published at most once a second (RunState.router), and
+``[engine] evict = "memory"``: a new child that would not fit waits frozen in its leaf while
+the least recently used idle models are unloaded. The real router: tests/kernel/
+test_router_guest.py."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from governor.errors import GovernorError
+from governor.kernel import files as kf
+from governor.rundir.journal import Journal
+from governor.rundir.state import RunState, check_state
+from governor.supervise.evict import Evictor
+from governor.supervise.models import PUBLISH_S, SAMPLE_S, ModelLeaves, ModelLimits
+from governor.supervise.router import Activity
+
+from .fakekernel import FakeKernelCgroupFs
+
+MIB = 1 << 20
+GROUP = "governor.slice/r"
+LEAF = f"{GROUP}/engine"
+ROUTER = b"/opt/llama/bin/llama-server\0--models-dir\0/m\0-c\0256\0"
+
+
+def _child(alias: str) -> bytes:
+    return b"/opt/llama/bin/llama-server\0--alias\0" + alias.encode() + b"\0--model\0/m/x.gguf\0"
+
+
+class Clock:
+    def __init__(self, now: float = 1000.0) -> None:
+        self.now = now
+
+    def __call__(self) -> float:
+        return self.now
+
+
+class MovingFs(FakeKernelCgroupFs):
+    """cgroup.procs moves the process; every write recorded in order."""
+
+    def __init__(self, root: Path) -> None:
+        super().__init__(root)
+        self.writes: list[tuple[str, str, str]] = []
+
+    def write(self, cgroup: str, file: str, value: str) -> None:
+        self.writes.append((cgroup, file, value))
+        super().write(cgroup, file, value)
+
+    def move(self, pid: int, cgroup: str) -> None:
+        self.writes.append((cgroup, kf.CGROUP_PROCS, str(pid)))
+        self.reap(pid)
+        self.add_process(cgroup, pid)
+
+
+@pytest.fixture
+def tree(cgroup_root: Path, tmp_path: Path) -> tuple[MovingFs, Path]:
+    fs = MovingFs(cgroup_root)
+    fs.enable("", ["memory", "cpu"])
+    fs.mkdir("governor.slice")
+    fs.enable("governor.slice", ["memory", "cpu"])
+    fs.mkdir(GROUP)
+    fs.mkdir(LEAF)
+    proc = tmp_path / "proc"
+    _spawn(fs, proc, 100, ROUTER)
+    return fs, proc
+
+
+def _spawn(fs: MovingFs, proc: Path, pid: int, cmdline: bytes) -> None:
+    (proc / str(pid)).mkdir(parents=True, exist_ok=True)
+    (proc / str(pid) / "cmdline").write_bytes(cmdline)
+    fs.add_process(LEAF, pid)
+
+
+def _usage(fs: MovingFs, alias: str, usec: int) -> None:
+    path = fs.root / GROUP / "models" / alias / kf.CPU_STAT
+    path.write_text(f"usage_usec {usec}\nuser_usec {usec}\nsystem_usec 0\n")
+
+
+def test_placement_and_activity_are_published_at_most_once_per_interval(
+    tree: tuple[MovingFs, Path],
+) -> None:
+    fs, proc = tree
+    mono, wall = Clock(), Clock(1_700_000_000.0)
+    published: list[dict[str, Any]] = []
+    leaves: ModelLeaves
+    leaves = ModelLeaves(
+        fs, group=GROUP, leaf=LEAF, limits={"a": ModelLimits(), "b": ModelLimits()},
+        router_pid=lambda: 100, proc_root=proc, activity=Activity(fs, GROUP, clock=wall),
+        on_change=lambda: published.append(leaves.published()), clock=mono,
+    )  # fmt: skip
+    assert leaves.tick() is False  # nothing happened: nothing rewritten
+    _spawn(fs, proc, 101, _child("a"))
+    leaves.poll()
+    _usage(fs, "a", 0)
+    mono.now += SAMPLE_S
+    assert leaves.tick() is True  # the placement dates a's load; a's usage sampled
+    assert published[-1]["models"] == {
+        "a": {"last_request": 1_700_000_000.0}, "b": {"last_request": None}
+    }  # fmt: skip
+    # a's leaf uses CPU (a request) within the interval: sampled, but not published yet
+    wall.now += 5
+    mono.now += SAMPLE_S
+    _usage(fs, "a", 50_000)
+    assert leaves.tick() is False
+    assert len(published) == 1
+    mono.now += PUBLISH_S - SAMPLE_S
+    assert leaves.tick() is True
+    assert published[-1]["models"]["a"] == {"last_request": 1_700_000_005.0}
+    # an idle leaf (no CPU) moves nothing: no republication however long it idles
+    for _ in range(5):
+        mono.now += PUBLISH_S
+        assert leaves.tick() is False
+    leaves.count_unload("a", "memory")
+    leaves.count_unload("a", "memory")
+    assert leaves.tick() is True
+    assert published[-1]["unloads"] == [{"model": "a", "reason": "memory", "count": 2}]
+
+
+def test_the_router_state_round_trips_and_check_state_takes_it() -> None:
+    router = {
+        "url": "http://127.0.0.1:8080",
+        "models": {"a": {"last_request": 1_700_000_000.5}, "b": {"last_request": None}},
+        "unloads": [{"model": "a", "reason": "memory", "count": 1}],
+    }
+    state = RunState(
+        policy="r", source="launch", policy_path=None, pid=1, started_at=1.0,
+        backend="cgroupfs", cgroup_root="/sys/fs/cgroup", group=GROUP, leaf=LEAF,
+        plan={}, router=router,
+    )  # fmt: skip
+    data = state.to_json()
+    assert data["router"] == router
+    assert RunState.read(data).router == router
+    bad = {**router, "unloads": [{"model": "a", "reason": "memory", "count": "1"}]}
+    assert check_state({**data, "format": 1, "router": bad}) is not None
+
+
+def test_a_router_launch_publishes_its_base_url_from_host_and_port(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from governor.api.launch import router_url
+
+    monkeypatch.delenv("LLAMA_ARG_HOST", raising=False)
+    monkeypatch.setenv("LLAMA_ARG_PORT", "9000")
+    argv = ("llama-server", "--models-dir", "/m", "--host", "0.0.0.0")
+    assert router_url({"router": {"a": 1}}, argv) == "http://127.0.0.1:9000"
+    assert router_url({"router": {}}, (*argv, "--port", "41233")) == "http://127.0.0.1:41233"
+    assert router_url({"model": "x.gguf", "total": 1}, argv) is None  # no router
+    assert router_url(None, argv) is None
+
+
+# --- [engine] evict = "memory" ------------------------------------------------------------
+
+A, B, C = 101, 102, 103
+
+
+class FakeRouter:
+    """The router's side: which models run, which are busy; an unload ends the child (its
+    pid leaves its leaf) after ``exit_polls`` looks at its leaf. Every call recorded in
+    ``fs.writes`` (the one order of events)."""
+
+    def __init__(self, fs: MovingFs, pids: dict[str, int], busy: Iterable[str] = ()) -> None:
+        self.fs = fs
+        self.pids = pids
+        self.busy_set = set(busy)
+        self.unloaded: list[str] = []
+
+    def models(self) -> dict[str, str]:
+        return {a: "loaded" if a not in self.unloaded else "unloaded" for a in self.pids}
+
+    def busy(self, model: str) -> bool | None:
+        return model in self.busy_set
+
+    def unload(self, model: str) -> bool:
+        self.fs.writes.append(("router", "unload", model))
+        self.unloaded.append(model)
+        self.fs.reap(self.pids[model])
+        return True
+
+
+def _evict_tree(
+    fs: MovingFs, proc: Path, *, budget: str = str(300 * MIB), router_current: int = 20 * MIB
+) -> None:
+    fs.write(GROUP, kf.MEMORY_MAX, budget)
+    (fs.root / LEAF / kf.MEMORY_CURRENT).write_text(f"{router_current}\n")
+    fs.enable(GROUP, ["memory"])  # as ModelLeaves does at its first placement
+    fs.mkdir(f"{GROUP}/models")
+    fs.enable(f"{GROUP}/models", ["memory"])
+    for alias, pid in (("a", A), ("b", B)):
+        fs.mkdir(f"{GROUP}/models/{alias}")
+        fs.add_process(f"{GROUP}/models/{alias}", pid)
+    _spawn(fs, proc, C, _child("c"))
+    fs.writes.clear()
+
+
+def _leaves(
+    fs: MovingFs, proc: Path, router: FakeRouter, journal: Any = None, **kw: Any
+) -> tuple[ModelLeaves, Evictor]:
+    activity = Activity(fs, GROUP)
+    activity.last.update({"a": 1000.0, "b": 2000.0})  # a is the least recently used
+    evictor = Evictor(
+        fs, group=GROUP, leaf=LEAF, client=router, activity=activity,  # type: ignore[arg-type]
+        claims={"a": 100 * MIB, "b": 100 * MIB, "c": 100 * MIB}, journal=journal,
+        sleep=lambda _s: None, **kw,
+    )  # fmt: skip
+    leaves = ModelLeaves(
+        fs, group=GROUP, leaf=LEAF, limits={}, router_pid=lambda: 100, proc_root=proc,
+        activity=activity, evictor=evictor,
+    )  # fmt: skip
+    evictor.on_unload = leaves.count_unload
+    return leaves, evictor
+
+
+def test_the_arithmetic_claims_estimates_then_leaf_max_then_current_plus_the_router(
+    tree: tuple[MovingFs, Path],
+) -> None:
+    fs, proc = tree
+    _evict_tree(fs, proc)
+    router = FakeRouter(fs, {"a": A, "b": B, "c": C})
+    _, ev = _leaves(fs, proc, router)
+    # 100 + 100 (a, b loaded) + 20 (the router's memory.current) + 100 (c) over 300
+    assert ev.used("c") == 320 * MIB
+    assert ev.over("c") == (320 * MIB, 300 * MIB)
+    # no estimate for b: its leaf's memory.max; none either: its memory.current
+    del ev.claims["b"]
+    fs.write(f"{GROUP}/models/b", kf.MEMORY_MAX, str(150 * MIB))
+    assert ev.claim("b") == 150 * MIB
+    fs.write(f"{GROUP}/models/b", kf.MEMORY_MAX, "max")
+    (fs.root / GROUP / "models" / "b" / kf.MEMORY_CURRENT).write_text(f"{7 * MIB}\n")
+    assert ev.claim("b") == 7 * MIB
+    # an unloaded model (its leaf stays, with no process) claims nothing
+    fs.reap(B)
+    assert ev.used("c") == 220 * MIB
+    # no memory.max on the group: the board's free budget; neither: no eviction at all
+    fs.write(GROUP, kf.MEMORY_MAX, "max")
+    ev.board_free = lambda: 200 * MIB
+    assert ev.over("c") == (220 * MIB, 200 * MIB)
+    ev.board_free = None
+    assert ev.over("c") is None
+
+
+def test_a_model_that_does_not_fit_enters_frozen_and_the_lru_idle_ones_go_first(
+    tree: tuple[MovingFs, Path], tmp_path: Path
+) -> None:
+    fs, proc = tree
+    _evict_tree(fs, proc, budget=str(200 * MIB))  # c needs both a and b gone: 320 -> 120
+    router = FakeRouter(fs, {"a": A, "b": B, "c": C})
+    journal = Journal(tmp_path / "run" / "r")
+    leaves, _ = _leaves(fs, proc, router, journal)
+    assert leaves.poll() == [(C, "c")]
+    c = f"{GROUP}/models/c"
+    events = [w for w in fs.writes if w[0] in (c, "router") and w[1] != kf.MEMORY_MAX]
+    assert events == [
+        (c, kf.CGROUP_FREEZE, "1"),  # frozen first: c enters frozen and allocates nothing
+        (c, kf.CGROUP_PROCS, str(C)),
+        ("router", "unload", "a"),  # least recently used first
+        ("router", "unload", "b"),
+        (c, kf.CGROUP_FREEZE, "0"),  # thawed once it fits
+    ]
+    assert fs.read(c, kf.CGROUP_FREEZE).strip() == "0"
+    entries = journal.entries()
+    assert [(e["source"], e["model"], e["reason"]) for e in entries] == [
+        ("unload", "a", "room for c"), ("unload", "b", "room for c")
+    ]  # fmt: skip
+    assert leaves.published()["unloads"] == [
+        {"model": "a", "reason": "memory", "count": 1},
+        {"model": "b", "reason": "memory", "count": 1},
+    ]
+    # `governor status` shows them as the issue says
+    from governor.operate.status import _journal_lines
+
+    lines = _journal_lines({"journal": entries})
+    assert lines[0].endswith("unload a: room for c") and lines[1].endswith("unload b: room for c")
+
+
+def test_it_stops_unloading_once_the_new_model_fits(
+    tree: tuple[MovingFs, Path],
+) -> None:
+    fs, proc = tree
+    _evict_tree(fs, proc)  # 320 over 300: a alone makes room
+    router = FakeRouter(fs, {"a": A, "b": B, "c": C})
+    leaves, _ = _leaves(fs, proc, router)
+    leaves.poll()
+    assert router.unloaded == ["a"]
+    assert fs.procs(f"{GROUP}/models/b") == [B]
+
+
+def test_a_model_that_fits_is_placed_without_a_freeze(tree: tuple[MovingFs, Path]) -> None:
+    fs, proc = tree
+    _evict_tree(fs, proc, budget=str(400 * MIB))
+    router = FakeRouter(fs, {"a": A, "b": B, "c": C})
+    leaves, _ = _leaves(fs, proc, router)
+    assert leaves.poll() == [(C, "c")]
+    assert router.unloaded == []
+    assert not [w for w in fs.writes if w[1] == kf.CGROUP_FREEZE]
+
+
+def test_nothing_idle_is_journaled_and_the_new_model_thawed(
+    tree: tuple[MovingFs, Path], tmp_path: Path
+) -> None:
+    fs, proc = tree
+    _evict_tree(fs, proc)
+    router = FakeRouter(fs, {"a": A, "b": B, "c": C}, busy={"a", "b"})  # both answering
+    journal = Journal(tmp_path / "run" / "r")
+    leaves, _ = _leaves(fs, proc, router, journal)
+    assert leaves.poll() == [(C, "c")]
+    assert router.unloaded == []
+    c = f"{GROUP}/models/c"
+    assert fs.procs(c) == [C]
+    assert fs.read(c, kf.CGROUP_FREEZE).strip() == "0"
+    (entry,) = journal.entries()
+    assert entry["source"] == "unload" and "no idle model to unload for c" in entry["error"]
+    assert "320 MiB of claims over 300 MiB" in entry["error"]
+    assert leaves.published()["unloads"] == []
+
+
+def test_the_new_model_is_thawed_whatever_the_eviction_raises(
+    tree: tuple[MovingFs, Path],
+) -> None:
+    fs, proc = tree
+    _evict_tree(fs, proc)
+
+    class Broken(FakeRouter):
+        def unload(self, model: str) -> bool:
+            raise GovernorError("the group went away")
+
+    leaves, _ = _leaves(fs, proc, Broken(fs, {"a": A, "b": B, "c": C}))
+    with pytest.raises(GovernorError):
+        leaves.poll()
+    c = f"{GROUP}/models/c"
+    assert fs.read(c, kf.CGROUP_FREEZE).strip() == "0"
+    assert [w[2] for w in fs.writes if w[:2] == (c, kf.CGROUP_FREEZE)] == ["1", "0"]
+
+
+def test_a_slow_child_is_waited_for_at_most_the_bound(tree: tuple[MovingFs, Path]) -> None:
+    fs, proc = tree
+    _evict_tree(fs, proc)
+    clock = Clock(0.0)
+
+    class Slow(FakeRouter):
+        def unload(self, model: str) -> bool:
+            self.unloaded.append(model)
+            return True  # taken, but its child never exits
+
+    router = Slow(fs, {"a": A, "b": B, "c": C})
+    waits: list[float] = []
+
+    def sleep(s: float) -> None:
+        waits.append(s)
+        clock.now += s
+
+    leaves, ev = _leaves(fs, proc, router)
+    ev.sleep, ev.clock, ev.wait_s = sleep, clock, 2.0
+    leaves.poll()
+    # a never exits: waited 2 s, then b (the next idle one); neither frees anything, so
+    # nothing idle is left and c is thawed
+    assert router.unloaded == ["a", "b"]
+    assert 3.9 <= clock.now <= 4.2
+    assert fs.read(f"{GROUP}/models/c", kf.CGROUP_FREEZE).strip() == "0"
+
+
+def test_the_board_free_budget_is_the_budget_less_every_other_slices_claim(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    from governor.api import launch
+    from governor.operate.board import BoardClaims
+    from governor.plan.budget import Budget, Claim
+
+    class _Engine:
+        evict = "memory"
+
+    class _Plan:
+        policy, cgroup_root, engine = "r", "/sys/fs/cgroup", _Engine()
+
+    def claim(name: str, peak: int) -> Claim:
+        return Claim(name=name, group=f"g/{name}", qos_class="standard", min=0, peak=peak,
+                     peak_source="max")  # fmt: skip
+
+    seen = BoardClaims(
+        budget=Budget.of(2048 * MIB, 256 * MIB),
+        claims=(claim("r", 900 * MIB), claim("chat", 700 * MIB), claim("bg", 200 * MIB)),
+    )
+    monkeypatch.setattr("governor.operate.board.gather", lambda **_kw: seen)
+    free = launch.board_free(_Plan(), tmp_path, tmp_path)  # type: ignore[arg-type]
+    assert free is not None
+    assert free() == (2048 - 256 - 700 - 200) * MIB  # its own claim ("r") is not counted
+    _Plan.engine = type("E", (), {"evict": "count"})()
+    assert launch.board_free(_Plan(), tmp_path, tmp_path) is None  # type: ignore[arg-type]
+
+
+def test_router_leaves_evicts_only_under_evict_memory(tmp_path: Path) -> None:
+    from governor.supervise.models import router_leaves
+
+    class _Plan:
+        group, leaf = GROUP, LEAF
+        engine = type("E", (), {"evict": "memory"})()
+
+    def build(plan: Any, url: str | None) -> ModelLeaves:
+        return router_leaves(
+            FakeKernelCgroupFs(tmp_path), plan, limits={}, router_url=url,
+            claims={"a": 1, "b": "?"}, board_free=None, journal=None,
+            router_pid=lambda: None, proc_root=tmp_path, on_change=None,
+        )  # fmt: skip
+
+    leaves = build(_Plan(), "http://127.0.0.1:8080")
+    assert leaves.evictor is not None and leaves.activity is not None
+    assert leaves.evictor.claims == {"a": 1}
+    assert leaves.evictor.on_unload == leaves.count_unload
+    assert build(_Plan(), None).evictor is None  # no url: no router to ask
+    _Plan.engine = type("E", (), {"evict": "count"})()
+    counted = build(_Plan(), "http://127.0.0.1:8080")
+    assert counted.evictor is None and counted.activity is not None
