@@ -8,8 +8,9 @@ router alone (count-based eviction) vs under `governor launch` with [engine] evi
 In the kernel guest (2 GiB, no swap): scripts/engine-setup's llama-server as a router over a
 models directory of three copies of small.gguf (134 MiB each, distinct inodes on an ext4 loop
 mount, so each model's weights are its own page cache), one request at a time in the order
-PATTERN (a b c a b c a c b ..., each asking a model the previous one did not), 4 tokens an
-answer, through the openai client. Arms, each with variants (a) `-c 512 --cache-ram 0` under
+PATTERN (a b c a b c a c b ..., each asking a model the previous one did not; 9 by default:
+under TCG a load is ~30-60 s), a one-word prompt and 2 tokens an answer through the openai
+client's /v1/completions. Arms, each with variants (a) `-c 512 --cache-ram 0` under
 memory.max 628M, and (b) `-c 8192 --cache-ram 16` under 1400M (each child's KV cache makes it
 ~480 MiB of anonymous memory: two fit, three do not, whatever reclaim does):
 
@@ -31,6 +32,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import json
 import os
 import shutil
 import signal
@@ -53,6 +55,9 @@ CGROUP = Path("/sys/fs/cgroup")
 SLICE = "perfrouter.slice"
 NAME = "router"
 CONTROLLERS = ("cpu", "io", "memory", "pids")
+# between requests, in every arm: the governor samples its model leaves' activity every 0.5 s
+# (the least recently used idle model is the one it unloads)
+PAUSE_S = 1.2
 
 
 def log(msg: str) -> None:
@@ -132,13 +137,12 @@ class Sampler(threading.Thread):
 
 
 def ask(base: str, model: str, index: int, tokens: int) -> float:
-    """One request: a short prompt of its own (no prompt cache hit), `tokens` answered."""
+    """One request: a one-word prompt of its own through /v1/completions (no chat template:
+    under TCG a model's load, not its prompt, should be what a request costs), `tokens`
+    answered."""
     t0 = time.perf_counter()
-    client(base, timeout=900).chat.completions.create(
-        model=model,
-        messages=[{"role": "user", "content": prompt(index, 16)}],
-        max_tokens=tokens,
-        extra_body={"ignore_eos": True},
+    client(base, timeout=900).completions.create(
+        model=model, prompt=prompt(index, 1), max_tokens=tokens, extra_body={"ignore_eos": True}
     )
     return time.perf_counter() - t0
 
@@ -190,11 +194,14 @@ def stop(proc: subprocess.Popen[str]) -> None:
         proc.wait()
 
 
-def unloads(path: Path) -> int:
-    """The governor's journaled unloads ("unload a: room for b") in its log."""
+def unloads(run_dir: Path) -> int:
+    """The governor's journaled unloads ("unload a: room for b") of this launch."""
+    n = 0
     with contextlib.suppress(OSError):
-        return sum(1 for line in path.read_text().splitlines() if "room for" in line)
-    return 0
+        for line in (run_dir / NAME / "journal.jsonl").read_text().splitlines():
+            with contextlib.suppress(ValueError, AttributeError):
+                n += json.loads(line).get("source") == "unload"
+    return n
 
 
 def run_arm(arm: Arm, models: Path, tmp: Path, requests: int, tokens: int) -> Result:
@@ -220,6 +227,7 @@ def run_arm(arm: Arm, models: Path, tmp: Path, requests: int, tokens: int) -> Re
                 res.failed += 1
                 res.errors.append(f"#{i} {model}: {type(err).__name__}: {str(err)[:120]}")
                 log(f"{arm.name} #{i} {model}: FAILED {res.errors[-1]}")
+            time.sleep(PAUSE_S)
         stat = read_kv(group / "memory.stat")
         res.refault_file = stat.get("workingset_refault_file", 0) - refault0
         res.oom_kills = read_kv(group / "memory.events").get("oom_kill", 0)
@@ -231,6 +239,7 @@ def run_arm(arm: Arm, models: Path, tmp: Path, requests: int, tokens: int) -> Re
         with contextlib.suppress(OSError):
             leaves = sorted(p.name for p in (group / "models").iterdir() if p.is_dir())
             log(f"{arm.name}: model leaves at the end: {leaves}")
+        res.unloads = unloads(tmp / f"run-{arm.name}")
     finally:
         if sampler is not None:
             sampler.stop.set()
@@ -239,7 +248,6 @@ def run_arm(arm: Arm, models: Path, tmp: Path, requests: int, tokens: int) -> Re
             kill_tree(group)
     res.wall_s = time.monotonic() - t0
     res.kernel_kills = kernel_kills() - kills0
-    res.unloads = unloads(tmp / f"{arm.name}.log")
     if arm.governed and proc.returncode not in (0, 143, -15):
         res.errors.append(f"governor exited {proc.returncode}")
         log((tmp / f"{arm.name}.log").read_text()[-2000:])
@@ -252,8 +260,8 @@ def run_arm(arm: Arm, models: Path, tmp: Path, requests: int, tokens: int) -> Re
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
     ap.add_argument("--arms", default=",".join(a.name for a in ARMS))
-    ap.add_argument("--requests", type=int, default=12, help="requests per arm")
-    ap.add_argument("--tokens", type=int, default=4, help="tokens per answer")
+    ap.add_argument("--requests", type=int, default=9, help="requests per arm")
+    ap.add_argument("--tokens", type=int, default=2, help="tokens per answer")
     ap.add_argument("--guest", action="store_true", help="run in the kernel test guest")
     ap.add_argument("--guest-timeout", type=float, default=2400.0)
     ap.add_argument("--guest-cpus", type=int, default=2, help="the guest's vCPUs (--guest)")
