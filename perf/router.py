@@ -1,0 +1,308 @@
+#!/usr/bin/env python3
+"""llama-server's router with three models and a memory.max that fits two (issue 38): the
+router alone (count-based eviction) vs under `governor launch` with [engine] evict = "memory".
+
+    flock /tmp/governor-guest.lock .venv/bin/python -m perf.router --guest [--requests 12]
+    .venv/bin/python -m perf.router [--arms 1a,2a,3a]   # as root on a cgroup v2 kernel
+
+In the kernel guest (2 GiB, no swap): scripts/engine-setup's llama-server as a router over a
+models directory of three copies of small.gguf (134 MiB each, distinct inodes on an ext4 loop
+mount, so each model's weights are its own page cache), one request at a time in the order
+PATTERN (a b c a b c a c b ..., each asking a model the previous one did not; 9 by default:
+under TCG a load is ~30-60 s), a one-word prompt and 2 tokens an answer through the openai
+client's /v1/completions. Arms, each with variants (a) `-c 512 --cache-ram 0` under
+memory.max 628M, and (b) `-c 8192 --cache-ram 16` under 1400M (each child's KV cache makes it
+~480 MiB of anonymous memory: two fit, three do not, whatever reclaim does):
+
+  1  the router alone, --models-max 2, in a plain cgroup with that memory.max
+  2  the router alone, --models-max 3, the same memory.max
+  3  `governor launch` with a policy of the same memory.max, [engine] evict = "memory",
+     --models-max 3: the governor unloads the least recently used idle model when a load
+     would not fit
+
+Per arm: requests failed, OOM kills (the group's memory.events oom_kill, hierarchical: the
+router's leaf and the models' leaves too; in brackets the kernel log's "Killed process"
+lines), peak memory (memory.peak, else the sampled max of memory.current), the weights
+re-read (memory.stat workingset_refault_file from ready to the last answer, MiB), the
+latency of the answered requests (median, max), the governor's unloads; the ratios of arms
+1 and 2 to arm 3.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+import openai
+
+from perf._helpers.disk import loop_mount
+from perf._helpers.engine_paths import SMALL
+from perf._helpers.server import SERVER, SERVER_ARGS, client, free_port, prompt, wait_ready
+from perf.router_common import ARMS, MIB, MODELS, VARIANTS, Arm, Result, mix, parse_arms, table
+
+REPO = Path(__file__).resolve().parents[1]
+CGROUP = Path("/sys/fs/cgroup")
+SLICE = "perfrouter.slice"
+NAME = "router"
+CONTROLLERS = ("cpu", "io", "memory", "pids")
+# between requests, in every arm: the governor samples its model leaves' activity every 0.5 s
+# (the least recently used idle model is the one it unloads)
+PAUSE_S = 1.2
+
+
+def log(msg: str) -> None:
+    print(f"perf/router: {msg}", flush=True)
+
+
+def in_guest(argv: list[str], timeout: float, cpus: int) -> int:
+    """Run this module in the kernel guest through the project's harness (tests/vm/run.py)."""
+    cmd = [str(REPO / ".venv" / "bin" / "python"), "-m", "perf.router", *argv]
+    harness = [sys.executable, "-m", "vm.run", "--guest", "kernel", f"--timeout={timeout}",
+               f"--cpus={cpus}"]  # fmt: skip
+    return subprocess.call([*harness, "--", *cmd], cwd=REPO / "tests")
+
+
+def read_kv(path: Path) -> dict[str, int]:
+    out: dict[str, int] = {}
+    with contextlib.suppress(OSError):
+        for line in path.read_text().splitlines():
+            k, _, v = line.partition(" ")
+            with contextlib.suppress(ValueError):
+                out[k] = int(v)
+    return out
+
+
+def enable(path: Path, controllers: tuple[str, ...]) -> None:
+    have = set((path / "cgroup.controllers").read_text().split())
+    on = " ".join(f"+{c}" for c in controllers if c in have)
+    (path / "cgroup.subtree_control").write_text(on)
+
+
+def kill_tree(path: Path) -> None:
+    """Everything in the cgroup tree killed and the directories removed (deepest first)."""
+    if not path.is_dir():
+        return
+    with contextlib.suppress(OSError):
+        (path / "cgroup.kill").write_text("1")
+    deadline = time.monotonic() + 30
+    for d in sorted((p for p in path.rglob("*") if p.is_dir()), key=lambda p: -len(p.parts)):
+        while time.monotonic() < deadline:
+            try:
+                d.rmdir()
+                break
+            except OSError:
+                time.sleep(0.2)
+    with contextlib.suppress(OSError):
+        while path.exists() and time.monotonic() < deadline:
+            try:
+                path.rmdir()
+            except OSError:
+                time.sleep(0.2)
+
+
+def drop_caches() -> None:
+    """The models' clean pages out of the page cache: each arm faults them in again, charged
+    to its own group (not to the previous arm's, removed)."""
+    os.sync()
+    Path("/proc/sys/vm/drop_caches").write_text("3\n")
+
+
+def kernel_kills() -> int:
+    out = subprocess.run(["dmesg"], capture_output=True, text=True, check=False).stdout
+    return sum(1 for line in out.splitlines() if "Killed process" in line)
+
+
+class Sampler(threading.Thread):
+    """memory.current of the group every 0.2 s (the peak where memory.peak is missing)."""
+
+    def __init__(self, group: Path) -> None:
+        super().__init__(daemon=True)
+        self.group, self.peak, self.stop = group, 0, threading.Event()
+
+    def run(self) -> None:
+        while not self.stop.is_set():
+            with contextlib.suppress(OSError, ValueError):
+                self.peak = max(self.peak, int((self.group / "memory.current").read_text()))
+            self.stop.wait(0.2)
+
+
+def ask(base: str, model: str, index: int, tokens: int) -> float:
+    """One request: a one-word prompt of its own through /v1/completions (no chat template:
+    under TCG a model's load, not its prompt, should be what a request costs), `tokens`
+    answered."""
+    t0 = time.perf_counter()
+    client(base, timeout=900).completions.create(
+        model=model, prompt=prompt(index, 1), max_tokens=tokens, extra_body={"ignore_eos": True}
+    )
+    return time.perf_counter() - t0
+
+
+def engine_argv(models: Path, arm: Arm, port: int) -> list[str]:
+    return [str(SERVER), "--models-dir", str(models), "--models-max", str(arm.models_max),
+            *VARIANTS[arm.variant].flags, "-t", "2", "--host", "127.0.0.1", "--port", str(port),
+            *SERVER_ARGS]  # fmt: skip
+
+
+def policy_text(arm: Arm) -> str:
+    return (f'name = "{NAME}"\nslice = "{SLICE}"\n[memory]\n'
+            f'max = "{VARIANTS[arm.variant].memory_max}"\nswap_max = "0"\n'
+            '[engine]\nkind = "llama.cpp"\nevict = "memory"\n')  # fmt: skip
+
+
+def start(arm: Arm, models: Path, tmp: Path, port: int) -> tuple[subprocess.Popen[str], Path]:
+    """The router, alone in a fresh cgroup with the variant's memory.max or under the governor;
+    its process and its group."""
+    argv = engine_argv(models, arm, port)
+    err = (tmp / f"{arm.name}.log").open("w")
+    if arm.governed:
+        policy = tmp / f"{arm.name}.toml"
+        policy.write_text(policy_text(arm))
+        env = {**os.environ, "GOVERNOR_RUN_DIR": str(tmp / f"run-{arm.name}"),
+               "GOVERNOR_CACHE_DIR": str(tmp / "cache")}  # fmt: skip
+        Path(env["GOVERNOR_RUN_DIR"]).mkdir(mode=0o755)
+        cmd = [sys.executable, "-m", "governor", "launch", "--policy", str(policy), "--", *argv]
+        proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=err, stderr=err, text=True)
+        return proc, CGROUP / SLICE / NAME
+    group = CGROUP / SLICE / f"alone-{arm.name}"
+    group.mkdir()
+    (group / "memory.max").write_text(VARIANTS[arm.variant].memory_max)
+    with contextlib.suppress(OSError):
+        (group / "memory.swap.max").write_text("0")
+    # the shell joins the group, then execs the router: its children are born in it
+    join = ["/bin/sh", "-c", 'echo $$ > "$0" && exec "$@"', str(group / "cgroup.procs")]
+    proc = subprocess.Popen([*join, *argv], stdout=err, stderr=err, text=True)
+    return proc, group
+
+
+def stop(proc: subprocess.Popen[str]) -> None:
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGTERM)
+    try:
+        proc.wait(timeout=120)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+
+
+def unloads(run_dir: Path) -> int:
+    """The governor's journaled unloads ("unload a: room for b") of this launch."""
+    n = 0
+    with contextlib.suppress(OSError):
+        for line in (run_dir / NAME / "journal.jsonl").read_text().splitlines():
+            with contextlib.suppress(ValueError, AttributeError):
+                n += json.loads(line).get("source") == "unload"
+    return n
+
+
+def run_arm(arm: Arm, models: Path, tmp: Path, requests: int, tokens: int) -> Result:
+    res = Result(arm, page_size=os.sysconf("SC_PAGE_SIZE"))
+    drop_caches()
+    kills0 = kernel_kills()
+    port = free_port()
+    base = f"http://127.0.0.1:{port}"
+    t0 = time.monotonic()
+    proc, group = start(arm, models, tmp, port)
+    sampler: Sampler | None = None
+    try:
+        wait_ready(base, proc, timeout=600)
+        sampler = Sampler(group)
+        sampler.start()
+        refault0 = read_kv(group / "memory.stat").get("workingset_refault_file", 0)
+        for i, model in enumerate(mix(requests)):
+            try:
+                took = ask(base, model, i, tokens)
+                res.latencies.append(took)
+                log(f"{arm.name} #{i} {model}: {took:.1f} s")
+            except (openai.APIError, OSError) as err:  # a 500, a dropped connection, a timeout
+                res.failed += 1
+                res.errors.append(f"#{i} {model}: {type(err).__name__}: {str(err)[:120]}")
+                log(f"{arm.name} #{i} {model}: FAILED {res.errors[-1]}")
+            time.sleep(PAUSE_S)
+        stat = read_kv(group / "memory.stat")
+        res.refault_file = stat.get("workingset_refault_file", 0) - refault0
+        res.oom_kills = read_kv(group / "memory.events").get("oom_kill", 0)
+        peak = group / "memory.peak"
+        if peak.exists():
+            res.peak, res.peak_source = int(peak.read_text()), "memory.peak"
+        else:
+            res.peak, res.peak_source = sampler.peak, "sampled memory.current"
+        with contextlib.suppress(OSError):
+            leaves = sorted(p.name for p in (group / "models").iterdir() if p.is_dir())
+            log(f"{arm.name}: model leaves at the end: {leaves}")
+        res.unloads = unloads(tmp / f"run-{arm.name}")
+    finally:
+        if sampler is not None:
+            sampler.stop.set()
+        stop(proc)
+        if not arm.governed:
+            kill_tree(group)
+    res.wall_s = time.monotonic() - t0
+    res.kernel_kills = kernel_kills() - kills0
+    if arm.governed and proc.returncode not in (0, 143, -15):
+        res.errors.append(f"governor exited {proc.returncode}")
+        log((tmp / f"{arm.name}.log").read_text()[-2000:])
+    log(f"{arm.name}: failed {res.failed}, oom_kill {res.oom_kills} (kernel log "
+        f"{res.kernel_kills}), peak {(res.peak or 0) / MIB:.0f} MiB, re-read "
+        f"{res.reread_mib:.0f} MiB, unloads {res.unloads}, {res.wall_s:.0f} s")  # fmt: skip
+    return res
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
+    ap.add_argument("--arms", default=",".join(a.name for a in ARMS))
+    ap.add_argument("--requests", type=int, default=9, help="requests per arm")
+    ap.add_argument("--tokens", type=int, default=2, help="tokens per answer")
+    ap.add_argument("--guest", action="store_true", help="run in the kernel test guest")
+    ap.add_argument("--guest-timeout", type=float, default=2400.0)
+    ap.add_argument("--guest-cpus", type=int, default=2, help="the guest's vCPUs (--guest)")
+    a = ap.parse_args()
+    try:
+        arms = parse_arms(a.arms)
+    except ValueError as err:
+        raise SystemExit(f"perf/router: {err} (--arms)") from err
+    if a.guest:
+        inner = [f"--arms={a.arms}", f"--requests={a.requests}", f"--tokens={a.tokens}"]
+        return in_guest(inner, a.guest_timeout, a.guest_cpus)
+    if os.geteuid() != 0 or not (CGROUP / "cgroup.controllers").exists():
+        raise SystemExit("perf/router: needs root on a cgroup v2 kernel (use --guest)")
+    if not SMALL.exists():
+        raise SystemExit(f"perf/router: {SMALL} missing: run scripts/engine-setup")
+    free = subprocess.run(["free", "-m"], capture_output=True, text=True, check=False).stdout
+    log(f"kernel {os.uname().release}, {os.cpu_count()} cpus; {free.splitlines()[1]}")
+    size = SMALL.stat().st_size
+    enable(CGROUP, CONTROLLERS)
+    (CGROUP / SLICE).mkdir(exist_ok=True)
+    enable(CGROUP / SLICE, CONTROLLERS)
+    results: list[Result] = []
+    t0 = time.monotonic()
+    with tempfile.TemporaryDirectory() as tmpd, tempfile.TemporaryDirectory() as mnt:
+        tmp = Path(tmpd)
+        with loop_mount(Path(mnt), 3 * (size // MIB) + 64) as disk:
+            models = disk / "models"
+            models.mkdir()
+            for name in MODELS:  # copies, not links: each model's own inode and page cache
+                shutil.copyfile(SMALL, models / f"{name}.gguf")
+            log(f"models: 3 copies of {SMALL.name} ({size / MIB:.0f} MiB) in {models}")
+            for arm in arms:
+                results.append(run_arm(arm, models, tmp, a.requests, a.tokens))
+    kill_tree(CGROUP / SLICE)
+    log(f"all arms: {time.monotonic() - t0:.0f} s; requests: {' '.join(mix(a.requests))}")
+    print("\n" + table(results), flush=True)
+    for r in results:
+        for e in r.errors:
+            print(f"  {r.arm.name}: {e}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
