@@ -102,12 +102,12 @@ def unload_lru(
     model's last request) and name it; GovernorError when none is idle and unloaded, or the
     router does not answer (the `unload` verb's and the shed ladder's step)."""
     if url is None:
-        raise GovernorError("not a router: no router url published")
+        raise GovernorError("not a router: no router url published (--models-dir, --models-preset)")
     client = router(url)
     for model in idle_lru(client, last or {}):
         if client.unload(model):
             return model
-    raise GovernorError(f"no idle model to unload (router {url})")
+    raise GovernorError(f"no idle model to unload ({url}/slots)")
 
 
 def merge_unloads(*lists: Iterable[Mapping[str, Any]]) -> list[dict[str, Any]]:
