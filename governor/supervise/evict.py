@@ -156,6 +156,9 @@ class Evictor:
             except RouterError as err:
                 idle = []
                 log.warning("evict.router_unreadable", error=str(err))
+            # the probes of their slots are no requests: not dated as one (Activity.rebase)
+            self.activity.rebase(self.loaded(new))
+            log.info("evict.idle", model=new, idle=idle, last=self.activity.last)
             if not idle:
                 self._nothing_idle(new, used, budget)
                 break

@@ -204,6 +204,18 @@ class Activity:
                 moved = True
         return moved
 
+    def rebase(self, aliases: Iterable[str]) -> None:
+        """Take each model leaf's usage now as the next sample's base without dating it: the
+        governor's own probe of its slots (GET /slots, :func:`idle_lru`) costs its child CPU
+        that is no request (a request within the last sample interval is missed with it)."""
+        for alias in aliases:
+            try:
+                self._usage[alias] = self.fs.cpu_stat(f"{self.group}/{MODELS}/{alias}").get(
+                    "usage_usec", 0
+                )
+            except GovernorError:
+                continue
+
     def lru(self, aliases: Iterable[str]) -> list[str]:
         """``aliases`` least recently used first (never used: first of all, by name)."""
         return sorted(aliases, key=lambda a: (self.last.get(a, 0.0), a))

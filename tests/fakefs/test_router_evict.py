@@ -414,3 +414,26 @@ def test_router_leaves_evicts_only_under_evict_memory(tmp_path: Path) -> None:
     _Plan.engine = type("E", (), {"evict": "count"})()
     counted = build(_Plan(), "http://127.0.0.1:8080")
     assert counted.evictor is None and counted.activity is not None
+
+
+def test_the_governors_own_slot_probes_are_not_dated_as_requests(
+    tree: tuple[MovingFs, Path], tmp_path: Path
+) -> None:
+    fs, proc = tree
+    _evict_tree(fs, proc)
+    for alias in ("a", "b"):
+        _usage(fs, alias, 1000)
+    router = FakeRouter(fs, {"a": A, "b": B, "c": C})
+    leaves, ev = _leaves(fs, proc, router)
+    ev.activity.sample()  # the base: a and b keep their last requests (1000, 2000)
+    real_busy = router.busy
+
+    def probed(model: str) -> bool | None:
+        _usage(fs, model, 50_000)  # answering /slots costs the child CPU
+        return real_busy(model)
+
+    router.busy = probed  # type: ignore[method-assign]
+    leaves.poll()  # c does not fit: a (LRU) unloaded, b probed
+    assert router.unloaded == ["a"]
+    assert ev.activity.sample() is False  # b's probe was no request
+    assert ev.activity.last["b"] == 2000.0

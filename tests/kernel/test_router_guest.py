@@ -160,7 +160,12 @@ def test_evict_memory_unloads_the_lru_idle_model_before_a_load_that_would_not_fi
                 time.sleep(1.2)  # the model leaves' activity is sampled every 0.5 s
             wall_s = time.monotonic() - t0
             loaded = {m: bool(_pids(group / "models" / m)) for m in ("a", "b", "c")}
-            assert loaded == {"a": True, "b": False, "c": True}, loaded
+            said = [
+                line[:400]
+                for line in log.read_text().splitlines()
+                if any(w in line for w in ("evict", "unload", "model.placed", "models_max"))
+            ]
+            assert loaded == {"a": True, "b": False, "c": True}, (loaded, said)
             entries = [
                 json.loads(line)
                 for line in (run / "router" / "journal.jsonl").read_text().splitlines()
