@@ -122,7 +122,14 @@ def estimate(model: Path, opts: HostOptions, eopts: EstimateOptions) -> Estimate
     if budget is None and eopts.policy is not None:
         budget = policy_budget(load_policy(eopts.policy), root=opts.root)
     if args.router:
-        return estimate_router(args, root=opts.root, budget=budget, cwd=Path.cwd(), env=os.environ)
+        return estimate_router(
+            args,
+            root=opts.root,
+            budget=budget,
+            cwd=Path.cwd(),
+            env=os.environ,
+            budget_from="--budget" if eopts.budget is not None else "memory.max",
+        )
     return estimate_argv(args, root=opts.root, budget=budget)
 
 
@@ -159,8 +166,8 @@ def admit_check(plan: Plan, opts: HostOptions, estimate: object, *, force: bool)
 
 def init(opts: HostOptions, req: Request) -> Draft | RouterDraft:
     """`governor init`: a policy for a GGUF model on this board (governor/engines/draft.py)."""
-    if is_router_model(req.model):  # llama-server's router: its models and --models-max
-        return draft_router(req, probe_host(opts), root=opts.root)
     # --board-memory: an empty board of that size (the tenants are not read)
     beside = tenants(opts) if req.board_memory is None else None
+    if is_router_model(req.model):  # llama-server's router: its models and --models-max
+        return draft_router(req, probe_host(opts), root=opts.root, tenants=beside)
     return draft(req, probe_host(opts), root=opts.root, tenants=beside)

@@ -86,6 +86,7 @@ def estimate_router(
     budget: int | None,
     cwd: Path,
     env: Mapping[str, str] | None = None,
+    budget_from: str = "memory.max",
 ) -> RouterEstimate:
     """Every model a llama-server router may load, estimated with the argv the router gives its
     child (governor/engines/router.py); 66 for a models directory or preset that is missing,
@@ -135,6 +136,7 @@ def estimate_router(
         models=tuple(estimates),
         models_max=MODELS_MAX if args.models_max is None else args.models_max,
         budget=budget,
+        budget_from=budget_from,
         unsized=tuple(unsized),
     )
 

@@ -24,12 +24,12 @@ from governor.engines.draft import (
     fit_budget,
     policy_name,
 )
+from governor.engines.draft_board import Tenants
 from governor.engines.draft_qos import _RULES
 from governor.engines.estimate import MIB
 from governor.engines.llama import EngineArgvError, parse_llama_argv
 from governor.engines.router import RouterEstimate, fits_together
 from governor.errors import PolicyError, UsageError
-from governor.plan.budget import reserve_for
 from governor.policy.loader import load_text
 
 if TYPE_CHECKING:
@@ -55,6 +55,7 @@ class RouterSizing:
     headroom: int
     mem_high: int
     mem_max: int
+    tenants: tuple[str, ...] = ()  # the board's other claims it was sized beside
 
 
 @dataclass(frozen=True)
@@ -66,8 +67,11 @@ class RouterDraft:
     missing: tuple[str, ...]
 
 
-def draft_router(req: Request, host: HostFacts, *, root: Path) -> RouterDraft:
-    """Size and render the policy for a router whose models ``req.model`` names."""
+def draft_router(
+    req: Request, host: HostFacts, *, root: Path, tenants: Tenants | None = None
+) -> RouterDraft:
+    """Size and render the policy for a router whose models ``req.model`` names, beside the
+    ``tenants`` the board already has (the other governed slices' claims, its reserve)."""
     name = policy_name(req)
     words = list(req.engine_argv)
     program = words.pop(0) if words and not words[0].startswith("-") else SERVER
@@ -87,7 +91,9 @@ def draft_router(req: Request, host: HostFacts, *, root: Path) -> RouterDraft:
         if req.board_memory is not None
         else (host.mem_total, f"MemTotal of {root}")
     )
-    ceiling = (board - reserve_for(board)) // MIB * MIB
+    # a policy of the same name replaces its own claim; --board-memory: an empty board
+    beside = Tenants() if req.board_memory is not None else (tenants or Tenants()).without(name)
+    ceiling = beside.room(board)[2] // MIB * MIB
     totals = sorted((e.total for _m, e in rest.models), reverse=True)
     cap = len(totals) if not given else min(given, len(totals))
     n = min(cap, fits_together(totals, fit_budget(ceiling)))
@@ -102,6 +108,7 @@ def draft_router(req: Request, host: HostFacts, *, root: Path) -> RouterDraft:
     headroom = headroom_for(chosen)
     sizing = RouterSizing(
         board=board, board_source=source, ceiling=ceiling, router=rest, models_max=n,
+        tenants=beside.lines(),
         chosen=chosen, headroom=headroom, mem_high=_mib_up(chosen + headroom // 2) * MIB,
         mem_max=_mib_up(chosen + headroom) * MIB,
     )  # fmt: skip
@@ -133,6 +140,7 @@ def _render(
     out = [
         f"# governor init: llama-server's router over {req.model} ({len(rows)} models)",
         f"# board {s.board >> 20} MiB ({s.board_source}), ceiling {s.ceiling >> 20} MiB",
+        *(f"#   beside {line}" for line in s.tenants),
         *(
             f"#   {m.alias}: estimate {e.total / MIB:.1f} MiB at -c {e.settings.ctx}"
             for m, e in rows

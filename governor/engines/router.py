@@ -79,6 +79,7 @@ class RouterEstimate:
     models: tuple[tuple[RouterModel, Estimate], ...]
     models_max: int  # as given (0 = no limit)
     budget: int | None = None
+    budget_from: str = "memory.max"  # what the budget is: the policy's memory.max or --budget
     unsized: tuple[str, ...] = field(default_factory=tuple)  # models with no local file
 
     @property
@@ -329,7 +330,7 @@ def render(rest: RouterEstimate) -> str:
             if together
             else "does NOT fit: no model fits alone"
         )
-        lines.append(f"  budget {mib(rest.budget).strip()} (memory.max): {verdict}")
+        lines.append(f"  budget {mib(rest.budget).strip()} ({rest.budget_from}): {verdict}")
         lines.append(f"  fit together in the budget, largest first: {together}")
     lines += [f"  warning: {name}: no local model file, not sized" for name in rest.unsized]
     for m, e in by_size:

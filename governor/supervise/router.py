@@ -104,13 +104,15 @@ class RouterClient:
                         break
                     chunks.append(chunk)
         except OSError as err:
-            raise RouterError(f"router {self.url} did not answer {method} {path}: {err}") from None
+            raise RouterError(
+                f"the router did not answer {method}: {err.strerror or err} ({self.url}{path})"
+            ) from None
         raw = b"".join(chunks)
         top, _, payload = raw.partition(b"\r\n\r\n")
         try:
             status = int(top.split(b" ", 2)[1])
         except (IndexError, ValueError):
-            raise RouterError(f"router {self.url}: not an HTTP answer to {path}") from None
+            raise RouterError(f"the router's answer is not HTTP ({self.url}{path})") from None
         if b"transfer-encoding: chunked" in top.lower():  # proxied answers are chunked
             payload = dechunk(payload)
         try:
@@ -123,7 +125,7 @@ class RouterClient:
         status, body = self.request("GET", "/models")
         items = body.get("data") if isinstance(body, dict) else None
         if status != 200 or not isinstance(items, list):
-            raise RouterError(f"router {self.url}: GET /models answered {status}")
+            raise RouterError(f"the router answered {status} to GET ({self.url}/models)")
         out: dict[str, str] = {}
         for item in items:
             if not isinstance(item, dict) or not isinstance(item.get("id"), str):

@@ -219,6 +219,7 @@ def test_estimate_prints_a_row_per_model_and_how_many_fit_together(
     assert rows == ["four", "two", "one"]  # largest first
     assert "fit together in the budget, largest first: 2" in out
     assert "pass --models-max 2" in out
+    assert "(--budget): does NOT fit" in out  # the budget says where it came from
     code, out, err = _governor(
         capsys, "--root", str(ROOT), "estimate", str(models_dir), "--budget", str(budget),
         "--engine-argv", "llama-server --models-max 2 -c 512 --cache-ram 0",
@@ -372,3 +373,44 @@ def test_the_plan_cache_keys_a_router_on_its_directory_preset_and_every_model_fi
     assert str(models / "b.gguf") in _router_inputs(args, tmp_path)
     # not a router: nothing more than its -m (the caller's own list)
     assert _router_inputs(parse_llama_argv((SERVER, "-m", str(other))), tmp_path) == []
+
+
+def test_init_for_a_router_sizes_beside_the_boards_other_claims(models_dir: Path) -> None:
+    """A board where two models fit alone: beside another slice's claim of the largest
+    model's size only one does, and the draft says which claim it was sized beside;
+    its own old claim (same name) does not count."""
+    from governor.engines.draft import Request, fit_budget
+    from governor.engines.draft_board import Tenants
+    from governor.engines.draft_router import draft_router
+    from governor.plan.budget import Claim, reserve_for
+    from governor.plan.host import probe
+    from governor.record import replace
+
+    rest, _budget = _budget_for_two(models_dir)
+    totals = sorted((e.total for _m, e in rest.models), reverse=True)
+    board = 4 * MIB * 1024
+    while fits_together(totals, fit_budget(board - reserve_for(board))) > 2:
+        board -= MIB
+    host = replace(probe(ROOT), mem_total=board)
+    req = Request(
+        model=models_dir, ctx=None, engine_argv=("llama-server", "-c", "512", "--cache-ram", "0")
+    )
+
+    def claim(name: str, peak: int) -> Claim:
+        return Claim(
+            name=name, group=f"governor.slice/{name}", qos_class="background", min=0,
+            peak=peak, peak_source="max", state="running",
+        )  # fmt: skip
+
+    alone = draft_router(req, host, root=ROOT)
+    assert alone.sizing.models_max == 2 and not alone.sizing.tenants
+    beside = draft_router(
+        req, host, root=ROOT, tenants=Tenants(claims=(claim("batch", totals[0]),))
+    )
+    assert beside.sizing.models_max == 1
+    assert beside.sizing.ceiling < alone.sizing.ceiling
+    assert "#   beside batch " in beside.text
+    own = draft_router(
+        req, host, root=ROOT, tenants=Tenants(claims=(claim(alone.name, totals[0]),))
+    )
+    assert own.sizing.models_max == 2

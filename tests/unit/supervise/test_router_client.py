@@ -1,0 +1,145 @@
+"""governor/supervise/router.py against a local HTTP server that answers as llama-server's
+router does (measured with the build of notes/engine.md: GET /models, a proxied GET /slots
+answered chunked even to HTTP/1.0, POST /models/unload)."""
+
+from __future__ import annotations
+
+import json
+import threading
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+import pytest
+
+from governor.supervise.router import (
+    RouterClient,
+    RouterError,
+    base_url,
+    dechunk,
+    idle_lru,
+)
+
+
+class FakeRouter:
+    def __init__(self) -> None:
+        self.status = {"a": "loaded", "b": "loaded", "c": "unloaded", "d": "loading"}
+        self.processing: set[str] = set()
+        self.no_slots: set[str] = set()
+        self.unloaded: list[str] = []
+        self.asked: list[str] = []
+
+
+def _handler(fake: FakeRouter) -> type[BaseHTTPRequestHandler]:
+    class H(BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"
+
+        def log_message(self, *a: Any) -> None:
+            pass
+
+        def _send(self, status: int, body: Any, *, chunked: bool = False) -> None:
+            data = json.dumps(body).encode()
+            self.send_response(status)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Connection", "close")
+            if chunked:
+                self.send_header("Transfer-Encoding", "chunked")
+                self.end_headers()
+                half = len(data) // 2
+                for part in (data[:half], data[half:]):
+                    self.wfile.write(f"{len(part):x}\r\n".encode() + part + b"\r\n")
+                self.wfile.write(b"0\r\n\r\n")
+            else:
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
+        def do_GET(self) -> None:
+            fake.asked.append(self.path)
+            if self.path == "/models":
+                data = [{"id": n, "status": {"value": v}} for n, v in fake.status.items()]
+                self._send(200, {"data": data, "object": "list"})
+                return
+            if self.path.startswith("/slots?model="):
+                name = self.path.split("=", 1)[1].split("&", 1)[0]
+                assert self.path.endswith("&autoload=false")  # never loads a model to ask
+                if name in fake.no_slots or fake.status.get(name) not in ("loaded", "sleeping"):
+                    self._send(501, {"error": {"message": "not supported"}})
+                    return
+                slots = [{"id": 0, "is_processing": False}, {"id": 1, "is_processing": False}]
+                slots[1]["is_processing"] = name in fake.processing
+                self._send(200, slots, chunked=True)
+                return
+            self._send(404, {})
+
+        def do_POST(self) -> None:
+            length = int(self.headers.get("Content-Length", 0))
+            body = json.loads(self.rfile.read(length))
+            if self.path == "/models/unload" and fake.status.get(body["model"]) == "loaded":
+                fake.unloaded.append(body["model"])
+                fake.status[body["model"]] = "unloaded"
+                self._send(200, {"success": True})
+                return
+            self._send(400, {"error": {"message": "model is not running"}})
+
+    return H
+
+
+@pytest.fixture
+def router() -> Iterator[tuple[FakeRouter, RouterClient]]:
+    fake = FakeRouter()
+    server = ThreadingHTTPServer(("127.0.0.1", 0), _handler(fake))
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield fake, RouterClient(f"http://127.0.0.1:{server.server_port}/health", timeout=5)
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def test_models_busy_and_unload_as_the_router_answers_them(
+    router: tuple[FakeRouter, RouterClient],
+) -> None:
+    fake, client = router
+    assert client.models() == fake.status
+    assert client.busy("a") is False
+    fake.processing.add("a")
+    assert client.busy("a") is True  # one slot of two is processing: a request in flight
+    assert client.busy("c") is None  # not running: its slots cannot be read
+    fake.no_slots.add("b")
+    assert client.busy("b") is None  # --no-slots: unknown, never taken for idle
+    assert client.unload("b") is True and fake.unloaded == ["b"]
+    assert client.unload("c") is False  # "model is not running": refused, said, not raised
+
+
+def test_idle_lru_orders_by_last_request_and_skips_busy_loading_unknown_and_excluded(
+    router: tuple[FakeRouter, RouterClient],
+) -> None:
+    fake, client = router
+    fake.status = {"a": "loaded", "b": "loaded", "e": "sleeping", "d": "loading", "c": "unloaded"}
+    last = {"a": 30.0, "b": 10.0, "e": 20.0}
+    assert idle_lru(client, last) == ["b", "e", "a"]
+    fake.processing.add("b")
+    assert idle_lru(client, last) == ["e", "a"]
+    assert idle_lru(client, last, exclude=["e"]) == ["a"]
+    fake.no_slots.add("a")
+    assert idle_lru(client, last, exclude=["e"]) == []
+    assert idle_lru(client, {}, statuses={"a": "loaded", "e": "sleeping"}) == ["e"]
+
+
+def test_a_router_that_does_not_answer_is_one_error_that_says_where() -> None:
+    client = RouterClient("http://127.0.0.1:9/health", timeout=1)  # discard: nothing listens
+    with pytest.raises(RouterError, match=r"\(http://127\.0\.0\.1:9/models\)$"):
+        client.models()
+    assert client.busy("a") is None
+    assert client.unload("a") is False
+
+
+def test_dechunk_and_base_url() -> None:
+    assert dechunk(b"3\r\nabc\r\n2;x=1\r\nde\r\n0\r\n\r\n") == b"abcde"
+    assert dechunk(b"") == b""
+    assert base_url("http://127.0.0.1:8080/health") == "http://127.0.0.1:8080"
+    assert base_url("http://[::1]:8080/x") == "http://[::1]:8080"
+    with pytest.raises(ValueError):
+        base_url("http://nohost/")
