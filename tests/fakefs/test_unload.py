@@ -354,3 +354,23 @@ def test_the_launch_publishes_the_verbs_unloads_beside_its_evictions() -> None:
     assert Supervisor._router_state(bare, job) == {  # type: ignore[arg-type]
         "url": "http://127.0.0.1:8080", "models": {}, "unloads": []
     }  # fmt: skip
+
+
+def test_an_attached_monitor_finds_the_launched_router_of_its_group(
+    fake_fs: FakeKernelCgroupFs, tmp_path: Path, router: FakeRouter, launch_pid: int
+) -> None:
+    """`governor monitor` on the group a launch runs the router in: no router in its own
+    state, the live launch's state of the same group has it."""
+    plan = make_plan()
+    run = tmp_path / "run"
+    launched = replace(plan, policy="router-launch")
+    Publisher(run, launched.policy).publish(_router_state(launched, router.url, launch_pid))
+    elsewhere = replace(plan, policy="other", group="governor.slice/other")
+    other = FakeRouter({"x": "loaded"})
+    try:
+        Publisher(run, "other").publish(_router_state(elsewhere, other.url, launch_pid))
+        handler = Unload(Env(fake_fs, plan, lambda: [], journal=Journal(run / plan.policy)))
+        res = handler.run(parse_action("unload"), CTX)  # type: ignore[arg-type]
+        assert res.ok and res.after["model"] == "a" and other.calls == []
+    finally:
+        other.close()

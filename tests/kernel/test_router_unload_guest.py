@@ -134,7 +134,7 @@ def test_a_shed_whose_victim_is_a_router_unloads_its_lru_idle_model_first(
         cgroups.wait_for(lambda: _shed(run), 240, "the chat's shed on the router")
         shed_s = time.monotonic() - t0
         first = _shed(run)[0]
-        assert (first["step"], first["by"], first["model"]) == ("unload", "chat", "tiny"), first
+        assert (first["step"], first["by"], first.get("model")) == ("unload", "chat", "tiny"), first
         cgroups.wait_for(
             lambda: not _pids(group / "models" / "tiny"), 60, "tiny's child gone from its leaf"
         )

@@ -234,7 +234,7 @@ class Shedder:
         model: str | None = None
         try:
             if step == ShedStep.UNLOAD:  # holds nothing: nothing to give back
-                model = unload_lru(self.router, victim.router_url, victim.router_last)
+                model = unload_lru(self.router, victim.router_url, victim.router_last, cg)
             elif step == ShedStep.THROTTLE:
                 before = self.fs.read(cg, kf.MEMORY_HIGH).strip()
                 target = self._floor(max(self._usage(cg), self._live(cg, kf.MEMORY_MIN) or 0))

@@ -45,7 +45,7 @@ class Unload(Handler):
                 detail="not a router: this slice's published state has no router url",
             )  # fmt: skip
         try:
-            model = unload_lru(self.router, *found)
+            model = unload_lru(self.router, *found, self.env.group)
         except GovernorError as err:
             return Result("unload", ok=False, detail=str(err))
         self.counts[(model, REASON)] = self.counts.get((model, REASON), 0) + 1
@@ -97,17 +97,19 @@ def unload_lru(
     router: Callable[[str], RouterClient],
     url: str | None,
     last: Mapping[str, float | None] | None,
+    cgroup: str,
 ) -> str:
     """Unload the least recently used idle model of the router at ``url`` (``last``: each
     model's last request) and name it; GovernorError when none is idle and unloaded, or the
-    router does not answer (the `unload` verb's and the shed ladder's step)."""
+    router does not answer (the `unload` verb's and the shed ladder's step; ``cgroup``: the
+    router's slice, for the message)."""
     if url is None:
-        raise GovernorError("not a router: no router url published (--models-dir, --models-preset)")
+        raise GovernorError(f"not a router: no router url published ({cgroup})")
     client = router(url)
     for model in idle_lru(client, last or {}):
         if client.unload(model):
             return model
-    raise GovernorError(f"no idle model to unload ({url}/slots)")
+    raise GovernorError(f"no idle model to unload at router {url} ({cgroup})")
 
 
 def merge_unloads(*lists: Iterable[Mapping[str, Any]]) -> list[dict[str, Any]]:
