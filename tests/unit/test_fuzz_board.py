@@ -24,7 +24,7 @@ from governor.errors import PolicyError
 from governor.kernel.cgroupfs import CgroupFs
 from governor.monitor.victims import board_file_victims
 from governor.plan.board import GOVERNED_ROOT, read_board
-from governor.plan.model import QOS_RANK, SHED_STEPS, QosSpec
+from governor.plan.model import CGROUP_STEPS, QOS_RANK, QosSpec
 from governor.record import replace
 from governor.rundir.state import Publisher, applied
 
@@ -50,7 +50,7 @@ def _entry(draw: st.DrawFn) -> dict[str, object]:
         good = st.sampled_from(sorted(QOS_RANK))
         out["class"] = draw(_VALUES if _rarely(draw, 15) else good)
     if draw(st.booleans()):
-        steps = draw(st.lists(st.sampled_from(SHED_STEPS), max_size=4, unique=True))
+        steps = draw(st.lists(st.sampled_from(CGROUP_STEPS), max_size=4, unique=True))
         if _rarely(draw, 15):
             steps = [*steps, draw(st.sampled_from(["nap", "kill", "", "KILL", "throttle"]))]
         out["yield"] = steps if not _rarely(draw, 5) else draw(_VALUES)
@@ -117,7 +117,7 @@ def test_any_board_file_reads_as_valid_entries_and_one_error_per_bad_one(
             for g in (GOVERNED_ROOT, *GOVERNED):
                 assert not (e.path == g or g.startswith(e.path + "/") or e.path.startswith(g + "/"))
             assert e.qos_class in QOS_RANK
-            assert list(e.yields) == [s for s in SHED_STEPS if s in e.yields]
+            assert list(e.yields) == [s for s in CGROUP_STEPS if s in e.yields]
         if read.entries:
             reach["an entry valid"] += 1
         if read.entries and read.errors:
