@@ -276,8 +276,8 @@ class GovernorCollector(Collector):
         for s in st.shed_totals or ():
             f.counter(
                 "governor_shed_total",
-                "steps this policy's `shed` took on slices of a lower [qos] class (step: throttle,"
-                " freeze, stop, kill; and the undo's thaw, raise, release)",
+                "steps this policy's `shed` took on slices of a lower [qos] class (step: unload,"
+                " throttle, freeze, stop, kill; and the undo's thaw, raise, release)",
                 p,
                 s.get("count", 0),
                 victim=str(s.get("victim")),
@@ -289,7 +289,7 @@ class GovernorCollector(Collector):
             f.counter(
                 "governor_model_unloads_total",
                 "models of llama-server's router the governor unloaded (reason: memory, for"
-                ' a new model under [engine] evict = "memory")',
+                ' a new model under [engine] evict = "memory"; pressure, the unload action)',
                 p,
                 u.get("count", 0),
                 model=str(u.get("model")),

@@ -21,6 +21,7 @@ from governor.supervise.models import PUBLISH_S, SAMPLE_S, ModelLeaves, ModelLim
 from governor.supervise.router import Activity
 
 from .fakekernel import FakeKernelCgroupFs
+from .test_model_leaves import MovingFs
 
 MIB = 1 << 20
 GROUP = "governor.slice/r"
@@ -38,23 +39,6 @@ class Clock:
 
     def __call__(self) -> float:
         return self.now
-
-
-class MovingFs(FakeKernelCgroupFs):
-    """cgroup.procs moves the process; every write recorded in order."""
-
-    def __init__(self, root: Path) -> None:
-        super().__init__(root)
-        self.writes: list[tuple[str, str, str]] = []
-
-    def write(self, cgroup: str, file: str, value: str) -> None:
-        self.writes.append((cgroup, file, value))
-        super().write(cgroup, file, value)
-
-    def move(self, pid: int, cgroup: str) -> None:
-        self.writes.append((cgroup, kf.CGROUP_PROCS, str(pid)))
-        self.reap(pid)
-        self.add_process(cgroup, pid)
 
 
 @pytest.fixture
