@@ -279,7 +279,7 @@ def router_leaves(
     evictor (supervise/evict.py; ``claims``: alias -> the model's estimate)."""
     activity = evictor = None
     if router_url is not None:
-        activity = Activity(fs, plan.group)
+        activity = Activity(fs, plan.group, client=RouterClient(router_url))
         if plan.engine.evict == "memory":
             evictor = Evictor(
                 fs,

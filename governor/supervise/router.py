@@ -13,9 +13,11 @@ loaded, whether one has a request in flight, each model's last request, and unlo
 The router keeps its own least-recently-used time (``meta.last_used``) but publishes it
 nowhere, so the governor keeps its own: :class:`Activity` reads each model leaf's
 ``cpu.stat`` ``usage_usec`` (present in every cgroup v2 group, with or without the cpu
-controller) and dates a model's last request to the last sample at which its leaf used more
-than ``BUSY_USEC`` of CPU (an idle child sleeps in its HTTP loop: 0 us between requests;
-measured under TCG). A model's load is its first request.
+controller) every 0.5 s; a leaf that used more than ``BUSY_USEC`` of CPU since is asked for
+its slots, and a slot's new task (or one in flight) dates the model's last request: CPU alone
+is no request (a probe of its slots by a shedder costs the child CPU; so does housekeeping
+that TCG inflates: a guest test saw an idle model look newer than a used one). A model's
+load is its first request.
 
 Standard library only (the run time's import set): HTTP/1.0 over a socket, as ready.py.
 """
@@ -135,9 +137,9 @@ class RouterClient:
             out[item["id"]] = value if isinstance(value, str) else "unknown"
         return out
 
-    def busy(self, model: str) -> bool | None:
-        """Whether ``model`` has a request in flight (a slot is processing); None when its
-        slots cannot be read (not running, --no-slots, no answer)."""
+    def slots(self, model: str) -> list[dict[str, Any]] | None:
+        """The child's slots (GET /slots, never loading the model); None when they cannot be
+        read (not running, --no-slots, no answer)."""
         try:
             status, body = self.request(
                 "GET", f"/slots?model={quote(model, safe='')}&autoload=false"
@@ -146,7 +148,13 @@ class RouterClient:
             return None
         if status != 200 or not isinstance(body, list):
             return None
-        return any(isinstance(s, dict) and s.get("is_processing") for s in body)
+        return [s for s in body if isinstance(s, dict)]
+
+    def busy(self, model: str) -> bool | None:
+        """Whether ``model`` has a request in flight (a slot is processing); None when its
+        slots cannot be read (not running, --no-slots, no answer)."""
+        slots = self.slots(model)
+        return None if slots is None else any(s.get("is_processing") for s in slots)
 
     def unload(self, model: str) -> bool:
         """POST /models/unload; True when the router took it (it stops the child at once)."""
@@ -161,9 +169,21 @@ class RouterClient:
         return ok
 
 
+def slot_tasks(slots: list[dict[str, Any]]) -> tuple[tuple[Any, Any, bool], ...]:
+    """What changes with each request a child serves: each slot's task id (its current task,
+    else its previous one: server-context.cpp to_json) and whether it is processing."""
+    return tuple((s.get("id"), s.get("id_task"), bool(s.get("is_processing"))) for s in slots)
+
+
 class Activity:
     """Each model's last request (epoch seconds), from its leaf's CPU use (module docstring).
-    ``sample`` is one look at every model leaf; ``touch`` dates a model now (its load)."""
+    ``sample`` is one look at every model leaf; ``touch`` dates a model now (its load).
+
+    With a ``client``, CPU alone does not date a request: a leaf that used ``busy_usec`` is
+    asked for its slots, and only a slot's new task (or one processing) dates it; CPU the
+    child spent otherwise (another governor's probe of its slots, its own housekeeping,
+    which TCG inflates) leaves its last request where it was. Slots that cannot be read fall
+    back to the CPU."""
 
     def __init__(
         self,
@@ -172,13 +192,16 @@ class Activity:
         *,
         clock: Callable[[], float] = time.time,
         busy_usec: int = BUSY_USEC,
+        client: RouterClient | None = None,
     ) -> None:
         self.fs = fs
         self.group = group
         self.clock = clock
         self.busy_usec = busy_usec
+        self.client = client
         self.last: dict[str, float] = {}  # alias -> epoch of its last request
         self._usage: dict[str, int] = {}  # alias -> usage_usec at the previous sample
+        self._tasks: dict[str, tuple[tuple[Any, Any, bool], ...]] = {}  # alias -> slot_tasks
 
     def touch(self, alias: str, when: float | None = None) -> None:
         self.last[alias] = self.clock() if when is None else when
@@ -199,10 +222,25 @@ class Activity:
                 continue
             before = self._usage.get(alias)
             self._usage[alias] = usage
-            if before is not None and usage - before >= self.busy_usec:
+            if before is not None and usage - before >= self.busy_usec and self._served(alias):
                 self.last[alias] = now
                 moved = True
         return moved
+
+    def _served(self, alias: str) -> bool:
+        """Whether the CPU ``alias`` used was a request: its slots show a new task or one in
+        flight (the probe's own CPU is taken as the next base); True without a client or
+        when its slots cannot be read."""
+        if self.client is None:
+            return True
+        slots = self.client.slots(alias)
+        self.rebase([alias])
+        if slots is None:
+            return True
+        tasks = slot_tasks(slots)
+        new = tasks != self._tasks.get(alias)
+        self._tasks[alias] = tasks
+        return new or any(busy for _id, _task, busy in tasks)
 
     def rebase(self, aliases: Iterable[str]) -> None:
         """Take each model leaf's usage now as the next sample's base without dating it: the

@@ -143,3 +143,60 @@ def test_dechunk_and_base_url() -> None:
     assert base_url("http://[::1]:8080/x") == "http://[::1]:8080"
     with pytest.raises(ValueError):
         base_url("http://nohost/")
+
+
+class _Leaves:
+    """The two CgroupFs reads Activity makes: the model leaves and their cpu.stat."""
+
+    def __init__(self) -> None:
+        self.usage = {"a": 0, "b": 0}
+
+    def children(self, cgroup: str) -> list[str]:
+        return [f"{cgroup}/{a}" for a in self.usage]
+
+    def cpu_stat(self, cgroup: str) -> dict[str, int]:
+        return {"usage_usec": self.usage[cgroup.rsplit("/", 1)[1]]}
+
+
+class _Slots:
+    def __init__(self) -> None:
+        self.tasks: dict[str, list[dict[str, Any]] | None] = {"a": [], "b": []}
+        self.asked = 0
+
+    def slots(self, model: str) -> list[dict[str, Any]] | None:
+        self.asked += 1
+        return self.tasks[model]
+
+
+def test_only_a_new_task_in_a_slot_dates_a_request_not_the_cpu_of_a_probe() -> None:
+    """CPU alone (another governor's GET /slots, the child's own housekeeping) does not move
+    a model's last request: its slots must show a new task or one in flight; a child whose
+    slots cannot be read is dated by its CPU."""
+    from governor.supervise.router import Activity
+
+    fs, client = _Leaves(), _Slots()
+    now = [100.0]
+    act = Activity(fs, "g", clock=lambda: now[0], client=client)  # type: ignore[arg-type]
+    assert act.sample() is False  # the first look is the base
+    client.tasks["a"] = [{"id": 0, "id_task": 7, "is_processing": False}]
+    fs.usage["a"] += 50_000  # a request: a new task
+    now[0] = 101.0
+    assert act.sample() is True and act.last == {"a": 101.0}
+    fs.usage["a"] += 5_000  # CPU, the same task: a probe, no request
+    now[0] = 102.0
+    assert act.sample() is False and act.last == {"a": 101.0}
+    client.tasks["a"] = [{"id": 0, "id_task": 7, "is_processing": True}]
+    fs.usage["a"] += 5_000  # the same task still running (a long answer): in use
+    now[0] = 103.0
+    assert act.sample() is True and act.last["a"] == 103.0
+    fs.usage["b"] += 1_000  # under the threshold: not even asked
+    asked = client.asked
+    assert act.sample() is False and client.asked == asked
+    client.tasks["b"] = None  # --no-slots: the CPU decides
+    fs.usage["b"] += 9_000
+    now[0] = 104.0
+    assert act.sample() is True and act.last["b"] == 104.0
+    bare = Activity(fs, "g", clock=lambda: now[0])  # type: ignore[arg-type]
+    bare.sample()
+    fs.usage["a"] += 9_000
+    assert bare.sample() is True  # without a client: the CPU alone
