@@ -16,7 +16,7 @@ nowhere, so the governor keeps its own: :class:`Activity` reads each model leaf'
 controller) every 0.5 s; a leaf that used more than ``BUSY_USEC`` of CPU since is asked for
 its slots, and a slot's new task (or one in flight) dates the model's last request: CPU alone
 is no request (a probe of its slots by a shedder costs the child CPU; so does housekeeping
-that TCG inflates: a guest test saw an idle model look newer than a used one). A model's
+that TCG inflates: a CI guest run unloaded the model used last, not the idle one). A model's
 load is its first request.
 
 Standard library only (the run time's import set): HTTP/1.0 over a socket, as ready.py.

@@ -134,7 +134,16 @@ def test_a_shed_whose_victim_is_a_router_unloads_its_lru_idle_model_first(
         cgroups.wait_for(lambda: _shed(run), 240, "the chat's shed on the router")
         shed_s = time.monotonic() - t0
         first = _shed(run)[0]
-        assert (first["step"], first["by"], first.get("model")) == ("unload", "chat", "tiny"), first
+        seen = (  # what the shedder read, and what it logged, should the order be wrong
+            first,
+            _state(run, "router")["router"]["models"],
+            [
+                line[:300]
+                for line in chat_policy.with_suffix(".log").read_text().splitlines()
+                if "unload" in line or "router" in line
+            ],
+        )
+        assert (first["step"], first["by"], first.get("model")) == ("unload", "chat", "tiny"), seen
         cgroups.wait_for(
             lambda: not _pids(group / "models" / "tiny"), 60, "tiny's child gone from its leaf"
         )
