@@ -27,30 +27,15 @@ from typing import Any
 import pytest
 from helpers import cgroups
 from helpers.cgroups import ScratchSlice
-from helpers.server import KVGUEST, SERVER, client, free_port, wait_ready
+from helpers.server import KVGUEST, SERVER, free_port, wait_ready
 
 from governor.rundir.journal import Journal
 from perf._helpers.engine_paths import TINY
 
+from .test_router_guest import _ask, _pids
+
 REPO = Path(__file__).resolve().parents[2]
 ALL = ("memory", "cpu", "cpuset", "io", "pids")
-
-
-def _ask(base: str, model: str) -> str:
-    r = client(base, timeout=300).chat.completions.create(
-        model=model,
-        messages=[{"role": "user", "content": "hello there"}],
-        max_tokens=4,
-        extra_body={"ignore_eos": True},
-    )
-    return r.choices[0].message.content or ""
-
-
-def _pids(path: Path) -> list[int]:
-    try:
-        return [int(x) for x in cgroups.read(path / "cgroup.procs").split()]
-    except FileNotFoundError:
-        return []  # the leaf is gone with its child
 
 
 def _launch(policy: Path, env: dict[str, str], *argv: str) -> subprocess.Popen[str]:
