@@ -18,7 +18,7 @@ from governor.plan.board import BoardCgroup, read_board
 from governor.plan.model import QOS_RANK, SHED_STEPS, Plan
 from governor.record import record
 from governor.rundir.journal import Journal
-from governor.rundir.state import read_states, scan_states
+from governor.rundir.state import RunState, read_states, scan_states
 
 BOARD_DIR = "board"  # <run dir>/board/<name>/journal.jsonl: an ungoverned cgroup's journal
 
@@ -94,19 +94,16 @@ def governed_victims(
                 journal=Journal(run / plan.policy),
                 restore_high=high,
                 engine_pid=st.engine_pid,
-                **_router(st.router),
+                **_router(st),
             )
         )
     return out
 
 
-def _router(router: dict[str, Any] | None) -> dict[str, Any]:
-    """The victim's router fields from its published ``router`` (check_state checked it)."""
-    if not router or not isinstance(router.get("url"), str):
-        return {}
-    models = router.get("models") or {}
-    last = {a: (m.get("last_request") if isinstance(m, dict) else None) for a, m in models.items()}
-    return {"router_url": router["url"], "router_last": last}
+def _router(st: RunState) -> dict[str, Any]:
+    """The victim's router fields from its published state (RunState.router_models)."""
+    found = st.router_models()
+    return {} if found is None else {"router_url": found[0], "router_last": found[1]}
 
 
 def board_victims(

@@ -88,6 +88,18 @@ class RunState:
         values.update((k, v) for k, v in state.items() if k in known)
         return cls(**values)
 
+    def router_models(self) -> tuple[str, dict[str, float | None]] | None:
+        """llama-server's router as published: (its url, {model: last request epoch or
+        None}); None when this run is no router (check_state checked the shape)."""
+        router = self.router
+        if not router or not isinstance(router.get("url"), str):
+            return None
+        models = router.get("models") or {}
+        last = {
+            a: (m.get("last_request") if isinstance(m, dict) else None) for a, m in models.items()
+        }
+        return router["url"], last
+
     def compiled(self) -> Plan | None:
         """The published plan as a record (None: the state has none, or one this governor
         cannot read; :func:`check_state` refused such a file already, a state built here

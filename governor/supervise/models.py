@@ -279,13 +279,14 @@ def router_leaves(
     evictor (supervise/evict.py; ``claims``: alias -> the model's estimate)."""
     activity = evictor = None
     if router_url is not None:
-        activity = Activity(fs, plan.group, client=RouterClient(router_url))
+        client = RouterClient(router_url)  # one for the activity's slot checks and the evictor
+        activity = Activity(fs, plan.group, client=client)
         if plan.engine.evict == "memory":
             evictor = Evictor(
                 fs,
                 group=plan.group,
                 leaf=plan.leaf,
-                client=RouterClient(router_url),
+                client=client,
                 activity=activity,
                 claims={a: v for a, v in claims.items() if isinstance(v, int)},
                 board_free=board_free,

@@ -364,6 +364,7 @@ class Supervisor:
             return
         plan = job.plan
         monitor = self.monitor
+        totals = monitor.totals() if monitor is not None else {}  # every handler's, once
         estimate = job.extra.get("estimate") or {}
         state = RunState(
             policy=plan.policy,
@@ -392,20 +393,23 @@ class Supervisor:
             ready=self.ready,
             board=self.board,
             qos=plan.qos.to_json(),
-            shed_totals=monitor.totals().get("shed_totals", []) if monitor is not None else [],
-            router=self._router_state(job),
+            shed_totals=totals.get("shed_totals", []),
+            router=self._router_state(job, totals),
         )
         self.state = state  # also what --metrics serves
         self.publisher.publish(state)
         if job.board_release is not None:
             job.board_release()  # idempotent: the next launch's admission sees this claim
 
-    def _router_state(self, job: Job) -> dict[str, Any] | None:
-        """RunState.router: the router's url, each model's last request, the unloads."""
+    def _router_state(
+        self, job: Job, totals: dict[str, list[dict[str, Any]]]
+    ) -> dict[str, Any] | None:
+        """RunState.router: the router's url, each model's last request, the unloads (the
+        leaves' evictions and, in the monitor's ``totals``, the `unload` action's)."""
         if job.router_url is None:
             return None
         own = self.leaves.published() if self.leaves is not None else {"models": {}}
-        pressure = self.monitor.totals().get(TOTALS, []) if self.monitor is not None else []
+        pressure = totals.get(TOTALS, [])
         unloads = merge_unloads(own.get("unloads", []), pressure)  # evictions and `unload`s
         return {"url": job.router_url, "models": own["models"], "unloads": unloads}
 

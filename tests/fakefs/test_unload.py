@@ -341,7 +341,7 @@ def test_the_launch_publishes_the_verbs_unloads_beside_its_evictions() -> None:
     pressure = [{"model": "a", "reason": "pressure", "count": 2}]
     monitor = SimpleNamespace(totals=lambda: {"router_unloads": pressure, "shed_totals": []})
     job = SimpleNamespace(router_url="http://127.0.0.1:8080")
-    state = Supervisor._router_state(SimpleNamespace(leaves=leaves, monitor=monitor), job)  # type: ignore[arg-type]
+    state = Supervisor._router_state(SimpleNamespace(leaves=leaves), job, monitor.totals())  # type: ignore[arg-type]
     assert state == {
         "url": "http://127.0.0.1:8080",
         "models": {"a": {"last_request": 5.0}},
@@ -350,8 +350,8 @@ def test_the_launch_publishes_the_verbs_unloads_beside_its_evictions() -> None:
             {"model": "a", "reason": "pressure", "count": 2},
         ],
     }
-    bare = SimpleNamespace(leaves=None, monitor=None)
-    assert Supervisor._router_state(bare, job) == {  # type: ignore[arg-type]
+    bare = SimpleNamespace(leaves=None)
+    assert Supervisor._router_state(bare, job, {}) == {  # type: ignore[arg-type]
         "url": "http://127.0.0.1:8080", "models": {}, "unloads": []
     }  # fmt: skip
 

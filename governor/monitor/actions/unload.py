@@ -22,7 +22,7 @@ from governor.errors import GovernorError
 from governor.log import get_logger
 from governor.monitor.actions.base import Context, Env, Handler, Result
 from governor.plan.model import Action
-from governor.rundir.state import STATE_FILE, RunState, load_state, read_states, run_dir
+from governor.rundir.state import STATE_FILE, load_state, read_states, run_dir
 from governor.supervise.router import RouterClient, idle_lru
 
 log = get_logger(__name__)
@@ -60,23 +60,18 @@ class Unload(Handler):
         }
 
     def _router(self) -> tuple[str, dict[str, float | None]] | None:
-        """(url, {model: last request}) of this slice's router, or None."""
+        """(url, {model: last request}) of this slice's router, or None: its own published
+        state, else (attached, `governor monitor`) the live launch state of the same group."""
         env = self.env
         run = env.journal.dir.parent if env.journal is not None else run_dir()
-        states: list[RunState] = []
         with contextlib.suppress(FileNotFoundError, GovernorError):
-            states.append(load_state(run / env.plan.policy / STATE_FILE))
-        with contextlib.suppress(OSError):  # attached (`governor monitor`): the live launch
-            states += [s for s in read_states(run) if not s.stale and s.group == env.group]
-        for st in states:
-            router = st.router
-            if router and isinstance(router.get("url"), str):
-                models = router.get("models") or {}
-                last = {
-                    a: (m.get("last_request") if isinstance(m, dict) else None)
-                    for a, m in models.items()
-                }
-                return router["url"], last
+            found = load_state(run / env.plan.policy / STATE_FILE).router_models()
+            if found is not None:
+                return found
+        with contextlib.suppress(OSError):
+            for st in read_states(run):
+                if not st.stale and st.group == env.group and (found := st.router_models()):
+                    return found
         return None
 
     def _journal(self, model: str, ctx: Context) -> None:
