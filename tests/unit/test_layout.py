@@ -92,6 +92,7 @@ RUN_TIME = _tree(
     "governor.supervise",
     "governor.rundir",
     "governor.cache",
+    "governor.peer",
 )
 WIRING = _tree("governor.api", "governor.cli")
 # the one list of action verbs (issue 32): a stdlib-only table the policy parser reads; it names
@@ -118,6 +119,7 @@ TOP_LEVEL_PACKAGES = frozenset(
         "metrics",
         "monitor",
         "operate",
+        "peer",
         "plan",
         "policy",
         "rundir",
@@ -126,6 +128,13 @@ TOP_LEVEL_PACKAGES = frozenset(
 )
 
 ARROWS = (
+    Arrow(
+        _tree("governor.peer"),
+        _tree("governor"),
+        "the exchanges with other processes (issue 43) sit below every room that talks to a"
+        " peer: they know the errors, records and log, nothing above them",
+        allowed=("governor.errors", "governor.record", "governor.log", *_tree("governor.peer")),
+    ),
     Arrow(
         _tree("governor.kernel"),
         _tree("governor"),

@@ -1,0 +1,9 @@
+"""Exchanges with other processes (issue 43): what a peer wrote or answers is read with a
+deadline and a size cap, never trusted to end or to be small.
+
+- ``files``: the one bounded read of a file another process writes (states, manifests, the
+  board file, presets): opened without following a symlink, a FIFO or a device, ``fstat``ed as
+  a regular file, read to at most its cap;
+
+Standard library only: the run time (a cached launch's supervisor) imports it.
+"""
