@@ -9,6 +9,7 @@ import os
 from pathlib import Path
 
 import click
+from click.shell_completion import BashComplete, ShellComplete, add_completion_class, get_completion_class
 
 COMPLETE_VAR = "_GOVERNOR_COMPLETE"  # click's default for prog_name "governor"
 INSTALLED = Path("etc/governor/installed")  # governor/deploy/install.py MANIFEST_DIR, under /
@@ -78,6 +79,57 @@ def complete_policy_name_or_file(incomplete: str) -> list[str]:
     return complete_policy_name(incomplete) + complete_policy_file(incomplete)
 
 
+# click 8's bash script with its two unquoted expansions quoted (issue 43): `for c in $response`
+# and `COMPREPLY+=($value)` glob-expand an answer, so a policy file named `*.toml` completed to
+# every TOML file of the directory and `[ab].toml` to a.toml and b.toml. Here each answer line
+# is read as it is, and a plain value is put on the command line escaped (`printf %q`, a
+# leading `~` left to the shell's tilde expansion), so it names that one file when run.
+_BASH_SOURCE = """\
+%(complete_func)s() {
+    local IFS=$'\\n'
+    local response type value
+
+    response=$(env COMP_WORDS="${COMP_WORDS[*]}" COMP_CWORD=$COMP_CWORD \\
+        %(complete_var)s=bash_complete "$1")
+
+    while IFS=',' read -r type value; do
+        if [[ $type == 'dir' ]]; then
+            COMPREPLY=()
+            compopt -o dirnames
+        elif [[ $type == 'file' ]]; then
+            COMPREPLY=()
+            compopt -o default
+        elif [[ $type == 'plain' ]]; then
+            printf -v value '%%q' "$value"
+            [[ $value == '\\~'* ]] && value=${value:1}
+            COMPREPLY+=("$value")
+        fi
+    done <<< "$response"
+
+    return 0
+}
+
+%(complete_func)s_setup() {
+    complete -o nosort -F %(complete_func)s %(prog_name)s
+}
+
+%(complete_func)s_setup;
+"""
+
+
+class QuotedBashComplete(BashComplete):
+    """click's bash completion with every answer taken literally (_BASH_SOURCE)."""
+
+    source_template = _BASH_SOURCE
+
+
+def completion_class(shell: str) -> type[ShellComplete] | None:
+    """The completion a shell gets: click's, with bash's script quoted."""
+    if shell == "bash":
+        return QuotedBashComplete
+    return get_completion_class(shell)
+
+
 def answer(command: click.Command, instruction: str) -> int:
     """Answer one completion request (click's protocol: ``bash_complete``, ``zsh_source``,
     ...). typer 0.21 reads the instruction the other way round (``complete_bash``) and only
@@ -85,4 +137,5 @@ def answer(command: click.Command, instruction: str) -> int:
     are click's."""
     from click.shell_completion import shell_complete
 
+    add_completion_class(QuotedBashComplete)  # `bash_source` prints the shipped script
     return shell_complete(command, {}, "governor", COMPLETE_VAR, instruction)

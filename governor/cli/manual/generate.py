@@ -5,11 +5,10 @@ from __future__ import annotations
 
 import click
 import typer
-from click.shell_completion import get_completion_class
 
 from governor import __version__
 from governor.cli.app import app
-from governor.cli.complete import COMPLETE_VAR
+from governor.cli.complete import COMPLETE_VAR, completion_class
 from governor.cli.manual import manpage, policyref
 
 MAN1 = "share/man/man1/governor.1"
@@ -26,7 +25,7 @@ def completion_script(shell: str) -> str:
     """click's script for `governor` (it calls `_GOVERNOR_COMPLETE=<shell>_complete governor`
     at each TAB: the answers come from the installed program, never from a stale list)."""
 
-    cls = get_completion_class(shell)
+    cls = completion_class(shell)
     if cls is None:  # pragma: no cover - click ships all three
         raise LookupError(shell)
     source = cls(typer.main.get_command(app), {}, "governor", COMPLETE_VAR).source()

@@ -144,3 +144,26 @@ def test_bash_completes_names_and_files_for_uninstall(board: dict[str, str]) -> 
     got = bash_complete(board, "governor uninstall ")
     assert {"dev-box", "npu-chat", "chat.toml", "sub/"} <= set(got)
     assert "notes.txt" not in got
+
+
+def test_bash_puts_a_file_with_glob_characters_on_the_line_literally(
+    board: dict[str, str],
+) -> None:
+    """click's script expanded its answers (`COMPREPLY+=($value)`): a policy named `*.toml`
+    completed to every TOML file, `[ab].toml` to a.toml and b.toml (issue 43). Each answer is
+    one word, escaped so the shell runs it as that file's name."""
+    work = Path(board["PWD"])
+    for name in ("a.toml", "b.toml", "*.toml", "[ab].toml", "my policy.toml"):
+        (work / name).write_text("")
+    assert bash_complete(board, "governor check *") == ["\\*.toml"]
+    assert bash_complete(board, "governor check [") == ["\\[ab\\].toml"]
+    assert bash_complete(board, "governor launch --policy m") == ["my\\ policy.toml"]
+    every = bash_complete(board, "governor check ")
+    assert every[:5] == ["\\*.toml", "\\[ab\\].toml", "a.toml", "b.toml", "chat.toml"], every
+
+
+def test_bash_leaves_a_typed_tilde_to_the_shell(board: dict[str, str], tmp_path: Path) -> None:
+    home = tmp_path / "home"
+    home.mkdir()
+    (home / "npu.toml").write_text("")
+    assert bash_complete({**board, "HOME": str(home)}, "governor check ~/n") == ["~/npu.toml"]
