@@ -9,7 +9,12 @@ import os
 from pathlib import Path
 
 import click
-from click.shell_completion import BashComplete, ShellComplete, add_completion_class, get_completion_class
+from click.shell_completion import (
+    BashComplete,
+    ShellComplete,
+    add_completion_class,
+    get_completion_class,
+)
 
 COMPLETE_VAR = "_GOVERNOR_COMPLETE"  # click's default for prog_name "governor"
 INSTALLED = Path("etc/governor/installed")  # governor/deploy/install.py MANIFEST_DIR, under /
