@@ -7,8 +7,12 @@ Every fenced block has a language. Two of them are commands:
   and stderr together). In shown output a line that is only ``...`` stands for any number of
   lines, ``...`` inside a line for any text (times, pids), and a last line ``[exit N]`` says
   the command exits N (else it must exit 0).
-- ``sh``: every line (joined across a trailing ``\\``) is a command that must exit 0; its
-  output is not shown, so not compared. A comment on the line is the reader's.
+- ``sh``: every line (joined across a trailing ``\\``) is a command that must exit 0, every
+  command of a pipeline included (the runner's bash has ``pipefail``); its output is not
+  shown, so not compared. A comment on the line is the reader's.
+
+Any other block is not run, so it may not hold a ``$ `` line (a command the page shows and no
+test runs: issue 43 found four whose output had drifted) unless it is marked skip.
 
 The HTML comment right before a block says where it runs (nothing shown on the page):
 
@@ -142,6 +146,15 @@ def parse(text: str, path: str) -> list[Block]:
                     " `<!-- docs: kernel -->`"
                 )
         body = lines[opened + 1 : j]
+        if lang not in COMMAND_LANGS and tier != SKIP:
+            typed = next((n for n, b in enumerate(body) if b.lstrip().startswith("$ ")), None)
+            if typed is not None:
+                raise BlockError(
+                    f"{path}:{opened + 2 + typed}: a `{lang}` block (line {opened + 1}) shows a"
+                    " `$ ` command that is never run: make the block `console` (its output is"
+                    " compared) or mark it `<!-- docs: skip REASON -->` naming the test that"
+                    " covers it"
+                )
         cmds: tuple[Command, ...] = ()
         if lang == "console":
             cmds = _console(path, opened + 2, body)

@@ -38,7 +38,9 @@ def commands(page: Path, tier: str) -> list[blocks.Command]:
 
 
 def script(cmds: list[blocks.Command]) -> str:
-    lines = ["exec 2>&1", "exec </dev/null"]
+    # pipefail: `governor board | head` fails when governor does (an sh line's exit code is all
+    # the runner sees of it, and `false | true` exits 0 without it)
+    lines = ["exec 2>&1", "exec </dev/null", "set -o pipefail"]
     for n, c in enumerate(cmds):
         text = c.text.rstrip()
         if text.endswith("&") and not text.endswith("&&"):

@@ -73,6 +73,28 @@ def test_unreadable_blocks_are_errors_with_the_line(text: str, why: str) -> None
     assert why in str(err.value)
 
 
+@pytest.mark.parametrize("lang", ["text", "toml"])
+def test_a_shown_command_in_a_block_that_never_runs_is_refused_with_its_line(lang: str) -> None:
+    """A `$ governor ...` in a `text` block is never run, so its output drifts unseen (issue
+    43: four such blocks, README's `governor board` table among them)."""
+    page = (
+        f"# a page\n\n```{lang}\nthe board now:\n$ governor board\nboard: MemTotal 1967 MiB\n```\n"
+    )
+    with pytest.raises(blocks.BlockError, match=r"^p\.md:5: ") as err:
+        blocks.parse(page, "p.md")
+    assert f"a `{lang}` block (line 3)" in str(err.value) and "console" in str(err.value)
+
+
+def test_a_shown_command_in_a_block_marked_skip_is_read_and_not_run() -> None:
+    page = (
+        "<!-- docs: skip needs a board; tests/kernel/test_x.py covers it -->\n"
+        "```text\n$ governor board\nboard: MemTotal 1967 MiB\n```\n"
+        "```text\nno command: $ governor inside a line is prose\n```\n"
+    )
+    skipped, prose = blocks.parse(page, "p.md")
+    assert skipped.tier == blocks.SKIP and skipped.commands == () and prose.tier == blocks.HOST
+
+
 @pytest.mark.parametrize(
     ("shown", "got", "ok"),
     [
