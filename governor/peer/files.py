@@ -17,7 +17,7 @@ import os
 import stat
 from pathlib import Path
 
-__all__ = ["CappedReadError", "read_capped", "read_capped_text"]
+__all__ = ["CappedReadError", "kind", "read_capped", "read_capped_text"]
 
 
 class CappedReadError(OSError):
@@ -34,7 +34,8 @@ class CappedReadError(OSError):
         return f"{self.path}: {self.problem}"
 
 
-def _kind(mode: int) -> str:
+def kind(mode: int) -> str:
+    """What a file of ``mode`` is, for a message ("a FIFO", "a device", ...)."""
     if stat.S_ISFIFO(mode):
         return "a FIFO"
     if stat.S_ISCHR(mode) or stat.S_ISBLK(mode):
@@ -66,7 +67,7 @@ def read_capped(path: Path | str, cap: int, *, follow: bool = True) -> bytes:
     try:
         st = os.fstat(fd)
         if not stat.S_ISREG(st.st_mode):
-            raise CappedReadError(path, f"{_kind(st.st_mode)}, not a file")
+            raise CappedReadError(path, f"{kind(st.st_mode)}, not a file")
         if st.st_size > cap:
             raise CappedReadError(path, f"{st.st_size} bytes, over its cap of {cap}", errno.EFBIG)
         chunks: list[bytes] = []

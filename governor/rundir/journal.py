@@ -33,11 +33,13 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+from governor.peer.files import CappedReadError, read_capped
 from governor.plan.model import ShedStep
 from governor.record import field, record
 
 JOURNAL_FILE = "journal.jsonl"
 LOCK_FILE = "journal.lock"
+JOURNAL_MAX = 64 << 20  # ~200k entries: a rule firing every 2 s for 4 days (unbounded today)
 CHANGING = ("tune", "rollback", "monitor")  # the sources whose entries change a limit
 SHED_HOLDS = {
     ShedStep.THROTTLE: "throttled",
@@ -181,9 +183,9 @@ class Journal:
         out: list[dict[str, Any]] = []
         problems: list[str] = []
         try:
-            raw = self.path.read_bytes()
-        except OSError:
-            self.problems = problems
+            raw = read_capped(self.path, JOURNAL_MAX, follow=False)
+        except OSError as err:  # none yet; or a FIFO, a device, a symlink, over its cap
+            self.problems = [str(err)] if isinstance(err, CappedReadError) else problems
             return out
         for n, line in enumerate(raw.splitlines(), 1):
             if not line.strip():
