@@ -101,7 +101,12 @@ def installed_claims(root: Path, skip: set[str]) -> tuple[list[Claim], list[str]
         if path.stem in skip:
             continue
         try:
-            data: Any = json.loads(read_capped(path, MANIFEST_MAX, follow=False))
+            raw = read_capped(path, MANIFEST_MAX, follow=False)
+        except OSError as err:  # gone since the glob; a FIFO, a device, a symlink, too big
+            problems.append(f"{path}: {err.strerror}")
+            continue
+        try:
+            data: Any = json.loads(raw)
             claim = data.get("claim") if isinstance(data, dict) else None
             if claim is None:
                 continue  # installed before issue 36: no claim recorded (install again)
