@@ -186,3 +186,17 @@ def test_a_fifo_or_dev_zero_journal_and_ledger_read_as_empty_with_their_problem(
     assert ledger.read() == {}
     (problem,) = ledger.problems
     assert problem.startswith(f"clock ledger {ledger.path} is not a ledger: a ")
+
+
+@pytest.mark.timeout(TIMEOUT)
+def test_metrics_residency_skips_a_prefetch_file_that_is_now_a_fifo(tmp_path: Path) -> None:
+    """A state's prefetch_files are paths another process named: /metrics' residency of them
+    opens each without blocking and counts regular files only."""
+    from governor.metrics.collector import _resident_ratio
+
+    model = tmp_path / "model.gguf"
+    model.write_bytes(b"x" * 8192)
+    _make(tmp_path / "gone.gguf", "fifo")
+    ratio = _resident_ratio([str(tmp_path / "gone.gguf"), str(model)])
+    assert ratio is not None and 0.0 <= ratio <= 1.0
+    assert _resident_ratio([str(tmp_path / "gone.gguf")]) is None
