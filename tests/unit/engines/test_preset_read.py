@@ -120,7 +120,8 @@ def test_a_preset_over_its_cap_is_refused_before_it_is_read(
     from governor.engines.router import PRESET_MAX
 
     preset = tmp_path / "models.ini"
+    big = 64 << 20  # a preset of 64 MiB: a section a model is KiB
     with preset.open("wb") as f:
-        f.truncate(PRESET_MAX + 1)  # sparse: the size says it all
+        f.truncate(big)  # sparse: the size says it all
     code, err = _governor(capsys, "estimate", str(preset), "--engine-argv", "llama-server")
-    _one_line(code, err, preset, f"{PRESET_MAX + 1} bytes, over its cap of {PRESET_MAX}")
+    _one_line(code, err, preset, f"{big} bytes, over its cap of {PRESET_MAX}")

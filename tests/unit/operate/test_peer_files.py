@@ -27,6 +27,7 @@ from governor.rundir.state import STATE_MAX, Publisher, scan_states
 
 from .test_corrupt_rundir import HOSTS, _good_state, _plans
 
+BIG = 64 << 20  # a state of 64 MiB: 2000 times the largest real one (rundir/state.py)
 TIMEOUT = 60  # a FIFO read by a regression hangs: the test fails instead of hanging CI
 
 
@@ -57,8 +58,8 @@ def _make(path: Path, kind: str) -> str:
         path.symlink_to("/dev/zero")
         return "a symlink (not followed)"
     with path.open("wb") as f:  # sparse: its size says it all
-        f.truncate(STATE_MAX + 1)
-    return f"{STATE_MAX + 1} bytes, over its cap of {STATE_MAX}"
+        f.truncate(BIG)
+    return f"{BIG} bytes, over its cap of {STATE_MAX}"
 
 
 @pytest.mark.timeout(TIMEOUT)
