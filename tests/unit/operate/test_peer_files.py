@@ -201,3 +201,21 @@ def test_metrics_residency_skips_a_prefetch_file_that_is_now_a_fifo(tmp_path: Pa
     ratio = _resident_ratio([str(tmp_path / "gone.gguf"), str(model)])
     assert ratio is not None and 0.0 <= ratio <= 1.0
     assert _resident_ratio([str(tmp_path / "gone.gguf")]) is None
+
+
+def test_a_journal_over_its_cap_reads_its_newest_entries_and_ids_go_on(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The journal only grows (a monitor appends at each limit it sets): a read takes its
+    newest end, so the latest tune a monitor must not undo and the next id stay right."""
+    from governor.rundir import journal as journal_mod
+
+    journal = Journal(tmp_path)
+    for _ in range(20):
+        journal.append("monitor", [])
+    line = len(journal.path.read_bytes()) // 20
+    monkeypatch.setattr(journal_mod, "JOURNAL_MAX", 5 * line + line // 2)
+    got = journal.entries()
+    assert [e["id"] for e in got] == [16, 17, 18, 19, 20]
+    assert journal.problems[0].startswith(f"{journal.path}: its oldest ")
+    assert journal.append("tune", [])["id"] == 21
