@@ -11,13 +11,15 @@ overlap, ``[qos] admit = "wait"`` (poll for room up to admit_timeout, saying who
 The board lock: ``<run dir>/board.lock`` (lockf), taken before the claims are read and held
 until the new slice's state is published (the supervisor releases it: Job.board_release),
 so two launches racing for the last room are decided one after the other: one starts, one
-exits 75.
+exits 75. It is taken against a deadline (governor/peer/lock.py): ``admit_timeout`` under
+``admit = "wait"`` or ``"shed"``, else ``LOCK_WAIT_S``; `check --engine-argv` waits at most
+``CHECK_LOCK_WAIT_S``. Still held then: 75, naming the holder (its pid, in the file). `check`
+takes it too, though it only reads: its answer is the one a launch would get now, 75 included.
 """
 
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import os
 import sys
 import time
@@ -25,9 +27,11 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from governor.errors import AdmissionRefused
+from governor.errors import AdmissionRefused, HostError
 from governor.log import get_logger
 from governor.operate import board as claims
+from governor.peer.files import CappedReadError
+from governor.peer.lock import LockBusy, take
 from governor.plan.board import board_path
 from governor.plan.budget import (
     admit,
@@ -49,6 +53,15 @@ log = get_logger("governor.admit")
 
 LOCK_FILE = "board.lock"
 POLL_S = 0.5  # "wait" and "shed": how often the board's claims are read again
+# how long the board lock is waited for (unless [qos] admit waits: its admit_timeout): the
+# longest a holder keeps it is an install's daemon-reload or a launch's apply and start
+LOCK_WAIT_S = 10.0
+CHECK_LOCK_WAIT_S = 2.0  # `check --engine-argv`: a prediction, nothing waits on its answer
+LOCK_HINT = (
+    "another launch, install or check holds it while it weighs the board (a launch until its"
+    " engine's state is published): try again once it is done; a process stopped with ^Z"
+    " holds it until it is resumed or killed"
+)
 ADMIT_HINT = (
     "`governor status` lists what runs and holds the memory: stop one, lower this policy's"
     ' memory.min, set [qos] admit = "wait" or "shed", or --force admits it anyway'
@@ -72,18 +85,38 @@ class Admitted:
                 os.close(fd)
 
 
-def board_lock(run: Path, *, block: bool = True) -> int:
-    """The board lock's fd (lockf LOCK_EX); close it to release."""
+def board_lock(
+    run: Path,
+    *,
+    deadline: float,
+    clock: Callable[[], float] = time.monotonic,
+    sleep: Callable[[float], None] = time.sleep,
+    why: str = "",
+) -> int:
+    """The board lock's fd (lockf LOCK_EX, this process's pid in the file: governor/peer/lock.py);
+    close it to release. Still held at ``deadline`` (on ``clock``): AdmissionRefused (75)
+    naming the holder; ``why``: what could not be admitted, for that line. Not a regular file
+    (a symlink, a FIFO): HostError (69). Other OSErrors (an unwritable run dir) pass."""
     run.mkdir(mode=0o755, parents=True, exist_ok=True)
-    fd = os.open(run / LOCK_FILE, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+    path = run / LOCK_FILE
     try:
-        # a POSIX record lock, not flock(): a process forked while it is held (the watchdog,
-        # the prefetch helper) does not inherit it, so it goes with this process's close
-        fcntl.lockf(fd, fcntl.LOCK_EX if block else fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BaseException:
-        os.close(fd)
-        raise
-    return fd
+        return take(path, deadline=deadline, clock=clock, sleep=sleep)
+    except LockBusy as busy:
+        raise AdmissionRefused(
+            f"{LOCK_FILE} held by {busy.holder} for {busy.waited:.3g}s{why} ({path})",
+            hint=LOCK_HINT,
+        ) from None
+    except CappedReadError as err:
+        raise HostError(
+            f"the board lock is {err.problem} ({path})",
+            hint="governor makes it a regular file: remove what is there and try again",
+        ) from None
+
+
+def lock_wait(plan: Plan, *, check: bool = False) -> float:
+    """How long an admission of ``plan`` waits for the board lock (module docstring)."""
+    wait = plan.qos.admit_timeout_s if plan.qos.admit in ("wait", "shed") else LOCK_WAIT_S
+    return min(wait, CHECK_LOCK_WAIT_S) if check else wait
 
 
 def _where(board: Path | None) -> str:
@@ -116,6 +149,7 @@ def admission(
     clock: Callable[[], float] = time.monotonic,
     sleep: Callable[[float], None] = time.sleep,
     say: Callable[[str], None] | None = None,
+    lock_s: float | None = None,
 ) -> Admitted:
     """Admit ``plan`` on the board or raise AdmissionRefused (75). ``hold``: keep the board
     lock (launch: until the state is published; install: until its manifest is written);
@@ -123,7 +157,8 @@ def admission(
     install): "wait" and "shed" only say what the start will do, the guarantees of "warn" and
     "refuse" are refused all the same. ``run``: None for a board rendered elsewhere (no
     running claims, no lock). ``gather``, ``stop``, ``clock`` and ``sleep`` are the tests'
-    doors; ``say``: where the warning lines go (default stderr, at once)."""
+    doors; ``say``: where the warning lines go (default stderr, at once); ``lock_s``: how long
+    the board lock is waited for (default :func:`lock_wait`)."""
     _say = say or say_now
 
     def read() -> BoardClaims:
@@ -140,9 +175,11 @@ def admission(
     new = claim_of_plan(plan_claim_dict(plan), estimate=estimate, state="running")
     mode = plan.qos.admit
     fd = -1
+    why = f": the board cannot admit {new.name} now"
     if run is not None:
+        wait = lock_wait(plan) if lock_s is None else lock_s
         try:
-            fd = board_lock(run)
+            fd = board_lock(run, deadline=clock() + wait, clock=clock, sleep=sleep, why=why)
         except OSError as err:  # an unwritable run dir: weighed all the same, unlocked
             log.warning("admit.unlocked", run=str(run), reason=err.strerror)
     try:
@@ -191,7 +228,7 @@ def admission(
                 fd = -1
             sleep(POLL_S)
             if locked and run is not None:
-                fd = board_lock(run)
+                fd = board_lock(run, deadline=deadline, clock=clock, sleep=sleep, why=why)
             seen = read()
             verdict = admit(seen.budget, new, seen.claims)
             if verdict.fits:

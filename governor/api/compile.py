@@ -8,7 +8,7 @@ import tomllib
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from governor.api.admit import admission
+from governor.api.admit import admission, lock_wait
 from governor.api.board import tenants
 from governor.api.host import (
     HostOptions,
@@ -161,6 +161,7 @@ def admit_check(plan: Plan, opts: HostOptions, estimate: object, *, force: bool)
         force=force,
         hold=False,
         act=False,
+        lock_s=lock_wait(plan, check=True),
     )
 
 

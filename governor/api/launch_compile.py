@@ -13,7 +13,7 @@ from governor.cache import plans as compiled
 from governor.compile.placements import compile_placements
 from governor.engines.llama import EngineArgs, model_parts
 from governor.engines.rkllm import parse_rkllm_argv
-from governor.engines.router import router_models
+from governor.engines.router import read_preset, router_models
 from governor.log import get_logger
 from governor.plan.host import HostFacts
 from governor.plan.model import Plan
@@ -91,9 +91,9 @@ def _router_inputs(args: EngineArgs | None, cwd: Path) -> list[str]:
         preset = preset if preset.is_absolute() else cwd / preset
         out.append(str(preset))
         try:
-            preset_text = preset.read_text()
-        except (OSError, UnicodeDecodeError):
-            return out  # the preflight refused it already
+            preset_text = read_preset(preset)
+        except OSError:  # not UTF-8, a FIFO, a device, too big: the preflight refused it
+            return out
     if args.models_dir is not None:
         base = Path(args.models_dir)
         out.append(str(base if base.is_absolute() else cwd / base))

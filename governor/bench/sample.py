@@ -21,6 +21,8 @@ import psutil
 
 from governor.errors import GovernorError
 from governor.kernel import files as kf
+from governor.peer.files import read_capped
+from governor.rundir.state import STATE_MAX
 
 MIN_INTERVAL_S = 0.05
 # where a row's figures come from: the kernel's high-water mark, else the highest sample
@@ -109,7 +111,7 @@ class EngineTreeReader:
         if self.launch_pid is None:
             return None
         try:
-            pid = json.loads(self.state.read_text()).get("engine_pid")
+            pid = json.loads(read_capped(self.state, STATE_MAX, follow=False)).get("engine_pid")
         except (OSError, ValueError, AttributeError):
             return None
         if not isinstance(pid, int) or isinstance(pid, bool):

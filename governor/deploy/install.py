@@ -28,12 +28,14 @@ from governor.deploy.dropin import UNIT_DIR, UnitFile
 from governor.deploy.tunedropin import DROPIN_NAME
 from governor.errors import BackendError, PermissionDenied, PolicyError, PolicyNotFound
 from governor.log import get_logger
+from governor.peer.files import CappedReadError, read_capped
 from governor.policy.model import NAME_RE
 
 log = get_logger(__name__)
 
 MANIFEST_DIR = "etc/governor/installed"
 FILE_MODE = 0o644
+FILE_MAX = 1 << 20  # a unit, a drop-in or a manifest: KiB (operate/board.py MANIFEST_MAX)
 DIR_MODE = 0o755
 
 
@@ -121,11 +123,24 @@ def _oserror(err: OSError, action: str, path: Path) -> BackendError | Permission
     return cls(action, file=str(path), errno=err.errno, hint="run as root, or pass --root DIR")
 
 
-def _read(path: Path) -> str | None:
+def _read(path: Path, *, follow: bool = True) -> str | None:
+    """The text of a file install writes or replaces (a unit, a drop-in, a manifest), None
+    when it does not exist. A FIFO, a device, a file over ``FILE_MAX`` (a symlink where
+    ``follow`` is False: a manifest) is refused before any of it is read."""
     try:
-        return path.read_text(encoding="utf-8")
+        raw = read_capped(path, FILE_MAX, follow=follow)
     except FileNotFoundError:
         return None
+    except CappedReadError as err:
+        raise PolicyError(
+            f"existing file is {err.problem}; not replacing it",
+            file=str(path),
+            hint="look at the file: move it aside if it is not needed, then install again",
+        ) from None
+    except OSError as err:
+        raise _oserror(err, "cannot read", path) from err
+    try:
+        return raw.decode("utf-8")
     except UnicodeDecodeError as err:
         # install keeps the old text to restore it on uninstall: it cannot keep what it
         # cannot read back exactly, so it leaves the file alone
@@ -134,8 +149,6 @@ def _read(path: Path) -> str | None:
             file=str(path),
             hint="look at the file: move it aside if it is not needed, then install again",
         ) from None
-    except OSError as err:
-        raise _oserror(err, "cannot read", path) from err
 
 
 def _fsync_dir(directory: Path) -> None:
@@ -197,7 +210,7 @@ def manifest_path(root: Path, policy: str) -> Path:
 
 
 def _load_manifest(path: Path) -> Manifest | None:
-    text = _read(path)
+    text = _read(path, follow=False)  # install writes it as a file: a symlink is not its
     if text is None:
         return None
     try:

@@ -22,11 +22,18 @@ from governor.engines.estimate import (
 )
 from governor.engines.gguf import read_gguf_cached as read_gguf
 from governor.engines.llama import EngineArgs, EngineArgvError, model_parts, parse_llama_argv
-from governor.engines.router import MODELS_MAX, PresetError, RouterEstimate, router_models
+from governor.engines.router import (
+    MODELS_MAX,
+    PresetError,
+    RouterEstimate,
+    read_preset,
+    router_models,
+)
 from governor.errors import PolicyError, PolicyNotFound
 from governor.kernel.files import MEMORY_MAX
 from governor.kernel.parse import cpuinfo_machine
 from governor.kernel.procfs import ProcFs
+from governor.peer.files import CappedReadError
 
 if TYPE_CHECKING:
     from governor.plan.model import Plan
@@ -96,7 +103,14 @@ def estimate_router(
         preset = Path(args.models_preset)
         preset = preset if preset.is_absolute() else cwd / preset
         try:
-            preset_text = preset.read_text(encoding="utf-8")
+            preset_text = read_preset(preset)
+        except CappedReadError as err:  # not UTF-8, a FIFO, a device, over its cap: 65
+            raise PolicyError(
+                str(err),
+                field="--models-preset",
+                hint="a preset is a small UTF-8 INI file of [sections] of 'key = value' lines"
+                " (llama-server's README)",
+            ) from None
         except OSError as err:
             raise PolicyNotFound(
                 f"models preset not readable: {preset} ({err.strerror})",

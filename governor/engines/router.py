@@ -32,12 +32,14 @@ from typing import TYPE_CHECKING
 
 from governor.cache import argkey
 from governor.engines import llama
+from governor.peer.files import read_capped_text
 
 if TYPE_CHECKING:
     from governor.engines.estimate import Estimate
 
 MIB = 1 << 20
 MODELS_MAX = 4  # --models-max default (common/arg.cpp); 0 = no limit
+PRESET_MAX = 1 << 20  # a preset is a section a model: KiB (a file over it is not one)
 # the preset's own keys: no llama-server option (tools/server README "Model presets")
 PRESET_ONLY = frozenset(["version", "load-on-startup", "stop-timeout", "dedup-cache-models"])
 # the router's own options, never passed to a child (it sets --host/--port/--alias/--model)
@@ -51,6 +53,13 @@ ROUTER_FLAGS = frozenset(["--models-autoload", "--no-models-autoload"])
 GLOBAL_SECTION = "*"
 _TRUTHY, _FALSEY = argkey.TRUTHY, argkey.FALSEY
 _SECTION_RE = re.compile(r"^\[(?P<name>[^\]]+)\]$")
+
+
+def read_preset(path: Path) -> str:
+    """The text of the preset at ``path``, read as a file another process may write
+    (governor/peer/files.py): a FIFO, a device, a file over ``PRESET_MAX`` or one that is not
+    UTF-8 is a CappedReadError (an OSError) naming it; FileNotFoundError passes."""
+    return read_capped_text(path, PRESET_MAX)
 
 
 class PresetError(ValueError):

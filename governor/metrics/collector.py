@@ -19,6 +19,7 @@ from __future__ import annotations
 import contextlib
 import math
 import os
+import stat
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from importlib.metadata import PackageNotFoundError
 from importlib.metadata import version as dist_version
@@ -428,12 +429,14 @@ def _resident_ratio(files: Sequence[str]) -> float | None:
     resident = total = 0
     for path in files:
         try:
-            fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+            # a state's path may name a FIFO now: O_NONBLOCK opens it at once (issue 43)
+            fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK)
         except OSError:
             continue
         try:
-            size = os.fstat(fd).st_size
-            if size == 0:
+            st = os.fstat(fd)
+            size = st.st_size
+            if size == 0 or not stat.S_ISREG(st.st_mode):
                 continue
             vec = pre.residency(fd, size)
         except OSError:

@@ -25,13 +25,14 @@ from governor.kernel.cgroupfs import CgroupFs
 from governor.kernel.parse import parse_max
 from governor.kernel.procfs import ProcFs
 from governor.kernel.swap import SwapReader
+from governor.peer.files import read_capped
 from governor.plan.board import read_board
 from governor.plan.budget import Budget, Claim, claim_of_plan, zram_claim
 from governor.record import record
 from governor.rundir.state import scan_states
 
 MANIFEST_DIR = "etc/governor/installed"  # governor/deploy/install.py MANIFEST_DIR
-MANIFEST_MAX = 1 << 20
+MANIFEST_MAX = 1 << 20  # deploy/install.py MANIFEST_MAX: a manifest over it is skipped
 
 
 @record(frozen=True)
@@ -100,7 +101,12 @@ def installed_claims(root: Path, skip: set[str]) -> tuple[list[Claim], list[str]
         if path.stem in skip:
             continue
         try:
-            data: Any = json.loads(path.read_bytes()[:MANIFEST_MAX])
+            raw = read_capped(path, MANIFEST_MAX, follow=False)
+        except OSError as err:  # gone since the glob; a FIFO, a device, a symlink, too big
+            problems.append(f"{path}: {err.strerror}")
+            continue
+        try:
+            data: Any = json.loads(raw)
             claim = data.get("claim") if isinstance(data, dict) else None
             if claim is None:
                 continue  # installed before issue 36: no claim recorded (install again)

@@ -4,6 +4,8 @@ deadline and a size cap, never trusted to end or to be small.
 - ``files``: the one bounded read of a file another process writes (states, manifests, the
   board file, presets): opened without following a symlink, a FIFO or a device, ``fstat``ed as
   a regular file, read to at most its cap;
+- ``lock``: a lock another process may hold (the board lock), taken against the caller's
+  deadline, naming its holder (the pid it wrote in the file) when time is up;
 
 Standard library only: the run time (a cached launch's supervisor) imports it.
 """

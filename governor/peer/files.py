@@ -17,7 +17,7 @@ import os
 import stat
 from pathlib import Path
 
-__all__ = ["CappedReadError", "read_capped", "read_capped_text"]
+__all__ = ["CappedReadError", "kind", "read_capped", "read_capped_text", "read_tail"]
 
 
 class CappedReadError(OSError):
@@ -34,7 +34,8 @@ class CappedReadError(OSError):
         return f"{self.path}: {self.problem}"
 
 
-def _kind(mode: int) -> str:
+def kind(mode: int) -> str:
+    """What a file of ``mode`` is, for a message ("a FIFO", "a device", ...)."""
     if stat.S_ISFIFO(mode):
         return "a FIFO"
     if stat.S_ISCHR(mode) or stat.S_ISBLK(mode):
@@ -46,12 +47,8 @@ def _kind(mode: int) -> str:
     return "not a regular file"
 
 
-def read_capped(path: Path | str, cap: int, *, follow: bool = True) -> bytes:
-    """At most ``cap`` bytes of the regular file at ``path``.
-
-    Raises FileNotFoundError as ``open`` does (a caller tells "absent" from "wrong"), and
-    :class:`CappedReadError` (an OSError) for a FIFO, a device, a socket, a directory, a
-    symlink when ``follow`` is False, or a file over ``cap``; other OSErrors pass."""
+def _open_regular(path: Path | str, follow: bool) -> tuple[int, os.stat_result]:
+    """The fd and fstat of the regular file at ``path``, opened without blocking."""
     flags = os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC | os.O_NOCTTY
     if not follow:
         flags |= os.O_NOFOLLOW
@@ -66,7 +63,47 @@ def read_capped(path: Path | str, cap: int, *, follow: bool = True) -> bytes:
     try:
         st = os.fstat(fd)
         if not stat.S_ISREG(st.st_mode):
-            raise CappedReadError(path, f"{_kind(st.st_mode)}, not a file")
+            raise CappedReadError(path, f"{kind(st.st_mode)}, not a file")
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd, st
+
+
+def read_tail(path: Path | str, cap: int, *, follow: bool = True) -> tuple[bytes, int]:
+    """The last whole lines of the regular file at ``path`` within its last ``cap`` bytes, and
+    how many bytes before them were left unread (0: the whole file): an append-only log whose
+    newest entries matter most (the change journal) is read bounded without losing them.
+    Raises as :func:`read_capped` does, but never for its size."""
+    fd, st = _open_regular(path, follow)
+    try:
+        start = max(0, st.st_size - cap)
+        chunks: list[bytes] = []
+        left, at = cap, start
+        while left > 0:
+            chunk = os.pread(fd, min(left, 1 << 16), at)
+            if not chunk:
+                break
+            chunks.append(chunk)
+            left -= len(chunk)
+            at += len(chunk)
+    finally:
+        os.close(fd)
+    data = b"".join(chunks)
+    if start == 0:
+        return data, 0
+    cut = data.find(b"\n") + 1  # the first line began before the window: not a whole one
+    return data[cut:], start + cut
+
+
+def read_capped(path: Path | str, cap: int, *, follow: bool = True) -> bytes:
+    """At most ``cap`` bytes of the regular file at ``path``.
+
+    Raises FileNotFoundError as ``open`` does (a caller tells "absent" from "wrong"), and
+    :class:`CappedReadError` (an OSError) for a FIFO, a device, a socket, a directory, a
+    symlink when ``follow`` is False, or a file over ``cap``; other OSErrors pass."""
+    fd, st = _open_regular(path, follow)
+    try:
         if st.st_size > cap:
             raise CappedReadError(path, f"{st.st_size} bytes, over its cap of {cap}", errno.EFBIG)
         chunks: list[bytes] = []

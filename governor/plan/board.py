@@ -29,6 +29,7 @@ from typing import Any
 
 from governor.errors import PolicyError
 from governor.errors import shown as _shown
+from governor.peer.files import read_capped
 from governor.plan.model import CGROUP_STEPS, QOS_RANK
 from governor.record import record
 from governor.sizes import BINARY
@@ -79,7 +80,7 @@ def is_board_file(path: Path) -> bool:
     import tomllib  # the run time loads this module with every shed rule's monitor: TOML only on a read
 
     try:
-        raw = tomllib.loads(path.read_text())
+        raw = tomllib.loads(read_capped(path, MAX_BOARD_BYTES).decode())
     except (OSError, ValueError, RecursionError):  # the policy loader says what is wrong
         return False
     return ("cgroup" in raw or "board" in raw) and "name" not in raw
@@ -91,14 +92,12 @@ def read_board(path: Path | None = None, governed: Collection[str] = ()) -> Boar
     ``governed``: the governed slices' groups a board entry may not be, contain or lie inside
     (``GOVERNED_ROOT`` always). No file: no entries, no error."""
     path = board_path() if path is None else path
-    try:
-        data = path.read_bytes()[: MAX_BOARD_BYTES + 1]
+    try:  # a FIFO, a device or a file over 1 MiB is refused before any of it is read
+        data = read_capped(path, MAX_BOARD_BYTES)
     except FileNotFoundError:
         return BoardRead()
     except OSError as err:
         return _whole(f"cannot read the board file: {err.strerror}", path)
-    if len(data) > MAX_BOARD_BYTES:
-        return _whole("the board file is larger than 1 MiB", path)
     import tomllib  # (tomllib pulls datetime and string: ~2 ms and 0.3 MiB the supervisor keeps)
 
     try:

@@ -31,10 +31,12 @@ from typing import Any
 from governor.atomic import write_atomic
 from governor.errors import BackendError
 from governor.kernel.clocks import ROLE_FILES
+from governor.peer.files import CappedReadError, read_capped
 from governor.record import field, fields, record
 
 LEDGER_FILE = "clocks.json"
 LOCK_FILE = ".clocks.lock"
+LEDGER_MAX = 1 << 20  # a board has a few devfreq devices: an entry each is ~0.3 KiB
 FORMAT = 1
 _FILES = {kind: frozenset(files.values()) for kind, files in ROLE_FILES.items()}
 
@@ -178,9 +180,11 @@ class Ledger:
         is not a ledger at all."""
         self.invalid, self.problems = {}, []
         try:
-            raw = self.path.read_bytes()
+            raw = read_capped(self.path, LEDGER_MAX, follow=False)
         except FileNotFoundError:
             return {}
+        except CappedReadError as err:  # a FIFO, a device, a symlink: not a ledger
+            raise ValueError(err.problem) from None
         data = json.loads(raw.decode("utf-8"))  # ValueError (UnicodeDecodeError included)
         devices = data.get("devices") if isinstance(data, dict) else None
         if not isinstance(devices, dict):

@@ -33,11 +33,15 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+from governor.peer.files import CappedReadError, read_tail
 from governor.plan.model import ShedStep
 from governor.record import field, record
 
 JOURNAL_FILE = "journal.jsonl"
 LOCK_FILE = "journal.lock"
+# what a read takes of the journal, its newest end: ~200k entries (a rule that sets a limit
+# firing every 2 s for 4 days); the file itself grows unbounded
+JOURNAL_MAX = 64 << 20
 CHANGING = ("tune", "rollback", "monitor")  # the sources whose entries change a limit
 SHED_HOLDS = {
     ShedStep.THROTTLE: "throttled",
@@ -181,10 +185,15 @@ class Journal:
         out: list[dict[str, Any]] = []
         problems: list[str] = []
         try:
-            raw = self.path.read_bytes()
-        except OSError:
-            self.problems = problems
+            raw, skipped = read_tail(self.path, JOURNAL_MAX, follow=False)
+        except OSError as err:  # none yet; or a FIFO, a device, a symlink
+            self.problems = [str(err)] if isinstance(err, CappedReadError) else problems
             return out
+        if skipped:
+            problems.append(
+                f"{self.path}: its oldest {skipped} bytes not read (over {JOURNAL_MAX} bytes:"
+                " the newest entries are)"
+            )
         for n, line in enumerate(raw.splitlines(), 1):
             if not line.strip():
                 continue

@@ -26,12 +26,16 @@ from typing import Any
 
 from governor.atomic import write_atomic
 from governor.errors import HostError, PolicyNotFound
+from governor.peer.files import read_capped
 from governor.plan.model import Plan
 from governor.record import check_types, field, fields, record, replace
 from governor.rundir.journal import is_number
 
 STATE_FILE = "state.json"
 FORMAT = 1
+# the largest state a reader takes: a router's with 64 models, its rules and action history is
+# ~32 KiB (measured, issue 43): 4 MiB leaves a hundredfold
+STATE_MAX = 4 << 20
 
 
 @record(frozen=True)
@@ -259,9 +263,11 @@ def check_state(data: Any, name: str | None = None) -> str | None:
 
 def load_state(path: Path) -> RunState:
     """THE reader of one state.json: its record, checked (:func:`check_state`); StateError
-    (one line, this file) when it cannot be read or is not a state. FileNotFoundError passes."""
+    (one line, this file) when it cannot be read or is not a state: a FIFO, a device, a
+    symlink (a governor writes a file: not followed) or more than ``STATE_MAX`` bytes are
+    refused before reading any of it (governor/peer/files.py). FileNotFoundError passes."""
     try:
-        raw = path.read_bytes()
+        raw = read_capped(path, STATE_MAX, follow=False)
     except FileNotFoundError:
         raise
     except OSError as err:

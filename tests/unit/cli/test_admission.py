@@ -223,7 +223,7 @@ _HOLDER = """
 import sys, time
 from pathlib import Path
 from governor.api.admit import board_lock
-fd = board_lock(Path(sys.argv[1]))
+fd = board_lock(Path(sys.argv[1]), deadline=time.monotonic())
 print("held", flush=True)
 sys.stdin.readline()
 """
@@ -238,13 +238,13 @@ def test_the_board_lock_is_one_holder_at_a_time_and_not_inherited_by_a_fork(
     )  # fmt: skip
     try:
         assert holder.stdout is not None and holder.stdout.readline() == "held\n"
-        with pytest.raises(BlockingIOError):
-            board_lock(tmp_path, block=False)
+        with pytest.raises(AdmissionRefused, match=f"board.lock held by pid {holder.pid} "):
+            board_lock(tmp_path, deadline=0.0)
     finally:
         assert holder.stdin is not None
         holder.stdin.close()
         holder.wait(timeout=30)
-    fd = board_lock(tmp_path, block=False)
+    fd = board_lock(tmp_path, deadline=0.0)
     r, w = os.pipe()
     pid = os.fork()
     if pid == 0:  # a watchdog forked while the lock is held: it lives on and holds nothing
@@ -253,7 +253,7 @@ def test_the_board_lock_is_one_holder_at_a_time_and_not_inherited_by_a_fork(
         os._exit(0)
     try:
         os.close(fd)  # released by this close although the child still has the descriptor
-        os.close(board_lock(tmp_path, block=False))
+        os.close(board_lock(tmp_path, deadline=0.0))
     finally:
         os.close(w)
         os.waitpid(pid, 0)

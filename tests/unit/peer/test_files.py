@@ -68,3 +68,16 @@ def test_text_that_is_not_utf8_is_one_error_not_a_decode_traceback(tmp_path: Pat
     f.write_bytes(b"[m]\nmodel = caf\xe9.gguf\n")
     with pytest.raises(CappedReadError, match=r"preset.ini: not UTF-8 \(at byte 15\)"):
         read_capped_text(f, 1 << 20)
+
+
+def test_read_tail_reads_the_last_whole_lines_within_its_cap(tmp_path: Path) -> None:
+    from governor.peer.files import read_tail
+
+    f = tmp_path / "journal.jsonl"
+    f.write_bytes(b"first line\nsecond\nthird\n")
+    assert read_tail(f, 100) == (b"first line\nsecond\nthird\n", 0)
+    # the last 10 bytes are "ond\nthird\n": the cut line is dropped, its bytes counted
+    assert read_tail(f, 10) == (b"third\n", 18)
+    os.mkfifo(tmp_path / "fifo")
+    with pytest.raises(CappedReadError, match="a FIFO, not a file"):
+        read_tail(tmp_path / "fifo", 10)
