@@ -106,6 +106,17 @@ def model_name(leaf: str) -> str | None:
         return None
 
 
+def is_leaf(leaf: object) -> bool:
+    """Whether ``leaf`` is a name :func:`leaf_name` can give: one path component of at most
+    NAME_MAX bytes, no control character (a published mapping is checked so)."""
+    return (
+        isinstance(leaf, str)
+        and refusal(leaf) is None
+        and "/" not in leaf
+        and len(leaf.encode("utf-8", "replace")) <= NAME_MAX
+    )
+
+
 def models_cgroup(group: str) -> str:
     """The parent of every model's leaf."""
     return f"{group}/{MODELS}"
