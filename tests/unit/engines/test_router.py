@@ -284,12 +284,14 @@ def test_router_model_tables_compile_into_the_plan_in_bytes() -> None:
         'name = "r"\n[memory]\nmax = "1G"\n[engine]\nkind = "llama.cpp"\nevict = "memory"\n'
         '[engine.models.small]\nmax = "300M"\nhigh = "250M"\noom_group = true\n'
         '[engine.models."a.b"]\nmax = "10%"\n'
+        '[engine.models."org/tiny:Q8_0"]\nmax = "200M"\n'  # llama.cpp's preset names
     )
     host = probe(ROOT, target="governor.slice/r")
     plan = compile_plan(policy, host)
     assert plan.engine.evict == "memory"
     assert plan.engine.models == (
         RouterModelSpec(alias="a.b", max=host.mem_total // 10),
+        RouterModelSpec(alias="org/tiny:Q8_0", max=200 * MIB),
         RouterModelSpec(alias="small", max=300 * MIB, high=250 * MIB, oom_group=True),
     )
     assert Plan.from_json(plan.to_json()) == plan  # the run time reads them back
@@ -300,7 +302,9 @@ def test_router_model_tables_compile_into_the_plan_in_bytes() -> None:
     [
         ('evict = "lru"', "evict"),
         ('[engine.models.x]\nhigh = "2G"\nmax = "1G"', "high (2GiB) is above max (1GiB)"),
-        ('[engine.models.".."]\nmax = "1G"', "cannot name a cgroup directory"),
+        ('[engine.models.".."]\nmax = "1G"', "no cgroup leaf can be made for it"),
+        ('[engine.models."a\\nb"]\nmax = "1G"', "has a control character"),
+        ('[engine.models."a\\u007fb"]\nmax = "1G"', "has a control character"),
         ('[engine.models.x]\nmin = "1G"', "min"),
     ],
 )
@@ -311,6 +315,23 @@ def test_bad_router_keys_are_refused(table: str, said: str) -> None:
     with pytest.raises(PolicyError) as err:
         load_text(f'name = "r"\n[engine]\nkind = "llama.cpp"\n{table}\n')
     assert said in str(err.value)
+
+
+def test_check_refuses_a_model_name_with_a_newline_in_one_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Issue 43 item 9: the policy accepted [engine.models."a\\nb"], whose leaf the kernel
+    refuses (cgroup_mkdir: EINVAL) at the child's start."""
+    policy = tmp_path / "r.toml"
+    policy.write_text(
+        'name = "r"\n[engine]\nkind = "llama.cpp"\n[engine.models."a\\nb"]\nmax = "1G"\n'
+    )
+    code, out, err = _governor(capsys, "--root", str(ROOT), "check", str(policy))
+    assert code == 65, (out, err)
+    lines = err.strip().splitlines()
+    assert lines[0].startswith("governor: ") and "control character" in lines[0], err
+    assert "engine.models" in lines[0] and lines[1].startswith("hint:"), err
+    assert len(lines) == 2, err
 
 
 def test_init_for_a_router_sizes_memory_max_for_the_models_that_fit_and_check_accepts_it(
