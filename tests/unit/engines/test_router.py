@@ -227,6 +227,74 @@ def test_estimate_prints_a_row_per_model_and_how_many_fit_together(
     assert code == 0, out + err
 
 
+def test_estimate_recognises_the_router_from_its_command_line_alone(
+    models_dir: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Issue 43 item 15: the argv of a service file is enough (it exited "Missing argument
+    'MODEL'"), and gives the same table as the models directory given as MODEL."""
+    argv = f"llama-server --models-dir {models_dir} --models-max 3 -c 512 --cache-ram 0"
+    code, out, err = _governor(capsys, "--root", str(ROOT), "estimate", "--engine-argv", argv)
+    assert code == 0, err
+    assert out.startswith("llama-server router: 3 models, --models-max 3"), out
+    rows = [line.split()[0] for line in out.splitlines() if "MiB" in line and ".gguf" in line]
+    assert rows == ["four", "two", "one"]
+    code, same, err = _governor(
+        capsys, "--root", str(ROOT), "estimate", str(models_dir),
+        "--engine-argv", "llama-server --models-max 3 -c 512 --cache-ram 0",
+    )  # fmt: skip
+    assert code == 0 and same == out, err
+    # a plain engine's argv with its -m is enough too
+    one = models_dir / "one.gguf"
+    code, out, err = _governor(
+        capsys, "--root", str(ROOT), "estimate", "--engine-argv", f"llama-server -m {one} -c 512"
+    )
+    assert code == 0 and f"model {one}" in out, out + err
+
+
+@pytest.mark.parametrize(
+    ("model", "argv", "said"),
+    [
+        # a GGUF MODEL with a router's argv was estimated as that one model, silently
+        ("one.gguf", "llama-server --models-dir {d} -c 512", "--models-dir {d} (a llama-server"),
+        ("{d}", "llama-server --models-dir /elsewhere -c 512", "--models-dir /elsewhere"),
+        ("one.gguf", "llama-server -m /m/x.gguf", "-m /m/x.gguf (its own model)"),
+    ],
+)
+def test_estimate_refuses_a_model_that_contradicts_the_argvs_own_in_one_line(
+    models_dir: Path, capsys: pytest.CaptureFixture[str], model: str, argv: str, said: str
+) -> None:
+    d = str(models_dir)
+    model = model.format(d=d) if "{" in model else str(models_dir / model)
+    code, out, err = _governor(
+        capsys, "--root", str(ROOT), "estimate", model, "--engine-argv", argv.format(d=d)
+    )
+    assert code == 2, out + err
+    assert out == ""
+    lines = err.strip().splitlines()
+    assert len(lines) == 2 and lines[1].startswith("hint: ") and "leave MODEL out" in lines[1]
+    assert lines[0].startswith(f"governor: MODEL {model} and --engine-argv's"), err
+    assert said.format(d=d) in lines[0] and "contradict each other" in lines[0]
+
+
+def test_estimate_without_any_model_says_what_to_give(capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, err = _governor(capsys, "--root", str(ROOT), "estimate", "--engine-argv", "-c 512")
+    assert code == 2 and out == "", err
+    assert err.startswith("governor: no model to estimate: give MODEL") and "\nhint: " in err
+
+
+def test_a_router_directory_beside_its_preset_is_no_contradiction(
+    models_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    preset = tmp_path / "p.ini"
+    preset.write_text(f"[extra]\nmodel = {models_dir / 'one.gguf'}\n")
+    code, out, err = _governor(
+        capsys, "--root", str(ROOT), "estimate", str(models_dir),
+        "--engine-argv", f"llama-server --models-preset {preset} -c 512 --cache-ram 0",
+    )  # fmt: skip
+    assert code == 0, err
+    assert out.startswith("llama-server router: 4 models"), out
+
+
 def test_check_refuses_a_models_max_whose_largest_models_cannot_fit_unless_evict_is_memory(
     models_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
