@@ -7,6 +7,7 @@ preflight of `governor launch` and `governor check --engine-argv` (governor/engi
 
 from __future__ import annotations
 
+import json
 import math
 import platform
 from collections.abc import Mapping
@@ -22,7 +23,14 @@ from governor.engines.estimate import (
 )
 from governor.engines.gguf import read_gguf_cached as read_gguf
 from governor.engines.llama import EngineArgs, EngineArgvError, model_parts, parse_llama_argv
-from governor.engines.router import MODELS_MAX, PresetError, RouterEstimate, router_models
+from governor.engines.router import (
+    MODELS_MAX,
+    PresetError,
+    RouterEstimate,
+    name_warnings,
+    router_models,
+    shown,
+)
 from governor.errors import PolicyError, PolicyNotFound
 from governor.kernel.files import MEMORY_MAX
 from governor.kernel.parse import cpuinfo_machine
@@ -211,6 +219,20 @@ def with_router(checked: C, plan: Plan, args: EngineArgs, *, root: Path, cwd: Pa
     memory.max), with each model's estimate and its leaf's default max (the estimate + init's
     headroom) for the launch: {"router": {alias: bytes}, "router_max": {alias: bytes}}."""
     rest, said = fit_router(args, plan.engine.evict, plan.limit(MEMORY_MAX), root=root, cwd=cwd)
+    said += [("router.name", w) for w in name_warnings(rest)]
+    listed = {m.alias for m, _e in rest.models} | set(rest.unsized)
+    for spec in plan.engine.models:
+        if spec.alias not in listed:
+            names = ", ".join(shown(a) for a in sorted(listed)[:8]) + (
+                ", ..." if len(listed) > 8 else ""
+            )
+            said.append(
+                (
+                    "router.unlisted",
+                    f"[engine.models.{json.dumps(spec.alias)}] limits nothing: the router lists"
+                    f" no model {spec.alias!r} (its models: {names or 'none'})",
+                )
+            )
     totals = {m.alias: e.total for m, e in rest.models}
     router = {
         "router": totals,

@@ -193,6 +193,21 @@ def engine_warnings(args: EngineArgs | None, plan: Plan, host: HostFacts | None)
     return out
 
 
+def _router_only(plan: Plan, args: EngineArgs | None) -> list[Said]:
+    """The router's keys on an engine that is no router: they do nothing, said once each."""
+    if args is not None and args.router:
+        return []
+    why = (
+        "the engine is no llama-server router (--models-dir / --models-preset and no -m of its own)"
+    )
+    out: list[Said] = []
+    if plan.engine.evict == "memory":
+        out.append(("engine.evict", f'engine.evict = "memory" unloads nothing: {why}'))
+    if plan.engine.models:
+        out.append(("engine.models", f"[engine.models] limits nothing: {why}"))
+    return out
+
+
 # -------------------------------------------------------------------------------- prefetch files
 
 
@@ -461,6 +476,7 @@ def preflight(
 
     memory_max, memory_high = plan.limit(kf.MEMORY_MAX), plan.limit(kf.MEMORY_HIGH)
     warnings: list[Said] = [("engine.argv", w) for w in engine_warnings(args, plan, host)]
+    warnings += _router_only(plan, args)
     notes: list[str] = []
     est = None
     if args is not None and is_gguf(args):

@@ -53,12 +53,12 @@ class LeafNameError(ValueError):
 
 
 def refusal(model: str) -> str | None:
-    """Why ``model`` names no leaf; None when it does."""
+    """Why ``model`` names no leaf ("has a control character ('\\n')"); None when it does."""
     if model in ("", ".", ".."):
-        return f"model name {model!r} names no directory"
+        return "names no directory"
     bad = next((c for c in model if ord(c) < 0x20 or 0x7F <= ord(c) < 0xA0), None)
     if bad is not None:
-        return f"model name {model[:40]!r} has a control character ({bad!r})"
+        return f"has a control character ({bad!r})"
     return None
 
 
@@ -67,7 +67,7 @@ def leaf_name(model: str) -> str:
     name that names none."""
     why = refusal(model)
     if why is not None:
-        raise LeafNameError(why)
+        raise LeafNameError(f"model name {model[:40]!r} {why}")
     leaf = "".join(_ESCAPED.get(c, c) for c in model)
     if leaf.startswith(_PREFIX):
         leaf = "%5F" + leaf[1:]

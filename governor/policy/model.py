@@ -267,7 +267,7 @@ def _alias(name: str) -> str:
     '..', empty) is refused here, at compile time, not at the child's start."""
     why = refusal(name)
     if why is not None:
-        raise ValueError(f"{why}: no cgroup leaf can be made for it")
+        raise ValueError(f"model name {name[:40]!r} {why}: no cgroup leaf can be made for it")
     return name
 
 

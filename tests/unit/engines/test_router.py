@@ -295,6 +295,77 @@ def test_a_router_directory_beside_its_preset_is_no_contradiction(
     assert out.startswith("llama-server router: 4 models"), out
 
 
+def test_estimate_and_check_name_odd_models_and_their_leaves(
+    models_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Issue 43 item 10: names like llama.cpp's preset example and like an interface file are
+    shown with their leaf; a name that maps to no leaf is warned about (its child would stay
+    in the router's leaf); an [engine.models.X] the router never lists is warned about."""
+    import json
+    import shutil
+
+    shutil.copy(models_dir / "one.gguf", models_dir / "memory.max.gguf")
+    shutil.copy(models_dir / "one.gguf", models_dir / "a\nb.gguf")
+    preset = tmp_path / "p.ini"
+    preset.write_text(f"[org/tiny:Q8_0]\nmodel = {models_dir / 'one.gguf'}\n")
+    argv = f"llama-server --models-dir {models_dir} --models-preset {preset} -c 512 --cache-ram 0"
+    code, out, err = _governor(capsys, "--root", str(ROOT), "estimate", "--engine-argv", argv)
+    assert code == 0, err
+    assert "  leaf of org/tiny:Q8_0: models/org%2Ftiny:Q8_0\n" in out
+    assert "  leaf of memory.max: models/_memory.max\n" in out
+    assert "leaf of one" not in out  # the same name: nothing to say
+    rows = [line.split()[0] for line in out.splitlines() if "MiB" in line and ".gguf" in line]
+    assert "'a\\nb'" in rows and "org/tiny:Q8_0" in rows  # one line each, the newline shown
+    assert (
+        "  warning: router model 'a\\nb' has a control character ('\\n'): no leaf of its own" in out
+    )
+    code, out, err = _governor(
+        capsys, "--root", str(ROOT), "estimate", "--json", "--engine-argv", argv
+    )
+    leaves = {m["alias"]: m["leaf"] for m in json.loads(out)["models"]}
+    assert leaves["org/tiny:Q8_0"] == "org%2Ftiny:Q8_0" and leaves["a\nb"] is None
+    policy = tmp_path / "r.toml"
+    policy.write_text(
+        'name = "r"\n[memory]\nmax = "1G"\n[engine]\nkind = "llama.cpp"\n'
+        '[engine.models."org/tiny:Q8_0"]\nmax = "100M"\n[engine.models.ghost]\nmax = "100M"\n'
+    )
+    code, out, err = _governor(
+        capsys, "--root", str(ROOT), "check", str(policy), "--engine-argv", argv
+    )
+    assert code == 0, err
+    said = out + err
+    assert "router model 'a\\nb' has a control character" in said
+    assert "[engine.models.\"ghost\"] limits nothing: the router lists no model 'ghost'" in said
+    assert "org/tiny:Q8_0" not in said.split("limits nothing")[0]  # listed: no warning
+
+
+@pytest.mark.parametrize(
+    ("keys", "said"),
+    [
+        ('evict = "memory"', 'engine.evict = "memory" unloads nothing: the engine is no'),
+        ('[engine.models.one]\nmax = "100M"', "[engine.models] limits nothing: the engine is no"),
+    ],
+)
+def test_check_warns_of_router_keys_on_an_engine_that_is_no_router(
+    models_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str], keys: str, said: str
+) -> None:
+    policy = tmp_path / "r.toml"
+    policy.write_text(f'name = "r"\n[memory]\nmax = "1G"\n[engine]\nkind = "llama.cpp"\n{keys}\n')
+    one = models_dir / "one.gguf"
+    code, out, err = _governor(
+        capsys, "--root", str(ROOT), "check", str(policy),
+        "--engine-argv", f"llama-server -m {one} -c 512 --cache-ram 0",
+    )  # fmt: skip
+    assert code == 0, err
+    assert said in out + err
+    code, out, err = _governor(
+        capsys, "--root", str(ROOT), "check", str(policy),
+        "--engine-argv", f"llama-server --models-dir {models_dir} -c 512 --cache-ram 0",
+    )  # fmt: skip
+    assert code == 0, err
+    assert "nothing: the engine is no" not in out + err  # a router: the keys act
+
+
 def test_check_refuses_a_models_max_whose_largest_models_cannot_fit_unless_evict_is_memory(
     models_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
