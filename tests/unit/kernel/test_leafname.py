@@ -38,7 +38,9 @@ def test_a_model_maps_to_a_safe_leaf_that_reads_back(model: str, leaf: str) -> N
     assert model_cgroup("governor.slice/r", model) == f"governor.slice/r/models/{leaf}"
 
 
-@pytest.mark.parametrize("model", ["a\nb", "tab\there", "nul\0", "del\x7f", "c1\x85", "", ".", ".."])
+@pytest.mark.parametrize(
+    "model", ["a\nb", "tab\there", "nul\0", "del\x7f", "c1\x85", "", ".", ".."]
+)
 def test_control_characters_and_dot_names_name_no_leaf(model: str) -> None:
     with pytest.raises(LeafNameError):
         leaf_name(model)
