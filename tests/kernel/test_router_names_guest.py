@@ -25,6 +25,7 @@ from helpers import cgroups
 from helpers.cgroups import ScratchSlice
 from helpers.server import SERVER, free_port, wait_ready
 
+from governor.operate.status import collect, render
 from perf._helpers.engine_paths import TINY
 
 from .test_router_guest import _ask, _pids
@@ -62,6 +63,7 @@ def test_models_named_with_a_slash_and_like_an_interface_file_get_their_own_leav
     run = tmp_path / "run"
     env = {**os.environ, "GOVERNOR_RUN_DIR": str(run)}
     log = tmp_path / "governor.log"
+    t0 = time.monotonic()
     with log.open("w") as err:
         gov = subprocess.Popen(
             [sys.executable, "-m", "governor", "launch", "--policy", str(policy), "--", *engine],
@@ -69,11 +71,11 @@ def test_models_named_with_a_slash_and_like_an_interface_file_get_their_own_leav
         )  # fmt: skip
         try:
             wait_ready(base, gov, timeout=300)
+            ready_s = time.monotonic() - t0
             router = _pids(group / "engine")
-            t0 = time.monotonic()
             assert _ask(base, "org/tiny:Q8_0")
             assert _ask(base, "memory.max")
-            wall_s = time.monotonic() - t0
+            requests_s = time.monotonic() - t0 - ready_s
             slash, iface = group / "models" / "org%2Ftiny:Q8_0", group / "models" / "_memory.max"
             said = [line[:300] for line in log.read_text().splitlines() if "model" in line]
             assert len(_pids(slash)) == 1, said
@@ -88,14 +90,14 @@ def test_models_named_with_a_slash_and_like_an_interface_file_get_their_own_leav
             state = json.loads((run / "router" / "state.json").read_text())
             leaves = {m: v.get("leaf") for m, v in state["router"]["models"].items()}
             assert leaves == {"org/tiny:Q8_0": "org%2Ftiny:Q8_0", "memory.max": "_memory.max"}
-            status = subprocess.run(
-                [sys.executable, "-m", "governor", "status", "router"],
-                cwd=REPO, env=env, capture_output=True, text=True, timeout=120, check=True,
-            ).stdout  # fmt: skip
+            # `governor status router`'s collect and render, in this process (a second Python
+            # under TCG costs seconds): the state the launch published, the kernel's leaves
+            status = render(collect(run, "router"))
             assert "model    org/tiny:Q8_0  leaf org%2Ftiny:Q8_0  loaded" in status, status
             assert "model    memory.max  leaf _memory.max  loaded" in status, status
             assert gov.poll() is None
-            print("router names guest:", json.dumps({"requests": 2, "wall_s": round(wall_s, 1)}))
+            timings = {"ready_s": round(ready_s, 1), "two_requests_s": round(requests_s, 1)}
+            print("router names guest:", json.dumps(timings))
         finally:
             if gov.poll() is None:
                 gov.send_signal(signal.SIGTERM)
