@@ -129,7 +129,7 @@ def estimate(
     if model is None and not args.router and args.model is None:
         raise UsageError(
             "no model to estimate: give MODEL, or --engine-argv with -m FILE or llama-server's"
-            " --models-dir / --models-preset (estimate)",
+            " --models-dir / --models-preset (MODEL, --engine-argv)",
             hint="governor estimate model.gguf, or governor estimate --engine-argv"
             " 'llama-server --models-dir DIR -c 4096' (the argv of the service file)",
         )
@@ -176,7 +176,7 @@ def _no_contradiction(model: Path, argv: list[str]) -> None:
     what = "a llama-server router" if given.router else "its own model"
     raise UsageError(
         f"MODEL {model} and --engine-argv's {said} ({what}) contradict each other: give one"
-        " (estimate)",
+        " (MODEL, --engine-argv)",
         hint=f"to estimate what the argv runs, leave MODEL out: governor estimate"
         f" --engine-argv {shlex.quote(shlex.join(argv))}",
     )
