@@ -239,3 +239,19 @@ def with_router(checked: C, plan: Plan, args: EngineArgs, *, root: Path, cwd: Pa
         "router_max": {a: t + headroom_for(t) for a, t in totals.items()},
     }
     return replace(checked, warnings=(*checked.warnings, *said), router=router)
+
+
+def router_keys_unused(plan: Plan, args: EngineArgs | None) -> list[tuple[str, str]]:
+    """The router's keys (``evict = "memory"``, ``[engine.models]``) on an engine that is no
+    router: they do nothing, said once each as (event, warning)."""
+    if args is not None and args.router:
+        return []
+    why = (
+        "the engine is no llama-server router (--models-dir / --models-preset and no -m of its own)"
+    )
+    out: list[tuple[str, str]] = []
+    if plan.engine.evict == "memory":
+        out.append(("engine.evict", f'engine.evict = "memory" unloads nothing: {why}'))
+    if plan.engine.models:
+        out.append(("engine.models", f"[engine.models] limits nothing: {why}"))
+    return out

@@ -38,7 +38,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
-from governor.engines.budget import estimate_argv, with_router
+from governor.engines.budget import estimate_argv, router_keys_unused, with_router
 from governor.engines.llama import (
     EngineArgs,
     EngineArgvError,
@@ -190,21 +190,6 @@ def engine_warnings(args: EngineArgs | None, plan: Plan, host: HostFacts | None)
             "process.memlock is set but the engine will not lock its weights"
             ' (no --mlock / -lm mlock|mmap+mlock) and prefetch.mode is not "lock"'
         )
-    return out
-
-
-def _router_only(plan: Plan, args: EngineArgs | None) -> list[Said]:
-    """The router's keys on an engine that is no router: they do nothing, said once each."""
-    if args is not None and args.router:
-        return []
-    why = (
-        "the engine is no llama-server router (--models-dir / --models-preset and no -m of its own)"
-    )
-    out: list[Said] = []
-    if plan.engine.evict == "memory":
-        out.append(("engine.evict", f'engine.evict = "memory" unloads nothing: {why}'))
-    if plan.engine.models:
-        out.append(("engine.models", f"[engine.models] limits nothing: {why}"))
     return out
 
 
@@ -476,7 +461,7 @@ def preflight(
 
     memory_max, memory_high = plan.limit(kf.MEMORY_MAX), plan.limit(kf.MEMORY_HIGH)
     warnings: list[Said] = [("engine.argv", w) for w in engine_warnings(args, plan, host)]
-    warnings += _router_only(plan, args)
+    warnings += router_keys_unused(plan, args)
     notes: list[str] = []
     est = None
     if args is not None and is_gguf(args):
