@@ -15,6 +15,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 from helpers import cgroups
@@ -375,9 +376,12 @@ def test_a_model_whose_leaf_name_differs_is_shown_by_its_name_with_its_leaf(
 
 def test_a_published_leaf_that_is_no_leaf_makes_the_state_no_state() -> None:
     """The mapping is a peer's file too: a leaf with a '/' or a newline is refused."""
-    base = {"policy": "st", "router": {"url": "http://127.0.0.1:1", "models": {}}}
+
+    def state(leaf: object) -> dict[str, Any]:
+        router = {"url": "http://127.0.0.1:1", "models": {"m": {"leaf": leaf}}}
+        return {"policy": "st", "router": router}
+
     for leaf in ("../x", "a/b", "a\nb", "x" * 256, 7):
-        bad = {**base, "router": {**base["router"], "models": {"m": {"leaf": leaf}}}}
-        assert check_state(bad) is not None, leaf
-    good = {**base, "router": {**base["router"], "models": {"m": {"leaf": "_memory.max"}}}}
-    assert check_state(good) is None
+        assert check_state(state(leaf)) is not None, leaf
+    assert check_state(state("_memory.max")) is None
+    assert check_state(state(None)) is None  # a model with no leaf
