@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import os
+import shlex
 import tomllib
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -25,7 +26,7 @@ from governor.engines.draft_router import RouterDraft, draft_router, is_router_m
 from governor.engines.estimate import Estimate
 from governor.engines.llama import EngineArgvError, parse_llama_argv
 from governor.engines.router import RouterEstimate
-from governor.errors import HostError, PolicyError
+from governor.errors import HostError, PolicyError, UsageError
 from governor.kernel.swap import SwapReader
 from governor.monitor.victims import governed_groups
 from governor.plan.board import is_board_file, load_board
@@ -92,8 +93,12 @@ class EstimateOptions:
     budget: int | None = None  # budget in bytes (instead of a policy)
 
 
-def estimate(model: Path, opts: HostOptions, eopts: EstimateOptions) -> Estimate | RouterEstimate:
-    """`governor estimate`: the resident-memory estimate of llama.cpp for a GGUF model."""
+def estimate(
+    model: Path | None, opts: HostOptions, eopts: EstimateOptions
+) -> Estimate | RouterEstimate:
+    """`governor estimate`: the resident-memory estimate of llama.cpp for a GGUF model, or of
+    each model of llama-server's router; ``model`` None: the one the argv names (a router's
+    --models-dir / --models-preset, or -m), as a service file has it (issue 43 item 15)."""
 
     # --engine-argv is options only, or the whole command line starting with the program
     # (llama-server: its slots and prompt cache count)
@@ -105,11 +110,14 @@ def estimate(model: Path, opts: HostOptions, eopts: EstimateOptions) -> Estimate
             hint="give only the engine's options, e.g. --engine-argv '-nr -ub 128'",
         )
     program = words.pop(0) if words and not words[0].startswith("-") else "llama"
-    router = model.is_dir() or model.suffix == ".ini"  # llama-server's router: a row per model
-    if router and not program.rsplit("/", 1)[-1].startswith("llama-server"):
-        program = "llama-server"
-    where = "--models-dir" if model.is_dir() else "--models-preset" if router else "-m"
-    argv = [program, *words, where, str(model)]
+    argv = [program, *words]
+    if model is not None:
+        _no_contradiction(model, argv)
+        router = model.is_dir() or model.suffix == ".ini"  # llama-server's router: per model
+        if router and not program.rsplit("/", 1)[-1].startswith("llama-server"):
+            argv[0] = "llama-server"
+        where = "--models-dir" if model.is_dir() else "--models-preset" if router else "-m"
+        argv += [where, str(model)]
     if eopts.ctx is not None:
         argv += ["-c", str(eopts.ctx)]
     try:
@@ -118,6 +126,13 @@ def estimate(model: Path, opts: HostOptions, eopts: EstimateOptions) -> Estimate
         raise PolicyError(
             err.reason, file="--engine-argv", field=err.option, hint="check the engine options"
         ) from err
+    if model is None and not args.router and args.model is None:
+        raise UsageError(
+            "no model to estimate: give MODEL, or --engine-argv with -m FILE or llama-server's"
+            " --models-dir / --models-preset (MODEL, --engine-argv)",
+            hint="governor estimate model.gguf, or governor estimate --engine-argv"
+            " 'llama-server --models-dir DIR -c 4096' (the argv of the service file)",
+        )
     budget = eopts.budget
     if budget is None and eopts.policy is not None:
         budget = policy_budget(load_policy(eopts.policy), root=opts.root)
@@ -131,6 +146,40 @@ def estimate(model: Path, opts: HostOptions, eopts: EstimateOptions) -> Estimate
             budget_from="--budget" if eopts.budget is not None else "memory.max",
         )
     return estimate_argv(args, root=opts.root, budget=budget)
+
+
+def _no_contradiction(model: Path, argv: list[str]) -> None:
+    """MODEL and an --engine-argv that names its own models contradict each other: a usage
+    error (2), never one of them silently estimated (a router's argv with a GGUF MODEL was
+    estimated as that one model)."""
+    try:
+        given = parse_llama_argv(argv, {})
+    except EngineArgvError:
+        return  # said below, with MODEL in place
+    names = [
+        (opt, value)
+        for opt, value in (
+            ("-m", given.model),
+            ("--models-dir", given.models_dir),
+            ("--models-preset", given.models_preset),
+        )
+        if value is not None
+    ]
+    if not names:
+        return
+    mine = (
+        "--models-dir" if model.is_dir() else "--models-preset" if model.suffix == ".ini" else "-m"
+    )
+    if given.router and mine != "-m" and all(opt != mine for opt, _v in names):
+        return  # a router's directory beside its preset: both are its models
+    said = " ".join(f"{opt} {value}" for opt, value in names)
+    what = "a llama-server router" if given.router else "its own model"
+    raise UsageError(
+        f"MODEL {model} and --engine-argv's {said} ({what}) contradict each other: give one"
+        " (MODEL, --engine-argv)",
+        hint=f"to estimate what the argv runs, leave MODEL out: governor estimate"
+        f" --engine-argv {shlex.quote(shlex.join(argv))}",
+    )
 
 
 def check_engine(

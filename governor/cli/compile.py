@@ -91,13 +91,14 @@ def doctor(
 
 def estimate(  # noqa: PLR0917  # typer passes every option as a parameter
     model: Annotated[
-        Path,
+        Path | None,
         typer.Argument(
             help="GGUF model file; a models directory or a preset .ini: llama-server's router,"
-            " a row per model",
+            " a row per model; left out: the model(s) --engine-argv names (-m, or a router's"
+            " --models-dir / --models-preset)",
             show_default=False,
         ),
-    ],
+    ] = None,
     ctx: Annotated[
         int | None, typer.Option("-c", "--ctx-size", help="context (-c)", min=0, max=1 << 24)
     ] = None,

@@ -7,6 +7,7 @@ preflight of `governor launch` and `governor check --engine-argv` (governor/engi
 
 from __future__ import annotations
 
+import json
 import math
 import platform
 from collections.abc import Mapping
@@ -26,8 +27,10 @@ from governor.engines.router import (
     MODELS_MAX,
     PresetError,
     RouterEstimate,
+    name_warnings,
     read_preset,
     router_models,
+    shown,
 )
 from governor.errors import PolicyError, PolicyNotFound
 from governor.kernel.files import MEMORY_MAX
@@ -225,9 +228,39 @@ def with_router(checked: C, plan: Plan, args: EngineArgs, *, root: Path, cwd: Pa
     memory.max), with each model's estimate and its leaf's default max (the estimate + init's
     headroom) for the launch: {"router": {alias: bytes}, "router_max": {alias: bytes}}."""
     rest, said = fit_router(args, plan.engine.evict, plan.limit(MEMORY_MAX), root=root, cwd=cwd)
+    said += [("router.name", w) for w in name_warnings(rest)]
+    listed = {m.alias for m, _e in rest.models} | set(rest.unsized)
+    for spec in plan.engine.models:
+        if spec.alias not in listed:
+            names = ", ".join(shown(a) for a in sorted(listed)[:8]) + (
+                ", ..." if len(listed) > 8 else ""
+            )
+            said.append(
+                (
+                    "router.unlisted",
+                    f"[engine.models.{json.dumps(spec.alias)}] limits nothing: the router lists"
+                    f" no model {spec.alias!r} (its models: {names or 'none'})",
+                )
+            )
     totals = {m.alias: e.total for m, e in rest.models}
     router = {
         "router": totals,
         "router_max": {a: t + headroom_for(t) for a, t in totals.items()},
     }
     return replace(checked, warnings=(*checked.warnings, *said), router=router)
+
+
+def router_keys_unused(plan: Plan, args: EngineArgs | None) -> list[tuple[str, str]]:
+    """The router's keys (``evict = "memory"``, ``[engine.models]``) on an engine that is no
+    router: they do nothing, said once each as (event, warning)."""
+    if args is not None and args.router:
+        return []
+    why = (
+        "the engine is no llama-server router (--models-dir / --models-preset and no -m of its own)"
+    )
+    out: list[tuple[str, str]] = []
+    if plan.engine.evict == "memory":
+        out.append(("engine.evict", f'engine.evict = "memory" unloads nothing: {why}'))
+    if plan.engine.models:
+        out.append(("engine.models", f"[engine.models] limits nothing: {why}"))
+    return out

@@ -38,7 +38,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
-from governor.engines.budget import estimate_argv, with_router
+from governor.engines.budget import estimate_argv, router_keys_unused, with_router
 from governor.engines.llama import (
     EngineArgs,
     EngineArgvError,
@@ -461,6 +461,7 @@ def preflight(
 
     memory_max, memory_high = plan.limit(kf.MEMORY_MAX), plan.limit(kf.MEMORY_HIGH)
     warnings: list[Said] = [("engine.argv", w) for w in engine_warnings(args, plan, host)]
+    warnings += router_keys_unused(plan, args)
     notes: list[str] = []
     est = None
     if args is not None and is_gguf(args):

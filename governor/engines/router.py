@@ -32,6 +32,7 @@ from typing import TYPE_CHECKING
 
 from governor.cache import argkey
 from governor.engines import llama
+from governor.kernel.leafname import leaf_name, refusal
 from governor.peer.files import read_capped_text
 
 if TYPE_CHECKING:
@@ -127,10 +128,37 @@ class RouterEstimate:
                 "unsized": list(self.unsized),
             },
             "models": [
-                {"alias": m.alias, "source": m.source, "argv": list(m.argv), **e.to_dict()}
+                {
+                    "alias": m.alias,
+                    "leaf": leaf_of(m.alias),
+                    "source": m.source,
+                    "argv": list(m.argv),
+                    **e.to_dict(),
+                }
                 for m, e in self.models
             ],
         }
+
+
+def leaf_of(alias: str) -> str | None:
+    """The model's leaf under ``<group>/models`` (kernel/leafname.py); None: it has none."""
+    return None if refusal(alias) is not None else leaf_name(alias)
+
+
+def shown(alias: str) -> str:
+    """A model's name as a table shows it: as it is, unless it has a control character."""
+    return alias if refusal(alias) is None else repr(alias)
+
+
+def name_warnings(rest: RouterEstimate) -> list[str]:
+    """The models whose name maps to no leaf: the router runs them all the same, in the
+    engine's leaf, without a limit of their own (issue 43 item 9)."""
+    return [
+        f"router model {shown(m.alias)} {refusal(m.alias)}: no leaf of its own, its child"
+        " will run in the router's leaf without limits of its own"
+        for m, _e in rest.models
+        if refusal(m.alias) is not None
+    ]
 
 
 def fits_together(totals: Sequence[int], budget: int) -> int:
@@ -315,7 +343,7 @@ def render(rest: RouterEstimate) -> str:
     def mib(n: int) -> str:
         return f"{n / MIB:9.1f} MiB"
 
-    width = max([5, *(len(m.alias) for m, _e in rest.models)])
+    width = max([5, *(len(shown(m.alias)) for m, _e in rest.models)])
     given = "no limit" if rest.models_max == 0 else str(rest.models_max)
     lines = [
         f"llama-server router: {len(rest.models)} models, --models-max {given}"
@@ -325,8 +353,8 @@ def render(rest: RouterEstimate) -> str:
     by_size = sorted(rest.models, key=lambda me: me[1].total, reverse=True)
     for m, e in by_size:
         lines.append(
-            f"  {m.alias:<{width}}  {mib(e.total)}  {mib(e.term('weights'))}"
-            f"  {e.settings.ctx:>6}  {e.model}"
+            f"  {shown(m.alias):<{width}}  {mib(e.total)}  {mib(e.term('weights'))}"
+            f"  {e.settings.ctx:>6}  {shown(str(e.model))}"
         )
     lines.append(f"  the {rest.loadable} largest together: {mib(rest.largest_bytes).strip()}")
     together = rest.together
@@ -341,7 +369,13 @@ def render(rest: RouterEstimate) -> str:
         )
         lines.append(f"  budget {mib(rest.budget).strip()} ({rest.budget_from}): {verdict}")
         lines.append(f"  fit together in the budget, largest first: {together}")
-    lines += [f"  warning: {name}: no local model file, not sized" for name in rest.unsized]
+    lines += [
+        f"  leaf of {m.alias}: models/{leaf}"
+        for m, _e in by_size
+        if (leaf := leaf_of(m.alias)) is not None and leaf != m.alias
+    ]
+    lines += [f"  warning: {shown(name)}: no local model file, not sized" for name in rest.unsized]
+    lines += [f"  warning: {w}" for w in name_warnings(rest)]
     for m, e in by_size:
-        lines += [f"  warning: {m.alias}: {w}" for w in e.warnings]
+        lines += [f"  warning: {shown(m.alias)}: {w}" for w in e.warnings]
     return "\n".join(lines) + "\n"

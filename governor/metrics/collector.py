@@ -150,7 +150,9 @@ class GovernorCollector(Collector):
         self._memory(f, fs, systemd["cgroup"] if systemd else plan.group, p)
         use = observe.usage(fs, plan.group)
         self._usage(f, use, p)
-        for row in observe.model_rows(fs, plan.group):  # llama-server's router: each leaf
+        for row in observe.model_rows(
+            fs, plan.group, names=st.model_leaves()
+        ):  # llama-server's router: each leaf
             if row["memory_current"] is not None:
                 f.gauge(
                     "governor_model_memory_bytes",

@@ -19,6 +19,7 @@ from governor.backends.manager import same
 from governor.errors import GovernorError
 from governor.kernel import files as kf
 from governor.kernel.cgroupfs import CgroupFs
+from governor.kernel.leafname import model_name, models_cgroup
 from governor.plan.model import Plan
 from governor.rundir.journal import Journal
 from governor.rundir.state import REVERTER, alive
@@ -191,21 +192,24 @@ def usage(fs: CgroupFs, group: str) -> dict[str, Any]:
     }
 
 
-MODELS = "models"  # llama-server's router: <group>/models/<alias> (governor/supervise/models.py)
-
-
 def model_rows(
-    fs: CgroupFs, group: str, estimates: Mapping[str, int] | None = None
+    fs: CgroupFs,
+    group: str,
+    estimates: Mapping[str, int] | None = None,
+    names: Mapping[str, str] | None = None,
 ) -> list[dict[str, Any]]:
     """llama-server's router: one row per model leaf, as the kernel counts it now (a leaf
-    stays after its model is unloaded: ``loaded`` says whether a child runs in it)."""
+    stays after its model is unloaded: ``loaded`` says whether a child runs in it). ``names``:
+    leaf -> model as the run published it (RunState.model_leaves); a leaf it lacks is named
+    by the mapping read back (kernel/leafname.py), else by itself."""
     try:
-        leaves = fs.children(f"{group}/{MODELS}")
+        leaves = fs.children(models_cgroup(group))
     except GovernorError:
         return []
     rows = []
     for cg in leaves:
-        alias = cg.rsplit("/", 1)[1]
+        leaf = cg.rsplit("/", 1)[1]
+        alias = (names or {}).get(leaf) or model_name(leaf) or leaf
         try:
             loaded = bool(fs.procs(cg))
         except GovernorError:
@@ -213,6 +217,7 @@ def model_rows(
         rows.append(
             {
                 "model": alias,
+                "leaf": leaf,
                 "loaded": loaded,
                 "memory_current": read_int(fs, cg, kf.MEMORY_CURRENT),
                 "memory_max": read_int(fs, cg, kf.MEMORY_MAX),

@@ -68,7 +68,9 @@ def collect(
             "usage": usage(fs, plan.group) if exists else None,
             # llama-server's router: a row per model leaf (operate/observe.py model_rows)
             "models": last_requests(
-                model_rows(fs, plan.group, (st.model or {}).get("router")) if exists else [],
+                model_rows(fs, plan.group, (st.model or {}).get("router"), names=st.model_leaves())
+                if exists
+                else [],
                 st.router,
                 now,
             ),
@@ -260,7 +262,9 @@ def _usage_lines(it: dict[str, Any]) -> list[str]:
             lines.append(f"  pids     {pids['current']} / {pids['max'] or 'max'}")
     for row in it.get("models") or []:  # llama-server's router: one line per model leaf
         lines.append(
-            f"  model    {row['model']}  {'loaded' if row['loaded'] else 'unloaded'}"
+            f"  model    {row['model']}"
+            + (f"  leaf {row['leaf']}" if row.get("leaf", row["model"]) != row["model"] else "")
+            + f"  {'loaded' if row['loaded'] else 'unloaded'}"
             f"  current {_size(row['memory_current'])}  max {_size(row['memory_max'])}"
             f"  estimate {_size(row['estimate'])}  oom_kill {row['oom_kill']}"
             f"  last request {ago(row.get('last_request_s'))}"

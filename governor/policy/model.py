@@ -23,6 +23,7 @@ from pydantic import (
     model_validator,
 )
 
+from governor.kernel.leafname import refusal
 from governor.policy import durations as d
 from governor.policy import values as v
 from governor.policy.clocks import ClocksSection
@@ -261,9 +262,12 @@ def _ready_url(url: str) -> str:
 
 
 def _alias(name: str) -> str:
-    """A router model's name as a cgroup directory: models/<alias> (no '/', not '.'/'..')."""
-    if not name or "/" in name or name in (".", "..") or "\0" in name or len(name) > 200:
-        raise ValueError(f"model name {name[:40]!r} cannot name a cgroup directory")
+    """A router model's name, as llama-server names it (``org/tiny:Q8_0`` included): its leaf
+    is kernel/leafname.py's mapping; a name that maps to none (a control character, '.',
+    '..', empty) is refused here, at compile time, not at the child's start."""
+    why = refusal(name)
+    if why is not None:
+        raise ValueError(f"model name {name[:40]!r} {why}: no cgroup leaf can be made for it")
     return name
 
 

@@ -26,6 +26,7 @@ from typing import Any
 
 from governor.atomic import write_atomic
 from governor.errors import HostError, PolicyNotFound
+from governor.kernel.leafname import is_leaf
 from governor.peer.files import read_capped
 from governor.plan.model import Plan
 from governor.record import check_types, field, fields, record, replace
@@ -77,8 +78,9 @@ class RunState:
     qos: dict[str, Any] | None = None
     shed_totals: list[dict[str, Any]] = field(default_factory=list)
     # llama-server's router (issue 38): {"url": "http://HOST:PORT", "models": {alias:
-    # {"last_request": epoch | None}}, "unloads": [{"model", "reason", "count"}]}; a shed of
-    # this slice unloads its least recently used idle model through the url (supervise/router.py)
+    # {"last_request": epoch | None, "leaf": its leaf under models/ (kernel/leafname.py; None:
+    # it has none)}}, "unloads": [{"model", "reason", "count"}]}; a shed of this slice unloads
+    # its least recently used idle model through the url (supervise/router.py)
     router: dict[str, Any] | None = None
     stale: bool = False  # set by the reader (read_states), never written
 
@@ -103,6 +105,12 @@ class RunState:
             a: (m.get("last_request") if isinstance(m, dict) else None) for a, m in models.items()
         }
         return router["url"], last
+
+    def model_leaves(self) -> dict[str, str]:
+        """leaf -> model of the router's models as published (kernel/leafname.py's mapping;
+        check_state checked each leaf); empty when this run is no router."""
+        models = (self.router or {}).get("models") or {}
+        return {m["leaf"]: a for a, m in models.items() if isinstance(m, dict) and m.get("leaf")}
 
     def compiled(self) -> Plan | None:
         """The published plan as a record (None: the state has none, or one this governor
@@ -223,7 +231,9 @@ _TYPES: dict[str, Callable[[Any], bool]] = {
             and _str(v.get("url"))
             and isinstance(v.get("models", {}), dict)
             and all(
-                isinstance(m, dict) and _opt(is_number)(m.get("last_request"))
+                isinstance(m, dict)
+                and _opt(is_number)(m.get("last_request"))
+                and _opt(is_leaf)(m.get("leaf"))
                 for m in v.get("models", {}).values()
             )
             and _list_of(_has(model=_str, reason=_str, count=_is_int))(v.get("unloads", []))

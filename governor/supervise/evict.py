@@ -33,6 +33,7 @@ from typing import TYPE_CHECKING
 from governor.errors import GovernorError
 from governor.kernel import files as kf
 from governor.kernel.cgroupfs import CgroupFs
+from governor.kernel.leafname import LeafNameError, model_cgroup, models_cgroup
 from governor.kernel.parse import parse_max
 from governor.log import get_logger
 from governor.supervise.router import Activity, RouterClient, RouterError, idle_lru
@@ -42,7 +43,6 @@ if TYPE_CHECKING:
 
 log = get_logger(__name__)
 
-MODELS = "models"
 WAIT_S = 20.0  # for an unloaded model's child to exit (the router's stop-timeout: 10 s)
 WAIT_POLL_S = 0.05
 REASON = "memory"  # RunState.router unloads' reason, governor_model_unloads_total's
@@ -82,8 +82,13 @@ class Evictor:
         self.sleep = sleep
         self.clock = clock
 
-    def cgroup(self, alias: str) -> str:
-        return f"{self.group}/{MODELS}/{alias}"
+    def cgroup(self, alias: str) -> str | None:
+        """The model's leaf; None when its name maps to none (kernel/leafname.py: its child
+        was left in the engine leaf, charged there)."""
+        try:
+            return model_cgroup(self.group, alias)
+        except LeafNameError:
+            return None
 
     def _read(self, cgroup: str, file: str) -> int | None:
         try:
@@ -110,18 +115,20 @@ class Evictor:
         if estimate is not None:
             return estimate
         cg = self.cgroup(alias)
+        if cg is None:
+            return 0  # its child is in the engine leaf: counted with the router
         return self._read(cg, kf.MEMORY_MAX) or self._read(cg, kf.MEMORY_CURRENT) or 0
 
     def loaded(self, exclude: str) -> list[str]:
         """The models whose leaf holds a process now (a child that is exiting still holds its
         memory), ``exclude`` left out."""
         try:
-            leaves = self.fs.children(f"{self.group}/{MODELS}")
+            leaves = self.fs.children(models_cgroup(self.group))
         except GovernorError:
             return []
         out = []
         for cg in leaves:
-            alias = cg.rsplit("/", 1)[1]
+            alias = self.activity.model_of(cg.rsplit("/", 1)[1])
             if alias == exclude:
                 continue
             try:
@@ -182,6 +189,8 @@ class Evictor:
         """Until the model's leaf has no process, at most ``wait_s``; True when it has none."""
         deadline = self.clock() + self.wait_s
         cg = self.cgroup(alias)
+        if cg is None:
+            return True  # no leaf to watch: the router said it stops the child
         while True:
             try:
                 if not self.fs.procs(cg):

@@ -1,5 +1,5 @@
 """One leaf per model of llama-server's router (issue 38): each child the router starts goes
-to ``<group>/models/<alias>`` as soon as it appears, with that model's limits, so one child
+to ``<group>/models/<leaf>`` as soon as it appears, with that model's limits, so one child
 that outgrows its estimate is OOM-killed alone while the router (``<group>/engine``) and the
 other models keep serving.
 
@@ -16,10 +16,17 @@ without them), and memory a process charged before the move stays with the old c
 (cgroup-v2.rst "Memory Ownership"): the poll is short (POLL_S) so the child moves before its
 model is mapped, which takes it far longer than that (load logs: 0.1-1 s on a host, more
 under TCG).
+
+The alias is the router's name for the model, a peer's word: its leaf is
+kernel/leafname.py's mapping (``/`` escaped, interface-file names prefixed), published with
+the models (RunState.router). A model whose name maps to no leaf (a control character) or
+whose leaf the kernel refuses is logged and journaled once and skipped: its children stay in
+the engine leaf, under the engine's limits, and every other child is placed (issue 43 item 9).
 """
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
 from collections.abc import Callable, Mapping
@@ -29,6 +36,7 @@ from typing import TYPE_CHECKING, Any
 from governor.errors import GovernorError
 from governor.kernel import files as kf
 from governor.kernel.cgroupfs import CgroupFs
+from governor.kernel.leafname import LeafNameError, leaf_name, model_cgroup, models_cgroup
 from governor.log import get_logger
 from governor.record import record
 from governor.supervise.evict import Evictor
@@ -40,7 +48,6 @@ if TYPE_CHECKING:
 
 log = get_logger(__name__)
 
-MODELS = "models"  # <group>/models/<alias>
 POLL_S = 0.02  # between reads of the engine leaf's cgroup.procs
 ALIAS_OPTS = (b"-a", b"--alias")  # llama-server's --alias (common/arg.cpp)
 MODEL_CONTROLLERS = frozenset({"memory"})  # what a model's leaf limits (memory.max/high/oom.group)
@@ -64,10 +71,10 @@ class ModelLimits:
 
 
 def child_alias(cmdline: bytes) -> str | None:
-    """The --alias of a llama-server child from its /proc/<pid>/cmdline (pure); None for a
-    process that is no router child (yet), or an alias that cannot name a directory. The last
-    one given wins, as in llama.cpp; llama-server takes a comma-separated list of aliases:
-    the first names the leaf."""
+    """The --alias of a llama-server child from its /proc/<pid>/cmdline (pure), as the router
+    names the model (its leaf: kernel/leafname.py); None for a process that is no router child
+    (yet). The last one given wins, as in llama.cpp; llama-server takes a comma-separated list
+    of aliases: the first names the leaf."""
     words = cmdline.rstrip(b"\0").split(b"\0")
     found: bytes | None = None
     for i, word in enumerate(words[1:], 1):
@@ -78,10 +85,8 @@ def child_alias(cmdline: bytes) -> str | None:
             found = words[i + 1]
     if found is None:
         return None
-    alias = found.split(b",")[0].decode("utf-8", "replace").strip()
-    if not alias or "/" in alias or alias in (".", "..") or len(alias) > 200:
-        return None
-    return alias
+    alias = found.split(b",")[0].decode("utf-8", "replace")
+    return alias or None
 
 
 class ModelLeaves:
@@ -107,6 +112,7 @@ class ModelLeaves:
         on_change: Callable[[], None] | None = None,
         clock: Callable[[], float] = time.monotonic,
         evictor: Evictor | None = None,
+        journal: Journal | None = None,
     ) -> None:
         self.fs = fs
         self.group = group
@@ -123,6 +129,8 @@ class ModelLeaves:
         self.clock = clock
         self.evictor = evictor  # [engine] evict = "memory" (supervise/evict.py)
         self.unloads: dict[tuple[str, str], int] = {}  # (model, reason) -> how many
+        self.journal = journal  # where a refused model is written once
+        self.refused: dict[str, str] = {}  # model -> why it has no leaf (logged once)
         self._dirty = False  # something to publish
         self._sampled: float | None = None  # clock of the last activity sample
         self._published: float | None = None  # clock of the last on_change
@@ -131,7 +139,8 @@ class ModelLeaves:
         self._thread: threading.Thread | None = None
 
     def cgroup(self, alias: str) -> str:
-        return f"{self.group}/{MODELS}/{alias}"
+        """The model's leaf (LeafNameError: its name maps to none)."""
+        return model_cgroup(self.group, alias)
 
     def start(self) -> ModelLeaves:
         self._thread = threading.Thread(target=self._run, name="model-leaves", daemon=True)
@@ -184,7 +193,7 @@ class ModelLeaves:
         last = dict(self.activity.last) if self.activity is not None else {}
         names = set(self.limits) | set(self.placed.values()) | set(last)
         return {
-            "models": {a: {"last_request": last.get(a)} for a in sorted(names)},
+            "models": {a: {"last_request": last.get(a), "leaf": _leaf(a)} for a in sorted(names)},
             "unloads": [
                 {"model": m, "reason": r, "count": n} for (m, r), n in sorted(self.unloads.items())
             ],
@@ -205,29 +214,36 @@ class ModelLeaves:
             alias = child_alias(cmdline)
             if alias is None:
                 continue  # not exec'd yet, or not a router child: looked at again next poll
+            if alias in self.refused:
+                continue  # said once: it stays in the engine leaf
             if self._place(pid, alias):
                 moved.append((pid, alias))
         return moved
 
+    def _refuse(self, pid: int, alias: str, err: Exception) -> None:
+        """Skip ``alias`` from now on: logged and journaled once, its children left in the
+        engine leaf (its limits), every other child still placed."""
+        why = str(err)
+        self.refused[alias] = why
+        log.warning("model.refused", pid=pid, alias=alias, error=why)
+        if self.journal is not None:
+            try:
+                self.journal.append(
+                    "models", [], model=alias,
+                    error=f"no leaf for model {alias!r}, left in the engine leaf: {why}",
+                )  # fmt: skip
+            except OSError as jerr:
+                log.warning("models.journal_failed", error=str(jerr))
+
     def _place(self, pid: int, alias: str) -> bool:
-        cg = self.cgroup(alias)
-        if not self._models_ready:
-            # the plan enables memory down to the group only (its limits are on the group):
-            # the group (no process of its own) and models pass it on to each model's leaf
-            wanted = sorted(MODEL_CONTROLLERS & self.fs.controllers(self.group))
-            self.fs.enable(self.group, wanted)
-            self.fs.mkdir(f"{self.group}/{MODELS}")
-            self.fs.enable(f"{self.group}/{MODELS}", wanted)
-            self._models_ready = True
+        try:
+            cg = self._leaf(alias)
+        except (LeafNameError, GovernorError) as err:
+            if not self.fs.exists(self.leaf):
+                raise  # the run is ending: not the model's fault
+            self._refuse(pid, alias, err)
+            return False
         limits = self.limits.get(alias, ModelLimits())
-        if self.fs.mkdir(cg):
-            # the limits before the pid: it is never in the leaf without them
-            if limits.oom_group is not None:
-                self.fs.write(cg, kf.MEMORY_OOM_GROUP, "1" if limits.oom_group else "0")
-            if limits.max is not None:
-                self.fs.write(cg, kf.MEMORY_MAX, str(limits.max))
-            if limits.high is not None:
-                self.fs.write(cg, kf.MEMORY_HIGH, str(limits.high))
         # evict = "memory": a model that does not fit enters its leaf frozen (it allocates
         # nothing) while idle models are unloaded for it, and is thawed whatever happens
         frozen = self.evictor is not None and self.evictor.over(alias) is not None
@@ -251,6 +267,34 @@ class ModelLeaves:
                     log.warning("models.thaw_failed", cgroup=cg, error=str(err))
         return True
 
+    def _leaf(self, alias: str) -> str:
+        """The model's leaf, made with its limits when new (LeafNameError: its name maps to
+        none; GovernorError: the kernel refused it)."""
+        cg = self.cgroup(alias)
+        if not self._models_ready:
+            # the plan enables memory down to the group only (its limits are on the group):
+            # the group (no process of its own) and models pass it on to each model's leaf
+            wanted = sorted(MODEL_CONTROLLERS & self.fs.controllers(self.group))
+            self.fs.enable(self.group, wanted)
+            self.fs.mkdir(models_cgroup(self.group))
+            self.fs.enable(models_cgroup(self.group), wanted)
+            self._models_ready = True
+        limits = self.limits.get(alias, ModelLimits())
+        if self.fs.mkdir(cg):
+            # the limits before the pid: it is never in the leaf without them
+            try:
+                if limits.oom_group is not None:
+                    self.fs.write(cg, kf.MEMORY_OOM_GROUP, "1" if limits.oom_group else "0")
+                if limits.max is not None:
+                    self.fs.write(cg, kf.MEMORY_MAX, str(limits.max))
+                if limits.high is not None:
+                    self.fs.write(cg, kf.MEMORY_HIGH, str(limits.high))
+            except GovernorError:
+                with contextlib.suppress(GovernorError):
+                    self.fs.rmdir(cg)  # never a leaf without its limits
+                raise
+        return cg
+
     def _placed(self, pid: int, alias: str, cg: str, limits: ModelLimits) -> None:
         self.placed[pid] = alias
         if self.activity is not None:
@@ -259,6 +303,13 @@ class ModelLeaves:
         log.info("model.placed", pid=pid, alias=alias, cgroup=cg, memory_max=limits.max)
         if self.on_place is not None:
             self.on_place(alias, pid, cg)
+
+
+def _leaf(alias: str) -> str | None:
+    try:
+        return leaf_name(alias)
+    except LeafNameError:
+        return None
 
 
 def router_leaves(
@@ -302,6 +353,7 @@ def router_leaves(
         activity=activity,
         on_change=on_change,
         evictor=evictor,
+        journal=journal,
     )
     if evictor is not None:
         evictor.on_unload = leaves.count_unload

@@ -24,6 +24,7 @@ Standard library only (the run time's import set): HTTP/1.0 over a socket, as re
 
 from __future__ import annotations
 
+import contextlib
 import json
 import socket
 import time
@@ -33,13 +34,19 @@ from urllib.parse import quote, urlsplit
 
 from governor.errors import GovernorError
 from governor.kernel.cgroupfs import CgroupFs
+from governor.kernel.leafname import (
+    LeafNameError,
+    leaf_name,
+    model_cgroup,
+    model_name,
+    models_cgroup,
+)
 from governor.log import get_logger
 
 log = get_logger(__name__)
 
 TIMEOUT_S = 5.0  # one request to the router (it answers /models and /slots at once)
 BUSY_USEC = 2000  # CPU a model leaf used between two samples that counts as a request
-MODELS = "models"  # <group>/models/<alias> (supervise/models.py)
 # the router's status values of a model that holds memory (server_model_status_to_string)
 RUNNING = frozenset({"loading", "loaded", "sleeping"})
 
@@ -200,22 +207,30 @@ class Activity:
         self.busy_usec = busy_usec
         self.client = client
         self.last: dict[str, float] = {}  # alias -> epoch of its last request
+        self.leaves: dict[str, str] = {}  # leaf name -> alias, of every model touched
         self._usage: dict[str, int] = {}  # alias -> usage_usec at the previous sample
         self._tasks: dict[str, tuple[tuple[Any, Any, bool], ...]] = {}  # alias -> slot_tasks
 
     def touch(self, alias: str, when: float | None = None) -> None:
         self.last[alias] = self.clock() if when is None else when
+        with contextlib.suppress(LeafNameError):  # no leaf: never sampled
+            self.leaves[leaf_name(alias)] = alias
+
+    def model_of(self, leaf: str) -> str:
+        """The model a leaf under ``models/`` belongs to: the one placed there in this run,
+        else the name the leaf reads back as (kernel/leafname.py), else the leaf's own name."""
+        return self.leaves.get(leaf) or model_name(leaf) or leaf
 
     def sample(self) -> bool:
         """Read every model leaf's usage_usec; True when a model's last request moved."""
         try:
-            leaves = self.fs.children(f"{self.group}/{MODELS}")
+            leaves = self.fs.children(models_cgroup(self.group))
         except GovernorError:
             return False
         now = self.clock()
         moved = False
         for cg in leaves:
-            alias = cg.rsplit("/", 1)[1]
+            alias = self.model_of(cg.rsplit("/", 1)[1])
             try:
                 usage = self.fs.cpu_stat(cg).get("usage_usec", 0)
             except GovernorError:
@@ -248,10 +263,9 @@ class Activity:
         that is no request (a request within the last sample interval is missed with it)."""
         for alias in aliases:
             try:
-                self._usage[alias] = self.fs.cpu_stat(f"{self.group}/{MODELS}/{alias}").get(
-                    "usage_usec", 0
-                )
-            except GovernorError:
+                cg = model_cgroup(self.group, alias)
+                self._usage[alias] = self.fs.cpu_stat(cg).get("usage_usec", 0)
+            except (GovernorError, LeafNameError):
                 continue
 
     def lru(self, aliases: Iterable[str]) -> list[str]:

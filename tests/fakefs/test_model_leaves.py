@@ -110,8 +110,9 @@ def test_a_child_that_exits_before_it_is_read_is_skipped(tree: tuple[MovingFs, P
         (b"llama-server\0--alias=small\0", "small"),
         (b"llama-server\0-a\0a,b\0", "a"),  # a list of aliases: the first names the leaf
         (b"llama-server\0--alias\0x\0--alias\0y\0", "y"),  # the last one given wins
-        (b"llama-server\0--alias\0../up\0", None),
-        (b"llama-server\0--alias\0..\0", None),
+        # the router's name as it is: its leaf is kernel/leafname.py's mapping
+        (b"llama-server\0--alias\0../up\0", "../up"),
+        (b"llama-server\0--alias\0org/tiny:Q8_0\0", "org/tiny:Q8_0"),
         (b"llama-server\0--models-dir\0/m\0", None),  # the router itself
         (b"llama-server\0--alias\0", None),
         (b"", None),

@@ -84,7 +84,8 @@ def test_placement_and_activity_are_published_at_most_once_per_interval(
     mono.now += SAMPLE_S
     assert leaves.tick() is True  # the placement dates a's load; a's usage sampled
     assert published[-1]["models"] == {
-        "a": {"last_request": 1_700_000_000.0}, "b": {"last_request": None}
+        "a": {"last_request": 1_700_000_000.0, "leaf": "a"},
+        "b": {"last_request": None, "leaf": "b"},
     }  # fmt: skip
     # a's leaf uses CPU (a request) within the interval: sampled, but not published yet
     wall.now += 5
@@ -94,7 +95,7 @@ def test_placement_and_activity_are_published_at_most_once_per_interval(
     assert len(published) == 1
     mono.now += PUBLISH_S - SAMPLE_S
     assert leaves.tick() is True
-    assert published[-1]["models"]["a"] == {"last_request": 1_700_000_005.0}
+    assert published[-1]["models"]["a"] == {"last_request": 1_700_000_005.0, "leaf": "a"}
     # an idle leaf (no CPU) moves nothing: no republication however long it idles
     for _ in range(5):
         mono.now += PUBLISH_S

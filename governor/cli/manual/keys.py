@@ -197,7 +197,11 @@ KEYS: dict[str, tuple[str, str]] = {
     "engine.models": (
         "One table a router model, by its name (the child's `--alias`: the GGUF's stem in"
         " `--models-dir`, the section in the preset): `max`, `high` (sizes) and `oom_group`"
-        " for the model's own leaf `<slice>/<name>/models/<alias>`.",
+        " for the model's own leaf `<slice>/<name>/models/<leaf>`. The leaf is the name mapped"
+        " to a safe directory name: `/` and `%` escaped (`org/tiny:Q8_0` is"
+        " `org%2Ftiny:Q8_0`), a name like a kernel file prefixed (`memory.max` is"
+        " `_memory.max`), cut to 255 bytes with a hash; `status` shows it. A name with a"
+        " control character, `.` or `..` is refused (65).",
         'models = { small = { max = "300M", oom_group = true } }',
     ),
     "engine.ready": (

@@ -227,6 +227,145 @@ def test_estimate_prints_a_row_per_model_and_how_many_fit_together(
     assert code == 0, out + err
 
 
+def test_estimate_recognises_the_router_from_its_command_line_alone(
+    models_dir: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Issue 43 item 15: the argv of a service file is enough (it exited "Missing argument
+    'MODEL'"), and gives the same table as the models directory given as MODEL."""
+    argv = f"llama-server --models-dir {models_dir} --models-max 3 -c 512 --cache-ram 0"
+    code, out, err = _governor(capsys, "--root", str(ROOT), "estimate", "--engine-argv", argv)
+    assert code == 0, err
+    assert out.startswith("llama-server router: 3 models, --models-max 3"), out
+    rows = [line.split()[0] for line in out.splitlines() if "MiB" in line and ".gguf" in line]
+    assert rows == ["four", "two", "one"]
+    code, same, err = _governor(
+        capsys, "--root", str(ROOT), "estimate", str(models_dir),
+        "--engine-argv", "llama-server --models-max 3 -c 512 --cache-ram 0",
+    )  # fmt: skip
+    assert code == 0 and same == out, err
+    # a plain engine's argv with its -m is enough too
+    one = models_dir / "one.gguf"
+    code, out, err = _governor(
+        capsys, "--root", str(ROOT), "estimate", "--engine-argv", f"llama-server -m {one} -c 512"
+    )
+    assert code == 0 and f"model {one}" in out, out + err
+
+
+@pytest.mark.parametrize(
+    ("model", "argv", "said"),
+    [
+        # a GGUF MODEL with a router's argv was estimated as that one model, silently
+        ("one.gguf", "llama-server --models-dir {d} -c 512", "--models-dir {d} (a llama-server"),
+        ("{d}", "llama-server --models-dir /elsewhere -c 512", "--models-dir /elsewhere"),
+        ("one.gguf", "llama-server -m /m/x.gguf", "-m /m/x.gguf (its own model)"),
+    ],
+)
+def test_estimate_refuses_a_model_that_contradicts_the_argvs_own_in_one_line(
+    models_dir: Path, capsys: pytest.CaptureFixture[str], model: str, argv: str, said: str
+) -> None:
+    d = str(models_dir)
+    model = model.format(d=d) if "{" in model else str(models_dir / model)
+    code, out, err = _governor(
+        capsys, "--root", str(ROOT), "estimate", model, "--engine-argv", argv.format(d=d)
+    )
+    assert code == 2, out + err
+    assert out == ""
+    lines = err.strip().splitlines()
+    assert len(lines) == 2 and lines[1].startswith("hint: ") and "leave MODEL out" in lines[1]
+    assert lines[0].startswith(f"governor: MODEL {model} and --engine-argv's"), err
+    assert said.format(d=d) in lines[0] and "contradict each other" in lines[0]
+
+
+def test_estimate_without_any_model_says_what_to_give(capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, err = _governor(capsys, "--root", str(ROOT), "estimate", "--engine-argv", "-c 512")
+    assert code == 2 and out == "", err
+    assert err.startswith("governor: no model to estimate: give MODEL") and "\nhint: " in err
+
+
+def test_a_router_directory_beside_its_preset_is_no_contradiction(
+    models_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    preset = tmp_path / "p.ini"
+    preset.write_text(f"[extra]\nmodel = {models_dir / 'one.gguf'}\n")
+    code, out, err = _governor(
+        capsys, "--root", str(ROOT), "estimate", str(models_dir),
+        "--engine-argv", f"llama-server --models-preset {preset} -c 512 --cache-ram 0",
+    )  # fmt: skip
+    assert code == 0, err
+    assert out.startswith("llama-server router: 4 models"), out
+
+
+def test_estimate_and_check_name_odd_models_and_their_leaves(
+    models_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Issue 43 item 10: names like llama.cpp's preset example and like an interface file are
+    shown with their leaf; a name that maps to no leaf is warned about (its child would stay
+    in the router's leaf); an [engine.models.X] the router never lists is warned about."""
+    import json
+    import shutil
+
+    shutil.copy(models_dir / "one.gguf", models_dir / "memory.max.gguf")
+    shutil.copy(models_dir / "one.gguf", models_dir / "a\nb.gguf")
+    preset = tmp_path / "p.ini"
+    preset.write_text(f"[org/tiny:Q8_0]\nmodel = {models_dir / 'one.gguf'}\n")
+    argv = f"llama-server --models-dir {models_dir} --models-preset {preset} -c 512 --cache-ram 0"
+    code, out, err = _governor(capsys, "--root", str(ROOT), "estimate", "--engine-argv", argv)
+    assert code == 0, err
+    assert "  leaf of org/tiny:Q8_0: models/org%2Ftiny:Q8_0\n" in out
+    assert "  leaf of memory.max: models/_memory.max\n" in out
+    assert "leaf of one" not in out  # the same name: nothing to say
+    rows = [line.split()[0] for line in out.splitlines() if "MiB" in line and ".gguf" in line]
+    assert "'a\\nb'" in rows and "org/tiny:Q8_0" in rows  # one line each, the newline shown
+    assert (
+        "  warning: router model 'a\\nb' has a control character ('\\n'): no leaf of its own" in out
+    )
+    code, out, err = _governor(
+        capsys, "--root", str(ROOT), "estimate", "--json", "--engine-argv", argv
+    )
+    leaves = {m["alias"]: m["leaf"] for m in json.loads(out)["models"]}
+    assert leaves["org/tiny:Q8_0"] == "org%2Ftiny:Q8_0" and leaves["a\nb"] is None
+    policy = tmp_path / "r.toml"
+    policy.write_text(
+        'name = "r"\n[memory]\nmax = "1G"\n[engine]\nkind = "llama.cpp"\n'
+        '[engine.models."org/tiny:Q8_0"]\nmax = "100M"\n[engine.models.ghost]\nmax = "100M"\n'
+    )
+    code, out, err = _governor(
+        capsys, "--root", str(ROOT), "check", str(policy), "--engine-argv", argv
+    )
+    assert code == 0, err
+    said = out + err
+    assert "router model 'a\\nb' has a control character" in said
+    assert "[engine.models.\"ghost\"] limits nothing: the router lists no model 'ghost'" in said
+    assert "org/tiny:Q8_0" not in said.split("limits nothing")[0]  # listed: no warning
+
+
+@pytest.mark.parametrize(
+    ("keys", "said"),
+    [
+        ('evict = "memory"', 'engine.evict = "memory" unloads nothing: the engine is no'),
+        ('[engine.models.one]\nmax = "100M"', "[engine.models] limits nothing: the engine is no"),
+    ],
+)
+def test_check_warns_of_router_keys_on_an_engine_that_is_no_router(
+    models_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str], keys: str, said: str
+) -> None:
+    policy = tmp_path / "r.toml"
+    policy.write_text(f'name = "r"\n[memory]\nmax = "1G"\n[engine]\nkind = "llama.cpp"\n{keys}\n')
+    one = models_dir / "one.gguf"
+    code, out, err = _governor(
+        capsys, "--root", str(ROOT), "check", str(policy),
+        "--engine-argv", f"llama-server -m {one} -c 512 --cache-ram 0",
+    )  # fmt: skip
+    assert code == 0, err
+    assert said in out + err
+    code, out, err = _governor(
+        capsys, "--root", str(ROOT), "check", str(policy),
+        "--engine-argv", f"llama-server --models-dir {models_dir} -c 512 --cache-ram 0",
+    )  # fmt: skip
+    assert code == 0, err
+    assert "nothing: the engine is no" not in out + err  # a router: the keys act
+
+
 def test_check_refuses_a_models_max_whose_largest_models_cannot_fit_unless_evict_is_memory(
     models_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -284,12 +423,14 @@ def test_router_model_tables_compile_into_the_plan_in_bytes() -> None:
         'name = "r"\n[memory]\nmax = "1G"\n[engine]\nkind = "llama.cpp"\nevict = "memory"\n'
         '[engine.models.small]\nmax = "300M"\nhigh = "250M"\noom_group = true\n'
         '[engine.models."a.b"]\nmax = "10%"\n'
+        '[engine.models."org/tiny:Q8_0"]\nmax = "200M"\n'  # llama.cpp's preset names
     )
     host = probe(ROOT, target="governor.slice/r")
     plan = compile_plan(policy, host)
     assert plan.engine.evict == "memory"
     assert plan.engine.models == (
         RouterModelSpec(alias="a.b", max=host.mem_total // 10),
+        RouterModelSpec(alias="org/tiny:Q8_0", max=200 * MIB),
         RouterModelSpec(alias="small", max=300 * MIB, high=250 * MIB, oom_group=True),
     )
     assert Plan.from_json(plan.to_json()) == plan  # the run time reads them back
@@ -300,7 +441,9 @@ def test_router_model_tables_compile_into_the_plan_in_bytes() -> None:
     [
         ('evict = "lru"', "evict"),
         ('[engine.models.x]\nhigh = "2G"\nmax = "1G"', "high (2GiB) is above max (1GiB)"),
-        ('[engine.models.".."]\nmax = "1G"', "cannot name a cgroup directory"),
+        ('[engine.models.".."]\nmax = "1G"', "no cgroup leaf can be made for it"),
+        ('[engine.models."a\\nb"]\nmax = "1G"', "has a control character"),
+        ('[engine.models."a\\u007fb"]\nmax = "1G"', "has a control character"),
         ('[engine.models.x]\nmin = "1G"', "min"),
     ],
 )
@@ -311,6 +454,23 @@ def test_bad_router_keys_are_refused(table: str, said: str) -> None:
     with pytest.raises(PolicyError) as err:
         load_text(f'name = "r"\n[engine]\nkind = "llama.cpp"\n{table}\n')
     assert said in str(err.value)
+
+
+def test_check_refuses_a_model_name_with_a_newline_in_one_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Issue 43 item 9: the policy accepted [engine.models."a\\nb"], whose leaf the kernel
+    refuses (cgroup_mkdir: EINVAL) at the child's start."""
+    policy = tmp_path / "r.toml"
+    policy.write_text(
+        'name = "r"\n[engine]\nkind = "llama.cpp"\n[engine.models."a\\nb"]\nmax = "1G"\n'
+    )
+    code, out, err = _governor(capsys, "--root", str(ROOT), "check", str(policy))
+    assert code == 65, (out, err)
+    lines = err.strip().splitlines()
+    assert lines[0].startswith("governor: ") and "control character" in lines[0], err
+    assert "engine.models" in lines[0] and lines[1].startswith("hint:"), err
+    assert len(lines) == 2, err
 
 
 def test_init_for_a_router_sizes_memory_max_for_the_models_that_fit_and_check_accepts_it(

@@ -15,6 +15,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 from helpers import cgroups
@@ -22,9 +23,10 @@ from helpers.cgroups import ScratchSlice
 
 from governor.api import host as api_host
 from governor.errors import PolicyNotFound
+from governor.kernel.leafname import leaf_name
 from governor.operate.status import collect, render
 from governor.plan.model import Plan
-from governor.rundir.state import Publisher, RunState, prune_stale, read_states
+from governor.rundir.state import Publisher, RunState, check_state, prune_stale, read_states
 
 REPO = Path(__file__).resolve().parents[3]
 HOSTS = REPO / "tests" / "fixtures" / "hosts"
@@ -299,9 +301,9 @@ def test_a_routers_status_has_a_row_per_model_leaf_and_the_metric_per_model(
     props = SCHEMA["items"]["properties"]["models"]["items"]
     assert all(set(props["required"]) == set(row) for row in item["models"])
     assert item["models"] == [
-        {"model": "hog", "loaded": False, "memory_current": 4096, "memory_max": 8 << 20,
+        {"model": "hog", "leaf": "hog", "loaded": False, "memory_current": 4096, "memory_max": 8 << 20,
          "estimate": 40 << 20, "oom_kill": 1, "last_request": None, "last_request_s": None},
-        {"model": "small", "loaded": True, "memory_current": 300 << 20,
+        {"model": "small", "leaf": "small", "loaded": True, "memory_current": 300 << 20,
          "memory_max": 400 << 20, "estimate": 280 << 20, "oom_kill": 0,
          "last_request": 1000.0, "last_request_s": 12.5},
     ]  # fmt: skip
@@ -324,3 +326,62 @@ def test_a_routers_status_has_a_row_per_model_leaf_and_the_metric_per_model(
     assert 'governor_model_memory_bytes{model="small",policy="st"} 3.145728e+08' in metrics
     assert 'governor_model_memory_bytes{model="hog",policy="st"} 4096.0' in metrics
     assert 'governor_model_unloads_total{model="hog",policy="st",reason="memory"} 2.0' in metrics
+
+
+def test_a_model_whose_leaf_name_differs_is_shown_by_its_name_with_its_leaf(
+    tmp_path: Path,
+) -> None:
+    """Issue 43 item 10: the leaf of `org/tiny:Q8_0` is `org%2Ftiny:Q8_0`, that of `memory.max`
+    `_memory.max` (kernel/leafname.py); status, status --json and the metric name the model,
+    status shows the leaf where it differs, from the mapping the launch published (a cut leaf
+    reads back as no model) and, for a state without it, from the mapping read back."""
+    from prometheus_client import generate_latest
+
+    from governor.metrics.collector import registry
+
+    plan, group = _tree_plan(tmp_path)
+    cut = "x" * 300
+    for leaf in ("org%2Ftiny:Q8_0", "_memory.max", "tiny", leaf_name(cut)):
+        d = group / "models" / leaf
+        d.mkdir(parents=True)
+        (d / "memory.current").write_text("4096\n")
+        (d / "memory.max").write_text("8388608\n")
+        (d / "cgroup.procs").write_text("42\n")
+        (d / "memory.events").write_text("oom 0\noom_kill 0\n")
+    run = tmp_path / "run"
+    published = {"org/tiny:Q8_0": "org%2Ftiny:Q8_0", "tiny": "tiny", cut: leaf_name(cut)}
+    Publisher(run, plan.policy).publish(
+        {"policy": plan.policy, "source": "launch", "pid": None, "plan": plan.to_dict(),
+         "router": {"url": "http://127.0.0.1:8080",
+                    "models": {m: {"last_request": None, "leaf": leaf}
+                               for m, leaf in published.items()}}}
+    )  # fmt: skip
+    (item,) = collect(run, "st", now=1000.0)
+    assert {row["model"]: row["leaf"] for row in item["models"]} == {
+        "org/tiny:Q8_0": "org%2Ftiny:Q8_0",
+        "memory.max": "_memory.max",  # not published: the mapping read back
+        "tiny": "tiny",
+        cut: leaf_name(cut),
+    }
+    text = render([item])
+    assert "  model    org/tiny:Q8_0  leaf org%2Ftiny:Q8_0  loaded  current 4KiB" in text
+    assert "  model    memory.max  leaf _memory.max  loaded" in text
+    assert "  model    tiny  loaded" in text
+    assert f"  model    {cut}  leaf {leaf_name(cut)}  loaded" in text
+    states = [RunState.read(json.loads((run / plan.policy / "state.json").read_text()))]
+    metrics = generate_latest(registry(lambda: states, run)).decode()
+    assert 'governor_model_memory_bytes{model="org/tiny:Q8_0",policy="st"} 4096.0' in metrics
+    assert 'governor_model_memory_bytes{model="memory.max",policy="st"} 4096.0' in metrics
+
+
+def test_a_published_leaf_that_is_no_leaf_makes_the_state_no_state() -> None:
+    """The mapping is a peer's file too: a leaf with a '/' or a newline is refused."""
+
+    def state(leaf: object) -> dict[str, Any]:
+        router = {"url": "http://127.0.0.1:1", "models": {"m": {"leaf": leaf}}}
+        return {"policy": "st", "router": router}
+
+    for leaf in ("../x", "a/b", "a\nb", "x" * 256, 7):
+        assert check_state(state(leaf)) is not None, leaf
+    assert check_state(state("_memory.max")) is None
+    assert check_state(state(None)) is None  # a model with no leaf
