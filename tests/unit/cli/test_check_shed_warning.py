@@ -115,3 +115,15 @@ def test_the_warning_says_the_headroom_rule_needs_a_peak(
     text = POLICY.replace('[memory]\nmax = "1G"\n', "")
     lines = _check(capsys, _board(tmp_path, 0), _policy(tmp_path, text))
     assert lines[0].endswith("(it needs [memory] max or high: the slice's peak)")
+
+
+def test_no_warning_for_a_shed_on_cpu_pressure(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    """A CPU stall says nothing about the board filling up: not the memory shed warned about."""
+    text = POLICY.replace("board memory some 100ms/1s", "board cpu some 100ms/1s").replace(
+        'when = "memory some 150ms/2s"\ndo = ["log", "shed"]',
+        'when = "memory some 150ms/2s"\ndo = ["log"]',
+    )
+    lines = _check(capsys, _board(tmp_path, 0), _policy(tmp_path, text))
+    assert not [line for line in lines if line.startswith("  warning:")]
