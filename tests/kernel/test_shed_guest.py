@@ -360,7 +360,8 @@ def test_a_killed_shedders_watchdog_gives_a_board_cgroup_back(
 
 CHAT_KV_START, CHAT_KV_END = 64, 400  # MiB of "KV cache" the chat grows through
 # what the guest's kernel, the test runner and the two supervisors hold beside the slices (the
-# guest boots with 2 GiB; test_psi_shed_warning_guest.py prints MemTotal less MemAvailable)
+# guest boots with 2 GiB; MemTotal less MemAvailable was 201 MiB at the start of a kernel tier
+# run, 1964 - 1763: test_psi_shed_warning_guest.py writes it to the results' guest-memory.txt)
 GUEST_OS_MIB = 256
 BG_FROM_KV = 320  # the job starts when the chat's KV has reached this (most of its growth)
 
