@@ -20,6 +20,7 @@ from governor.api.host import (
     sysfs_root,
 )
 from governor.compile.doctor import diagnose, swap_finding
+from governor.compile.headroom import psi_shed_warning
 from governor.engines.budget import estimate_argv, estimate_router, policy_budget
 from governor.engines.draft import Draft, Request, draft
 from governor.engines.draft_router import RouterDraft, draft_router, is_router_model
@@ -27,6 +28,7 @@ from governor.engines.estimate import Estimate
 from governor.engines.llama import EngineArgvError, parse_llama_argv
 from governor.engines.router import RouterEstimate
 from governor.errors import HostError, PolicyError, UsageError
+from governor.kernel.procfs import ProcFs
 from governor.kernel.swap import SwapReader
 from governor.monitor.victims import governed_groups
 from governor.plan.board import is_board_file, load_board
@@ -45,6 +47,17 @@ def doctor(opts: HostOptions) -> tuple[HostFacts, list[Finding]]:
     host = probe_host(opts)
     swap = SwapReader(opts.root / "proc", sysfs_root(opts)).read()
     return host, [*diagnose(host), swap_finding(swap, host.kernel_version)]
+
+
+def shed_warnings(plan: Plan, opts: HostOptions) -> list[str]:
+    """`check`'s warnings about the board the plan runs on (issue 43 item 14): a shed on PSI
+    alone without (enough) swap (governor/compile/headroom.py)."""
+
+    meminfo = ProcFs(opts.root / "proc").meminfo()
+    if "MemTotal" not in meminfo:
+        return []
+    warning = psi_shed_warning(plan, meminfo.get("SwapTotal"), meminfo["MemTotal"])
+    return [] if warning is None else [warning]
 
 
 def check_board(path: Path) -> int | None:
@@ -190,7 +203,7 @@ def check_engine(
     plan, _host, checked = preflight_engine(path, argv, opts, probe_target=True, force=force)
     check_device(plan, opts)
     admit_check(plan, opts, checked.estimate, force=force)
-    return plan, checked.estimate, checked.messages
+    return plan, checked.estimate, [*checked.messages, *shed_warnings(plan, opts)]
 
 
 def admit_check(plan: Plan, opts: HostOptions, estimate: object, *, force: bool) -> None:

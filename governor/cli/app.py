@@ -14,7 +14,7 @@ from typing import Annotated, Any, NoReturn
 
 import typer
 
-from governor import log
+from governor import __version__, log
 from governor.cli import bench, deploy, operate, run
 from governor.cli import compile as compile_time
 from governor.cli.complete import COMPLETE_VAR, answer
@@ -29,6 +29,27 @@ app = typer.Typer(
     rich_markup_mode=None,
     pretty_exceptions_enable=False,
 )
+
+
+DISTRIBUTION = "cgroup-governor"  # the name pip knows (`governor` on PyPI is another project)
+
+
+def version_line() -> str:
+    """``governor 0.2.0``: the installed distribution's version, else (a source tree on the
+    path, not installed) the package's own __version__."""
+    from importlib import metadata  # ~70 ms of imports: only when asked
+
+    try:
+        version = metadata.version(DISTRIBUTION)
+    except metadata.PackageNotFoundError:
+        version = __version__
+    return f"governor {version}"
+
+
+def _version(asked: bool) -> None:
+    if asked:
+        typer.echo(version_line())
+        raise typer.Exit
 
 
 @app.callback()
@@ -51,6 +72,12 @@ def _global(
             help="sysfs tree whose cpufreq/devfreq clocks [clocks] sets (default: ROOT/sys)",
         ),
     ] = None,
+    version: Annotated[
+        bool,
+        typer.Option(
+            "--version", "-V", help="print the version and exit", is_eager=True, callback=_version
+        ),
+    ] = False,
 ) -> None:
 
     STATE.debug = debug

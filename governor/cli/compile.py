@@ -54,7 +54,9 @@ def check(
         )
         show_check(policy, plan, est, warnings)
     else:
-        show_check(policy, api_host.check(policy, host_options(allow_missing)))
+        opts = host_options(allow_missing)
+        plan = api_host.check(policy, opts)
+        show_check(policy, plan, warnings=api_compile.shed_warnings(plan, opts))
 
 
 def plan(

@@ -301,6 +301,13 @@ def diagnose(host: HostFacts, *, needs: frozenset[str] = DEFAULT_NEEDS) -> list[
 def swap_finding(swap: BoardSwap, kernel: tuple[int, int]) -> Finding:
     """The board's swap and what the governor does with it (issue 33; docs/swap.md)."""
     kinds = swap.kinds
+    if swap.swaps_error is not None:  # no device read is not "no device"
+        return Finding(
+            level="warn",
+            topic="swap",
+            message=f"swap unknown ({swap.swaps_error})",
+            fix="/proc/swaps lists the swap devices (CONFIG_SWAP): check that it can be read",
+        )
     if not kinds:
         return _ok("swap", "no swap device: anon pages stay in RAM; swap_max has no effect")
     said = []

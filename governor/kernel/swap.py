@@ -16,7 +16,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Literal
 
-from governor.record import field, record
+from governor.record import record
 
 SwapKind = Literal["zram", "zswap", "disk"]
 
@@ -70,6 +70,10 @@ class BoardSwap:
     devices: tuple[SwapDevice, ...] = ()
     zram: tuple[ZramStat, ...] = ()
     zswap_enabled: bool | None = None  # None: no zswap in this kernel (or /sys unreadable)
+    # /proc/swaps could not be read or parsed: the devices are unknown, not none
+    swaps_error: str | None = None
+    # zram devices whose mm_stat could not be read: their pool is missing from zram_used
+    zram_errors: tuple[str, ...] = ()
 
     @property
     def kinds(self) -> tuple[SwapKind, ...]:
@@ -82,6 +86,11 @@ class BoardSwap:
         if any(not d.zram for d in self.devices):
             out.append("disk")
         return tuple(out)
+
+    @property
+    def size(self) -> int | None:
+        """The swap's total size (SwapTotal), None when /proc/swaps could not be read."""
+        return None if self.swaps_error is not None else sum(d.size for d in self.devices)
 
     @property
     def zram_used(self) -> int:
@@ -172,16 +181,16 @@ class SwapReader:
 
     proc: Path = Path("/proc")
     sys: Path = Path("/sys")
-    errors: list[str] = field(default_factory=list)  # what could not be read, for doctor
 
     def read(self) -> BoardSwap:
-        self.errors.clear()
+        swaps_error = None
         try:
             devices = parse_swaps((self.proc / "swaps").read_text())
         except (OSError, ValueError) as err:
-            self.errors.append(f"{self.proc / 'swaps'}: {err}")
+            swaps_error = f"{self.proc / 'swaps'}: {err}"
             devices = ()
         zram: list[ZramStat] = []
+        zram_errors: list[str] = []
         for d in devices:
             if d.zram is None:
                 continue
@@ -189,9 +198,9 @@ class SwapReader:
             try:
                 zram.append(parse_mm_stat(path.read_text(), d.zram))
             except (OSError, ValueError) as err:
-                self.errors.append(f"{path}: {err}")
+                zram_errors.append(f"{path}: {err}")
         try:
             zswap: bool | None = parse_zswap_enabled((self.sys / ZSWAP_ENABLED).read_text())
         except (OSError, ValueError):
             zswap = None  # no zswap built in: not an error
-        return BoardSwap(tuple(devices), tuple(zram), zswap)
+        return BoardSwap(tuple(devices), tuple(zram), zswap, swaps_error, tuple(zram_errors))

@@ -30,6 +30,8 @@ import threading
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
+from governor.kernel.cgroupfs import CgroupFs
+from governor.kernel.kill import kill_tree
 from governor.launch.prefetch import Mode, Prefetcher, PrefetchResult, _Libc
 from governor.log import get_logger
 from governor.record import asdict, field, record
@@ -45,7 +47,7 @@ _SESSION_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT
 class PrefetchHelper:
     """One helper for one engine start. ``spawn`` creates a child in the leaf and returns
     (pid, born in the leaf); ``join`` moves the calling process into the leaf (fallback);
-    ``kill_group`` writes cgroup.kill on the policy's group."""
+    ``kill_group`` kills the policy's group from inside it (:func:`kill_own_group`)."""
 
     files: tuple[str, ...]
     mode: Mode
@@ -67,7 +69,7 @@ class PrefetchHelper:
         *,
         spawn: Callable[[], tuple[int, bool]],
         join: Callable[[], None],
-        kill_group: Callable[[], None],
+        kill_group: Callable[[], object],
     ) -> None:
         self._shared[:] = b"\0" * RESULT_BYTES
         pid, joined = spawn()
@@ -100,7 +102,7 @@ class PrefetchHelper:
         if done is not None:
             log.info("prefetch.exited", pid=done.si_pid, status=done.si_status)
 
-    def _run(self, engine_pid: int, kill_group: Callable[[], None]) -> int:
+    def _run(self, engine_pid: int, kill_group: Callable[[], object]) -> int:
         os.setsid()
         for sig in _SESSION_SIGNALS:
             signal.signal(sig, signal.SIG_IGN)
@@ -186,6 +188,18 @@ class PrefetchHelper:
     def reaped(self) -> bool:
         """Whether the helper has exited and been reaped (False before start)."""
         return self._reaped.is_set()
+
+
+def kill_own_group(
+    fs: CgroupFs, group: str, kill: Callable[[int, int], None] = os.kill
+) -> str | None:
+    """The helper's fail-closed kill of its own group: cgroup.kill, or on a kernel without it
+    (5.10 boards) SIGKILL to each pid but the helper's, round after round, the group left
+    unfrozen (governor/kernel/kill.py: a freeze would stop the helper itself)."""
+    how = kill_tree(fs, group, kill, inside=os.getpid())
+    if how is not None:
+        log.warning("prefetch.killed_group", cgroup=group, how=how)
+    return how
 
 
 def _lock(paths: Sequence[Path]) -> int:

@@ -48,6 +48,7 @@ class OwnStall:
         self.triggers = {i: t for i, t in triggers.items() if t.system}
         self.keys: set[Key] = {(t.resource, t.kind) for t in self.triggers.values()}
         keep = max((t.window_us for t in self.triggers.values()), default=0) / 1e6
+        # bounded (issue 43 item 4): PSI windows are at most 10 s, samples at least 0.05 s apart
         self.keep_s = 2 * keep + 2.0
         # (time, {cgroup: {key: total us}}); BOARD, the own group and each victim read
         self.readings: deque[tuple[float, dict[str, dict[Key, int]]]] = deque()

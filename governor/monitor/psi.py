@@ -176,6 +176,10 @@ class PolledTrigger:
     psi.c's window_update()/update_triggers(), so it reacts up to one sample later than a real
     trigger. A sample interval longer than the window dilutes the stall over the interval:
     the rule fires only when the average rate alone proves the threshold was reached.
+
+    Bounded (issue 43 item 4): the ring holds one window of samples, and a PSI window is at
+    most 10 s (the policy refuses more, as the kernel does) at one sample per 0.05 s at most
+    (the sampler's floor): ~200 points.
     """
 
     def __init__(self, stall_us: int, window_us: int) -> None:

@@ -12,6 +12,17 @@ memory line counts only for the part spent in reclaim or in the refault's I/O, a
 :class:`RefaultMeter` takes (time, refault counter in pages, file cache bytes) samples and
 answers the share once the window is covered: ``(refaults now - refaults a window ago) *
 page size / file bytes now * 100``.
+
+Bounded (issue 43 item 4): the policy accepts ``refaults > 50%/8760h``, and a meter that kept
+every 1 s sample of a year grew the supervisor by ~3.6 GiB. The share needs the counter at two
+instants only, now and at the window's start: the meter keeps a sample only when the one before
+it is at least a bucket (window / BUCKETS) older than the previous kept one, and otherwise
+overwrites the newest. Kept samples are a bucket apart, so a window holds at most BUCKETS + 2
+of them (one before its start, the newest). Where samples come at least a bucket apart (1 s
+samples and windows up to BUCKETS seconds) every sample is kept and the share is the unbounded
+one's exactly; else the sample taken for the window's start is at most one bucket older than
+the unbounded meter's, so the share counts at most a bucket's worth of refaults more (never
+less: the counter only grows), a 1/BUCKETS-longer window at worst.
 """
 
 from __future__ import annotations
@@ -21,6 +32,7 @@ from collections.abc import Callable, Mapping, Sequence
 
 # the window counts as covered when the oldest kept sample is this share of it old (late ticks)
 COVERED = 0.9
+BUCKETS = 500  # kept samples per window, at most BUCKETS + 2 (see the module)
 
 
 def refault_pages(stat: Mapping[str, int]) -> int | None:
@@ -46,18 +58,26 @@ def refault_share(refault_pages: int, page_size: int, file_bytes: int) -> float 
 
 
 class RefaultMeter:
-    def __init__(self, window_s: float, page_size: int) -> None:
+    def __init__(self, window_s: float, page_size: int, buckets: int = BUCKETS) -> None:
         self.window_s = window_s
         self.page_size = page_size
+        self.bucket_s = window_s / buckets
         self._points: deque[tuple[float, int]] = deque()
         self.last: float | None = None  # the latest share (percent), for status
+
+    def __len__(self) -> int:
+        """Samples kept: at most the buckets + 2, whatever the window (see the module)."""
+        return len(self._points)
 
     def add(self, now: float, refaults: int, file_bytes: int) -> float | None:
         """One sample; the share over the window (percent), None until it is covered."""
         pts = self._points
         if pts and refaults < pts[-1][1]:
             pts.clear()  # the counter went back: another group by the same path, start over
-        pts.append((now, refaults))
+        if len(pts) >= 2 and pts[-1][0] - pts[-2][0] < self.bucket_s:
+            pts[-1] = (now, refaults)  # the newest is within a bucket of the one kept before
+        else:
+            pts.append((now, refaults))
         # keep one sample at or before the window's start: the difference spans the window
         while len(pts) >= 2 and now - pts[1][0] >= self.window_s:
             pts.popleft()

@@ -135,6 +135,8 @@ def gather(
     installed, p2 = installed_claims(
         root if install_root is None else install_root, {c.name for c in running}
     )
-    zram = zram_claim(SwapReader(root / "proc", root / "sys").read().zram_used)
+    swap = SwapReader(root / "proc", root / "sys").read()
+    zram = zram_claim(swap.zram_used)
+    p3 = [f"{e} (its zram pool is left out of the claims)" for e in swap.zram_errors]
     claims = (*running, *installed, *([zram] if zram is not None else []))
-    return BoardClaims(budget=budget, claims=claims, problems=(*problems, *p1, *p2))
+    return BoardClaims(budget=budget, claims=claims, problems=(*problems, *p1, *p2, *p3))

@@ -19,6 +19,9 @@ _REFAULT_RE = re.compile(
 )
 # the share is the difference of two samples (1 s apart by default): a shorter window says nothing
 REFAULT_WINDOW_MIN_US = 2_000_000
+# the plan holds the share in hundredths of a percent (compile/thrash.py): a finer one would
+# compile to 0 %, a rule that fires on any refault
+REFAULT_PERCENT_MIN = Decimal("0.01")
 
 
 @dataclass(frozen=True)
@@ -44,6 +47,11 @@ def parse_refaults(value: str) -> RefaultCondition:
     window = parse_duration(m["window"])
     if percent <= 0:
         raise ValueError(f"refault share must be positive in {value!r}")
+    if percent < REFAULT_PERCENT_MIN:
+        raise ValueError(
+            f"refault share {percent:f}% is below the smallest the plan holds,"
+            f" {REFAULT_PERCENT_MIN}%, in {value!r}"
+        )
     if window.us < REFAULT_WINDOW_MIN_US:
         raise ValueError(f"refault window {window} is too short (at least 2s: two samples)")
     return RefaultCondition(percent, window, board=bool(m["board"]))

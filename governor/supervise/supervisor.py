@@ -28,7 +28,7 @@ from governor.errors import BackendError, GovernorError, Interrupted, Permission
 from governor.kernel.cgroupfs import CgroupFs
 from governor.kernel.procfs import ProcFs
 from governor.launch.forward import Forwarder
-from governor.launch.helper import PrefetchHelper
+from governor.launch.helper import PrefetchHelper, kill_own_group
 from governor.launch.launcher import ChildSetup, Launcher, LaunchReport
 from governor.log import get_logger
 from governor.monitor.actions.unload import TOTALS, merge_unloads
@@ -426,7 +426,7 @@ class Supervisor:
             engine_pid,
             spawn=lambda: self.launcher.spawn(leaf),
             join=lambda: fs.move(0, leaf),
-            kill_group=lambda: fs.kill(group),
+            kill_group=lambda: kill_own_group(fs, group),
         )
 
     def _collect_prefetch(self, report: LaunchReport) -> GovernorError | None:

@@ -1,11 +1,11 @@
 """``kill`` and ``restart``: the whole group, by cgroup.kill (or, on a kernel without it, the
-way governor/monitor/fallbacks.py does the same); ``restart`` then asks the launcher's relaunch
+way governor/kernel/kill.py does the same); ``restart`` then asks the launcher's relaunch
 budget (restart.py). Either ends the firing: nothing is left for a later action to act on."""
 
 from __future__ import annotations
 
+from governor.kernel.kill import kill_tree
 from governor.monitor.actions.base import Context, Handler, Result
-from governor.monitor.fallbacks import kill_tree
 from governor.monitor.restart import NO_SUPERVISOR
 from governor.plan.model import Action
 

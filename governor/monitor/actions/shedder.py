@@ -44,11 +44,11 @@ from typing import Any, Protocol
 from governor.errors import GovernorError
 from governor.kernel import files as kf
 from governor.kernel.cgroupfs import CgroupFs
+from governor.kernel.kill import kill_tree
 from governor.kernel.parse import parse_max
 from governor.log import get_logger
 from governor.monitor.actions.base import Context, Result
 from governor.monitor.actions.unload import unload_lru
-from governor.monitor.fallbacks import kill_tree
 from governor.monitor.sources import protected_cache
 from governor.monitor.victims import (
     Victim,

@@ -11,7 +11,6 @@ from pathlib import Path
 import pytest
 
 from governor.kernel.swap import (
-    BoardSwap,
     SwapReader,
     parse_mm_stat,
     parse_swaps,
@@ -106,10 +105,17 @@ def test_a_missing_mm_stat_is_reported_not_raised(tmp_path: Path) -> None:
     reader = _tree(tmp_path, SWAPS_ZRAM_AND_FILE, {}, None)
     board = reader.read()
     assert board.zram == () and board.zswap_enabled is None
-    assert any("zram0/mm_stat" in e for e in reader.errors)
+    assert len(board.zram_errors) == 1 and "zram0/mm_stat" in board.zram_errors[0]
+    assert board.swaps_error is None and board.size == (1048572 + 262140) * 1024
 
 
-def test_no_proc_swaps_is_an_empty_board(tmp_path: Path) -> None:
-    reader = SwapReader(tmp_path / "none", tmp_path / "none")
-    assert reader.read() == BoardSwap()
-    assert reader.errors
+def test_no_proc_swaps_is_an_unknown_swap_not_none(tmp_path: Path) -> None:
+    board = SwapReader(tmp_path / "none", tmp_path / "none").read()
+    assert board.devices == () and board.size is None
+    assert board.swaps_error is not None and "none/swaps" in board.swaps_error
+
+
+def test_an_unparsable_proc_swaps_is_an_unknown_swap(tmp_path: Path) -> None:
+    board = _tree(tmp_path, "Filename Type Size Used Priority\n/dev/x partition\n", {}, None).read()
+    assert board.size is None and board.swaps_error is not None
+    assert "unexpected line" in board.swaps_error

@@ -45,6 +45,8 @@ def test_refault_conditions_parse_and_spell_back(
     [
         ("refaults > 50/10s", "cannot parse"),
         ("refaults > 0%/10s", "positive"),
+        ("refaults > 0.005%/10s", r"0\.005% is below the smallest the plan holds, 0\.01%"),
+        ("board refaults > 0.0099%/10s", "below the smallest"),
         ("refaults > 50%/1s", "too short"),
         ("board refaults < 50%/10s", "cannot parse"),
     ],
@@ -52,6 +54,12 @@ def test_refault_conditions_parse_and_spell_back(
 def test_bad_refault_conditions_say_why(text: str, why: str) -> None:
     with pytest.raises(ValueError, match=why):
         v.parse_condition(text)
+
+
+def test_the_smallest_refault_share_compiles_to_one_hundredth_of_a_percent() -> None:
+    smallest = _watch_trigger(v.parse_condition("refaults > 0.01%/10s"))
+    assert isinstance(smallest, WatchCondition) and smallest.threshold == 1
+    assert when_text(smallest) == "refaults > 0.01%/10s"
 
 
 def test_refault_rules_compile_to_a_share_in_hundredths_of_a_percent() -> None:

@@ -6,6 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from governor.operate.board import gather
+from governor.operate.boardview import render, view
 from governor.plan.budget import ZRAM_CLAIM, Budget, Claim, admit, zram_claim
 
 MIB = 1 << 20
@@ -47,3 +48,24 @@ def test_gather_counts_zram_mem_used_total(tmp_path: Path) -> None:
     got = gather(run=tmp_path / "run", cgroup_root=tmp_path / "cg", root=tmp_path,
                  board=tmp_path / "none.toml")  # fmt: skip
     assert ZRAM_CLAIM not in [c.name for c in got.claims]
+
+
+def test_an_unreadable_zram_mm_stat_is_a_skipped_line_of_the_board(tmp_path: Path) -> None:
+    """Its pool cannot be counted: `governor board` says so, as for any other skipped input
+    (issue 43, low), instead of dropping the claim without a word."""
+    (tmp_path / "proc").mkdir()
+    (tmp_path / "proc" / "meminfo").write_text("MemTotal: 2097152 kB\n")
+    (tmp_path / "proc" / "swaps").write_text(
+        "Filename Type Size Used Priority\n/dev/zram0 partition 1048572 262144 100\n"
+    )
+    (tmp_path / "sys/block/zram0").mkdir(parents=True)
+    (tmp_path / "sys/block/zram0/mm_stat").write_text("garbage\n")
+    got = gather(run=tmp_path / "run", cgroup_root=tmp_path / "cg", root=tmp_path,
+                 board=tmp_path / "none.toml")  # fmt: skip
+    assert ZRAM_CLAIM not in [c.name for c in got.claims]
+    text = render(view(got.budget, got.claims, problems=got.problems))
+    skipped = [line for line in text.splitlines() if line.startswith("skipped: ")]
+    assert skipped == [
+        f"skipped: {tmp_path}/sys/block/zram0/mm_stat: invalid literal for int() with base 10:"
+        " 'garbage' (its zram pool is left out of the claims)"
+    ]

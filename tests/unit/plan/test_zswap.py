@@ -14,7 +14,7 @@ from governor.compile.compiler import compile_plan
 from governor.compile.doctor import swap_finding
 from governor.errors import HostError, PolicyError
 from governor.kernel import files as kf
-from governor.kernel.swap import BoardSwap, SwapDevice, ZramStat
+from governor.kernel.swap import BoardSwap, SwapDevice, SwapReader, ZramStat
 from governor.operate.diff import skipped_name
 from governor.plan import unitmap
 from governor.plan.host import HostFacts, probe
@@ -123,3 +123,13 @@ def test_doctor_warns_about_zswap_in_front_of_zram() -> None:
 
 def test_doctor_without_swap_says_swap_max_does_nothing() -> None:
     assert "swap_max has no effect" in swap_finding(BoardSwap(), (6, 1)).message
+
+
+def test_doctor_says_swap_unknown_when_proc_swaps_failed_to_parse(tmp_path: Path) -> None:
+    """An unreadable or unparsable /proc/swaps is not "no swap device" (issue 43, low)."""
+    (tmp_path / "proc").mkdir()
+    (tmp_path / "proc" / "swaps").write_text("Filename Type Size Used Priority\n/dev/sda2 ???\n")
+    f = swap_finding(SwapReader(tmp_path / "proc", tmp_path / "sys").read(), (6, 1))
+    assert f.level == "warn" and f.topic == "swap"
+    assert f.message.startswith(f"swap unknown ({tmp_path}/proc/swaps: ")
+    assert "no swap device" not in f.message
