@@ -153,6 +153,9 @@ class FakeRouter:
         self.busy_set = set(busy)
         self.unloaded: list[str] = []
 
+    def within(self, budget_s: float) -> FakeRouter:  # RouterClient.within: no clock here
+        return self
+
     def models(self) -> dict[str, str]:
         return {a: "loaded" if a not in self.unloaded else "unloaded" for a in self.pids}
 
