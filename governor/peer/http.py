@@ -161,7 +161,7 @@ def exchange(
     def left() -> float:
         remaining = end - clock()
         if remaining <= 0:
-            raise TimeoutError(f"no whole answer within {deadline_s:g}s")
+            raise TimeoutError(f"no whole answer within {deadline_s:.3g}s")
         return remaining
 
     data = b"" if body is None else body
@@ -195,7 +195,7 @@ def exchange(
             del raw
             return Answer(status, _body(sock, rest, headers, cap, left))
     except (TimeoutError, socket.timeout):
-        raise HttpError(url, f"no whole answer within {deadline_s:g}s") from None
+        raise HttpError(url, f"no whole answer within {deadline_s:.3g}s") from None
     except OverflowError as err:
         raise HttpError(url, str(err)) from None
     except ValueError as err:
