@@ -194,7 +194,7 @@ def exchange(
             rest = raw[split + 4 :]
             del raw
             return Answer(status, _body(sock, rest, headers, cap, left))
-    except (TimeoutError, socket.timeout):
+    except TimeoutError:
         raise HttpError(url, f"no whole answer within {deadline_s:.3g}s") from None
     except OverflowError as err:
         raise HttpError(url, str(err)) from None

@@ -18,6 +18,7 @@ import time
 from collections.abc import Callable
 from urllib.parse import urlsplit
 
+from governor.cache.argkey import unreachable
 from governor.errors import HostError
 from governor.peer import http
 from governor.record import record
@@ -53,10 +54,13 @@ def parse(url: str) -> Endpoint:
     return Endpoint(parts.hostname, parts.port, parts.path or "/")
 
 
-def server_url(host: str | None, port: int | None) -> str:
+def server_url(host: str | None, port: int | None) -> str | None:
     """llama-server's health URL from its --host/--port (defaults 127.0.0.1:8080); a wildcard
     listen address is probed on loopback. --host is a comma-separated list whose ``.sock``
-    entries are UNIX sockets (tools/server): the first TCP address is probed."""
+    entries are UNIX sockets (tools/server): the first TCP address is probed. None when the
+    address cannot be known (:func:`unreachable`): nothing is probed then."""
+    if unreachable(host, port) is not None:
+        return None
     tcp = [a.strip() for a in (host or "").split(",") if a.strip()]
     h = next((a for a in tcp if not a.endswith(".sock")), "127.0.0.1")
     if h in ("0.0.0.0", ""):
@@ -70,7 +74,9 @@ def probe(ep: Endpoint, timeout: float = PROBE_TIMEOUT_S) -> int | None:
     """The HTTP status the endpoint answers within ``timeout`` in all (governor/peer/http.py:
     a server that trickles its answer is no answer), None when nothing answers."""
     try:
-        return http.exchange(ep.host, ep.port, "GET", ep.path, deadline_s=timeout, read_body=False).status
+        return http.exchange(
+            ep.host, ep.port, "GET", ep.path, deadline_s=timeout, read_body=False
+        ).status
     except http.HttpError:
         return None
 

@@ -69,7 +69,9 @@ def trickle(answer: bytes, interval_s: float = 0.5, limit_s: float = 60.0) -> Se
     return serve
 
 
-def flood(total: int, head: bytes = b"HTTP/1.0 200 OK\r\nContent-Type: application/json\r\n\r\n") -> Serve:
+def flood(
+    total: int, head: bytes = b"HTTP/1.0 200 OK\r\nContent-Type: application/json\r\n\r\n"
+) -> Serve:
     """``head`` then zeros, ``total`` bytes of them (no Content-Length: the body ends at EOF),
     64 KiB at a time from one buffer: the stand-in never holds more than that."""
     block = b"0" * 65536
@@ -105,11 +107,13 @@ def fake_router_main() -> None:
     ``... --port N ...`` (the rest ignored). Runs until killed."""
     argv = sys.argv
     port = int(argv[argv.index("--port") + 1])
-    slow = trickle(b'HTTP/1.0 200 OK\r\nContent-Type: application/json\r\n\r\n{"data": []}', 0.5, 3600)
+    slow = trickle(
+        b'HTTP/1.0 200 OK\r\nContent-Type: application/json\r\n\r\n{"data": []}', 0.5, 3600
+    )
 
     def serve(conn: socket.socket, head: bytes) -> None:
         if head.startswith(b"GET /health "):
-            conn.sendall(b"HTTP/1.0 200 OK\r\nContent-Length: 15\r\n\r\n{\"status\":\"ok\"}")
+            conn.sendall(b'HTTP/1.0 200 OK\r\nContent-Length: 15\r\n\r\n{"status":"ok"}')
             return
         slow(conn, head)
 

@@ -9,10 +9,7 @@ or a descendant of it. Lowest class first, within a class the largest (memory.cu
 
 The ladder, per victim, restricted to the steps its ``[qos] yield`` allows:
 
-- **unload** (issue 38): a router victim's LRU idle model (unload.py), again while one is idle;
-  its calls to the victim's router end within unload.py's ``UNLOAD_S`` (this engine's rules
-  wait meanwhile): a router that does not answer in time fails the step, and the ladder
-  takes the next one at the same firing;
+- **unload** (issue 38): a router victim's LRU idle model (unload.py: bounded), again while idle;
 - **throttle**: memory.high := its memory.current (not below its memory.min), so it cannot
   grow; the kernel reclaims it (to swap or zram where there is one) instead of the board;
 - **freeze**: cgroup.freeze 1;
@@ -133,9 +130,7 @@ class Shedder:
         self.page_size = page_size
         self.pid = pid or os.getpid()  # what the victims' journals name this shedder by
         self.memavailable = memavailable  # the board's MemAvailable: how far a raise may go
-        # a victim router's client, by its url (the `unload` step): bounded, as the step runs
-        # in this engine's monitor thread (unload.py UNLOAD_S); too slow is a failed step
-        self.router = router
+        self.router = router  # a victim router's client, by its url (unload.py UNLOAD_S bounds it)
         self.held: dict[str, Held] = {}  # in the order of their first step
         self.last_step_at: float | None = None
         self.totals: dict[tuple[str, str], int] = {}  # (victim, step) -> times

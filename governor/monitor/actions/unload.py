@@ -53,7 +53,8 @@ class Unload(Handler):
         if found is None:
             return Result(
                 "unload", ok=False,
-                detail="not a router: this slice's published state has no router url",
+                detail="not a router the governor can reach: this slice's published state"
+                " has no router url (a router on a UNIX socket only publishes none)",
             )  # fmt: skip
         try:
             model = unload_lru(self.router, *found, self.env.group)

@@ -99,7 +99,9 @@ def test_a_head_over_its_cap_is_refused(peers: list[StandIn]) -> None:
 
 
 def test_one_byte_chunks_are_decoded_correctly_and_in_linear_time(peers: list[StandIn]) -> None:
-    body = json.dumps({"data": [{"id": f"m{i}", "status": {"value": "loaded"}} for i in range(4000)]})
+    body = json.dumps(
+        {"data": [{"id": f"m{i}", "status": {"value": "loaded"}} for i in range(4000)]}
+    )
     raw = body.encode()
     assert len(raw) > 100_000  # more than 100k one-byte chunks
     peer = _peer(peers, one_byte_chunks(raw))
@@ -111,7 +113,9 @@ def test_one_byte_chunks_are_decoded_correctly_and_in_linear_time(peers: list[St
     wire = b"".join(b"1\r\n" + raw[i : i + 1] + b"\r\n" for i in range(len(raw))) + b"0\r\n\r\n"
     t0 = time.monotonic()
     assert dechunk(wire) == raw
-    print(f"{len(raw)} one-byte chunks: {took:.3f}s over a socket, {time.monotonic() - t0:.3f}s dechunk")
+    print(
+        f"{len(raw)} one-byte chunks: {took:.3f}s over a socket, {time.monotonic() - t0:.3f}s dechunk"
+    )
 
 
 def test_dechunk_reads_extensions_and_refuses_what_is_no_chunked_body() -> None:
@@ -133,7 +137,10 @@ def test_dechunk_reads_extensions_and_refuses_what_is_no_chunked_body() -> None:
         (b"", "it closed the connection without an answer"),
         (b"SSH-2.0-OpenSSH_9.2\r\n\r\n", "its answer is not HTTP: 'SSH-2.0-OpenSSH_9.2'"),
         (b"HTTP/1.0 200 OK\r\n", "its answer ends inside the head"),
-        (b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n3\r\nab", "ends before its last chunk"),
+        (
+            b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n3\r\nab",
+            "ends before its last chunk",
+        ),
     ],
 )
 def test_what_is_not_a_whole_http_answer_is_one_line_naming_the_url(
