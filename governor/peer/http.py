@@ -40,7 +40,7 @@ class HttpError(GovernorError):
     """The peer did not answer within the deadline, answered more than the cap or something
     that is not HTTP. ``url`` is the peer's, ``problem`` what went wrong; one line."""
 
-    def __init__(self, url: str, problem: str) -> None:
+    def __init__(self, problem: str, *, url: str) -> None:
         super().__init__(f"{problem} ({url})")
         self.url = url
         self.problem = problem
@@ -195,13 +195,13 @@ def exchange(
             del raw
             return Answer(status, _body(sock, rest, headers, cap, left))
     except TimeoutError:
-        raise HttpError(url, f"no whole answer within {deadline_s:.3g}s") from None
+        raise HttpError(f"no whole answer within {deadline_s:.3g}s", url=url) from None
     except OverflowError as err:
-        raise HttpError(url, str(err)) from None
+        raise HttpError(str(err), url=url) from None
     except ValueError as err:
-        raise HttpError(url, str(err)) from None
+        raise HttpError(str(err), url=url) from None
     except OSError as err:
-        raise HttpError(url, f"{err.strerror or err}") from None
+        raise HttpError(f"{err.strerror or err}", url=url) from None
 
 
 def _body(

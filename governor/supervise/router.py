@@ -105,7 +105,9 @@ class RouterClient:
                 content_type=None if body is None else "application/json",
             )  # fmt: skip
         except http.HttpError as err:
-            raise RouterError(f"the router did not answer {method}: {err}") from None
+            raise RouterError(
+                f"the router did not answer {method}: {err.problem} ({self.url}{path})"
+            ) from None
         payload = answer.body
         try:
             return answer.status, json.loads(payload) if payload.strip() else None
