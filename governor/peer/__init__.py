@@ -4,6 +4,8 @@ deadline and a size cap, never trusted to end or to be small.
 - ``files``: the one bounded read of a file another process writes (states, manifests, the
   board file, presets): opened without following a symlink, a FIFO or a device, ``fstat``ed as
   a regular file, read to at most its cap;
+- ``http``: the one HTTP exchange with a peer (llama-server's /health and its router): one
+  deadline for the whole request, a cap on the head and the body, chunks decoded linearly;
 
 Standard library only: the run time (a cached launch's supervisor) imports it.
 """
