@@ -9,7 +9,7 @@ first step on the victim, unload, asks the trickling router and gives up within 
 UNLOAD_S; the same firing throttles the victim (memory.high set, its journal's step
 "throttle"), and the interactive slice's other rule (log, every second) keeps firing after
 it. The unbounded client held the shedder's monitor for as long as the router trickled.
-No llama.cpp: a tiny synthetic GGUF (tests/engine/make_gguf.py) makes the launch a router.
+No llama.cpp: the engine cache's tiny GGUF in --models-dir makes the launch a router.
 """
 
 from __future__ import annotations
@@ -30,6 +30,7 @@ from helpers.server import free_port
 
 from governor.monitor.actions.unload import UNLOAD_S
 from governor.rundir.journal import Journal
+from perf._helpers.engine_paths import TINY
 
 REPO = Path(__file__).resolve().parents[2]
 ALL = ("memory", "cpu", "cpuset", "io", "pids")
@@ -62,17 +63,22 @@ def _stop(gov: subprocess.Popen[str]) -> int:
     return gov.wait(timeout=120)
 
 
+def _wait(pred: Any, timeout: float, what: str, *logs: Path) -> Any:
+    try:
+        return cgroups.wait_for(pred, timeout, what)
+    except AssertionError as err:
+        tails = [f"--- {p.name}:\n{p.read_text()[-2500:]}" for p in logs if p.exists()]
+        raise AssertionError("\n".join([str(err), *tails])) from None
+
+
 @pytest.mark.kernel(controllers=ALL, root=True, psi=True)
+@pytest.mark.engine(paths=(TINY,))
 def test_a_trickling_victim_router_is_throttled_in_time_and_the_shedders_rules_keep_firing(
     tmp_path: Path, scratch_slice: ScratchSlice
 ) -> None:
     models = tmp_path / "models"
     models.mkdir()
-    subprocess.run(
-        [sys.executable, str(REPO / "tests" / "engine" / "make_gguf.py"), "--preset", "tiny",
-         "--n-layer", "2", "-o", str(models / "tiny.gguf")],
-        check=True, capture_output=True,
-    )  # fmt: skip
+    (models / "tiny.gguf").symlink_to(TINY)
     server = tmp_path / "bin" / "llama-server"  # a router by its name and --models-dir
     server.parent.mkdir()
     server.write_text(
@@ -103,9 +109,10 @@ def test_a_trickling_victim_router_is_throttled_in_time_and_the_shedders_rules_k
     gov = _launch(router_policy, env, *engine)
     chat: subprocess.Popen[str] | None = None
     try:
-        url = cgroups.wait_for(
-            lambda: (_state(run, "router").get("router") or {}).get("url"), 120,
-            "the router's url published",
+        logs = (router_policy.with_suffix(".log"), chat_policy.with_suffix(".log"))
+        url = _wait(
+            lambda: (_state(run, "router").get("router") or {}).get("url"), 300,
+            "the router's url published", *logs,
         )  # fmt: skip
         assert url == f"http://127.0.0.1:{port}"
         high = cgroups.read(group / "memory.high")
@@ -116,12 +123,12 @@ def test_a_trickling_victim_router_is_throttled_in_time_and_the_shedders_rules_k
             steps = [e for e in Journal(run / "router").entries() if e["source"] == "shed"]
             return [e for e in steps if e["step"] == "throttle"]
 
-        (entry,) = cgroups.wait_for(throttled, 120, "the victim throttled")
+        (entry,) = _wait(throttled, 240, "the victim throttled", *logs)
         shed_s = time.monotonic() - t0
         assert entry["by"] == "chat"
         assert cgroups.read(group / "memory.high") != high  # set to what it uses
         fired = _fired(run, 1)
-        cgroups.wait_for(lambda: _fired(run, 1) >= fired + 2, 60, "the chat's rule #1 again")
+        _wait(lambda: _fired(run, 1) >= fired + 2, 60, "the chat's rule #1 again", *logs)
         log = chat_policy.with_suffix(".log").read_text()
         assert "shed.step_failed" in log and f"no whole answer within {UNLOAD_S:g}s" in log, log[
             -3000:
