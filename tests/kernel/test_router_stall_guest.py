@@ -103,17 +103,20 @@ def test_a_trickling_victim_router_is_throttled_in_time_and_the_shedders_rules_k
         '[[pressure]]\nwhen = "board available < 60G"\ndo = ["log"]\ncooldown = "1s"\n'
     )
     port = free_port()
-    engine = [str(server), "--models-dir", str(models), "-c", "256", "--host", "127.0.0.1",
-              "--port", str(port)]  # fmt: skip
+    engine = [str(server), "--models-dir", str(models), "-c", "256", "--cache-ram", "0", "-np",
+              "1", "--host", "127.0.0.1", "--port", str(port)]  # fmt: skip
     group = scratch_slice.path / "router"
     gov = _launch(router_policy, env, *engine)
     chat: subprocess.Popen[str] | None = None
     try:
         logs = (router_policy.with_suffix(".log"), chat_policy.with_suffix(".log"))
-        url = _wait(
-            lambda: (_state(run, "router").get("router") or {}).get("url"), 300,
-            "the router's url published", *logs,
-        )  # fmt: skip
+
+        def published() -> str | None:
+            assert gov.poll() is None, logs[0].read_text()[-2500:]  # refused: say why at once
+            url: str | None = (_state(run, "router").get("router") or {}).get("url")
+            return url
+
+        url = _wait(published, 300, "the router's url published", *logs)
         assert url == f"http://127.0.0.1:{port}"
         high = cgroups.read(group / "memory.high")
         t0 = time.monotonic()
