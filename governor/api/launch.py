@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 import os
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -207,14 +207,14 @@ def _job(
         policy_sha256=entry.chain[0][1] if entry.chain else None,
         model_bytes=entry.model_bytes,
         systemd=_systemd_state(entry.plan, backend, host),
-        ready_url=ready_url(entry, argv),
+        ready_url=ready_url(entry, argv, engine_env(plan)),
         ready_timeout_s=plan.engine.ready_timeout_s,
         sysfs_root=str(sysfs_root(opts)),
         run_dir=directory,
         board_release=admitted.release,
         admit_note=admitted.note,
         model_leaves=model_leaves(plan, entry.estimate),
-        router_url=router_url(entry.estimate, argv),
+        router_url=router_url(entry.estimate, argv, engine_env(plan)),
         board_free=board_free(plan, directory, opts.root),
     )
 
@@ -260,12 +260,23 @@ def model_leaves(plan: Plan, estimate: dict[str, Any] | None) -> dict[str, Any] 
     return out
 
 
-def router_url(estimate: dict[str, Any] | None, argv: tuple[str, ...]) -> str | None:
+def engine_env(plan: Plan) -> dict[str, str]:
+    """The environment the engine is given (launch/child.py): where its LLAMA_ARG_HOST/PORT
+    come from."""
+    return {**os.environ, **plan.launch.env}
+
+
+def router_url(
+    estimate: dict[str, Any] | None, argv: tuple[str, ...], env: Mapping[str, str] | None = None
+) -> str | None:
     """llama-server's router: its http://HOST:PORT from this launch's --host/--port
-    (LLAMA_ARG_HOST/PORT), as ready_url finds it; None when the engine is no router."""
+    (LLAMA_ARG_HOST/PORT of ``env``, the engine's), as ready_url finds it; None when the
+    engine is no router, or one whose address cannot be known (a UNIX socket: its evict,
+    unload and shed's unload are off; preflight's engine.address warning says so)."""
     if estimate is None or "router" not in estimate:
         return None
-    return base_url(server_url(*server_address(argv, os.environ)))
+    url = server_url(*server_address(argv, os.environ if env is None else env))
+    return None if url is None else base_url(url)
 
 
 def board_free(plan: Plan, run: Path, root: Path) -> Callable[[], int | None] | None:
@@ -293,12 +304,15 @@ def needs_watchdog(plan: Plan) -> bool:
     return plan.launch.on_governor_exit == "kill" or bool(plan.clocks) or holds
 
 
-def ready_url(entry: compiled.Compiled, argv: tuple[str, ...]) -> str | None:
+def ready_url(
+    entry: compiled.Compiled, argv: tuple[str, ...], env: Mapping[str, str] | None = None
+) -> str | None:
     """The URL that answers once the engine is ready: engine.ready's, else llama-server's
-    /health from this launch's --host/--port (LLAMA_ARG_HOST/PORT), None: ready at exec."""
+    /health from this launch's --host/--port (LLAMA_ARG_HOST/PORT of ``env``, the engine's),
+    None: ready at exec (also for a server whose address cannot be known)."""
     if not entry.ready_server:
         return entry.ready_url
-    return server_url(*server_address(argv, os.environ))
+    return server_url(*server_address(argv, os.environ if env is None else env))
 
 
 def serve_metrics(where: tuple[str, int], states: Callable[[], list[RunState]]) -> Endpoint:

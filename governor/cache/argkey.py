@@ -200,6 +200,19 @@ def host_problem(raw: str) -> str | None:
     return None
 
 
+def unreachable(host: str | None, port: int | None) -> str | None:
+    """Why the governor cannot know where llama-server answers HTTP (None: it can): a --host
+    whose every entry is a UNIX socket (``.sock``, tools/server/server-http.cpp), or --port 0
+    (the kernel picks the port). Spoken to at the default 127.0.0.1:8080 instead, another
+    server there would be taken for it: its /health for this engine's, its models unloaded."""
+    hosts = [a.strip(_SPACE) for a in (host or "").split(",") if a.strip(_SPACE)]
+    if hosts and all(a.endswith(".sock") for a in hosts):
+        return f"llama-server listens on a UNIX socket only (--host {(host or '')[:200]})"
+    if port == 0:
+        return "llama-server listens on a port the kernel picks (--port 0)"
+    return None
+
+
 def _address_ok(option: str, raw: str) -> bool:
     check = port_problem if option == "--port" else host_problem
     return check(raw) is None

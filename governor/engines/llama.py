@@ -35,6 +35,7 @@ from governor.cache.argkey import (
     host_problem,
     parse_int,
     port_problem,
+    unreachable,
 )
 
 # llama-server's defaults: what an absent option means, decided here and nowhere else (the
@@ -220,6 +221,24 @@ def _env_flags(env: Mapping[str, str], flags: set[str]) -> None:
         flags.add("no_kv_unified")
     if env.get("LLAMA_ARG_REPACK", "").lower() in FALSEY:
         flags.add("no_repack")
+
+
+def address_warnings(args: EngineArgs | None, *, evict: bool) -> list[tuple[str, str]]:
+    """llama-server whose HTTP address the governor cannot know (argkey.unreachable): what it
+    does without it (it never speaks to 127.0.0.1:8080 in its place), as a preflight warning."""
+    why = unreachable(args.host, args.port) if args is not None and args.server else None
+    if args is None or why is None:
+        return []
+    off = ["no readiness probe (ready at exec)"]
+    if args.router:
+        off += [*(['no evict = "memory"'] if evict else []), "no `unload`, no shed's unload"]
+    return [
+        (
+            "engine.address",
+            f"{why}: the governor cannot reach it: {', '.join(off)} (engine argv --host/--port);"
+            " add a TCP address, e.g. --host 127.0.0.1 --port 8080",
+        )
+    ]
 
 
 def _check_server_values(values: dict[str, str]) -> None:

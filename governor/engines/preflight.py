@@ -42,6 +42,7 @@ from governor.engines.budget import estimate_argv, router_keys_unused, with_rout
 from governor.engines.llama import (
     EngineArgs,
     EngineArgvError,
+    address_warnings,
     is_gguf,
     model_parts,
     parse_llama_argv,
@@ -493,7 +494,7 @@ def preflight(
         estimate=est,
         files=tuple(str(p) for p in paths),
         prefetch_bytes=prefetch_bytes,
-        warnings=tuple(warnings),
+        warnings=(*warnings, *address_warnings(args, evict=plan.engine.evict == "memory")),
         notes=tuple(notes),
         args=args,
     )

@@ -17,9 +17,11 @@ at a time through the router until it fits, each waited for (bounded: WAIT_S; th
 stop-timeout is 10 s) until its leaf has no process, and X is thawed, always (finally).
 Nothing idle: logged and journaled, X thawed (its leaf's max and the pressure rules remain).
 
-It runs in the model leaves' poll thread: the bounded waits delay the placement of another
-child by at most WAIT_S per victim (a router loads one model per request; a second child
-started meanwhile stays in the engine leaf, charged there, until the next poll).
+It runs in the model leaves' router thread, never in the placement thread (a child started
+meanwhile is placed at once, supervise/models.py): each round's calls to the router (its
+models, their slots, one unload) end within ROUND_S in all, and each unloaded child is waited
+for at most WAIT_S, so X stays frozen at most (ROUND_S + WAIT_S) per model it could unload,
+however the router stalls.
 
 Standard library only (the run time's import set).
 """
@@ -45,6 +47,7 @@ log = get_logger(__name__)
 
 WAIT_S = 20.0  # for an unloaded model's child to exit (the router's stop-timeout: 10 s)
 WAIT_POLL_S = 0.05
+ROUND_S = 5.0  # one round's calls to the router: /models, each model's /slots, one unload
 REASON = "memory"  # RunState.router unloads' reason, governor_model_unloads_total's
 
 
@@ -158,8 +161,9 @@ class Evictor:
         tried: set[str] = set()
         while (over := self.over(new)) is not None:
             used, budget = over
+            client = self.client.within(ROUND_S)  # a stalled router ends the round in time
             try:
-                idle = idle_lru(self.client, self.activity.last, exclude={new, *tried})
+                idle = idle_lru(client, self.activity.last, exclude={new, *tried})
             except RouterError as err:
                 idle = []
                 log.warning("evict.router_unreadable", error=str(err))
@@ -171,7 +175,7 @@ class Evictor:
                 break
             victim = idle[0]
             tried.add(victim)
-            if not self.client.unload(victim):
+            if not client.unload(victim):
                 continue  # refused (it got a request meanwhile, say): the next one
             asked = self.clock()
             gone = self._wait_gone(victim)

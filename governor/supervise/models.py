@@ -52,6 +52,7 @@ POLL_S = 0.02  # between reads of the engine leaf's cgroup.procs
 ALIAS_OPTS = (b"-a", b"--alias")  # llama-server's --alias (common/arg.cpp)
 MODEL_CONTROLLERS = frozenset({"memory"})  # what a model's leaf limits (memory.max/high/oom.group)
 SAMPLE_S = 0.5  # between two samples of the models' activity (supervise/router.py Activity)
+ROUTER_S = 2.0  # one whole request of the leaves' router client (a slot check, /models, unload)
 PUBLISH_S = 1.0  # at most one republication of the models' state per this interval
 
 
@@ -90,13 +91,17 @@ def child_alias(cmdline: bytes) -> str | None:
 
 
 class ModelLeaves:
-    """Places the router's children into their leaves; ``poll`` is one pass (tests call it),
-    ``start`` runs it every POLL_S in a thread until ``stop``.
+    """Places the router's children into their leaves; ``poll`` is one pass (tests call it):
+    :meth:`place` then :meth:`make_room`. ``start`` runs them in two threads until ``stop``.
 
-    With an ``activity`` the thread also samples each model's last request every SAMPLE_S
-    (a placement dates its model's too) and calls ``on_change`` when one moved, an unload was
-    counted or a child was placed, at most once per PUBLISH_S (the state file is not
-    rewritten at every poll): ``tick`` is that step, :meth:`published` what it publishes."""
+    The placement thread (``place`` every POLL_S) never talks to the router: a child that does
+    not fit enters its leaf frozen and is queued. The router thread makes room for the queued
+    (supervise/evict.py, its calls bounded) and thaws each, whatever happens; with an
+    ``activity`` it also samples each model's last request every SAMPLE_S (a placement dates
+    its model's too) and calls ``on_change`` when one moved, an unload was counted or a child
+    was placed, at most once per PUBLISH_S (the state file is not rewritten at every poll):
+    ``tick`` is that step, :meth:`published` what it publishes. A router that stalls delays
+    the activity and the evictions by its clients' deadlines, never a placement."""
 
     def __init__(
         self,
@@ -135,31 +140,44 @@ class ModelLeaves:
         self._sampled: float | None = None  # clock of the last activity sample
         self._published: float | None = None  # clock of the last on_change
         self._models_ready = False
+        self._rooms: list[str] = []  # aliases placed frozen, waiting for make_room (FIFO)
+        self._rooms_lock = threading.Lock()
         self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
+        self._threads: list[threading.Thread] = []
 
     def cgroup(self, alias: str) -> str:
         """The model's leaf (LeafNameError: its name maps to none)."""
         return model_cgroup(self.group, alias)
 
     def start(self) -> ModelLeaves:
-        self._thread = threading.Thread(target=self._run, name="model-leaves", daemon=True)
-        self._thread.start()
+        for target, name in ((self._run, "model-leaves"), (self._run_router, "model-router")):
+            thread = threading.Thread(target=target, name=name, daemon=True)
+            thread.start()
+            self._threads.append(thread)
         return self
 
     def stop(self) -> None:
         self._stop.set()
-        if self._thread is not None:
-            self._thread.join(timeout=5)
+        for thread in self._threads:
+            thread.join(timeout=5)
+        for alias in self._take_rooms():  # queued, never made room for: not left frozen
+            self._thaw(self.cgroup(alias))
 
     def _run(self) -> None:
         while not self._stop.wait(POLL_S):
             try:
-                self.poll()
+                self.place()
             except GovernorError as err:  # the group went away (the run is ending)
                 log.debug("models.poll_failed", error=str(err))
-            except Exception as err:  # never the end of the placement thread (evict's bugs)
+            except Exception as err:  # never the end of the placement thread
                 log.error("models.poll_crashed", error=repr(err))
+
+    def _run_router(self) -> None:
+        while not self._stop.wait(POLL_S):
+            try:
+                self.make_room()
+            except Exception as err:  # never the end of the router thread (evict's bugs)
+                log.error("models.evict_crashed", error=repr(err))
             self.tick()
 
     def tick(self) -> bool:
@@ -200,8 +218,42 @@ class ModelLeaves:
         }
 
     def poll(self) -> list[tuple[int, str]]:
-        """Move every child of the router found in the engine leaf; returns (pid, alias) of
-        those moved now."""
+        """:meth:`place`, then :meth:`make_room` for those that entered frozen; returns
+        (pid, alias) of the children moved now."""
+        try:
+            return self.place()
+        finally:
+            self.make_room()
+
+    def make_room(self) -> None:
+        """Room for each model that entered its leaf frozen (evict = "memory"), then its
+        thaw, whatever the eviction does."""
+        failed: BaseException | None = None
+        for alias in self._take_rooms():
+            try:
+                assert self.evictor is not None
+                self.evictor.make_room(alias)
+            except Exception as err:  # the next queued one is made room for and thawed too
+                failed = failed or err
+            finally:
+                self._thaw(self.cgroup(alias))
+        if failed is not None:
+            raise failed
+
+    def _take_rooms(self) -> list[str]:
+        with self._rooms_lock:
+            rooms, self._rooms = self._rooms, []
+        return rooms
+
+    def _thaw(self, cg: str) -> None:
+        try:
+            self.fs.freeze(cg, False)
+        except GovernorError as err:  # the leaf went away with the run
+            log.warning("models.thaw_failed", cgroup=cg, error=str(err))
+
+    def place(self) -> list[tuple[int, str]]:
+        """Move every child of the router found in the engine leaf (no call to the router);
+        returns (pid, alias) of those moved now."""
         router = self.router_pid()
         moved: list[tuple[int, str]] = []
         for pid in self.fs.procs(self.leaf):
@@ -245,26 +297,22 @@ class ModelLeaves:
             return False
         limits = self.limits.get(alias, ModelLimits())
         # evict = "memory": a model that does not fit enters its leaf frozen (it allocates
-        # nothing) while idle models are unloaded for it, and is thawed whatever happens
+        # nothing) and is queued: the router thread unloads idle models for it (make_room)
+        # and thaws it, whatever happens
         frozen = self.evictor is not None and self.evictor.over(alias) is not None
+        if frozen:
+            self.fs.freeze(cg, True)
         try:
+            self.fs.move(pid, cg)
+        except GovernorError as err:  # it exited meanwhile (ESRCH)
+            log.debug("models.move_failed", pid=pid, alias=alias, error=str(err))
             if frozen:
-                self.fs.freeze(cg, True)
-            try:
-                self.fs.move(pid, cg)
-            except GovernorError as err:  # it exited meanwhile (ESRCH)
-                log.debug("models.move_failed", pid=pid, alias=alias, error=str(err))
-                return False
-            self._placed(pid, alias, cg, limits)
-            if frozen:
-                assert self.evictor is not None
-                self.evictor.make_room(alias)
-        finally:
-            if frozen:
-                try:
-                    self.fs.freeze(cg, False)
-                except GovernorError as err:  # the leaf went away with the run
-                    log.warning("models.thaw_failed", cgroup=cg, error=str(err))
+                self._thaw(cg)
+            return False
+        if frozen:
+            with self._rooms_lock:
+                self._rooms.append(alias)
+        self._placed(pid, alias, cg, limits)
         return True
 
     def _leaf(self, alias: str) -> str:
@@ -330,7 +378,8 @@ def router_leaves(
     evictor (supervise/evict.py; ``claims``: alias -> the model's estimate)."""
     activity = evictor = None
     if router_url is not None:
-        client = RouterClient(router_url)  # one for the activity's slot checks and the evictor
+        # one for the activity's slot checks and the evictor, each request within ROUTER_S
+        client = RouterClient(router_url, timeout=ROUTER_S)
         activity = Activity(fs, plan.group, client=client)
         if plan.engine.evict == "memory":
             evictor = Evictor(

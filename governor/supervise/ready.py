@@ -4,8 +4,8 @@ answers 200, not when it was exec'd. While the model loads llama-server's /healt
 The supervisor sends READY=1 to systemd (Type=notify) only then, so `systemctl start
 governor@chat` returns once the server can answer, and a unit ordered After= it talks to a
 server that is up. A server that does not answer 200 within the policy's ``ready_timeout`` is
-stopped and the launch fails (69). Standard library only (the run time's import set): one HTTP/1.0
-GET over a socket per probe.
+stopped and the launch fails (69). Standard library only (the run time's import set): one
+exchange of governor/peer/http.py per probe (its deadline covers the whole request).
 """
 
 from __future__ import annotations
@@ -13,13 +13,14 @@ from __future__ import annotations
 import os
 import select
 import signal
-import socket
 import threading
 import time
 from collections.abc import Callable
 from urllib.parse import urlsplit
 
+from governor.cache.argkey import unreachable
 from governor.errors import HostError
+from governor.peer import http
 from governor.record import record
 
 PROBE_INTERVAL_S = 0.25
@@ -53,10 +54,13 @@ def parse(url: str) -> Endpoint:
     return Endpoint(parts.hostname, parts.port, parts.path or "/")
 
 
-def server_url(host: str | None, port: int | None) -> str:
+def server_url(host: str | None, port: int | None) -> str | None:
     """llama-server's health URL from its --host/--port (defaults 127.0.0.1:8080); a wildcard
     listen address is probed on loopback. --host is a comma-separated list whose ``.sock``
-    entries are UNIX sockets (tools/server): the first TCP address is probed."""
+    entries are UNIX sockets (tools/server): the first TCP address is probed. None when the
+    address cannot be known (:func:`unreachable`): nothing is probed then."""
+    if unreachable(host, port) is not None:
+        return None
     tcp = [a.strip() for a in (host or "").split(",") if a.strip()]
     h = next((a for a in tcp if not a.endswith(".sock")), "127.0.0.1")
     if h in ("0.0.0.0", ""):
@@ -67,25 +71,14 @@ def server_url(host: str | None, port: int | None) -> str:
 
 
 def probe(ep: Endpoint, timeout: float = PROBE_TIMEOUT_S) -> int | None:
-    """The HTTP status the endpoint answers, None when nothing answers."""
+    """The HTTP status the endpoint answers within ``timeout`` in all (governor/peer/http.py:
+    a server that trickles its answer is no answer), None when nothing answers."""
     try:
-        with socket.create_connection((ep.host, ep.port), timeout=timeout) as sock:
-            sock.sendall(
-                f"GET {ep.path} HTTP/1.0\r\nHost: {ep.host}:{ep.port}\r\n"
-                "Connection: close\r\n\r\n".encode()
-            )
-            head = b""
-            while b"\r\n" not in head and len(head) < 256:
-                chunk = sock.recv(256)
-                if not chunk:
-                    break
-                head += chunk
-    except OSError:
+        return http.exchange(
+            ep.host, ep.port, "GET", ep.path, deadline_s=timeout, read_body=False
+        ).status
+    except http.HttpError:
         return None
-    words = head.split(b"\r\n", 1)[0].split()
-    if len(words) >= 2 and words[0].startswith(b"HTTP/") and words[1].isdigit():
-        return int(words[1])
-    return None
 
 
 class ReadyWait:

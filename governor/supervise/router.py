@@ -19,14 +19,14 @@ is no request (a probe of its slots by a shedder costs the child CPU; so does ho
 that TCG inflates: a CI guest run unloaded the model used last, not the idle one). A model's
 load is its first request.
 
-Standard library only (the run time's import set): HTTP/1.0 over a socket, as ready.py.
+Standard library only (the run time's import set): each call is one exchange of
+governor/peer/http.py (a deadline for the whole request, a body cap), as ready.py's probe.
 """
 
 from __future__ import annotations
 
 import contextlib
 import json
-import socket
 import time
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
@@ -42,10 +42,11 @@ from governor.kernel.leafname import (
     models_cgroup,
 )
 from governor.log import get_logger
+from governor.peer import http
 
 log = get_logger(__name__)
 
-TIMEOUT_S = 5.0  # one request to the router (it answers /models and /slots at once)
+TIMEOUT_S = 5.0  # one whole request to the router (it answers /models and /slots at once)
 BUSY_USEC = 2000  # CPU a model leaf used between two samples that counts as a request
 # the router's status values of a model that holds memory (server_model_status_to_string)
 RUNNING = frozenset({"loading", "loaded", "sleeping"})
@@ -64,70 +65,61 @@ def base_url(url: str) -> str:
     return f"http://{host}:{parts.port}"
 
 
-def dechunk(body: bytes) -> bytes:
-    """An HTTP/1.1 chunked body as its bytes (the router answers a proxied GET chunked, even
-    to HTTP/1.0)."""
-    out = []
-    rest = body
-    while rest:
-        size_line, sep, rest = rest.partition(b"\r\n")
-        if not sep:
-            break
-        try:
-            size = int(size_line.split(b";")[0].strip() or b"0", 16)
-        except ValueError:
-            break
-        if size == 0:
-            break
-        out.append(rest[:size])
-        rest = rest[size + 2 :]
-    return b"".join(out)
-
-
 class RouterClient:
-    """The three calls the governor makes to a llama-server router at ``url``."""
+    """The three calls the governor makes to a llama-server router at ``url``: each one
+    exchange (governor/peer/http.py) within ``timeout`` seconds in all, and, with
+    ``budget_s``, every call of this client within ``budget_s`` of its construction (the
+    shed's unload: a victim's router that trickles costs the shedder at most that)."""
 
-    def __init__(self, url: str, *, timeout: float = TIMEOUT_S) -> None:
+    def __init__(
+        self,
+        url: str,
+        *,
+        timeout: float = TIMEOUT_S,
+        budget_s: float | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         parts = urlsplit(base_url(url))
         assert parts.hostname is not None and parts.port is not None
         self.host, self.port = parts.hostname, parts.port
         self.url = base_url(url)
         self.timeout = timeout
+        self.budget_s = budget_s
+        self.clock = clock
+        self.until = None if budget_s is None else clock() + budget_s
+
+    def within(self, budget_s: float) -> RouterClient:
+        """This router's client whose calls all end within ``budget_s`` from now."""
+        return RouterClient(
+            self.url, timeout=min(self.timeout, budget_s), budget_s=budget_s, clock=self.clock
+        )
 
     def request(self, method: str, path: str, body: Any = None) -> tuple[int, Any]:
-        """(HTTP status, the JSON body or None); RouterError when nothing answers."""
-        data = b"" if body is None else json.dumps(body).encode()
-        head = (
-            f"{method} {path} HTTP/1.0\r\nHost: {self.host}:{self.port}\r\n"
-            f"Connection: close\r\nContent-Length: {len(data)}\r\n"
-            + ("Content-Type: application/json\r\n" if body is not None else "")
-            + "\r\n"
-        )
+        """(HTTP status, the JSON body or None); RouterError when nothing answers within the
+        deadline, or answers more than the cap (governor/peer/http.py)."""
+        deadline = self.timeout
+        if self.until is not None:
+            deadline = min(deadline, self.until - self.clock())
+            if deadline <= 0:
+                raise RouterError(
+                    f"the router did not answer {method}: its {self.budget_s:g}s budget is"
+                    f" spent ({self.url}{path})"
+                )
         try:
-            with socket.create_connection((self.host, self.port), timeout=self.timeout) as s:
-                s.sendall(head.encode() + data)
-                chunks = []
-                while True:
-                    chunk = s.recv(65536)
-                    if not chunk:
-                        break
-                    chunks.append(chunk)
-        except OSError as err:
+            answer = http.exchange(
+                self.host, self.port, method, path, deadline_s=deadline,
+                body=None if body is None else json.dumps(body).encode(),
+                content_type=None if body is None else "application/json",
+            )  # fmt: skip
+        except http.HttpError as err:
             raise RouterError(
-                f"the router did not answer {method}: {err.strerror or err} ({self.url}{path})"
+                f"the router did not answer {method}: {err.problem} ({self.url}{path})"
             ) from None
-        raw = b"".join(chunks)
-        top, _, payload = raw.partition(b"\r\n\r\n")
+        payload = answer.body
         try:
-            status = int(top.split(b" ", 2)[1])
-        except (IndexError, ValueError):
-            raise RouterError(f"the router's answer is not HTTP ({self.url}{path})") from None
-        if b"transfer-encoding: chunked" in top.lower():  # proxied answers are chunked
-            payload = dechunk(payload)
-        try:
-            return status, json.loads(payload) if payload.strip() else None
+            return answer.status, json.loads(payload) if payload.strip() else None
         except ValueError:
-            return status, None
+            return answer.status, None
 
     def models(self) -> dict[str, str]:
         """{name: status} of every model the router lists (GET /models)."""

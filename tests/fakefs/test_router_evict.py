@@ -6,11 +6,13 @@ test_router_guest.py."""
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+import time
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
 import pytest
+from helpers.peers import StandIn, trickle
 
 from governor.errors import GovernorError
 from governor.kernel import files as kf
@@ -18,7 +20,7 @@ from governor.rundir.journal import Journal
 from governor.rundir.state import RunState, check_state
 from governor.supervise.evict import Evictor
 from governor.supervise.models import PUBLISH_S, SAMPLE_S, ModelLeaves, ModelLimits
-from governor.supervise.router import Activity
+from governor.supervise.router import Activity, RouterClient
 
 from .fakekernel import FakeKernelCgroupFs
 from .test_model_leaves import MovingFs
@@ -153,6 +155,9 @@ class FakeRouter:
         self.pids = pids
         self.busy_set = set(busy)
         self.unloaded: list[str] = []
+
+    def within(self, budget_s: float) -> FakeRouter:  # RouterClient.within: no clock here
+        return self
 
     def models(self) -> dict[str, str]:
         return {a: "loaded" if a not in self.unloaded else "unloaded" for a in self.pids}
@@ -422,3 +427,40 @@ def test_the_governors_own_slot_probes_are_not_dated_as_requests(
     assert router.unloaded == ["a"]
     assert ev.activity.sample() is False  # b's probe was no request
     assert ev.activity.last["b"] == 2000.0
+
+
+def test_a_stalled_router_never_holds_a_placement_and_the_frozen_model_is_thawed_in_time(
+    tree: tuple[MovingFs, Path],
+) -> None:
+    """Issue 43 item 1: the placement thread never talks to the router. c does not fit and
+    enters its leaf frozen; the router trickles (a byte per 0.2 s), so making room for c
+    waits on it; d, started meanwhile, is placed all the same before c's thaw, and c is
+    thawed once its round's calls ran out of time (the unbounded client held both)."""
+    fs, proc = tree
+    _evict_tree(fs, proc)
+    slow = StandIn(trickle(b'HTTP/1.0 200 OK\r\n\r\n{"data": []}', interval_s=0.2))
+    client = RouterClient(slow.url, timeout=3.0)
+    leaves, _ = _leaves(fs, proc, client)  # type: ignore[arg-type]
+    c, d = f"{GROUP}/models/c", f"{GROUP}/models/d"
+    t0 = time.monotonic()
+    leaves.start()
+    try:
+        _until(lambda: (c, kf.CGROUP_PROCS, str(C)) in fs.writes, "c placed")
+        _spawn(fs, proc, 104, _child("d"))
+        _until(lambda: (d, kf.CGROUP_PROCS, "104") in fs.writes, "d placed")
+        _until(lambda: (c, kf.CGROUP_FREEZE, "0") in fs.writes, "c thawed")
+        took = time.monotonic() - t0
+    finally:
+        leaves.stop()
+        slow.close()
+    order = [w for w in fs.writes if w[0] in (c, d) and w[1] != kf.MEMORY_MAX]
+    assert order.index((d, kf.CGROUP_PROCS, "104")) < order.index((c, kf.CGROUP_FREEZE, "0"))
+    assert fs.procs(d) == [104] and fs.read(c, kf.CGROUP_FREEZE).strip() == "0"
+    assert took < 20  # did not hang: a round is at most ROUND_S, each call at most 3 s
+
+
+def _until(ok: Callable[[], bool], what: str, timeout: float = 30.0) -> None:
+    end = time.monotonic() + timeout
+    while not ok():
+        assert time.monotonic() < end, f"not within {timeout}s: {what}"
+        time.sleep(0.01)

@@ -17,6 +17,7 @@ from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
 import pytest
+from helpers.peers import StandIn, trickle
 
 from governor.backends.cgroupfs import CgroupfsBackend
 from governor.compile.compiler import compile_plan, watch_rule
@@ -24,7 +25,7 @@ from governor.errors import PolicyError
 from governor.kernel import files
 from governor.kernel.procfs import ProcFs
 from governor.monitor.actions.base import Context, Env
-from governor.monitor.actions.unload import Unload, merge_unloads
+from governor.monitor.actions.unload import UNLOAD_S, Unload, merge_unloads
 from governor.monitor.loop import Monitor
 from governor.plan.board import load_board
 from governor.plan.host import probe
@@ -290,6 +291,30 @@ def test_without_an_idle_model_to_take_the_first_step_is_throttle(
     assert router.unloaded == [] and router.calls == []
     # a slice that is no router passes over the step; a router down is a failed step
     assert ("shed.step_failed" in capsys.readouterr().err) is (case == "router down")
+
+
+def test_a_trickling_victim_router_costs_the_shed_its_bound_and_the_ladder_throttles(
+    board: Board, launch_pid: int, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Issue 43 item 1: the unload step runs in the higher class's monitor thread; a victim
+    router that trickles its answers (a byte per 0.2 s: no per-read timeout ever fires) fails
+    the step within UNLOAD_S, and the same firing throttles the victim."""
+    slow = StandIn(trickle(b'HTTP/1.0 200 OK\r\n\r\n{"data": []}', interval_s=0.2))
+    try:
+        chat = board.publish(_plan("npu-chat", CHAT), 600 * MIB)
+        batch = _publish_router(board, _plan("batch", ROUTER), slow.url, launch_pid)
+        t0 = time.monotonic()
+        res = board.shedder(chat).shed(CTX)  # the default client: bounded_router
+        took = time.monotonic() - t0
+    finally:
+        slow.close()
+    assert took < UNLOAD_S + 5  # did not hang (the unbounded client: 20 s and more)
+    assert res.ok and res.after["step"] == "throttle"
+    assert board.fs.read(batch.group, files.MEMORY_HIGH).strip() == str(700 * MIB)
+    assert _entries(board, "batch") == [("throttle", None)]
+    said = capsys.readouterr()
+    err = said.out + said.err
+    assert "shed.step_failed" in err and f"no whole answer within {UNLOAD_S:g}s" in err
 
 
 # ---------------------------------------------------------------- yield validation

@@ -41,6 +41,7 @@ FIELDS = {
     "PolicyError": {"file", "field"},
     "_OsFailure": {"cgroup", "file"},
     "EngineArgvError": {"option"},
+    "HttpError": {"url"},  # the peer's URL (governor/peer/http.py)
 }
 # constant keyword values that name their place without being a path/field/option
 KEYWORD_WORDS = {

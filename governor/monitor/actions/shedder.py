@@ -9,7 +9,7 @@ or a descendant of it. Lowest class first, within a class the largest (memory.cu
 
 The ladder, per victim, restricted to the steps its ``[qos] yield`` allows:
 
-- **unload** (issue 38): a router victim's LRU idle model (unload.py), again while one is idle;
+- **unload** (issue 38): a router victim's LRU idle model (unload.py: bounded), again while idle;
 - **throttle**: memory.high := its memory.current (not below its memory.min), so it cannot
   grow; the kernel reclaims it (to swap or zram where there is one) instead of the board;
 - **freeze**: cgroup.freeze 1;
@@ -48,7 +48,7 @@ from governor.kernel.kill import kill_tree
 from governor.kernel.parse import parse_max
 from governor.log import get_logger
 from governor.monitor.actions.base import Context, Result
-from governor.monitor.actions.unload import unload_lru
+from governor.monitor.actions.unload import bounded_router, unload_lru
 from governor.monitor.sources import protected_cache
 from governor.monitor.victims import (
     Victim,
@@ -114,7 +114,7 @@ class Shedder:
         pid: int | None = None,
         memavailable: Callable[[], int | None] | None = None,
         own_cgroup: str | None = None,
-        router: Callable[[str], RouterClient] = RouterClient,
+        router: Callable[[str], RouterClient] = bounded_router,
     ) -> None:
         self.fs = fs
         self.plan = plan
@@ -130,7 +130,7 @@ class Shedder:
         self.page_size = page_size
         self.pid = pid or os.getpid()  # what the victims' journals name this shedder by
         self.memavailable = memavailable  # the board's MemAvailable: how far a raise may go
-        self.router = router  # a victim router's client, by its url (the `unload` step)
+        self.router = router  # a victim router's client, by its url (unload.py UNLOAD_S bounds it)
         self.held: dict[str, Held] = {}  # in the order of their first step
         self.last_step_at: float | None = None
         self.totals: dict[tuple[str, str], int] = {}  # (victim, step) -> times

@@ -10,6 +10,11 @@ and the rule's later actions run (``do = ["unload", "freeze 5s"]`` is a ladder).
 a journal entry (source "unload", model, reason "pressure") and counted in ``totals`` as
 ``router_unloads`` ({"model", "reason", "count"}), which the launch's publish adds to its
 router's ``unloads`` (the metric governor_model_unloads_total).
+
+Both run in a monitor's thread, the one that evaluates its engine's rules (the shed's: a
+higher class's, against a lower class's router): every call of one unload to the router ends
+within ``UNLOAD_S`` in all (:func:`bounded_router`), and a router that does not answer in time
+is a failed unload: the rule's later actions run, the shed's ladder takes its next step.
 """
 
 from __future__ import annotations
@@ -28,11 +33,17 @@ from governor.supervise.router import RouterClient, idle_lru
 log = get_logger(__name__)
 
 REASON = "pressure"
+UNLOAD_S = 2.0  # all the calls of one unload (/models, each model's /slots, the unload)
 TOTALS = "router_unloads"  # the published state's field ... merged into router.unloads
 
 
+def bounded_router(url: str) -> RouterClient:
+    """The client of one unload: each of its calls, and all of them, within UNLOAD_S."""
+    return RouterClient(url, timeout=UNLOAD_S, budget_s=UNLOAD_S)
+
+
 class Unload(Handler):
-    def __init__(self, env: Env, router: Callable[[str], RouterClient] = RouterClient) -> None:
+    def __init__(self, env: Env, router: Callable[[str], RouterClient] = bounded_router) -> None:
         super().__init__(env)
         self.router = router
         self.counts: dict[tuple[str, str], int] = {}  # (model, reason) -> unloads
@@ -42,7 +53,8 @@ class Unload(Handler):
         if found is None:
             return Result(
                 "unload", ok=False,
-                detail="not a router: this slice's published state has no router url",
+                detail="not a router the governor can reach: this slice's published state"
+                " has no router url (a router on a UNIX socket only publishes none)",
             )  # fmt: skip
         try:
             model = unload_lru(self.router, *found, self.env.group)

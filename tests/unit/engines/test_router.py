@@ -574,3 +574,41 @@ def test_init_for_a_router_sizes_beside_the_boards_other_claims(models_dir: Path
         req, host, root=ROOT, tenants=Tenants(claims=(claim(alone.name, totals[0]),))
     )
     assert own.sizing.models_max == 2
+
+
+def test_a_router_on_a_unix_socket_is_never_spoken_to_at_8080_and_check_says_why(
+    models_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Issue 43 item 11: llama-server --host /x.sock answers on no TCP address: no readiness
+    probe, no router url (evict, unload and the shed's unload off), and check warns with where
+    and what to do; --port 0 (the kernel picks it) is refused as before (no port to know)."""
+    from governor.api.launch import router_url
+    from governor.supervise.ready import server_url
+
+    sock = str(tmp_path / "r.sock")
+    assert server_url(sock, None) is None and server_url(f"{sock}, {sock}", 9000) is None
+    assert server_url(None, 0) is None
+    assert server_url(f"{sock},127.0.0.1", 9000) == "http://127.0.0.1:9000/health"
+    argv = (SERVER, "--models-dir", str(models_dir), "-c", "512", "--host", sock)
+    assert router_url({"router": {}}, argv, {}) is None
+    assert router_url({"router": {}}, argv[:-2], {"LLAMA_ARG_HOST": sock}) is None
+    # the engine's environment is the policy's too: its port, not the governor's default
+    assert router_url({"router": {}}, argv[:-2], {"LLAMA_ARG_PORT": "9100"}) == (
+        "http://127.0.0.1:9100"
+    )  # fmt: skip
+    policy = tmp_path / "r.toml"
+    policy.write_text('name = "r"\n[engine]\nkind = "llama.cpp"\nevict = "memory"\n')
+    code, out, err = _governor(
+        capsys, "--root", str(ROOT), "check", str(policy), "--allow-missing", "memory",
+        "--engine-argv", " ".join(argv),
+    )  # fmt: skip
+    said = [line for line in (out + err).splitlines() if "UNIX socket" in line]
+    assert code == 0 and len(said) == 1, out + err
+    assert f"llama-server listens on a UNIX socket only (--host {sock})" in said[0]
+    assert 'no readiness probe (ready at exec), no evict = "memory", no `unload`' in said[0]
+    assert "(engine argv --host/--port); add a TCP address" in said[0]
+    code, out, err = _governor(
+        capsys, "--root", str(ROOT), "check", str(policy), "--engine-argv",
+        " ".join((*argv[:-2], "--port", "0")),
+    )  # fmt: skip
+    assert code == 65 and "engine option --port is not a TCP port (1-65535): '0'" in err, err

@@ -16,7 +16,6 @@ from governor.supervise.router import (
     RouterClient,
     RouterError,
     base_url,
-    dechunk,
     idle_lru,
 )
 
@@ -136,9 +135,7 @@ def test_a_router_that_does_not_answer_is_one_error_that_says_where() -> None:
     assert client.unload("a") is False
 
 
-def test_dechunk_and_base_url() -> None:
-    assert dechunk(b"3\r\nabc\r\n2;x=1\r\nde\r\n0\r\n\r\n") == b"abcde"
-    assert dechunk(b"") == b""
+def test_base_url() -> None:
     assert base_url("http://127.0.0.1:8080/health") == "http://127.0.0.1:8080"
     assert base_url("http://[::1]:8080/x") == "http://[::1]:8080"
     with pytest.raises(ValueError):
