@@ -30,6 +30,7 @@ import pytest
 
 from governor.compile.compiler import Workload, compile_plan
 from governor.engines import estimate as est
+from governor.engines import prefetch_files as pf
 from governor.engines import preflight as pre
 from governor.engines.llama import EngineArgs
 from governor.errors import PermissionDenied, PolicyError, PolicyNotFound
@@ -437,19 +438,19 @@ def test_a_fifo_is_refused_without_waiting_for_a_writer(tmp_path: Path) -> None:
     fifo = tmp_path / "fifo"
     os.mkfifo(fifo)
     with pytest.raises(PolicyError) as exc:
-        pre.check_readable(fifo, source="p.toml")
+        pf.check_readable(fifo, source="p.toml")
     assert exc.value.exit_code == 65
 
 
 def test_missing_file_is_66(tmp_path: Path) -> None:
     with pytest.raises(PolicyNotFound) as exc:
-        pre.check_readable(tmp_path / "none", source=None)
+        pf.check_readable(tmp_path / "none", source=None)
     assert exc.value.exit_code == 66
 
 
 def test_directory_is_not_a_prefetch_file(tmp_path: Path) -> None:
     with pytest.raises(PolicyError) as exc:
-        pre.check_readable(tmp_path, source=None)
+        pf.check_readable(tmp_path, source=None)
     assert exc.value.exit_code == 65
 
 
@@ -461,7 +462,7 @@ def _unreadable_exit_code(directory: Path) -> int:
 
     def attempt() -> int:
         try:
-            pre.check_readable(f)
+            pf.check_readable(f)
         except PermissionDenied as err:
             assert err.errno == errno.EACCES
             return err.exit_code
@@ -498,7 +499,7 @@ def test_unreadable_file_is_77() -> None:
 def test_auto_takes_every_part_of_a_split_gguf(tmp_path: Path) -> None:
     for i in (1, 2, 3):
         sparse(tmp_path / f"m-0000{i}-of-00003.gguf", 4096)
-    got = pre.resolve_files(
+    got = pf.resolve_files(
         "auto", model="m-00001-of-00003.gguf", engine_kind="llama.cpp", cwd=tmp_path
     )
     assert [p.name for p in got] == [f"m-0000{i}-of-00003.gguf" for i in (1, 2, 3)]
@@ -506,15 +507,15 @@ def test_auto_takes_every_part_of_a_split_gguf(tmp_path: Path) -> None:
 
 def test_auto_needs_a_llama_cpp_model() -> None:
     with pytest.raises(PolicyError):
-        pre.resolve_files("auto", model=None, engine_kind="llama.cpp", cwd=Path("/"))
+        pf.resolve_files("auto", model=None, engine_kind="llama.cpp", cwd=Path("/"))
     with pytest.raises(PolicyError):
-        pre.resolve_files("auto", model="x.gguf", engine_kind="generic", cwd=Path("/"))
+        pf.resolve_files("auto", model="x.gguf", engine_kind="generic", cwd=Path("/"))
 
 
 def test_globs_expand_sorted_and_relative_to_cwd(tmp_path: Path) -> None:
     for name in ("b.bin", "a.bin", "c.txt"):
         sparse(tmp_path / name, 4096)
-    got = pre.resolve_files(
+    got = pf.resolve_files(
         ["*.bin", str(tmp_path / "c.txt")], model=None, engine_kind="generic", cwd=tmp_path
     )
     assert [p.name for p in got] == ["a.bin", "b.bin", "c.txt"]
@@ -522,7 +523,7 @@ def test_globs_expand_sorted_and_relative_to_cwd(tmp_path: Path) -> None:
 
 def test_glob_without_match_is_66(tmp_path: Path) -> None:
     with pytest.raises(PolicyNotFound) as exc:
-        pre.resolve_files(["*.gguf"], model=None, engine_kind="generic", cwd=tmp_path)
+        pf.resolve_files(["*.gguf"], model=None, engine_kind="generic", cwd=tmp_path)
     assert exc.value.exit_code == 66
 
 
