@@ -392,7 +392,10 @@ def is_stale(state: RunState, proc: Path = Path("/proc")) -> bool:
         root, group = state.cgroup_root or plan.get("cgroup_root"), state.group or plan.get("group")
         if not isinstance(root, str) or not isinstance(group, str):
             return False  # no cgroup to look for: a reader that needs one skips the state
-        return not CgroupFs(Path(root)).exists(group)
+        try:
+            return not CgroupFs(Path(root)).exists(group)
+        except ValueError:  # not a clean relative path: no group of ours to look for
+            return False
     return not alive(state.pid, proc, start=state.pid_start)
 
 

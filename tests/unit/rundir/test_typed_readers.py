@@ -178,3 +178,6 @@ def test_an_applied_state_whose_cgroup_is_gone_is_stale_and_pruned(tmp_path: Pat
     assert [s.stale for s in read_states(run)] == [True]
     assert prune_stale(run) == [("chat", None)]
     assert read_states(run) == []
+    odd = applied({**plan, "group": "../chat"}, policy_path=None, created=[], started_at=1.0)
+    Publisher(run, "chat").publish(odd)  # a hand's: read, never a crash of the scan
+    assert [s.group for s in read_states(run)] == ["../chat"]
