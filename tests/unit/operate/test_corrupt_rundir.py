@@ -189,7 +189,7 @@ def test_rollback_and_metrics_read_past_a_corrupt_journal_line(
     with open(journal.path, "ab") as f:
         f.write(b"\n".join(BAD_LINES) + b"\n")
     monkeypatch.setenv("GOVERNOR_RUN_DIR", str(run))
-    monkeypatch.setattr("governor.rundir.liveness.alive", lambda pid, proc=None, **_kw: True)
+    monkeypatch.setattr("governor.rundir.state.alive", lambda pid, proc=None, **_kw: True)
     cg = ["--root", str(HOSTS / "rk3588"), "--cgroup-root", str(tmp_path / "cg")]
     for argv in (["metrics", "good"], ["rollback", "good"]):
         with pytest.raises(SystemExit) as exit_:
