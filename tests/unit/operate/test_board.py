@@ -16,7 +16,7 @@ MEMTOTAL_KB = 2 * 1024 * 1024  # a 2 GiB board
 GOLDEN = Path(__file__).resolve().parents[2] / "golden/plans/base@rk3588.json"
 
 
-def plan_dict(name: str, cls: str, **limits: str) -> dict[str, Any]:
+def plan_dict(name: str, cls: str, **limits: object) -> dict[str, Any]:
     """A compiled plan (the rk3588 golden's) renamed, with these memory limits on its group."""
     plan: dict[str, Any] = json.loads(GOLDEN.read_text())
     group = f"governor.slice/{name}"
@@ -163,7 +163,7 @@ def test_a_manifest_with_a_negative_or_absurd_claim_is_skipped_with_its_reason(
     root, cg, run = board(tmp_path)
     installed = root / "etc/governor/installed"
     installed.mkdir(parents=True)
-    bad = {
+    bad: dict[str, dict[str, object]] = {
         "neg": {"min": -(1 << 40)},
         "flag": {"min": True},
         "float": {"max": 1.5e9},
@@ -171,7 +171,7 @@ def test_a_manifest_with_a_negative_or_absurd_claim_is_skipped_with_its_reason(
         "dev": {"min": 0, "device": -5},
     }
     for name, limits in bad.items():
-        claim = plan_dict(name, "standard", **{k: v for k, v in limits.items() if k != "device"})  # type: ignore[arg-type]
+        claim = plan_dict(name, "standard", **{k: v for k, v in limits.items() if k != "device"})
         if "device" in limits:
             claim["device"] = {"memory": limits["device"]}
         (installed / f"{name}.json").write_text(
@@ -195,7 +195,7 @@ def test_a_negative_manifest_claim_admits_nothing_it_would_not_admit_anyway(
     publish(run, cg, plan_dict("batch", "standard", min=str(1500 * MIB)))
     installed = root / "etc/governor/installed"
     installed.mkdir(parents=True)
-    claim = plan_dict("neg", "standard", min=-(1 << 40))  # type: ignore[arg-type]
+    claim = plan_dict("neg", "standard", min=-(1 << 40))
     (installed / "neg.json").write_text(json.dumps({"policy": "neg", "claim": claim}))
     got = gather(run=run, cgroup_root=cg, root=root)
     free = view(got.budget, got.claims, (), got.problems)["free"]["guarantees"]
