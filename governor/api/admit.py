@@ -32,12 +32,15 @@ from governor.log import get_logger
 from governor.operate import board as claims
 from governor.peer.files import CappedReadError
 from governor.peer.lock import LockBusy, take
-from governor.plan.board import board_path
+from governor.plan.board import board_path, no_budget_error
 from governor.plan.budget import (
     admit,
     claim_of_plan,
+    forced_text,
     gib,
     holders_text,
+    kept_text,
+    no_budget_text,
     overlap_text,
     plan_claim_dict,
     refusal_text,
@@ -176,10 +179,13 @@ def admission(
     mode = plan.qos.admit
     fd = -1
     why = f": the board cannot admit {new.name} now"
+    # one deadline for the whole admission: the lock's wait and the room's share it ("wait"
+    # and "shed" wait admit_timeout for the lock, then only what is left of it for room)
+    started = clock()
     if run is not None:
         wait = lock_wait(plan) if lock_s is None else lock_s
         try:
-            fd = board_lock(run, deadline=clock() + wait, clock=clock, sleep=sleep, why=why)
+            fd = board_lock(run, deadline=started + wait, clock=clock, sleep=sleep, why=why)
         except OSError as err:  # an unwritable run dir: weighed all the same, unlocked
             log.warning("admit.unlocked", run=str(run), reason=err.strerror)
     try:
@@ -189,11 +195,17 @@ def admission(
         if seen.budget.memtotal <= 0:  # no MemTotal (a fixture root): nothing to weigh
             log.warning("admit.no_memtotal", root=str(root), detail="admitted unweighed")
             return _held(fd, hold, None)
+        none = no_budget_text(seen.budget)
+        if none is not None:  # no room will ever come: the board file is wrong (check says so)
+            if not force:
+                raise no_budget_error(none, board if board is not None else board_path())
+            _say(f"admitted by --force: {none}")
+            return _held(fd, hold, None)
         verdict = admit(seen.budget, new, seen.claims)
         if verdict.fits:
             return _held(fd, hold, verdict)
         if force:
-            _say(f"admitted by --force: {overlap_text(verdict)}")
+            _say(f"admitted by --force: {forced_text(verdict)}")
             return _held(fd, hold, verdict)
         if mode == "warn" and verdict.kind == "peaks":
             _say(f"admitted with an overlap: {overlap_text(verdict)}")
@@ -205,8 +217,14 @@ def admission(
             return _held(fd, hold, verdict)
         note = None
         if mode == "shed":
+            # decided before anyone is stopped: a victim counts only when its stop removes
+            # its claim (plan/budget.py shed_victims); one whose claim stays is never stopped
             if not verdict.enough:
-                raise _refuse(verdict, board, ", and no lower class to shed frees enough")
+                raise _refuse(
+                    verdict,
+                    board,
+                    f", and no lower class to shed frees enough{kept_text(verdict)}",
+                )
             names = ", ".join(v.name for v in verdict.victims)
             _say(f"admission of {new.name} stops {names} (a lower class) to make room")
             for victim in verdict.victims:
@@ -217,10 +235,10 @@ def admission(
             note = f"admitted after stopping {names} (a lower class)"
         else:
             _say(
-                f"waiting up to {plan.qos.admit_timeout_s:g}s for {gib(verdict.missing)} of"
-                f" room for {new.name} ({holders_text(verdict)})"
+                f"waiting up to {_duration(plan.qos.admit_timeout_s)} for {gib(verdict.missing)}"
+                f" of room for {new.name} ({holders_text(verdict)})"
             )
-        deadline = clock() + plan.qos.admit_timeout_s
+        deadline = started + plan.qos.admit_timeout_s
         locked = fd >= 0
         while True:  # wait (or let the victims go) without the lock: they may need it
             if locked:
@@ -237,11 +255,20 @@ def admission(
                 _say(f"{new.name} admitted: {note}")
                 return _held(fd, hold, verdict, note)
             if clock() >= deadline:
-                raise _refuse(verdict, board, f", after {plan.qos.admit_timeout_s:g}s of {mode}")
+                raise _refuse(
+                    verdict, board, f", after {_duration(plan.qos.admit_timeout_s)} of {mode}"
+                )
     except BaseException:
         if fd >= 0:
             os.close(fd)
         raise
+
+
+def _duration(seconds: float) -> str:
+    """``admit_timeout`` as the policy spells it ("1us", "1m30s" reads "90s", "2m")."""
+    from governor.policy.durations import Duration  # noqa: PLC0415  # only on a wait's line
+
+    return str(Duration(max(1, round(seconds * 1_000_000))))
 
 
 def _held(fd: int, hold: bool, verdict: Verdict | None, note: str | None = None) -> Admitted:

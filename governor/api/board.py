@@ -43,7 +43,7 @@ def view(opts: HostOptions) -> dict[str, Any]:
     cg = cgroup_root(opts)
     seen = claims(opts, cg)
     others = boardview.ungoverned(CgroupFs(cg), seen.claims, read_board().entries)
-    return boardview.view(seen.budget, seen.claims, others, seen.problems)
+    return boardview.view(seen.budget, seen.claims, others, seen.problems, seen.no_budget)
 
 
 def fits(path: Path, engine: tuple[str, ...], opts: HostOptions) -> dict[str, Any]:

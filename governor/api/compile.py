@@ -31,7 +31,9 @@ from governor.errors import HostError, PolicyError, UsageError
 from governor.kernel.procfs import ProcFs
 from governor.kernel.swap import SwapReader
 from governor.monitor.victims import governed_groups
-from governor.plan.board import is_board_file, load_board
+from governor.operate.board import memtotal
+from governor.plan.board import is_board_file, no_budget_error, read_board
+from governor.plan.budget import Budget, no_budget_text
 from governor.policy.model import Policy
 from governor.record import record
 from governor.rundir.state import run_dir
@@ -60,13 +62,21 @@ def shed_warnings(plan: Plan, opts: HostOptions) -> list[str]:
     return [] if warning is None else [warning]
 
 
-def check_board(path: Path) -> int | None:
+def check_board(path: Path, root: Path = Path("/")) -> int | None:
     """`governor check` of the board file (issue 23): the number of cgroups it lists, None
-    when ``path`` is no board file (a policy). PolicyError (65) names the file and field."""
+    when ``path`` is no board file (a policy). PolicyError (65) names the file and field; a
+    ``[board] reserve`` that leaves no budget beside ``root``'s MemTotal is one too."""
 
     if not is_board_file(path):
         return None
-    return len(load_board(path, governed_slices(path.parent)))
+    read = read_board(path, governed_slices(path.parent))
+    if read.errors:
+        raise read.errors[0]
+    if read.reserve is not None:
+        none = no_budget_text(Budget.of(memtotal(root), read.reserve))
+        if none is not None:
+            raise no_budget_error(none, path)
+    return len(read.entries)
 
 
 def governed_slices(policy_dir: Path) -> list[str]:

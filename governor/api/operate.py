@@ -45,17 +45,21 @@ def rollback(name: str, *, to: int | None, everything: bool) -> dict[str, Any]:
     return undo.rollback(st, name, journal, run_dir(), to=to, everything=everything)
 
 
-def status(name: str | None, *, prune: bool = False) -> list[dict[str, Any]]:
+def status(
+    name: str | None, *, prune: bool = False, root: Path = Path("/")
+) -> list[dict[str, Any]]:
     """`governor status`: governor/operate/status.py over the published states; ``prune``
-    first removes the published state of stale entries (their supervisor is gone), one
-    `pruned NAME` line each on stderr."""
+    first removes the published state of stale entries (their supervisor is gone, or an
+    `apply` slice's cgroup), one `pruned NAME` line each on stderr. ``root``: where the
+    board's /proc is (MemTotal: `--root`)."""
     if prune:
         pruned = prune_stale(run_dir(), name)
         for policy, pid in pruned:
-            sys.stderr.write(f"pruned {policy}: its supervisor (pid {pid}) is gone\n")
+            why = "its cgroup" if pid is None else f"its supervisor (pid {pid})"
+            sys.stderr.write(f"pruned {policy}: {why} is gone\n")
         if name is not None and pruned and not collect_names(run_dir(), name):
             return []  # NAME was only that stale entry
-    items = collect(run_dir(), name)
+    items = collect(run_dir(), name, root=root)
     # a state file that is not one hides nothing else: one line for it, the others shown
     for err in scan_states(run_dir())[1]:
         if name is None:

@@ -30,7 +30,7 @@ from governor.kernel import clocks as kc
 from governor.log import get_logger
 from governor.plan.model import ClockTarget, ClockWrite, Plan
 from governor.rundir.clocks import ClockEntry, Holder, Ledger, within
-from governor.rundir.state import alive as governor_alive
+from governor.rundir.liveness import alive as governor_alive
 
 log = get_logger("governor.clocks")
 

@@ -44,7 +44,7 @@ def check(
     from governor.api import compile as api_compile
     from governor.api import host as api_host
 
-    board = api_compile.check_board(policy)
+    board = api_compile.check_board(policy, host_options(allow_missing).root)
     if board is not None:
         typer.echo(f"{policy}: ok (board file, {board} ungoverned cgroup(s))")
         return

@@ -40,7 +40,7 @@ def status(
     from governor.api import operate as api_operate
     from governor.operate.status import render
 
-    items = api_operate.status(name, prune=prune)
+    items = api_operate.status(name, prune=prune, root=host_options().root)
     if as_json:
         typer.echo(json.dumps(items, indent=2))
     else:

@@ -42,6 +42,8 @@ from governor.engines.llama import (
 )
 from governor.errors import PolicyError, UsageError
 from governor.kernel.parse import format_cpulist
+from governor.plan.board import board_path, no_budget_error
+from governor.plan.budget import Budget, no_budget_text
 from governor.policy.loader import load_text
 from governor.policy.model import NAME_RE
 
@@ -175,6 +177,9 @@ def size(  # the request, the engine and the board
     the fixes when the model does not fit the board (at the smallest context, or at --ctx)."""
     t = tenants or Tenants()
     reserve, claimed, ceiling = t.room(board)
+    none = no_budget_text(Budget.of(board, reserve))
+    if none is not None:  # the board file's reserve, not the model: no model would fit
+        raise no_budget_error(none, board_path())
     budget = fit_budget(ceiling)
     first = estimate_argv(
         _args(options, req.model, ctx or KV_CELL_PAD, program), root=root, budget=budget

@@ -232,6 +232,21 @@ def parse_mountinfo(text: str) -> list[Mount]:
     return mounts
 
 
+# --- /proc/PID/stat ------------------------------------------------------------------------------
+
+
+def parse_stat_starttime(text: str) -> int:
+    """Field 22 of ``/proc/PID/stat``: starttime, the clock ticks after boot at which the
+    process started (proc(5)); with the pid it names one process, a reused pid starts later.
+    The comm (field 2) is in parentheses and may hold spaces and ')': the fields are counted
+    after its LAST ')'."""
+    _, sep, rest = text.rpartition(")")
+    fields = rest.split()
+    if not sep or len(fields) < 20:
+        raise ValueError(f"stat: expected 'PID (COMM) STATE ...' with 52 fields, got {text[:80]!r}")
+    return _uint(fields[19], "stat starttime")
+
+
 # --- meminfo -------------------------------------------------------------------------------------
 
 

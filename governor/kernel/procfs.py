@@ -9,7 +9,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from governor.kernel.parse import parse_flat_keyed, parse_meminfo
+from governor.kernel.parse import parse_flat_keyed, parse_meminfo, parse_stat_starttime
 
 
 class ProcFs:
@@ -61,6 +61,11 @@ class ProcFs:
             os.write(fd, str(value).encode())
         finally:
             os.close(fd)
+
+    def starttime(self, pid: int | str = "self") -> int:
+        """/proc/<pid>/stat's starttime (clock ticks after boot): OSError when the pid is
+        gone, ValueError when the file is not a stat."""
+        return parse_stat_starttime(self.read(pid, "stat"))
 
     def status(self, pid: int | str = "self") -> dict[str, str]:
         """/proc/<pid>/status as key -> value text."""

@@ -11,7 +11,14 @@
   run now: the claim the install wrote into its manifest.
 
 Reads only: files another process wrote are checked, and one that is not what it should be is
-skipped with its reason in ``problems`` (never a crash of the launch that reads them).
+skipped with its reason in ``problems`` (never a crash of the launch that reads them); a state's
+claim and a manifest's go through the same checks (plan/budget.py claim_of_plan's sizes, then
+claim_problem against this board's MemTotal).
+
+A running claim records whether a stop of its engine removes it (``Claim.stays``): an `apply`
+state has no process (its memory.min stays in the kernel), a `launch --keep` publishes its
+group as applied when the engine ends, a `governor monitor` holds its state while the group
+exists: an admission's shed never counts them.
 """
 
 from __future__ import annotations
@@ -26,10 +33,17 @@ from governor.kernel.parse import parse_max
 from governor.kernel.procfs import ProcFs
 from governor.kernel.swap import SwapReader
 from governor.peer.files import read_capped
-from governor.plan.board import read_board
-from governor.plan.budget import Budget, Claim, claim_of_plan, zram_claim
+from governor.plan.board import board_path, read_board
+from governor.plan.budget import (
+    Budget,
+    Claim,
+    claim_of_plan,
+    claim_problem,
+    no_budget_text,
+    zram_claim,
+)
 from governor.record import record
-from governor.rundir.state import scan_states
+from governor.rundir.state import RunState, scan_states
 
 MANIFEST_DIR = "etc/governor/installed"  # governor/deploy/install.py MANIFEST_DIR
 MANIFEST_MAX = 1 << 20  # deploy/install.py MANIFEST_MAX: a manifest over it is skipped
@@ -40,6 +54,8 @@ class BoardClaims:
     budget: Budget
     claims: tuple[Claim, ...]
     problems: tuple[str, ...] = ()  # states, manifests or a board file that were skipped
+    # the reserve leaves no budget ([board] reserve >= MemTotal): the line that says so
+    no_budget: str | None = None
 
 
 def memtotal(root: Path) -> int:
@@ -51,11 +67,12 @@ def memtotal(root: Path) -> int:
 
 
 def budget_of(root: Path, board: Path | None = None) -> tuple[Budget, tuple[str, ...]]:
-    """The board's budget, and the board file's problem when its reserve cannot be read (the
-    default reserve then holds; `governor check BOARD` refuses the file)."""
+    """The board's budget, and the board file's problems with it, as `governor check BOARD`
+    reports them: a file that cannot be read, a ``[board]`` key that is not one (an unknown
+    key, a reserve that is no size: the default reserve then holds)."""
     read = read_board(board)
-    problems = tuple(str(e) for e in read.errors if e.field == "board.reserve" or not e.field)
-    return Budget.of(memtotal(root), read.reserve), problems
+    problems = [str(e) for e in read.errors if not (e.field or "").startswith("cgroup")]
+    return Budget.of(memtotal(root), read.reserve), tuple(problems)
 
 
 def _current(fs: CgroupFs, group: str) -> int | None:
@@ -80,12 +97,28 @@ def running_claims(run: Path, fs: CgroupFs, proc: Path) -> tuple[list[Claim], li
             plan = st.plan
             out.append(
                 claim_of_plan(
-                    plan, estimate=estimate, state="running", current=_current(fs, plan["group"])
+                    plan,
+                    estimate=estimate,
+                    state="running",
+                    current=_current(fs, plan["group"]),
+                    stays=stays(st),
                 )
             )
         except (ValueError, KeyError, TypeError) as err:
             problems.append(f"{run / st.policy}: {err}")
     return out, problems
+
+
+def stays(st: RunState) -> str:
+    """Why ``st``'s claim outlives a stop of its engine ("" when the stop frees it): an
+    `apply` state (no process: its state and memory.min stay; "launch --keep" for the group a
+    kept launch left), a launch with --keep (its group is published as applied when the engine
+    ends), a `governor monitor` (it holds the state while the group exists)."""
+    if st.source == "apply":
+        return st.kept_by or "apply"
+    if st.source == "monitor":
+        return "governor monitor"
+    return st.kept_by or ""
 
 
 def installed_claims(root: Path, skip: set[str]) -> tuple[list[Claim], list[str]]:
@@ -132,11 +165,32 @@ def gather(
     budget, problems = budget_of(root, board)
     fs = CgroupFs(cgroup_root)
     running, p1 = running_claims(run, fs, root / "proc") if run is not None else ([], [])
-    installed, p2 = installed_claims(
+    running, p2 = weighable(running, budget.memtotal)
+    installed, p3 = installed_claims(
         root if install_root is None else install_root, {c.name for c in running}
     )
+    installed, p4 = weighable(installed, budget.memtotal)
     swap = SwapReader(root / "proc", root / "sys").read()
     zram = zram_claim(swap.zram_used)
-    p3 = [f"{e} (its zram pool is left out of the claims)" for e in swap.zram_errors]
+    p5 = [f"{e} (its zram pool is left out of the claims)" for e in swap.zram_errors]
     claims = (*running, *installed, *([zram] if zram is not None else []))
-    return BoardClaims(budget=budget, claims=claims, problems=(*problems, *p1, *p2, *p3))
+    none = no_budget_text(budget)
+    return BoardClaims(
+        budget=budget,
+        claims=claims,
+        problems=(*problems, *p1, *p2, *p3, *p4, *p5),
+        no_budget=None if none is None else f"{none} ([board] reserve, {board or board_path()})",
+    )
+
+
+def weighable(claims: list[Claim], memtotal: int) -> tuple[list[Claim], list[str]]:
+    """The claims admission may weigh, and why each other one is skipped (plan/budget.py
+    claim_problem: a size far beyond this board)."""
+    out, problems = [], []
+    for c in claims:
+        problem = claim_problem(c, memtotal)
+        if problem is None:
+            out.append(c)
+        else:
+            problems.append(f"{c.name} ({c.state}): {problem}")
+    return out, problems

@@ -28,7 +28,17 @@ from governor.kernel import files as kf
 from governor.kernel.cgroupfs import CgroupFs
 from governor.kernel.parse import parse_max
 from governor.plan.board import GOVERNED_ROOT, BoardCgroup
-from governor.plan.budget import ZRAM_CLAIM, Budget, Claim, Verdict, admit, gib, holders_text
+from governor.plan.budget import (
+    ZRAM_CLAIM,
+    Budget,
+    Claim,
+    Verdict,
+    admit,
+    gib,
+    holders_text,
+    no_budget_text,
+    short,
+)
 
 MIB = 1 << 20
 BIG = 16 * MIB  # an ungoverned top-level cgroup below this is not worth a row
@@ -88,8 +98,10 @@ def view(
     claims: Sequence[Claim],
     others: Sequence[dict[str, Any]] = (),
     problems: Sequence[str] = (),
+    no_budget: str | None = None,
 ) -> dict[str, Any]:
-    """The board as `governor board --json` prints it (format 1: fields are only added)."""
+    """The board as `governor board --json` prints it (format 1: fields are only added).
+    ``no_budget``: the line of a reserve that leaves no budget (operate/board.py gather)."""
     order = {"running": 0, "installed": 1, "stopped": 2}
     rows = sorted(claims, key=lambda c: (order.get(c.state, 3), -c.peak_claim, c.name))
     claimed_min = sum(c.guaranteed for c in claims)
@@ -104,6 +116,7 @@ def view(
         "slices": [claim_row(c) for c in rows],
         "ungoverned": list(others),
         "problems": list(problems),
+        "no_budget": no_budget,
     }
 
 
@@ -121,6 +134,8 @@ def render(v: dict[str, Any]) -> str:
         f"free: {_mib(v['free']['guarantees'])} for guarantees,"
         f" {_mib(v['free']['peaks'])} for peaks",
     ]
+    if v.get("no_budget"):
+        lines.append(f"NO BUDGET: {v['no_budget']}: nothing can be admitted")
     if v["slices"]:
         lines += ["", f"{'SLICE':<16} {'CLASS':<12} {'MIN':>9} {'PEAK':>20} {'CURRENT':>9}  STATE"]
         for s in v["slices"]:
@@ -148,7 +163,7 @@ def fits(budget: Budget, new: Claim, claims: Sequence[Claim], admit_mode: str) -
     verdict: Verdict = admit(budget, new, tuple(claims))
     out: dict[str, Any] = {
         "policy": new.name,
-        "fits": verdict.fits,
+        "fits": verdict.fits and budget.budget > 0,
         "check": verdict.kind,
         "admit": admit_mode,
         "min": new.guaranteed,
@@ -166,13 +181,16 @@ def fits(budget: Budget, new: Claim, claims: Sequence[Claim], admit_mode: str) -
 
 def fits_line(verdict: Verdict, admit_mode: str) -> str:
     c = verdict.claim
+    if verdict.budget.budget <= 0:  # nothing is left to weigh against: say why, not "fits"
+        why = no_budget_text(verdict.budget) or "no MemTotal was read"
+        return f"no: the board's budget is 0 ({why}): nothing can be admitted"
     if verdict.fits:
         return (
             f"yes: {c.name} fits (min {gib(c.guaranteed)} of {gib(verdict.min_left)} left,"
             f" peak {gib(c.peak_claim)} of {gib(verdict.peak_left)} left)"
         )
     what = "guarantees" if verdict.kind == "guarantees" else "peaks"
-    line = f"no: {c.name} lacks {gib(verdict.missing)} of {what} ({holders_text(verdict)})"
+    line = f"no: {c.name} lacks {short(verdict.missing)} of {what} ({holders_text(verdict)})"
     if admit_mode == "shed":
         names = ", ".join(v.name for v in verdict.victims) or "nothing"
         enough = "" if verdict.enough else ", not enough"

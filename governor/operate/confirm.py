@@ -41,7 +41,7 @@ from governor.deploy.tunedropin import restore_dropin
 from governor.kernel.cgroupfs import CgroupFs
 from governor.operate.tune import rollback
 from governor.rundir.journal import Journal
-from governor.rundir.state import REVERTER, alive
+from governor.rundir.liveness import REVERTER, alive
 
 
 class Reverter:

@@ -22,7 +22,7 @@ from governor.kernel.cgroupfs import CgroupFs
 from governor.kernel.leafname import model_name, models_cgroup
 from governor.plan.model import Plan
 from governor.rundir.journal import Journal
-from governor.rundir.state import REVERTER, alive
+from governor.rundir.liveness import REVERTER, alive
 
 PSI_RESOURCES = ("memory", "cpu", "io")
 MEMORY_EVENTS = ("low", "high", "max", "oom", "oom_kill", "oom_group_kill")

@@ -21,16 +21,18 @@ from governor.operate.observe import knobs, model_rows, usage
 from governor.operate.swap import board_swap, render_swap
 from governor.rundir.clocks import Ledger
 from governor.rundir.journal import Journal
-from governor.rundir.state import REVERTER, alive, states_of
+from governor.rundir.liveness import REVERTER, alive
+from governor.rundir.state import states_of
 from governor.sizes import human_bytes
 
 SCHEMA_FORMAT = 1
 
 
 def collect(
-    run: Path, name: str | None = None, *, now: float | None = None
+    run: Path, name: str | None = None, *, now: float | None = None, root: Path = Path("/")
 ) -> list[dict[str, Any]]:
-    """The status of every governed slice (or of ``name``; PolicyNotFound when there is none)."""
+    """The status of every governed slice (or of ``name``; PolicyNotFound when there is none).
+    ``root``: where the board's /proc is (its MemTotal, as `governor board --root` reads it)."""
     now = time.time() if now is None else now
     states = states_of(
         run,
@@ -39,13 +41,13 @@ def collect(
         " `governor apply`",
     )
     out = []
-    root = ""
+    cgroup_root = ""
     swap = board_swap()  # board-wide: read once (zram's memory is charged to no slice)
     for st in states:
         plan = st.compiled()
         if plan is None:
             continue
-        root = plan.cgroup_root
+        cgroup_root = plan.cgroup_root
         fs = CgroupFs(Path(plan.cgroup_root))
         exists = fs.exists(plan.group)
         journal = Journal(run / plan.policy)
@@ -99,16 +101,16 @@ def collect(
             item["device_memory"], item["board"] = device_board(fs, plan, st.board)
         out.append(item)
     if out:  # the board's budget and claims: the same for every slice
-        claims = (budget := board_budget(run, Path(root))).pop("claims")
+        claims = (budget := board_budget(run, Path(cgroup_root), root)).pop("claims")
         for item in out:
             item["budget"] = {**budget, "claim": claims.get(item["policy"])}
     return out
 
 
-def board_budget(run: Path, cgroup_root: Path) -> dict[str, Any]:
+def board_budget(run: Path, cgroup_root: Path, root: Path = Path("/")) -> dict[str, Any]:
     """The figures of `governor board` (governor/operate/board.py gathers the claims)."""
 
-    seen = gather(run=run, cgroup_root=cgroup_root)
+    seen = gather(run=run, cgroup_root=cgroup_root, root=root)
     b = seen.budget
     mins = sum(c.guaranteed for c in seen.claims)
     peaks = sum(c.peak_claim for c in seen.claims)
@@ -179,10 +181,10 @@ def _head_lines(it: dict[str, Any]) -> list[str]:
         head += "  ready" if it["ready"] else "  NOT ready (loading)"
     lines += [head, f"  cgroup   {it['cgroup']}  ({it['backend'] or it['source']})"]
     if it["state"] == "stale":
-        lines.append(
-            "  STALE: the supervisor that published this state is gone"
-            " (`governor status --prune` clears it)"
+        gone = (
+            "its cgroup" if it["source"] == "apply" else "the supervisor that published this state"
         )
+        lines.append(f"  STALE: {gone} is gone (`governor status --prune` clears it)")
     qos = it.get("qos")
     if qos:
         lines.append(f"  qos      {qos['class']}  (a shed may: {', '.join(qos['yield']) or '-'})")

@@ -107,6 +107,18 @@ def read_board(path: Path | None = None, governed: Collection[str] = ()) -> Boar
     return parse_board(raw, str(path), governed)
 
 
+RESERVE_HINT = (
+    "[board] reserve is the memory kept for the OS and the ungoverned services: set it below"
+    " MemTotal, or leave it out for the default (128 MiB + MemTotal/16, at most 1 GiB)"
+)
+
+
+def no_budget_error(text: str, path: Path) -> PolicyError:
+    """The error of a reserve that leaves no budget (plan/budget.py no_budget_text's ``text``):
+    `check BOARD`, admission and `init` refuse with it (65), naming the reserve and the file."""
+    return PolicyError(f"{text} ([board] reserve, {path})", hint=RESERVE_HINT)
+
+
 def load_board(path: Path | None = None, governed: Collection[str] = ()) -> tuple[BoardCgroup, ...]:
     """The board's ungoverned cgroups, all valid, for `governor check`: () when the file does
     not exist; the first entry's error as a PolicyError (65) otherwise."""
@@ -126,10 +138,15 @@ def parse_board(raw: dict[str, Any], source: str, governed: Collection[str] = ()
 
     errors = [fail("unknown key", key) for key in raw if key not in ("cgroup", "board")]
     reserve = None
-    try:
-        reserve = _reserve(raw.get("board", {}), fail)
-    except PolicyError as err:
-        errors.append(err)
+    board = raw.get("board", {})
+    if not isinstance(board, dict):
+        errors.append(fail(f"expected a [board] table, got {_shown(board)}", "board"))
+    else:  # an unknown key is told, and hides no reserve
+        errors += [fail("unknown key", f"board.{key}") for key in board if key not in _BOARD_KEYS]
+        try:
+            reserve = _reserve(board.get("reserve"), fail)
+        except PolicyError as err:
+            errors.append(err)
     tables = raw.get("cgroup", [])
     if not isinstance(tables, list):
         return BoardRead(
@@ -149,14 +166,8 @@ def parse_board(raw: dict[str, Any], source: str, governed: Collection[str] = ()
     return BoardRead(entries=tuple(out), errors=tuple(errors), reserve=reserve)
 
 
-def _reserve(t: object, fail: Callable[..., PolicyError]) -> int | None:
+def _reserve(value: object, fail: Callable[..., PolicyError]) -> int | None:
     """``[board] reserve``: bytes (an integer) or a size ("384MiB", "1G"), below 64 GiB."""
-    if not isinstance(t, dict):
-        raise fail(f"expected a [board] table, got {_shown(t)}", "board")
-    for key in t:
-        if key not in _BOARD_KEYS:
-            raise fail("unknown key", f"board.{key}")
-    value = t.get("reserve")
     if value is None:
         return None
     size: int | None = None

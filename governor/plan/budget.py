@@ -17,6 +17,9 @@ Two checks, both pure (:func:`admit`):
 The verdict names the holders (the claims that hold the memory, largest first), the missing
 bytes and the victims a ``shed`` admission would stop: running claims of a LOWER class only
 (never equal or higher, ``QOS_RANK``), lowest class first, largest first, until enough is free.
+A victim counts only when stopping its engine removes its claim (issue 43): an `apply` slice,
+a `launch --keep` one and a `governor monitor`'s keep their state (and memory.min) after their
+engine stops (``Claim.stays``), so they are never stopped, and the verdict names them.
 
 Standard library only: plan/ is shared records, read at run time too (the launch path's
 admission, the gatherer in governor/operate/board.py).
@@ -79,6 +82,9 @@ class Claim:
     state: ClaimState = "running"
     device: int = 0  # [device] memory, held outside every cgroup
     yields: tuple[str, ...] = SHED_STEPS  # what a shed may do to it ([qos] yield)
+    # why its claim stays once its engine is stopped ("apply", "launch --keep", "monitor": its
+    # state and memory.min outlive the engine); "": a stop frees it
+    stays: str = ""
 
     @property
     def guaranteed(self) -> int:
@@ -130,6 +136,8 @@ class Verdict:
     holders: tuple[Claim, ...]  # the other claims on the board, largest first (that check's)
     victims: tuple[Claim, ...]  # what a shed admission would stop (lower classes, running)
     enough: bool  # the victims free at least ``missing`` in both checks
+    # lower-class claims a shed may not count: stopping their engine leaves their claim
+    kept: tuple[Claim, ...] = ()
 
     @property
     def fits(self) -> bool:
@@ -144,16 +152,10 @@ def shed_victims(
     new: Claim, others: tuple[Claim, ...], need_min: int, need_peak: int
 ) -> tuple[tuple[Claim, ...], bool]:
     """The running claims of a lower class than ``new`` that may be stopped (their yield has
-    "stop" or "kill"), lowest class first and largest first, until ``need_min`` guarantee bytes
-    and ``need_peak`` peak bytes are free; and whether they are enough."""
-    rank = QOS_RANK.get(new.qos_class, QOS_RANK["standard"])
-    able = [
-        c
-        for c in others
-        if c.state == "running"
-        and QOS_RANK.get(c.qos_class, rank) < rank
-        and ({"stop", "kill"} & set(c.yields))
-    ]
+    "stop" or "kill") and whose claim a stop removes (not :attr:`Claim.stays`), lowest class
+    first and largest first, until ``need_min`` guarantee bytes and ``need_peak`` peak bytes
+    are free; and whether they are enough."""
+    able = [c for c in _lower(new, others) if not c.stays]
     able.sort(key=lambda c: (QOS_RANK[c.qos_class], -c.peak_claim, c.name))
     out: list[Claim] = []
     freed_min = freed_peak = 0
@@ -164,6 +166,18 @@ def shed_victims(
         m, p = _frees(c)
         freed_min, freed_peak = freed_min + m, freed_peak + p
     return tuple(out), freed_min >= need_min and freed_peak >= need_peak
+
+
+def _lower(new: Claim, others: tuple[Claim, ...]) -> list[Claim]:
+    """The running claims of a lower class than ``new`` whose yield allows a stop."""
+    rank = QOS_RANK.get(new.qos_class, QOS_RANK["standard"])
+    return [
+        c
+        for c in others
+        if c.state == "running"
+        and QOS_RANK.get(c.qos_class, rank) < rank
+        and ({"stop", "kill"} & set(c.yields))
+    ]
 
 
 def admit(budget: Budget, new: Claim, others: tuple[Claim, ...]) -> Verdict:
@@ -178,9 +192,11 @@ def admit(budget: Budget, new: Claim, others: tuple[Claim, ...]) -> Verdict:
     need_peak = min(max(0, new.peak_claim - peak_left), sum(c.peak_claim for c in others))
     kind: VerdictKind = "guarantees" if need_min else "peaks" if need_peak else "fits"
     victims: tuple[Claim, ...] = ()
+    kept: tuple[Claim, ...] = ()
     enough = True
     if kind != "fits":
         victims, enough = shed_victims(new, others, need_min, need_peak)
+        kept = tuple(c for c in _lower(new, others) if c.stays)
 
     def key(c: Claim) -> int:
         return c.guaranteed if kind == "guarantees" else c.peak_claim
@@ -196,18 +212,40 @@ def admit(budget: Budget, new: Claim, others: tuple[Claim, ...]) -> Verdict:
         holders=holders,
         victims=victims,
         enough=enough,
+        kept=kept,
     )
 
 
 def gib(n: int) -> str:
-    """A size for admission's lines: "1.1 GiB", "0.6 GiB"; below 0.1 GiB in MiB."""
-    if abs(n) >= GIB // 10:
+    """A size for admission's lines: "1.1 GiB" from 2 GiB on, whole MiB below ("566 MiB"): a
+    tenth of a GiB (102 MiB) is too coarse for a small board's shortfall."""
+    if abs(n) >= 2 * GIB:
         return f"{n / GIB:.1f} GiB"
     return f"{n / MIB:.0f} MiB"
 
 
+def short(n: int) -> str:
+    """A shortfall: as :func:`gib`, rounded up below 2 GiB (never "0 MiB short")."""
+    if n >= 2 * GIB:
+        return gib(n)
+    return f"{-(-n // MIB)} MiB"
+
+
+def no_budget_text(budget: Budget) -> str | None:
+    """The reserve that leaves nothing for the governed slices ([board] reserve >= MemTotal),
+    said as `check`, `board` and admission say it; None while there is a budget (or no
+    MemTotal to weigh against)."""
+    if budget.budget > 0 or budget.memtotal <= 0:
+        return None
+    return (
+        f"the reserve ({budget.reserve / MIB:.0f} MiB) leaves no budget on this board"
+        f" (MemTotal {budget.memtotal / MIB:.0f} MiB)"
+    )
+
+
 def holders_text(verdict: Verdict, limit: int = 3) -> str:
-    """``npu-batch holds 1.1 GiB, tts holds 0.2 GiB``: who holds what the check counted."""
+    """``npu-batch holds 1.1 GiB, tts holds 0.2 GiB``: who holds what the check counted (the
+    reserve when it leaves no budget at all)."""
     guar = verdict.kind == "guarantees"
     parts = [
         f"{c.name} {'holds' if guar else 'claims'} {gib(c.guaranteed if guar else c.peak_claim)}"
@@ -216,6 +254,9 @@ def holders_text(verdict: Verdict, limit: int = 3) -> str:
     ]
     if len(verdict.holders) > limit:
         parts.append(f"{len(verdict.holders) - limit} more")
+    reserve = no_budget_text(verdict.budget)
+    if reserve is not None:
+        parts.insert(0, reserve)
     return "; ".join(parts) if parts else "no other slice"
 
 
@@ -229,7 +270,28 @@ def refusal_text(verdict: Verdict) -> str:
             f"peak {gib(c.peak_claim)} ({_source(c)}),"
             f" {gib(max(0, verdict.peak_left))} of peaks left"
         )
-    return f"the board cannot admit {c.name}: {what} ({holders_text(verdict)})"
+    return (
+        f"the board cannot admit {c.name}: {what}, {short(verdict.missing)} short"
+        f" ({holders_text(verdict)})"
+    )
+
+
+def kept_text(verdict: Verdict) -> str:
+    """``; npu-batch's claim stays after a stop (apply)``: the lower classes a shed may not
+    count (stopping their engine leaves their state and memory.min); "" when none."""
+    return "".join(f"; {c.name}'s claim stays after a stop ({c.stays})" for c in verdict.kept)
+
+
+def forced_text(verdict: Verdict) -> str:
+    """The warning line of an admission by --force: the check that failed, in its own words."""
+    if verdict.kind != "guarantees":
+        return overlap_text(verdict)
+    c = verdict.claim
+    return (
+        f"{c.name}'s memory.min {gib(c.guaranteed)} exceeds the guarantees left"
+        f" ({gib(max(0, verdict.min_left))}) by {short(verdict.missing)}"
+        f" ({holders_text(verdict)}): the guarantees overcommit the board"
+    )
 
 
 def _source(c: Claim) -> str:
@@ -249,16 +311,39 @@ def overlap_text(verdict: Verdict) -> str:
         who = "; no class sheds the other"
     return (
         f"{c.name}'s peak {gib(c.peak_claim)} ({_source(c)}) overlaps the others' claims by"
-        f" {gib(verdict.missing)} ({holders_text(verdict)}){who}"
+        f" {short(verdict.missing)} ({holders_text(verdict)}){who}"
     )
 
 
-def _size(value: object) -> int | None:
-    """A limit as a plan writes it: bytes, or None for "max" (or anything not a size)."""
-    if isinstance(value, int) and not isinstance(value, bool):
+def _size(value: object, what: str) -> int | None:
+    """A limit as a plan writes it: bytes, or None for "max" (or a word that is no size).
+    ValueError for a value no plan writes: negative, a bool, a float, not a number (a
+    manifest or state another hand wrote: the claim is skipped, never weighed)."""
+    if isinstance(value, str):
+        word = value.split()[0] if value.split() else ""
+        if word.isdigit():
+            return int(word)
+        if not word.startswith("-"):
+            return None  # "max"
+    elif isinstance(value, int) and not isinstance(value, bool) and value >= 0:
         return value
-    if isinstance(value, str) and value.split()[0:1] and value.split()[0].isdigit():
-        return int(value.split()[0])
+    raise ValueError(f"{what} {str(value)[:40]!r} is not a size a plan writes")
+
+
+ABSURD = 16  # a claim above 16 x MemTotal is no policy for this board: a corrupt or foreign file
+
+
+def claim_problem(c: Claim, memtotal: int) -> str | None:
+    """Why a claim read from another process's file cannot be weighed (None: it can): a size
+    far beyond this board. The types and signs :func:`claim_of_plan` refused already."""
+    if memtotal <= 0:
+        return None
+    for what, n in (("memory.min", c.min), ("peak", c.peak), ("[device] memory", c.device)):
+        if n > ABSURD * memtotal:
+            return (
+                f"{c.name}'s {what} {gib(n)} is more than {ABSURD} x this board's MemTotal"
+                f" ({gib(memtotal)}): not weighed"
+            )
     return None
 
 
@@ -268,6 +353,7 @@ def claim_of_plan(
     estimate: int | None = None,
     state: ClaimState = "running",
     current: int | None = None,
+    stays: str = "",
 ) -> Claim:
     """The claim of a compiled plan as its dict (``Plan.to_dict()``, a published state's
     ``plan``, a manifest's): its group's memory.min, and the peak from ``estimate``, else its
@@ -275,7 +361,7 @@ def claim_of_plan(
     try:
         group = plan["group"]
         limits = {
-            w["file"]: _size(w["value"])
+            w["file"]: _size(w["value"], w["file"])
             for w in plan["writes"]
             if w["cgroup"] == group and w["file"] in ("memory.min", "memory.max", "memory.high")
         }
@@ -295,8 +381,9 @@ def claim_of_plan(
             peak_source=source,
             current=current,
             state=state,
-            device=dev if isinstance(dev, int) and not isinstance(dev, bool) else 0,
+            device=0 if dev is None else _size(dev, "[device] memory") or 0,
             yields=tuple(qos.get("yields", SHED_STEPS)),
+            stays=stays,
         )
     except (KeyError, TypeError, AttributeError) as err:
         raise ValueError(f"not a compiled plan: {err!r}") from err

@@ -3,8 +3,9 @@
 
 The file is written atomically (temp file + rename in the same directory) when the run starts,
 when a rule changes state or fires, and at a restart; it is removed when the run ends. It is
-never trusted blindly: a state whose ``pid`` is gone (or is no longer a governor) is reported as
-*stale*. Times are wall-clock epoch seconds so that another process can compare them with its
+never trusted blindly: a state whose ``pid`` is gone (or is another process now: its start time
+differs from the one published) is reported as *stale*, and so is an `apply` state whose cgroup is
+gone. Times are wall-clock epoch seconds so that another process can compare them with its
 own clock. The run time writes it with the standard library only.
 
 Where: ``$GOVERNOR_RUN_DIR`` if set, else ``/run/governor`` for root, else
@@ -26,11 +27,13 @@ from typing import Any
 
 from governor.atomic import write_atomic
 from governor.errors import HostError, PolicyNotFound
+from governor.kernel.cgroupfs import CgroupFs
 from governor.kernel.leafname import is_leaf
 from governor.peer.files import read_capped
 from governor.plan.model import Plan
 from governor.record import check_types, field, fields, record, replace
 from governor.rundir.journal import is_number
+from governor.rundir.liveness import alive
 
 STATE_FILE = "state.json"
 FORMAT = 1
@@ -82,6 +85,10 @@ class RunState:
     # it has none)}}, "unloads": [{"model", "reason", "count"}]}; a shed of this slice unloads
     # its least recently used idle model through the url (supervise/router.py)
     router: dict[str, Any] | None = None
+    # the publishing governor's start time (/proc/PID/stat starttime, clock ticks after boot):
+    # with ``pid`` it names that process, a reused pid has another (None: a state of before
+    # issue 43, whose liveness falls back to the command line)
+    pid_start: int | None = None
     stale: bool = False  # set by the reader (read_states), never written
 
     @classmethod
@@ -128,7 +135,7 @@ class RunState:
             value = getattr(self, key)
             if value is None and key in _WHEN_SET and self.source != "launch":
                 continue  # carried over from `governor apply`'s state only when it had it
-            if value is None and key in _NEVER_NONE:
+            if value is None and key in (_NEVER_NONE | _ONLY_SET):
                 continue  # a state read back that lacked it (a writer always sets it)
             out[key] = round(value, 3) if key == "started_at" else value
         return out
@@ -141,12 +148,12 @@ _KEYS = {
         "policy", "source", "policy_path", "policy_sha256", "pid", "engine_pid", "started_at",
         "backend", "cgroup_root", "group", "leaf", "restarts", "model_bytes", "rules",
         "last_actions", "action_totals", "model", "prefetch_files", "plan", "systemd", "ready",
-        "board", "qos", "shed_totals", "router",
+        "board", "qos", "shed_totals", "router", "pid_start", "kept_by",
     ),
     "monitor": (
         "policy", "source", "policy_path", "policy_sha256", "pid", "started_at", "backend",
         "cgroup_root", "group", "leaf", "restarts", "plan", "created", "systemd", "engine_pid",
-        "rules", "last_actions", "action_totals", "qos", "shed_totals",
+        "rules", "last_actions", "action_totals", "qos", "shed_totals", "pid_start",
     ),
     "apply": (
         "policy", "source", "policy_path", "pid", "started_at", "backend", "cgroup_root",
@@ -156,6 +163,9 @@ _KEYS = {
 _WHEN_SET = frozenset({"created", "systemd", "kept_by"})
 _REQUIRED = _KEYS["apply"][:10]  # what every writer sets (the fields without a default)
 _NEVER_NONE = frozenset({"started_at", "cgroup_root", "group", "leaf", "plan"})
+# written only when set: a launch's kept_by ("launch --keep": its group and claim outlive the
+# run), the publisher's start time
+_ONLY_SET = frozenset({"kept_by", "pid_start"})
 
 
 # ------------------------------------------------------------------ the one validating reader
@@ -203,6 +213,7 @@ _TYPES: dict[str, Callable[[Any], bool]] = {
     "source": lambda v: isinstance(v, str) and v in _KEYS,
     "policy_path": _opt(_str),
     "pid": _opt(_pid),
+    "pid_start": _opt(lambda v: _is_int(v) and v >= 0),
     "started_at": is_number,
     "backend": _opt(_str),
     "cgroup_root": _str,
@@ -389,26 +400,26 @@ def _qos(plan_dict: Mapping[str, Any]) -> dict[str, Any]:
     }
 
 
-def alive(pid: int | None, proc: Path = Path("/proc"), *, marker: bytes = b"governor") -> bool:
-    """``pid`` runs and is a governor (its command line has ``marker``: not a recycled pid of
-    another program)."""
-    if not pid:
-        return False
-    try:
-        cmdline = (proc / str(pid) / "cmdline").read_bytes()
-    except OSError:
-        return False
-    return marker in cmdline
-
-
-REVERTER = b"governor.operate.confirm"  # the --confirm reverter's command line (governor/operate/confirm.py)
+def is_stale(state: RunState, proc: Path = Path("/proc")) -> bool:
+    """A state nothing holds any more: its publisher is gone (:func:`alive`); an `apply`
+    state (no process) once its cgroup is gone."""
+    if state.source == "apply":
+        plan = state.plan if isinstance(state.plan, dict) else {}
+        root, group = state.cgroup_root or plan.get("cgroup_root"), state.group or plan.get("group")
+        if not isinstance(root, str) or not isinstance(group, str):
+            return False  # no cgroup to look for: a reader that needs one skips the state
+        try:
+            return not CgroupFs(Path(root)).exists(group)
+        except ValueError:  # not a clean relative path: no group of ours to look for
+            return False
+    return not alive(state.pid, proc, start=state.pid_start)
 
 
 def scan_states(
     directory: Path, proc: Path = Path("/proc")
 ) -> tuple[list[RunState], list[StateError]]:
-    """Every published state (:func:`load_state`), with ``stale`` set from its pid (False for
-    `apply`'s, which have no process: they hold while the cgroup exists); and one StateError
+    """Every published state (:func:`load_state`), with ``stale`` set (:func:`is_stale`: its
+    publisher is gone, or for `apply`'s, which have no process, its cgroup); and one StateError
     per state file that is not a state (the others are read all the same)."""
     out: list[RunState] = []
     errors: list[StateError] = []
@@ -424,9 +435,7 @@ def scan_states(
         except StateError as err:
             errors.append(err)
             continue
-        if state.source != "apply":  # apply's has no process: it holds while the cgroup exists
-            state = replace(state, stale=not alive(state.pid, proc))
-        out.append(state)
+        out.append(replace(state, stale=is_stale(state, proc)))
     return out, errors
 
 

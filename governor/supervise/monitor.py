@@ -27,7 +27,8 @@ from governor.kernel.procfs import ProcFs
 from governor.monitor.loop import Monitor
 from governor.plan.model import Plan
 from governor.rundir.journal import Journal
-from governor.rundir.state import Publisher, RunState, alive, run_dir
+from governor.rundir.liveness import alive, own_start
+from governor.rundir.state import Publisher, RunState, run_dir
 from governor.supervise.watchdog import fork_watchdog
 
 # what the monitor's state carries over from `governor apply`'s
@@ -41,7 +42,7 @@ def take_over(publisher: Publisher, plan: Plan) -> RunState | None:
     if prior is None or prior.source == "apply":
         return prior
     pid = prior.pid
-    if pid is not None and pid != os.getpid() and alive(pid):
+    if pid is not None and pid != os.getpid() and alive(pid, start=prior.pid_start):
         raise HostError(
             f"{plan.policy} is governed already by governor pid {pid}"
             f" ({prior.source}, {publisher.path})",
@@ -160,6 +161,7 @@ class _Published:
             policy_path=self.where,
             policy_sha256=self.sha256,
             pid=os.getpid(),
+            pid_start=own_start(),
             started_at=self.started_at,
             backend=self.carried.get("backend", "cgroupfs"),
             cgroup_root=plan.cgroup_root,

@@ -37,6 +37,7 @@ from governor.monitor.restart import Restarts
 from governor.plan.model import Plan
 from governor.record import field, record
 from governor.rundir.journal import Journal
+from governor.rundir.liveness import own_start
 from governor.rundir.state import Publisher, RunState, applied, run_dir
 from governor.supervise.models import ModelLeaves, router_leaves
 from governor.supervise.sdnotify import notify
@@ -372,6 +373,7 @@ class Supervisor:
             policy_path=plan.source,
             policy_sha256=job.policy_sha256,
             pid=os.getpid(),
+            pid_start=own_start(),
             engine_pid=self.engine_pid,
             started_at=self.started_at,
             backend=job.backend,
@@ -395,6 +397,9 @@ class Supervisor:
             qos=plan.qos.to_json(),
             shed_totals=totals.get("shed_totals", []),
             router=self._router_state(job, totals),
+            # --keep: the group and its claim outlive the engine (an admission's shed never
+            # counts it, governor/plan/budget.py); a transient scope ends with its last process
+            kept_by="launch --keep" if job.keep and job.backend == "cgroupfs" else None,
         )
         self.state = state  # also what --metrics serves
         self.publisher.publish(state)

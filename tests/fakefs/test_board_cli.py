@@ -110,7 +110,7 @@ def test_board_fits_answers_no_with_75_and_yes_with_0(
         capsys, "--root", str(host), "--cgroup-root", cg, "board", "--fits", str(big)
     )
     assert code == 75, err
-    assert out.startswith("no: big lacks") and "npu-chat holds 1.1 GiB" in out
+    assert out.startswith("no: big lacks") and "npu-chat holds 1126 MiB" in out
     small = tmp_path / "small.toml"
     small.write_text('name = "small"\n[memory]\nmin = "100MiB"\nmax = "500MiB"\n')
     code, out, err = run(
@@ -149,3 +149,66 @@ def test_board_fits_takes_the_engines_estimate_as_the_peak(
     assert code == 0, (out, err)
     got = json.loads(out)
     assert got["peak_source"] == "estimate" and 0 < got["peak"] < 1 << 30
+
+
+# ------------------------------------------------------------------ issue 43 item 8 and low items
+
+
+def test_a_reserve_that_leaves_no_budget_is_refused_by_check_and_told_by_board(
+    board: Path, capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    f = board / "board.toml"
+    f.write_text('[board]\nreserve = "2GiB"\n')
+    line = (
+        "the reserve (2048 MiB) leaves no budget on this board (MemTotal 2048 MiB)"
+        f" ([board] reserve, {f})"
+    )
+    code, _, err = run(capsys, "--root", str(board), "check", str(f))
+    assert code == 65 and err.splitlines()[0] == f"governor: {line}", err
+    assert err.splitlines()[1].startswith("hint: [board] reserve is the memory kept")
+    cg = str(board / "cg")
+    code, out, err = run(capsys, "--root", str(board), "--cgroup-root", cg, "board")
+    assert code == 0, err
+    assert out.splitlines()[3] == f"NO BUDGET: {line}: nothing can be admitted"
+    # --fits weighs on a probed host (the fixture's MemTotal 7941 MiB): a policy with no
+    # memory.min "fit" a budget of 0 ("min 0 MiB of 0 MiB left")
+    host = REPO / "tests/fixtures/hosts/cgroup2-full"
+    f.write_text('[board]\nreserve = "8GiB"\n')
+    small = tmp_path / "small.toml"
+    small.write_text('name = "small"\n[memory]\nmax = "100MiB"\n')
+    code, out, err = run(capsys, "--root", str(host), "--cgroup-root", cg, "board", "--fits",
+                         str(small))  # fmt: skip
+    assert code == 75, (out, err)
+    assert out == (
+        "no: the board's budget is 0 (the reserve (8192 MiB) leaves no budget on this board"
+        " (MemTotal 7941 MiB)): nothing can be admitted\n"
+    )
+    f.write_text('[board]\nreserve = "1GiB"\n')
+    code, _, err = run(capsys, "--root", str(board), "check", str(f))
+    assert code == 0, err
+
+
+def test_board_reports_unknown_board_keys_as_check_does(
+    board: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    f = board / "board.toml"
+    f.write_text('[board]\nreserve = "512MiB"\nreserv = "1G"\n')
+    code, _, err = run(capsys, "--root", str(board), "check", str(f))
+    assert code == 65 and f"governor: unknown key ({f}, board.reserv)" in err
+    code, out, err = run(
+        capsys, "--root", str(board), "--cgroup-root", str(board / "cg"), "board", "--json"
+    )
+    v = json.loads(out)
+    assert code == 0 and v["budget"] == 1536 * MIB  # the reserve is read all the same
+    assert v["problems"] == [f"unknown key ({f}, board.reserv)"]
+
+
+def test_status_under_root_weighs_the_roots_memtotal_as_board_does(
+    board: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    cg = str(board / "cg")
+    code, out, err = run(capsys, "--root", str(board), "--cgroup-root", cg, "status", "--json")
+    assert code == 0, err
+    (item,) = [i for i in json.loads(out) if i["policy"] == "npu-chat"]
+    code, out2, _ = run(capsys, "--root", str(board), "--cgroup-root", cg, "board", "--json")
+    assert item["budget"]["memtotal"] == json.loads(out2)["memtotal"] == 2048 * MIB

@@ -69,6 +69,7 @@ class Board:
         self.reverts: list[list[tuple[str, str, str]]] = []
 
     def publish(self, plan: Plan, usage: int) -> Plan:
+        plan = self.here(plan)
         CgroupfsBackend(self.fs).apply(plan)
         (self.fs.path(plan.group) / files.MEMORY_CURRENT).write_text(f"{usage}\n")
         Publisher(self.run, plan.policy).publish(
@@ -76,9 +77,14 @@ class Board:
         )
         return plan
 
+    def here(self, plan: Plan) -> Plan:
+        """``plan`` on this board's cgroup tree (an applied state holds while its group
+        exists there: issue 43)."""
+        return replace(plan, cgroup_root=str(self.fs.root))
+
     def shedder(self, plan: Plan, **kw: Any) -> Shedder:
         return Shedder(
-            self.fs, plan, run=self.run, board=self.run / "board.toml", watchdog=self,
+            self.fs, self.here(plan), run=self.run, board=self.run / "board.toml", watchdog=self,
             clock=lambda: self.now[0], **kw,
         )  # fmt: skip
 

@@ -73,6 +73,7 @@ def test_a_board_entry_on_a_governed_slice_is_skipped_and_its_own_yield_wins(
     batch = board.publish(_plan("npu-batch", BATCH, high=BATCH_HIGH), 512 * MIB)
     job = _plan("job", QosSpec(qos_class="background", yields=("throttle",)))
     job = replace(job, slice="apps.slice", group="apps.slice/job", leaf="apps.slice/job/engine")
+    job = board.here(job)
     _cgroup(board.fs, job.leaf)
     Publisher(board.run, job.policy).publish(
         applied(job.to_dict(), policy_path=None, created=[], started_at=1.0)

@@ -141,7 +141,7 @@ def _router_state(plan: Plan, url: str, pid: int, last: dict[str, float | None] 
 
 
 def _publish_router(board: Board, plan: Plan, url: str, pid: int, usage: int = 700 * MIB) -> Plan:
-    board.publish(plan, usage)
+    plan = board.publish(plan, usage)
     Publisher(board.run, plan.policy).publish(_router_state(plan, url, pid))
     return plan
 

@@ -42,7 +42,7 @@ from helpers import cgroups
 from helpers.cgroups import ScratchSlice
 
 from governor.rundir.journal import Journal
-from governor.rundir.state import alive
+from governor.rundir.liveness import alive
 
 REPO = Path(__file__).resolve().parents[2]
 MIB = 1 << 20

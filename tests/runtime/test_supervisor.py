@@ -14,7 +14,7 @@ import signal
 from pathlib import Path
 from typing import Any
 
-from .conftest import Governor
+from .conftest import RUN_TIMEOUT_S, Governor
 
 PRESSURE_RULE = '[[pressure]]\nwhen = "memory some 150ms/2s"\ndo = ["log"]\n'
 
@@ -122,6 +122,42 @@ def test_keep_leaves_the_group_recorded_like_apply_and_remove_keeps_the_operator
     assert removed.returncode == 0, removed.stderr
     assert not governor.group.exists() and governor.slice.path.is_dir()
     assert not state_file.exists()
+
+
+def test_a_running_launch_publishes_its_start_time_and_whether_it_keeps_its_group(
+    governor: Governor,
+) -> None:
+    """Issue 43: the state names its supervisor by pid AND start time (a reused pid is not
+    it), and a --keep launch says so while it runs (its claim stays after its engine stops:
+    an admission's shed never counts it)."""
+    import os
+    import time
+
+    from governor.kernel.procfs import ProcFs
+
+    state_file = Path(os.environ["GOVERNOR_RUN_DIR"]) / governor.group.name / "state.json"
+    for options, kept in (((), None), (("--keep",), "launch --keep")):
+        gov = governor.start(governor.policy(), ("/bin/sleep", "60"), *options)
+        try:
+            deadline = time.monotonic() + RUN_TIMEOUT_S
+            while not state_file.exists():
+                assert gov.poll() is None and time.monotonic() < deadline
+                time.sleep(0.05)
+            state = json.loads(state_file.read_text())
+            assert (state["source"], state["pid"]) == ("launch", gov.pid)
+            assert state["pid_start"] == ProcFs().starttime(gov.pid)
+            assert state.get("kept_by") == kept
+        finally:
+            gov.send_signal(signal.SIGTERM)
+            gov.communicate(timeout=RUN_TIMEOUT_S)
+    import subprocess
+    import sys
+
+    subprocess.run(
+        [sys.executable, "-m", "governor", "--cgroup-root", str(governor.cgroup_root),
+         "remove", str(governor.policy())],
+        env=governor.env(), capture_output=True, check=False,
+    )  # fmt: skip
 
 
 def _psi_modes(report: Path) -> list[str]:

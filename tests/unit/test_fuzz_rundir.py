@@ -96,7 +96,9 @@ def _state() -> dict[str, Any]:
         **base.to_json(),
         "source": "launch",
         "pid": 2**22 + 3,
+        "pid_start": 123456,  # issue 43: the supervisor's start time (liveness)
         "engine_pid": 2**22 + 4,
+        "kept_by": "launch --keep",
         "restarts": 0,
         "rules": [{"rule": 0, "when": "memory some 150ms/2s", "state": "armed", "fired": 1,
                    "next_actions": ["log"], "since": 6.0}],

@@ -23,7 +23,7 @@ from governor.monitor.restart import Restarts
 from governor.plan.model import Action, Plan
 from governor.record import record
 from governor.rundir.journal import Hold, Journal
-from governor.rundir.state import alive
+from governor.rundir.liveness import alive
 
 
 @record(frozen=True)

@@ -20,7 +20,7 @@ from governor.monitor.actions.base import Context, Env, Handler, Result, Ticked
 from governor.monitor.restart import Restarts
 from governor.plan.model import Action, Plan
 from governor.rundir.journal import Journal
-from governor.rundir.state import alive
+from governor.rundir.liveness import alive
 
 log = get_logger(__name__)
 

@@ -59,7 +59,7 @@ from governor.monitor.victims import (
 from governor.plan.model import QOS_RANK, Plan, ShedStep
 from governor.record import field, record
 from governor.rundir.journal import Hold
-from governor.rundir.state import alive as governor_alive
+from governor.rundir.liveness import alive as governor_alive
 from governor.supervise.router import RouterClient
 
 log = get_logger(__name__)

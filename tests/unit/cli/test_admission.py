@@ -57,8 +57,9 @@ def test_install_refuses_guarantees_over_the_budget_with_75_and_writes_nothing(
     # rk3588's MemTotal 1.92 GiB: 1.67 GiB of budget, 0.57 GiB left beside npu-batch
     assert code == 75, err
     assert err.splitlines()[0] == (
-        "governor: the board cannot admit chat: memory.min 1.1 GiB, 0.6 GiB of guarantees"
-        f" left (npu-batch holds 1.1 GiB, installed) ([qos] admit, {tmp_path}/board.toml)"
+        "governor: the board cannot admit chat: memory.min 1126 MiB, 589 MiB of guarantees"
+        " left, 538 MiB short (npu-batch holds 1126 MiB, installed)"
+        f" ([qos] admit, {tmp_path}/board.toml)"
     )
     assert err.splitlines()[1].startswith("hint: ")
     assert sorted(p for p in root.rglob("*")) == before  # nothing of chat written
@@ -66,7 +67,13 @@ def test_install_refuses_guarantees_over_the_budget_with_75_and_writes_nothing(
         capsys, "--root", str(RK3588), "install", str(chat), "--root", str(root), "--force"
     )
     assert code == 0, err
-    assert any(line.startswith("governor: admitted by --force: ") for line in err.splitlines())
+    # a guarantees refusal forced says guarantees (not a peak overlap: issue 43, low)
+    (line,) = [x for x in err.splitlines() if x.startswith("governor: admitted by --force: ")]
+    assert line == (
+        "governor: admitted by --force: chat's memory.min 1126 MiB exceeds the guarantees left"
+        " (589 MiB) by 538 MiB (npu-batch holds 1126 MiB, installed): the guarantees"
+        " overcommit the board"
+    )
 
 
 def test_check_engine_argv_says_75_beside_a_running_slice(
@@ -81,6 +88,8 @@ def test_check_engine_argv_says_75_beside_a_running_slice(
     held = json.loads(GOLDEN.read_text())
     group = "governor.slice/npu-batch"
     held.update(policy="npu-batch", group=group, leaf=f"{group}/engine")
+    held["cgroup_root"] = str(tmp_path / "cg")  # an applied slice holds while its group exists
+    (tmp_path / "cg" / group).mkdir(parents=True)
     held["writes"] = [{"cgroup": group, "file": "memory.min", "value": str(GIB),
                        "reason": "memory.min", "controller": "memory"}]  # fmt: skip
     Publisher(run_dir, "npu-batch").publish(
@@ -92,8 +101,8 @@ def test_check_engine_argv_says_75_beside_a_running_slice(
     )
     assert code == 75, err
     assert err.splitlines()[0] == (
-        "governor: the board cannot admit chat: memory.min 0.8 GiB, 0.7 GiB of guarantees"
-        f" left (npu-batch holds 1.0 GiB) ([qos] admit, {tmp_path}/board.toml)"
+        "governor: the board cannot admit chat: memory.min 800 MiB, 742 MiB of guarantees"
+        f" left, 58 MiB short (npu-batch holds 1024 MiB) ([qos] admit, {tmp_path}/board.toml)"
     )
     chat.write_text('name = "chat"\n[memory]\nmin = "500M"\n')
     code, _, err = run(
@@ -155,7 +164,7 @@ def test_refuse_and_warn_refuse_guarantees_and_nothing_is_stopped(tmp_path: Path
         with pytest.raises(AdmissionRefused) as err:
             admission(plan(mode), **b.kw(tmp_path))
         assert err.value.exit_code == 75 and b.stopped == [] and b.now == 0
-        assert "(npu-batch holds 1.1 GiB)" in str(err.value)
+        assert "(npu-batch holds 1100 MiB)" in str(err.value)
 
 
 def test_warn_admits_an_overlap_of_peaks_with_one_line(
@@ -185,7 +194,7 @@ def test_wait_admits_as_soon_as_the_holder_is_gone_and_refuses_at_the_timeout(
     with pytest.raises(AdmissionRefused) as err:
         admission(plan("wait"), **b.kw(tmp_path))
     assert b.now == 5.0 and str(err.value).endswith(
-        f"(npu-batch holds 1.1 GiB), after 5s of wait ([qos] admit, {_board()})"
+        f"(npu-batch holds 1100 MiB), after 5s of wait ([qos] admit, {_board()})"
     )
 
 
@@ -258,3 +267,68 @@ def test_the_board_lock_is_one_holder_at_a_time_and_not_inherited_by_a_fork(
         os.close(w)
         os.waitpid(pid, 0)
         os.close(r)
+
+
+# ------------------------------------------------------------------ issue 43
+
+
+def test_shed_refuses_at_once_when_the_only_victims_claim_stays_after_a_stop(
+    tmp_path: Path,
+) -> None:
+    """Item 5: an applied lower-class slice (no supervisor: its state and memory.min stay) is
+    never SIGTERMed for nothing; 75 at once, naming why."""
+    for why in ("apply", "launch --keep", "governor monitor"):
+        held = replace(other("npu-batch", "background", 1100 * MIB, 1100 * MIB), stays=why)
+        b = Board(held)
+        with pytest.raises(AdmissionRefused) as err:
+            admission(plan("shed"), **b.kw(tmp_path))
+        assert err.value.exit_code == 75 and b.stopped == [] and b.now == 0
+        assert (
+            f"no lower class to shed frees enough; npu-batch's claim stays after a stop ({why})"
+            in str(err.value)
+        )
+    # a victim whose stop frees its claim, beside a kept one: only it is stopped
+    b = Board(
+        replace(other("applied", "background", 300 * MIB, 300 * MIB), stays="apply"),
+        other("job", "background", 900 * MIB, 900 * MIB),
+    )
+    admission(plan("shed"), **b.kw(tmp_path)).release()
+    assert b.stopped == ["job"]
+
+
+def test_a_reserve_that_leaves_no_budget_refuses_with_65_naming_it(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Item 8: not "no holder", not a wait for room that never comes."""
+    from governor.errors import PolicyError
+
+    zero = Budget.of(2 * GIB, reserve=2 * GIB)
+    for mode in ("warn", "wait", "shed"):
+        b = Board()
+        b.gather = lambda: BoardClaims(budget=zero, claims=())  # type: ignore[method-assign]
+        with pytest.raises(PolicyError) as err:
+            admission(plan(mode), board=tmp_path / "board.toml", **b.kw(tmp_path))
+        assert err.value.exit_code == 65 and b.now == 0
+        assert str(err.value) == (
+            "the reserve (2048 MiB) leaves no budget on this board (MemTotal 2048 MiB)"
+            f" ([board] reserve, {tmp_path}/board.toml)"
+        )
+        assert "[board] reserve" in (err.value.hint or "")
+    b.gather = lambda: BoardClaims(budget=zero, claims=())  # type: ignore[method-assign]
+    admission(plan("refuse"), force=True, **b.kw(tmp_path)).release()
+    assert "admitted by --force: the reserve (2048 MiB)" in capsys.readouterr().err
+
+
+def test_wait_says_its_timeout_as_the_policy_spells_it(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Low item: admit_timeout = "1us" printed 1e-06s."""
+    b = Board(other("npu-batch", "standard", 1100 * MIB, 1100 * MIB))
+    with pytest.raises(AdmissionRefused) as err:
+        admission(plan("wait", timeout_s=1e-6), **b.kw(tmp_path))
+    assert "waiting up to 1us for" in capsys.readouterr().err
+    assert ", after 1us of wait (" in str(err.value)
+    b = Board(other("npu-batch", "standard", 1100 * MIB, 1100 * MIB))
+    with pytest.raises(AdmissionRefused) as err:
+        admission(plan("wait", timeout_s=90.0), **b.kw(tmp_path))
+    assert ", after 90s of wait (" in str(err.value)

@@ -20,7 +20,7 @@ from governor.cli.app import main
 from governor.engines import budget
 from governor.engines import draft as ip
 from governor.engines.estimate import MIB
-from governor.errors import EXIT_NOINPUT, EXIT_POLICY, EXIT_USAGE
+from governor.errors import EXIT_NOINPUT, EXIT_POLICY, EXIT_USAGE, PolicyError
 from governor.plan.budget import reserve_for
 
 REPO = Path(__file__).resolve().parents[3]
@@ -377,3 +377,20 @@ def test_init_writes_an_explicit_admit_a_server_sheds_a_one_shot_run_waits(
     out_file.write_text(text)
     code, out, err = run(capsys, "--root", root, "check", str(out_file))
     assert code == 0, out + err
+
+
+def test_init_blames_a_reserve_that_leaves_no_budget_not_the_model(tiny: Path) -> None:
+    """Issue 43 item 8: [board] reserve >= MemTotal read as "the model does not fit"."""
+    from governor.engines.draft_board import Tenants
+    from governor.plan.host import probe
+
+    host = replace_mem(probe_root(HOSTS / "cgroup2-full", probe), 2 * GIB)
+    req = ip.Request(model=tiny, ctx=None)
+    with pytest.raises(PolicyError) as err:
+        ip.draft(req, host, root=HOSTS / "cgroup2-full", tenants=Tenants(reserve=2 * GIB))
+    assert err.value.exit_code == 65
+    assert str(err.value).startswith(
+        "the reserve (2048 MiB) leaves no budget on this board (MemTotal 2048 MiB)"
+        " ([board] reserve, "
+    )
+    assert "model" not in str(err.value)

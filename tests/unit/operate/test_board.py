@@ -16,7 +16,7 @@ MEMTOTAL_KB = 2 * 1024 * 1024  # a 2 GiB board
 GOLDEN = Path(__file__).resolve().parents[2] / "golden/plans/base@rk3588.json"
 
 
-def plan_dict(name: str, cls: str, **limits: str) -> dict[str, Any]:
+def plan_dict(name: str, cls: str, **limits: object) -> dict[str, Any]:
     """A compiled plan (the rk3588 golden's) renamed, with these memory limits on its group."""
     plan: dict[str, Any] = json.loads(GOLDEN.read_text())
     group = f"governor.slice/{name}"
@@ -40,11 +40,14 @@ def board(tmp_path: Path) -> tuple[Path, Path, Path]:
 
 
 def publish(run: Path, cg: Path, plan: dict[str, Any], current: int | None = None) -> None:
+    """An applied slice: its state, and its group in ``cg`` (an apply state holds while its
+    cgroup exists)."""
+    plan = {**plan, "cgroup_root": str(cg)}
     Publisher(run, plan["policy"]).publish(
         applied(plan, policy_path=None, created=[], started_at=1.0)
     )
+    (cg / plan["group"]).mkdir(parents=True)
     if current is not None:
-        (cg / plan["group"]).mkdir(parents=True)
         (cg / plan["group"] / "memory.current").write_text(f"{current}\n")
 
 
@@ -111,3 +114,109 @@ def test_unreadable_states_and_manifests_are_skipped_with_their_reason(tmp_path:
     assert len(got.problems) == 2 and "x.json" in got.problems[1]
     (root / "proc/meminfo").unlink()
     assert gather(run=run, cgroup_root=cg, root=root).budget.memtotal == 0
+
+
+# ------------------------------------------------------------------ issue 43 items 5-8
+
+
+def test_a_claim_records_whether_a_stop_of_its_engine_frees_it(tmp_path: Path) -> None:
+    """apply (no process: its memory.min stays), launch --keep (the group is published as
+    applied when the engine ends), governor monitor (holds the state while the group is
+    there) keep their claim after a stop; a plain launch's goes with its supervisor."""
+    root, cg, run = board(tmp_path)
+    publish(run, cg, plan_dict("applied", "background", min="104857600"))
+    for name, extra in (
+        ("kept", {"kept_by": "launch --keep"}),
+        ("watched", {"source": "monitor"}),
+        ("plain", {}),
+    ):
+        plan = {**plan_dict(name, "background", min="104857600"), "cgroup_root": str(cg)}
+        state = applied(plan, policy_path=None, created=[], started_at=1.0).to_json()
+        state.update(source="launch", pid=1, created=None, kept_by=None)
+        state.update(extra)
+        Publisher(run, name).publish({k: v for k, v in state.items() if v is not None})
+        (cg / plan["group"]).mkdir(parents=True)
+    (root / "proc/1").mkdir()
+    (root / "proc/1/cmdline").write_bytes(b"python\0-m\0governor\0launch\0")
+    by = {c.name: c.stays for c in gather(run=run, cgroup_root=cg, root=root).claims}
+    assert by == {
+        "applied": "apply",
+        "kept": "launch --keep",
+        "watched": "governor monitor",
+        "plain": "",
+    }
+
+
+def test_an_applied_slice_whose_cgroup_is_gone_claims_nothing(tmp_path: Path) -> None:
+    root, cg, run = board(tmp_path)
+    publish(run, cg, plan_dict("batch", "background", min="104857600"))
+    assert [c.name for c in gather(run=run, cgroup_root=cg, root=root).claims] == ["batch"]
+    (cg / "governor.slice/batch").rmdir()
+    assert gather(run=run, cgroup_root=cg, root=root).claims == ()
+
+
+def test_a_manifest_with_a_negative_or_absurd_claim_is_skipped_with_its_reason(
+    tmp_path: Path,
+) -> None:
+    """Issue 43 item 7: memory.min -1 TiB in a manifest gave "933 GiB of guarantees free" on a
+    2 GiB board and admitted anything."""
+    root, cg, run = board(tmp_path)
+    installed = root / "etc/governor/installed"
+    installed.mkdir(parents=True)
+    bad: dict[str, dict[str, object]] = {
+        "neg": {"min": -(1 << 40)},
+        "flag": {"min": True},
+        "float": {"max": 1.5e9},
+        "huge": {"min": 64 * GIB},  # 32 x this 2 GiB board
+        "dev": {"min": 0, "device": -5},
+    }
+    for name, limits in bad.items():
+        claim = plan_dict(name, "standard", **{k: v for k, v in limits.items() if k != "device"})
+        if "device" in limits:
+            claim["device"] = {"memory": limits["device"]}
+        (installed / f"{name}.json").write_text(
+            json.dumps({"policy": name, "units": [], "files": [], "claim": claim})
+        )
+    got = gather(run=run, cgroup_root=cg, root=root)
+    assert got.claims == ()
+    assert len(got.problems) == len(bad)
+    assert all(any(f"{n}" in p for p in got.problems) for n in bad)
+    assert any("memory.min '-1099511627776' is not a size" in p for p in got.problems)
+    assert any("more than 16 x this board's MemTotal" in p for p in got.problems)
+
+
+def test_a_negative_manifest_claim_admits_nothing_it_would_not_admit_anyway(
+    tmp_path: Path,
+) -> None:
+    from governor.operate.boardview import view
+    from governor.plan.budget import Claim, admit
+
+    root, cg, run = board(tmp_path)
+    publish(run, cg, plan_dict("batch", "standard", min=str(1500 * MIB)))
+    installed = root / "etc/governor/installed"
+    installed.mkdir(parents=True)
+    claim = plan_dict("neg", "standard", min=-(1 << 40))
+    (installed / "neg.json").write_text(json.dumps({"policy": "neg", "claim": claim}))
+    got = gather(run=run, cgroup_root=cg, root=root)
+    free = view(got.budget, got.claims, (), got.problems)["free"]["guarantees"]
+    assert free == got.budget.budget - 1500 * MIB  # not 933 GiB
+    new = Claim(name="chat", group="governor.slice/chat", qos_class="standard", min=600 * MIB,
+                peak=600 * MIB, peak_source="max")  # fmt: skip
+    assert admit(got.budget, new, got.claims).kind == "guarantees"
+
+
+def test_unknown_board_keys_and_a_reserve_that_leaves_no_budget_are_told(tmp_path: Path) -> None:
+    root, cg, run = board(tmp_path)
+    f = tmp_path / "board.toml"
+    f.write_text('[board]\nreserve = "512MiB"\nreserv = "1G"\n')
+    got = gather(run=run, cgroup_root=cg, root=root, board=f)
+    # the reserve is read all the same, the unknown key told as `check` tells it
+    assert got.budget.reserve == 512 * MIB and got.no_budget is None
+    assert got.problems == (f"unknown key ({f}, board.reserv)",)
+    f.write_text('[board]\nreserve = "2GiB"\n')
+    got = gather(run=run, cgroup_root=cg, root=root, board=f)
+    assert got.budget.budget == 0
+    assert got.no_budget == (
+        f"the reserve (2048 MiB) leaves no budget on this board (MemTotal 2048 MiB)"
+        f" ([board] reserve, {f})"
+    )

@@ -105,5 +105,5 @@ def test_fits_refuses_guarantees_that_overcommit_naming_who_holds_them() -> None
     out = fits(BUDGET, greedy, [CHAT, BATCH], "refuse")
     assert out["check"] == "guarantees" and out["missing"] == 108 * MIB
     assert out["holders"] == ["chat"]
-    assert out["line"].startswith("no: greedy lacks 0.1 GiB of guarantees (chat holds 0.4 GiB)")
+    assert out["line"].startswith("no: greedy lacks 108 MiB of guarantees (chat holds 400 MiB)")
     assert out["line"].endswith('admit = "refuse" would refuse it (75)')

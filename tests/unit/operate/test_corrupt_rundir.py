@@ -61,6 +61,8 @@ BAD_FILES: dict[str, bytes] = {
 # and a JSON object whose values have the wrong types (each on top of a good state)
 BAD_VALUES: dict[str, object] = {
     "pid": "123",
+    "pid_start": -1,
+    "kept_by": 5,
     "engine_pid": -5,
     "started_at": "yesterday",
     "rules": [{"rule": 0, "state": 5}],
@@ -187,7 +189,7 @@ def test_rollback_and_metrics_read_past_a_corrupt_journal_line(
     with open(journal.path, "ab") as f:
         f.write(b"\n".join(BAD_LINES) + b"\n")
     monkeypatch.setenv("GOVERNOR_RUN_DIR", str(run))
-    monkeypatch.setattr("governor.rundir.state.alive", lambda pid, proc=None, marker=b"": True)
+    monkeypatch.setattr("governor.rundir.state.alive", lambda pid, proc=None, **_kw: True)
     cg = ["--root", str(HOSTS / "rk3588"), "--cgroup-root", str(tmp_path / "cg")]
     for argv in (["metrics", "good"], ["rollback", "good"]):
         with pytest.raises(SystemExit) as exit_:

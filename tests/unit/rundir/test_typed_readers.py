@@ -14,8 +14,10 @@ from pathlib import Path
 
 from fakefs.plans import make_plan
 
+from governor.kernel.parse import parse_stat_starttime
 from governor.rundir.clocks import ClockEntry, Holder, Ledger
-from governor.rundir.state import Publisher, RunState, applied, load_state, read_states
+from governor.rundir.liveness import alive, own_start
+from governor.rundir.state import Publisher, RunState, applied, load_state, prune_stale, read_states
 
 
 def _plan(policy: str = "chat") -> dict[str, object]:
@@ -23,7 +25,9 @@ def _plan(policy: str = "chat") -> dict[str, object]:
 
 
 def test_states_read_back_as_records_with_the_readers_stale(tmp_path: Path) -> None:
-    plan = _plan()
+    cg = tmp_path / "cg"
+    (cg / "governor.slice/chat").mkdir(parents=True)  # an apply state holds while it exists
+    plan = {**_plan(), "cgroup_root": str(cg)}
     Publisher(tmp_path, "chat").publish(
         applied(plan, policy_path="/p/chat.toml", created=["governor.slice/chat"], started_at=1.5)
     )
@@ -108,3 +112,72 @@ def test_the_published_plan_is_read_once_through_the_record(tmp_path: Path) -> N
     assert by_name["bare"] is None
     chat = by_name["chat"]
     assert chat is not None and chat.group == "governor.slice/chat" and chat.policy == "chat"
+
+
+# ------------------------------------------------------------------ liveness (issue 43 item 6)
+
+STAT = "{pid} (gov ernor) S 1 {pid} {pid} 0 -1 4194560 9 0 0 0 0 0 0 0 20 0 1 0 {start} 1 1"
+
+
+def fake_proc(tmp_path: Path, pid: int, cmdline: bytes, start: int) -> Path:
+    proc = tmp_path / "proc"
+    (proc / str(pid)).mkdir(parents=True, exist_ok=True)
+    (proc / str(pid) / "cmdline").write_bytes(cmdline)
+    (proc / str(pid) / "stat").write_text(STAT.format(pid=pid, start=start) + "\n")
+    return proc
+
+
+def test_stat_starttime_is_field_22_counted_after_the_comms_last_paren() -> None:
+    assert parse_stat_starttime(STAT.format(pid=7, start=4242)) == 4242
+    odd = "7 (a) b) c) S 1 7 7 0 -1 4194560 9 0 0 0 0 0 0 0 20 0 1 0 99 1 1"
+    assert parse_stat_starttime(odd) == 99
+    own = (Path("/proc/self/stat")).read_text()
+    assert parse_stat_starttime(own) > 0 and own_start() == parse_stat_starttime(
+        Path(f"/proc/{os.getpid()}/stat").read_text()
+    )
+
+
+def test_a_pid_alive_but_started_at_another_time_is_stale(tmp_path: Path) -> None:
+    """A dead supervisor's pid reused by `vim /etc/governor/board.toml`, or by another
+    governor: the start time it published is not the running process's."""
+    proc = fake_proc(tmp_path, 4321, b"vim\0/etc/governor/board.toml\0", start=5000)
+    state = {"policy": "chat", "source": "launch", "pid": 4321, "pid_start": 1000,
+             "plan": _plan()}  # fmt: skip
+    run = tmp_path / "run"
+    Publisher(run, "chat").publish(state)
+    assert [s.stale for s in read_states(run, proc)] == [True]
+    assert alive(4321, proc, start=5000) and not alive(4321, proc, start=1000)
+    # the same pid and start time: the publisher itself, whatever its command line says
+    fake_proc(tmp_path, 4321, b"python3\0-m\0governor\0launch\0", start=1000)
+    assert [s.stale for s in read_states(run, proc)] == [False]
+    fake_proc(tmp_path, 4321, b"python3\0-m\0governor\0launch\0", start=1001)  # reused
+    assert [s.stale for s in read_states(run, proc)] == [True]
+    assert prune_stale(run, proc=proc) == [("chat", 4321)]
+
+
+def test_a_state_without_a_start_time_falls_back_to_the_command_line(tmp_path: Path) -> None:
+    proc = fake_proc(tmp_path, 4321, b"python3\0-m\0governor\0launch\0", start=5000)
+    run = tmp_path / "run"
+    Publisher(run, "chat").publish(
+        {"policy": "chat", "source": "launch", "pid": 4321, "plan": _plan()}
+    )
+    assert [s.stale for s in read_states(run, proc)] == [False]
+    fake_proc(tmp_path, 4321, b"sleep\060\0", start=5000)
+    assert [s.stale for s in read_states(run, proc)] == [True]
+
+
+def test_an_applied_state_whose_cgroup_is_gone_is_stale_and_pruned(tmp_path: Path) -> None:
+    cg = tmp_path / "cg"
+    (cg / "governor.slice/chat").mkdir(parents=True)
+    run = tmp_path / "run"
+    plan = {**_plan(), "cgroup_root": str(cg)}
+    Publisher(run, "chat").publish(applied(plan, policy_path=None, created=[], started_at=1.0))
+    assert [s.stale for s in read_states(run)] == [False]
+    assert prune_stale(run) == []
+    (cg / "governor.slice/chat").rmdir()
+    assert [s.stale for s in read_states(run)] == [True]
+    assert prune_stale(run) == [("chat", None)]
+    assert read_states(run) == []
+    odd = applied({**plan, "group": "../chat"}, policy_path=None, created=[], started_at=1.0)
+    Publisher(run, "chat").publish(odd)  # a hand's: read, never a crash of the scan
+    assert [s.group for s in read_states(run)] == ["../chat"]
