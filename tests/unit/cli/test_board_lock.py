@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from governor.api.admit import CHECK_LOCK_WAIT_S, LOCK_WAIT_S, admission, lock_wait
+from governor.api.admit import CHECK_LOCK_WAIT_S, LOCK_WAIT_S, POLL_S, admission, lock_wait
 from governor.cli.app import main
 from governor.errors import AdmissionRefused, HostError
 from governor.operate.board import BoardClaims
@@ -170,3 +170,38 @@ def test_check_engine_argv_exits_75_naming_the_holder_within_its_short_wait(
     assert err[0].endswith(f"for 2s: the board cannot admit chat now ({tmp_path}/run/board.lock)")
     assert err[1].startswith("hint: another launch, install or check holds it")
     assert took < 20.0  # 2 s of wait (admit_timeout 60 s is the launch's, not check's)
+
+
+@pytest.mark.timeout(60)
+def test_the_lock_and_the_room_share_one_admit_timeout(tmp_path: Path) -> None:
+    """A lock released late leaves only what is left of admit_timeout to wait for room: the
+    refusal comes at admit_timeout from the start, not admit_timeout after the lock (the
+    first cut of the lock's deadline waited up to twice it). The clock is fake: the holder
+    lets go when it passes 0.8 s of the 1 s."""
+    from .test_admission import other
+
+    child = _hold(tmp_path / "run")
+    now = [0.0]
+
+    def sleep(s: float) -> None:
+        now[0] += s
+        if now[0] >= 0.8 and child.poll() is None:
+            assert child.stdin is not None
+            child.stdin.close()
+            child.wait(timeout=30)
+
+    full = BoardClaims(
+        budget=Budget.of(2 * GIB), claims=(other("bg", "interactive", 2 * GIB, 2 * GIB),)
+    )
+    try:
+        with pytest.raises(AdmissionRefused, match=r"after 1s of wait"):
+            admission(
+                plan("wait", timeout_s=1.0), run=tmp_path / "run", gather=lambda: full,
+                clock=lambda: now[0], sleep=sleep, say=lambda _: None,
+            )  # fmt: skip
+    finally:
+        if child.poll() is None:
+            assert child.stdin is not None
+            child.stdin.close()
+            child.wait(timeout=30)
+    assert 0.8 <= now[0] < 1.0 + POLL_S  # one poll for room past the lock, not a second wait
