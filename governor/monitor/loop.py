@@ -35,7 +35,7 @@ from governor.kernel import files as kf
 from governor.kernel.cgroupfs import CgroupFs
 from governor.kernel.procfs import ProcFs
 from governor.log import get_logger
-from governor.monitor import psi
+from governor.monitor import psi, triggers
 from governor.monitor.actions.base import Context, Result
 from governor.monitor.actions.executor import Executor
 from governor.monitor.leak import LeakDetector
@@ -101,10 +101,17 @@ class Monitor:
         )
         self.psi_triggers = psi_triggers
         self.sampler = Sampler(fs, self.group, interval_s=sample_s)
-        self.devmem = DeviceMemory(fs, self.board.proc, self.rules, plan.device is not None)
-        self.kinds = frozenset(r.kind for r in self.rules)  # the board levels sampled
-        self.leaks = {r.index: LeakDetector(r.window_s) for r in self._leak_rules()}
-        thrash = [(r.index, r.kind, r.window_s) for r in self.rules if "refaults" in r.kind]
+        # what the plan's rules need sampled (monitor/triggers.py): this loop names no kind
+        self.sources = triggers.sources(r.kind for r in self.rules)
+        wants_device = "device" in self.sources or plan.device is not None
+        self.devmem = DeviceMemory(fs, self.board.proc, wants_device)
+        self.leaks = {r.index: LeakDetector(r.window_s) for r in self._needing("leak")}
+        thrash = [
+            (r.index, source, r.window_s)
+            for r in self.rules
+            for source in triggers.row(r.kind).sources
+            if source in ("refaults", "board_refaults")  # the group's or the board's counters
+        ]
         self.thrash = Thrash(thrash, page_size or os.sysconf("SC_PAGE_SIZE"), self.board.refaults)
         self.armed: list[psi.Armed] = []
         self._psi_cgroup: dict[int, str] = {}  # rule -> where its trigger is armed
@@ -128,8 +135,9 @@ class Monitor:
         self.wall = wall
         self._published: tuple[tuple[int, str], ...] | None = None
 
-    def _leak_rules(self) -> list[Rule]:
-        return [r for r in self.rules if r.kind == "leak"]
+    def _needing(self, source: str) -> list[Rule]:
+        """The rules whose kind samples ``source``."""
+        return [r for r in self.rules if source in triggers.row(r.kind).sources]
 
     def _engine_pid(self) -> list[int]:
         return [] if self.pid is None else [self.pid]
@@ -391,7 +399,7 @@ class Monitor:
                 total = self._psi_total(armed)
                 if total is not None and armed.poller.update(now, total):
                     fired_psi.add(armed.rule)
-        out.update(self.board.levels(self.fs, self.group, self.kinds))
+        out.update(self.board.levels(self.fs, self.group, self.sources))
         out["device"] = self.devmem.sample(self.group)
         if s.anon is not None:
             leak: dict[int, float] = {}

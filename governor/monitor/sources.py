@@ -10,7 +10,7 @@ refuses (EPERM); the monitor then re-reads them at every sample instead and says
 from __future__ import annotations
 
 import os
-from collections.abc import Collection, Sequence
+from collections.abc import Collection
 
 from governor.errors import BackendError, GovernorError
 from governor.kernel import files as kf
@@ -19,7 +19,6 @@ from governor.kernel.devmem import DeviceMemoryReader, as_rows, total
 from governor.kernel.parse import parse_flat_keyed, parse_max, parse_psi
 from governor.kernel.procfs import ProcFs
 from governor.log import get_logger
-from governor.monitor.rules import Rule
 from governor.monitor.thrash import board_file_bytes, refault_pages
 from governor.plan.board import read_board
 from governor.plan.budget import reserve_for
@@ -109,14 +108,15 @@ class Board:
             return None
         return None if pages is None or file is None else (pages, file)
 
-    def levels(self, fs: CgroupFs, group: str, kinds: Collection[str]) -> dict[str, int | None]:
-        """The board-wide levels the rules of these kinds compare (rules.Observations)."""
+    def levels(self, fs: CgroupFs, group: str, sources: Collection[str]) -> dict[str, int | None]:
+        """The board-wide levels among these sources (monitor/triggers.py) that the rules
+        compare (rules.Observations)."""
         out: dict[str, int | None] = {}
-        if "memavailable" in kinds:
+        if "memavailable" in sources:
             out["memavailable"] = self.memavailable()
-        if "available" in kinds:
+        if "available" in sources:
             out["available"] = self.available(fs, group)
-        if "headroom" in kinds:
+        if "spare" in sources:
             out["spare"] = self.spare(fs, group)
         return out
 
@@ -149,18 +149,16 @@ class Board:
 
 @record
 class DeviceMemory:
-    """The group's device memory at each sample (governor/kernel/devmem.py), read only when a
-    rule needs it (``device memory > SIZE``) or the plan has [device]: fdinfo of every fd of
-    every process costs more than the cgroup files. Keeps the peak per (driver, region) and
-    of the total, for the launch report."""
+    """The group's device memory at each sample (governor/kernel/devmem.py), read only when
+    ``on``: a rule needs it (``device memory > SIZE``) or the plan has [device]: fdinfo of every
+    fd of every process costs more than the cgroup files. Keeps the peak per (driver, region)
+    and of the total, for the launch report."""
 
     fs: CgroupFs
     proc: ProcFs
-    rules: Sequence[Rule]  # the monitor's rules (kind "device" asks for samples)
-    budgeted: bool  # the plan has [device]
+    on: bool
 
     def __post_init__(self) -> None:
-        self.on = self.budgeted or any(r.kind == "device" for r in self.rules)
         self.reader = DeviceMemoryReader(self.fs, self.proc)
         self.peak: dict[tuple[str, str], int] = {}
         self.peak_total = 0
