@@ -76,7 +76,7 @@ TRIGGERS: dict[str, Trigger] = {
         Trigger(
             "psi",
             None,
-            f"{_PARSE}:parse_trigger",
+            "governor.policy.psi:parse_trigger",
             f"{_COMPILE}:Psi",
             "'[board|system] <memory|cpu|io> <some|full> <stall>/<window>', e.g. 'memory some"
             " 150ms/2s' (board/system: the whole board's /proc/pressure)",

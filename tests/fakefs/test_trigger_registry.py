@@ -1,0 +1,109 @@
+"""A trigger plugs in by a module and one row of governor/monitor/triggers.py (issue 44 item 2):
+``current > SIZE`` (the group's memory.current above a size), registered by this test alone,
+is parsed, compiled, sampled by the monitor loop from the source its row names and fires as a
+level rule, once per episode, without the loop, the sources or the rule engine naming it.
+
+Needs: a tmp directory (a fake cgroup tree)."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from governor.backends.cgroupfs import CgroupfsBackend
+from governor.compile.compiler import _watch_trigger, watch_rule
+from governor.kernel import files
+from governor.kernel.procfs import ProcFs
+from governor.monitor import triggers
+from governor.monitor.loop import Monitor
+from governor.monitor.rules import Observations, Rule, Verdict
+from governor.plan.model import WatchCondition
+from governor.policy import values as v
+from governor.record import replace
+
+from .fakekernel import FakeKernelCgroupFs
+from .plans import GROUP, make_plan
+
+# ------------------------------------------------------------------ the trigger's module
+
+_CURRENT_RE = re.compile(r"^\s*current\s*>\s*(?P<size>\S+)\s*$")
+
+
+@dataclass(frozen=True)
+class CurrentAbove:
+    above: int
+
+    def __str__(self) -> str:
+        return f"current > {v.format_bytes(self.above)}"
+
+
+def parse_current(value: str) -> CurrentAbove:
+    if not (m := _CURRENT_RE.match(value)):
+        raise ValueError(f"cannot parse {value!r} (form: 'current > 512M')")
+    return CurrentAbove(v.parse_size(m["size"], allow=frozenset({"bytes"})).bytes)
+
+
+class CurrentCompile:
+    @staticmethod
+    def watch(when: CurrentAbove, site: Any) -> WatchCondition:
+        return WatchCondition(condition="current", threshold=when.above, file="memory.current")
+
+    @staticmethod
+    def text(t: WatchCondition) -> str:
+        return str(CurrentAbove(t.threshold))
+
+
+def current_evidence(rule: Rule, st: Any, now: float, obs: Observations) -> Verdict:
+    if obs.current is None:
+        return False, None, False
+    above = obs.current > rule.threshold
+    return above, obs.current, not above
+
+
+CURRENT = triggers.Trigger(
+    "current",
+    r"current\b",
+    f"{__name__}:parse_current",
+    f"{__name__}:CurrentCompile",
+    "'current > 512M' (the group's memory.current)",
+    "level",
+    ("current",),
+    f"{__name__}:current_evidence",
+    "current > {threshold}",
+)
+
+
+@pytest.fixture
+def current() -> Iterator[None]:
+    triggers.register(CURRENT)
+    try:
+        yield
+    finally:
+        triggers.unregister(CURRENT.kind)
+
+
+def test_a_registered_trigger_fires_in_the_monitor_loop(
+    current: None, fake_fs: FakeKernelCgroupFs, tmp_path: Path
+) -> None:
+    when = v.parse_condition("current > 1M")
+    assert when == CurrentAbove(1 << 20)
+    rule = watch_rule(0, _watch_trigger(when), ("log",))
+    assert rule.when == "current > 1MiB" and rule.trigger.text() == "current > 1048576"  # type: ignore[union-attr]  # a WatchCondition
+    plan = replace(make_plan(), watch=(rule,))
+    CgroupfsBackend(fake_fs).apply(plan)
+    now = [0.0]
+    mon = Monitor(
+        fake_fs, plan, engine_pids=lambda: [1], proc=ProcFs(tmp_path), clock=lambda: now[0]
+    ).start()
+    usage = [512 << 10, 2 << 20, 3 << 20, 512 << 10, 4 << 20]  # two episodes above 1 MiB
+    for step, n in enumerate(usage):
+        now[0] = float(step)
+        (fake_fs.path(GROUP) / files.MEMORY_CURRENT).write_text(f"{n}\n")
+        mon.dispatch()
+    out = mon.finish()
+    assert [(f["t_s"], f["value"]) for f in out["firings"]] == [(1.0, 2 << 20), (4.0, 4 << 20)]
