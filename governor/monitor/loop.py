@@ -28,7 +28,7 @@ import os
 import select
 import time
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from governor.errors import GovernorError
 from governor.kernel import files as kf
@@ -38,7 +38,6 @@ from governor.log import get_logger
 from governor.monitor import psi, triggers
 from governor.monitor.actions.base import Context, Result
 from governor.monitor.actions.executor import Executor
-from governor.monitor.leak import LeakDetector
 from governor.monitor.restart import Restarts
 from governor.monitor.rules import Firing, Observations, Rule, RuleEngine
 from governor.monitor.sampler import DEFAULT_INTERVAL_S, Sampler
@@ -46,6 +45,9 @@ from governor.monitor.sources import Board, DeviceMemory, EventFile, open_option
 from governor.monitor.thrash import Thrash
 from governor.plan.model import Plan, WatchTrigger
 from governor.rundir.journal import Journal
+
+if TYPE_CHECKING:
+    from governor.monitor.leak import LeakDetector
 
 log = get_logger(__name__)
 
@@ -105,7 +107,10 @@ class Monitor:
         self.sources = triggers.sources(r.kind for r in self.rules)
         wants_device = "device" in self.sources or plan.device is not None
         self.devmem = DeviceMemory(fs, self.board.proc, wants_device)
-        self.leaks = {r.index: LeakDetector(r.window_s) for r in self._needing("leak")}
+        # the anon slope's detector, loaded only for a plan with a rule that samples it
+        self.leaks: dict[int, LeakDetector] = {
+            r.index: triggers.meter("leak")(r.window_s) for r in self._needing("leak")
+        }
         thrash = [
             (r.index, source, r.window_s)
             for r in self.rules

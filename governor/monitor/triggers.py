@@ -178,6 +178,11 @@ TRIGGERS: dict[str, Trigger] = {
 }
 
 
+# the sources a per-rule meter makes of the samples, by "module:Class": imported only when a
+# plan's rule samples the source (a plan without a leak rule never loads the leak detector)
+METERS: dict[str, str] = {"leak": "governor.monitor.leak:LeakDetector"}
+
+
 def register(trigger: Trigger) -> None:
     """Add (or replace) a trigger: a plug-in or a test. The parser, compiler and monitor see it
     (the schema's text is built when the policy models are imported)."""
@@ -227,6 +232,11 @@ def plan_text(kind: str, threshold: int, window_s: float | None, event: str | No
     return TRIGGERS[kind].plan_text.format(
         threshold=threshold, percent=threshold / 100, window_s=window_s, event=event
     )
+
+
+def meter(source: str) -> Any:
+    """The meter class of ``source`` (:data:`METERS`), imported on first use."""
+    return load(METERS[source])
 
 
 def load(path: str) -> Any:

@@ -8,6 +8,8 @@ engine step. Needs: nothing (the rk3588 host fixture)."""
 from __future__ import annotations
 
 import ast
+import subprocess
+import sys
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -198,3 +200,16 @@ def test_a_new_trigger_is_one_row_and_its_module(always: triggers.Trigger) -> No
 def test_an_unregistered_trigger_is_refused_with_the_forms() -> None:
     with pytest.raises(ValueError, match="cannot parse trigger 'always'"):
         v.parse_condition("always")
+
+
+def test_the_monitor_loop_loads_the_leak_detector_only_for_a_rule_that_samples_it() -> None:
+    """The supervisor pays for the table's module, not for a meter its plan does not use."""
+    code = (
+        "import sys, governor.monitor.loop as loop; a = 'governor.monitor.leak' in sys.modules;"
+        " from governor.monitor import triggers; triggers.meter('leak');"
+        " print(a, 'governor.monitor.leak' in sys.modules)"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=REPO
+    )
+    assert out.stdout.split() == ["False", "True"]
