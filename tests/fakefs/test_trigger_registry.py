@@ -1,7 +1,8 @@
 """A trigger plugs in by a module and one row of governor/monitor/triggers.py (issue 44 item 2):
 ``current > SIZE`` (the group's memory.current above a size), registered by this test alone,
 is parsed, compiled, sampled by the monitor loop from the source its row names and fires as a
-level rule, once per episode, without the loop, the sources or the rule engine naming it.
+level rule, once per episode, without the loop, the sources or the rule engine naming it; and
+a built-in leak rule gets its slope detector through the table (loaded only for such a rule).
 
 Needs: a tmp directory (a fake cgroup tree)."""
 
@@ -107,3 +108,25 @@ def test_a_registered_trigger_fires_in_the_monitor_loop(
         mon.dispatch()
     out = mon.finish()
     assert [(f["t_s"], f["value"]) for f in out["firings"]] == [(1.0, 2 << 20), (4.0, 4 << 20)]
+
+
+def test_a_leak_rule_gets_its_detector_through_the_table(
+    fake_fs: FakeKernelCgroupFs, tmp_path: Path
+) -> None:
+    """The loop makes the slope's detector from the leak row's source (loaded on first use):
+    anon memory growing 2 MiB/s fires `leak > 1M/s for 10s` once its window is covered."""
+    rule = watch_rule(0, _watch_trigger(v.parse_condition("leak > 1M/s for 10s")), ("log",))
+    plan = replace(make_plan(), watch=(rule,))
+    CgroupfsBackend(fake_fs).apply(plan)
+    now = [0.0]
+    mon = Monitor(
+        fake_fs, plan, engine_pids=lambda: [1], proc=ProcFs(tmp_path), clock=lambda: now[0]
+    ).start()
+    for step in range(16):
+        now[0] = float(step)
+        anon = (64 << 20) + step * (2 << 20)
+        (fake_fs.path(GROUP) / files.MEMORY_STAT).write_text(f"anon {anon}\nfile 0\n")
+        mon.dispatch()
+    out = mon.finish()
+    (fired,) = out["firings"]  # one episode: once without a cooldown
+    assert 9.0 <= fired["t_s"] <= 12.0 and fired["value"] == float(2 << 20)
