@@ -28,26 +28,22 @@ import os
 import select
 import time
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from governor.errors import GovernorError
 from governor.kernel import files as kf
 from governor.kernel.cgroupfs import CgroupFs
 from governor.kernel.procfs import ProcFs
 from governor.log import get_logger
-from governor.monitor import psi, triggers
+from governor.monitor import psi
 from governor.monitor.actions.base import Context, Result
 from governor.monitor.actions.executor import Executor
 from governor.monitor.restart import Restarts
 from governor.monitor.rules import Firing, Observations, Rule, RuleEngine
 from governor.monitor.sampler import DEFAULT_INTERVAL_S, Sampler
-from governor.monitor.sources import Board, DeviceMemory, EventFile, open_optional
-from governor.monitor.thrash import Thrash
+from governor.monitor.sources import Board, EventFile, Levels, open_optional
 from governor.plan.model import Plan, WatchTrigger
 from governor.rundir.journal import Journal
-
-if TYPE_CHECKING:
-    from governor.monitor.leak import LeakDetector
 
 log = get_logger(__name__)
 
@@ -103,21 +99,17 @@ class Monitor:
         )
         self.psi_triggers = psi_triggers
         self.sampler = Sampler(fs, self.group, interval_s=sample_s)
-        # what the plan's rules need sampled (monitor/triggers.py): this loop names no kind
-        self.sources = triggers.sources(r.kind for r in self.rules)
-        wants_device = "device" in self.sources or plan.device is not None
-        self.devmem = DeviceMemory(fs, self.board.proc, wants_device)
-        # the anon slope's detector, loaded only for a plan with a rule that samples it
-        self.leaks: dict[int, LeakDetector] = {
-            r.index: triggers.meter("leak")(r.window_s) for r in self._needing("leak")
-        }
-        thrash = [
-            (r.index, source, r.window_s)
-            for r in self.rules
-            for source in triggers.row(r.kind).sources
-            if source in ("refaults", "board_refaults")  # the group's or the board's counters
-        ]
-        self.thrash = Thrash(thrash, page_size or os.sysconf("SC_PAGE_SIZE"), self.board.refaults)
+        # what the plan's rules compare (monitor/triggers.py): this loop names no kind
+        self.levels = Levels(
+            fs,
+            self.group,
+            self.board,
+            self.rules,
+            device=plan.device is not None,
+            page_size=page_size or os.sysconf("SC_PAGE_SIZE"),
+        )
+        self.devmem = self.levels.devmem
+        self.thrash = self.levels.thrash
         self.armed: list[psi.Armed] = []
         self._psi_cgroup: dict[int, str] = {}  # rule -> where its trigger is armed
         self.mem_events: EventFile | None = None
@@ -139,10 +131,6 @@ class Monitor:
         self.on_change = on_change
         self.wall = wall
         self._published: tuple[tuple[int, str], ...] | None = None
-
-    def _needing(self, source: str) -> list[Rule]:
-        """The rules whose kind samples ``source``."""
-        return [r for r in self.rules if source in triggers.row(r.kind).sources]
 
     def _engine_pid(self) -> list[int]:
         return [] if self.pid is None else [self.pid]
@@ -404,17 +392,7 @@ class Monitor:
                 total = self._psi_total(armed)
                 if total is not None and armed.poller.update(now, total):
                     fired_psi.add(armed.rule)
-        out.update(self.board.levels(self.fs, self.group, self.sources))
-        out["device"] = self.devmem.sample(self.group)
-        if s.anon is not None:
-            leak: dict[int, float] = {}
-            for index, det in self.leaks.items():
-                det.add(now, s.anon)
-                slope = det.slope()
-                if slope is not None:
-                    leak[index] = slope
-            out["leak"] = leak
-        out["refaults"] = self.thrash.sample(now, s.refault_file, s.file)
+        out.update(self.levels.sample(now, s))
         return out
 
     def _psi_total(self, armed: psi.Armed) -> int | None:
@@ -438,6 +416,7 @@ class Monitor:
             leak=sampled.get("leak", {}),
             device=sampled.get("device"),
             refaults=sampled.get("refaults", {}),
+            extra=sampled.get("extra", {}),
         )
         for firing in self.engine.step(now, obs):
             self._fire(firing)

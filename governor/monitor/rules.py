@@ -88,6 +88,8 @@ class Observations:
     device: int | None = None  # the group's device memory (kernel/devmem.py total), when sampled
     # rule index -> refaulted share of the file cache over the rule's window (percent)
     refaults: Mapping[int, float] = field(default_factory=dict)
+    # a plug-in source's level by its name (monitor/triggers.py SAMPLERS), when sampled
+    extra: Mapping[str, int | float | None] = field(default_factory=dict)
 
 
 @record(frozen=True)

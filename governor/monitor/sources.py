@@ -10,7 +10,8 @@ refuses (EPERM); the monitor then re-reads them at every sample instead and says
 from __future__ import annotations
 
 import os
-from collections.abc import Collection
+from collections.abc import Callable, Collection, Sequence
+from typing import TYPE_CHECKING, Any
 
 from governor.errors import BackendError, GovernorError
 from governor.kernel import files as kf
@@ -19,10 +20,16 @@ from governor.kernel.devmem import DeviceMemoryReader, as_rows, total
 from governor.kernel.parse import parse_flat_keyed, parse_max, parse_psi
 from governor.kernel.procfs import ProcFs
 from governor.log import get_logger
-from governor.monitor.thrash import board_file_bytes, refault_pages
+from governor.monitor import triggers
+from governor.monitor.rules import Rule
+from governor.monitor.thrash import Thrash, board_file_bytes, refault_pages
 from governor.plan.board import read_board
 from governor.plan.budget import reserve_for
 from governor.record import record
+
+if TYPE_CHECKING:
+    from governor.monitor.leak import LeakDetector
+    from governor.monitor.sampler import Sample
 
 log = get_logger(__name__)
 
@@ -180,3 +187,61 @@ class DeviceMemory:
             "device_memory_peak": as_rows(self.peak),
             "device_memory_peak_bytes": self.peak_total,
         }
+
+
+class Levels:
+    """What the plan's rules compare, read at each sample: each rule's kind names its sources
+    (monitor/triggers.py) and only those are read (the board's files, the group's fdinfo, a
+    plug-in's sampler); the anon slope's detectors and the refault meters are kept per rule.
+    ``sample`` returns the values by rules.Observations' field names."""
+
+    def __init__(
+        self,
+        fs: CgroupFs,
+        group: str,
+        board: Board,
+        rules: Sequence[Rule],
+        *,
+        device: bool,  # the plan has [device]: sampled for the report whatever the rules
+        page_size: int,
+    ) -> None:
+        self.fs = fs
+        self.group = group
+        self.board = board
+        self.sources = triggers.sources(r.kind for r in rules)
+        self.devmem = DeviceMemory(fs, board.proc, device or "device" in self.sources)
+        wants = {r.index: triggers.row(r.kind).sources for r in rules}
+        # the slope's detector is loaded only for a plan with a rule that samples it
+        self.leaks: dict[int, LeakDetector] = {
+            r.index: triggers.meter("leak")(r.window_s) for r in rules if "leak" in wants[r.index]
+        }
+        thrash = [  # the group's or the board's refault counters
+            (r.index, source, r.window_s)
+            for r in rules
+            for source in wants[r.index]
+            if source in ("refaults", "board_refaults")
+        ]
+        self.thrash = Thrash(thrash, page_size, board.refaults)
+        # a plug-in trigger's own sources (monitor/triggers.py SAMPLERS)
+        self.samplers: dict[str, Callable[[CgroupFs, str, ProcFs], int | float | None]] = {
+            name: triggers.load(path)
+            for name, path in triggers.SAMPLERS.items()
+            if name in self.sources
+        }
+
+    def sample(self, now: float, s: Sample) -> dict[str, Any]:
+        out: dict[str, Any] = dict(self.board.levels(self.fs, self.group, self.sources))
+        out["device"] = self.devmem.sample(self.group)
+        if s.anon is not None:
+            leak: dict[int, float] = {}
+            for index, det in self.leaks.items():
+                det.add(now, s.anon)
+                slope = det.slope()
+                if slope is not None:
+                    leak[index] = slope
+            out["leak"] = leak
+        out["refaults"] = self.thrash.sample(now, s.refault_file, s.file)
+        if self.samplers:
+            proc = self.board.proc
+            out["extra"] = {n: read(self.fs, self.group, proc) for n, read in self.samplers.items()}
+        return out

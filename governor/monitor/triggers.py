@@ -25,7 +25,7 @@ for the rule, ``events`` memory.events increases, ``memavailable`` /proc/meminfo
 reserve, ``current`` the group's memory.current, ``device`` the group's device memory
 (kernel/devmem.py), ``leak`` the anon slope over the rule's window (monitor/leak.py),
 ``refaults`` / ``board_refaults`` the group's / the board's refault share over the rule's window
-(monitor/thrash.py).
+(monitor/thrash.py); a plug-in's own, read by the sampler it registers (:data:`SAMPLERS`).
 """
 
 from __future__ import annotations
@@ -57,7 +57,7 @@ class Trigger:
     compile: str  # "module:Class": watch(condition, site) -> the plan's; text(compiled) -> str
     usage: str | None  # the schema's and the manual's spelling; None: shown with another row
     semantics: Semantics
-    sources: tuple[Source, ...]
+    sources: tuple[str, ...]  # built-in: a Source; a plug-in's: a name in SAMPLERS
     evidence: str  # "module:function", the run time's
     # the compiled condition as `governor plan` prints it: str.format over threshold,
     # percent (threshold / 100), window_s and event
@@ -178,6 +178,11 @@ TRIGGERS: dict[str, Trigger] = {
 }
 
 
+# the sources a plug-in adds: name -> "module:function" taking (fs, group, proc) and returning
+# the level (None when unreadable), called at each sample when a plan's rule needs the source;
+# the rule engine sees it in rules.Observations.levels[name]
+SAMPLERS: dict[str, str] = {}
+
 # the sources a per-rule meter makes of the samples, by "module:Class": imported only when a
 # plan's rule samples the source (a plan without a leak rule never loads the leak detector)
 METERS: dict[str, str] = {"leak": "governor.monitor.leak:LeakDetector"}
@@ -191,6 +196,16 @@ def register(trigger: Trigger) -> None:
 
 def unregister(kind: str) -> None:
     TRIGGERS.pop(kind, None)
+
+
+def register_source(name: str, sampler: str) -> None:
+    """Add a source the monitor samples with ``sampler`` ("module:function"), for a plug-in
+    trigger whose level none of the built-in sources reads."""
+    SAMPLERS[name] = sampler
+
+
+def unregister_source(name: str) -> None:
+    SAMPLERS.pop(name, None)
 
 
 def row(kind: str) -> Trigger:
