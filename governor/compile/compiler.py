@@ -12,11 +12,11 @@ from typing import Literal
 
 from governor.compile.available import available
 from governor.compile.clocks import resolve as resolve_clocks
-from governor.compile.headroom import headroom_condition
-from governor.compile.thrash import refault_text, refault_watch
+from governor.compile.triggers import Site
 from governor.errors import HostError, PolicyError
 from governor.kernel import files as kf
 from governor.kernel.parse import format_cpulist
+from governor.monitor import triggers
 from governor.plan.host import HostFacts
 from governor.plan.model import (
     SHED_STEPS,
@@ -35,9 +35,7 @@ from governor.plan.model import (
     WatchTrigger,
 )
 from governor.policy import values as v
-from governor.policy.durations import Duration
 from governor.policy.model import Policy
-from governor.policy.refaults import RefaultCondition
 
 LEAF = "engine"  # processes live only in leaves (no internal processes rule)
 
@@ -221,9 +219,7 @@ def _watch(
     return tuple(
         watch_rule(
             i,
-            headroom_condition(i, writes, source)
-            if isinstance(r.when, v.HeadroomCondition)
-            else _watch_trigger(r.when),
+            _watch_trigger(r.when, Site(i, writes, source)),
             tuple(r.do),
             when=str(r.when),
             hold_s=r.for_.seconds if r.for_ else None,
@@ -280,24 +276,14 @@ def _device(policy: Policy, workload: Workload) -> DeviceSpec | None:
     return DeviceSpec(memory=memory, pool=policy.device.pool, reason=reason)
 
 
+def _row(t: WatchTrigger | WatchCondition) -> triggers.Trigger:
+    return triggers.fallback() if isinstance(t, WatchTrigger) else triggers.row(t.condition)
+
+
 def when_text(t: WatchTrigger | WatchCondition) -> str:
     """A compiled rule condition as the monitor reports it (``memory some 150ms/2s``)."""
-    if isinstance(t, WatchTrigger):
-        return f"{t.resource} {t.kind} {Duration(t.stall_us)}/{Duration(t.window_us)}"
-    if t.condition == "leak":
-        window = Duration(int((t.window_s or 0) * 1e6))
-        return f"leak > {v.format_bytes(t.threshold)}/s for {window}"
-    if t.condition == "memavailable":
-        return f"memavailable < {v.format_bytes(t.threshold)}"
-    if t.condition == "available":
-        return f"board available < {v.format_bytes(t.threshold)}"
-    if t.condition == "headroom":
-        return "board available < headroom"
-    if t.condition == "device":
-        return f"device memory > {v.format_bytes(t.threshold)}"
-    if t.condition in ("refaults", "board_refaults"):
-        return refault_text(t)
-    return str(t.event)
+    text: str = triggers.load(_row(t).compile).text(t)
+    return text
 
 
 def watch_rule(
@@ -345,35 +331,13 @@ def compile_action(a: v.Action) -> Action:
     )
 
 
-def _watch_trigger(when: v.Condition) -> WatchTrigger | WatchCondition:
-    """A rule's ``when`` as the monitor needs it (monitor/sources.py arms or reads it)."""
-    if isinstance(when, v.PsiTrigger):
-        return WatchTrigger(
-            resource=when.resource,
-            kind=when.kind,
-            stall_us=when.stall.us,
-            window_us=when.window.us,
-            file=f"{when.resource}.pressure",
-            system=when.system,
-        )
-    if isinstance(when, v.LeakCondition):
-        return WatchCondition(
-            condition="leak",
-            threshold=when.rate,
-            window_s=when.window.seconds,
-            file=kf.MEMORY_STAT,
-        )
-    if isinstance(when, v.MemAvailableCondition):
-        # "board available": MemAvailable less the page cache the group's memory.min protects
-        kind: Literal["memavailable", "available"] = "available" if when.board else "memavailable"
-        return WatchCondition(condition=kind, threshold=when.below, file="/proc/meminfo")
-    if isinstance(when, v.HeadroomCondition):  # the peak claim: compile/headroom.py
-        return WatchCondition(condition="headroom", file="/proc/meminfo")
-    if isinstance(when, v.DeviceMemoryCondition):
-        return WatchCondition(condition="device", threshold=when.above, file="/proc/PID/fdinfo")
-    if isinstance(when, RefaultCondition):
-        return refault_watch(when)
-    return WatchCondition(condition="event", event=when.event, file=kf.MEMORY_EVENTS)
+def _watch_trigger(when: v.Condition, site: Site | None = None) -> WatchTrigger | WatchCondition:
+    """A rule's ``when`` as the monitor needs it (monitor/sources.py arms or reads it): its
+    kind's compile (monitor/triggers.py), the row found by the condition's own spelling."""
+    compiled: WatchTrigger | WatchCondition = triggers.load(
+        triggers.grammar_for(str(when)).compile
+    ).watch(when, site)
+    return compiled
 
 
 def _page_floor(nbytes: int, page_size: int) -> int:

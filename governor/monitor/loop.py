@@ -38,12 +38,10 @@ from governor.log import get_logger
 from governor.monitor import psi
 from governor.monitor.actions.base import Context, Result
 from governor.monitor.actions.executor import Executor
-from governor.monitor.leak import LeakDetector
 from governor.monitor.restart import Restarts
 from governor.monitor.rules import Firing, Observations, Rule, RuleEngine
 from governor.monitor.sampler import DEFAULT_INTERVAL_S, Sampler
-from governor.monitor.sources import Board, DeviceMemory, EventFile, open_optional
-from governor.monitor.thrash import Thrash
+from governor.monitor.sources import Board, EventFile, Levels, open_optional
 from governor.plan.model import Plan, WatchTrigger
 from governor.rundir.journal import Journal
 
@@ -101,11 +99,17 @@ class Monitor:
         )
         self.psi_triggers = psi_triggers
         self.sampler = Sampler(fs, self.group, interval_s=sample_s)
-        self.devmem = DeviceMemory(fs, self.board.proc, self.rules, plan.device is not None)
-        self.kinds = frozenset(r.kind for r in self.rules)  # the board levels sampled
-        self.leaks = {r.index: LeakDetector(r.window_s) for r in self._leak_rules()}
-        thrash = [(r.index, r.kind, r.window_s) for r in self.rules if "refaults" in r.kind]
-        self.thrash = Thrash(thrash, page_size or os.sysconf("SC_PAGE_SIZE"), self.board.refaults)
+        # what the plan's rules compare (monitor/triggers.py): this loop names no kind
+        self.levels = Levels(
+            fs,
+            self.group,
+            self.board,
+            self.rules,
+            device=plan.device is not None,
+            page_size=page_size or os.sysconf("SC_PAGE_SIZE"),
+        )
+        self.devmem = self.levels.devmem
+        self.thrash = self.levels.thrash
         self.armed: list[psi.Armed] = []
         self._psi_cgroup: dict[int, str] = {}  # rule -> where its trigger is armed
         self.mem_events: EventFile | None = None
@@ -127,9 +131,6 @@ class Monitor:
         self.on_change = on_change
         self.wall = wall
         self._published: tuple[tuple[int, str], ...] | None = None
-
-    def _leak_rules(self) -> list[Rule]:
-        return [r for r in self.rules if r.kind == "leak"]
 
     def _engine_pid(self) -> list[int]:
         return [] if self.pid is None else [self.pid]
@@ -391,17 +392,7 @@ class Monitor:
                 total = self._psi_total(armed)
                 if total is not None and armed.poller.update(now, total):
                     fired_psi.add(armed.rule)
-        out.update(self.board.levels(self.fs, self.group, self.kinds))
-        out["device"] = self.devmem.sample(self.group)
-        if s.anon is not None:
-            leak: dict[int, float] = {}
-            for index, det in self.leaks.items():
-                det.add(now, s.anon)
-                slope = det.slope()
-                if slope is not None:
-                    leak[index] = slope
-            out["leak"] = leak
-        out["refaults"] = self.thrash.sample(now, s.refault_file, s.file)
+        out.update(self.levels.sample(now, s))
         return out
 
     def _psi_total(self, armed: psi.Armed) -> int | None:
@@ -425,6 +416,7 @@ class Monitor:
             leak=sampled.get("leak", {}),
             device=sampled.get("device"),
             refaults=sampled.get("refaults", {}),
+            extra=sampled.get("extra", {}),
         )
         for firing in self.engine.step(now, obs):
             self._fire(firing)

@@ -13,25 +13,20 @@ limits a trigger to one event per window), and a level rule (leak, memavailable,
 device memory, refaults) fires once per episode. Rules that fire in the same step fire in
 policy order, so a ladder written from mild to severe (log -> reclaim -> set -> freeze ->
 kill) escalates in order as pressure rises.
+
+Which of these a rule is (its ``semantics``) and the function that reads its evidence are its
+kind's row in monitor/triggers.py; the built-in kinds' evidence functions are below.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
-from typing import Any, Literal
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any
 
+from governor.monitor import triggers
 from governor.plan.model import Action, WatchRule, WatchTrigger
 from governor.record import field, record
 
-RuleKind = Literal[
-    "psi", "leak", "memavailable", "available", "headroom", "event", "device", "refaults",
-    "board_refaults",
-]  # fmt: skip
-# level rules: evidence while a sampled value is past the threshold, one firing per episode
-# without a cooldown
-LEVEL_KINDS = (
-    "leak", "memavailable", "available", "headroom", "device", "refaults", "board_refaults",
-)  # fmt: skip
 # a PSI episode ends when no trigger event came for this many windows (+ PSI_GRACE_S)
 PSI_GAP_WINDOWS = 2.5
 PSI_GRACE_S = 1.0
@@ -42,7 +37,7 @@ class Rule:
     """A WatchRule as the engine uses it."""
 
     index: int
-    kind: RuleKind
+    kind: str  # a kind of monitor/triggers.py
     when: str
     actions: tuple[Action, ...]
     hold_s: float = 0.0
@@ -68,18 +63,11 @@ class Rule:
         }
         if isinstance(t, WatchTrigger):
             return cls(kind="psi", window_s=t.window_us / 1e6, **common)  # type: ignore[arg-type]  # keys above
-        if t.condition == "event":
-            return cls(kind="event", event=t.event, **common)  # type: ignore[arg-type]
-        kind: RuleKind = (
-            t.condition
-            if t.condition
-            in ("leak", "device", "available", "headroom", "refaults", "board_refaults")
-            else "memavailable"
-        )
         return cls(
-            kind=kind,
-            threshold=peak if kind == "headroom" and peak else t.threshold,
+            kind=t.condition,
+            threshold=peak if triggers.row(t.condition).peak and peak else t.threshold,
             window_s=t.window_s or 0.0,
+            event=t.event,
             **common,  # type: ignore[arg-type]  # keys above
         )
 
@@ -100,6 +88,8 @@ class Observations:
     device: int | None = None  # the group's device memory (kernel/devmem.py total), when sampled
     # rule index -> refaulted share of the file cache over the rule's window (percent)
     refaults: Mapping[int, float] = field(default_factory=dict)
+    # a plug-in source's level by its name (monitor/triggers.py SAMPLERS), when sampled
+    extra: Mapping[str, int | float | None] = field(default_factory=dict)
 
 
 @record(frozen=True)
@@ -123,6 +113,11 @@ class RuleEngine:
     def __init__(self, rules: Iterable[Rule]) -> None:
         self.rules = tuple(sorted(rules, key=lambda r: r.index))
         self._state = {r.index: _State() for r in self.rules}
+        # each rule's row: how its evidence is read and what an episode is (monitor/triggers.py)
+        self._evidence: dict[int, Evidence] = {
+            r.index: triggers.load(triggers.row(r.kind).evidence) for r in self.rules
+        }
+        self._semantics = {r.index: triggers.row(r.kind).semantics for r in self.rules}
 
     def fired_counts(self) -> dict[int, int]:
         return {i: s.fired for i, s in self._state.items()}
@@ -170,7 +165,7 @@ class RuleEngine:
         out: list[Firing] = []
         for rule in self.rules:
             st = self._state[rule.index]
-            evidence, value, ended = _evidence(rule, st, now, obs)
+            evidence, value, ended = self._evidence[rule.index](rule, st, now, obs)
             if ended:
                 st.since = None
                 st.fired_in_episode = False
@@ -178,7 +173,8 @@ class RuleEngine:
                 continue
             if st.since is None:
                 # a trigger event says the stall held over the window that just ended
-                st.since = now - rule.window_s if rule.kind == "psi" else now
+                psi = self._semantics[rule.index] == "psi"
+                st.since = now - rule.window_s if psi else now
             st.last_evidence = now
             held = now - st.since
             if held + 1e-9 < rule.hold_s:
@@ -186,7 +182,7 @@ class RuleEngine:
             if rule.cooldown_s is not None:
                 if st.last_fired is not None and now - st.last_fired < rule.cooldown_s - 1e-9:
                     continue
-            elif rule.kind in LEVEL_KINDS and st.fired_in_episode:
+            elif self._semantics[rule.index] == "level" and st.fired_in_episode:
                 continue
             st.last_fired = now
             st.fired_in_episode = True
@@ -195,42 +191,64 @@ class RuleEngine:
         return out
 
 
-def _evidence(
-    rule: Rule, st: _State, now: float, obs: Observations
-) -> tuple[bool, float | int | None, bool]:
-    """(evidence this step, its value, whether the running episode ended)."""
-    if rule.kind == "psi":
-        gap = PSI_GAP_WINDOWS * rule.window_s + PSI_GRACE_S
-        stale = st.last_evidence is not None and now - st.last_evidence > gap
-        return rule.index in obs.psi, None, st.since is not None and stale
-    if rule.kind == "event":
-        assert rule.event is not None
-        n = obs.counters.get(rule.event, 0)
-        # an event has no duration: each increase is its own episode
-        return n > 0, n, True
-    if rule.kind in ("memavailable", "available"):
-        got = obs.memavailable if rule.kind == "memavailable" else obs.available
-        if got is None:
-            return False, None, False
-        below = got < rule.threshold
-        return below, got, not below
-    if rule.kind == "headroom":
-        if obs.spare is None or obs.current is None:
-            return False, None, False
-        # what the slice is known to still need: its claimed peak less what it holds
-        short = obs.spare < max(0, rule.threshold - obs.current)
-        return short, obs.spare, not short
-    if rule.kind == "device":
-        if obs.device is None:
-            return False, None, False
-        above = obs.device > rule.threshold
-        return above, obs.device, not above
-    if rule.kind in ("refaults", "board_refaults"):
-        share = obs.refaults.get(rule.index)
-        if share is None:
-            return False, None, False
-        above = share * 100 > rule.threshold  # threshold in 1/100 %
-        return above, round(share, 1), not above
+# the evidence of one rule at one step: (evidence this step, its value, whether the running
+# episode ended); one function per trigger kind, named by its row in monitor/triggers.py
+Verdict = tuple[bool, float | int | None, bool]
+Evidence = Callable[[Rule, _State, float, Observations], Verdict]
+
+
+def psi_evidence(rule: Rule, st: _State, now: float, obs: Observations) -> Verdict:
+    gap = PSI_GAP_WINDOWS * rule.window_s + PSI_GRACE_S
+    stale = st.last_evidence is not None and now - st.last_evidence > gap
+    return rule.index in obs.psi, None, st.since is not None and stale
+
+
+def event_evidence(rule: Rule, st: _State, now: float, obs: Observations) -> Verdict:
+    assert rule.event is not None
+    n = obs.counters.get(rule.event, 0)
+    # an event has no duration: each increase is its own episode
+    return n > 0, n, True
+
+
+def _below(got: int | None, threshold: int) -> Verdict:
+    if got is None:
+        return False, None, False
+    below = got < threshold
+    return below, got, not below
+
+
+def memavailable_evidence(rule: Rule, st: _State, now: float, obs: Observations) -> Verdict:
+    return _below(obs.memavailable, rule.threshold)
+
+
+def available_evidence(rule: Rule, st: _State, now: float, obs: Observations) -> Verdict:
+    return _below(obs.available, rule.threshold)
+
+
+def headroom_evidence(rule: Rule, st: _State, now: float, obs: Observations) -> Verdict:
+    if obs.spare is None or obs.current is None:
+        return False, None, False
+    # what the slice is known to still need: its claimed peak less what it holds
+    short = obs.spare < max(0, rule.threshold - obs.current)
+    return short, obs.spare, not short
+
+
+def device_evidence(rule: Rule, st: _State, now: float, obs: Observations) -> Verdict:
+    if obs.device is None:
+        return False, None, False
+    above = obs.device > rule.threshold
+    return above, obs.device, not above
+
+
+def refaults_evidence(rule: Rule, st: _State, now: float, obs: Observations) -> Verdict:
+    share = obs.refaults.get(rule.index)
+    if share is None:
+        return False, None, False
+    above = share * 100 > rule.threshold  # threshold in 1/100 %
+    return above, round(share, 1), not above
+
+
+def leak_evidence(rule: Rule, st: _State, now: float, obs: Observations) -> Verdict:
     slope = obs.leak.get(rule.index)
     if slope is None:
         return False, None, False

@@ -10,7 +10,8 @@ refuses (EPERM); the monitor then re-reads them at every sample instead and says
 from __future__ import annotations
 
 import os
-from collections.abc import Collection, Sequence
+from collections.abc import Callable, Collection, Sequence
+from typing import TYPE_CHECKING, Any
 
 from governor.errors import BackendError, GovernorError
 from governor.kernel import files as kf
@@ -19,11 +20,16 @@ from governor.kernel.devmem import DeviceMemoryReader, as_rows, total
 from governor.kernel.parse import parse_flat_keyed, parse_max, parse_psi
 from governor.kernel.procfs import ProcFs
 from governor.log import get_logger
+from governor.monitor import triggers
 from governor.monitor.rules import Rule
-from governor.monitor.thrash import board_file_bytes, refault_pages
+from governor.monitor.thrash import Thrash, board_file_bytes, refault_pages
 from governor.plan.board import read_board
 from governor.plan.budget import reserve_for
 from governor.record import record
+
+if TYPE_CHECKING:
+    from governor.monitor.leak import LeakDetector
+    from governor.monitor.sampler import Sample
 
 log = get_logger(__name__)
 
@@ -109,14 +115,15 @@ class Board:
             return None
         return None if pages is None or file is None else (pages, file)
 
-    def levels(self, fs: CgroupFs, group: str, kinds: Collection[str]) -> dict[str, int | None]:
-        """The board-wide levels the rules of these kinds compare (rules.Observations)."""
+    def levels(self, fs: CgroupFs, group: str, sources: Collection[str]) -> dict[str, int | None]:
+        """The board-wide levels among these sources (monitor/triggers.py) that the rules
+        compare (rules.Observations)."""
         out: dict[str, int | None] = {}
-        if "memavailable" in kinds:
+        if "memavailable" in sources:
             out["memavailable"] = self.memavailable()
-        if "available" in kinds:
+        if "available" in sources:
             out["available"] = self.available(fs, group)
-        if "headroom" in kinds:
+        if "spare" in sources:
             out["spare"] = self.spare(fs, group)
         return out
 
@@ -149,18 +156,16 @@ class Board:
 
 @record
 class DeviceMemory:
-    """The group's device memory at each sample (governor/kernel/devmem.py), read only when a
-    rule needs it (``device memory > SIZE``) or the plan has [device]: fdinfo of every fd of
-    every process costs more than the cgroup files. Keeps the peak per (driver, region) and
-    of the total, for the launch report."""
+    """The group's device memory at each sample (governor/kernel/devmem.py), read only when
+    ``on``: a rule needs it (``device memory > SIZE``) or the plan has [device]: fdinfo of every
+    fd of every process costs more than the cgroup files. Keeps the peak per (driver, region)
+    and of the total, for the launch report."""
 
     fs: CgroupFs
     proc: ProcFs
-    rules: Sequence[Rule]  # the monitor's rules (kind "device" asks for samples)
-    budgeted: bool  # the plan has [device]
+    on: bool
 
     def __post_init__(self) -> None:
-        self.on = self.budgeted or any(r.kind == "device" for r in self.rules)
         self.reader = DeviceMemoryReader(self.fs, self.proc)
         self.peak: dict[tuple[str, str], int] = {}
         self.peak_total = 0
@@ -182,3 +187,61 @@ class DeviceMemory:
             "device_memory_peak": as_rows(self.peak),
             "device_memory_peak_bytes": self.peak_total,
         }
+
+
+class Levels:
+    """What the plan's rules compare, read at each sample: each rule's kind names its sources
+    (monitor/triggers.py) and only those are read (the board's files, the group's fdinfo, a
+    plug-in's sampler); the anon slope's detectors and the refault meters are kept per rule.
+    ``sample`` returns the values by rules.Observations' field names."""
+
+    def __init__(
+        self,
+        fs: CgroupFs,
+        group: str,
+        board: Board,
+        rules: Sequence[Rule],
+        *,
+        device: bool,  # the plan has [device]: sampled for the report whatever the rules
+        page_size: int,
+    ) -> None:
+        self.fs = fs
+        self.group = group
+        self.board = board
+        self.sources = triggers.sources(r.kind for r in rules)
+        self.devmem = DeviceMemory(fs, board.proc, device or "device" in self.sources)
+        wants = {r.index: triggers.row(r.kind).sources for r in rules}
+        # the slope's detector is loaded only for a plan with a rule that samples it
+        self.leaks: dict[int, LeakDetector] = {
+            r.index: triggers.meter("leak")(r.window_s) for r in rules if "leak" in wants[r.index]
+        }
+        thrash = [  # the group's or the board's refault counters
+            (r.index, source, r.window_s)
+            for r in rules
+            for source in wants[r.index]
+            if source in ("refaults", "board_refaults")
+        ]
+        self.thrash = Thrash(thrash, page_size, board.refaults)
+        # a plug-in trigger's own sources (monitor/triggers.py SAMPLERS)
+        self.samplers: dict[str, Callable[[CgroupFs, str, ProcFs], int | float | None]] = {
+            name: triggers.load(path)
+            for name, path in triggers.SAMPLERS.items()
+            if name in self.sources
+        }
+
+    def sample(self, now: float, s: Sample) -> dict[str, Any]:
+        out: dict[str, Any] = dict(self.board.levels(self.fs, self.group, self.sources))
+        out["device"] = self.devmem.sample(self.group)
+        if s.anon is not None:
+            leak: dict[int, float] = {}
+            for index, det in self.leaks.items():
+                det.add(now, s.anon)
+                slope = det.slope()
+                if slope is not None:
+                    leak[index] = slope
+            out["leak"] = leak
+        out["refaults"] = self.thrash.sample(now, s.refault_file, s.file)
+        if self.samplers:
+            proc = self.board.proc
+            out["extra"] = {n: read(self.fs, self.group, proc) for n, read in self.samplers.items()}
+        return out

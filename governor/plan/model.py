@@ -17,6 +17,7 @@ import json
 from enum import StrEnum
 from typing import Any, Literal
 
+from governor.monitor import triggers
 from governor.record import asdict, field, record
 
 FORMAT = 2  # 1: the pydantic Plan of wave 1; 2: dataclasses, typed actions, rule texts
@@ -167,10 +168,7 @@ class WatchCondition:
     slice's headroom (``headroom``: claimed peak less memory.current; available less the board's
     reserve too), or a memory.events counter that went up."""
 
-    condition: Literal[
-        "leak", "memavailable", "available", "headroom", "event", "device", "refaults",
-        "board_refaults",
-    ]  # fmt: skip
+    condition: str  # a kind of governor/monitor/triggers.py ("leak", "headroom", "event"...)
     file: str  # where it is read: "memory.stat", "/proc/meminfo", "memory.events", fdinfo
     # leak: bytes/s; memavailable, device: bytes; headroom: the slice's claimed peak (its
     # memory.max, else memory.high; the engine's estimate replaces it at launch); refaults:
@@ -180,20 +178,7 @@ class WatchCondition:
     event: str | None = None  # event: the memory.events key ("oom_kill")
 
     def text(self) -> str:
-        if self.condition == "leak":
-            return f"leak > {self.threshold}B/s for {self.window_s:g}s"
-        if self.condition == "memavailable":
-            return f"memavailable < {self.threshold}"
-        if self.condition == "available":
-            return f"board available < {self.threshold}"
-        if self.condition == "headroom":
-            return "board available < headroom"
-        if self.condition == "device":
-            return f"device memory > {self.threshold}"
-        if self.condition in ("refaults", "board_refaults"):
-            board = "board " if self.condition == "board_refaults" else ""
-            return f"{board}refaults > {self.threshold / 100:g}%/{self.window_s:g}s"
-        return str(self.event)
+        return triggers.plan_text(self.condition, self.threshold, self.window_s, self.event)
 
 
 @record(frozen=True)

@@ -15,6 +15,7 @@ from pydantic import (
     ConfigDict,
     Field,
     PlainSerializer,
+    PlainValidator,
     StrictBool,
     StrictInt,
     StrictStr,
@@ -24,6 +25,7 @@ from pydantic import (
 )
 
 from governor.kernel.leafname import refusal
+from governor.monitor import triggers
 from governor.policy import durations as d
 from governor.policy import values as v
 from governor.policy.clocks import ClocksSection
@@ -89,20 +91,16 @@ CpuMax = Annotated[
     WithJsonSchema({"type": "string", "pattern": r"^([0-9]+(\.[0-9]+)?%|max)$"}),
     PlainSerializer(str, return_type=str),
 ]
+# PlainValidator: what a kind's grammar returns is the condition (monitor/triggers.py), whatever
+# its class; a union of the built-in classes would refuse a registered kind's
 Trigger = Annotated[
     v.Condition,
-    BeforeValidator(v.parse_condition),
+    PlainValidator(v.parse_condition),
     WithJsonSchema(
         {
             "type": "string",
-            "description": "'[board|system] <memory|cpu|io> <some|full> <stall>/<window>', e.g. 'memory some 150ms/2s'"
-            " (board/system: the whole board's /proc/pressure);"
-            " 'leak > 500KB/s for 60s'; 'memavailable < 800M' (or 'board available < 200M');"
-            " 'board available < headroom' (less than the slice's claimed peak still needs);"
-            " 'device memory > 1.5G' (the group's DRM and dma-buf memory);"
-            " 'refaults > 50%/10s' (file pages re-read in the window as a share of the file"
-            " cache; 'board refaults': the whole board's); or a memory.events counter:"
-            " 'oom_kill', 'oom_group_kill', 'oom', 'max', 'high'",
+            # the kinds of monitor/triggers.py, in its order
+            "description": triggers.usage(),
         }
     ),
     PlainSerializer(str, return_type=str),

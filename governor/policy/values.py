@@ -1,26 +1,40 @@
-"""Pure parsers for the policy language's value syntax: sizes, durations, CPU specs, PSI
-triggers and action strings. Text in, typed values out; ValueError with a short reason on bad
-input (the loader adds the file and field path)."""
+"""Pure parsers for the policy language's value syntax: sizes, durations, CPU specs, rule
+conditions (the grammars governor/monitor/triggers.py names; a PSI trigger's in psi.py, the
+thrash condition's in refaults.py) and action strings. Text in, typed values out; ValueError
+with a short reason on bad input (the loader adds the file and field path)."""
 
 from __future__ import annotations
 
 import re
 import shlex
 import signal
+from collections.abc import Callable
 from dataclasses import dataclass
 from decimal import Decimal, InvalidOperation
 from typing import Literal
 
 from governor.errors import shown as _shown
+from governor.monitor import triggers
 from governor.monitor.actions import registry
 from governor.policy.cpus import MAX_CPU, CpuSpec, parse_cpus
 from governor.policy.durations import MAX_DIGITS as _MAX_DIGITS
 from governor.policy.durations import Duration, parse_duration
-from governor.policy.refaults import RefaultCondition, is_refaults, parse_refaults
+from governor.policy.psi import PSI_WINDOW_MAX_US, PSI_WINDOW_MIN_US, PsiTrigger, parse_trigger
+from governor.policy.refaults import RefaultCondition, parse_refaults
 from governor.sizes import BINARY, format_bytes, human_bytes
 
-# re-exported: the compiler and tests spell v.format_bytes, v.parse_cpus
-__all__ = ["MAX_CPU", "CpuSpec", "format_bytes", "human_bytes", "parse_cpus"]
+# re-exported: the compiler and tests spell v.format_bytes, v.parse_cpus, v.parse_trigger
+__all__ = [
+    "MAX_CPU",
+    "PSI_WINDOW_MAX_US",
+    "PSI_WINDOW_MIN_US",
+    "CpuSpec",
+    "PsiTrigger",
+    "format_bytes",
+    "human_bytes",
+    "parse_cpus",
+    "parse_trigger",
+]
 
 # ---------------------------------------------------------------- sizes
 
@@ -177,70 +191,9 @@ def parse_cpu_max(value: object) -> CpuMax:
     return CpuMax(pct)
 
 
-# ---------------------------------------------------------------- PSI triggers
-
-# Kernel limits for PSI trigger windows (Documentation/accounting/psi.rst).
-PSI_WINDOW_MIN_US = 500_000
-PSI_WINDOW_MAX_US = 10_000_000
-_TRIGGER_RE = re.compile(
-    r"^\s*(?:(?P<scope>system|board)\s+)?(?P<res>memory|cpu|io)\s+(?P<kind>some|full)\s+"
-    r"(?P<stall>\S+)\s*/\s*(?P<window>\S+)\s*$"
-)
-
-
-@dataclass(frozen=True)
-class PsiTrigger:
-    resource: Literal["memory", "cpu", "io"]
-    kind: Literal["some", "full"]
-    stall: Duration
-    window: Duration
-    # "system memory some ...": the whole board's pressure (/proc/pressure/memory, which is
-    # the root cgroup's memory.pressure), not the slice's; "board memory some ..." is the same
-    # (the QoS spelling, issue 23), kept as written
-    system: bool = False
-    scope: Literal["system", "board"] = "system"
-
-    def __str__(self) -> str:
-        scope = f"{self.scope} " if self.system else ""
-        return f"{scope}{self.resource} {self.kind} {self.stall}/{self.window}"
-
-
-def parse_trigger(value: object) -> PsiTrigger:
-    """ "memory some 150ms/2s" -> PsiTrigger. Window 500ms..10s, 0 < stall <= window."""
-    if isinstance(value, PsiTrigger):
-        return value
-    if not isinstance(value, str):
-        raise ValueError(f"expected a trigger like 'memory some 150ms/2s', got {value!r}")
-    m = _TRIGGER_RE.match(value)
-    if not m:
-        raise ValueError(
-            f"cannot parse trigger {value!r} (form: '[board|system] <memory|cpu|io> <some|full>"
-            " <stall>/<window>', e.g. 'memory some 150ms/2s')"
-        )
-    stall, window = parse_duration(m["stall"]), parse_duration(m["window"])
-    if not PSI_WINDOW_MIN_US <= window.us <= PSI_WINDOW_MAX_US:
-        raise ValueError(f"trigger window {window} is outside the kernel's 500ms..10s ({value!r})")
-    if stall.us > window.us:
-        raise ValueError(f"trigger stall {stall} is longer than its window {window} ({value!r})")
-    if m["res"] == "cpu" and m["kind"] == "full" and not m["scope"]:
-        # cpu "full" exists since 5.13 at the system level only; it is always 0 for cgroups
-        raise ValueError(
-            f"'cpu full' is not a meaningful cgroup trigger ({value!r}); use 'cpu some'"
-        )
-    return PsiTrigger(
-        m["res"],  # type: ignore[arg-type]  # regex
-        m["kind"],  # type: ignore[arg-type]  # regex
-        stall,
-        window,
-        system=bool(m["scope"]),
-        scope=m["scope"] or "system",  # type: ignore[arg-type]  # regex
-    )
-
-
 # ---------------------------------------------------------------- other conditions
 
-# memory.events counters a rule may react to (cgroup-v2.rst, "memory.events")
-MEMORY_EVENTS = ("oom_kill", "oom_group_kill", "oom", "max", "high")
+MEMORY_EVENTS = triggers.MEMORY_EVENTS  # the counters a rule may react to
 # a rate's size unit before "/s": binary like the kernel's "kB" in /proc (KB/kB = KiB here,
 # because the seed writes "500KB/s" and /proc/<pid>/status spells KiB "kB")
 _RATE_UNITS = {**_BINARY, "KB": 1 << 10, "kB": 1 << 10, "MB": 1 << 20, "GB": 1 << 30}
@@ -323,52 +276,66 @@ _DEVICE_RE = re.compile(r"^\s*device\s+memory\s*>\s*(?P<size>\S+)\s*$")
 
 
 def parse_condition(value: object) -> Condition:
-    """A rule's ``when``: a PSI trigger, ``leak > R/s for W``, ``memavailable < SIZE``, ``board
-    available < headroom``, ``[board] refaults > P%/W`` or a memory.events name (``oom_kill``)."""
+    """A rule's ``when``: the grammar of the first kind in monitor/triggers.py whose words start
+    it (a PSI trigger, ``leak > R/s for W``, ``memavailable < SIZE``, ``board available <
+    headroom``, ``[board] refaults > P%/W``, a memory.events name like ``oom_kill``...); a text
+    no kind claims is read as a PSI trigger, whose error names the forms."""
     if isinstance(value, Condition):
         return value
     if not isinstance(value, str):
         return parse_trigger(value)
-    text = value.strip()
-    if text in MEMORY_EVENTS:
-        return EventCondition(text)  # type: ignore[arg-type]  # narrowed by `in`
-    if text.startswith("leak"):
-        m = _LEAK_RE.match(text)
-        if not m:
-            raise ValueError(f"cannot parse {value!r} (form: 'leak > 500KB/s for 60s')")
-        if m["unit"] not in _RATE_UNITS:
-            raise ValueError(f"unknown rate unit {m['unit']!r}/s in {value!r} (use K, M, KiB...)")
-        rate = int(Decimal(m["num"]) * _RATE_UNITS[m["unit"]])
-        window = parse_duration(m["window"])
-        if rate <= 0:
-            raise ValueError(f"leak rate must be positive in {value!r}")
-        if window.us < LEAK_WINDOW_MIN_US:
-            raise ValueError(f"leak window {window} is too short for a slope (at least 10s)")
-        return LeakCondition(rate, window)
-    if text.startswith("memavailable") or re.match(r"board\s+available", text):
-        m = _MEMAVAIL_RE.match(text)
-        if not m:
-            raise ValueError(
-                f"cannot parse {value!r} (form: 'memavailable < 800M' or 'board available < 200M')"
-            )
-        if m["size"] == "headroom":
-            if m["spelling"] == "memavailable":
-                raise ValueError(
-                    f"headroom is compared with the board's available memory in {value!r}"
-                    " (form: 'board available < headroom')"
-                )
-            return HeadroomCondition()
-        size = parse_size(m["size"], allow=frozenset({"bytes"}))
-        if size.bytes == 0:
-            raise ValueError(f"memavailable floor must be positive in {value!r}")
-        return MemAvailableCondition(size.bytes, board=m["spelling"] != "memavailable")
-    if is_refaults(text):
-        return parse_refaults(text)
-    if text.startswith("device"):
-        if not (m := _DEVICE_RE.match(text)):
-            raise ValueError(f"cannot parse {value!r} (form: 'device memory > 1.5G')")
-        return DeviceMemoryCondition(parse_size(m["size"], allow=frozenset({"bytes"})).bytes)
-    return parse_trigger(value)
+    parse: Callable[[str], Condition] = triggers.load(triggers.grammar_for(value).parse)
+    return parse(value)
+
+
+def parse_event(value: str) -> EventCondition:
+    return EventCondition(value.strip())  # type: ignore[arg-type]  # the row's words: an event
+
+
+def parse_leak(value: str) -> LeakCondition:
+    m = _LEAK_RE.match(value.strip())
+    if not m:
+        raise ValueError(f"cannot parse {value!r} (form: 'leak > 500KB/s for 60s')")
+    if m["unit"] not in _RATE_UNITS:
+        raise ValueError(f"unknown rate unit {m['unit']!r}/s in {value!r} (use K, M, KiB...)")
+    rate = int(Decimal(m["num"]) * _RATE_UNITS[m["unit"]])
+    window = parse_duration(m["window"])
+    if rate <= 0:
+        raise ValueError(f"leak rate must be positive in {value!r}")
+    if window.us < LEAK_WINDOW_MIN_US:
+        raise ValueError(f"leak window {window} is too short for a slope (at least 10s)")
+    return LeakCondition(rate, window)
+
+
+def parse_memavailable(value: str) -> MemAvailableCondition:
+    m = _MEMAVAIL_RE.match(value.strip())
+    if not m:
+        raise ValueError(
+            f"cannot parse {value!r} (form: 'memavailable < 800M' or 'board available < 200M')"
+        )
+    if m["size"] == "headroom":  # "board available < headroom" is the headroom row's
+        raise ValueError(
+            f"headroom is compared with the board's available memory in {value!r}"
+            " (form: 'board available < headroom')"
+        )
+    size = parse_size(m["size"], allow=frozenset({"bytes"}))
+    if size.bytes == 0:
+        raise ValueError(f"memavailable floor must be positive in {value!r}")
+    return MemAvailableCondition(size.bytes, board=m["spelling"] != "memavailable")
+
+
+def parse_headroom(value: str) -> HeadroomCondition:
+    return HeadroomCondition()  # the row's words are the whole form
+
+
+def parse_refault_condition(value: str) -> RefaultCondition:
+    return parse_refaults(value.strip())
+
+
+def parse_device(value: str) -> DeviceMemoryCondition:
+    if not (m := _DEVICE_RE.match(value.strip())):
+        raise ValueError(f"cannot parse {value!r} (form: 'device memory > 1.5G')")
+    return DeviceMemoryCondition(parse_size(m["size"], allow=frozenset({"bytes"})).bytes)
 
 
 # ---------------------------------------------------------------- actions

@@ -98,6 +98,11 @@ WIRING = _tree("governor.api", "governor.cli")
 # the one list of action verbs (issue 32): a stdlib-only table the policy parser reads; it names
 # the run time's handlers by module path and imports none of them
 VERB_REGISTRY = ("governor.monitor.actions.registry",)
+# the one list of rule trigger kinds (issue 44): the same kind of table, read by the policy
+# parser, the compiler and the plan's records; it names the run time's evidence functions and
+# the compile time's grammars by module path and imports none of them
+TRIGGER_REGISTRY = ("governor.monitor.triggers",)
+REGISTRIES = (*VERB_REGISTRY, *TRIGGER_REGISTRY)
 
 # the ground floor and the folders: a new top-level module must find its folder (or be added
 # here with a reason)
@@ -151,18 +156,20 @@ ARROWS = (
             "governor.monitor",
         ),
         "a policy is data; what is made of it lives downstream",
-        allowed=VERB_REGISTRY,
+        allowed=REGISTRIES,
     ),
     Arrow(
         SHARED,
         (*COMPILE_TIME, *_tree("governor.backends", "governor.launch", "governor.monitor")),
         "the shared records (plan/) are read by both lifetimes: they import neither the"
         " compiler nor the code that applies or runs a plan",
+        allowed=TRIGGER_REGISTRY,
     ),
     Arrow(
         _tree("governor.compile"),
         _tree("governor.backends", "governor.launch", "governor.monitor", "governor.engines"),
         "the compiler is pure: it never reaches the code that applies or runs a plan",
+        allowed=TRIGGER_REGISTRY,
     ),
     Arrow(
         COMPILE_TIME,
@@ -172,7 +179,7 @@ ARROWS = (
             *WIRING,
         ),
         "compile time makes a plan; it never reaches a run, the live board or deployment",
-        allowed=VERB_REGISTRY,
+        allowed=REGISTRIES,
     ),
     Arrow(
         (*RUN_TIME, *SHARED),
