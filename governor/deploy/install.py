@@ -123,6 +123,13 @@ def _oserror(err: OSError, action: str, path: Path) -> BackendError | Permission
     return cls(action, file=str(path), errno=err.errno, hint="run as root, or pass --root DIR")
 
 
+def _masked(path: Path) -> bool:
+    try:
+        return path.is_symlink() and os.readlink(path) == os.devnull
+    except OSError:
+        return False
+
+
 def _read(path: Path, *, follow: bool = True) -> str | None:
     """The text of a file install writes or replaces (a unit, a drop-in, a manifest), None
     when it does not exist. A FIFO, a device, a file over ``FILE_MAX`` (a symlink where
@@ -132,6 +139,12 @@ def _read(path: Path, *, follow: bool = True) -> str | None:
     except FileNotFoundError:
         return None
     except CappedReadError as err:
+        if _masked(path):  # systemctl mask: a symlink to /dev/null the operator made
+            raise PolicyError(
+                "the unit is masked (a symlink to /dev/null); not replacing it",
+                file=str(path),
+                hint=f"`systemctl unmask {path.name}` if it should run, then install again",
+            ) from None
         raise PolicyError(
             f"existing file is {err.problem}; not replacing it",
             file=str(path),

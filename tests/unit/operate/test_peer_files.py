@@ -219,3 +219,30 @@ def test_a_journal_over_its_cap_reads_its_newest_entries_and_ids_go_on(
     assert [e["id"] for e in got] == [16, 17, 18, 19, 20]
     assert journal.problems[0].startswith(f"{journal.path}: its oldest ")
     assert journal.append("tune", [])["id"] == 21
+
+
+@pytest.mark.timeout(TIMEOUT)
+def test_install_over_a_masked_unit_says_it_is_masked_and_leaves_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`systemctl mask` leaves the unit a symlink to /dev/null: install names the mask and
+    how to lift it, and leaves the symlink (before the bounded read it replaced the unit,
+    unmasking it silently)."""
+    from governor.deploy.dropin import UNIT_DIR
+
+    dest = tmp_path / "dest"
+    unit = dest / UNIT_DIR / "governor.slice"
+    unit.parent.mkdir(parents=True)
+    unit.symlink_to(os.devnull)
+    monkeypatch.setenv("GOVERNOR_BOARD", str(tmp_path / "board.toml"))
+    policy = tmp_path / "chat.toml"
+    policy.write_text('name = "chat"\n')
+    with pytest.raises(SystemExit) as exit_:
+        main(["--root", str(HOSTS / "rk3588"), "install", str(policy), "--root", str(dest)])
+    err = capsys.readouterr().err.splitlines()
+    assert exit_.value.code == 65, err
+    assert err[0] == (
+        f"governor: the unit is masked (a symlink to /dev/null); not replacing it ({unit})"
+    )
+    assert err[1] == "hint: `systemctl unmask governor.slice` if it should run, then install again"
+    assert unit.is_symlink() and os.readlink(unit) == os.devnull
