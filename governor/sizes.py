@@ -1,5 +1,5 @@
-"""Byte counts as people and the kernel spell them (standard library only: the run time's
-messages use these too)."""
+"""Byte counts (and durations) as people and the kernel spell them (standard library only: the
+run time's messages use these too)."""
 
 from __future__ import annotations
 
@@ -36,3 +36,15 @@ def human_bytes(n: int) -> str:
         if n >= mult:
             return f"{n / mult:.2f}".rstrip("0").rstrip(".") + unit
     return f"{n}B"
+
+
+# a duration's units, largest first: "2m", "150ms", "1us" (the policy's spelling, policy/durations.py)
+DURATION_US = {"h": 3_600_000_000, "m": 60_000_000, "s": 1_000_000, "ms": 1000, "us": 1}
+
+
+def duration_text(us: int) -> str:
+    """``us`` microseconds in the largest unit that divides it ("90s", "2m", "1us")."""
+    for unit, mult in DURATION_US.items():
+        if us % mult == 0 and us >= mult:
+            return f"{us // mult}{unit}"
+    return f"{us}us"

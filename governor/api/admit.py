@@ -46,6 +46,7 @@ from governor.plan.budget import (
     refusal_text,
 )
 from governor.record import record
+from governor.sizes import duration_text
 
 if TYPE_CHECKING:
     from governor.operate.board import BoardClaims
@@ -266,9 +267,7 @@ def admission(
 
 def _duration(seconds: float) -> str:
     """``admit_timeout`` as the policy spells it ("1us", "1m30s" reads "90s", "2m")."""
-    from governor.policy.durations import Duration  # noqa: PLC0415  # only on a wait's line
-
-    return str(Duration(max(1, round(seconds * 1_000_000))))
+    return duration_text(max(1, round(seconds * 1_000_000)))
 
 
 def _held(fd: int, hold: bool, verdict: Verdict | None, note: str | None = None) -> Admitted:

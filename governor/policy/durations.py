@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from decimal import Decimal
 
 from governor.errors import shown as _shown
+from governor.sizes import duration_text
 
 # the longest number text a parser looks at (a longer one is refused, not parsed)
 MAX_DIGITS = 40
@@ -26,11 +27,7 @@ class Duration:
         return self.us / 1_000_000
 
     def __str__(self) -> str:
-        for unit in ("h", "m", "s", "ms"):
-            mult = _DURATION_US[unit]
-            if self.us % mult == 0 and self.us >= mult:
-                return f"{self.us // mult}{unit}"
-        return f"{self.us}us"
+        return duration_text(self.us)
 
 
 def parse_duration(value: object) -> Duration:

@@ -165,10 +165,10 @@ def test_a_policy_the_board_cannot_admit_fails_the_task_with_75_and_the_line(
     r, run = run_play(tmp_path, tasks, defaults=defaults)
     assert not r["first"].get("failed"), run.stdout
     assert r["second"]["failed"] and r["second"]["rc"] == 75
-    # the rk3588 fixture's 1.92 GiB: 1.67 GiB of budget, fleet-a's installed claim holds 1.1
+    # the rk3588 fixture's 1966 MiB: 1715 MiB of budget, fleet-a's installed claim holds 1126
     assert r["second"]["msg"].startswith(
-        "governor: the board cannot admit fleet-b: memory.min 1.1 GiB, 0.6 GiB of guarantees"
-        " left (fleet-a holds 1.1 GiB, installed) ([qos] admit, "
+        "governor: the board cannot admit fleet-b: memory.min 1126 MiB, 589 MiB of guarantees"
+        " left, 538 MiB short (fleet-a holds 1126 MiB, installed) ([qos] admit, "
     ), r["second"]["msg"]
     assert not any("fleet-b" in f for f in _files(root))
 
