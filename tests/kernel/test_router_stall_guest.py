@@ -32,24 +32,10 @@ from governor.monitor.actions.unload import UNLOAD_S
 from governor.rundir.journal import Journal
 from perf._helpers.engine_paths import TINY
 
+from .test_router_unload_guest import _launch, _state
+
 REPO = Path(__file__).resolve().parents[2]
 ALL = ("memory", "cpu", "cpuset", "io", "pids")
-
-
-def _launch(policy: Path, env: dict[str, str], *argv: str) -> subprocess.Popen[str]:
-    with policy.with_suffix(".log").open("w") as log:
-        return subprocess.Popen(
-            [sys.executable, "-m", "governor", "launch", "--policy", str(policy), "--", *argv],
-            cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT, text=True,
-        )  # fmt: skip
-
-
-def _state(run: Path, name: str) -> dict[str, Any]:
-    try:
-        data: dict[str, Any] = json.loads((run / name / "state.json").read_text())
-    except (FileNotFoundError, ValueError):
-        return {}
-    return data
 
 
 def _fired(run: Path, rule: int) -> int:

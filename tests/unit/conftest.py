@@ -16,7 +16,8 @@ repeated in the terminal summary, so the host tier's log shows them without -s.
 from __future__ import annotations
 
 import os
-from collections.abc import Callable
+import resource
+from collections.abc import Callable, Iterator
 
 import pytest
 from hypothesis import settings
@@ -44,6 +45,21 @@ def report_reach(request: pytest.FixtureRequest) -> Callable[[str], None]:
         lines.append(line)
 
     return report
+
+
+@pytest.fixture
+def memory_cap() -> Iterator[None]:
+    """The test's address space capped 512 MiB above what it uses now: a regression that reads
+    /dev/zero to EOF fails with a MemoryError instead of taking the host's memory (the bounded
+    reads of issue 43: tests/unit/operate/test_peer_files.py, engines/test_preset_read.py)."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_AS)
+    with open("/proc/self/statm") as f:
+        size = int(f.read().split()[0]) * os.sysconf("SC_PAGE_SIZE")
+    resource.setrlimit(resource.RLIMIT_AS, (size + (512 << 20), hard))
+    try:
+        yield
+    finally:
+        resource.setrlimit(resource.RLIMIT_AS, (soft, hard))
 
 
 def pytest_terminal_summary(

@@ -6,8 +6,6 @@ no MemoryError. The launch's plan-cache key reads it too, and skips it."""
 from __future__ import annotations
 
 import os
-import resource
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -26,20 +24,6 @@ def _governor(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str]
         main(["--root", str(ROOT), *argv])
     assert isinstance(info.value.code, int)
     return info.value.code, capsys.readouterr().err
-
-
-@pytest.fixture
-def memory_cap() -> Iterator[None]:
-    """The test's address space capped 512 MiB above what it uses now: a regression that reads
-    /dev/zero to EOF fails with a MemoryError instead of taking the host's memory."""
-    soft, hard = resource.getrlimit(resource.RLIMIT_AS)
-    with open("/proc/self/statm") as f:
-        size = int(f.read().split()[0]) * os.sysconf("SC_PAGE_SIZE")
-    resource.setrlimit(resource.RLIMIT_AS, (size + (512 << 20), hard))
-    try:
-        yield
-    finally:
-        resource.setrlimit(resource.RLIMIT_AS, (soft, hard))
 
 
 @pytest.fixture(params=["not-utf8", "fifo", "dev-zero"])

@@ -9,8 +9,6 @@ Needs: a tmp directory (a copy of the rk3588 fixture's cgroup tree)."""
 from __future__ import annotations
 
 import os
-import resource
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -31,18 +29,7 @@ BIG = 64 << 20  # a state of 64 MiB: 2000 times the largest real one (rundir/sta
 TIMEOUT = 60  # a FIFO read by a regression hangs: the test fails instead of hanging CI
 
 
-@pytest.fixture(autouse=True)
-def memory_cap() -> Iterator[None]:
-    """The test's address space capped 512 MiB above what it uses now: a regression that reads
-    /dev/zero to EOF fails with a MemoryError instead of taking the host's memory."""
-    soft, hard = resource.getrlimit(resource.RLIMIT_AS)
-    with open("/proc/self/statm") as f:
-        size = int(f.read().split()[0]) * os.sysconf("SC_PAGE_SIZE")
-    resource.setrlimit(resource.RLIMIT_AS, (size + (512 << 20), hard))
-    try:
-        yield
-    finally:
-        resource.setrlimit(resource.RLIMIT_AS, (soft, hard))
+pytestmark = pytest.mark.usefixtures("memory_cap")  # tests/unit/conftest.py
 
 
 def _make(path: Path, kind: str) -> str:
