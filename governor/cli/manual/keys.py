@@ -257,7 +257,10 @@ KEYS: dict[str, tuple[str, str]] = {
         " full, stall/window with a window of 500ms to 10s) or on the whole board"
         " (`board memory some 100ms/1s`, `system ...`), `leak > 500KB/s for 60s` (sustained"
         " growth of anon memory), `memavailable < 800M` or `board available < 200M` (board"
-        " floors), `device memory > 1.5G` (the group's DRM and dma-buf memory) or a"
+        " floors), `board available < headroom` (the board can give less than the slice's"
+        " claimed peak still needs: shed before the board is full), `refaults > 50%/10s` or"
+        " `board refaults > 30%/10s` (the file cache read again in the window: thrash that PSI"
+        " misses), `device memory > 1.5G` (the group's DRM and dma-buf memory) or a"
         " memory.events counter (`oom_kill`, `oom_group_kill`, `oom`, `max`, `high`).",
         'when = "memory some 150ms/2s"',
     ),
