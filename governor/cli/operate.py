@@ -29,7 +29,7 @@ def status(
         typer.Option(
             "--prune",
             help="first remove the published state of stale entries (their supervisor is"
-            " gone), then show what is left",
+            " gone; an apply slice's cgroup is gone), then show what is left",
         ),
     ] = False,
 ) -> None:
