@@ -139,12 +139,17 @@ class Board:
         """The board's reserve: the board file's ``[board] reserve``, else the default (128
         MiB + MemTotal/16, at most 1 GiB: governor/plan/budget.py); read once."""
         if self._reserve is None:
-            self._reserve = read_board().reserve  # an invalid file: the default
-            if self._reserve is None:
-                try:
-                    self._reserve = reserve_for(self.proc.meminfo()["MemTotal"])
-                except (OSError, ValueError, KeyError):
-                    return None
+            try:
+                memtotal = self.proc.meminfo()["MemTotal"]
+            except (OSError, ValueError, KeyError):
+                return None
+            reserve = read_board().reserve  # an invalid file: the default
+            if reserve is not None and reserve >= memtotal:
+                # a reserve that leaves no budget (check and admission refuse it: a --force
+                # launch runs beside it): every sample would be "short", so the default holds
+                log.warning("board.reserve_ignored", reserve=reserve, memtotal=memtotal)
+                reserve = None
+            self._reserve = reserve_for(memtotal) if reserve is None else reserve
         return self._reserve
 
     def memory_some_avg10(self) -> float | None:
