@@ -36,6 +36,7 @@ from typing import Any
 from governor.peer.files import CappedReadError, read_tail
 from governor.plan.model import ShedStep
 from governor.record import field, record
+from governor.rundir.liveness import own_start, started
 
 JOURNAL_FILE = "journal.jsonl"
 LOCK_FILE = "journal.lock"
@@ -62,6 +63,7 @@ class Hold:
 
     by: str | None = None  # the shedding policy
     pid: int | None = None  # its governor
+    pid_start: int | None = None  # its governor's start time (rundir/liveness.py: a reused pid)
     since: float | None = None  # its first step (epoch seconds)
     when: str | None = None  # the rule
     frozen: bool = False
@@ -136,6 +138,7 @@ _OPTIONAL: dict[str, Callable[[Any], bool]] = {
     "confirm_by": lambda v: v is None or is_number(v),
     "reverter_pid": lambda v: v is None or (_int(v) and v > 0),
     "pid": lambda v: v is None or (_int(v) and v > 0),
+    "pid_start": lambda v: v is None or (_int(v) and v >= 0),
     "by": lambda v: v is None or isinstance(v, str),
     "step": lambda v: v is None or isinstance(v, str),
     "when": lambda v: v is None or isinstance(v, str),
@@ -214,7 +217,11 @@ class Journal:
         return out
 
     def append(self, source: str, changes: list[dict[str, Any]], **extra: Any) -> dict[str, Any]:
-        """One entry for ``changes``; returns it (with its id)."""
+        """One entry for ``changes``; returns it (with its id). An entry this process writes
+        under its own ``pid`` (a shed's step) records its start time too (``pid_start``,
+        rundir/liveness.py): a reused pid is not its writer."""
+        if extra.get("pid") == os.getpid() and "pid_start" not in extra:
+            extra["pid_start"] = own_start()
         entries = self.entries()
         entry = {
             "id": max((e["id"] for e in entries), default=0) + 1,
@@ -289,7 +296,9 @@ class Journal:
     def shed(self, alive: Callable[[int | None], bool] | None = None) -> Hold | None:
         """The shed that holds on this slice now, or None: its entries folded into a
         :class:`Hold`. ``alive(pid)`` says whether the shedder still runs (a dead one's
-        watchdog reverted its changes: nothing holds)."""
+        watchdog reverted its changes: nothing holds), and where the shedder recorded its
+        start time, its pid must have started then (rundir/liveness.py: a reused pid is not
+        it)."""
         held: Hold | None = None
         for e in self.entries():
             if e.get("source") != "shed":
@@ -299,9 +308,13 @@ class Journal:
                 held = None
                 continue
             if held is None or held.pid != e.get("pid"):
-                held = Hold(by=e.get("by"), pid=e.get("pid"), since=e.get("time"))
+                held = Hold(
+                    by=e.get("by"), pid=e.get("pid"), pid_start=e.get("pid_start"),
+                    since=e.get("time"),
+                )  # fmt: skip
             held.when = e.get("when", held.when)
             held.took(step, e.get("changes", ()))
-        if held is None or (alive is not None and not alive(held.pid)):
-            return None
-        return held
+        if held is None or alive is None:
+            return held
+        runs = alive(held.pid) and (held.pid_start is None or started(held.pid, held.pid_start))
+        return held if runs else None

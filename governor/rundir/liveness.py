@@ -25,15 +25,22 @@ def alive(
     if not pid:
         return False
     if start is not None:
-        try:
-            return ProcFs(proc).starttime(pid) == start
-        except (OSError, ValueError):
-            return False
+        return started(pid, start, proc)
     try:
         cmdline = (proc / str(pid) / "cmdline").read_bytes()
     except OSError:
         return False
     return marker in cmdline
+
+
+def started(pid: int | None, start: int, proc: Path = Path("/proc")) -> bool:
+    """``pid`` runs and started at ``start`` (its /proc/PID/stat starttime)."""
+    if not pid:
+        return False
+    try:
+        return ProcFs(proc).starttime(pid) == start
+    except (OSError, ValueError):
+        return False
 
 
 _OWN_START: dict[int, int | None] = {}
