@@ -70,10 +70,19 @@ def test_served_metrics_are_the_kernels_memory_values_and_the_policys_limits(
     def current() -> int:
         return int((group / "memory.current").read_text())
 
+    def grown() -> bool:
+        if gov.poll() is not None:  # the launch ended: say why instead of a missing file
+            _out, err = gov.communicate()
+            raise AssertionError(f"governor exited {gov.returncode}: {err[-3000:]}")
+        try:
+            return current() > 48 << 20
+        except FileNotFoundError:  # not there yet
+            return False
+
     try:
-        cgroups.wait_for(
-            lambda: group.exists() and current() > 48 << 20, timeout=240, what="the hog's 48 MiB"
-        )
+        # a CI run saw the group's directory, then no memory.current in it: the launch had
+        # ended (its stderr was never shown); grown() says so now
+        cgroups.wait_for(grown, timeout=240, what="the hog's 48 MiB")
         before = current()
         with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=60) as resp:
             served = _samples(resp.read().decode())
