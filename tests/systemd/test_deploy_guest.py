@@ -336,7 +336,7 @@ def test_an_installed_but_stopped_service_keeps_its_claim_against_a_launch(
     """Issue 36: `governor install` records the slice's claim in its manifest; while the
     service is installed and NOT running, a launch whose memory.min does not fit beside it is
     refused (75) naming it, with nothing applied; once it is uninstalled the launch goes."""
-    from governor.plan.budget import Budget
+    from governor.plan.budget import Budget, gib
 
     memtotal = next(
         int(line.split()[1]) * 1024
@@ -364,7 +364,7 @@ def test_an_installed_but_stopped_service_keeps_its_claim_against_a_launch(
     assert refused.returncode == 75, refused.stderr
     line = refused.stderr.splitlines()[0]
     assert line.startswith("governor: the board cannot admit gt-admit: memory.min "), line
-    assert f"({name} holds {mib / 1024:.1f} GiB, installed)" in line
+    assert f"({name} holds {gib(mib << 20)}, installed)" in line  # MiB below 2 GiB
     assert not Path("/sys/fs/cgroup/governor.slice/gt-admit").exists()
     _run(*GOVERNOR, "uninstall", name)
     admitted = _run(*launch, check=False)
