@@ -70,6 +70,19 @@ def _open_regular(path: Path | str, follow: bool) -> tuple[int, os.stat_result]:
     return fd, st
 
 
+def _read_upto(fd: int, n: int, at: int = 0) -> bytes:
+    """At most ``n`` bytes of ``fd`` from offset ``at``, fewer at its end."""
+    chunks: list[bytes] = []
+    while n > 0:
+        chunk = os.pread(fd, min(n, 1 << 16), at)
+        if not chunk:
+            break
+        chunks.append(chunk)
+        n -= len(chunk)
+        at += len(chunk)
+    return b"".join(chunks)
+
+
 def read_tail(path: Path | str, cap: int, *, follow: bool = True) -> tuple[bytes, int]:
     """The last whole lines of the regular file at ``path`` within its last ``cap`` bytes, and
     how many bytes before them were left unread (0: the whole file): an append-only log whose
@@ -78,18 +91,9 @@ def read_tail(path: Path | str, cap: int, *, follow: bool = True) -> tuple[bytes
     fd, st = _open_regular(path, follow)
     try:
         start = max(0, st.st_size - cap)
-        chunks: list[bytes] = []
-        left, at = cap, start
-        while left > 0:
-            chunk = os.pread(fd, min(left, 1 << 16), at)
-            if not chunk:
-                break
-            chunks.append(chunk)
-            left -= len(chunk)
-            at += len(chunk)
+        data = _read_upto(fd, cap, start)
     finally:
         os.close(fd)
-    data = b"".join(chunks)
     if start == 0:
         return data, 0
     cut = data.find(b"\n") + 1  # the first line began before the window: not a whole one
@@ -106,17 +110,10 @@ def read_capped(path: Path | str, cap: int, *, follow: bool = True) -> bytes:
     try:
         if st.st_size > cap:
             raise CappedReadError(path, f"{st.st_size} bytes, over its cap of {cap}", errno.EFBIG)
-        chunks: list[bytes] = []
-        left = cap + 1  # one byte past the cap tells a file that grew after the fstat
-        while left > 0:
-            chunk = os.read(fd, min(left, 1 << 16))
-            if not chunk:
-                break
-            chunks.append(chunk)
-            left -= len(chunk)
-        if left <= 0:
+        data = _read_upto(fd, cap + 1)  # a byte past the cap: a file that grew after the fstat
+        if len(data) > cap:
             raise CappedReadError(path, f"over its cap of {cap} bytes", errno.EFBIG)
-        return b"".join(chunks)
+        return data
     finally:
         os.close(fd)
 
