@@ -75,3 +75,21 @@ def test_the_commands_page_names_every_command() -> None:
     missing = [n for n in names if not any(f"`governor {n}" in r for r in rows)]
     twice = [n for n in names if sum(r.startswith(f"| `governor {n} ") for r in rows) > 1]
     assert len(names) >= 20 and not missing and not twice, (names, missing, twice)
+
+
+README_MAX_LINES = 250  # the manual issue's limit (issue 48: it had grown back to 292)
+
+
+def test_the_readme_stays_a_front_page() -> None:
+    """The README is the front page, the manual is docs/: it stays within README_MAX_LINES,
+    keeps its two set-up commands (the main job on a bundled example, and all tests) and
+    links every page of the manual's table it had."""
+    text = (runner.REPO / "README.md").read_text()
+    lines = text.splitlines()
+    assert len(lines) <= README_MAX_LINES, (
+        f"README.md has {len(lines)} lines (at most {README_MAX_LINES}): move detail to docs/"
+    )
+    assert "scripts/demo\n" in text and "scripts/test\n" in text
+    linked = set(re.findall(r"\]\((docs/[\w/.-]+\.md)", text))
+    assert {"docs/fit.md", "docs/launch.md", "docs/server.md", "docs/several.md"} <= linked
+    assert all((runner.REPO / page).is_file() for page in linked), linked
