@@ -4,8 +4,9 @@ marker, like tests/kernel/test_engine_guest.py; measured numbers go to the resul
 
 The model is kvguest (scripts/engine-setup: 24 layers x n_embd 256, 24 KiB of KV per token,
 13 MiB of weights), the KV-heavy shape at a TCG guest's scale. The server runs two slots
-(-np 2) and a small explicit prompt cache (--cache-ram 16), so a handful of distinct
-~300-token conversations (each saved state ~7 MiB) overflow it and the server evicts: the
+(-np 2) and a small explicit prompt cache (--cache-ram 6), so four distinct ~170-token
+conversations (each saved state ~4 MiB; a slot's state is saved when the slot takes the next
+conversation, so four conversations save two states) overflow it and the server evicts: the
 memory the issue is about (the prompt cache growing with every new conversation) is
 exercised, and must stay inside the estimate + 10 % and under memory.max.
 
@@ -32,9 +33,9 @@ from helpers.server import KVGUEST, SERVER, converse, free_port, prompt, wait_re
 REPO = Path(__file__).resolve().parents[2]
 MIB = 1 << 20
 ALL = ("memory", "cpu", "cpuset", "io", "pids")
-CACHE_RAM = 16  # MiB: two ~300-token states of kvguest (7.2 MiB each) fit, a third evicts
-CONVERSATIONS = 6
-WORDS = 250  # two-letter words, one token each: 303 prompt tokens with the chatml template
+CACHE_RAM = 6  # MiB: one ~170-token state of kvguest (~4.1 MiB) fits, a second evicts
+CONVERSATIONS = 4  # two slots: the third and fourth save the first two states
+WORDS = 120  # two-letter words, one token each: ~173 prompt tokens with the chatml template
 WORKERS = 2
 
 
