@@ -2,8 +2,8 @@
 --engine-argv`, `launch`, `install` and the Ansible module ask :func:`admission` before
 anything is applied.
 
-The arithmetic is pure (governor/plan/budget.py), the claims are gathered from what runs and
-what is installed (governor/operate/board.py). This module adds what needs a clock, the board
+The arithmetic is pure (governor/board/budget.py), the claims are gathered from what runs and
+what is installed (governor/board/scan.py). This module adds what needs a clock, the board
 lock and the shed: a refusal (75, nothing applied), the one warning line of an admitted
 overlap, ``[qos] admit = "wait"`` (poll for room up to admit_timeout, saying who holds it) and
 ``"shed"`` (stop lower-class engines through the shed ladder, journaled as the admission's).
@@ -27,30 +27,30 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from governor.errors import AdmissionRefused, HostError
-from governor.log import get_logger
-from governor.operate import board as claims
-from governor.peer.files import CappedReadError
-from governor.peer.lock import LockBusy, take
-from governor.plan.board import board_path, no_budget_error
-from governor.plan.budget import (
+from governor.board import scan as claims
+from governor.board.budget import (
     admit,
-    claim_of_plan,
     forced_text,
     gib,
     holders_text,
     kept_text,
     no_budget_text,
     overlap_text,
-    plan_claim_dict,
     refusal_text,
+    slice_of_plan,
 )
+from governor.board.file import board_path, no_budget_error
+from governor.errors import AdmissionRefused, HostError
+from governor.log import get_logger
+from governor.peer.files import CappedReadError
+from governor.peer.lock import LockBusy, take
 from governor.record import record
 from governor.sizes import duration_text
 
 if TYPE_CHECKING:
-    from governor.operate.board import BoardClaims
-    from governor.plan.budget import Claim, Verdict
+    from governor.board.budget import Verdict
+    from governor.board.scan import Board
+    from governor.board.slice import Slice
     from governor.plan.model import Plan
 
 log = get_logger("governor.admit")
@@ -148,8 +148,8 @@ def admission(
     hold: bool = True,
     act: bool = True,
     install_root: Path | None = None,
-    gather: Callable[[], BoardClaims] | None = None,
-    stop: Callable[[Plan, Claim], None] | None = None,
+    gather: Callable[[], Board] | None = None,
+    stop: Callable[[Plan, Slice], None] | None = None,
     clock: Callable[[], float] = time.monotonic,
     sleep: Callable[[float], None] = time.sleep,
     say: Callable[[str], None] | None = None,
@@ -165,10 +165,10 @@ def admission(
     the board lock is waited for (default :func:`lock_wait`)."""
     _say = say or say_now
 
-    def read() -> BoardClaims:
+    def read() -> Board:
         if gather is not None:
             return gather()
-        return claims.gather(
+        return claims.scan(
             run=run,
             cgroup_root=Path(plan.cgroup_root),
             root=root,
@@ -176,7 +176,7 @@ def admission(
             install_root=install_root,
         )
 
-    new = claim_of_plan(plan_claim_dict(plan), estimate=estimate, state="running")
+    new = slice_of_plan(plan, estimate=estimate)
     mode = plan.qos.admit
     fd = -1
     why = f": the board cannot admit {new.name} now"
@@ -191,7 +191,7 @@ def admission(
             log.warning("admit.unlocked", run=str(run), reason=err.strerror)
     try:
         seen = read()
-        for p in seen.problems:
+        for p in seen.notes:
             log.debug("admit.skipped", problem=p)  # status and `check` say what is wrong
         if seen.budget.memtotal <= 0:  # no MemTotal (a fixture root): nothing to weigh
             log.warning("admit.no_memtotal", root=str(root), detail="admitted unweighed")
@@ -202,7 +202,7 @@ def admission(
                 raise no_budget_error(none, board if board is not None else board_path())
             _say(f"admitted by --force: {none}")
             return _held(fd, hold, None)
-        verdict = admit(seen.budget, new, seen.claims)
+        verdict = admit(seen.budget, new, seen.slices)
         if verdict.fits:
             return _held(fd, hold, verdict)
         if force:
@@ -219,7 +219,7 @@ def admission(
         note = None
         if mode == "shed":
             # decided before anyone is stopped: a victim counts only when its stop removes
-            # its claim (plan/budget.py shed_victims); one whose claim stays is never stopped
+            # its claim (board/budget.py shed_victims); one whose claim stays is never stopped
             if not verdict.enough:
                 raise _refuse(
                     verdict,
@@ -249,7 +249,7 @@ def admission(
             if locked and run is not None:
                 fd = board_lock(run, deadline=deadline, clock=clock, sleep=sleep, why=why)
             seen = read()
-            verdict = admit(seen.budget, new, seen.claims)
+            verdict = admit(seen.budget, new, seen.slices)
             if verdict.fits:
                 if note is None:
                     note = "admitted after waiting for room"
@@ -279,7 +279,7 @@ def _held(fd: int, hold: bool, verdict: Verdict | None, note: str | None = None)
     return Admitted(fd, verdict, note)
 
 
-def _stop(plan: Plan, victim: Claim, run: Path) -> None:
+def _stop(plan: Plan, victim: Slice, run: Path) -> None:
     """Stop one lower-class engine with the shed ladder's "stop" step (SIGTERM to its
     published engine pid, thawed first), journaled in the victim's journal as a shed by this
     policy "when" its admission (governor/monitor/actions/shed.py stop_victim)."""

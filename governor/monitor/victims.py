@@ -1,7 +1,7 @@
 """Who a `shed` may take memory from (issue 23, governor/monitor/actions/shedder.py): the other governed
 slices whose published run state (governor/rundir/state.py) is live and whose plan's ``[qos]
 class`` ranks below the shedder's, and the board file's ungoverned cgroups
-(governor/plan/board.py) of a lower class."""
+(governor/board/file.py) of a lower class."""
 
 from __future__ import annotations
 
@@ -10,11 +10,11 @@ from pathlib import Path
 from typing import Any
 
 from governor.backends.placement import parse_proc_cgroup
+from governor.board.file import BoardCgroup, read_board
 from governor.errors import GovernorError
 from governor.kernel import files as kf
 from governor.kernel.cgroupfs import CgroupFs
 from governor.kernel.procfs import ProcFs
-from governor.plan.board import BoardCgroup, read_board
 from governor.plan.model import QOS_RANK, SHED_STEPS, Plan
 from governor.record import record
 from governor.rundir.journal import Journal
@@ -45,7 +45,7 @@ Invalid = Callable[[str, str], None]  # (victim, reason): told once per problem 
 
 def governed_groups(run: Path) -> list[str]:
     """The group of every published plan, live or stale: what a board entry may not be,
-    contain or lie inside (governor/plan/board.py)."""
+    contain or lie inside (governor/board/file.py)."""
     plans = (st.compiled() for st in read_states(run))
     return sorted({p.group for p in plans if p is not None and isinstance(p.group, str)})
 
@@ -129,7 +129,7 @@ def board_victims(
 def board_file_victims(
     fs: CgroupFs, shedder: Plan, run: Path, board: Path | None, invalid: Invalid
 ) -> list[Victim]:
-    """The board file's valid entries (governor/plan/board.py read_board) as victims; a bad
+    """The board file's valid entries (governor/board/file.py read_board) as victims; a bad
     one (`governor check` refuses it too), or one on a governed slice, is told to
     ``invalid`` and skipped, never shed on a guess, and hides none of the others."""
     read = read_board(board, [shedder.group, *governed_groups(run)])

@@ -15,6 +15,7 @@ from typing import Any
 import pytest
 
 from governor.backends.cgroupfs import CgroupfsBackend
+from governor.board.file import load_board
 from governor.compile.compiler import compile_action, watch_rule
 from governor.errors import PolicyError
 from governor.kernel import files
@@ -24,7 +25,6 @@ from governor.monitor.actions.executor import Executor
 from governor.monitor.actions.shed import Shed
 from governor.monitor.actions.shedder import RAISE_STEPS, ROOM_HEADROOM, SETTLE_S, Shedder
 from governor.monitor.loop import Monitor
-from governor.plan.board import load_board
 from governor.plan.model import Plan, QosSpec, ShedStep, WatchCondition, WatchTrigger
 from governor.policy.values import parse_action
 from governor.record import replace

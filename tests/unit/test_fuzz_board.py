@@ -1,5 +1,5 @@
 """The board file (/etc/governor/board.toml), generated (issue 35): whatever it holds, its one
-reader (governor/plan/board.py read_board) returns typed entries and one governor error per
+reader (governor/board/file.py read_board) returns typed entries and one governor error per
 bad entry, never a traceback; every entry it returns is valid (a clean relative path outside
 every governed slice, a known class, known steps in ladder order, a unique name); and the
 shedder's victims from it (governor/monitor/victims.py) never raise either.
@@ -20,10 +20,10 @@ from fakefs.plans import make_plan
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from governor.board.file import GOVERNED_ROOT, read_board
 from governor.errors import PolicyError
 from governor.kernel.cgroupfs import CgroupFs
 from governor.monitor.victims import board_file_victims
-from governor.plan.board import GOVERNED_ROOT, read_board
 from governor.plan.model import CGROUP_STEPS, QOS_RANK, QosSpec
 from governor.record import replace
 from governor.rundir.state import Publisher, applied

@@ -3,7 +3,7 @@ give it back.
 
 Victims: the other governed slices whose published run state (governor/rundir/state.py) is
 live and whose plan's ``[qos] class`` ranks below this policy's, plus the board file's
-ungoverned cgroups (governor/plan/board.py) of a lower class. Never an equal or higher class
+ungoverned cgroups (governor/board/file.py) of a lower class. Never an equal or higher class
 (two interactive policies never shed each other), never this policy's own group, an ancestor
 or a descendant of it. Lowest class first, within a class the largest (memory.current).
 
