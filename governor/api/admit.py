@@ -232,7 +232,7 @@ def admission(
                 if stop is not None:
                     stop(plan, victim)
                 else:
-                    _stop(plan, victim, run)
+                    _stop(plan, victim)
             note = f"admitted after stopping {names} (a lower class)"
         else:
             _say(
@@ -279,16 +279,15 @@ def _held(fd: int, hold: bool, verdict: Verdict | None, note: str | None = None)
     return Admitted(fd, verdict, note)
 
 
-def _stop(plan: Plan, victim: Slice, run: Path) -> None:
-    """Stop one lower-class engine with the shed ladder's "stop" step (SIGTERM to its
-    published engine pid, thawed first), journaled in the victim's journal as a shed by this
-    policy "when" its admission (governor/monitor/actions/shed.py stop_victim)."""
-    # the shedder only when an admission stops a victim (not on every launch)
+def _stop(plan: Plan, victim: Slice) -> None:
+    """Stop one lower-class engine with the shed ladder's "stop" step (board/steps.py: SIGTERM
+    to its published engine pid, thawed first), journaled in the victim's journal as a shed by
+    this policy "when" its admission."""
+    from governor.board.steps import stop  # noqa: PLC0415  # only when a victim is stopped
     from governor.kernel.cgroupfs import CgroupFs  # noqa: PLC0415
-    from governor.monitor.actions.base import Context  # noqa: PLC0415
-    from governor.monitor.actions.shed import stop_victim  # noqa: PLC0415
 
-    ctx = Context(rule=-1, when=f"admission of {plan.policy}")
-    res = stop_victim(CgroupFs(Path(plan.cgroup_root)), plan, run, victim.name, ctx)
-    if res is not None and not res.ok:
-        log.warning("admit.stop_failed", victim=victim.name, detail=res.detail)
+    failed = stop(
+        CgroupFs(Path(plan.cgroup_root)), victim, by=plan.policy, when=f"admission of {plan.policy}"
+    )
+    if failed is not None:
+        log.warning("admit.stop_failed", victim=victim.name, detail=failed)

@@ -288,10 +288,7 @@ def board_free(plan: Plan, run: Path, root: Path) -> Callable[[], int | None] | 
 
     def free() -> int | None:
         seen = claims.scan(run=run, cgroup_root=Path(plan.cgroup_root), root=root)
-        if seen.budget.memtotal <= 0:
-            return None  # no MemTotal (a fixture root): nothing to weigh
-        others = sum(c.peak_claim for c in seen.slices if c.name != plan.policy)
-        return max(0, seen.budget.budget - others)
+        return seen.free_for(plan.policy)
 
     return free
 

@@ -64,8 +64,9 @@ class Board:
     # the reserve leaves no budget ([board] reserve >= MemTotal): the line that says so
     no_budget: str | None = None
     cgroups: tuple[Slice, ...] = ()  # the board file's ungoverned cgroups (shed victims)
-    # (who, why) of what a shed may not weigh: a state or board entry that is not one
+    # (who, why) of what a shed may not weigh: a state that is not one, a board entry
     invalid: tuple[tuple[str, str], ...] = ()
+    file_invalid: tuple[tuple[str, str], ...] = ()
     governed: tuple[str, ...] = ()  # every published plan's group, live or stale
 
     def free_for(self, policy: str) -> int | None:
@@ -224,19 +225,20 @@ def scan(
     board: Path | None = None,
     install_root: Path | None = None,
     own: tuple[str, ...] = (),
+    fs: CgroupFs | None = None,
 ) -> Board:
     """The board now: its budget, every claim, the board file's cgroups. ``root``: where /proc
     is (MemTotal); ``install_root``: where `install` recorded its manifests (default
     ``root``); ``run``: the run directory of the engines running now (None: a board rendered
-    for elsewhere, none); ``own``: groups no board entry may be (a shedder's own)."""
-    fs = CgroupFs(cgroup_root)
+    for elsewhere, none); ``own``: groups no board entry may be (a shedder's own); ``fs``: the
+    cgroup fs to read (default one at ``cgroup_root``)."""
+    fs = CgroupFs(cgroup_root) if fs is None else fs
     running, p1, invalid, governed = (
         running_slices(run, fs, root / "proc") if run is not None else ([], [], [], [])
     )
     read = read_board(board, [*own, *governed])
     budget = Budget.of(memtotal(root), read.reserve)
     problems = [str(e) for e in read.errors if not (e.field or "").startswith("cgroup")]
-    invalid += [(e.field or "-", str(e)) for e in read.errors]
     cgroups = tuple(board_cgroup(e, run) for e in read.entries) if run is not None else ()
     running, p2 = weighable(running, budget.memtotal)
     installed, p3 = installed_slices(
@@ -254,6 +256,7 @@ def scan(
         no_budget=None if none is None else f"{none} ([board] reserve, {board or board_path()})",
         cgroups=cgroups,
         invalid=tuple(invalid),
+        file_invalid=tuple((e.field or "-", str(e)) for e in read.errors),
         governed=tuple(governed),
     )
 

@@ -17,7 +17,7 @@ from governor.api.admit import admission
 from governor.board.scan import scan as gather
 from governor.cli.app import main
 from governor.kernel.cgroupfs import CgroupFs
-from governor.monitor.victims import governed_victims
+from governor.monitor.actions.shedder import Shedder
 from governor.operate.status import collect
 from governor.rundir.clocks import Ledger
 from governor.rundir.journal import Journal
@@ -69,7 +69,9 @@ def test_a_fifo_symlinked_or_oversized_state_is_skipped_by_every_reader_naming_i
     # the shedder's scan at each firing, inside a running engine's monitor
     shedder = plans["chat"]
     cg = tmp_path / "cg"
-    assert [v.name for v in governed_victims(CgroupFs(cg), shedder, run)] == ["good"]
+    assert [v.name for v in Shedder(CgroupFs(cg), shedder, run=run, own_cgroup="").victims()] == [
+        "good"
+    ]
     # the admission's read of the board (the gatherer) and an admission itself
     seen = gather(run=run, cgroup_root=cg, root=HOSTS / "rk3588")
     assert [c.name for c in seen.slices] == ["good"]
