@@ -73,7 +73,7 @@ class Steps:
         cg = victim.cgroup
         if step == ShedStep.UNLOAD:  # holds nothing: nothing to give back
             if self.unload is None:
-                raise GovernorError(f"no router client to unload a model ({cg})")
+                raise GovernorError(f"no router client to unload a model ({victim.cgroup})")
             return Taken([], model=self.unload(victim))
         if step == ShedStep.THROTTLE:
             before = self.fs.read(cg, kf.MEMORY_HIGH).strip()
@@ -96,7 +96,7 @@ class Steps:
                 changes.append(change(cg, kf.CGROUP_FREEZE, "1", "0"))
             pids = self.stop_pids(victim)
             if not pids and self.populated(cg):  # the engine pid is not in its group
-                raise GovernorError(f"no process to stop in its group ({cg})")
+                raise GovernorError(f"no process to stop in its group ({victim.cgroup})")
             for pid in pids:
                 with contextlib.suppress(ProcessLookupError):
                     self.kill(pid, signal.SIGTERM)
@@ -107,7 +107,7 @@ class Steps:
                 self.fs.freeze(cg, False)
                 hold.frozen = False
             return Taken([])
-        raise GovernorError(f"unknown shed step {step[:40]!r} ({cg})")
+        raise GovernorError(f"unknown shed step {step[:40]!r} ({victim.cgroup})")
 
     def stop_pids(self, victim: Slice) -> list[int]:
         pids = sorted(set(self.fs.procs_below(victim.cgroup)))
