@@ -51,8 +51,6 @@ MANIFEST_DIR = "etc/governor/installed"  # governor/deploy/install.py MANIFEST_D
 MANIFEST_MAX = 1 << 20  # deploy/install.py MANIFEST_MAX: a manifest over it is skipped
 BOARD_DIR = "board"  # <run dir>/board/<name>/journal.jsonl: an ungoverned cgroup's journal
 
-SCANS = [0]  # run-dir scans so far (tests count them per decision)
-
 
 @record(frozen=True)
 class Board:
@@ -129,7 +127,6 @@ def running_slices(
 ) -> tuple[list[Slice], list[str], list[tuple[str, str]], list[str]]:
     """A slice per live published state (a stale one holds no engine: none); the notes, what a
     shed may not weigh, and every published plan's group (live or stale)."""
-    SCANS[0] += 1
     states, errors = scan_states(run, proc)
     problems = [f"{e.path}: {e.problem}" for e in errors]
     invalid = [(e.path.parent.name, e.problem) for e in errors]
