@@ -174,7 +174,7 @@ class PermissionDenied(_OsFailure):
 
 
 class AdmissionRefused(GovernorError):
-    """The board's budget cannot take this slice now (governor/plan/budget.py): its
+    """The board's budget cannot take this slice now (governor/board/budget.py): its
     guarantees do not fit beside the others', or its peak does not and ``[qos] admit`` says
     refuse (or a wait ran out). Nothing was applied."""
 

@@ -2,8 +2,8 @@
 --engine-argv`, `launch`, `install` and the Ansible module ask :func:`admission` before
 anything is applied.
 
-The arithmetic is pure (governor/plan/budget.py), the claims are gathered from what runs and
-what is installed (governor/operate/board.py). This module adds what needs a clock, the board
+The arithmetic is pure (governor/board/budget.py), the claims are gathered from what runs and
+what is installed (governor/board/scan.py). This module adds what needs a clock, the board
 lock and the shed: a refusal (75, nothing applied), the one warning line of an admitted
 overlap, ``[qos] admit = "wait"`` (poll for room up to admit_timeout, saying who holds it) and
 ``"shed"`` (stop lower-class engines through the shed ladder, journaled as the admission's).
@@ -19,44 +19,31 @@ takes it too, though it only reads: its answer is the one a launch would get now
 
 from __future__ import annotations
 
-import contextlib
-import os
 import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from governor.board.admission import POLL_S, Admitted, Words, decide
+from governor.board.budget import refusal_text, slice_of_plan
+from governor.board.file import board_path, no_budget_error
+from governor.board.scan import scan
 from governor.errors import AdmissionRefused, HostError
 from governor.log import get_logger
-from governor.operate import board as claims
 from governor.peer.files import CappedReadError
 from governor.peer.lock import LockBusy, take
-from governor.plan.board import board_path, no_budget_error
-from governor.plan.budget import (
-    admit,
-    claim_of_plan,
-    forced_text,
-    gib,
-    holders_text,
-    kept_text,
-    no_budget_text,
-    overlap_text,
-    plan_claim_dict,
-    refusal_text,
-)
-from governor.record import record
-from governor.sizes import duration_text
 
 if TYPE_CHECKING:
-    from governor.operate.board import BoardClaims
-    from governor.plan.budget import Claim, Verdict
+    from governor.board.budget import Verdict
+    from governor.board.scan import Board
+    from governor.board.slice import Slice
     from governor.plan.model import Plan
 
 log = get_logger("governor.admit")
 
 LOCK_FILE = "board.lock"
-POLL_S = 0.5  # "wait" and "shed": how often the board's claims are read again
+__all__ = ["POLL_S", "Admitted", "admission", "board_lock", "lock_wait", "say_now"]
 # how long the board lock is waited for (unless [qos] admit waits: its admit_timeout): the
 # longest a holder keeps it is an install's daemon-reload or a launch's apply and start
 LOCK_WAIT_S = 10.0
@@ -70,23 +57,6 @@ ADMIT_HINT = (
     "`governor status` lists what runs and holds the memory: stop one, lower this policy's"
     ' memory.min, set [qos] admit = "wait" or "shed", or --force admits it anyway'
 )
-
-
-@record
-class Admitted:
-    """What admission decided: the board lock's fd (held until the state is published; None:
-    released), the verdict and what was done for it."""
-
-    lock_fd: int | None
-    verdict: Verdict | None = None
-    note: str | None = None  # for the new slice's journal: "admitted after stopping X"
-
-    def release(self) -> None:
-        """Release the board lock (once: a second call does nothing)."""
-        fd, self.lock_fd = self.lock_fd, None
-        if fd is not None:
-            with contextlib.suppress(OSError):
-                os.close(fd)
 
 
 def board_lock(
@@ -148,27 +118,27 @@ def admission(
     hold: bool = True,
     act: bool = True,
     install_root: Path | None = None,
-    gather: Callable[[], BoardClaims] | None = None,
-    stop: Callable[[Plan, Claim], None] | None = None,
+    gather: Callable[[], Board] | None = None,
+    stop: Callable[[Plan, Slice], None] | None = None,
     clock: Callable[[], float] = time.monotonic,
     sleep: Callable[[float], None] = time.sleep,
     say: Callable[[str], None] | None = None,
     lock_s: float | None = None,
 ) -> Admitted:
-    """Admit ``plan`` on the board or raise AdmissionRefused (75). ``hold``: keep the board
-    lock (launch: until the state is published; install: until its manifest is written);
-    else it is released on return (check). ``act``: False where nothing starts now (check,
-    install): "wait" and "shed" only say what the start will do, the guarantees of "warn" and
-    "refuse" are refused all the same. ``run``: None for a board rendered elsewhere (no
-    running claims, no lock). ``gather``, ``stop``, ``clock`` and ``sleep`` are the tests'
-    doors; ``say``: where the warning lines go (default stderr, at once); ``lock_s``: how long
-    the board lock is waited for (default :func:`lock_wait`)."""
-    _say = say or say_now
+    """Admit ``plan`` on the board or raise AdmissionRefused (75): the decision is
+    governor/board/admission.py's, this wires it (where the board is read, the lock, the
+    words). ``hold``: keep the board lock (launch: until the state is published; install:
+    until its manifest is written); else it is released on return (check). ``act``: False
+    where nothing starts now (check, install): "wait" and "shed" only say what the start will
+    do, the guarantees of "warn" and "refuse" are refused all the same. ``run``: None for a
+    board rendered elsewhere (no running claims, no lock). ``gather``, ``stop``, ``clock`` and
+    ``sleep`` are the tests' doors; ``say``: where the warning lines go (default stderr, at
+    once); ``lock_s``: how long the board lock is waited for (default :func:`lock_wait`)."""
 
-    def read() -> BoardClaims:
+    def read() -> Board:
         if gather is not None:
             return gather()
-        return claims.gather(
+        return scan(
             run=run,
             cgroup_root=Path(plan.cgroup_root),
             root=root,
@@ -176,119 +146,46 @@ def admission(
             install_root=install_root,
         )
 
-    new = claim_of_plan(plan_claim_dict(plan), estimate=estimate, state="running")
-    mode = plan.qos.admit
-    fd = -1
+    new = slice_of_plan(plan, estimate=estimate)
     why = f": the board cannot admit {new.name} now"
+    lock: Callable[[float], int] | None = None
+    if run is not None:
+        lock_dir = run
+
+        def lock(deadline: float) -> int:
+            return board_lock(lock_dir, deadline=deadline, clock=clock, sleep=sleep, why=why)
+
+    def unlocked(err: OSError) -> None:
+        log.warning("admit.unlocked", run=str(run), reason=err.strerror)
+
+    def stop_one(victim: Slice) -> None:
+        (stop or _stop)(plan, victim)
+
+    words = Words(
+        refuse=lambda verdict, extra: _refuse(verdict, board, extra),
+        no_budget=lambda text: no_budget_error(text, board if board is not None else board_path()),
+        say=say or say_now,
+    )
     # one deadline for the whole admission: the lock's wait and the room's share it ("wait"
     # and "shed" wait admit_timeout for the lock, then only what is left of it for room)
     started = clock()
-    if run is not None:
-        wait = lock_wait(plan) if lock_s is None else lock_s
-        try:
-            fd = board_lock(run, deadline=started + wait, clock=clock, sleep=sleep, why=why)
-        except OSError as err:  # an unwritable run dir: weighed all the same, unlocked
-            log.warning("admit.unlocked", run=str(run), reason=err.strerror)
-    try:
-        seen = read()
-        for p in seen.problems:
-            log.debug("admit.skipped", problem=p)  # status and `check` say what is wrong
-        if seen.budget.memtotal <= 0:  # no MemTotal (a fixture root): nothing to weigh
-            log.warning("admit.no_memtotal", root=str(root), detail="admitted unweighed")
-            return _held(fd, hold, None)
-        none = no_budget_text(seen.budget)
-        if none is not None:  # no room will ever come: the board file is wrong (check says so)
-            if not force:
-                raise no_budget_error(none, board if board is not None else board_path())
-            _say(f"admitted by --force: {none}")
-            return _held(fd, hold, None)
-        verdict = admit(seen.budget, new, seen.claims)
-        if verdict.fits:
-            return _held(fd, hold, verdict)
-        if force:
-            _say(f"admitted by --force: {forced_text(verdict)}")
-            return _held(fd, hold, verdict)
-        if mode == "warn" and verdict.kind == "peaks":
-            _say(f"admitted with an overlap: {overlap_text(verdict)}")
-            return _held(fd, hold, verdict)
-        if mode in ("warn", "refuse"):
-            raise _refuse(verdict, board)
-        if not act or run is None:
-            _say(f"at its start {new.name} will {mode} for room: {overlap_text(verdict)}")
-            return _held(fd, hold, verdict)
-        note = None
-        if mode == "shed":
-            # decided before anyone is stopped: a victim counts only when its stop removes
-            # its claim (plan/budget.py shed_victims); one whose claim stays is never stopped
-            if not verdict.enough:
-                raise _refuse(
-                    verdict,
-                    board,
-                    f", and no lower class to shed frees enough{kept_text(verdict)}",
-                )
-            names = ", ".join(v.name for v in verdict.victims)
-            _say(f"admission of {new.name} stops {names} (a lower class) to make room")
-            for victim in verdict.victims:
-                if stop is not None:
-                    stop(plan, victim)
-                else:
-                    _stop(plan, victim, run)
-            note = f"admitted after stopping {names} (a lower class)"
-        else:
-            _say(
-                f"waiting up to {_duration(plan.qos.admit_timeout_s)} for {gib(verdict.missing)}"
-                f" of room for {new.name} ({holders_text(verdict)})"
-            )
-        deadline = started + plan.qos.admit_timeout_s
-        locked = fd >= 0
-        while True:  # wait (or let the victims go) without the lock: they may need it
-            if locked:
-                os.close(fd)
-                fd = -1
-            sleep(POLL_S)
-            if locked and run is not None:
-                fd = board_lock(run, deadline=deadline, clock=clock, sleep=sleep, why=why)
-            seen = read()
-            verdict = admit(seen.budget, new, seen.claims)
-            if verdict.fits:
-                if note is None:
-                    note = "admitted after waiting for room"
-                _say(f"{new.name} admitted: {note}")
-                return _held(fd, hold, verdict, note)
-            if clock() >= deadline:
-                raise _refuse(
-                    verdict, board, f", after {_duration(plan.qos.admit_timeout_s)} of {mode}"
-                )
-    except BaseException:
-        if fd >= 0:
-            os.close(fd)
-        raise
+    return decide(
+        new, plan.qos, read=read, words=words, lock=lock,
+        lock_deadline=started + (lock_wait(plan) if lock_s is None else lock_s),
+        stop=stop_one, force=force, hold=hold, act=act, clock=clock, sleep=sleep,
+        started=started, unlocked=unlocked,
+    )  # fmt: skip
 
 
-def _duration(seconds: float) -> str:
-    """``admit_timeout`` as the policy spells it ("1us", "1m30s" reads "90s", "2m")."""
-    return duration_text(max(1, round(seconds * 1_000_000)))
-
-
-def _held(fd: int, hold: bool, verdict: Verdict | None, note: str | None = None) -> Admitted:
-    if fd < 0:
-        return Admitted(None, verdict, note)
-    if not hold:
-        os.close(fd)
-        return Admitted(None, verdict, note)
-    return Admitted(fd, verdict, note)
-
-
-def _stop(plan: Plan, victim: Claim, run: Path) -> None:
-    """Stop one lower-class engine with the shed ladder's "stop" step (SIGTERM to its
-    published engine pid, thawed first), journaled in the victim's journal as a shed by this
-    policy "when" its admission (governor/monitor/actions/shed.py stop_victim)."""
-    # the shedder only when an admission stops a victim (not on every launch)
+def _stop(plan: Plan, victim: Slice) -> None:
+    """Stop one lower-class engine with the shed ladder's "stop" step (board/steps.py: SIGTERM
+    to its published engine pid, thawed first), journaled in the victim's journal as a shed by
+    this policy "when" its admission."""
+    from governor.board.steps import stop  # noqa: PLC0415  # only when a victim is stopped
     from governor.kernel.cgroupfs import CgroupFs  # noqa: PLC0415
-    from governor.monitor.actions.base import Context  # noqa: PLC0415
-    from governor.monitor.actions.shed import stop_victim  # noqa: PLC0415
 
-    ctx = Context(rule=-1, when=f"admission of {plan.policy}")
-    res = stop_victim(CgroupFs(Path(plan.cgroup_root)), plan, run, victim.name, ctx)
-    if res is not None and not res.ok:
-        log.warning("admit.stop_failed", victim=victim.name, detail=res.detail)
+    failed = stop(
+        CgroupFs(Path(plan.cgroup_root)), victim, by=plan.policy, when=f"admission of {plan.policy}"
+    )
+    if failed is not None:
+        log.warning("admit.stop_failed", victim=victim.name, detail=failed)

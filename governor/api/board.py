@@ -1,6 +1,6 @@
 """`governor board` in the composition root (issue 36): the gatherer's claims
-(governor/operate/board.py), the big ungoverned cgroups and `--fits POLICY -- ENGINE...`
-(the policy compiled as `check --engine-argv` would, weighed by governor/plan/budget.py's
+(governor/board/scan.py), the big ungoverned cgroups and `--fits POLICY -- ENGINE...`
+(the policy compiled as `check --engine-argv` would, weighed by governor/board/budget.py's
 admit(); nothing is applied, no lock is taken)."""
 
 from __future__ import annotations
@@ -9,18 +9,18 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from governor.api.host import HostOptions, check, preflight_engine, probe_host
+from governor.board.budget import slice_of_plan
+from governor.board.file import read_board
+from governor.board.scan import scan as gather
 from governor.engines.draft_board import Tenants
 from governor.kernel.cgroupfs import CgroupFs
 from governor.operate import boardview
-from governor.operate.board import gather
 from governor.operate.boardview import fits as weigh
-from governor.plan.board import read_board
-from governor.plan.budget import claim_of_plan, plan_claim_dict
 from governor.rundir.state import run_dir
 
 if TYPE_CHECKING:
+    from governor.board.scan import Board
     from governor.engines.draft_board import Tenants
-    from governor.operate.board import BoardClaims
 
 DEFAULT_CGROUP_ROOT = Path("/sys/fs/cgroup")
 
@@ -32,7 +32,7 @@ def cgroup_root(opts: HostOptions) -> Path:
     return Path(mount) if mount is not None else opts.root / "sys/fs/cgroup"
 
 
-def claims(opts: HostOptions, cgroup: Path | None = None) -> BoardClaims:
+def claims(opts: HostOptions, cgroup: Path | None = None) -> Board:
 
     return gather(run=run_dir(), cgroup_root=cgroup or cgroup_root(opts), root=opts.root)
 
@@ -42,8 +42,8 @@ def view(opts: HostOptions) -> dict[str, Any]:
 
     cg = cgroup_root(opts)
     seen = claims(opts, cg)
-    others = boardview.ungoverned(CgroupFs(cg), seen.claims, read_board().entries)
-    return boardview.view(seen.budget, seen.claims, others, seen.problems, seen.no_budget)
+    others = boardview.ungoverned(CgroupFs(cg), seen.slices, read_board().entries)
+    return boardview.view(seen.budget, seen.slices, others, seen.notes, seen.no_budget)
 
 
 def fits(path: Path, engine: tuple[str, ...], opts: HostOptions) -> dict[str, Any]:
@@ -57,8 +57,8 @@ def fits(path: Path, engine: tuple[str, ...], opts: HostOptions) -> dict[str, An
     else:
         plan = check(path, opts)
     seen = claims(opts, Path(plan.cgroup_root))
-    new = claim_of_plan(plan_claim_dict(plan), estimate=estimate, state="running")
-    return weigh(seen.budget, new, seen.claims, plan.qos.admit)
+    new = slice_of_plan(plan, estimate=estimate)
+    return weigh(seen.budget, new, seen.slices, plan.qos.admit)
 
 
 def tenants(opts: HostOptions) -> Tenants | None:
@@ -69,4 +69,4 @@ def tenants(opts: HostOptions) -> Tenants | None:
         seen = claims(opts)
     except OSError:
         return None
-    return Tenants(claims=seen.claims, reserve=read_board().reserve)
+    return Tenants(claims=seen.slices, reserve=read_board().reserve)

@@ -19,6 +19,9 @@ from governor.api.host import (
     probe_host,
     sysfs_root,
 )
+from governor.board.budget import Budget, no_budget_text
+from governor.board.file import is_board_file, no_budget_error, read_board
+from governor.board.scan import memtotal
 from governor.compile.doctor import diagnose, swap_finding
 from governor.compile.headroom import psi_shed_warning
 from governor.engines.budget import estimate_argv, estimate_router, policy_budget
@@ -31,9 +34,6 @@ from governor.errors import HostError, PolicyError, UsageError
 from governor.kernel.procfs import ProcFs
 from governor.kernel.swap import SwapReader
 from governor.monitor.victims import governed_groups
-from governor.operate.board import memtotal
-from governor.plan.board import is_board_file, no_budget_error, read_board
-from governor.plan.budget import Budget, no_budget_text
 from governor.policy.model import Policy
 from governor.record import record
 from governor.rundir.state import run_dir

@@ -12,6 +12,7 @@ from governor.api.admit import Admitted, admission, say_now
 from governor.api.host import HostOptions, compile_policy, load_policy, probe_host
 from governor.api.launch import LaunchOptions, compiled_for_launch
 from governor.backends.systemd import daemon_reload
+from governor.board.budget import plan_claim_dict
 from governor.cache.store import cache_dir
 from governor.deploy import dropin
 from governor.deploy import install as inst
@@ -19,7 +20,6 @@ from governor.engines.preflight import engine_args
 from governor.engines.preflight import model_bytes as model_size
 from governor.errors import GovernorError, HostError
 from governor.log import get_logger
-from governor.plan.budget import plan_claim_dict
 from governor.plan.host import HostFacts
 from governor.plan.model import Plan
 from governor.plan.unitmap import service_unit

@@ -22,6 +22,7 @@ from governor.api.host import (
     check_device,
     sysfs_root,
 )
+from governor.board import scan as claims
 from governor.cache import plans as compiled
 from governor.cache.argkey import server_address
 from governor.errors import UsageError
@@ -32,7 +33,6 @@ from governor.launch.executable import resolve_executable
 from governor.launch.launcher import Launcher
 from governor.log import get_logger
 from governor.monitor.actions import registry as verbs
-from governor.operate import board as claims
 from governor.plan.host import HostFacts
 from governor.plan.model import Plan
 from governor.plan.render import enforcement
@@ -282,16 +282,13 @@ def router_url(
 def board_free(plan: Plan, run: Path, root: Path) -> Callable[[], int | None] | None:
     """[engine] evict = "memory": the board's free budget for this slice, read when a model
     would not fit a group without memory.max (supervise/evict.py): the budget admission
-    weighs less every other slice's claim (governor/operate/board.py); None: another evict."""
+    weighs less every other slice's claim (governor/board/scan.py); None: another evict."""
     if plan.engine.evict != "memory":
         return None
 
     def free() -> int | None:
-        seen = claims.gather(run=run, cgroup_root=Path(plan.cgroup_root), root=root)
-        if seen.budget.memtotal <= 0:
-            return None  # no MemTotal (a fixture root): nothing to weigh
-        others = sum(c.peak_claim for c in seen.claims if c.name != plan.policy)
-        return max(0, seen.budget.budget - others)
+        seen = claims.scan(run=run, cgroup_root=Path(plan.cgroup_root), root=root)
+        return seen.free_for(plan.policy)
 
     return free
 

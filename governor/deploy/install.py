@@ -35,7 +35,7 @@ log = get_logger(__name__)
 
 MANIFEST_DIR = "etc/governor/installed"
 FILE_MODE = 0o644
-FILE_MAX = 1 << 20  # a unit, a drop-in or a manifest: KiB (operate/board.py MANIFEST_MAX)
+FILE_MAX = 1 << 20  # a unit, a drop-in or a manifest: KiB (board/scan.py MANIFEST_MAX)
 DIR_MODE = 0o755
 
 
@@ -68,8 +68,8 @@ class Manifest(BaseModel):
     units: tuple[str, ...]
     files: tuple[ManifestFile, ...]
     created_dirs: tuple[str, ...] = ()  # parents first
-    # the slice's claim on the board (governor/plan/budget.py plan_claim_dict; issue 36): an
-    # installed service that does not run keeps it (governor/operate/board.py reads it)
+    # the slice's claim on the board (governor/board/budget.py plan_claim_dict; issue 36): an
+    # installed service that does not run keeps it (governor/board/scan.py reads it)
     claim: dict[str, Any] | None = None
 
     @field_validator("created_dirs")

@@ -29,6 +29,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from governor.board.budget import Budget, no_budget_text
+from governor.board.file import board_path, no_budget_error
 from governor.engines import draft_board, draft_qos, draft_server, draft_swap
 from governor.engines.budget import HEADROOM_MIN, HEADROOM_SHARE, estimate_argv
 from governor.engines.budget import headroom_for as _headroom_for
@@ -42,8 +44,6 @@ from governor.engines.llama import (
 )
 from governor.errors import PolicyError, UsageError
 from governor.kernel.parse import format_cpulist
-from governor.plan.board import board_path, no_budget_error
-from governor.plan.budget import Budget, no_budget_text
 from governor.policy.loader import load_text
 from governor.policy.model import NAME_RE
 

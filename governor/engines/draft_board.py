@@ -6,7 +6,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from governor.plan.budget import Claim, reserve_for
+from governor.board.budget import reserve_for
+from governor.board.slice import Slice
 
 if TYPE_CHECKING:
     from governor.engines.draft_sizing import Sizing
@@ -18,10 +19,10 @@ def mib(n: int) -> int:
 
 @dataclass(frozen=True)
 class Tenants:
-    """What the board already holds (governor/operate/board.py gathers it): the other governed
+    """What the board already holds (governor/board/scan.py gathers it): the other governed
     slices' claims and the board file's ``[board] reserve`` (None: the default)."""
 
-    claims: tuple[Claim, ...] = ()
+    claims: tuple[Slice, ...] = ()
     reserve: int | None = None
 
     def without(self, name: str) -> Tenants:

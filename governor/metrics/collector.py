@@ -30,11 +30,11 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.registry import Collector, CollectorRegistry
 
 from governor.backends.device import cma
+from governor.board.scan import scan as gather
 from governor.kernel.cgroupfs import CgroupFs
 from governor.kernel.procfs import ProcFs
 from governor.launch.prefetch import Prefetcher, resident_pages
 from governor.operate import observe
-from governor.operate.board import gather
 from governor.operate.devmem import device_board
 from governor.operate.swap import board_swap
 from governor.plan.model import Plan
@@ -402,7 +402,7 @@ def _swap() -> Iterator[Metric]:
 
 def _board(run: Path, cgroup_root: str | None) -> Iterator[Metric]:
     """The board's budget and every governed slice's claims on it, running or installed: the
-    figures of `governor board` (governor/operate/board.py); board-wide, no policy label."""
+    figures of `governor board` (governor/board/scan.py); board-wide, no policy label."""
 
     seen = gather(run=run, cgroup_root=Path(cgroup_root or "/sys/fs/cgroup"))
     if seen.budget.memtotal <= 0:
@@ -417,8 +417,8 @@ def _board(run: Path, cgroup_root: str | None) -> Iterator[Metric]:
         "the governed slices' claims: memory.min (+ [device]) and their expected peaks",
         labels=["kind"],
     )
-    claimed.add_metric(["min"], sum(c.guaranteed for c in seen.claims))
-    claimed.add_metric(["peak"], sum(c.peak_claim for c in seen.claims))
+    claimed.add_metric(["min"], sum(c.guaranteed for c in seen.slices))
+    claimed.add_metric(["peak"], sum(c.peak_claim for c in seen.slices))
     yield claimed
 
 

@@ -13,6 +13,8 @@ import os
 from collections.abc import Callable, Collection, Sequence
 from typing import TYPE_CHECKING, Any
 
+from governor.board.budget import reserve_for
+from governor.board.file import read_board
 from governor.errors import BackendError, GovernorError
 from governor.kernel import files as kf
 from governor.kernel.cgroupfs import CgroupFs
@@ -23,8 +25,6 @@ from governor.log import get_logger
 from governor.monitor import triggers
 from governor.monitor.rules import Rule
 from governor.monitor.thrash import Thrash, board_file_bytes, refault_pages
-from governor.plan.board import read_board
-from governor.plan.budget import reserve_for
 from governor.record import record
 
 if TYPE_CHECKING:
@@ -137,7 +137,7 @@ class Board:
 
     def reserve(self) -> int | None:
         """The board's reserve: the board file's ``[board] reserve``, else the default (128
-        MiB + MemTotal/16, at most 1 GiB: governor/plan/budget.py); read once."""
+        MiB + MemTotal/16, at most 1 GiB: governor/board/budget.py); read once."""
         if self._reserve is None:
             try:
                 memtotal = self.proc.meminfo()["MemTotal"]

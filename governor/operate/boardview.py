@@ -4,7 +4,7 @@
 The figures, in bytes (the JSON form; the table prints them in MiB):
 
 - ``memtotal``, ``reserve`` (the board file's ``[board] reserve``, else the default),
-  ``budget`` = memtotal - reserve (governor/plan/budget.py);
+  ``budget`` = memtotal - reserve (governor/board/budget.py);
 - each governed slice (running: a live published state; installed: `governor install`'s
   manifest, its service stopped): class, ``min`` (memory.min + [device]), ``peak`` (the claim:
   the estimate, else memory.max, else memory.high) and where the peak comes from,
@@ -23,15 +23,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from governor.errors import GovernorError
-from governor.kernel import files as kf
-from governor.kernel.cgroupfs import CgroupFs
-from governor.kernel.parse import parse_max
-from governor.plan.board import GOVERNED_ROOT, BoardCgroup
-from governor.plan.budget import (
+from governor.board.budget import (
     ZRAM_CLAIM,
     Budget,
-    Claim,
     Verdict,
     admit,
     gib,
@@ -39,6 +33,12 @@ from governor.plan.budget import (
     no_budget_text,
     short,
 )
+from governor.board.file import GOVERNED_ROOT, BoardCgroup
+from governor.board.slice import Slice
+from governor.errors import GovernorError
+from governor.kernel import files as kf
+from governor.kernel.cgroupfs import CgroupFs
+from governor.kernel.parse import parse_max
 
 MIB = 1 << 20
 BIG = 16 * MIB  # an ungoverned top-level cgroup below this is not worth a row
@@ -53,11 +53,11 @@ def current_of(fs: CgroupFs, cgroup: str) -> int | None:
 
 
 def ungoverned(
-    fs: CgroupFs, claims: Sequence[Claim], entries: Sequence[BoardCgroup] = ()
+    fs: CgroupFs, claims: Sequence[Slice], entries: Sequence[BoardCgroup] = ()
 ) -> list[dict[str, Any]]:
     """The big top-level cgroups no policy governs, and the board file's entries (largest
     first): ``{"cgroup", "name", "class", "current"}``; class is the board file's (else None)."""
-    tops = {GOVERNED_ROOT, *(c.group.split("/", 1)[0] for c in claims)}
+    tops = {GOVERNED_ROOT, *(c.cgroup.split("/", 1)[0] for c in claims)}
     rows: dict[str, dict[str, Any]] = {}
     try:
         children = fs.children("")
@@ -79,10 +79,10 @@ def ungoverned(
     return sorted(rows.values(), key=lambda r: (-(r["current"] or 0), r["cgroup"]))
 
 
-def claim_row(c: Claim) -> dict[str, Any]:
+def claim_row(c: Slice) -> dict[str, Any]:
     return {
         "name": c.name,
-        "group": c.group,
+        "group": c.cgroup,
         "class": c.qos_class,
         "min": c.guaranteed,
         "peak": c.peak_claim,
@@ -95,7 +95,7 @@ def claim_row(c: Claim) -> dict[str, Any]:
 
 def view(
     budget: Budget,
-    claims: Sequence[Claim],
+    claims: Sequence[Slice],
     others: Sequence[dict[str, Any]] = (),
     problems: Sequence[str] = (),
     no_budget: str | None = None,
@@ -157,7 +157,7 @@ def render(v: dict[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def fits(budget: Budget, new: Claim, claims: Sequence[Claim], admit_mode: str) -> dict[str, Any]:
+def fits(budget: Budget, new: Slice, claims: Sequence[Slice], admit_mode: str) -> dict[str, Any]:
     """`governor board --fits`: does ``new`` fit beside ``claims``, and what its launch would
     do under its ``[qos] admit`` (the victims a shed would stop)."""
     verdict: Verdict = admit(budget, new, tuple(claims))

@@ -12,8 +12,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from governor.board.scan import scan as gather
 from governor.kernel.cgroupfs import CgroupFs
-from governor.operate.board import gather
 from governor.operate.clocks import observe as clock_rows
 from governor.operate.clocks import render as render_clocks
 from governor.operate.devmem import device_board, render_device
@@ -108,12 +108,12 @@ def collect(
 
 
 def board_budget(run: Path, cgroup_root: Path, root: Path = Path("/")) -> dict[str, Any]:
-    """The figures of `governor board` (governor/operate/board.py gathers the claims)."""
+    """The figures of `governor board` (governor/board/scan.py gathers the claims)."""
 
     seen = gather(run=run, cgroup_root=cgroup_root, root=root)
     b = seen.budget
-    mins = sum(c.guaranteed for c in seen.claims)
-    peaks = sum(c.peak_claim for c in seen.claims)
+    mins = sum(c.guaranteed for c in seen.slices)
+    peaks = sum(c.peak_claim for c in seen.slices)
     return {
         "memtotal": b.memtotal,
         "reserve": b.reserve,
@@ -122,7 +122,7 @@ def board_budget(run: Path, cgroup_root: Path, root: Path = Path("/")) -> dict[s
         "free": {"guarantees": b.budget - mins, "peaks": b.budget - peaks},
         "claims": {
             c.name: {"min": c.guaranteed, "peak": c.peak_claim, "peak_source": c.peak_source}
-            for c in seen.claims
+            for c in seen.slices
         },
     }
 

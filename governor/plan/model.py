@@ -136,7 +136,7 @@ class QosSpec:
 
     qos_class: QosClass = "standard"
     yields: tuple[str, ...] = SHED_STEPS
-    # [qos] admit and admit_timeout (issue 36, governor/plan/budget.py): left out of the JSON
+    # [qos] admit and admit_timeout (issue 36, governor/board/budget.py): left out of the JSON
     # at their defaults, so plans without them keep their shape (goldens, caches)
     admit: Literal["warn", "refuse", "wait", "shed"] = "warn"
     admit_timeout_s: float = 60.0

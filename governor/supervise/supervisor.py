@@ -398,7 +398,7 @@ class Supervisor:
             shed_totals=totals.get("shed_totals", []),
             router=self._router_state(job, totals),
             # --keep: the group and its claim outlive the engine (an admission's shed never
-            # counts it, governor/plan/budget.py); a transient scope ends with its last process
+            # counts it, governor/board/budget.py); a transient scope ends with its last process
             kept_by="launch --keep" if job.keep and job.backend == "cgroupfs" else None,
         )
         self.state = state  # also what --metrics serves

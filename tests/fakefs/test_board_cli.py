@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
+from governor.board.budget import plan_claim_dict
 from governor.cli.app import main
 from governor.kernel import files
-from governor.plan.budget import plan_claim_dict
 from governor.plan.model import QosSpec
 from governor.record import replace
 from governor.rundir.state import Publisher, applied

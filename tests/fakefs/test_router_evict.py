@@ -357,8 +357,9 @@ def test_the_board_free_budget_is_the_budget_less_every_other_slices_claim(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
     from governor.api import launch
-    from governor.operate.board import BoardClaims
-    from governor.plan.budget import Budget, Claim
+    from governor.board.budget import Budget
+    from governor.board.scan import Board
+    from governor.board.slice import QosClass, Slice
 
     class _Engine:
         evict = "memory"
@@ -366,15 +367,15 @@ def test_the_board_free_budget_is_the_budget_less_every_other_slices_claim(
     class _Plan:
         policy, cgroup_root, engine = "r", "/sys/fs/cgroup", _Engine()
 
-    def claim(name: str, peak: int) -> Claim:
-        return Claim(name=name, group=f"g/{name}", qos_class="standard", min=0, peak=peak,
+    def claim(name: str, peak: int) -> Slice:
+        return Slice(name=name, cgroup=f"g/{name}", qos=QosClass("standard"), min=0, peak=peak,
                      peak_source="max")  # fmt: skip
 
-    seen = BoardClaims(
+    seen = Board(
         budget=Budget.of(2048 * MIB, 256 * MIB),
-        claims=(claim("r", 900 * MIB), claim("chat", 700 * MIB), claim("bg", 200 * MIB)),
+        slices=(claim("r", 900 * MIB), claim("chat", 700 * MIB), claim("bg", 200 * MIB)),
     )
-    monkeypatch.setattr("governor.operate.board.gather", lambda **_kw: seen)
+    monkeypatch.setattr("governor.board.scan.scan", lambda **_kw: seen)
     free = launch.board_free(_Plan(), tmp_path, tmp_path)  # type: ignore[arg-type]
     assert free is not None
     assert free() == (2048 - 256 - 700 - 200) * MIB  # its own claim ("r") is not counted

@@ -15,6 +15,7 @@ from typing import Any
 import pytest
 
 from governor.backends.cgroupfs import CgroupfsBackend
+from governor.board.file import load_board
 from governor.compile.compiler import compile_action, watch_rule
 from governor.errors import PolicyError
 from governor.kernel import files
@@ -24,7 +25,6 @@ from governor.monitor.actions.executor import Executor
 from governor.monitor.actions.shed import Shed
 from governor.monitor.actions.shedder import RAISE_STEPS, ROOM_HEADROOM, SETTLE_S, Shedder
 from governor.monitor.loop import Monitor
-from governor.plan.board import load_board
 from governor.plan.model import Plan, QosSpec, ShedStep, WatchCondition, WatchTrigger
 from governor.policy.values import parse_action
 from governor.record import replace
@@ -68,13 +68,20 @@ class Board:
         self.now = [100.0]
         self.reverts: list[list[tuple[str, str, str]]] = []
 
-    def publish(self, plan: Plan, usage: int) -> Plan:
+    def publish(self, plan: Plan, usage: int, *, launched: bool = False) -> Plan:
+        """``plan`` applied with ``usage`` bytes in its group, published as `apply` leaves it
+        (its claim stays after a stop: never stopped), or ``launched``: as a running launch
+        publishes it (this process its governor: a stop frees its claim)."""
         plan = self.here(plan)
         CgroupfsBackend(self.fs).apply(plan)
         (self.fs.path(plan.group) / files.MEMORY_CURRENT).write_text(f"{usage}\n")
-        Publisher(self.run, plan.policy).publish(
-            applied(plan.to_dict(), policy_path=None, created=[], started_at=1.0)
-        )
+        state = applied(plan.to_dict(), policy_path=None, created=[], started_at=1.0)
+        if launched:
+            pid = os.getpid()
+            state = replace(
+                state, source="launch", pid=pid, pid_start=ProcFs().starttime(pid), created=None
+            )
+        Publisher(self.run, plan.policy).publish(state)
         return plan
 
     def here(self, plan: Plan) -> Plan:
@@ -289,7 +296,9 @@ def test_one_shedder_per_victim_the_second_passes_it_over_until_the_release(
 
 def test_stop_sends_sigterm_and_kill_waits_for_the_grace(board: Board) -> None:
     chat = board.publish(_plan("npu-chat", CHAT), 600 * MIB)
-    job = board.publish(_plan("job", QosSpec(qos_class="background", yields=("stop", "kill"))), 9)
+    job = board.publish(
+        _plan("job", QosSpec(qos_class="background", yields=("stop", "kill"))), 9, launched=True
+    )
     board.fs.add_process(job.leaf, 4242)
     sent: list[tuple[int, int]] = []
     sh = board.shedder(chat, kill=lambda pid, sig: sent.append((pid, sig)))
@@ -643,7 +652,9 @@ def test_stop_never_signals_a_published_engine_pid_outside_the_victims_cgroup(
     board: Board,
 ) -> None:
     chat = board.publish(_plan("npu-chat", CHAT), 600 * MIB)
-    job = board.publish(_plan("job", QosSpec(qos_class="background", yields=("stop",))), 9)
+    job = board.publish(
+        _plan("job", QosSpec(qos_class="background", yields=("stop",))), 9, launched=True
+    )
     board.fs.add_process(job.leaf, 4242)
     path = board.run / "job" / "state.json"
     state = json.loads(path.read_text())
@@ -667,7 +678,9 @@ def test_the_kill_step_sigkills_every_pid_where_the_kernel_has_no_cgroup_kill(
     """Linux < 5.14 (a board's 5.10): the shed's `kill` is the monitor's fallback, the group
     frozen and each pid SIGKILLed, not a cgroup.kill write that fails at every firing."""
     chat = board.publish(_plan("npu-chat", CHAT), 600 * MIB)
-    job = board.publish(_plan("job", QosSpec(qos_class="background", yields=("kill",))), 9)
+    job = board.publish(
+        _plan("job", QosSpec(qos_class="background", yields=("kill",))), 9, launched=True
+    )
     board.fs.add_process(job.leaf, 4242)
     (board.fs.path(job.group) / files.CGROUP_KILL).unlink()
     sent: list[tuple[int, int]] = []
@@ -682,3 +695,22 @@ def test_the_kill_step_sigkills_every_pid_where_the_kernel_has_no_cgroup_kill(
     assert res.ok and res.after["step"] == "kill", res
     assert sent == [(4242, signal.SIGKILL)]
     assert board.fs.procs(job.leaf) == []
+
+
+def test_the_ladder_never_stops_a_victim_whose_claim_stays_after_a_stop(
+    board: Board, tmp_path: Path
+) -> None:
+    """Issue 44 item 3: an `apply` slice keeps its state and memory.min once its processes
+    are stopped, so the ladder throttles it as before but never takes its stop or kill."""
+    chat = board.publish(_plan("npu-chat", CHAT), 600 * MIB)
+    job = board.publish(
+        _plan("job", QosSpec(qos_class="background", yields=("throttle", "stop", "kill"))), 9
+    )
+    board.fs.add_process(job.leaf, 4242)
+    sent: list[tuple[int, int]] = []
+    sh = board.shedder(chat, kill=lambda pid, sig: sent.append((pid, sig)))
+    assert sh.shed(CTX).after["step"] == "throttle"
+    board.now[0] += 100
+    res = sh.shed(CTX)
+    assert res.detail == "nothing left to shed"
+    assert sent == []

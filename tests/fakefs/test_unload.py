@@ -20,6 +20,7 @@ import pytest
 from helpers.peers import StandIn, trickle
 
 from governor.backends.cgroupfs import CgroupfsBackend
+from governor.board.file import load_board
 from governor.compile.compiler import compile_plan, watch_rule
 from governor.errors import PolicyError
 from governor.kernel import files
@@ -27,7 +28,6 @@ from governor.kernel.procfs import ProcFs
 from governor.monitor.actions.base import Context, Env
 from governor.monitor.actions.unload import UNLOAD_S, Unload, merge_unloads
 from governor.monitor.loop import Monitor
-from governor.plan.board import load_board
 from governor.plan.host import probe
 from governor.plan.model import Plan, QosSpec, WatchCondition
 from governor.policy.loader import load_text

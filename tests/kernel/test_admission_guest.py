@@ -28,7 +28,7 @@ from pathlib import Path
 from helpers import cgroups
 from helpers.cgroups import ScratchSlice
 
-from governor.plan.budget import Budget, gib, short
+from governor.board.budget import Budget, gib, short
 from governor.rundir.journal import Journal
 
 REPO = Path(__file__).resolve().parents[2]

@@ -31,7 +31,7 @@ from engine.paths import SMALL
 from helpers import cgroups
 from helpers.cgroups import ScratchSlice
 
-from governor.plan.budget import reserve_for
+from governor.board.budget import reserve_for
 from governor.rundir.journal import Journal
 
 REPO = Path(__file__).resolve().parents[2]

@@ -336,7 +336,7 @@ def test_an_installed_but_stopped_service_keeps_its_claim_against_a_launch(
     """Issue 36: `governor install` records the slice's claim in its manifest; while the
     service is installed and NOT running, a launch whose memory.min does not fit beside it is
     refused (75) naming it, with nothing applied; once it is uninstalled the launch goes."""
-    from governor.plan.budget import Budget, gib
+    from governor.board.budget import Budget, gib
 
     memtotal = next(
         int(line.split()[1]) * 1024

@@ -1,5 +1,5 @@
 """The board file (/etc/governor/board.toml), generated (issue 35): whatever it holds, its one
-reader (governor/plan/board.py read_board) returns typed entries and one governor error per
+reader (governor/board/file.py read_board) returns typed entries and one governor error per
 bad entry, never a traceback; every entry it returns is valid (a clean relative path outside
 every governed slice, a known class, known steps in ladder order, a unique name); and the
 shedder's victims from it (governor/monitor/victims.py) never raise either.
@@ -20,10 +20,11 @@ from fakefs.plans import make_plan
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from governor.board.file import GOVERNED_ROOT, read_board
+from governor.board.scan import scan
 from governor.errors import PolicyError
 from governor.kernel.cgroupfs import CgroupFs
-from governor.monitor.victims import board_file_victims
-from governor.plan.board import GOVERNED_ROOT, read_board
+from governor.monitor.actions.shedder import Shedder
 from governor.plan.model import CGROUP_STEPS, QOS_RANK, QosSpec
 from governor.record import replace
 from governor.rundir.state import Publisher, applied
@@ -122,9 +123,13 @@ def test_any_board_file_reads_as_valid_entries_and_one_error_per_bad_one(
             reach["an entry valid"] += 1
         if read.entries and read.errors:
             reach["valid beside bad"] += 1
-        said: list[tuple[str, str]] = []
-        victims = board_file_victims(fs, shedder, run, board, lambda *a: said.append(a))
-        assert len(said) == len(read.errors)
+        seen = scan(run=run, cgroup_root=fs.root, board=board, own=(shedder.group,), fs=fs)
+        assert len(seen.file_invalid) == len(read.errors)
+        victims = [
+            v
+            for v in Shedder(fs, shedder, run=run, board=board, own_cgroup="").victims()
+            if not v.governed
+        ]
         assert {v.cgroup for v in victims} <= {e.path for e in read.entries}
         if victims:
             reach["a victim"] += 1

@@ -93,6 +93,7 @@ RUN_TIME = _tree(
     "governor.rundir",
     "governor.cache",
     "governor.peer",
+    "governor.board",
 )
 WIRING = _tree("governor.api", "governor.cli")
 # the one list of action verbs (issue 32): a stdlib-only table the policy parser reads; it names
@@ -114,6 +115,7 @@ TOP_LEVEL_PACKAGES = frozenset(
         "api",
         "backends",
         "bench",
+        "board",
         "cache",
         "cli",
         "compile",
@@ -133,6 +135,21 @@ TOP_LEVEL_PACKAGES = frozenset(
 )
 
 ARROWS = (
+    Arrow(
+        _tree("governor.board"),
+        _tree("governor"),
+        "the board's room (issue 44) reads the kernel, the run dir, peers' files and the plan's"
+        " records; it never reaches the monitor, the supervisor, the live board's tools or the"
+        " composition root",
+        allowed=(
+            *_tree("governor.board", "governor.kernel", "governor.rundir", "governor.peer"),
+            *_tree("governor.plan"),
+            "governor.record",
+            "governor.errors",
+            "governor.log",
+            "governor.sizes",
+        ),
+    ),
     Arrow(
         _tree("governor.peer"),
         _tree("governor"),

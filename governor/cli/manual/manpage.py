@@ -10,6 +10,7 @@ import inspect
 import click
 from typer.utils import get_params_from_function
 
+from governor.board.file import BOARD_ENV, BOARD_FILE
 from governor.cli.choices import METRICS_ENV
 from governor.cli.manual.roff import NO_HYPHENATION, bold, escape
 from governor.errors import (
@@ -23,7 +24,6 @@ from governor.errors import (
     EXIT_UNAVAILABLE,
     EXIT_USAGE,
 )
-from governor.plan.board import BOARD_ENV, BOARD_FILE
 
 # design.md "Errors and exit codes": the codes are the constants the program exits with
 EXIT_STATUS: tuple[tuple[str, str], ...] = (

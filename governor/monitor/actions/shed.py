@@ -7,16 +7,13 @@ metric governor_shed_total)."""
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
-from governor.kernel.cgroupfs import CgroupFs
 from governor.monitor.actions.base import Context, Env, Handler, Result, Ticked
-from governor.monitor.actions.shedder import Held, Shedder
+from governor.monitor.actions.shedder import Shedder
 from governor.monitor.ownstall import OwnStall
-from governor.plan.model import Action, Plan, ShedStep
+from governor.plan.model import Action
 from governor.rundir.state import run_dir
 
 
@@ -52,16 +49,3 @@ class Shed(Handler):
 
     def totals(self) -> dict[str, list[dict[str, Any]]]:
         return {"shed_totals": self.shedder.totals_list()}
-
-
-def stop_victim(fs: CgroupFs, plan: Plan, run: Path, name: str, ctx: Context) -> Result | None:
-    """Stop the governed victim NAME of ``plan``'s shed once, outside the ladder (an admission
-    making room, governor/api/admit.py): its yield's "stop", else "kill", under the ladder's lock
-    and journal entry; nothing stays held. None when no governed victim NAME yields either."""
-    shedder = Shedder(fs, plan, run=run)
-    for v in shedder.victims():
-        step = next((s for s in (ShedStep.STOP, ShedStep.KILL) if s in v.yields), None)
-        if v.name == name and v.governed and step is not None:
-            with shedder._locked(v):  # the ladder's own lock, as a firing takes it
-                return shedder._take(v, Held(v), step, ctx, time.monotonic())
-    return None

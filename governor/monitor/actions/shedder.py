@@ -1,9 +1,9 @@
 """The `shed` action (issue 23): take memory from slices of a LOWER QoS class, gracefully, and
 give it back.
 
-Victims: the other governed slices whose published run state (governor/rundir/state.py) is
+Slices: the other governed slices whose published run state (governor/rundir/state.py) is
 live and whose plan's ``[qos] class`` ranks below this policy's, plus the board file's
-ungoverned cgroups (governor/plan/board.py) of a lower class. Never an equal or higher class
+ungoverned cgroups (governor/board/file.py) of a lower class. Never an equal or higher class
 (two interactive policies never shed each other), never this policy's own group, an ancestor
 or a descendant of it. Lowest class first, within a class the largest (memory.current).
 
@@ -35,29 +35,26 @@ from __future__ import annotations
 
 import contextlib
 import os
-import signal
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Protocol
 
+from governor.board.order import order, usage_frees
+from governor.board.scan import scan
+from governor.board.slice import QosClass, Slice
+from governor.board.steps import Steps, change, journal, locked
 from governor.errors import GovernorError
 from governor.kernel import files as kf
 from governor.kernel.cgroupfs import CgroupFs
-from governor.kernel.kill import kill_tree
 from governor.kernel.parse import parse_max
 from governor.log import get_logger
 from governor.monitor.actions.base import Context, Result
 from governor.monitor.actions.unload import bounded_router, unload_lru
 from governor.monitor.sources import protected_cache
-from governor.monitor.victims import (
-    Victim,
-    board_file_victims,
-    governed_victims,
-    own_process_cgroup,
-)
-from governor.plan.model import QOS_RANK, Plan, ShedStep
-from governor.record import field, record
+from governor.monitor.victims import own_process_cgroup
+from governor.plan.model import Plan, ShedStep
+from governor.record import field, record, replace
 from governor.rundir.journal import Hold
 from governor.rundir.liveness import alive as governor_alive
 from governor.supervise.router import RouterClient
@@ -89,7 +86,7 @@ class Held:
     """What this shedder did to one victim: the :class:`Hold` its journal folds to (the steps
     done, frozen), and what the undo needs besides."""
 
-    victim: Victim
+    victim: Slice
     hold: Hold = field(default_factory=Hold)
     before_high: str | None = None  # memory.high before the throttle
     stopped_at: float | None = None
@@ -119,7 +116,7 @@ class Shedder:
         self.fs = fs
         self.plan = plan
         self.by = plan.policy
-        self.rank = QOS_RANK[plan.qos.qos_class]
+        self.rank = (QosClass.of(plan.qos.qos_class) or QosClass.STANDARD).rank
         self.run = run
         self.board = board
         self.watchdog = watchdog
@@ -138,24 +135,45 @@ class Shedder:
         # descendants, whatever policy (or none) it runs under
         self.own_cgroup = own_cgroup if own_cgroup is not None else own_process_cgroup()
         self._said: set[tuple[str, str]] = set()  # (event, reason): each problem told once
+        self.steps = Steps(fs, kill=kill, page_size=page_size, unload=self._unload)
         self._failed: dict[str, list[str]] = {}  # victim -> its steps that failed, not retried
         self._undo_waited_at: float | None = None  # the undo's latest wait for room
 
     # ------------------------------------------------------------------ victims
 
-    def victims(self) -> list[Victim]:
-        """Every slice this policy may shed now, in shedding order. A bad state or board entry
-        is skipped with one log line (a file is read again at every firing)."""
+    def victims(self) -> list[Slice]:
+        """Every slice this policy may shed now, in the one victim order (board/order.py; no
+        deficit known: each class largest first by memory.current). A bad state or board entry
+        is skipped with one log line (the board is scanned again at every firing)."""
+        seen = scan(
+            run=self.run, cgroup_root=self.fs.root, board=self.board, own=(self.plan.group,),
+            fs=self.fs,
+        )  # fmt: skip
+        said, bad = self._invalid("shed.victim_invalid"), self._invalid("shed.board_invalid")
+        for who, why in seen.invalid:
+            said(who, why)
+        for who, why in seen.file_invalid:
+            bad(who, why)
         out = [
-            *governed_victims(self.fs, self.plan, self.run, self._invalid("shed.victim_invalid")),
-            *board_file_victims(
-                self.fs, self.plan, self.run, self.board, self._invalid("shed.board_invalid")
-            ),
+            v
+            for v in seen.slices
+            if v.governed and v.state == "running" and v.name != self.by
+            and v.cgroup_root == self.plan.cgroup_root and v.qos.rank < self.rank
+        ]  # fmt: skip
+        out += [v for v in seen.cgroups if v.qos.rank < self.rank]
+        out = [
+            replace(v, current=self._usage(v.cgroup))
+            for v in out
+            if not self._related(v.cgroup) and self._exists(v, bad)
         ]
-        out = [v for v in out if not self._related(v.cgroup)]
-        for i, v in enumerate(out):
-            out[i] = Victim(**{**vars(v), "usage": self._usage(v.cgroup)})
-        return sorted(out, key=lambda v: (QOS_RANK[v.qos_class], -v.usage, v.name))
+        return order(out, None, frees=usage_frees, stop=False)
+
+    def _exists(self, v: Slice, bad: Callable[[str, str], None]) -> bool:
+        try:
+            return self.fs.exists(v.cgroup)
+        except (GovernorError, ValueError, OSError) as err:
+            bad(v.name, f"{v.name}: {err}")
+            return False
 
     def _invalid(self, event: str) -> Callable[[str, str], None]:
         def said(victim: str, reason: str) -> None:
@@ -205,22 +223,29 @@ class Shedder:
                 return Result("shed", ok=True, detail=f"{victim.name}: grace after stop")
         return failed or Result("shed", ok=True, detail="nothing left to shed")
 
-    def _held_by_another(self, victim: Victim) -> bool:
+    def _unload(self, victim: Slice) -> str | None:
+        return unload_lru(self.router, victim.router_url, victim.router_last, victim.cgroup)
+
+    def _held_by_another(self, victim: Slice) -> bool:
         """Another live shedder holds ``victim`` (its journal says so): two shedders on one
         victim would undo each other's steps."""
+        if victim.journal is None:
+            return False
         other = victim.journal.shed(self.alive)
         return other is not None and other.pid != self.pid
 
-    def _next_step(self, victim: Victim, held: Held, now: float) -> ShedStep | Wait | None:
+    def _next_step(self, victim: Slice, held: Held, now: float) -> ShedStep | Wait | None:
         steps = held.hold.steps
         if ShedStep.KILL in steps or (
-            ShedStep.STOP in steps and not self._populated(victim.cgroup)
+            ShedStep.STOP in steps and not self.steps.populated(victim.cgroup)
         ):
             return None  # gone
         failed = self._failed.get(victim.name, [])
         left = [s for s in victim.yields if s not in steps and s not in failed]
         if victim.router_url is None and ShedStep.UNLOAD in left:  # not a router: passed over
             left.remove(ShedStep.UNLOAD)
+        if victim.stays:  # its claim outlives a stop (board/order.py): never stopped
+            left = [s for s in left if s not in (ShedStep.STOP, ShedStep.KILL)]
         if not left:
             return None
         stopped = held.stopped_at
@@ -228,47 +253,10 @@ class Shedder:
             return WAIT
         return ShedStep(left[0])
 
-    def _take(self, victim: Victim, held: Held, step: str, ctx: Context, now: float) -> Result:
+    def _take(self, victim: Slice, held: Held, step: str, ctx: Context, now: float) -> Result:
         cg = victim.cgroup
-        changes: list[dict[str, Any]] = []
-        model: str | None = None
         try:
-            if step == ShedStep.UNLOAD:  # holds nothing: nothing to give back
-                model = unload_lru(self.router, victim.router_url, victim.router_last, cg)
-            elif step == ShedStep.THROTTLE:
-                before = self.fs.read(cg, kf.MEMORY_HIGH).strip()
-                target = self._floor(max(self._usage(cg), self._live(cg, kf.MEMORY_MIN) or 0))
-                limit = parse_max(before)
-                if limit is not None:
-                    target = min(target, limit)
-                self.fs.write(cg, kf.MEMORY_HIGH, str(target))
-                after = self.fs.read(cg, kf.MEMORY_HIGH).strip()
-                held.before_high = before if held.before_high is None else held.before_high
-                held.raise_by, held.raises = None, 0  # a new undo starts from this throttle
-                changes.append(_change(cg, kf.MEMORY_HIGH, before, after))
-            elif step == ShedStep.FREEZE:
-                self.fs.freeze(cg, True)
-                held.hold.frozen = True
-                changes.append(_change(cg, kf.CGROUP_FREEZE, "0", "1"))
-            elif step == ShedStep.STOP:
-                if held.hold.frozen:  # a frozen task handles its SIGTERM only once thawed
-                    self.fs.freeze(cg, False)
-                    held.hold.frozen = False
-                    changes.append(_change(cg, kf.CGROUP_FREEZE, "1", "0"))
-                pids = self._stop_pids(victim)
-                if not pids and self._populated(cg):  # the engine pid is not in its group
-                    raise GovernorError(f"no process to stop in its group ({victim.cgroup})")
-                for pid in pids:
-                    with contextlib.suppress(ProcessLookupError):
-                        self.kill(pid, signal.SIGTERM)
-                held.stopped_at = now
-            elif step == ShedStep.KILL:  # each pid by SIGKILL without cgroup.kill (< 5.14)
-                kill_tree(self.fs, cg, self.kill)
-                if held.hold.frozen:
-                    self.fs.freeze(cg, False)
-                    held.hold.frozen = False
-            else:  # never mapped to an action (a victim's yields hold only known steps)
-                raise GovernorError(f"unknown shed step {step[:40]!r} ({victim.cgroup})")
+            taken = self.steps.take(victim, step, held.hold)
         except GovernorError as err:
             self._failed.setdefault(victim.name, []).append(step)
             log.warning(
@@ -278,6 +266,13 @@ class Shedder:
             return Result(
                 "shed", ok=False, after={"victim": victim.name, "step": step}, detail=str(err)
             )
+        changes, model = taken.changes, taken.model
+        if step == ShedStep.THROTTLE:
+            if held.before_high is None:
+                held.before_high = taken.before_high
+            held.raise_by, held.raises = None, 0  # a new undo starts from this throttle
+        elif step == ShedStep.STOP:
+            held.stopped_at = now
         held.hold.took(step, changes)
         if held.hold.since is None:
             held.hold.by, held.hold.pid, held.hold.since = self.by, self.pid, time.time()
@@ -291,17 +286,6 @@ class Shedder:
         took: dict[str, Any] = {"victim": victim.name, "cgroup": cg, "step": step, **extra}
         log.warning("shed.step", by=self.by, rule=ctx.rule, when=ctx.when, **took)
         return Result("shed", ok=True, after={**took, "changes": changes} if changes else took)
-
-    def _stop_pids(self, victim: Victim) -> list[int]:
-        """The victim's engine when its published pid runs in its cgroup now (state.json is
-        another process's file: a stale or forged pid is never signalled), else every process
-        of its cgroup."""
-        pids = sorted(set(self.fs.procs_below(victim.cgroup)))
-        if victim.governed and victim.engine_pid:
-            if victim.engine_pid in pids:
-                return [victim.engine_pid]
-            log.warning("shed.engine_pid_untrusted", victim=victim.name, pid=victim.engine_pid)
-        return pids
 
     # ------------------------------------------------------------------ giving back
 
@@ -345,7 +329,7 @@ class Shedder:
                 self.fs.freeze(cg, False)
                 held.hold.frozen = False
                 held.hold.steps.remove(ShedStep.FREEZE)  # pressure that comes back may freeze again
-                return ShedStep.THAW, [_change(cg, kf.CGROUP_FREEZE, "1", "0")]
+                return ShedStep.THAW, [change(cg, kf.CGROUP_FREEZE, "1", "0")]
             if held.before_high is None or gone or not self.fs.exists(cg):
                 return ShedStep.RELEASE, []
             now_high = self.fs.read(cg, kf.MEMORY_HIGH).strip()
@@ -372,10 +356,10 @@ class Shedder:
                 (target is not None and new >= target)
                 or (target is None and held.raises >= RAISE_STEPS)
             )
-            value = goal if final else str(self._floor(new))
+            value = goal if final else str(self.steps.floor(new))
             self.fs.write(cg, kf.MEMORY_HIGH, value)
             after = self.fs.read(cg, kf.MEMORY_HIGH).strip()
-            changes = [_change(cg, kf.MEMORY_HIGH, now_high, after)]
+            changes = [change(cg, kf.MEMORY_HIGH, now_high, after)]
             if final:
                 held.before_high = None
             return ShedStep.RAISE, changes
@@ -395,7 +379,8 @@ class Shedder:
     def _goal(self, held: Held) -> str:
         """The memory.high to give back: the operator's tune, else the policy's value, else
         (ungoverned) the value before the throttle."""
-        tuned = held.victim.journal.tuned(kf.MEMORY_HIGH)
+        j = held.victim.journal
+        tuned = None if j is None else j.tuned(kf.MEMORY_HIGH)
         if tuned is not None:
             return tuned
         if held.victim.restore_high is not None:
@@ -411,12 +396,12 @@ class Shedder:
                 try:
                     if held.hold.frozen:
                         self.fs.freeze(cg, False)
-                        changes.append(_change(cg, kf.CGROUP_FREEZE, "1", "0"))
+                        changes.append(change(cg, kf.CGROUP_FREEZE, "1", "0"))
                     if held.before_high is not None and self.fs.exists(cg):
                         before = self.fs.read(cg, kf.MEMORY_HIGH).strip()
                         self.fs.write(cg, kf.MEMORY_HIGH, self._goal(held))
                         after = self.fs.read(cg, kf.MEMORY_HIGH).strip()
-                        changes.append(_change(cg, kf.MEMORY_HIGH, before, after))
+                        changes.append(change(cg, kf.MEMORY_HIGH, before, after))
                 except GovernorError as err:
                     log.warning("shed.undo_failed", victim=name, cgroup=cg, reason=str(err))
                 self._journal(held.victim, ShedStep.RELEASE, changes, when=why)
@@ -437,7 +422,7 @@ class Shedder:
 
     def _journal(
         self,
-        victim: Victim,
+        victim: Slice,
         step: str,
         changes: list[dict[str, Any]],
         *,
@@ -445,24 +430,10 @@ class Shedder:
         value: Any = None,
         **extra: Any,
     ) -> None:
-        try:  # the caller holds the victim's journal lock (_locked)
-            victim.journal.append(
-                "shed", changes, by=self.by, pid=self.pid, step=step, when=when, value=value,
-                **extra,
-            )  # fmt: skip
-        except OSError as err:
-            log.warning("shed.journal_failed", victim=victim.name, reason=str(err))
+        journal(victim, step, changes, by=self.by, pid=self.pid, when=when, value=value, **extra)
 
-    @contextlib.contextmanager
-    def _locked(self, victim: Victim) -> Iterator[None]:
-        """The victim's journal lock around a step's writes and its entry: the victim's own
-        monitor reads its baseline under the same lock (governor/monitor/actions/limits.py, freeze.py), so it
-        never lifts a throttle whose entry is not written yet. Without a journal (an
-        unwritable run dir) the step still goes, as before."""
-        with victim.journal.try_locked() as failed:
-            if failed is not None:
-                log.warning("shed.journal_failed", victim=victim.name, reason=str(failed))
-            yield
+    def _locked(self, victim: Slice) -> contextlib.AbstractContextManager[None]:
+        return locked(victim)
 
     def _arm(self) -> None:
         """Tell the watchdog what to revert should this governor die: thaw what is frozen,
@@ -479,22 +450,3 @@ class Shedder:
             self.watchdog.arm_shed(self.plan.cgroup_root, reverts)
         except (OSError, ValueError) as err:
             log.warning("shed.watchdog_failed", reason=str(err))
-
-    def _floor(self, n: int) -> int:
-        return n // self.page_size * self.page_size
-
-    def _live(self, cgroup: str, file: str) -> int | None:
-        try:
-            return parse_max(self.fs.read(cgroup, file))
-        except GovernorError:
-            return None
-
-    def _populated(self, cgroup: str) -> bool:
-        try:
-            return bool(self.fs.events(cgroup).get("populated", 0))
-        except GovernorError:
-            return False
-
-
-def _change(cgroup: str, file: str, before: str, after: str) -> dict[str, Any]:
-    return {"cgroup": cgroup, "file": file, "before": before, "after": after}

@@ -15,10 +15,11 @@ from typing import Any
 import pytest
 
 from governor.api.admit import admission, board_lock
+from governor.board.budget import GIB, MIB, Budget
+from governor.board.scan import Board
+from governor.board.slice import QosClass, Slice
 from governor.cli.app import main
 from governor.errors import AdmissionRefused
-from governor.operate.board import BoardClaims
-from governor.plan.budget import GIB, MIB, Budget, Claim
 from governor.plan.model import CgroupWrite, Plan, QosSpec
 from governor.record import replace
 
@@ -128,25 +129,25 @@ def plan(admit: str, cls: str = "interactive", timeout_s: float = 5.0) -> Plan:
     )  # fmt: skip
 
 
-def other(name: str, cls: str, mn: int, peak: int) -> Claim:
-    return Claim(name=name, group=f"governor.slice/{name}", qos_class=cls, min=mn, peak=peak,
+def other(name: str, cls: str, mn: int, peak: int) -> Slice:
+    return Slice(name=name, cgroup=f"governor.slice/{name}", qos=QosClass(cls), min=mn, peak=peak,
                  peak_source="max")  # fmt: skip
 
 
-class Board:
+class FakeBoard:
     """Claims that change as the fake clock moves; what the fake stop stopped."""
 
-    def __init__(self, *claims: Claim) -> None:
+    def __init__(self, *claims: Slice) -> None:
         self.claims = list(claims)
         self.now = 0.0
         self.stopped: list[str] = []
         self.gone_at: dict[str, float] = {}
 
-    def gather(self) -> BoardClaims:
+    def gather(self) -> Board:
         live = [c for c in self.claims if self.gone_at.get(c.name, 1e9) > self.now]
-        return BoardClaims(budget=BOARD, claims=tuple(live))
+        return Board(budget=BOARD, slices=tuple(live))
 
-    def stop(self, _plan: Plan, victim: Claim) -> None:
+    def stop(self, _plan: Plan, victim: Slice) -> None:
         self.stopped.append(victim.name)
         self.gone_at[victim.name] = self.now + 2.0  # its engine exits 2 s after the SIGTERM
 
@@ -160,7 +161,7 @@ class Board:
 
 def test_refuse_and_warn_refuse_guarantees_and_nothing_is_stopped(tmp_path: Path) -> None:
     for mode in ("warn", "refuse"):
-        b = Board(other("npu-batch", "background", 1100 * MIB, 1100 * MIB))
+        b = FakeBoard(other("npu-batch", "background", 1100 * MIB, 1100 * MIB))
         with pytest.raises(AdmissionRefused) as err:
             admission(plan(mode), **b.kw(tmp_path))
         assert err.value.exit_code == 75 and b.stopped == [] and b.now == 0
@@ -170,7 +171,7 @@ def test_refuse_and_warn_refuse_guarantees_and_nothing_is_stopped(tmp_path: Path
 def test_warn_admits_an_overlap_of_peaks_with_one_line(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    b = Board(other("npu-batch", "background", 100 * MIB, 1400 * MIB))
+    b = FakeBoard(other("npu-batch", "background", 100 * MIB, 1400 * MIB))
     got = admission(plan("warn"), **b.kw(tmp_path))
     assert got.verdict is not None and got.verdict.kind == "peaks" and got.lock_fd is not None
     got.release()
@@ -184,13 +185,13 @@ def test_warn_admits_an_overlap_of_peaks_with_one_line(
 def test_wait_admits_as_soon_as_the_holder_is_gone_and_refuses_at_the_timeout(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    b = Board(other("npu-batch", "standard", 1100 * MIB, 1100 * MIB))
+    b = FakeBoard(other("npu-batch", "standard", 1100 * MIB, 1100 * MIB))
     b.gone_at["npu-batch"] = 3.0
     got = admission(plan("wait"), **b.kw(tmp_path))
     got.release()
     assert b.now == 3.0 and b.stopped == [] and got.note == "admitted after waiting for room"
     assert "waiting up to 5s" in capsys.readouterr().err
-    b = Board(other("npu-batch", "standard", 1100 * MIB, 1100 * MIB))
+    b = FakeBoard(other("npu-batch", "standard", 1100 * MIB, 1100 * MIB))
     with pytest.raises(AdmissionRefused) as err:
         admission(plan("wait"), **b.kw(tmp_path))
     assert b.now == 5.0 and str(err.value).endswith(
@@ -199,7 +200,7 @@ def test_wait_admits_as_soon_as_the_holder_is_gone_and_refuses_at_the_timeout(
 
 
 def test_shed_stops_a_lower_class_only_and_admits_once_it_is_gone(tmp_path: Path) -> None:
-    b = Board(
+    b = FakeBoard(
         other("peer", "interactive", 300 * MIB, 300 * MIB),
         other("npu-batch", "background", 900 * MIB, 900 * MIB),
     )
@@ -208,7 +209,7 @@ def test_shed_stops_a_lower_class_only_and_admits_once_it_is_gone(tmp_path: Path
     assert b.stopped == ["npu-batch"] and b.now == 2.0
     assert got.note == "admitted after stopping npu-batch (a lower class)"
     # an equal class holds it: never shed, refused at once
-    b = Board(other("peer", "interactive", 1100 * MIB, 1100 * MIB))
+    b = FakeBoard(other("peer", "interactive", 1100 * MIB, 1100 * MIB))
     with pytest.raises(AdmissionRefused) as err:
         admission(plan("shed"), **b.kw(tmp_path))
     assert b.stopped == [] and "no lower class to shed frees enough" in str(err.value)
@@ -217,13 +218,13 @@ def test_shed_stops_a_lower_class_only_and_admits_once_it_is_gone(tmp_path: Path
 def test_force_admits_guarantees_over_the_budget_with_a_warning(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    b = Board(other("npu-batch", "background", 1100 * MIB, 1100 * MIB))
+    b = FakeBoard(other("npu-batch", "background", 1100 * MIB, 1100 * MIB))
     admission(plan("refuse"), force=True, **b.kw(tmp_path)).release()
     assert capsys.readouterr().err.startswith("governor: admitted by --force: ")
 
 
 def _board() -> str:
-    from governor.plan.board import board_path
+    from governor.board.file import board_path
 
     return str(board_path())
 
@@ -279,7 +280,7 @@ def test_shed_refuses_at_once_when_the_only_victims_claim_stays_after_a_stop(
     never SIGTERMed for nothing; 75 at once, naming why."""
     for why in ("apply", "launch --keep", "governor monitor"):
         held = replace(other("npu-batch", "background", 1100 * MIB, 1100 * MIB), stays=why)
-        b = Board(held)
+        b = FakeBoard(held)
         with pytest.raises(AdmissionRefused) as err:
             admission(plan("shed"), **b.kw(tmp_path))
         assert err.value.exit_code == 75 and b.stopped == [] and b.now == 0
@@ -288,7 +289,7 @@ def test_shed_refuses_at_once_when_the_only_victims_claim_stays_after_a_stop(
             in str(err.value)
         )
     # a victim whose stop frees its claim, beside a kept one: only it is stopped
-    b = Board(
+    b = FakeBoard(
         replace(other("applied", "background", 300 * MIB, 300 * MIB), stays="apply"),
         other("job", "background", 900 * MIB, 900 * MIB),
     )
@@ -304,8 +305,8 @@ def test_a_reserve_that_leaves_no_budget_refuses_with_65_naming_it(
 
     zero = Budget.of(2 * GIB, reserve=2 * GIB)
     for mode in ("warn", "wait", "shed"):
-        b = Board()
-        b.gather = lambda: BoardClaims(budget=zero, claims=())  # type: ignore[method-assign]
+        b = FakeBoard()
+        b.gather = lambda: Board(budget=zero, slices=())  # type: ignore[method-assign]
         with pytest.raises(PolicyError) as err:
             admission(plan(mode), board=tmp_path / "board.toml", **b.kw(tmp_path))
         assert err.value.exit_code == 65 and b.now == 0
@@ -314,7 +315,7 @@ def test_a_reserve_that_leaves_no_budget_refuses_with_65_naming_it(
             f" ([board] reserve, {tmp_path}/board.toml)"
         )
         assert "[board] reserve" in (err.value.hint or "")
-    b.gather = lambda: BoardClaims(budget=zero, claims=())  # type: ignore[method-assign]
+    b.gather = lambda: Board(budget=zero, slices=())  # type: ignore[method-assign]
     admission(plan("refuse"), force=True, **b.kw(tmp_path)).release()
     assert "admitted by --force: the reserve (2048 MiB)" in capsys.readouterr().err
 
@@ -323,12 +324,12 @@ def test_wait_says_its_timeout_as_the_policy_spells_it(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     """Low item: admit_timeout = "1us" printed 1e-06s."""
-    b = Board(other("npu-batch", "standard", 1100 * MIB, 1100 * MIB))
+    b = FakeBoard(other("npu-batch", "standard", 1100 * MIB, 1100 * MIB))
     with pytest.raises(AdmissionRefused) as err:
         admission(plan("wait", timeout_s=1e-6), **b.kw(tmp_path))
     assert "waiting up to 1us for" in capsys.readouterr().err
     assert ", after 1us of wait (" in str(err.value)
-    b = Board(other("npu-batch", "standard", 1100 * MIB, 1100 * MIB))
+    b = FakeBoard(other("npu-batch", "standard", 1100 * MIB, 1100 * MIB))
     with pytest.raises(AdmissionRefused) as err:
         admission(plan("wait", timeout_s=90.0), **b.kw(tmp_path))
     assert ", after 90s of wait (" in str(err.value)

@@ -16,10 +16,10 @@ from pathlib import Path
 import pytest
 
 from governor.api.admit import CHECK_LOCK_WAIT_S, LOCK_WAIT_S, POLL_S, admission, lock_wait
+from governor.board.budget import GIB, Budget
+from governor.board.scan import Board
 from governor.cli.app import main
 from governor.errors import AdmissionRefused, HostError
-from governor.operate.board import BoardClaims
-from governor.plan.budget import GIB, Budget
 
 from .test_admission import plan
 
@@ -55,8 +55,8 @@ def holder(tmp_path: Path) -> Iterator[subprocess.Popen[str]]:
     child.wait(timeout=30)
 
 
-def _empty() -> BoardClaims:
-    return BoardClaims(budget=Budget.of(2 * GIB), claims=())
+def _empty() -> Board:
+    return Board(budget=Budget.of(2 * GIB), slices=())
 
 
 @pytest.mark.timeout(30)
@@ -103,7 +103,7 @@ def test_a_refusing_admission_waits_the_default_on_its_clock_then_75(
 def test_the_wait_loop_retakes_the_lock_against_the_same_deadline(tmp_path: Path) -> None:
     """admit = "wait": the lock is let go while it polls for room; a process that takes it
     meanwhile and keeps it makes the admission refuse at the wait's deadline, not hang."""
-    from governor.plan.budget import MIB
+    from governor.board.budget import MIB
 
     from .test_admission import other
 
@@ -116,8 +116,8 @@ def test_the_wait_loop_retakes_the_lock_against_the_same_deadline(tmp_path: Path
             child.append(_hold(run))
         now[0] += s
 
-    full = BoardClaims(
-        budget=Budget.of(2 * GIB), claims=(other("npu-batch", "standard", 1100 * MIB, GIB),)
+    full = Board(
+        budget=Budget.of(2 * GIB), slices=(other("npu-batch", "standard", 1100 * MIB, GIB),)
     )
     try:
         with pytest.raises(AdmissionRefused) as err:
@@ -190,9 +190,7 @@ def test_the_lock_and_the_room_share_one_admit_timeout(tmp_path: Path) -> None:
             child.stdin.close()
             child.wait(timeout=30)
 
-    full = BoardClaims(
-        budget=Budget.of(2 * GIB), claims=(other("bg", "interactive", 2 * GIB, 2 * GIB),)
-    )
+    full = Board(budget=Budget.of(2 * GIB), slices=(other("bg", "interactive", 2 * GIB, 2 * GIB),))
     try:
         with pytest.raises(AdmissionRefused, match=r"after 1s of wait"):
             admission(

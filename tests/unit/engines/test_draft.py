@@ -16,12 +16,12 @@ from typing import Any
 
 import pytest
 
+from governor.board.budget import reserve_for
 from governor.cli.app import main
 from governor.engines import budget
 from governor.engines import draft as ip
 from governor.engines.estimate import MIB
 from governor.errors import EXIT_NOINPUT, EXIT_POLICY, EXIT_USAGE, PolicyError
-from governor.plan.budget import reserve_for
 
 REPO = Path(__file__).resolve().parents[3]
 HOSTS = REPO / "tests" / "fixtures" / "hosts"
@@ -295,10 +295,10 @@ def test_name_comes_from_the_model_file_and_engine_argv_keeps_its_program(
 
 
 def _claim(name: str, peak_mib: int, state: str = "running") -> Any:
-    from governor.plan.budget import Claim
+    from governor.board.slice import QosClass, Slice
 
-    return Claim(
-        name=name, group=f"governor.slice/{name}", qos_class="background", min=0,
+    return Slice(
+        name=name, cgroup=f"governor.slice/{name}", qos=QosClass("background"), min=0,
         peak=peak_mib * MIB, peak_source="max", state=state,  # type: ignore[arg-type]
     )  # fmt: skip
 

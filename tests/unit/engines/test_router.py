@@ -476,9 +476,9 @@ def test_check_refuses_a_model_name_with_a_newline_in_one_line(
 def test_init_for_a_router_sizes_memory_max_for_the_models_that_fit_and_check_accepts_it(
     models_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
+    from governor.board.budget import reserve_for
     from governor.engines.budget import headroom_for
     from governor.engines.draft import fit_budget
-    from governor.plan.budget import reserve_for
 
     rest, _budget = _budget_for_two(models_dir)
     totals = sorted((e.total for _m, e in rest.models), reverse=True)
@@ -539,10 +539,11 @@ def test_init_for_a_router_sizes_beside_the_boards_other_claims(models_dir: Path
     """A board where two models fit alone: beside another slice's claim of the largest
     model's size only one does, and the draft says which claim it was sized beside;
     its own old claim (same name) does not count."""
+    from governor.board.budget import reserve_for
+    from governor.board.slice import QosClass, Slice
     from governor.engines.draft import Request, fit_budget
     from governor.engines.draft_board import Tenants
     from governor.engines.draft_router import draft_router
-    from governor.plan.budget import Claim, reserve_for
     from governor.plan.host import probe
     from governor.record import replace
 
@@ -556,9 +557,9 @@ def test_init_for_a_router_sizes_beside_the_boards_other_claims(models_dir: Path
         model=models_dir, ctx=None, engine_argv=("llama-server", "-c", "512", "--cache-ram", "0")
     )
 
-    def claim(name: str, peak: int) -> Claim:
-        return Claim(
-            name=name, group=f"governor.slice/{name}", qos_class="background", min=0,
+    def claim(name: str, peak: int) -> Slice:
+        return Slice(
+            name=name, cgroup=f"governor.slice/{name}", qos=QosClass("background"), min=0,
             peak=peak, peak_source="max", state="running",
         )  # fmt: skip
 

@@ -15,11 +15,11 @@ from prometheus_client.parser import text_string_to_metric_families
 from governor.api import host as api_host
 from governor.bench import metrics as bench_metrics
 from governor.bench.run import Row
+from governor.board.budget import reserve_for
 from governor.errors import HostError, PolicyNotFound
 from governor.kernel.procfs import ProcFs
 from governor.metrics.export import TEXTFILE, exposition, serve, write_textfile
 from governor.metrics.listen import parse_listen
-from governor.plan.budget import reserve_for
 from governor.plan.model import Plan
 from governor.rundir.journal import Journal
 from governor.rundir.state import Publisher, RunState

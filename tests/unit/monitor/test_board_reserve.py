@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
+from governor.board.budget import reserve_for
 from governor.kernel.procfs import ProcFs
 from governor.monitor.sources import Board
-from governor.plan.budget import reserve_for
 
 MEMTOTAL_KB = 2_013_000
 

@@ -1,4 +1,4 @@
-"""The gatherer of the board's claims (governor/operate/board.py, issue 36) on fixture trees:
+"""The gatherer of the board's claims (governor/board/scan.py, issue 36) on fixture trees:
 a run directory with published states, an install root with manifests, a /proc/meminfo and a
 cgroup tree with memory.current."""
 
@@ -8,8 +8,8 @@ import json
 from pathlib import Path
 from typing import Any
 
-from governor.operate.board import gather
-from governor.plan.budget import GIB, MIB, reserve_for
+from governor.board.budget import GIB, MIB, reserve_for
+from governor.board.scan import scan as gather
 from governor.rundir.state import Publisher, applied
 
 MEMTOTAL_KB = 2 * 1024 * 1024  # a 2 GiB board
@@ -67,7 +67,7 @@ def test_running_and_installed_claims_with_the_budget_and_the_board_files_reserv
         "claim": plan_dict("batch", "background", min="1")}))  # fmt: skip
     got = gather(run=run, cgroup_root=cg, root=root, board=tmp_path / "none.toml")
     assert got.budget.memtotal == 2 * GIB and got.budget.reserve == reserve_for(2 * GIB)
-    by = {c.name: c for c in got.claims}
+    by = {c.name: c for c in got.slices}
     assert set(by) == {"batch", "tts"}
     assert (by["batch"].min, by["batch"].peak, by["batch"].peak_source) == (
         100 * MIB,
@@ -95,10 +95,10 @@ def test_the_published_estimate_is_the_peak_and_a_stale_state_is_no_claim(tmp_pa
     proc = root / "proc/1"
     proc.mkdir()
     (proc / "cmdline").write_bytes(b"python\0-m\0governor\0launch\0")
-    (c,) = gather(run=run, cgroup_root=cg, root=root).claims
+    (c,) = gather(run=run, cgroup_root=cg, root=root).slices
     assert (c.peak, c.peak_source, c.current) == (700 * MIB, "estimate", None)
     (proc / "cmdline").write_bytes(b"sleep\0")  # the pid is not a governor any more: stale
-    assert gather(run=run, cgroup_root=cg, root=root).claims == ()
+    assert gather(run=run, cgroup_root=cg, root=root).slices == ()
 
 
 def test_unreadable_states_and_manifests_are_skipped_with_their_reason(tmp_path: Path) -> None:
@@ -110,8 +110,8 @@ def test_unreadable_states_and_manifests_are_skipped_with_their_reason(tmp_path:
     (installed / "x.json").write_text('{"claim": {"policy": "x"}}')
     (installed / "old.json").write_text('{"policy": "old", "units": [], "files": []}')
     got = gather(run=run, cgroup_root=cg, root=root)
-    assert got.claims == ()
-    assert len(got.problems) == 2 and "x.json" in got.problems[1]
+    assert got.slices == ()
+    assert len(got.notes) == 2 and "x.json" in got.notes[1]
     (root / "proc/meminfo").unlink()
     assert gather(run=run, cgroup_root=cg, root=root).budget.memtotal == 0
 
@@ -138,7 +138,7 @@ def test_a_claim_records_whether_a_stop_of_its_engine_frees_it(tmp_path: Path) -
         (cg / plan["group"]).mkdir(parents=True)
     (root / "proc/1").mkdir()
     (root / "proc/1/cmdline").write_bytes(b"python\0-m\0governor\0launch\0")
-    by = {c.name: c.stays for c in gather(run=run, cgroup_root=cg, root=root).claims}
+    by = {c.name: c.stays for c in gather(run=run, cgroup_root=cg, root=root).slices}
     assert by == {
         "applied": "apply",
         "kept": "launch --keep",
@@ -150,9 +150,9 @@ def test_a_claim_records_whether_a_stop_of_its_engine_frees_it(tmp_path: Path) -
 def test_an_applied_slice_whose_cgroup_is_gone_claims_nothing(tmp_path: Path) -> None:
     root, cg, run = board(tmp_path)
     publish(run, cg, plan_dict("batch", "background", min="104857600"))
-    assert [c.name for c in gather(run=run, cgroup_root=cg, root=root).claims] == ["batch"]
+    assert [c.name for c in gather(run=run, cgroup_root=cg, root=root).slices] == ["batch"]
     (cg / "governor.slice/batch").rmdir()
-    assert gather(run=run, cgroup_root=cg, root=root).claims == ()
+    assert gather(run=run, cgroup_root=cg, root=root).slices == ()
 
 
 def test_a_manifest_with_a_negative_or_absurd_claim_is_skipped_with_its_reason(
@@ -178,18 +178,19 @@ def test_a_manifest_with_a_negative_or_absurd_claim_is_skipped_with_its_reason(
             json.dumps({"policy": name, "units": [], "files": [], "claim": claim})
         )
     got = gather(run=run, cgroup_root=cg, root=root)
-    assert got.claims == ()
-    assert len(got.problems) == len(bad)
-    assert all(any(f"{n}" in p for p in got.problems) for n in bad)
-    assert any("memory.min '-1099511627776' is not a size" in p for p in got.problems)
-    assert any("more than 16 x this board's MemTotal" in p for p in got.problems)
+    assert got.slices == ()
+    assert len(got.notes) == len(bad)
+    assert all(any(f"{n}" in p for p in got.notes) for n in bad)
+    assert any("memory.min '-1099511627776' is not a size" in p for p in got.notes)
+    assert any("more than 16 x this board's MemTotal" in p for p in got.notes)
 
 
 def test_a_negative_manifest_claim_admits_nothing_it_would_not_admit_anyway(
     tmp_path: Path,
 ) -> None:
+    from governor.board.budget import admit
+    from governor.board.slice import QosClass, Slice
     from governor.operate.boardview import view
-    from governor.plan.budget import Claim, admit
 
     root, cg, run = board(tmp_path)
     publish(run, cg, plan_dict("batch", "standard", min=str(1500 * MIB)))
@@ -198,11 +199,11 @@ def test_a_negative_manifest_claim_admits_nothing_it_would_not_admit_anyway(
     claim = plan_dict("neg", "standard", min=-(1 << 40))
     (installed / "neg.json").write_text(json.dumps({"policy": "neg", "claim": claim}))
     got = gather(run=run, cgroup_root=cg, root=root)
-    free = view(got.budget, got.claims, (), got.problems)["free"]["guarantees"]
+    free = view(got.budget, got.slices, (), got.notes)["free"]["guarantees"]
     assert free == got.budget.budget - 1500 * MIB  # not 933 GiB
-    new = Claim(name="chat", group="governor.slice/chat", qos_class="standard", min=600 * MIB,
+    new = Slice(name="chat", cgroup="governor.slice/chat", qos=QosClass("standard"), min=600 * MIB,
                 peak=600 * MIB, peak_source="max")  # fmt: skip
-    assert admit(got.budget, new, got.claims).kind == "guarantees"
+    assert admit(got.budget, new, got.slices).kind == "guarantees"
 
 
 def test_unknown_board_keys_and_a_reserve_that_leaves_no_budget_are_told(tmp_path: Path) -> None:
@@ -212,7 +213,7 @@ def test_unknown_board_keys_and_a_reserve_that_leaves_no_budget_are_told(tmp_pat
     got = gather(run=run, cgroup_root=cg, root=root, board=f)
     # the reserve is read all the same, the unknown key told as `check` tells it
     assert got.budget.reserve == 512 * MIB and got.no_budget is None
-    assert got.problems == (f"unknown key ({f}, board.reserv)",)
+    assert got.notes == (f"unknown key ({f}, board.reserv)",)
     f.write_text('[board]\nreserve = "2GiB"\n')
     got = gather(run=run, cgroup_root=cg, root=root, board=f)
     assert got.budget.budget == 0

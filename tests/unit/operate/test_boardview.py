@@ -6,24 +6,25 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from governor.board.budget import Budget
+from governor.board.file import BoardCgroup
+from governor.board.slice import QosClass, Slice
 from governor.kernel.cgroupfs import CgroupFs
 from governor.operate.boardview import fits, render, ungoverned, view
-from governor.plan.board import BoardCgroup
-from governor.plan.budget import Budget, Claim
 
 MIB = 1 << 20
 # a 2 GiB board: reserve 128 MiB + 2048/16 = 256 MiB, budget 1792 MiB
 BUDGET = Budget.of(2048 * MIB)
-CHAT = Claim(
-    name="chat", group="governor.slice/chat", qos_class="interactive", min=400 * MIB,
+CHAT = Slice(
+    name="chat", cgroup="governor.slice/chat", qos=QosClass("interactive"), min=400 * MIB,
     peak=700 * MIB, peak_source="estimate", current=512 * MIB,
 )  # fmt: skip
-BATCH = Claim(
-    name="batch", group="governor.slice/batch", qos_class="background", min=0,
+BATCH = Slice(
+    name="batch", cgroup="governor.slice/batch", qos=QosClass("background"), min=0,
     peak=950 * MIB, peak_source="max", current=600 * MIB, yields=("throttle", "freeze", "stop"),
 )  # fmt: skip
-TTS = Claim(
-    name="tts", group="governor.slice/tts", qos_class="standard", min=100 * MIB,
+TTS = Slice(
+    name="tts", cgroup="governor.slice/tts", qos=QosClass("standard"), min=100 * MIB,
     peak=300 * MIB, peak_source="high", state="installed",
 )  # fmt: skip
 
@@ -73,8 +74,8 @@ def test_big_ungoverned_top_level_cgroups_and_board_entries_are_listed(tmp_path:
 
 
 def test_fits_says_yes_when_both_checks_pass() -> None:
-    small = Claim(
-        name="small", group="governor.slice/small", qos_class="standard", min=100 * MIB,
+    small = Slice(
+        name="small", cgroup="governor.slice/small", qos=QosClass("standard"), min=100 * MIB,
         peak=200 * MIB, peak_source="estimate",
     )  # fmt: skip
     out = fits(BUDGET, small, [CHAT], "warn")
@@ -83,8 +84,8 @@ def test_fits_says_yes_when_both_checks_pass() -> None:
 
 
 def test_fits_under_shed_names_the_lower_class_victims_only() -> None:
-    big = Claim(
-        name="chat2", group="governor.slice/chat2", qos_class="standard", min=200 * MIB,
+    big = Slice(
+        name="chat2", cgroup="governor.slice/chat2", qos=QosClass("standard"), min=200 * MIB,
         peak=900 * MIB, peak_source="estimate",
     )  # fmt: skip
     out = fits(BUDGET, big, [CHAT, BATCH], "shed")
@@ -98,8 +99,8 @@ def test_fits_under_shed_names_the_lower_class_victims_only() -> None:
 
 
 def test_fits_refuses_guarantees_that_overcommit_naming_who_holds_them() -> None:
-    greedy = Claim(
-        name="greedy", group="governor.slice/greedy", qos_class="interactive", min=1500 * MIB,
+    greedy = Slice(
+        name="greedy", cgroup="governor.slice/greedy", qos=QosClass("interactive"), min=1500 * MIB,
         peak=1500 * MIB, peak_source="max",
     )  # fmt: skip
     out = fits(BUDGET, greedy, [CHAT, BATCH], "refuse")

@@ -18,7 +18,7 @@ import pytest
 from governor.api import host as api_host
 from governor.cli.app import main
 from governor.kernel.cgroupfs import CgroupFs
-from governor.monitor.victims import governed_victims
+from governor.monitor.actions.shedder import Shedder
 from governor.operate.status import collect, render
 from governor.plan.model import Plan
 from governor.rundir.journal import Journal
@@ -114,7 +114,10 @@ def test_one_bad_state_hides_no_other_slice_and_raises_nowhere(
     assert prune_stale(run) == []
     assert path.read_bytes() == before  # nothing but the reader looked at it
     shedder = plans["chat"]
-    assert [v.name for v in governed_victims(CgroupFs(tmp_path / "cg"), shedder, run)] == ["good"]
+    assert [
+        v.name
+        for v in Shedder(CgroupFs(tmp_path / "cg"), shedder, run=run, own_cgroup="").victims()
+    ] == ["good"]
 
     monkeypatch.setenv("GOVERNOR_RUN_DIR", str(run))
     cg = ["--root", str(HOSTS / "rk3588"), "--cgroup-root", str(tmp_path / "cg")]

@@ -14,10 +14,10 @@ from pathlib import Path
 import pytest
 
 from governor.api.admit import admission
+from governor.board.scan import scan as gather
 from governor.cli.app import main
 from governor.kernel.cgroupfs import CgroupFs
-from governor.monitor.victims import governed_victims
-from governor.operate.board import gather
+from governor.monitor.actions.shedder import Shedder
 from governor.operate.status import collect
 from governor.rundir.clocks import Ledger
 from governor.rundir.journal import Journal
@@ -69,11 +69,13 @@ def test_a_fifo_symlinked_or_oversized_state_is_skipped_by_every_reader_naming_i
     # the shedder's scan at each firing, inside a running engine's monitor
     shedder = plans["chat"]
     cg = tmp_path / "cg"
-    assert [v.name for v in governed_victims(CgroupFs(cg), shedder, run)] == ["good"]
+    assert [v.name for v in Shedder(CgroupFs(cg), shedder, run=run, own_cgroup="").victims()] == [
+        "good"
+    ]
     # the admission's read of the board (the gatherer) and an admission itself
     seen = gather(run=run, cgroup_root=cg, root=HOSTS / "rk3588")
-    assert [c.name for c in seen.claims] == ["good"]
-    assert f"{path}: cannot read it ({problem})" in seen.problems
+    assert [c.name for c in seen.slices] == ["good"]
+    assert f"{path}: cannot read it ({problem})" in seen.notes
     admission(shedder, run=run, root=HOSTS / "rk3588", hold=False, act=False).release()
 
     monkeypatch.setenv("GOVERNOR_RUN_DIR", str(run))
@@ -113,8 +115,8 @@ def test_a_fifo_or_dev_zero_manifest_and_board_file_are_skipped_by_board_naming_
     run.mkdir()
     monkeypatch.setenv("GOVERNOR_BOARD", str(board))
     seen = gather(run=run, cgroup_root=tmp_path / "cg", root=root)
-    assert seen.claims == ()
-    assert seen.problems == (
+    assert seen.slices == ()
+    assert seen.notes == (
         f"cannot read the board file: {said} ({board})",
         f"{manifest}: {'a symlink (not followed)' if kind == 'dev-zero' else said}",
     )

@@ -250,8 +250,8 @@ def test_a_victim_shows_the_shed_that_holds_it_and_its_class(tmp_path: Path) -> 
 
 def test_status_shows_the_slices_claim_and_the_boards_budget(tmp_path: Path) -> None:
     """Issue 36: the figures of `governor board`, in every item (max is st's peak claim)."""
+    from governor.board.budget import reserve_for
     from governor.kernel.procfs import ProcFs
-    from governor.plan.budget import reserve_for
 
     plan, _group = _tree_plan(tmp_path)
     run = tmp_path / "run"

@@ -7,13 +7,10 @@ from pathlib import Path
 
 import pytest
 
-from governor.errors import PolicyError
-from governor.plan.board import load_board, read_board
-from governor.plan.budget import (
+from governor.board.budget import (
     GIB,
     MIB,
     Budget,
-    Claim,
     admit,
     claim_of_plan,
     claim_problem,
@@ -27,15 +24,18 @@ from governor.plan.budget import (
     reserve_for,
     short,
 )
+from governor.board.file import load_board, read_board
+from governor.board.slice import QosClass, Slice
+from governor.errors import PolicyError
 
 BOARD_2G = Budget.of(2 * GIB)  # reserve 128 MiB + 128 MiB = 256 MiB: budget 1.75 GiB
 
 
 def claim(
     name: str, cls: str, mn: int, peak: int, *, state: str = "running", **kw: object
-) -> Claim:
-    return Claim(
-        name=name, group=f"governor.slice/{name}", qos_class=cls, min=mn, peak=peak,
+) -> Slice:
+    return Slice(
+        name=name, cgroup=f"governor.slice/{name}", qos=QosClass(cls), min=mn, peak=peak,
         peak_source="max", state=state, **kw,  # type: ignore[arg-type]
     )  # fmt: skip
 
@@ -132,7 +132,7 @@ def test_the_peak_is_the_estimate_else_max_else_high_else_the_floor() -> None:
     assert peak_of(None, 900, 800) == (900, "max")
     assert peak_of(None, None, 800) == (800, "high")
     assert peak_of(None, None, None, 100) == (100, "none")
-    unbounded = Claim(name="x", group="g/x", qos_class="standard", min=300, peak=0,
+    unbounded = Slice(name="x", cgroup="g/x", qos=QosClass("standard"), min=300, peak=0,
                       peak_source="none")  # fmt: skip
     assert unbounded.peak_claim == 300  # never below its guarantee
 

@@ -5,15 +5,18 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from governor.operate.board import gather
+from governor.board.budget import ZRAM_CLAIM, Budget, admit, zram_claim
+from governor.board.scan import scan as gather
+from governor.board.slice import QosClass, Slice
 from governor.operate.boardview import render, view
-from governor.plan.budget import ZRAM_CLAIM, Budget, Claim, admit, zram_claim
 
 MIB = 1 << 20
 
 
-def _claim(name: str, cls: str, mn: int, peak: int) -> Claim:
-    return Claim(name=name, group=f"g/{name}", qos_class=cls, min=mn, peak=peak, peak_source="max")
+def _claim(name: str, cls: str, mn: int, peak: int) -> Slice:
+    return Slice(
+        name=name, cgroup=f"g/{name}", qos=QosClass(cls), min=mn, peak=peak, peak_source="max"
+    )
 
 
 def test_zram_holds_board_memory_that_refuses_a_guarantee_and_is_never_a_victim() -> None:
@@ -42,12 +45,12 @@ def test_gather_counts_zram_mem_used_total(tmp_path: Path) -> None:
     (tmp_path / "sys/block/zram0/mm_stat").write_text(f"{256 * MIB} {70 * MIB} {72 * MIB} 0 0\n")
     got = gather(run=tmp_path / "run", cgroup_root=tmp_path / "cg", root=tmp_path,
                  board=tmp_path / "none.toml")  # fmt: skip
-    (zram,) = [c for c in got.claims if c.name == ZRAM_CLAIM]
+    (zram,) = [c for c in got.slices if c.name == ZRAM_CLAIM]
     assert zram.guaranteed == 72 * MIB and zram.current == 72 * MIB
     (tmp_path / "proc" / "swaps").write_text("Filename Type Size Used Priority\n")
     got = gather(run=tmp_path / "run", cgroup_root=tmp_path / "cg", root=tmp_path,
                  board=tmp_path / "none.toml")  # fmt: skip
-    assert ZRAM_CLAIM not in [c.name for c in got.claims]
+    assert ZRAM_CLAIM not in [c.name for c in got.slices]
 
 
 def test_an_unreadable_zram_mm_stat_is_a_skipped_line_of_the_board(tmp_path: Path) -> None:
@@ -62,8 +65,8 @@ def test_an_unreadable_zram_mm_stat_is_a_skipped_line_of_the_board(tmp_path: Pat
     (tmp_path / "sys/block/zram0/mm_stat").write_text("garbage\n")
     got = gather(run=tmp_path / "run", cgroup_root=tmp_path / "cg", root=tmp_path,
                  board=tmp_path / "none.toml")  # fmt: skip
-    assert ZRAM_CLAIM not in [c.name for c in got.claims]
-    text = render(view(got.budget, got.claims, problems=got.problems))
+    assert ZRAM_CLAIM not in [c.name for c in got.slices]
+    text = render(view(got.budget, got.slices, problems=got.notes))
     skipped = [line for line in text.splitlines() if line.startswith("skipped: ")]
     assert skipped == [
         f"skipped: {tmp_path}/sys/block/zram0/mm_stat: invalid literal for int() with base 10:"

@@ -10,9 +10,9 @@ import pytest
 from fakefs.plans import make_plan
 
 from governor.api.compile import check_board
+from governor.board.file import load_board, read_board
 from governor.compile.compiler import compile_plan
 from governor.errors import PolicyError
-from governor.plan.board import load_board, read_board
 from governor.plan.host import probe
 from governor.policy.loader import load_text
 from governor.rundir.state import Publisher, applied

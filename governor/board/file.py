@@ -66,7 +66,7 @@ class BoardRead:
 
     entries: tuple[BoardCgroup, ...] = ()
     errors: tuple[PolicyError, ...] = ()
-    reserve: int | None = None  # [board] reserve, bytes (None: the default, plan/budget.py)
+    reserve: int | None = None  # [board] reserve, bytes (None: the default, board/budget.py)
 
 
 def board_path(environ: Mapping[str, str] | None = None) -> Path:
@@ -114,7 +114,7 @@ RESERVE_HINT = (
 
 
 def no_budget_error(text: str, path: Path) -> PolicyError:
-    """The error of a reserve that leaves no budget (plan/budget.py no_budget_text's ``text``):
+    """The error of a reserve that leaves no budget (board/budget.py no_budget_text's ``text``):
     `check BOARD`, admission and `init` refuse with it (65), naming the reserve and the file."""
     return PolicyError(f"{text} ([board] reserve, {path})", hint=RESERVE_HINT)
 

@@ -3,7 +3,7 @@
 The board is one budget: MemTotal less a reserve (memory kept for the OS and the ungoverned
 services: the board file's ``[board] reserve``, default :func:`reserve_for`). Every governed
 slice, running (its published state) or installed (its unit and manifest), has a
-:class:`Claim`: its ``memory.min`` (guaranteed) and its expected peak (the engine's estimate
+:class:`Slice`: its ``memory.min`` (guaranteed) and its expected peak (the engine's estimate
 where there is one, else ``memory.max``, else ``memory.high``); device memory a policy budgets
 with ``[device]`` is held outside every cgroup and counts in the peak.
 
@@ -19,10 +19,10 @@ bytes and the victims a ``shed`` admission would stop: running claims of a LOWER
 (never equal or higher, ``QOS_RANK``), lowest class first, largest first, until enough is free.
 A victim counts only when stopping its engine removes its claim (issue 43): an `apply` slice,
 a `launch --keep` one and a `governor monitor`'s keep their state (and memory.min) after their
-engine stops (``Claim.stays``), so they are never stopped, and the verdict names them.
+engine stops (``Slice.stays``), so they are never stopped, and the verdict names them.
 
 Standard library only: plan/ is shared records, read at run time too (the launch path's
-admission, the gatherer in governor/operate/board.py).
+admission, the gatherer in governor/board/scan.py).
 """
 
 from __future__ import annotations
@@ -30,7 +30,9 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any, Literal
 
-from governor.plan.model import QOS_RANK, SHED_STEPS, Plan
+from governor.board.order import pick
+from governor.board.slice import PeakSource, QosClass, Slice, SliceState
+from governor.plan.model import SHED_STEPS, Plan
 from governor.record import record
 
 MIB = 1 << 20
@@ -43,8 +45,6 @@ ADMIT_MODES = ("warn", "refuse", "wait", "shed")
 AdmitMode = Literal["warn", "refuse", "wait", "shed"]
 DEFAULT_ADMIT: AdmitMode = "warn"
 DEFAULT_ADMIT_TIMEOUT_S = 60.0
-PeakSource = Literal["estimate", "max", "high", "none"]
-ClaimState = Literal["running", "installed", "stopped"]
 VerdictKind = Literal["fits", "peaks", "guarantees"]
 
 
@@ -68,47 +68,19 @@ class Budget:
         return cls(memtotal=memtotal, reserve=r, budget=max(0, memtotal - r))
 
 
-@record(frozen=True)
-class Claim:
-    """One governed slice's claim on the board (bytes)."""
-
-    name: str  # the policy's name
-    group: str  # its cgroup, relative to the cgroup2 root ("governor.slice/chat")
-    qos_class: str  # interactive | standard | background
-    min: int  # memory.min: guaranteed
-    peak: int  # the expected peak (see peak_source); at least min
-    peak_source: PeakSource  # estimate | max | high | none (unbounded: its min or current)
-    current: int | None = None  # memory.current now (None: not running, or unreadable)
-    state: ClaimState = "running"
-    device: int = 0  # [device] memory, held outside every cgroup
-    yields: tuple[str, ...] = SHED_STEPS  # what a shed may do to it ([qos] yield)
-    # why its claim stays once its engine is stopped ("apply", "launch --keep", "monitor": its
-    # state and memory.min outlive the engine); "": a stop frees it
-    stays: str = ""
-
-    @property
-    def guaranteed(self) -> int:
-        """What the guarantees count: memory.min (the issue's sum of memory.min; device
-        memory is no memcg protection, it counts in the peak)."""
-        return self.min
-
-    @property
-    def peak_claim(self) -> int:
-        return max(self.peak, self.min) + self.device
-
-
 ZRAM_CLAIM = "[zram]"  # no policy name has brackets: never replaced by a policy's own claim
 
 
-def zram_claim(mem_used_total: int) -> Claim | None:
+def zram_claim(mem_used_total: int) -> Slice | None:
     """zram's pool as a claim (issue 33): a slice's swapped pages compressed into memory that
     no cgroup is charged for. Held now, so it counts in both checks; never a shed victim (no
     class yields it, nothing to stop); None when zram holds nothing."""
     if mem_used_total <= 0:
         return None
-    return Claim(
-        name=ZRAM_CLAIM, group="", qos_class="interactive", min=mem_used_total,
+    return Slice(
+        name=ZRAM_CLAIM, cgroup="", qos=QosClass.INTERACTIVE, min=mem_used_total,
         peak=mem_used_total, peak_source="none", current=mem_used_total, yields=(),
+        governed=False,
     )  # fmt: skip
 
 
@@ -128,59 +100,32 @@ class Verdict:
     """What admission says about one new claim beside the others."""
 
     kind: VerdictKind  # fits | peaks (the peaks overcommit) | guarantees (refused)
-    claim: Claim  # the new one
+    claim: Slice  # the new one
     budget: Budget
     min_left: int  # guarantees left before the new claim (budget - others' guaranteed)
     peak_left: int  # peaks left before the new claim
     missing: int  # bytes the new claim lacks in the check that failed (0: fits)
-    holders: tuple[Claim, ...]  # the other claims on the board, largest first (that check's)
-    victims: tuple[Claim, ...]  # what a shed admission would stop (lower classes, running)
+    holders: tuple[Slice, ...]  # the other claims on the board, largest first (that check's)
+    victims: tuple[Slice, ...]  # what a shed admission would stop (lower classes, running)
     enough: bool  # the victims free at least ``missing`` in both checks
     # lower-class claims a shed may not count: stopping their engine leaves their claim
-    kept: tuple[Claim, ...] = ()
+    kept: tuple[Slice, ...] = ()
 
     @property
     def fits(self) -> bool:
         return self.kind == "fits"
 
 
-def _frees(v: Claim) -> tuple[int, int]:
-    return v.guaranteed, v.peak_claim
-
-
-def shed_victims(
-    new: Claim, others: tuple[Claim, ...], need_min: int, need_peak: int
-) -> tuple[tuple[Claim, ...], bool]:
-    """The running claims of a lower class than ``new`` that may be stopped (their yield has
-    "stop" or "kill") and whose claim a stop removes (not :attr:`Claim.stays`), lowest class
-    first and largest first, until ``need_min`` guarantee bytes and ``need_peak`` peak bytes
-    are free; and whether they are enough."""
-    able = [c for c in _lower(new, others) if not c.stays]
-    able.sort(key=lambda c: (QOS_RANK[c.qos_class], -c.peak_claim, c.name))
-    out: list[Claim] = []
-    freed_min = freed_peak = 0
-    for c in able:
-        if freed_min >= need_min and freed_peak >= need_peak:
-            break
-        out.append(c)
-        m, p = _frees(c)
-        freed_min, freed_peak = freed_min + m, freed_peak + p
-    return tuple(out), freed_min >= need_min and freed_peak >= need_peak
-
-
-def _lower(new: Claim, others: tuple[Claim, ...]) -> list[Claim]:
-    """The running claims of a lower class than ``new`` whose yield allows a stop."""
-    rank = QOS_RANK.get(new.qos_class, QOS_RANK["standard"])
+def _lower(new: Slice, others: tuple[Slice, ...]) -> list[Slice]:
+    """The running slices of a lower class than ``new`` whose yield allows a stop."""
     return [
         c
         for c in others
-        if c.state == "running"
-        and QOS_RANK.get(c.qos_class, rank) < rank
-        and ({"stop", "kill"} & set(c.yields))
+        if c.state == "running" and c.qos.rank < new.qos.rank and ({"stop", "kill"} & set(c.yields))
     ]
 
 
-def admit(budget: Budget, new: Claim, others: tuple[Claim, ...]) -> Verdict:
+def admit(budget: Budget, new: Slice, others: tuple[Slice, ...]) -> Verdict:
     """The pure admission check of ``new`` beside ``others`` (the new policy's own earlier
     claim, same name, is left out: a restart replaces it)."""
     others = tuple(c for c in others if c.name != new.name)
@@ -191,14 +136,16 @@ def admit(budget: Budget, new: Claim, others: tuple[Claim, ...]) -> Verdict:
     # policy's own sizing (check's estimate against memory.max), not an admission matter
     need_peak = min(max(0, new.peak_claim - peak_left), sum(c.peak_claim for c in others))
     kind: VerdictKind = "guarantees" if need_min else "peaks" if need_peak else "fits"
-    victims: tuple[Claim, ...] = ()
-    kept: tuple[Claim, ...] = ()
+    victims: tuple[Slice, ...] = ()
+    kept: tuple[Slice, ...] = ()
     enough = True
     if kind != "fits":
-        victims, enough = shed_victims(new, others, need_min, need_peak)
+        # the one victim order (board/order.py): lowest class, the coldest that alone covers
+        # what is missing, else the largest; a slice whose claim stays is never chosen
+        victims, enough = pick(_lower(new, others), (need_min, need_peak))
         kept = tuple(c for c in _lower(new, others) if c.stays)
 
-    def key(c: Claim) -> int:
+    def key(c: Slice) -> int:
         return c.guaranteed if kind == "guarantees" else c.peak_claim
 
     holders = tuple(sorted((c for c in others if key(c) > 0), key=lambda c: (-key(c), c.name)))
@@ -294,15 +241,14 @@ def forced_text(verdict: Verdict) -> str:
     )
 
 
-def _source(c: Claim) -> str:
+def _source(c: Slice) -> str:
     return "its memory.min" if c.peak_source == "none" else c.peak_source
 
 
 def overlap_text(verdict: Verdict) -> str:
     """The one warning line of an admitted overlap (admit = "warn", or --force)."""
     c = verdict.claim
-    rank = QOS_RANK.get(c.qos_class, 1)
-    above = [h.name for h in verdict.holders if QOS_RANK.get(h.qos_class, rank) > rank]
+    above = [h.name for h in verdict.holders if h.qos.rank > c.qos.rank]
     if verdict.victims:
         who = f"; {c.name} would shed {', '.join(v.name for v in verdict.victims)}"
     elif above:
@@ -333,7 +279,7 @@ def _size(value: object, what: str) -> int | None:
 ABSURD = 16  # a claim above 16 x MemTotal is no policy for this board: a corrupt or foreign file
 
 
-def claim_problem(c: Claim, memtotal: int) -> str | None:
+def claim_problem(c: Slice, memtotal: int) -> str | None:
     """Why a claim read from another process's file cannot be weighed (None: it can): a size
     far beyond this board. The types and signs :func:`claim_of_plan` refused already."""
     if memtotal <= 0:
@@ -351,13 +297,14 @@ def claim_of_plan(
     plan: Mapping[str, Any],
     *,
     estimate: int | None = None,
-    state: ClaimState = "running",
+    state: SliceState = "running",
     current: int | None = None,
-    stays: str = "",
-) -> Claim:
-    """The claim of a compiled plan as its dict (``Plan.to_dict()``, a published state's
-    ``plan``, a manifest's): its group's memory.min, and the peak from ``estimate``, else its
-    memory.max, else its memory.high. Raises ValueError for a dict that is not a plan."""
+    **extra: Any,
+) -> Slice:
+    """The slice of a compiled plan as its dict (a published state's ``plan``, a manifest's
+    claim): its group's memory.min, and the peak from ``estimate``, else its memory.max, else
+    its memory.high; ``extra``: the slice's other fields (its liveness, journal, router).
+    Raises ValueError for a dict that is not a plan (an unknown class included)."""
     try:
         group = plan["group"]
         limits = {
@@ -368,25 +315,53 @@ def claim_of_plan(
         qos = plan.get("qos") or {}
         device = plan.get("device") or {}
         dev = device.get("memory")
-        mn = limits.get("memory.min") or 0
-        peak, source = peak_of(
-            estimate, limits.get("memory.max"), limits.get("memory.high"), max(mn, current or 0)
-        )
-        return Claim(
-            name=str(plan["policy"]),
-            group=str(group),
-            qos_class=str(qos.get("qos_class", "standard")),
-            min=mn,
-            peak=peak,
-            peak_source=source,
-            current=current,
-            state=state,
-            device=0 if dev is None else _size(dev, "[device] memory") or 0,
-            yields=tuple(qos.get("yields", SHED_STEPS)),
-            stays=stays,
-        )
+        cls = QosClass.of(qos.get("qos_class", "standard"))
+        if cls is None:
+            raise ValueError(f"unknown [qos] class {str(qos.get('qos_class'))[:40]!r}")
+        return _slice(
+            str(plan["policy"]), str(group), cls=cls, limits=limits, estimate=estimate, current=current,
+            state=state, device=0 if dev is None else _size(dev, "[device] memory") or 0,
+            yields=tuple(qos.get("yields", SHED_STEPS)), **extra,
+        )  # fmt: skip
     except (KeyError, TypeError, AttributeError) as err:
         raise ValueError(f"not a compiled plan: {err!r}") from err
+
+
+def slice_of_plan(plan: Plan, *, estimate: int | None = None) -> Slice:
+    """The slice a typed plan is about to start (admission's new claim): read from the
+    :class:`Plan` itself, no dict in between."""
+    memory = ("memory.min", "memory.max", "memory.high")
+    limits = {
+        w.file: _size(w.value, w.file)
+        for w in plan.writes
+        if w.cgroup == plan.group and w.file in memory
+    }
+    dev = None if plan.device is None else plan.device.memory
+    return _slice(
+        plan.policy, plan.group, cls=QosClass.of(plan.qos.qos_class) or QosClass.STANDARD,
+        limits=limits, estimate=estimate, current=None, state="running", device=0 if dev is None else _size(dev, "device") or 0,
+        yields=tuple(plan.qos.yields),
+    )  # fmt: skip
+
+
+def _slice(
+    name: str,
+    group: str,
+    *,
+    cls: QosClass,
+    limits: Mapping[str, int | None],
+    estimate: int | None,
+    current: int | None,
+    **fields: Any,
+) -> Slice:
+    mn = limits.get("memory.min") or 0
+    peak, source = peak_of(
+        estimate, limits.get("memory.max"), limits.get("memory.high"), max(mn, current or 0)
+    )
+    return Slice(
+        name=name, cgroup=group, qos=cls, min=mn, peak=peak, peak_source=source,
+        current=current, **fields,
+    )  # fmt: skip
 
 
 def plan_claim_dict(plan: Plan) -> dict[str, Any]:
