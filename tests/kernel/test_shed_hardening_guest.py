@@ -64,7 +64,7 @@ class Rig:
 
     def publish(self, plan: Plan, engine_pid: int | None = None, **qos: Any) -> None:
         Publisher(self.run, plan.policy).publish(
-            applied(plan.to_dict(), policy_path=None, created=[], started_at=1.0)
+            applied(plan, policy_path=None, created=[], started_at=1.0)
         )
         path = self.run / plan.policy / "state.json"
         state = json.loads(path.read_text())  # as another process may have written it
