@@ -48,7 +48,7 @@ def _publish(plan: Plan, path: Path, directory: Path, created: set[str]) -> None
         created |= {c for c in prior.created or () if c in plan.create}
     Publisher(directory, plan.policy).publish(
         applied_state(
-            plan.to_dict(),
+            plan,
             policy_path=str(path.resolve()),
             created=sorted(created),
             started_at=time.time(),

@@ -327,9 +327,17 @@ def claim_of_plan(
         raise ValueError(f"not a compiled plan: {err!r}") from err
 
 
-def slice_of_plan(plan: Plan, *, estimate: int | None = None) -> Slice:
-    """The slice a typed plan is about to start (admission's new claim): read from the
-    :class:`Plan` itself, no dict in between."""
+def slice_of_plan(
+    plan: Plan,
+    *,
+    estimate: int | None = None,
+    current: int | None = None,
+    yields: tuple[str, ...] | None = None,
+    **extra: Any,
+) -> Slice:
+    """The slice of a typed plan: the one admission is about to start, or a published state's
+    (``current``, ``yields`` as checked, ``extra``: its liveness, journal, router): read from
+    the :class:`Plan` itself, no dict in between."""
     memory = ("memory.min", "memory.max", "memory.high")
     limits = {
         w.file: _size(w.value, w.file)
@@ -337,10 +345,12 @@ def slice_of_plan(plan: Plan, *, estimate: int | None = None) -> Slice:
         if w.cgroup == plan.group and w.file in memory
     }
     dev = None if plan.device is None else plan.device.memory
+    extra.setdefault("state", "running")
     return _slice(
         plan.policy, plan.group, cls=QosClass.of(plan.qos.qos_class) or QosClass.STANDARD,
-        limits=limits, estimate=estimate, current=None, state="running", device=0 if dev is None else _size(dev, "device") or 0,
-        yields=tuple(plan.qos.yields),
+        limits=limits, estimate=estimate, current=current,
+        device=0 if dev is None else _size(dev, "device") or 0,
+        yields=tuple(plan.qos.yields) if yields is None else yields, **extra,
     )  # fmt: skip
 
 

@@ -31,6 +31,7 @@ from governor.board.budget import (
     claim_of_plan,
     claim_problem,
     no_budget_text,
+    slice_of_plan,
     zram_claim,
 )
 from governor.board.file import BoardCgroup, board_path, read_board
@@ -42,7 +43,7 @@ from governor.kernel.parse import parse_max
 from governor.kernel.procfs import ProcFs
 from governor.kernel.swap import SwapReader
 from governor.peer.files import read_capped
-from governor.plan.model import SHED_STEPS
+from governor.plan.model import SHED_STEPS, Plan
 from governor.record import record
 from governor.rundir.journal import Journal
 from governor.rundir.state import RunState, scan_states
@@ -101,24 +102,19 @@ def _current(fs: CgroupFs, group: str) -> int | None:
         return None
 
 
-def _high(plan: dict[str, Any]) -> str:
+def _high(plan: Plan) -> str:
     """The memory.high the plan writes on its group (a shed gives it back), else "max"."""
-    for w in plan.get("writes") or ():
-        if (
-            isinstance(w, dict)
-            and w.get("cgroup") == plan.get("group")
-            and w.get("file") == kf.MEMORY_HIGH
-            and isinstance(w.get("value"), str)
-        ):
-            return str(w["value"])
+    for w in plan.writes:
+        if w.cgroup == plan.group and w.file == kf.MEMORY_HIGH and isinstance(w.value, str):
+            return w.value
     return "max"
 
 
-def _yields(plan: dict[str, Any], invalid: list[tuple[str, str]], name: str) -> tuple[str, ...]:
-    steps = (plan.get("qos") or {}).get("yields", SHED_STEPS)
-    if not isinstance(steps, (tuple, list)) or any(s not in SHED_STEPS for s in steps):
-        invalid.append((name, f"unknown [qos] yield step in {str(steps)[:80]}: skipped"))
-        return tuple(s for s in SHED_STEPS if isinstance(steps, (tuple, list)) and s in steps)
+def _yields(plan: Plan, invalid: list[tuple[str, str]], name: str) -> tuple[str, ...]:
+    steps = plan.qos.yields
+    if any(s not in SHED_STEPS for s in steps):
+        invalid.append((name, f"unknown [qos] yield step in {str(list(steps))[:80]}: skipped"))
+        return tuple(s for s in SHED_STEPS if s in steps)
     return tuple(steps)
 
 
@@ -133,27 +129,24 @@ def running_slices(
     groups = sorted({st.group for st in states if isinstance(st.group, str)})
     out: list[Slice] = []
     for st in states:
-        if st.stale or not isinstance(st.plan, dict) or not st.plan:
+        plan = st.plan
+        if st.stale or plan is None:
             continue
         model = st.model or {}
         total = model.get("total")
         estimate = total if isinstance(total, int) and not isinstance(total, bool) else None
         router = st.router_models()
+        cls = plan.qos.qos_class
+        if QosClass.of(cls) is None:
+            invalid.append((st.policy, f"unknown [qos] class {str(cls)[:40]!r}: not shed"))
+            problems.append(f"{run / st.policy}: unknown [qos] class {str(cls)[:40]!r}")
+            continue
         try:
-            plan = st.plan
-            cls = (plan.get("qos") or {}).get("qos_class", "standard")
-            if QosClass.of(cls) is None:
-                invalid.append((st.policy, f"unknown [qos] class {str(cls)[:40]!r}: not shed"))
             out.append(
-                claim_of_plan(
-                    {**plan, "qos": {**(plan.get("qos") or {}),
-                                     "yields": _yields(plan, invalid, st.policy)}},
-                    estimate=estimate,
-                    state="running",
-                    current=_current(fs, plan["group"]),
-                    stays=stays(st),
-                    journal=Journal(run / st.policy),
-                    restore_high=_high(plan),
+                slice_of_plan(
+                    plan, estimate=estimate, current=_current(fs, plan.group),
+                    yields=_yields(plan, invalid, st.policy), stays=stays(st),
+                    journal=Journal(run / st.policy), restore_high=_high(plan),
                     engine_pid=st.engine_pid,
                     router_url=None if router is None else router[0],
                     router_last=None if router is None else router[1],

@@ -107,7 +107,7 @@ class GovernorCollector(Collector):
         fams = _Families()
         root = None
         for st in self.states():
-            plan = st.compiled()
+            plan = st.plan
             if plan is None:
                 continue
             root = plan.cgroup_root

@@ -15,7 +15,7 @@ from governor.rundir.state import read_states
 def governed_groups(run: Path) -> list[str]:
     """The group of every published plan, live or stale: what a board entry may not be,
     contain or lie inside (governor/board/file.py)."""
-    plans = (st.compiled() for st in read_states(run))
+    plans = (st.plan for st in read_states(run))
     return sorted({p.group for p in plans if p is not None and isinstance(p.group, str)})
 
 

@@ -143,9 +143,7 @@ def launch_skipped(plan: Plan, run: Path) -> set[str]:
     out: set[str] = set()
     for st in read_states(run):
         running = st.plan
-        if st.policy != plan.policy or st.stale or not isinstance(running, dict):
+        if st.policy != plan.policy or st.stale or running is None:
             continue
-        degraded = running.get("degraded")
-        if isinstance(degraded, list):
-            out |= {skipped_name(x) for x in degraded if isinstance(x, str)}
+        out |= {skipped_name(x) for x in running.degraded}
     return out

@@ -44,7 +44,7 @@ def collect(
     cgroup_root = ""
     swap = board_swap()  # board-wide: read once (zram's memory is charged to no slice)
     for st in states:
-        plan = st.compiled()
+        plan = st.plan
         if plan is None:
             continue
         cgroup_root = plan.cgroup_root

@@ -58,7 +58,7 @@ class RunState:
     cgroup_root: str
     group: str
     leaf: str
-    plan: dict[str, Any]
+    plan: Plan | None  # the compiled plan it runs, read once (None: a state without one)
     policy_sha256: str | None = None
     engine_pid: int | None = None
     restarts: int = 0
@@ -99,6 +99,8 @@ class RunState:
         known = {f.name for f in fields(cls)} - {"stale"}
         values: dict[str, Any] = dict.fromkeys(_REQUIRED)
         values.update((k, v) for k, v in state.items() if k in known)
+        if isinstance(values["plan"], dict):
+            values["plan"] = Plan.from_dict(values["plan"])
         return cls(**values)
 
     def router_models(self) -> tuple[str, dict[str, float | None]] | None:
@@ -119,14 +121,13 @@ class RunState:
         models = (self.router or {}).get("models") or {}
         return {m["leaf"]: a for a, m in models.items() if isinstance(m, dict) and m.get("leaf")}
 
-    def compiled(self) -> Plan | None:
-        """The published plan as a record (None: the state has none, or one this governor
-        cannot read; :func:`check_state` refused such a file already, a state built here
-        has a good one)."""
-        try:
-            return Plan.from_dict(self.plan) if isinstance(self.plan, dict) else None
-        except (KeyError, ValueError, TypeError, AttributeError):
-            return None
+    @property
+    def running(self) -> Plan:
+        """The plan of a state its reader checked has one (api/operate.governed refuses a
+        state without a plan before a tune or rollback reads it)."""
+        if self.plan is None:
+            raise ValueError(f"the state of {self.policy} has no plan")
+        return self.plan
 
     def to_json(self) -> dict[str, Any]:
         """The state file's object (without ``format``, which Publisher adds)."""
@@ -137,6 +138,8 @@ class RunState:
                 continue  # carried over from `governor apply`'s state only when it had it
             if value is None and key in (_NEVER_NONE | _ONLY_SET):
                 continue  # a state read back that lacked it (a writer always sets it)
+            if key == "plan" and isinstance(value, Plan):
+                value = value.to_dict()
             out[key] = round(value, 3) if key == "started_at" else value
         return out
 
@@ -364,7 +367,7 @@ class Publisher:
 
 
 def applied(
-    plan_dict: Mapping[str, Any],
+    plan: Plan,
     *,
     policy_path: str | None,
     created: list[str],
@@ -375,37 +378,34 @@ def applied(
     group): it holds while the cgroup exists, and ``created`` is what `governor remove` may
     take away with the group (never an operator's own slice)."""
     return RunState(
-        policy=plan_dict["policy"],
+        policy=plan.policy,
         source="apply",
         policy_path=policy_path,
         pid=None,
         started_at=started_at,
         backend="cgroupfs",
-        cgroup_root=plan_dict["cgroup_root"],
-        group=plan_dict["group"],
-        leaf=plan_dict["leaf"],
-        plan=dict(plan_dict),
+        cgroup_root=plan.cgroup_root,
+        group=plan.group,
+        leaf=plan.leaf,
+        plan=plan,
         created=created,
         kept_by=kept_by,
-        qos=_qos(plan_dict),
+        qos=qos_of(plan),
     )
 
 
-def _qos(plan_dict: Mapping[str, Any]) -> dict[str, Any]:
-    """The plan's [qos] as the policy spells it (a plan of before issue 23: standard)."""
-    qos = plan_dict.get("qos") or {}
-    return {
-        "class": qos.get("qos_class", "standard"),
-        "yield": list(qos.get("yields", ("throttle", "freeze", "stop", "kill"))),
-    }
+def qos_of(plan: Plan) -> dict[str, Any]:
+    """The plan's [qos] as the policy spells it, as a state publishes it."""
+    return {"class": plan.qos.qos_class, "yield": list(plan.qos.yields)}
 
 
 def is_stale(state: RunState, proc: Path = Path("/proc")) -> bool:
     """A state nothing holds any more: its publisher is gone (:func:`alive`); an `apply`
     state (no process) once its cgroup is gone."""
     if state.source == "apply":
-        plan = state.plan if isinstance(state.plan, dict) else {}
-        root, group = state.cgroup_root or plan.get("cgroup_root"), state.group or plan.get("group")
+        plan = state.plan
+        root = state.cgroup_root or (plan.cgroup_root if plan is not None else None)
+        group = state.group or (plan.group if plan is not None else None)
         if not isinstance(root, str) or not isinstance(group, str):
             return False  # no cgroup to look for: a reader that needs one skips the state
         try:

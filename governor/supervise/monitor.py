@@ -167,7 +167,7 @@ class _Published:
             cgroup_root=plan.cgroup_root,
             group=plan.group,
             leaf=plan.leaf,
-            plan=plan.to_dict(),
+            plan=plan,
             created=self.carried.get("created"),
             systemd=self.carried.get("systemd"),
             engine_pid=engine,

@@ -210,7 +210,7 @@ class Supervisor:
             return  # a transient scope ends with its last process
         Publisher(job.run_dir or run_dir(), plan.policy).publish(
             applied(
-                plan.to_dict(),
+                plan,
                 policy_path=plan.source,
                 created=sorted(owned),
                 started_at=self.started_at,
@@ -390,7 +390,7 @@ class Supervisor:
             }
             or None,
             prefetch_files=list(job.prefetch_files),
-            plan=plan.to_dict(),
+            plan=plan,
             systemd=job.systemd,
             ready=self.ready,
             board=self.board,

@@ -52,7 +52,7 @@ def board(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     monkeypatch.setenv("GOVERNOR_RUN_DIR", str(run_dir))
     monkeypatch.setenv("GOVERNOR_BOARD", str(tmp_path / "board.toml"))
     Publisher(run_dir, chat.policy).publish(
-        applied(chat.to_dict(), policy_path=None, created=[], started_at=1.0)
+        applied(chat, policy_path=None, created=[], started_at=1.0)
     )
     tts = replace(chat, policy="tts", group="governor.slice/tts", writes=())
     claim = plan_claim_dict(tts)

@@ -118,7 +118,7 @@ def test_a_failed_tune_persist_leaves_the_policy_file_as_it_was(
     (group / "memory.current").write_text("0\n")
     run = tmp_path / "run"
     monkeypatch.setenv("GOVERNOR_RUN_DIR", str(run))
-    state = applied(plan.to_dict(), policy_path=str(policy), created=[], started_at=1.0)
+    state = applied(plan, policy_path=str(policy), created=[], started_at=1.0)
     Publisher(run, "st").publish(state)
     before = policy.read_bytes()
 

@@ -117,7 +117,7 @@ def test_the_router_state_round_trips_and_check_state_takes_it() -> None:
     state = RunState(
         policy="r", source="launch", policy_path=None, pid=1, started_at=1.0,
         backend="cgroupfs", cgroup_root="/sys/fs/cgroup", group=GROUP, leaf=LEAF,
-        plan={}, router=router,
+        plan=None, router=router,
     )  # fmt: skip
     data = state.to_json()
     assert data["router"] == router

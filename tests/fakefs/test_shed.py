@@ -75,7 +75,7 @@ class Board:
         plan = self.here(plan)
         CgroupfsBackend(self.fs).apply(plan)
         (self.fs.path(plan.group) / files.MEMORY_CURRENT).write_text(f"{usage}\n")
-        state = applied(plan.to_dict(), policy_path=None, created=[], started_at=1.0)
+        state = applied(plan, policy_path=None, created=[], started_at=1.0)
         if launched:
             pid = os.getpid()
             state = replace(

@@ -76,7 +76,7 @@ def test_a_board_entry_on_a_governed_slice_is_skipped_and_its_own_yield_wins(
     job = board.here(job)
     _cgroup(board.fs, job.leaf)
     Publisher(board.run, job.policy).publish(
-        applied(job.to_dict(), policy_path=None, created=[], started_at=1.0)
+        applied(job, policy_path=None, created=[], started_at=1.0)
     )
     _cgroup(board.fs, CAM)
     _board_file(board, path, CAM)

@@ -133,7 +133,7 @@ def launch_pid() -> Iterator[int]:
 
 def _router_state(plan: Plan, url: str, pid: int, last: dict[str, float | None] = LAST) -> RunState:
     """A launch's state of a router slice (only a launch publishes ``router``)."""
-    st = applied(plan.to_dict(), policy_path=None, created=[], started_at=1.0)
+    st = applied(plan, policy_path=None, created=[], started_at=1.0)
     models = {a: {"last_request": t} for a, t in last.items()}
     return replace(
         st, source="launch", pid=pid, router={"url": url, "models": models, "unloads": []}
@@ -199,9 +199,7 @@ def test_the_verb_on_a_slice_that_is_no_router_fails_with_why(
 ) -> None:
     plan = make_plan()
     run = tmp_path / "run"
-    Publisher(run, plan.policy).publish(
-        applied(plan.to_dict(), policy_path=None, created=[], started_at=1.0)
-    )
+    Publisher(run, plan.policy).publish(applied(plan, policy_path=None, created=[], started_at=1.0))
     handler = Unload(Env(fake_fs, plan, lambda: [], journal=Journal(run / plan.policy)))
     res = handler.run(parse_action("unload"), CTX)  # type: ignore[arg-type]
     assert not res.ok and res.detail is not None and "not a router" in res.detail

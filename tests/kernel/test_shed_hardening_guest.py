@@ -30,6 +30,7 @@ from helpers import cgroups
 from helpers.cgroups import ScratchSlice, Spawn
 
 from governor.kernel.cgroupfs import CgroupFs
+from governor.kernel.procfs import ProcFs
 from governor.log import capture_logs
 from governor.monitor.actions.base import Context
 from governor.monitor.actions.shedder import STOP_GRACE_S, Shedder
@@ -62,14 +63,23 @@ class Rig:
         plan = make_plan(policy=name, group=g, leaf=g, writes=())
         return replace(plan, cgroup_root=str(self.root), slice=self.scratch.name, qos=qos)
 
-    def publish(self, plan: Plan, engine_pid: int | None = None, **qos: Any) -> None:
+    def publish(
+        self, plan: Plan, engine_pid: int | None = None, *, launched: bool = False, **qos: Any
+    ) -> None:
+        """``plan`` published as `apply` leaves it (its claim stays after a stop: never
+        stopped, issue 44), or ``launched``: as a running launch (this process its governor)."""
         Publisher(self.run, plan.policy).publish(
-            applied(plan.to_dict(), policy_path=None, created=[], started_at=1.0)
+            applied(plan, policy_path=None, created=[], started_at=1.0)
         )
         path = self.run / plan.policy / "state.json"
         state = json.loads(path.read_text())  # as another process may have written it
         state["plan"]["qos"].update(qos)
         state["engine_pid"] = engine_pid
+        if launched:
+            state.update(
+                source="launch", pid=os.getpid(), pid_start=ProcFs().starttime(os.getpid())
+            )
+            state.pop("created", None)
         path.write_text(json.dumps(state))
 
     def shedder(self, **kw: Any) -> Shedder:
@@ -229,7 +239,7 @@ def test_stop_signals_the_governed_engine_pid_in_its_group_and_nobody_else(
         sent.append(pid)
         os.kill(pid, sig)
 
-    rig.publish(plan, engine_pid=engine.pid)
+    rig.publish(plan, engine_pid=engine.pid, launched=True)
     assert rig.fire(rig.shedder(kill=kill), 1) == [("job", "stop")]
     cgroups.wait_for((tmp_path / "engine.term").exists, 30, "the engine's SIGTERM")
     assert sent == [engine.pid]  # the engine only, not the helper beside it

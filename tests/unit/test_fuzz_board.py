@@ -94,7 +94,7 @@ def test_any_board_file_reads_as_valid_entries_and_one_error_per_bad_one(
         (root / p).mkdir(parents=True, exist_ok=True)
     fs, run, board = CgroupFs(root), tmp_path / "run", tmp_path / "board.toml"
     job = make_plan(policy="job", group=GOVERNED[0], leaf=f"{GOVERNED[0]}/engine")
-    Publisher(run, "job").publish(applied(job.to_dict(), policy_path=None, created=[],
+    Publisher(run, "job").publish(applied(job, policy_path=None, created=[],
                                           started_at=1.0))  # fmt: skip
     shedder = replace(make_plan(policy="npu-chat", group=GOVERNED[1]),
                       qos=QosSpec(qos_class="interactive"))  # fmt: skip

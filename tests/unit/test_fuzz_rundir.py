@@ -91,7 +91,7 @@ def _plan() -> Plan:
 
 def _state() -> dict[str, Any]:
     """A launch's state as the supervisor publishes it (a rule, an action, the totals)."""
-    base = applied(_plan().to_dict(), policy_path="/p/st.toml", created=[], started_at=5.0)
+    base = applied(_plan(), policy_path="/p/st.toml", created=[], started_at=5.0)
     return {
         **base.to_json(),
         "source": "launch",
@@ -137,7 +137,7 @@ def test_any_state_file_is_a_state_or_one_line_and_hides_no_other(
         _write(tmp_path / "good.toml", 'name = "good"\n[memory]\nhigh = "1G"\n'),
         api_host.HostOptions(root=RK3588, cgroup_root=cg),
     )
-    good = applied(plan.to_dict(), policy_path=None, created=[], started_at=1.0).to_json()
+    good = applied(plan, policy_path=None, created=[], started_at=1.0).to_json()
 
     @_FUZZ
     @given(_state_file())

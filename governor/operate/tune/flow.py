@@ -120,7 +120,7 @@ def _reverter(
 ) -> c.Reverter:
     """The --confirm reverter, its deadline and pid (and scope) noted in ``extra``."""
     deadline = round(time.time() + seconds, 3)
-    reverter = c.Reverter(run_dir, name, st.plan["cgroup_root"], deadline)
+    reverter = c.Reverter(run_dir, name, st.running.cgroup_root, deadline)
     extra.update(confirm_by=deadline, reverter_pid=reverter.pid)
     if reverter.unit is not None:
         extra["reverter_unit"] = reverter.unit  # its own scope: survives a logout

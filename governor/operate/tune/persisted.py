@@ -17,7 +17,6 @@ from governor.errors import HostError, PermissionDenied
 from governor.operate import tune as t
 from governor.operate.tune.route import Routed
 from governor.plan import unitmap
-from governor.plan.model import Plan
 from governor.rundir.state import RunState
 
 Overrides = dict[tuple[str, str], object]
@@ -43,7 +42,7 @@ def _settings(overrides: Overrides, routed: Routed, version: int) -> dict[str, s
 def persist(st: RunState, name: str, overrides: Overrides, routed: Routed) -> dict[str, Any]:
     """Persist the overrides; returns {file, diff, installed} and either ``before`` (the policy
     file's text, for undo_file) or ``dropin`` ({path, before}, what rollback restores)."""
-    running = Plan.from_dict(st.plan)
+    running = st.running
     path = str(st.policy_path or running.source)
     installed = inst.manifest_path(Path("/"), name).exists()
     version = routed.version

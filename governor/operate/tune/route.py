@@ -102,7 +102,7 @@ def routes(
     """Validate the overrides by recompiling the running policy with them, and sort the files
     that change by where they go: under systemd the unit carrying the limits (through the
     manager) or the engine leaf (what systemd cannot express); else the policy's group."""
-    running = Plan.from_dict(st.plan)
+    running = st.running
     path = st.policy_path or running.source
     if not path:
         raise HostError(

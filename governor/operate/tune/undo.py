@@ -11,7 +11,6 @@ from governor.deploy import tunedropin
 from governor.errors import PolicyError, PolicyNotFound
 from governor.kernel.cgroupfs import CgroupFs
 from governor.operate import tune as t
-from governor.plan.model import Plan
 from governor.rundir.journal import Journal
 from governor.rundir.state import RunState
 
@@ -26,7 +25,7 @@ def rollback(
     st: RunState, name: str, journal: Journal, run_dir: Path, *, to: int | None, everything: bool
 ) -> dict[str, Any]:
     """Undo the last tune (or back to an entry, or all) from the journal."""
-    running = Plan.from_dict(st.plan)
+    running = st.running
     try:
         with journal.locked():  # not while the --confirm reverter decides
             return t.rollback(

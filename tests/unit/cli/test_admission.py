@@ -94,7 +94,7 @@ def test_check_engine_argv_says_75_beside_a_running_slice(
     held["writes"] = [{"cgroup": group, "file": "memory.min", "value": str(GIB),
                        "reason": "memory.min", "controller": "memory"}]  # fmt: skip
     Publisher(run_dir, "npu-batch").publish(
-        applied(held, policy_path=None, created=[], started_at=1.0)
+        applied(Plan.from_dict(held), policy_path=None, created=[], started_at=1.0)
     )
     chat = policy(tmp_path, "chat", '[memory]\nmin = "800M"\n')
     code, _, err = run(

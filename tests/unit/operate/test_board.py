@@ -10,6 +10,7 @@ from typing import Any
 
 from governor.board.budget import GIB, MIB, reserve_for
 from governor.board.scan import scan as gather
+from governor.plan.model import Plan
 from governor.rundir.state import Publisher, applied
 
 MEMTOTAL_KB = 2 * 1024 * 1024  # a 2 GiB board
@@ -44,7 +45,7 @@ def publish(run: Path, cg: Path, plan: dict[str, Any], current: int | None = Non
     cgroup exists)."""
     plan = {**plan, "cgroup_root": str(cg)}
     Publisher(run, plan["policy"]).publish(
-        applied(plan, policy_path=None, created=[], started_at=1.0)
+        applied(Plan.from_dict(plan), policy_path=None, created=[], started_at=1.0)
     )
     (cg / plan["group"]).mkdir(parents=True)
     if current is not None:
@@ -89,7 +90,7 @@ def test_running_and_installed_claims_with_the_budget_and_the_board_files_reserv
 def test_the_published_estimate_is_the_peak_and_a_stale_state_is_no_claim(tmp_path: Path) -> None:
     root, cg, run = board(tmp_path)
     plan = plan_dict("chat", "interactive", min="104857600", max="1073741824")
-    state = applied(plan, policy_path=None, created=[], started_at=1.0).to_json()
+    state = applied(Plan.from_dict(plan), policy_path=None, created=[], started_at=1.0).to_json()
     state.update(source="launch", pid=1, model={"model": "m", "quant": "q", "total": 700 * MIB})
     Publisher(run, "chat").publish(state)
     proc = root / "proc/1"
@@ -131,7 +132,9 @@ def test_a_claim_records_whether_a_stop_of_its_engine_frees_it(tmp_path: Path) -
         ("plain", {}),
     ):
         plan = {**plan_dict(name, "background", min="104857600"), "cgroup_root": str(cg)}
-        state = applied(plan, policy_path=None, created=[], started_at=1.0).to_json()
+        state = applied(
+            Plan.from_dict(plan), policy_path=None, created=[], started_at=1.0
+        ).to_json()
         state.update(source="launch", pid=1, created=None, kept_by=None)
         state.update(extra)
         Publisher(run, name).publish({k: v for k, v in state.items() if v is not None})

@@ -47,7 +47,7 @@ def _plans(tmp_path: Path) -> dict[str, Plan]:
 
 
 def _good_state(plan: Plan) -> dict[str, object]:
-    return applied(plan.to_dict(), policy_path=None, created=[], started_at=1.0).to_json()
+    return applied(plan, policy_path=None, created=[], started_at=1.0).to_json()
 
 
 # what a crash, a full disk or a careless hand leaves: bytes of state.json

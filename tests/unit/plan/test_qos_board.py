@@ -98,9 +98,7 @@ def test_check_refuses_a_board_entry_on_a_governed_slice_naming_it(
 
 def test_check_knows_the_running_slices_from_the_run_dir(tmp_path: Path, run_dir: Path) -> None:
     plan = make_plan(policy="web", group="web.slice/web", leaf="web.slice/web/engine")
-    Publisher(run_dir, "web").publish(
-        applied(plan.to_dict(), policy_path=None, created=[], started_at=1.0)
-    )
+    Publisher(run_dir, "web").publish(applied(plan, policy_path=None, created=[], started_at=1.0))
     board = tmp_path / "etc" / "board.toml"
     board.parent.mkdir()
     board.write_text('[[cgroup]]\npath = "web.slice"\n')

@@ -15,6 +15,7 @@ from pathlib import Path
 from fakefs.plans import make_plan
 
 from governor.kernel.parse import parse_stat_starttime
+from governor.plan.model import Plan
 from governor.rundir.clocks import ClockEntry, Holder, Ledger
 from governor.rundir.liveness import alive, own_start
 from governor.rundir.state import Publisher, RunState, applied, load_state, prune_stale, read_states
@@ -29,7 +30,12 @@ def test_states_read_back_as_records_with_the_readers_stale(tmp_path: Path) -> N
     (cg / "governor.slice/chat").mkdir(parents=True)  # an apply state holds while it exists
     plan = {**_plan(), "cgroup_root": str(cg)}
     Publisher(tmp_path, "chat").publish(
-        applied(plan, policy_path="/p/chat.toml", created=["governor.slice/chat"], started_at=1.5)
+        applied(
+            Plan.from_dict(plan),
+            policy_path="/p/chat.toml",
+            created=["governor.slice/chat"],
+            started_at=1.5,
+        )
     )
     gone = {"policy": "dead", "source": "launch", "pid": 2**22 + 7, "plan": _plan("dead")}
     Publisher(tmp_path, "dead").publish(gone)
@@ -54,7 +60,12 @@ def test_a_state_that_says_stale_itself_is_not_believed(tmp_path: Path) -> None:
 def test_a_state_read_back_and_published_again_is_the_same_file(tmp_path: Path) -> None:
     publisher = Publisher(tmp_path, "chat")
     publisher.publish(
-        applied(_plan(), policy_path="/p/chat.toml", created=["a", "a/b"], started_at=2.25)
+        applied(
+            Plan.from_dict(_plan()),
+            policy_path="/p/chat.toml",
+            created=["a", "a/b"],
+            started_at=2.25,
+        )
     )
     before = publisher.path.read_bytes()
     again = publisher.read()
@@ -102,16 +113,19 @@ def test_the_ledger_reads_typed_entries_and_writes_them_back_byte_for_byte(
 
 
 def test_the_published_plan_is_read_once_through_the_record(tmp_path: Path) -> None:
-    """status, metrics and the shedder take the state's plan from RunState.compiled: a Plan,
-    or None for a state without one (never a traceback)."""
+    """status, metrics, tune and the board's scan take the state's plan as RunState.plan: a
+    Plan parsed once when the state is read (issue 44: no dict handed around to be parsed
+    again), or None for a state without one (never a traceback); written back as the dict."""
     Publisher(tmp_path, "chat").publish(
-        applied(_plan(), policy_path="/p/chat.toml", created=[], started_at=1.0)
+        applied(Plan.from_dict(_plan()), policy_path="/p/chat.toml", created=[], started_at=1.0)
     )
     Publisher(tmp_path, "bare").publish({"policy": "bare", "source": "apply"})
-    by_name = {s.policy: s.compiled() for s in read_states(tmp_path)}
-    assert by_name["bare"] is None
-    chat = by_name["chat"]
-    assert chat is not None and chat.group == "governor.slice/chat" and chat.policy == "chat"
+    by_name = {s.policy: s for s in read_states(tmp_path)}
+    assert by_name["bare"].plan is None
+    chat = by_name["chat"].plan
+    assert isinstance(chat, Plan)
+    assert chat.group == "governor.slice/chat" and chat.policy == "chat"
+    assert by_name["chat"].to_json()["plan"] == chat.to_dict() == _plan()
 
 
 # ------------------------------------------------------------------ liveness (issue 43 item 6)
@@ -171,13 +185,17 @@ def test_an_applied_state_whose_cgroup_is_gone_is_stale_and_pruned(tmp_path: Pat
     (cg / "governor.slice/chat").mkdir(parents=True)
     run = tmp_path / "run"
     plan = {**_plan(), "cgroup_root": str(cg)}
-    Publisher(run, "chat").publish(applied(plan, policy_path=None, created=[], started_at=1.0))
+    Publisher(run, "chat").publish(
+        applied(Plan.from_dict(plan), policy_path=None, created=[], started_at=1.0)
+    )
     assert [s.stale for s in read_states(run)] == [False]
     assert prune_stale(run) == []
     (cg / "governor.slice/chat").rmdir()
     assert [s.stale for s in read_states(run)] == [True]
     assert prune_stale(run) == [("chat", None)]
     assert read_states(run) == []
-    odd = applied({**plan, "group": "../chat"}, policy_path=None, created=[], started_at=1.0)
+    odd = applied(
+        Plan.from_dict({**plan, "group": "../chat"}), policy_path=None, created=[], started_at=1.0
+    )
     Publisher(run, "chat").publish(odd)  # a hand's: read, never a crash of the scan
     assert [s.group for s in read_states(run)] == ["../chat"]
