@@ -26,7 +26,6 @@ from typing import Any
 from governor.errors import GovernorError
 from governor.kernel import files as kf
 from governor.kernel.cgroupfs import CgroupFs
-from governor.kernel.parse import parse_max
 from governor.plan.board import GOVERNED_ROOT, BoardCgroup
 from governor.plan.budget import (
     ZRAM_CLAIM,
@@ -46,10 +45,7 @@ BOARD_FORMAT = 1
 
 
 def current_of(fs: CgroupFs, cgroup: str) -> int | None:
-    try:
-        return parse_max(fs.read(cgroup, kf.MEMORY_CURRENT))
-    except (GovernorError, ValueError):
-        return None
+    return fs.read_limit(cgroup, kf.MEMORY_CURRENT)
 
 
 def ungoverned(

@@ -18,7 +18,6 @@ from typing import Any
 
 from governor.errors import GovernorError
 from governor.kernel.cgroupfs import CgroupFs
-from governor.kernel.parse import parse_max
 from governor.monitor.restart import Restarts
 from governor.plan.model import Action, Plan
 from governor.record import record
@@ -111,10 +110,7 @@ class Env:
         return self.journal.shed(self.alive) if self.journal is not None else None
 
     def live(self, file: str) -> int | None:
-        try:
-            return parse_max(self.fs.read(self.group, file))
-        except GovernorError:
-            return None
+        return self.fs.read_limit(self.group, file)
 
     def procs(self) -> int:
         try:
