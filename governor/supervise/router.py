@@ -39,8 +39,8 @@ from governor.kernel.leafname import (
     leaf_name,
     model_cgroup,
     model_name,
-    models_cgroup,
 )
+from governor.kernel.modelleaves import model_leaves
 from governor.log import get_logger
 from governor.peer import http
 
@@ -215,14 +215,10 @@ class Activity:
 
     def sample(self) -> bool:
         """Read every model leaf's usage_usec; True when a model's last request moved."""
-        try:
-            leaves = self.fs.children(models_cgroup(self.group))
-        except GovernorError:
-            return False
         now = self.clock()
         moved = False
-        for cg in leaves:
-            alias = self.model_of(cg.rsplit("/", 1)[1])
+        for cg, leaf in model_leaves(self.fs, self.group):
+            alias = self.model_of(leaf)
             try:
                 usage = self.fs.cpu_stat(cg).get("usage_usec", 0)
             except GovernorError:
