@@ -34,12 +34,13 @@ from governor.engines.budget import HEADROOM_MIN, HEADROOM_SHARE, estimate_argv
 from governor.engines.budget import headroom_for as _headroom_for
 from governor.engines.draft_board import Tenants
 from governor.engines.draft_sizing import Sizing
-from governor.engines.estimate import KV_CELL_PAD, MIB, Estimate
+from governor.engines.estimate import MIB, Estimate
 from governor.engines.llama import (
     EngineArgs,
     EngineArgvError,
     parse_llama_argv,
 )
+from governor.engines.settings import KV_CELL_PAD
 from governor.errors import PolicyError, UsageError
 from governor.kernel.parse import format_cpulist
 from governor.plan.board import board_path, no_budget_error

@@ -14,8 +14,9 @@ from __future__ import annotations
 from pathlib import Path
 
 from governor.engines.budget import estimate_argv
-from governor.engines.estimate import KV_CELL_PAD, MIB, Estimate
+from governor.engines.estimate import MIB, Estimate
 from governor.engines.llama import SERVER_CACHE_RAM_MIB, EngineArgs, parse_llama_argv
+from governor.engines.settings import KV_CELL_PAD
 
 
 def _args(options: tuple[str, ...], model: Path, ctx: int, program: str) -> EngineArgs:

@@ -507,8 +507,9 @@ def test_no_import_circle_anywhere_in_governor() -> None:
 
 
 # circles that only ``if TYPE_CHECKING:`` imports close (issue 32): mypy and a reader still
-# follow them; this list only shrinks (monitor.actions <-> monitor.shed is gone)
-KNOWN_TYPE_CIRCLES = [["governor.engines.estimate", "governor.engines.server"]]
+# follow them; this list only shrinks (monitor.actions <-> monitor.shed is gone, and
+# engines.estimate <-> engines.server since Settings has its own module: issue 44)
+KNOWN_TYPE_CIRCLES: list[list[str]] = []
 
 
 def test_no_new_import_circle_counting_type_checking_imports() -> None:
