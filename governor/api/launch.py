@@ -33,13 +33,13 @@ from governor.launch.launcher import Launcher
 from governor.log import get_logger
 from governor.monitor.actions import registry as verbs
 from governor.operate import board as claims
+from governor.peer.router import base_url
 from governor.plan.host import HostFacts
 from governor.plan.model import Plan
 from governor.plan.render import enforcement
 from governor.record import record, replace
 from governor.rundir.state import run_dir
 from governor.supervise.ready import server_url
-from governor.supervise.router import base_url
 from governor.supervise.supervisor import Backend, Job, Supervisor
 from governor.supervise.watchdog import Watchdog, fork_watchdog
 

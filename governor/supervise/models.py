@@ -38,9 +38,10 @@ from governor.kernel import files as kf
 from governor.kernel.cgroupfs import CgroupFs
 from governor.kernel.leafname import LeafNameError, leaf_name, model_cgroup, models_cgroup
 from governor.log import get_logger
+from governor.peer.router import RouterClient
 from governor.record import record
+from governor.supervise.activity import Activity
 from governor.supervise.evict import Evictor
-from governor.supervise.router import Activity, RouterClient
 
 if TYPE_CHECKING:
     from governor.plan.model import Plan
@@ -51,7 +52,7 @@ log = get_logger(__name__)
 POLL_S = 0.02  # between reads of the engine leaf's cgroup.procs
 ALIAS_OPTS = (b"-a", b"--alias")  # llama-server's --alias (common/arg.cpp)
 MODEL_CONTROLLERS = frozenset({"memory"})  # what a model's leaf limits (memory.max/high/oom.group)
-SAMPLE_S = 0.5  # between two samples of the models' activity (supervise/router.py Activity)
+SAMPLE_S = 0.5  # between two samples of the models' activity (supervise/activity.py Activity)
 ROUTER_S = 2.0  # one whole request of the leaves' router client (a slot check, /models, unload)
 PUBLISH_S = 1.0  # at most one republication of the models' state per this interval
 
@@ -374,7 +375,7 @@ def router_leaves(
     on_change: Callable[[], None] | None,
 ) -> ModelLeaves:
     """The supervisor's ModelLeaves for a router run: with the router's url, each model's
-    activity (supervise/router.py Activity) and, under ``[engine] evict = "memory"``, the
+    activity (supervise/activity.py Activity) and, under ``[engine] evict = "memory"``, the
     evictor (supervise/evict.py; ``claims``: alias -> the model's estimate)."""
     activity = evictor = None
     if router_url is not None:

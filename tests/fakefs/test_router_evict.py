@@ -16,11 +16,12 @@ from helpers.peers import StandIn, trickle
 
 from governor.errors import GovernorError
 from governor.kernel import files as kf
+from governor.peer.router import RouterClient
 from governor.rundir.journal import Journal
 from governor.rundir.state import RunState, check_state
+from governor.supervise.activity import Activity
 from governor.supervise.evict import Evictor
 from governor.supervise.models import PUBLISH_S, SAMPLE_S, ModelLeaves, ModelLimits
-from governor.supervise.router import Activity, RouterClient
 
 from .fakekernel import FakeKernelCgroupFs
 from .test_model_leaves import MovingFs

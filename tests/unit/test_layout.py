@@ -203,8 +203,9 @@ ARROWS = (
     ),
     Arrow(
         _tree("governor.monitor"),
-        _tree("governor.policy", "governor.launch"),
-        "the run time acts on the compiled plan, not on the policy or the launcher",
+        _tree("governor.policy", "governor.launch", "governor.supervise"),
+        "the run time acts on the compiled plan, not on the policy or the launcher; the monitor"
+        " sits below the supervisor that runs it (the router's client is in peer/: issue 44)",
     ),
     Arrow(
         ("governor.launch.prefetch*",),
@@ -629,6 +630,9 @@ def test_imports_of_sees_function_level_and_relative_imports_but_not_type_checki
         ("governor.compile.compiler", "governor.engines.llama", True),
         ("governor.monitor.loop", "governor.launch.restart", True),
         ("governor.monitor.loop", "governor.kernel.psi", False),
+        ("governor.monitor.actions.unload", "governor.supervise.activity", True),
+        ("governor.monitor.actions.unload", "governor.peer.router", False),
+        ("governor.supervise.evict", "governor.peer.router", False),
         ("governor.launch.prefetch", "governor.launch.launcher", True),
         ("governor.launch.launcher", "governor.launch.prefetch", False),
         ("governor.deploy.install", "governor.api", True),

@@ -56,11 +56,11 @@ from governor.monitor.victims import (
     governed_victims,
     own_process_cgroup,
 )
+from governor.peer.router import RouterClient
 from governor.plan.model import QOS_RANK, Plan, ShedStep
 from governor.record import field, record
 from governor.rundir.journal import Hold
 from governor.rundir.liveness import alive as governor_alive
-from governor.supervise.router import RouterClient
 
 log = get_logger(__name__)
 

@@ -38,7 +38,9 @@ def test_a_leaf_is_loaded_while_a_process_is_in_it(tmp_path: Path) -> None:
     assert holds_process(fs, "g/models/gone") is None
 
 
-def test_the_live_boards_rows_come_from_the_listing_without_a_leaf_gone_meanwhile(tmp_path: Path) -> None:
+def test_the_live_boards_rows_come_from_the_listing_without_a_leaf_gone_meanwhile(
+    tmp_path: Path,
+) -> None:
     fs = _leaves(tmp_path, a="12\n", b="")
     (tmp_path / "g" / "models" / "a" / "memory.current").write_text("4096\n")
     (tmp_path / "g" / "models" / "c").mkdir()  # no cgroup.procs: went away while listed
