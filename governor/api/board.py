@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from governor.api.host import HostOptions, check, preflight_engine, probe_host
-from governor.engines.draft_board import Tenants
+from governor.init.board import Tenants
 from governor.kernel.cgroupfs import CgroupFs
 from governor.operate import boardview
 from governor.operate.board import gather
@@ -19,7 +19,7 @@ from governor.plan.budget import claim_of_plan, plan_claim_dict
 from governor.rundir.state import run_dir
 
 if TYPE_CHECKING:
-    from governor.engines.draft_board import Tenants
+    from governor.init.board import Tenants
     from governor.operate.board import BoardClaims
 
 DEFAULT_CGROUP_ROOT = Path("/sys/fs/cgroup")

@@ -44,7 +44,7 @@ HEADROOM_SHARE = 0.10  # the estimate's error against memory.peak (docs/calibrat
 
 
 def headroom_for(total: int) -> int:
-    """governor init's headroom over an estimate (governor/engines/draft.py), also a router
+    """governor init's headroom over an estimate (governor/init/draft.py), also a router
     model's default leaf max."""
     return max(HEADROOM_MIN, math.ceil(total * HEADROOM_SHARE))
 

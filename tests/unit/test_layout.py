@@ -83,7 +83,7 @@ def _matches(name: str, patterns: tuple[str, ...]) -> bool:
 # placement records, the board file); the compiler and everything only a compile needs is in
 # compile/ (issue 32)
 SHARED = _tree("governor.plan")
-COMPILE_TIME = _tree("governor.policy", "governor.compile", "governor.engines")
+COMPILE_TIME = _tree("governor.policy", "governor.compile", "governor.engines", "governor.init")
 RUN_TIME = _tree(
     "governor.kernel",
     "governor.backends",
@@ -119,6 +119,7 @@ TOP_LEVEL_PACKAGES = frozenset(
         "compile",
         "deploy",
         "engines",
+        "init",
         "kernel",
         "launch",
         "metrics",
@@ -167,7 +168,13 @@ ARROWS = (
     ),
     Arrow(
         _tree("governor.compile"),
-        _tree("governor.backends", "governor.launch", "governor.monitor", "governor.engines"),
+        _tree(
+            "governor.backends",
+            "governor.launch",
+            "governor.monitor",
+            "governor.engines",
+            "governor.init",
+        ),
         "the compiler is pure: it never reaches the code that applies or runs a plan",
         allowed=TRIGGER_REGISTRY,
     ),
@@ -206,6 +213,12 @@ ARROWS = (
         _tree("governor.policy", "governor.launch", "governor.supervise"),
         "the run time acts on the compiled plan, not on the policy or the launcher; the monitor"
         " sits below the supervisor that runs it (the router's client is in peer/: issue 44)",
+    ),
+    Arrow(
+        _tree("governor.engines", "governor.policy", "governor.compile"),
+        _tree("governor.init"),
+        "`governor init` drafts a policy from the engines' estimate and the policy's loader;"
+        " neither they nor the compiler know of the drafts (issue 44)",
     ),
     Arrow(
         ("governor.launch.prefetch*",),
@@ -658,6 +671,11 @@ def test_imports_of_sees_function_level_and_relative_imports_but_not_type_checki
         ("governor.backends.systemd", "governor.plan.placement", False),
         ("governor.backends.systemd", "governor.compile.placements", True),
         ("governor.cache.plans", "governor.engines.llama", True),
+        ("governor.init.draft", "governor.engines.estimate", False),
+        ("governor.engines.budget", "governor.init.draft", True),
+        ("governor.compile.compiler", "governor.init.draft", True),
+        ("governor.supervise.supervisor", "governor.init.draft", True),
+        ("governor.api.compile", "governor.init.draft", False),
         ("governor.cache.plans", "governor.cache.argkey", False),
         ("governor.engines.llama", "governor.cache.argkey", False),
         ("governor.cache.plans", "governor.policy.model", True),

@@ -477,7 +477,7 @@ def test_init_for_a_router_sizes_memory_max_for_the_models_that_fit_and_check_ac
     models_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     from governor.engines.budget import headroom_for
-    from governor.engines.draft import fit_budget
+    from governor.init.draft import fit_budget
     from governor.plan.budget import reserve_for
 
     rest, _budget = _budget_for_two(models_dir)
@@ -539,9 +539,9 @@ def test_init_for_a_router_sizes_beside_the_boards_other_claims(models_dir: Path
     """A board where two models fit alone: beside another slice's claim of the largest
     model's size only one does, and the draft says which claim it was sized beside;
     its own old claim (same name) does not count."""
-    from governor.engines.draft import Request, fit_budget
-    from governor.engines.draft_board import Tenants
-    from governor.engines.draft_router import draft_router
+    from governor.init.board import Tenants
+    from governor.init.draft import Request, fit_budget
+    from governor.init.router import draft_router
     from governor.plan.budget import Claim, reserve_for
     from governor.plan.host import probe
     from governor.record import replace

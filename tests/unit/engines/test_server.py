@@ -1,5 +1,5 @@
 """llama-server's memory in the estimate (governor/engines/{llama,estimate,server}.py), its
-caps in the preflight and `governor init` for a server (governor/engines/draft_server.py).
+caps in the preflight and `governor init` for a server (governor/init/server.py).
 
 Shapes are those of the KV-heavy synthetic model scripts/engine-setup writes for the server
 tests (kvserver: 32 layers, n_embd 512, f16 KV = 64 KiB per token, 64 MiB of q8_0 weights).

@@ -1,5 +1,5 @@
 """`governor init` for llama-server: the prompt cache it sizes and the [engine] lines it writes
-(governor/engines/draft.py calls these; the estimate's server terms: governor/engines/server.py).
+(governor/init/draft.py calls these; the estimate's server terms: governor/engines/server.py).
 
 For llama-server (``--engine-argv "llama-server ..."``) the estimate has the server's terms
 (slots, the prompt cache, checkpoints). Without ``--cache-ram`` in the argv init sizes the

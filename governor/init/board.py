@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING
 from governor.plan.budget import Claim, reserve_for
 
 if TYPE_CHECKING:
-    from governor.engines.draft_sizing import Sizing
+    from governor.init.sizing import Sizing
 
 
 def mib(n: int) -> int:
