@@ -184,11 +184,6 @@ def kv_bytes(info: GgufInfo, s: Settings) -> int:
     return int(s.kv_cells * kv_token_bytes(info, s))
 
 
-def kv_cache_bytes(n_layer: int, n_ctx: int, n_embd_kv: int, bytes_per_elem: float = 2) -> int:
-    """llama.cpp's KV cache: K and V, per layer, per context position (notes/kernel.md)."""
-    return int(2 * n_layer * n_ctx * n_embd_kv * bytes_per_elem)
-
-
 def repack_bytes(info: GgufInfo, family: str) -> int:
     types = REPACK_TYPES.get(family, {})
     return sum(

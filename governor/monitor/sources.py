@@ -17,7 +17,7 @@ from governor.errors import BackendError, GovernorError
 from governor.kernel import files as kf
 from governor.kernel.cgroupfs import CgroupFs
 from governor.kernel.devmem import DeviceMemoryReader, as_rows, total
-from governor.kernel.parse import parse_flat_keyed, parse_psi
+from governor.kernel.parse import parse_flat_keyed
 from governor.kernel.procfs import ProcFs
 from governor.log import get_logger
 from governor.monitor import triggers
@@ -151,12 +151,6 @@ class Board:
                 reserve = None
             self._reserve = reserve_for(memtotal) if reserve is None else reserve
         return self._reserve
-
-    def memory_some_avg10(self) -> float | None:
-        try:
-            return parse_psi(self.proc.pressure("memory")).some.avg10
-        except (OSError, ValueError):
-            return None
 
 
 @record

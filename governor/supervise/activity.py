@@ -108,7 +108,3 @@ class Activity:
                 self._usage[alias] = self.fs.cpu_stat(cg).get("usage_usec", 0)
             except (GovernorError, LeafNameError):
                 continue
-
-    def lru(self, aliases: Iterable[str]) -> list[str]:
-        """``aliases`` least recently used first (never used: first of all, by name)."""
-        return sorted(aliases, key=lambda a: (self.last.get(a, 0.0), a))

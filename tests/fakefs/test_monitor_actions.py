@@ -163,10 +163,11 @@ def test_freeze_waits_for_frozen_then_thaws_by_itself(fake_fs: FakeKernelCgroupF
     assert res.ok and res.after["frozen"] == 1
     assert fake_fs.read(GROUP, files.CGROUP_FREEZE).strip() == "1"
     assert ex.thaw_at == pytest.approx(102.0)
-    assert ex.on_timer(101.0) is None
+    never_quiet = lambda _rule, _cooldown: False  # noqa: E731 - the loop's quiet(), no rule
+    assert ex.tick(101.0, never_quiet) == []
     _kset(fake_fs, GROUP, files.CGROUP_EVENTS, "populated 1\nfrozen 0\n")
-    thawed = ex.on_timer(102.5)
-    assert thawed is not None and thawed.ok
+    thawed = ex.tick(102.5, never_quiet)
+    assert len(thawed) == 1 and thawed[0].result.ok
     assert fake_fs.read(GROUP, files.CGROUP_FREEZE).strip() == "0"
 
 

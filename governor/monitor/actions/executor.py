@@ -116,11 +116,6 @@ class Executor:
                 out.append(done)
         return out
 
-    def on_timer(self, now: float) -> Result | None:
-        """A due timer's action (a timed freeze's thaw), no rule counted as quiet."""
-        done = self.tick(now, lambda _rule, _cooldown: False)
-        return done[0].result if done else None
-
     def close(self, why: str) -> None:
         for h in list(self.handlers.values()):
             h.close(why)
