@@ -23,7 +23,6 @@ from governor.api.host import (
     sysfs_root,
 )
 from governor.cache import plans as compiled
-from governor.cache.argkey import server_address
 from governor.errors import UsageError
 from governor.kernel.parse import cpuinfo_machine
 from governor.kernel.procfs import ProcFs
@@ -35,6 +34,7 @@ from governor.monitor.actions import registry as verbs
 from governor.operate import board as claims
 from governor.peer.router import base_url
 from governor.plan.host import HostFacts
+from governor.plan.llama_args import server_address
 from governor.plan.model import Plan
 from governor.plan.render import enforcement
 from governor.record import record, replace
