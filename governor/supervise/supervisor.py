@@ -31,9 +31,11 @@ from governor.launch.forward import Forwarder
 from governor.launch.helper import PrefetchHelper, kill_own_group
 from governor.launch.launcher import ChildSetup, Launcher, LaunchReport
 from governor.log import get_logger
+from governor.monitor.actions.base import Env
 from governor.monitor.actions.unload import TOTALS, merge_unloads
 from governor.monitor.loop import Monitor
 from governor.monitor.restart import Restarts
+from governor.monitor.sources import Board
 from governor.plan.model import Plan
 from governor.record import field, record
 from governor.rundir.journal import Journal
@@ -240,16 +242,19 @@ class Supervisor:
         self._await_ready(job, pid)
         self._start_helper(job, pid)
         restarts = self.restarts = Restarts(plan.launch.restart_max, plan.launch.restart_backoff_s)
-        monitor = self.monitor = Monitor(
+        env = Env(
             self.launcher.fs,
             plan,
-            proc=self.proc,
-            sample_s=job.sample_s,
+            board=Board(self.proc),
             restarts=restarts,
-            psi_triggers=job.psi_triggers,
-            on_change=lambda: self._publish(job),
             journal=Journal((job.run_dir or run_dir()) / plan.policy),
             watchdog=self.watchdog,  # reverts a `shed` should this process die
+        )
+        monitor = self.monitor = Monitor(
+            env,
+            sample_s=job.sample_s,
+            psi_triggers=job.psi_triggers,
+            on_change=lambda: self._publish(job),
             peak=_estimate_total(job),
         )
         monitor.engine_started(pid)
