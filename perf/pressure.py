@@ -38,6 +38,7 @@ from governor.errors import GovernorError
 from governor.kernel.cgroupfs import CgroupFs
 from governor.kernel.parse import parse_psi
 from governor.monitor import psi
+from governor.monitor.actions.base import Env
 from governor.monitor.loop import Monitor
 from governor.plan.host import probe
 from governor.plan.model import (
@@ -181,9 +182,8 @@ def cost(fs: CgroupFs, name: str, seconds: float) -> dict[str, float]:
             ("governor monitor (1 s)", 1.0),
             ("governor monitor (50 ms)", 0.05),
         ):
-            mon = Monitor(
-                fs, _plan(fs.root, name), engine_pids=lambda: [engine.pid], sample_s=sample_s
-            )
+            env = Env(fs, _plan(fs.root, name), engine_pids=lambda: [engine.pid])
+            mon = Monitor(env, sample_s=sample_s)
             mon.start()
 
             def run(deadline: float, mon: Monitor = mon) -> None:

@@ -12,7 +12,7 @@ from governor.api.host import HostOptions, check, preflight_engine, probe_host
 from governor.board.budget import slice_of_plan
 from governor.board.file import read_board
 from governor.board.scan import scan as gather
-from governor.engines.draft_board import Tenants
+from governor.init.board import Tenants
 from governor.kernel.cgroupfs import CgroupFs
 from governor.operate import boardview
 from governor.operate.boardview import fits as weigh
@@ -20,7 +20,7 @@ from governor.rundir.state import run_dir
 
 if TYPE_CHECKING:
     from governor.board.scan import Board
-    from governor.engines.draft_board import Tenants
+    from governor.init.board import Tenants
 
 DEFAULT_CGROUP_ROOT = Path("/sys/fs/cgroup")
 

@@ -25,12 +25,12 @@ from governor.board.scan import memtotal
 from governor.compile.doctor import diagnose, swap_finding
 from governor.compile.headroom import psi_shed_warning
 from governor.engines.budget import estimate_argv, estimate_router, policy_budget
-from governor.engines.draft import Draft, Request, draft
-from governor.engines.draft_router import RouterDraft, draft_router, is_router_model
 from governor.engines.estimate import Estimate
 from governor.engines.llama import EngineArgvError, parse_llama_argv
 from governor.engines.router import RouterEstimate
 from governor.errors import HostError, PolicyError, UsageError
+from governor.init.draft import Draft, Request, draft
+from governor.init.router import RouterDraft, draft_router, is_router_model
 from governor.kernel.procfs import ProcFs
 from governor.kernel.swap import SwapReader
 from governor.monitor.victims import governed_groups
@@ -238,7 +238,7 @@ def admit_check(plan: Plan, opts: HostOptions, estimate: object, *, force: bool)
 
 
 def init(opts: HostOptions, req: Request) -> Draft | RouterDraft:
-    """`governor init`: a policy for a GGUF model on this board (governor/engines/draft.py)."""
+    """`governor init`: a policy for a GGUF model on this board (governor/init/draft.py)."""
     # --board-memory: an empty board of that size (the tenants are not read)
     beside = tenants(opts) if req.board_memory is None else None
     if is_router_model(req.model):  # llama-server's router: its models and --models-max

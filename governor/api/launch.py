@@ -22,9 +22,7 @@ from governor.api.host import (
     check_device,
     sysfs_root,
 )
-from governor.board import scan as claims
 from governor.cache import plans as compiled
-from governor.cache.argkey import server_address
 from governor.errors import UsageError
 from governor.kernel.parse import cpuinfo_machine
 from governor.kernel.procfs import ProcFs
@@ -33,13 +31,14 @@ from governor.launch.executable import resolve_executable
 from governor.launch.launcher import Launcher
 from governor.log import get_logger
 from governor.monitor.actions import registry as verbs
+from governor.peer.router import base_url
 from governor.plan.host import HostFacts
+from governor.plan.llama_args import server_address
 from governor.plan.model import Plan
 from governor.plan.render import enforcement
 from governor.record import record, replace
 from governor.rundir.state import run_dir
 from governor.supervise.ready import server_url
-from governor.supervise.router import base_url
 from governor.supervise.supervisor import Backend, Job, Supervisor
 from governor.supervise.watchdog import Watchdog, fork_watchdog
 
@@ -215,7 +214,7 @@ def _job(
         admit_note=admitted.note,
         model_leaves=model_leaves(plan, entry.estimate),
         router_url=router_url(entry.estimate, argv, engine_env(plan)),
-        board_free=board_free(plan, directory, opts.root),
+        board_root=opts.root,
     )
 
 
@@ -277,20 +276,6 @@ def router_url(
         return None
     url = server_url(*server_address(argv, os.environ if env is None else env))
     return None if url is None else base_url(url)
-
-
-def board_free(plan: Plan, run: Path, root: Path) -> Callable[[], int | None] | None:
-    """[engine] evict = "memory": the board's free budget for this slice, read when a model
-    would not fit a group without memory.max (supervise/evict.py): the budget admission
-    weighs less every other slice's claim (governor/board/scan.py); None: another evict."""
-    if plan.engine.evict != "memory":
-        return None
-
-    def free() -> int | None:
-        seen = claims.scan(run=run, cgroup_root=Path(plan.cgroup_root), root=root)
-        return seen.free_for(plan.policy)
-
-    return free
 
 
 def needs_watchdog(plan: Plan) -> bool:

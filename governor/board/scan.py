@@ -36,10 +36,8 @@ from governor.board.budget import (
 )
 from governor.board.file import BoardCgroup, board_path, read_board
 from governor.board.slice import QosClass, Slice, activity
-from governor.errors import GovernorError
 from governor.kernel import files as kf
 from governor.kernel.cgroupfs import CgroupFs
-from governor.kernel.parse import parse_max
 from governor.kernel.procfs import ProcFs
 from governor.kernel.swap import SwapReader
 from governor.peer.files import read_capped
@@ -96,10 +94,7 @@ def budget_of(root: Path, board: Path | None = None) -> tuple[Budget, tuple[str,
 
 
 def _current(fs: CgroupFs, group: str) -> int | None:
-    try:
-        return parse_max(fs.read(group, kf.MEMORY_CURRENT))
-    except (GovernorError, ValueError):
-        return None
+    return fs.read_limit(group, kf.MEMORY_CURRENT)
 
 
 def _high(plan: Plan) -> str:
@@ -249,6 +244,14 @@ def scan(
         file_invalid=tuple((e.field or "-", str(e)) for e in read.errors),
         governed=tuple(governed),
     )
+
+
+def free_for(plan: Plan, run: Path, root: Path = Path("/")) -> int | None:
+    """The board's free budget for ``plan``'s slice now: one scan, the budget less every
+    other slice's peak claim (what admission counts). The evictor of a router under
+    ``[engine] evict = "memory"`` reads it when its group has no memory.max
+    (supervise/evict.py; the supervisor hands it over); None: no MemTotal to weigh against."""
+    return scan(run=run, cgroup_root=Path(plan.cgroup_root), root=root).free_for(plan.policy)
 
 
 def weighable(claims: list[Slice], memtotal: int) -> tuple[list[Slice], list[str]]:

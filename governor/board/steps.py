@@ -118,10 +118,7 @@ class Steps:
         return pids
 
     def read(self, cgroup: str, file: str) -> int:
-        try:
-            return parse_max(self.fs.read(cgroup, file)) or 0
-        except GovernorError:
-            return 0
+        return self.fs.read_limit(cgroup, file, unreadable=0) or 0
 
     def floor(self, n: int) -> int:
         return n // self.page_size * self.page_size

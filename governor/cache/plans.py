@@ -8,7 +8,7 @@ size) and the identity of every input it read. Its name is a hash of
     the governor's code (version, plan format, size and mtime of every module),
     the policy file's path and bytes, the working directory, the options,
     the words of the engine argv a compile reads and the engine's LLAMA_ARG_* variables
-    (governor/cache/argkey.py: not the prompt, seed, sampling, --host/--port),
+    (governor/plan/llama_args.py: not the prompt, seed, sampling, --host/--port),
 
 and it is used only when what the name cannot cover still holds: the host facts the compiler
 used (the cgroup2 mount, its controllers, CPUs, MemTotal, kernel, PSI, systemd; not MemAvailable,
@@ -38,9 +38,9 @@ else:
     except ImportError:  # pragma: no cover - Pythons built without it
         from hashlib import sha256
 from governor import __version__
-from governor.cache.argkey import Unkeyable, compile_env, compile_words
 from governor.log import get_logger
 from governor.plan.host import HostFacts, probe
+from governor.plan.llama_args import Unkeyable, compile_env, compile_words
 from governor.plan.model import FORMAT, Plan
 
 log = get_logger(__name__)

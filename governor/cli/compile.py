@@ -1,5 +1,5 @@
 """Compile-time commands: `check`, `plan`, `schema`, `doctor`, `estimate` and `init` (a
-commented policy for a GGUF model on this board, governor/engines/draft.py)."""
+commented policy for a GGUF model on this board, governor/init/draft.py)."""
 
 from __future__ import annotations
 
@@ -197,8 +197,8 @@ def init(  # noqa: PLR0917  # typer passes every option as a parameter
     graded pressure rules. Exit 65 when the model does not fit even a small context."""
     from governor.api import compile as api_compile
     from governor.api.outputs import write_policy
-    from governor.engines.draft import Request
-    from governor.engines.draft_router import RouterSizing
+    from governor.init.draft import Request
+    from governor.init.router import RouterSizing
 
     board = size_option(board_memory, "--board-memory")
     if board is not None and board <= 0:
@@ -222,7 +222,7 @@ def init(  # noqa: PLR0917  # typer passes every option as a parameter
     s = draft.sizing
     root = f"--root {STATE.root} " if STATE.root != Path("/") else ""
     allow = f" --allow-missing {','.join(draft.missing)}" if draft.missing else ""
-    if isinstance(s, RouterSizing):  # llama-server's router (governor/engines/draft_router.py)
+    if isinstance(s, RouterSizing):  # llama-server's router (governor/init/router.py)
         typer.echo(
             f"wrote {output}: --models-max {s.models_max}, memory.high {s.mem_high >> 20} MiB,"
             f" max {s.mem_max >> 20} MiB (the {s.models_max} largest models"

@@ -15,12 +15,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar, Protocol, TypeVar
 
-from governor.engines.estimate import (
-    Estimate,
-    cpu_family,
-    estimate,
-    settings_from_argv,
-)
+from governor.engines.estimate import Estimate, cpu_family, estimate
 from governor.engines.gguf import read_gguf_cached as read_gguf
 from governor.engines.llama import EngineArgs, EngineArgvError, model_parts, parse_llama_argv
 from governor.engines.router import (
@@ -32,6 +27,7 @@ from governor.engines.router import (
     router_models,
     shown,
 )
+from governor.engines.settings import settings_from_argv
 from governor.errors import PolicyError, PolicyNotFound
 from governor.kernel.files import MEMORY_MAX
 from governor.kernel.parse import cpuinfo_machine
@@ -48,7 +44,7 @@ HEADROOM_SHARE = 0.10  # the estimate's error against memory.peak (docs/calibrat
 
 
 def headroom_for(total: int) -> int:
-    """governor init's headroom over an estimate (governor/engines/draft.py), also a router
+    """governor init's headroom over an estimate (governor/init/draft.py), also a router
     model's default leaf max."""
     return max(HEADROOM_MIN, math.ceil(total * HEADROOM_SHARE))
 

@@ -20,6 +20,7 @@
 - margin: binary, libc/OpenMP arenas, thread stacks, page tables; measured (docs/calibration.md).
 
 llama-server adds slots, its prompt cache and context checkpoints: governor/engines/server.py.
+The options both read, resolved to numbers, are governor/engines/settings.py's Settings.
 """
 
 from __future__ import annotations
@@ -30,12 +31,9 @@ from dataclasses import dataclass, field, replace
 
 from governor.engines import server
 from governor.engines.gguf import GgufInfo
-from governor.engines.llama import EngineArgs
+from governor.engines.settings import KV_CELL_PAD, Settings
 
 MIB = 1 << 20
-KV_CELL_PAD = 256  # llama.cpp pads the KV cache size to a multiple of 256 cells
-DEFAULT_BATCH = 2048  # llama.cpp common_params defaults: -b 2048, -ub 512
-DEFAULT_UBATCH = 512
 # memory.peak minus the other terms in the kernel guest (docs/calibration.md): the engine's own
 # anon (libc/OpenMP arenas, thread stacks) and page tables, 10-15 MiB for both
 # synthetic models (llama.cpp 0c1e57098)
@@ -102,71 +100,6 @@ def cpu_family(machine: str, cpuinfo: str) -> str:
             return "none"
         return "arm-i8mm" if "i8mm" in flags else "arm-dotprod"
     return "none"
-
-
-@dataclass(frozen=True)
-class Settings:
-    """The engine options that change memory, resolved to numbers."""
-
-    ctx: int
-    batch: int = DEFAULT_BATCH
-    ubatch: int = DEFAULT_UBATCH
-    cache_type_k: str = "f16"
-    cache_type_v: str = "f16"
-    repack: bool = True
-    load_mode: str = "mmap"
-    # llama-server (server False: a one-shot engine, none of these apply)
-    server: bool = False
-    slots: int = 1
-    kv_unified: bool = True
-    cache_ram_mib: int = 0  # -1: no limit
-    ctx_checkpoints: int = 0
-
-    @property
-    def mmap(self) -> bool:
-        return self.load_mode in ("mmap", "mmap+mlock", "auto")
-
-    @property
-    def kv_cells(self) -> int:
-        """KV cells llama.cpp allocates: -c padded to 256; without a unified KV buffer each of
-        the slots gets -c / slots padded to 256 (llama-context.cpp)."""
-        cells = math.ceil(self.ctx / KV_CELL_PAD) * KV_CELL_PAD
-        if self.server and not self.kv_unified and self.slots > 1:
-            per_slot = math.ceil(cells // self.slots / KV_CELL_PAD) * KV_CELL_PAD
-            return max(per_slot, KV_CELL_PAD) * self.slots
-        return cells
-
-    @property
-    def slot_cells(self) -> int:
-        """The context one slot can hold."""
-        if self.server and not self.kv_unified and self.slots > 1:
-            return self.kv_cells // self.slots
-        return self.kv_cells
-
-
-def settings_from_argv(args: EngineArgs, n_ctx_train: int) -> Settings:
-    """-c absent or 0 means n_ctx_train (tools/common/arg.cpp); --no-mmap = -lm none."""
-    load_mode = args.load_mode or ("none" if "no_mmap" in args.flags else "mmap")
-    base = Settings(
-        ctx=args.ctx or n_ctx_train,
-        batch=args.batch or DEFAULT_BATCH,
-        ubatch=args.ubatch or DEFAULT_UBATCH,
-        cache_type_k=(args.cache_type_k or "f16").lower(),
-        cache_type_v=(args.cache_type_v or "f16").lower(),
-        repack=args.repacks,
-        load_mode=load_mode,
-    )
-    if not args.server:
-        return base
-    return replace(
-        base,
-        server=True,
-        slots=args.server_slots,
-        # auto slots force a unified KV buffer; an explicit -np defaults to one per slot
-        kv_unified=True if args.server_auto_slots else bool(args.kv_unified),
-        cache_ram_mib=args.server_cache_ram_mib,
-        ctx_checkpoints=args.server_ctx_checkpoints,
-    )
 
 
 @dataclass(frozen=True)
@@ -249,11 +182,6 @@ def kv_token_bytes(info: GgufInfo, s: Settings) -> float:
 
 def kv_bytes(info: GgufInfo, s: Settings) -> int:
     return int(s.kv_cells * kv_token_bytes(info, s))
-
-
-def kv_cache_bytes(n_layer: int, n_ctx: int, n_embd_kv: int, bytes_per_elem: float = 2) -> int:
-    """llama.cpp's KV cache: K and V, per layer, per context position (notes/kernel.md)."""
-    return int(2 * n_layer * n_ctx * n_embd_kv * bytes_per_elem)
 
 
 def repack_bytes(info: GgufInfo, family: str) -> int:

@@ -12,8 +12,9 @@ default 32) and ``--host``/``--port``.
 
 llama.cpp reads each option from a ``LLAMA_ARG_*`` environment variable too (common/arg.cpp:
 the environment is applied first, the command line overrides it), so the engine's environment
-is read with the argv (:data:`governor.cache.argkey.ENV_OPTS`). The option tables are the
-plan cache key's (governor/cache/argkey.py, standard library only): spelled once.
+is read with the argv (:data:`governor.plan.llama_args.ENV_OPTS`). The option tables and the
+walk by them are llama.cpp's grammar (governor/plan/llama_args.py, standard library only, the
+plan cache key's too): spelled once.
 """
 
 from __future__ import annotations
@@ -23,16 +24,16 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from governor.cache.argkey import (
+from governor.plan.llama_args import (
     ENV_OPTS,
     FALSEY,
     FLAG_OPTS,
     READ_OPTS,
-    SKIP_VALUE_OPTS,
     TRUTHY,
     UNSIZED_FLAGS,
     UNSIZED_VALUE_OPTS,
     host_problem,
+    options,
     parse_int,
     port_problem,
     unreachable,
@@ -160,32 +161,22 @@ def parse_llama_argv(
             values[key] = env[var]
     if env is not None:
         _env_flags(env, flags)
-    words = list(argv[1:])
-    i = 0
-    while i < len(words):
-        word = words[i]
-        if word == "--":
+    for opt in options(argv[1:]):
+        name = opt.name
+        if name == "--":
             break
-        name, eq, inline = word.partition("=")
-        if name in READ_OPTS and name.startswith("--") and eq:
-            values[READ_OPTS[name]] = inline
-        elif word in READ_OPTS:
-            if i + 1 >= len(words):
-                raise EngineArgvError(f"engine option {word} has no value", option=word)
-            values[READ_OPTS[word]] = words[i + 1]
-            i += 1
-        elif word in FLAG_OPTS:
-            key = FLAG_OPTS[word]
+        if name in READ_OPTS and (not opt.inline or name.startswith("--")):  # not "-c=9"
+            if opt.value is None:
+                raise EngineArgvError(f"engine option {name} has no value", option=name)
+            values[READ_OPTS[name]] = opt.value
+        elif name in FLAG_OPTS:
+            key = FLAG_OPTS[name]
             flags.discard(_OPPOSITE.get(key, ""))
             flags.add(key)
-        elif (name if eq else word) in UNSIZED_VALUE_OPTS:
-            unsized.append(UNSIZED_VALUE_OPTS[name if eq else word])
-            i += 0 if eq else 1
-        elif word in UNSIZED_FLAGS:
-            unsized.append(UNSIZED_FLAGS[word])
-        elif word in SKIP_VALUE_OPTS:
-            i += 1
-        i += 1
+        elif name in UNSIZED_VALUE_OPTS:
+            unsized.append(UNSIZED_VALUE_OPTS[name])
+        elif name in UNSIZED_FLAGS:
+            unsized.append(UNSIZED_FLAGS[name])
     if "model" in values:
         model_parts(values["model"])  # a split name must name a part that exists
     _check_server_values(values)
@@ -224,7 +215,7 @@ def _env_flags(env: Mapping[str, str], flags: set[str]) -> None:
 
 
 def address_warnings(args: EngineArgs | None, *, evict: bool) -> list[tuple[str, str]]:
-    """llama-server whose HTTP address the governor cannot know (argkey.unreachable): what it
+    """llama-server whose HTTP address the governor cannot know (llama_args.unreachable): what it
     does without it (it never speaks to 127.0.0.1:8080 in its place), as a preflight warning."""
     why = unreachable(args.host, args.port) if args is not None and args.server else None
     if args is None or why is None:
@@ -269,7 +260,7 @@ def _int(values: dict[str, str], key: str, what: str) -> int | None:
     raw = values.get(key)
     if raw is None:
         return None
-    # llama.cpp reads these with std::stoi: ASCII digits within int32 (argkey.parse_int)
+    # llama.cpp reads these with std::stoi: ASCII digits within int32 (llama_args.parse_int)
     n = parse_int(raw)
     if n is None:
         stripped = raw.strip().lstrip("+-")

@@ -30,10 +30,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from governor.cache import argkey
 from governor.engines import llama
 from governor.kernel.leafname import leaf_name, refusal
 from governor.peer.files import read_capped_text
+from governor.plan import llama_args
 
 if TYPE_CHECKING:
     from governor.engines.estimate import Estimate
@@ -52,7 +52,7 @@ ROUTER_ONLY = frozenset(
 )
 ROUTER_FLAGS = frozenset(["--models-autoload", "--no-models-autoload"])
 GLOBAL_SECTION = "*"
-_TRUTHY, _FALSEY = argkey.TRUTHY, argkey.FALSEY
+_TRUTHY, _FALSEY = llama_args.TRUTHY, llama_args.FALSEY
 _SECTION_RE = re.compile(r"^\[(?P<name>[^\]]+)\]$")
 
 
@@ -199,17 +199,17 @@ def parse_preset(text: str) -> dict[str, dict[str, str]]:
 def _option_of(key: str) -> tuple[str | None, str | None]:
     """(value option, flag option) a preset key names, in llama.cpp spelling."""
     if key.startswith("LLAMA_ARG_"):
-        canon = argkey.ENV_OPTS.get(key)
+        canon = llama_args.ENV_OPTS.get(key)
         if canon is not None:
-            return next(o for o, c in argkey.READ_OPTS.items() if c == canon), None
+            return next(o for o, c in llama_args.READ_OPTS.items() if c == canon), None
         flag = {"LLAMA_ARG_KV_UNIFIED": "--kv-unified", "LLAMA_ARG_REPACK": "--repack"}.get(key)
         return (None, flag) if flag is not None else (None, None)
     for word in (f"--{key}", f"-{key}"):
-        if word in argkey.READ_OPTS or word in argkey.SKIP_VALUE_OPTS:
+        if word in llama_args.READ_OPTS or word in llama_args.SKIP_VALUE_OPTS:
             return word, None
-        if word in argkey.UNSIZED_VALUE_OPTS:
+        if word in llama_args.UNSIZED_VALUE_OPTS:
             return word, None
-        if word in argkey.FLAG_OPTS or word in argkey.UNSIZED_FLAGS:
+        if word in llama_args.FLAG_OPTS or word in llama_args.UNSIZED_FLAGS:
             return None, word
     return f"--{key}", None  # an option this reader does not know: kept, never sized
 
@@ -262,25 +262,11 @@ def _flag_word(flag: str, value: str) -> str | None:
 def router_words(argv: Sequence[str]) -> list[str]:
     """The router's own command line without what it keeps to itself (the program dropped)."""
     out: list[str] = []
-    words = list(argv[1:])
-    i = 0
-    while i < len(words):
-        word = words[i]
-        if word == "--":
+    for opt in llama_args.options(argv[1:]):
+        if opt.name == "--":
             break
-        name, eq, _inline = word.partition("=")
-        if (eq and name in ROUTER_ONLY) or word in ROUTER_FLAGS:
-            i += 1
-            continue
-        if word in ROUTER_ONLY:
-            i += 2
-            continue
-        if word in argkey.READ_OPTS or word in argkey.SKIP_VALUE_OPTS:
-            out += words[i : i + 2]
-            i += 2
-            continue
-        out.append(word)
-        i += 1
+        if opt.name not in ROUTER_ONLY and opt.name not in ROUTER_FLAGS:
+            out += opt.words
     return out
 
 

@@ -13,22 +13,18 @@ llama-server adds (tools/server, same version):
   A recurrent model's checkpoints are not sized (a warning says so).
 - margin: the HTTP threads and the server's own buffers (measured, docs/calibration.md).
 
-The estimate's Settings carry the resolved numbers (slots, kv_unified, cache_ram_mib,
+The Settings (governor/engines/settings.py) carry the resolved numbers (slots, kv_unified, cache_ram_mib,
 ctx_checkpoints); this module turns them into terms.
 """
 
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING
 
 from governor.engines.gguf import GgufInfo
-
-if TYPE_CHECKING:
-    from governor.engines.estimate import Settings
+from governor.engines.settings import KV_CELL_PAD, Settings
 
 MIB = 1 << 20
-KV_CELL_PAD = 256
 # the HTTP thread pool and task queues on top of the engine's margin (docs/calibration.md)
 MARGIN_BYTES = 8 * MIB
 # llama-server's defaults (what an absent -np, --cache-ram, --ctx-checkpoints mean):

@@ -23,7 +23,7 @@ from typing import Literal
 
 from governor.errors import BackendError, PermissionDenied
 from governor.kernel import files
-from governor.kernel.parse import Psi, parse_controllers, parse_flat_keyed, parse_psi
+from governor.kernel.parse import Psi, parse_controllers, parse_flat_keyed, parse_max, parse_psi
 
 PsiResource = Literal["memory", "cpu", "io"]
 
@@ -197,6 +197,15 @@ class CgroupFs:
                 children = []
             todo += reversed(children)
         return out
+
+    def read_limit(self, cgroup: str, file: str, *, unreadable: int | None = None) -> int | None:
+        """THE guarded read of a limit or counter (memory.max, memory.current, ...): its value,
+        None for ``max``, and ``unreadable`` when the file (or the group) cannot be read or
+        holds no number (a group that went away meanwhile is no error to a reader of limits)."""
+        try:
+            return parse_max(self.read(cgroup, file))
+        except (BackendError, PermissionDenied, ValueError):
+            return unreadable
 
     def procs_below(self, cgroup: str, *, strict: bool = False) -> list[int]:
         """Every pid in ``cgroup`` and its descendants (:meth:`subtree`'s order); a cgroup that

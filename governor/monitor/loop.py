@@ -24,26 +24,23 @@ last look (an OOM kill races the exit: a rule on ``oom_kill`` can still restart)
 from __future__ import annotations
 
 import collections
-import os
 import select
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from typing import Any
 
 from governor.errors import GovernorError
 from governor.kernel import files as kf
-from governor.kernel.cgroupfs import CgroupFs
 from governor.kernel.procfs import ProcFs
 from governor.log import get_logger
 from governor.monitor import psi
-from governor.monitor.actions.base import Context, Result
+from governor.monitor.actions.base import Context, Env, Result
 from governor.monitor.actions.executor import Executor
-from governor.monitor.restart import Restarts
 from governor.monitor.rules import Firing, Observations, Rule, RuleEngine
 from governor.monitor.sampler import DEFAULT_INTERVAL_S, Sampler
 from governor.monitor.sources import Board, EventFile, Levels, open_optional
-from governor.plan.model import Plan, WatchTrigger
-from governor.rundir.journal import Journal
+from governor.plan.model import WatchTrigger
+from governor.record import replace
 
 log = get_logger(__name__)
 
@@ -57,46 +54,31 @@ _EXIT = object()  # the engine's pidfd in the epoll (launch)
 class Monitor:
     def __init__(
         self,
-        fs: CgroupFs,
-        plan: Plan,
+        env: Env,
         *,
-        engine_pids: Callable[[], Sequence[int]] | None = None,
-        proc: ProcFs | None = None,
-        clock: Callable[[], float] = time.monotonic,
         sample_s: float = DEFAULT_INTERVAL_S,
         executor: Executor | None = None,
-        restarts: Restarts | None = None,
         psi_triggers: bool = True,
         on_change: Callable[[], None] | None = None,
         wall: Callable[[], float] = time.time,
-        journal: Journal | None = None,
-        watchdog: object | None = None,
-        page_size: int | None = None,
         peak: int | None = None,
     ) -> None:
-        """``engine_pids`` for attach mode; without it the engine is the pid given to
-        :meth:`engine_started` (launch). ``restarts`` is the launcher's relaunch budget;
-        ``journal`` the slice's journal (its directory's parent: the run directory a `shed`
-        reads); ``watchdog`` reverts what an action holds should this process die.
-        ``peak``: the engine's estimate (a headroom rule's claimed peak, Rule.from_watch)."""
-        self.fs = fs
-        self.plan = plan
+        """``env``: the collaborators, built once by whoever runs the monitor (actions/base.py
+        Env: without ``engine_pids`` the engine is the pid given to :meth:`engine_started`,
+        launch; without a ``board`` the host's /proc). ``peak``: the engine's estimate (a
+        headroom rule's claimed peak, Rule.from_watch)."""
+        if env.board is None:
+            env = replace(env, board=Board(ProcFs()))
+        assert env.board is not None
+        self.env = env
+        fs = self.fs = env.fs
+        plan = self.plan = env.plan
         self.group = plan.group
-        self.clock = clock
+        self.clock = env.clock
         self.rules = [Rule.from_watch(w, peak) for w in plan.watch]
         self.engine = RuleEngine(self.rules)
-        self.pid: int | None = None
-        self.board = Board(proc or ProcFs())
-        self.executor = executor or Executor(
-            fs,
-            plan,
-            engine_pids=engine_pids or self._engine_pid,
-            clock=clock,
-            restarts=restarts,
-            journal=journal,
-            watchdog=watchdog,
-            memavailable=self.board.memavailable,
-        )
+        self.board = env.board
+        self.executor = executor or Executor(env)
         self.psi_triggers = psi_triggers
         self.sampler = Sampler(fs, self.group, interval_s=sample_s)
         # what the plan's rules compare (monitor/triggers.py): this loop names no kind
@@ -106,7 +88,7 @@ class Monitor:
             self.board,
             self.rules,
             device=plan.device is not None,
-            page_size=page_size or os.sysconf("SC_PAGE_SIZE"),
+            page_size=env.page_size,
         )
         self.devmem = self.levels.devmem
         self.thrash = self.levels.thrash
@@ -132,8 +114,10 @@ class Monitor:
         self.wall = wall
         self._published: tuple[tuple[int, str], ...] | None = None
 
-    def _engine_pid(self) -> list[int]:
-        return [] if self.pid is None else [self.pid]
+    @property
+    def pid(self) -> int | None:
+        """The engine's pid as the launcher told it (None: not started, or exited)."""
+        return self.env.shared.pid
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -203,7 +187,7 @@ class Monitor:
 
     def engine_started(self, pid: int) -> None:
         """The launcher started the engine (again): actions now target ``pid``."""
-        self.pid = pid
+        self.env.shared.pid = pid
 
     def engine_exited(self) -> None:
         """The engine exited: a last look at the event files, with the rules run on what it
@@ -213,7 +197,7 @@ class Monitor:
         counters = self.poll_files()
         if counters:
             self._evaluate(self.clock(), set(), counters, {})
-        self.pid = None
+        self.env.shared.pid = None
 
     def close(self) -> None:
         self.executor.close("monitor stopped")  # nothing left frozen, nor another slice shed

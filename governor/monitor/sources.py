@@ -19,7 +19,7 @@ from governor.errors import BackendError, GovernorError
 from governor.kernel import files as kf
 from governor.kernel.cgroupfs import CgroupFs
 from governor.kernel.devmem import DeviceMemoryReader, as_rows, total
-from governor.kernel.parse import parse_flat_keyed, parse_max, parse_psi
+from governor.kernel.parse import parse_flat_keyed
 from governor.kernel.procfs import ProcFs
 from governor.log import get_logger
 from governor.monitor import triggers
@@ -79,8 +79,8 @@ def protected_cache(fs: CgroupFs, group: str) -> int:
     """The group's page cache that its memory.min protects: min(memory.min, memory.stat file).
     MemAvailable counts it as reclaimable, but reclaim does not take it (the engine's model):
     what the board can really give is MemAvailable less this. 0 when unreadable."""
+    floor = fs.read_limit(group, kf.MEMORY_MIN, unreadable=0)
     try:
-        floor = parse_max(fs.read(group, kf.MEMORY_MIN))
         file = fs.memory_stat(group)["file"]
     except (GovernorError, KeyError, ValueError):
         return 0
@@ -151,12 +151,6 @@ class Board:
                 reserve = None
             self._reserve = reserve_for(memtotal) if reserve is None else reserve
         return self._reserve
-
-    def memory_some_avg10(self) -> float | None:
-        try:
-            return parse_psi(self.proc.pressure("memory")).some.avg10
-        except (OSError, ValueError):
-            return None
 
 
 @record

@@ -1,5 +1,5 @@
 """`governor board` (issue 36): one table for the whole board, from the claims the gatherer
-(governor/operate/board.py) reads, the board's big ungoverned cgroups, and `--fits`.
+(governor/board/scan.py) reads, the board's big ungoverned cgroups, and `--fits`.
 
 The figures, in bytes (the JSON form; the table prints them in MiB):
 
@@ -38,7 +38,6 @@ from governor.board.slice import Slice
 from governor.errors import GovernorError
 from governor.kernel import files as kf
 from governor.kernel.cgroupfs import CgroupFs
-from governor.kernel.parse import parse_max
 
 MIB = 1 << 20
 BIG = 16 * MIB  # an ungoverned top-level cgroup below this is not worth a row
@@ -46,10 +45,7 @@ BOARD_FORMAT = 1
 
 
 def current_of(fs: CgroupFs, cgroup: str) -> int | None:
-    try:
-        return parse_max(fs.read(cgroup, kf.MEMORY_CURRENT))
-    except (GovernorError, ValueError):
-        return None
+    return fs.read_limit(cgroup, kf.MEMORY_CURRENT)
 
 
 def ungoverned(
@@ -101,7 +97,7 @@ def view(
     no_budget: str | None = None,
 ) -> dict[str, Any]:
     """The board as `governor board --json` prints it (format 1: fields are only added).
-    ``no_budget``: the line of a reserve that leaves no budget (operate/board.py gather)."""
+    ``no_budget``: the line of a reserve that leaves no budget (board/scan.py scan)."""
     order = {"running": 0, "installed": 1, "stopped": 2}
     rows = sorted(claims, key=lambda c: (order.get(c.state, 3), -c.peak_claim, c.name))
     claimed_min = sum(c.guaranteed for c in claims)

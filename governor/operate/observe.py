@@ -19,7 +19,8 @@ from governor.backends.manager import same
 from governor.errors import GovernorError
 from governor.kernel import files as kf
 from governor.kernel.cgroupfs import CgroupFs
-from governor.kernel.leafname import model_name, models_cgroup
+from governor.kernel.leafname import model_name
+from governor.kernel.modelleaves import holds_process, model_leaves
 from governor.plan.model import Plan
 from governor.rundir.journal import Journal
 from governor.rundir.liveness import REVERTER, alive
@@ -202,17 +203,11 @@ def model_rows(
     stays after its model is unloaded: ``loaded`` says whether a child runs in it). ``names``:
     leaf -> model as the run published it (RunState.model_leaves); a leaf it lacks is named
     by the mapping read back (kernel/leafname.py), else by itself."""
-    try:
-        leaves = fs.children(models_cgroup(group))
-    except GovernorError:
-        return []
     rows = []
-    for cg in leaves:
-        leaf = cg.rsplit("/", 1)[1]
+    for cg, leaf in model_leaves(fs, group):
         alias = (names or {}).get(leaf) or model_name(leaf) or leaf
-        try:
-            loaded = bool(fs.procs(cg))
-        except GovernorError:
+        loaded = holds_process(fs, cg)
+        if loaded is None:
             continue  # removed meanwhile
         rows.append(
             {

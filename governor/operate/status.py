@@ -278,7 +278,7 @@ def last_requests(
     rows: list[dict[str, Any]], router: dict[str, Any] | None, now: float
 ) -> list[dict[str, Any]]:
     """Each model row with its last request as the launch published it (RunState.router,
-    supervise/router.py Activity): ``last_request`` (epoch) and ``last_request_s`` (its age)."""
+    supervise/activity.py Activity): ``last_request`` (epoch) and ``last_request_s`` (its age)."""
     models = (router or {}).get("models") or {}
     for row in rows:
         t = (models.get(row["model"]) or {}).get("last_request")

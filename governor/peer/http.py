@@ -1,6 +1,6 @@
 """The one HTTP exchange with a peer (issue 43 item 1): llama-server's /health (the readiness
 probe, supervise/ready.py) and its router's /models, /slots and /models/unload
-(supervise/router.py).
+(peer/router.py).
 
 A peer may trickle (a byte a second: a per-``recv`` timeout never fires), flood (300 MB of
 answer) or chunk its answer into one-byte pieces. :func:`exchange` bounds all three:

@@ -270,9 +270,6 @@ class Plan:
     qos: QosSpec = field(default_factory=QosSpec)
     format: int = FORMAT
 
-    def writes_for(self, controller: str) -> tuple[CgroupWrite, ...]:
-        return tuple(w for w in self.writes if w.controller == controller)
-
     def limit(self, file: str) -> int | None:
         """The bytes (or count) the plan writes to ``file`` on its group; None for "max" or
         when the plan does not write it. The one place a limit is read back from a plan."""

@@ -34,10 +34,6 @@ class RefaultCondition:
         return f"{'board ' if self.board else ''}refaults > {self.percent:f}%/{self.window}"
 
 
-def is_refaults(text: str) -> bool:
-    return text.startswith("refaults") or re.match(r"board\s+refaults", text) is not None
-
-
 def parse_refaults(value: str) -> RefaultCondition:
     if not (m := _REFAULT_RE.match(value)):
         raise ValueError(

@@ -14,6 +14,7 @@ from decimal import Decimal, InvalidOperation
 from typing import Literal
 
 from governor.errors import shown as _shown
+from governor.kernel.parse import format_cpu_max
 from governor.monitor import triggers
 from governor.monitor.actions import registry
 from governor.policy.cpus import MAX_CPU, CpuSpec, parse_cpus
@@ -152,10 +153,8 @@ class CpuMax:
     percent: Decimal | None  # None = "max"
 
     def kernel_value(self, period_us: int = 100_000) -> str:
-        if self.percent is None:
-            return f"max {period_us}"
-        quota = int(self.percent * period_us / 100)
-        return f"{quota} {period_us}"
+        quota = None if self.percent is None else int(self.percent * period_us / 100)
+        return format_cpu_max(quota, period_us)
 
     def __str__(self) -> str:
         return "max" if self.percent is None else f"{self.percent.normalize():f}%"

@@ -83,7 +83,7 @@ class RunState:
     # llama-server's router (issue 38): {"url": "http://HOST:PORT", "models": {alias:
     # {"last_request": epoch | None, "leaf": its leaf under models/ (kernel/leafname.py; None:
     # it has none)}}, "unloads": [{"model", "reason", "count"}]}; a shed of this slice unloads
-    # its least recently used idle model through the url (supervise/router.py)
+    # its least recently used idle model through the url (peer/router.py)
     router: dict[str, Any] | None = None
     # the publishing governor's start time (/proc/PID/stat starttime, clock ticks after boot):
     # with ``pid`` it names that process, a reused pid has another (None: a state of before

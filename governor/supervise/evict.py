@@ -12,7 +12,7 @@ policy the governor does it by memory: when a new child (alias X) is placed into
 passes the budget (the group's memory.max read now, else the board's free budget: what
 admission counts, handed in by the launch), X's leaf is frozen BEFORE the pid moves in (a
 process that enters a frozen cgroup is frozen: it never allocates before room is made), the
-least recently used idle models (supervise/router.py idle_lru, X excluded) are unloaded one
+least recently used idle models (peer/router.py idle_lru, X excluded) are unloaded one
 at a time through the router until it fits, each waited for (bounded: WAIT_S; the router's
 stop-timeout is 10 s) until its leaf has no process, and X is thawed, always (finally).
 Nothing idle: logged and journaled, X thawed (its leaf's max and the pressure rules remain).
@@ -36,9 +36,9 @@ from governor.errors import GovernorError
 from governor.kernel import files as kf
 from governor.kernel.cgroupfs import CgroupFs
 from governor.kernel.leafname import LeafNameError, model_cgroup, models_cgroup
-from governor.kernel.parse import parse_max
 from governor.log import get_logger
-from governor.supervise.router import Activity, RouterClient, RouterError, idle_lru
+from governor.peer.router import RouterClient, RouterError, idle_lru
+from governor.supervise.activity import Activity
 
 if TYPE_CHECKING:
     from governor.rundir.journal import Journal
@@ -94,10 +94,7 @@ class Evictor:
             return None
 
     def _read(self, cgroup: str, file: str) -> int | None:
-        try:
-            return parse_max(self.fs.read(cgroup, file))
-        except (GovernorError, ValueError):
-            return None
+        return self.fs.read_limit(cgroup, file)
 
     def budget(self) -> int | None:
         """The group's memory.max now, else the board's free budget; None: neither known."""

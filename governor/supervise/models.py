@@ -38,9 +38,11 @@ from governor.kernel import files as kf
 from governor.kernel.cgroupfs import CgroupFs
 from governor.kernel.leafname import LeafNameError, leaf_name, model_cgroup, models_cgroup
 from governor.log import get_logger
+from governor.peer.router import RouterClient
+from governor.plan.llama_args import options
 from governor.record import record
+from governor.supervise.activity import Activity
 from governor.supervise.evict import Evictor
-from governor.supervise.router import Activity, RouterClient
 
 if TYPE_CHECKING:
     from governor.plan.model import Plan
@@ -49,9 +51,9 @@ if TYPE_CHECKING:
 log = get_logger(__name__)
 
 POLL_S = 0.02  # between reads of the engine leaf's cgroup.procs
-ALIAS_OPTS = (b"-a", b"--alias")  # llama-server's --alias (common/arg.cpp)
+ALIAS_OPTS = ("-a", "--alias")  # llama-server's --alias (common/arg.cpp)
 MODEL_CONTROLLERS = frozenset({"memory"})  # what a model's leaf limits (memory.max/high/oom.group)
-SAMPLE_S = 0.5  # between two samples of the models' activity (supervise/router.py Activity)
+SAMPLE_S = 0.5  # between two samples of the models' activity (supervise/activity.py Activity)
 ROUTER_S = 2.0  # one whole request of the leaves' router client (a slot check, /models, unload)
 PUBLISH_S = 1.0  # at most one republication of the models' state per this interval
 
@@ -76,17 +78,20 @@ def child_alias(cmdline: bytes) -> str | None:
     names the model (its leaf: kernel/leafname.py); None for a process that is no router child
     (yet). The last one given wins, as in llama.cpp; llama-server takes a comma-separated list
     of aliases: the first names the leaf."""
-    words = cmdline.rstrip(b"\0").split(b"\0")
-    found: bytes | None = None
-    for i, word in enumerate(words[1:], 1):
-        name, eq, value = word.partition(b"=")
-        if eq and name == b"--alias":
-            found = value
-        elif word in ALIAS_OPTS and i + 1 < len(words):
-            found = words[i + 1]
+    words = [w.decode("utf-8", "surrogateescape") for w in cmdline.rstrip(b"\0").split(b"\0")]
+    found: str | None = None
+    for opt in options(words[1:]):  # another option's value is no alias (`-p --alias`)
+        if opt.name == "--":
+            break
+        if (
+            opt.name in ALIAS_OPTS
+            and opt.value is not None
+            and (not opt.inline or opt.name == "--alias")
+        ):
+            found = opt.value
     if found is None:
         return None
-    alias = found.split(b",")[0].decode("utf-8", "replace")
+    alias = found.split(",")[0].encode("utf-8", "surrogateescape").decode("utf-8", "replace")
     return alias or None
 
 
@@ -374,7 +379,7 @@ def router_leaves(
     on_change: Callable[[], None] | None,
 ) -> ModelLeaves:
     """The supervisor's ModelLeaves for a router run: with the router's url, each model's
-    activity (supervise/router.py Activity) and, under ``[engine] evict = "memory"``, the
+    activity (supervise/activity.py Activity) and, under ``[engine] evict = "memory"``, the
     evictor (supervise/evict.py; ``claims``: alias -> the model's estimate)."""
     activity = evictor = None
     if router_url is not None:

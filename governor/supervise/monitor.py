@@ -24,7 +24,9 @@ from typing import Any
 from governor.errors import HostError
 from governor.kernel.cgroupfs import CgroupFs
 from governor.kernel.procfs import ProcFs
+from governor.monitor.actions.base import Env
 from governor.monitor.loop import Monitor
+from governor.monitor.sources import Board
 from governor.plan.model import Plan
 from governor.rundir.journal import Journal
 from governor.rundir.liveness import alive, own_start
@@ -95,16 +97,19 @@ def attach(
         }
         deadline = None if duration_s is None else time.monotonic() + duration_s
         # no restarts here: the executor answers `restart` with "needs governor launch"
-        mon = Monitor(
+        env = Env(
             fs,
             plan,
             engine_pids=engine_pids,
-            proc=ProcFs(proc_root),
+            board=Board(ProcFs(proc_root)),
+            journal=Journal(run_dir() / plan.policy),  # set actions journaled; tunes kept
+            watchdog=watchdog,  # also reverts a `shed` should this process die
+        )
+        mon = Monitor(
+            env,
             sample_s=sample_s,
             psi_triggers=psi_triggers,
             on_change=lambda: state.publish(mon),
-            journal=Journal(run_dir() / plan.policy),  # set actions journaled; tunes kept
-            watchdog=watchdog,  # also reverts a `shed` should this process die
         ).start()
         state.publish(mon)
         try:

@@ -18,9 +18,9 @@ import time
 from collections.abc import Callable
 from urllib.parse import urlsplit
 
-from governor.cache.argkey import unreachable
 from governor.errors import HostError
 from governor.peer import http
+from governor.plan.llama_args import unreachable
 from governor.record import record
 
 PROBE_INTERVAL_S = 0.25

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import functools
 import os
 import signal
 import time
@@ -24,6 +25,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
 from governor.backends.device import board_baseline
+from governor.board import scan as board_scan
 from governor.errors import BackendError, GovernorError, Interrupted, PermissionDenied
 from governor.kernel.cgroupfs import CgroupFs
 from governor.kernel.procfs import ProcFs
@@ -31,9 +33,11 @@ from governor.launch.forward import Forwarder
 from governor.launch.helper import PrefetchHelper, kill_own_group
 from governor.launch.launcher import ChildSetup, Launcher, LaunchReport
 from governor.log import get_logger
+from governor.monitor.actions.base import Env
 from governor.monitor.actions.unload import TOTALS, merge_unloads
 from governor.monitor.loop import Monitor
 from governor.monitor.restart import Restarts
+from governor.monitor.sources import Board
 from governor.plan.model import Plan
 from governor.record import field, record
 from governor.rundir.journal import Journal
@@ -89,9 +93,10 @@ class Job:
     model_leaves: dict[str, Any] | None = None
     # llama-server's router: its http://HOST:PORT (published as RunState.router's url)
     router_url: str | None = None
-    # [engine] evict = "memory" without a memory.max on the group: the board's free budget
-    # for this slice now (what admission counts; api/launch.py), None when unknown
-    board_free: Callable[[], int | None] | None = None
+    # where the board is read from (/proc/meminfo, install manifests): "/" but in tests; with
+    # [engine] evict = "memory" the evictor gets the board's free budget for this slice
+    # (governor/board/scan.py free_for: what admission counts)
+    board_root: Path = Path("/")
 
 
 class Supervisor:
@@ -240,16 +245,19 @@ class Supervisor:
         self._await_ready(job, pid)
         self._start_helper(job, pid)
         restarts = self.restarts = Restarts(plan.launch.restart_max, plan.launch.restart_backoff_s)
-        monitor = self.monitor = Monitor(
+        env = Env(
             self.launcher.fs,
             plan,
-            proc=self.proc,
-            sample_s=job.sample_s,
+            board=Board(self.proc),
             restarts=restarts,
-            psi_triggers=job.psi_triggers,
-            on_change=lambda: self._publish(job),
             journal=Journal((job.run_dir or run_dir()) / plan.policy),
             watchdog=self.watchdog,  # reverts a `shed` should this process die
+        )
+        monitor = self.monitor = Monitor(
+            env,
+            sample_s=job.sample_s,
+            psi_triggers=job.psi_triggers,
+            on_change=lambda: self._publish(job),
             peak=_estimate_total(job),
         )
         monitor.engine_started(pid)
@@ -294,6 +302,16 @@ class Supervisor:
             raise lock_error
         return code
 
+    @staticmethod
+    def _board_free(job: Job) -> Callable[[], int | None] | None:
+        """[engine] evict = "memory": the board's free budget for this slice, read when a model
+        would not fit a group without memory.max; None: another evict (the router's count)."""
+        if job.plan.engine.evict != "memory":
+            return None
+        return functools.partial(
+            board_scan.free_for, job.plan, job.run_dir or run_dir(), job.board_root
+        )
+
     def _start_model_leaves(self, job: Job) -> ModelLeaves | None:
         """llama-server's router: each child it starts into its model's leaf; each model's
         last request sampled and published (RunState.router) with its url; evict = memory."""
@@ -305,7 +323,7 @@ class Supervisor:
             limits=job.model_leaves,
             router_url=job.router_url,
             claims=(job.extra.get("estimate") or {}).get("router") or {},
-            board_free=job.board_free,
+            board_free=self._board_free(job),
             journal=Journal((job.run_dir or run_dir()) / job.plan.policy),
             router_pid=lambda: self.engine_pid,
             proc_root=self.proc.root,

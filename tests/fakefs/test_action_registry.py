@@ -19,6 +19,7 @@ from governor.kernel.procfs import ProcFs
 from governor.monitor.actions import registry
 from governor.monitor.actions.base import Context, Env, Handler, Result, Ticked
 from governor.monitor.loop import Monitor
+from governor.monitor.sources import Board
 from governor.plan.model import Action, WatchCondition
 from governor.policy.values import parse_action
 from governor.record import replace
@@ -81,9 +82,10 @@ def test_a_registered_verb_runs_through_the_loop_with_its_whole_lifecycle(
     plan = replace(make_plan(), watch=(watch_rule(0, oom, ("plug", "log"), cooldown_s=2.0),))
     CgroupfsBackend(fake_fs).apply(plan)
     now = [0.0]
-    mon = Monitor(
-        fake_fs, plan, engine_pids=lambda: [1], proc=ProcFs(tmp_path), clock=lambda: now[0]
-    ).start()
+    env = Env(
+        fake_fs, plan, engine_pids=lambda: [1], board=Board(ProcFs(tmp_path)), clock=lambda: now[0]
+    )
+    mon = Monitor(env).start()
     assert CALLS == [("made", GROUP)]  # made for the plan's rule, before any firing
     mon.dispatch()
     assert ("observe", 0.0) in CALLS and ("tick", 0.0) in CALLS and not mon.recent

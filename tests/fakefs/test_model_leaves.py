@@ -116,6 +116,10 @@ def test_a_child_that_exits_before_it_is_read_is_skipped(tree: tuple[MovingFs, P
         (b"llama-server\0--models-dir\0/m\0", None),  # the router itself
         (b"llama-server\0--alias\0", None),
         (b"", None),
+        # llama.cpp's grammar (plan/llama_args.py options): another option's value is no alias
+        (b"llama-server\0-p\0--alias\0x\0", None),
+        (b"llama-server\0--alias\0a\0--system-prompt\0-a\0b\0", "a"),
+        (b"llama-server\0--alias\0\xffx\0", "\ufffdx"),  # not UTF-8: replaced, as before
     ],
 )
 def test_the_alias_is_read_from_the_childs_cmdline(cmdline: bytes, alias: str | None) -> None:

@@ -17,8 +17,8 @@ from governor.kernel import files as kf
 from governor.kernel.cgroupfs import translate
 from governor.log import capture_logs
 from governor.rundir.journal import Journal
+from governor.supervise.activity import Activity
 from governor.supervise.models import ModelLeaves, ModelLimits
-from governor.supervise.router import Activity
 
 from .test_model_leaves import GROUP, LEAF, ROUTER, MovingFs, _child
 from .test_router_evict import FakeRouter, _leaves, _spawn, _usage

@@ -19,10 +19,11 @@ from governor.errors import BackendError
 from governor.kernel import files
 from governor.kernel.procfs import ProcFs
 from governor.log import capture_logs
-from governor.monitor.actions.base import Context
+from governor.monitor.actions.base import Context, Env
 from governor.monitor.actions.executor import Executor
 from governor.monitor.loop import Monitor
 from governor.monitor.restart import Restarts
+from governor.monitor.sources import Board
 from governor.plan.model import Action, Plan, WatchCondition, WatchRule, WatchTrigger
 from governor.policy.values import parse_action as parse_policy_action
 from governor.record import replace
@@ -49,7 +50,7 @@ def _kset(fs: FakeKernelCgroupFs, cgroup: str, file: str, text: str) -> None:
 
 
 def _executor(fs: FakeKernelCgroupFs, plan: Plan, **kw: object) -> Executor:
-    return Executor(fs, plan, engine_pids=lambda: [4242], **kw)  # type: ignore[arg-type]
+    return Executor(Env(fs, plan, engine_pids=lambda: [4242], **kw))  # type: ignore[arg-type]
 
 
 @pytest.mark.parametrize(
@@ -163,10 +164,11 @@ def test_freeze_waits_for_frozen_then_thaws_by_itself(fake_fs: FakeKernelCgroupF
     assert res.ok and res.after["frozen"] == 1
     assert fake_fs.read(GROUP, files.CGROUP_FREEZE).strip() == "1"
     assert ex.thaw_at == pytest.approx(102.0)
-    assert ex.on_timer(101.0) is None
+    never_quiet = lambda _rule, _cooldown: False  # noqa: E731 - the loop's quiet(), no rule
+    assert ex.tick(101.0, never_quiet) == []
     _kset(fake_fs, GROUP, files.CGROUP_EVENTS, "populated 1\nfrozen 0\n")
-    thawed = ex.on_timer(102.5)
-    assert thawed is not None and thawed.ok
+    thawed = ex.tick(102.5, never_quiet)
+    assert len(thawed) == 1 and thawed[0].result.ok
     assert fake_fs.read(GROUP, files.CGROUP_FREEZE).strip() == "0"
 
 
@@ -374,7 +376,13 @@ def test_monitor_polls_psi_and_events_where_triggers_cannot_be_armed(
     CgroupfsBackend(fake_fs).apply(plan)
     now = [0.0]
     mon = Monitor(
-        fake_fs, plan, engine_pids=lambda: [1], proc=ProcFs(tmp_path), clock=lambda: now[0]
+        Env(
+            fake_fs,
+            plan,
+            engine_pids=lambda: [1],
+            board=Board(ProcFs(tmp_path)),
+            clock=lambda: now[0],
+        )
     ).start()
     assert [a.mode for a in mon.armed] == ["polled"]  # a regular file takes no trigger
     stall = 0
@@ -417,7 +425,13 @@ def test_the_state_keeps_the_latest_firings_after_the_report_is_full(
     CgroupfsBackend(fake_fs).apply(plan)
     now = [0.0]
     mon = Monitor(
-        fake_fs, plan, engine_pids=lambda: [1], proc=ProcFs(tmp_path), clock=lambda: now[0]
+        Env(
+            fake_fs,
+            plan,
+            engine_pids=lambda: [1],
+            board=Board(ProcFs(tmp_path)),
+            clock=lambda: now[0],
+        )
     ).start()
     for kills in (1, 2, 3):
         now[0] = float(kills)
@@ -433,7 +447,9 @@ def test_a_stopping_monitor_never_leaves_the_group_frozen(
 ) -> None:
     plan = make_plan()
     CgroupfsBackend(fake_fs).apply(plan)
-    mon = Monitor(fake_fs, plan, engine_pids=lambda: [1], proc=ProcFs(tmp_path)).start()
+    mon = Monitor(
+        Env(fake_fs, plan, engine_pids=lambda: [1], board=Board(ProcFs(tmp_path)))
+    ).start()
     _kset(fake_fs, GROUP, files.CGROUP_EVENTS, "populated 1\nfrozen 1\n")
     assert mon.executor.execute(parse_action("freeze 60s"), CTX).ok
     _kset(fake_fs, GROUP, files.CGROUP_EVENTS, "populated 1\nfrozen 0\n")
@@ -458,7 +474,7 @@ def test_an_oom_kill_seen_only_after_the_exit_still_asks_for_the_restart(
     plan = _oom_restart_plan()
     CgroupfsBackend(fake_fs).apply(plan)
     restarts = Restarts(limit=2, base_s=1.0)
-    mon = Monitor(fake_fs, plan, proc=ProcFs(tmp_path), restarts=restarts).start()
+    mon = Monitor(Env(fake_fs, plan, board=Board(ProcFs(tmp_path)), restarts=restarts)).start()
     mon.engine_started(4242)
     fake_fs.add_process(LEAF, 4242)
     mon.dispatch()
@@ -500,7 +516,8 @@ def test_psi_fallback_is_said_once_per_file_however_many_rules(
     CgroupfsBackend(fake_fs).apply(plan)
     with capture_logs() as logs:
         mon = Monitor(
-            fake_fs, plan, engine_pids=lambda: [1], proc=ProcFs(tmp_path), psi_triggers=False
+            Env(fake_fs, plan, engine_pids=lambda: [1], board=Board(ProcFs(tmp_path))),
+            psi_triggers=False,
         ).start()
         for now in range(3):  # samples do not say it again
             mon._sample(float(now), set(), {})
@@ -525,7 +542,13 @@ def test_a_missing_pressure_file_is_unavailable_said_once_and_never_fires(
     now = [0.0]
     with capture_logs() as logs:
         mon = Monitor(
-            fake_fs, plan, engine_pids=lambda: [1], proc=ProcFs(tmp_path), clock=lambda: now[0]
+            Env(
+                fake_fs,
+                plan,
+                engine_pids=lambda: [1],
+                board=Board(ProcFs(tmp_path)),
+                clock=lambda: now[0],
+            )
         ).start()
         for step in range(5):
             now[0] = float(step)
@@ -553,7 +576,13 @@ def test_a_pressure_file_that_refuses_triggers_is_polled_and_the_rule_fires(
     now = [0.0]
     with capture_logs() as logs:
         mon = Monitor(
-            fake_fs, plan, engine_pids=lambda: [1], proc=ProcFs(tmp_path), clock=lambda: now[0]
+            Env(
+                fake_fs,
+                plan,
+                engine_pids=lambda: [1],
+                board=Board(ProcFs(tmp_path)),
+                clock=lambda: now[0],
+            )
         ).start()
         for step in range(4):
             now[0] = float(step)
@@ -586,7 +615,13 @@ def test_a_system_rule_watches_the_root_pressure_not_the_groups(
     _kset(fake_fs, "", files.MEMORY_PRESSURE, _psi_text(0))  # the fake root has none yet
     now = [0.0]
     mon = Monitor(
-        fake_fs, plan, engine_pids=lambda: [1], proc=ProcFs(tmp_path), clock=lambda: now[0]
+        Env(
+            fake_fs,
+            plan,
+            engine_pids=lambda: [1],
+            board=Board(ProcFs(tmp_path)),
+            clock=lambda: now[0],
+        )
     ).start()
     assert asked == ["", GROUP]
     for step in range(4):  # the board stalls, the group does not
@@ -620,7 +655,13 @@ def test_a_device_memory_rule_fires_on_the_groups_fdinfo_and_the_report_keeps_th
 
     now = [0.0]
     mon = Monitor(
-        fake_fs, plan, engine_pids=lambda: [7], proc=ProcFs(tmp_path), clock=lambda: now[0]
+        Env(
+            fake_fs,
+            plan,
+            engine_pids=lambda: [7],
+            board=Board(ProcFs(tmp_path)),
+            clock=lambda: now[0],
+        )
     ).start()
     for step, held in enumerate([(16,), (16, 16), (16, 16), (16,), (16, 16, 16)]):
         now[0] = float(step)
@@ -637,6 +678,28 @@ def test_without_a_device_rule_or_budget_fdinfo_is_not_read(
 ) -> None:
     plan = make_plan()
     CgroupfsBackend(fake_fs).apply(plan)
-    mon = Monitor(fake_fs, plan, engine_pids=lambda: [7], proc=ProcFs(tmp_path)).start()
+    mon = Monitor(
+        Env(fake_fs, plan, engine_pids=lambda: [7], board=Board(ProcFs(tmp_path)))
+    ).start()
     mon.dispatch()
     assert "device_memory_peak_bytes" not in mon.finish()
+
+
+def test_the_monitor_its_executor_and_handlers_read_one_frozen_env(
+    fake_fs: FakeKernelCgroupFs, tmp_path: Path
+) -> None:
+    """The Env is built once by whoever runs the monitor and handed down whole (issue 44): no
+    constructor copies it into another, nobody reassigns a collaborator; what the handlers
+    change is its shared part (the launched engine's pid, the freeze)."""
+    plan = _applied(fake_fs)
+    env = Env(fake_fs, plan, board=Board(ProcFs(tmp_path)), kill=lambda _pid, _sig: None)
+    mon = Monitor(env)
+    assert mon.env is env and mon.executor.env is env and mon.board is env.board
+    with pytest.raises(AttributeError):
+        env.fs = fake_fs  # type: ignore[misc]
+    assert env.pids() == []  # launch: no engine yet
+    mon.engine_started(4242)
+    assert env.pids() == [4242] and env.shared.pid == 4242
+    res = mon.executor.execute(parse_action("signal SIGUSR1"), CTX)
+    assert res.ok and res.after == {"pids": [4242]}
+    assert mon.executor.handlers and all(h.env is env for h in mon.executor.handlers.values())

@@ -16,13 +16,16 @@ from helpers.peers import StandIn, trickle
 
 from governor.errors import GovernorError
 from governor.kernel import files as kf
+from governor.peer.router import RouterClient
+from governor.record import replace
 from governor.rundir.journal import Journal
 from governor.rundir.state import RunState, check_state
+from governor.supervise.activity import Activity
 from governor.supervise.evict import Evictor
 from governor.supervise.models import PUBLISH_S, SAMPLE_S, ModelLeaves, ModelLimits
-from governor.supervise.router import Activity, RouterClient
 
 from .fakekernel import FakeKernelCgroupFs
+from .plans import make_plan
 from .test_model_leaves import MovingFs
 
 MIB = 1 << 20
@@ -356,16 +359,12 @@ def test_a_slow_child_is_waited_for_at_most_the_bound(tree: tuple[MovingFs, Path
 def test_the_board_free_budget_is_the_budget_less_every_other_slices_claim(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
-    from governor.api import launch
+    """The supervisor hands the evictor the board's free budget (governor/board/scan.py
+    free_for; issue 44: no closure wired into the run time by api/), read from one scan."""
     from governor.board.budget import Budget
     from governor.board.scan import Board
     from governor.board.slice import QosClass, Slice
-
-    class _Engine:
-        evict = "memory"
-
-    class _Plan:
-        policy, cgroup_root, engine = "r", "/sys/fs/cgroup", _Engine()
+    from governor.supervise.supervisor import Job, Supervisor
 
     def claim(name: str, peak: int) -> Slice:
         return Slice(name=name, cgroup=f"g/{name}", qos=QosClass("standard"), min=0, peak=peak,
@@ -375,12 +374,22 @@ def test_the_board_free_budget_is_the_budget_less_every_other_slices_claim(
         budget=Budget.of(2048 * MIB, 256 * MIB),
         slices=(claim("r", 900 * MIB), claim("chat", 700 * MIB), claim("bg", 200 * MIB)),
     )
-    monkeypatch.setattr("governor.board.scan.scan", lambda **_kw: seen)
-    free = launch.board_free(_Plan(), tmp_path, tmp_path)  # type: ignore[arg-type]
+    scanned: list[dict[str, object]] = []
+
+    def fake_scan(**kw: object) -> Board:
+        scanned.append(kw)
+        return seen
+
+    monkeypatch.setattr("governor.board.scan.scan", fake_scan)
+    plan = replace(make_plan(policy="r"), engine=replace(make_plan().engine, evict="memory"))
+    job = Job(plan=plan, setup=None, run_dir=tmp_path / "run", board_root=tmp_path)  # type: ignore[arg-type]
+    free = Supervisor._board_free(job)
     assert free is not None
     assert free() == (2048 - 256 - 700 - 200) * MIB  # its own claim ("r") is not counted
-    _Plan.engine = type("E", (), {"evict": "count"})()
-    assert launch.board_free(_Plan(), tmp_path, tmp_path) is None  # type: ignore[arg-type]
+    assert scanned == [{"run": tmp_path / "run", "cgroup_root": Path(plan.cgroup_root),
+                        "root": tmp_path}]  # fmt: skip
+    counted = replace(job, plan=replace(plan, engine=replace(plan.engine, evict="count")))
+    assert Supervisor._board_free(counted) is None
 
 
 def test_router_leaves_evicts_only_under_evict_memory(tmp_path: Path) -> None:

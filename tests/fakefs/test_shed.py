@@ -20,11 +20,12 @@ from governor.compile.compiler import compile_action, watch_rule
 from governor.errors import PolicyError
 from governor.kernel import files
 from governor.kernel.procfs import ProcFs
-from governor.monitor.actions.base import Context
+from governor.monitor.actions.base import Context, Env
 from governor.monitor.actions.executor import Executor
 from governor.monitor.actions.shed import Shed
 from governor.monitor.actions.shedder import RAISE_STEPS, ROOM_HEADROOM, SETTLE_S, Shedder
 from governor.monitor.loop import Monitor
+from governor.monitor.sources import Board as Readings
 from governor.plan.model import Plan, QosSpec, ShedStep, WatchCondition, WatchTrigger
 from governor.policy.values import parse_action
 from governor.record import replace
@@ -102,9 +103,16 @@ class Board:
         """The shedding policy's monitor on this board (its /proc files in ``proc``)."""
         proc.mkdir(exist_ok=True)
         return Monitor(
-            self.fs, plan, engine_pids=lambda: [], proc=ProcFs(proc), clock=lambda: self.now[0],
-            journal=Journal(self.run / plan.policy), watchdog=self,
-        ).start()  # fmt: skip
+            Env(
+                self.fs,
+                plan,
+                engine_pids=lambda: [],
+                board=Readings(ProcFs(proc)),
+                clock=lambda: self.now[0],
+                journal=Journal(self.run / plan.policy),
+                watchdog=self,
+            )
+        ).start()
 
     def tick(self, s: float = SETTLE_S) -> None:
         self.now[0] += s
@@ -314,11 +322,13 @@ def test_stop_sends_sigterm_and_kill_waits_for_the_grace(board: Board) -> None:
 def test_the_victims_own_monitor_takes_the_shed_as_its_baseline(board: Board) -> None:
     batch, _ = _batch_throttled_and_frozen(board)
     own = Executor(
-        board.fs,
-        batch,
-        engine_pids=lambda: [],
-        journal=Journal(board.run / "npu-batch"),
-        alive=lambda pid: pid == os.getpid(),  # the shedder (this test) runs
+        Env(
+            board.fs,
+            batch,
+            engine_pids=lambda: [],
+            journal=Journal(board.run / "npu-batch"),
+            alive=lambda pid: pid == os.getpid(),
+        )
     )
     res = own.execute(compile_action(parse_action("set memory.high +50%")), CTX)
     assert res.ok and _high(board.fs, batch) == str(512 * MIB)  # never above the throttle
@@ -362,9 +372,14 @@ def test_the_shed_and_the_victims_own_set_write_memory_high_under_its_journal_lo
     monkeypatch.setattr(board.fs, "write", write)
     board.shedder(chat).shed(CTX)
     own = Executor(
-        board.fs, batch, engine_pids=lambda: [], journal=Journal(board.run / "npu-batch"),
-        alive=lambda pid: pid == os.getpid(),
-    )  # fmt: skip
+        Env(
+            board.fs,
+            batch,
+            engine_pids=lambda: [],
+            journal=Journal(board.run / "npu-batch"),
+            alive=lambda pid: pid == os.getpid(),
+        )
+    )
     own.execute(compile_action(parse_action("set memory.high 256M")), CTX)  # below: it goes
     assert [g for g, _ in writes] == [batch.group, batch.group]
     assert all(locked for _, locked in writes), writes
@@ -387,9 +402,14 @@ def test_a_journal_that_cannot_be_locked_stops_neither_the_shed_nor_the_victims_
     assert board.shedder(chat).shed(CTX).after["step"] == "throttle"
     assert _high(board.fs, batch) == str(512 * MIB)
     own = Executor(
-        board.fs, batch, engine_pids=lambda: [], journal=Journal(board.run / "npu-batch"),
-        alive=lambda pid: pid == os.getpid(),
-    )  # fmt: skip
+        Env(
+            board.fs,
+            batch,
+            engine_pids=lambda: [],
+            journal=Journal(board.run / "npu-batch"),
+            alive=lambda pid: pid == os.getpid(),
+        )
+    )
     assert own.execute(compile_action(parse_action("set memory.high 256M")), CTX).ok
     assert _high(board.fs, batch) == str(256 * MIB)
 
@@ -499,9 +519,17 @@ def test_the_headroom_rule_throttles_a_lower_class_before_the_board_is_full(
     proc = tmp_path / "proc"
     proc.mkdir()
     mon = Monitor(
-        board.fs, chat, engine_pids=lambda: [], proc=ProcFs(proc), clock=lambda: board.now[0],
-        journal=Journal(board.run / chat.policy), watchdog=board, peak=1000 * MIB,
-    ).start()  # fmt: skip
+        Env(
+            board.fs,
+            chat,
+            engine_pids=lambda: [],
+            board=Readings(ProcFs(proc)),
+            clock=lambda: board.now[0],
+            journal=Journal(board.run / chat.policy),
+            watchdog=board,
+        ),
+        peak=1000 * MIB,
+    ).start()
     assert [r.threshold for r in mon.rules] == [1000 * MIB]  # the estimate, not memory.max
 
     def second(avail_mib: int) -> None:

@@ -12,7 +12,9 @@ from governor.backends.cgroupfs import CgroupfsBackend
 from governor.compile.compiler import _watch_trigger, watch_rule
 from governor.kernel import files
 from governor.kernel.procfs import ProcFs
+from governor.monitor.actions.base import Env
 from governor.monitor.loop import Monitor
+from governor.monitor.sources import Board
 from governor.plan.model import Plan
 from governor.policy import values as v
 from governor.record import replace
@@ -51,7 +53,9 @@ def test_group_and_board_refault_rules_fire_on_their_share(
         "Active(file): 65536 kB\nInactive(file): 65536 kB\n"
     )  # 128 MiB of file cache on the board
     now = [0.0]
-    mon = Monitor(fake_fs, plan, engine_pids=lambda: [1], proc=ProcFs(proc), clock=lambda: now[0])
+    mon = Monitor(
+        Env(fake_fs, plan, engine_pids=lambda: [1], board=Board(ProcFs(proc)), clock=lambda: now[0])
+    )
     mon.start()
     refaults = board = 0
     for step in range(12):
@@ -82,7 +86,13 @@ def test_a_refault_rule_without_counters_never_fires(
     CgroupfsBackend(fake_fs).apply(plan)
     now = [0.0]
     mon = Monitor(
-        fake_fs, plan, engine_pids=lambda: [1], proc=ProcFs(tmp_path), clock=lambda: now[0]
+        Env(
+            fake_fs,
+            plan,
+            engine_pids=lambda: [1],
+            board=Board(ProcFs(tmp_path)),
+            clock=lambda: now[0],
+        )
     )
     mon.start()
     for step in range(5):

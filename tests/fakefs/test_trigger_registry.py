@@ -23,8 +23,10 @@ from governor.compile.compiler import _watch_trigger, watch_rule
 from governor.kernel import files
 from governor.kernel.procfs import ProcFs
 from governor.monitor import triggers
+from governor.monitor.actions.base import Env
 from governor.monitor.loop import Monitor
 from governor.monitor.rules import Observations, Rule, Verdict
+from governor.monitor.sources import Board
 from governor.plan.model import WatchCondition
 from governor.policy import values as v
 from governor.record import replace
@@ -101,7 +103,13 @@ def test_a_registered_trigger_fires_in_the_monitor_loop(
     CgroupfsBackend(fake_fs).apply(plan)
     now = [0.0]
     mon = Monitor(
-        fake_fs, plan, engine_pids=lambda: [1], proc=ProcFs(tmp_path), clock=lambda: now[0]
+        Env(
+            fake_fs,
+            plan,
+            engine_pids=lambda: [1],
+            board=Board(ProcFs(tmp_path)),
+            clock=lambda: now[0],
+        )
     ).start()
     usage = [512 << 10, 2 << 20, 3 << 20, 512 << 10, 4 << 20]  # two episodes above 1 MiB
     for step, n in enumerate(usage):
@@ -122,7 +130,13 @@ def test_a_leak_rule_gets_its_detector_through_the_table(
     CgroupfsBackend(fake_fs).apply(plan)
     now = [0.0]
     mon = Monitor(
-        fake_fs, plan, engine_pids=lambda: [1], proc=ProcFs(tmp_path), clock=lambda: now[0]
+        Env(
+            fake_fs,
+            plan,
+            engine_pids=lambda: [1],
+            board=Board(ProcFs(tmp_path)),
+            clock=lambda: now[0],
+        )
     ).start()
     for step in range(16):
         now[0] = float(step)
@@ -208,7 +222,13 @@ def test_a_registered_trigger_with_its_own_source_fires_in_the_monitor_loop(
     CgroupfsBackend(fake_fs).apply(plan)
     now = [0.0]
     mon = Monitor(
-        fake_fs, plan, engine_pids=lambda: [1], proc=ProcFs(tmp_path), clock=lambda: now[0]
+        Env(
+            fake_fs,
+            plan,
+            engine_pids=lambda: [1],
+            board=Board(ProcFs(tmp_path)),
+            clock=lambda: now[0],
+        )
     ).start()
     for step, free_kib in enumerate([512 << 10, 100 << 10, 32 << 10, 16 << 10, 200 << 10]):
         now[0] = float(step)
@@ -221,5 +241,5 @@ def test_a_registered_trigger_with_its_own_source_fires_in_the_monitor_loop(
 def test_a_plan_without_the_plugin_source_does_not_sample_it(
     swap_free: None, fake_fs: FakeKernelCgroupFs, tmp_path: Path
 ) -> None:
-    mon = Monitor(fake_fs, make_plan(), engine_pids=lambda: [1], proc=ProcFs(tmp_path))
+    mon = Monitor(Env(fake_fs, make_plan(), engine_pids=lambda: [1], board=Board(ProcFs(tmp_path))))
     assert mon.levels.samplers == {}

@@ -12,7 +12,7 @@ from governor.compile.compiler import compile_action
 from governor.errors import BackendError, PolicyError
 from governor.kernel import files as kf
 from governor.kernel.cgroupfs import CgroupFs
-from governor.monitor.actions.base import Context
+from governor.monitor.actions.base import Context, Env
 from governor.monitor.actions.executor import Executor
 from governor.operate.tune import (
     apply,
@@ -168,7 +168,7 @@ def test_the_monitor_keeps_a_tuned_value_and_its_bounds_follow_the_tune(
         "tune",
         [{"cgroup": PLAN_GROUP, "file": kf.CPU_WEIGHT, "before": "200", "after": "50"}],
     )
-    ex = Executor(fake_fs, plan, engine_pids=lambda: [4242], journal=journal)
+    ex = Executor(Env(fake_fs, plan, engine_pids=lambda: [4242], journal=journal))
     ctx = Context(rule=0, when="memory some 150ms/2s")
     fake_fs.write(PLAN_GROUP, kf.CPU_WEIGHT, "50")
     kept = ex.execute(compile_action(parse_action("set cpu.weight 400")), ctx)

@@ -28,6 +28,7 @@ from governor.kernel.procfs import ProcFs
 from governor.monitor.actions.base import Context, Env
 from governor.monitor.actions.unload import UNLOAD_S, Unload, merge_unloads
 from governor.monitor.loop import Monitor
+from governor.monitor.sources import Board as Readings
 from governor.plan.host import probe
 from governor.plan.model import Plan, QosSpec, WatchCondition
 from governor.policy.loader import load_text
@@ -169,9 +170,15 @@ def test_the_verb_unloads_the_least_recently_used_idle_model_and_then_lets_the_r
     Publisher(run, plan.policy).publish(_router_state(plan, router.url, launch_pid))
     now = [0.0]
     mon = Monitor(
-        fake_fs, plan, engine_pids=lambda: [1], proc=ProcFs(tmp_path), clock=lambda: now[0],
-        journal=Journal(run / plan.policy),
-    ).start()  # fmt: skip
+        Env(
+            fake_fs,
+            plan,
+            engine_pids=lambda: [1],
+            board=Readings(ProcFs(tmp_path)),
+            clock=lambda: now[0],
+            journal=Journal(run / plan.policy),
+        )
+    ).start()
     fired = []
     for n in (1, 2, 3):  # three firings: a (LRU idle), b, then none idle (c is busy)
         now[0] = float(n)

@@ -1,4 +1,4 @@
-"""The plan cache is keyed on what the compile reads (governor/cache/argkey.py), through real
+"""The plan cache is keyed on what the compile reads (governor/plan/llama_args.py), through real
 `governor launch` runs of a llama-server argv (a `llama-server` link to /bin/true; the policy
 says ready at exec): a new prompt, port or seed is a hit; each input the compile reads
 (-c, -np, --cache-ram, -ctk, the model file, LLAMA_ARG_* of the engine's environment, the

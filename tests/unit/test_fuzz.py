@@ -1035,8 +1035,9 @@ def test_any_gguf_header_reads_or_gives_a_policy_error(
     report_reach: Callable[[str], None],
 ) -> None:
     gguf = pytest.importorskip("gguf")
-    from governor.engines.estimate import Settings, estimate, render
+    from governor.engines.estimate import estimate, render
     from governor.engines.gguf import read_gguf
+    from governor.engines.settings import Settings
 
     qtypes = [(q.value, *gguf.GGML_QUANT_SIZES[q]) for q in gguf.GGMLQuantizationType]
     file_types = [t.value for t in gguf.LlamaFileType]

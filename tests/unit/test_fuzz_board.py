@@ -2,7 +2,7 @@
 reader (governor/board/file.py read_board) returns typed entries and one governor error per
 bad entry, never a traceback; every entry it returns is valid (a clean relative path outside
 every governed slice, a known class, known steps in ladder order, a unique name); and the
-shedder's victims from it (governor/monitor/victims.py) never raise either.
+shedder's victims from it (governor/board/scan.py and the shedder) never raise either.
 
 Like tests/unit/test_fuzz.py: mostly well-formed but hostile files (paths with '.'/'..'/empty
 components, on or around governed slices, unknown classes and steps, duplicate names, unknown

@@ -18,10 +18,10 @@ from typing import Any
 
 from governor.errors import GovernorError
 from governor.kernel.cgroupfs import CgroupFs
-from governor.kernel.parse import parse_max
 from governor.monitor.restart import Restarts
+from governor.monitor.sources import Board
 from governor.plan.model import Action, Plan
-from governor.record import record
+from governor.record import field, record
 from governor.rundir.journal import Hold, Journal
 from governor.rundir.liveness import alive
 
@@ -68,12 +68,34 @@ class Ticked:
 
 
 @record
+class Shared:
+    """What the handlers of one monitor share and change: the one mutable part of :class:`Env`.
+
+    ``pid``: the engine as the launcher tells the monitor (Monitor.engine_started; None before
+    it starts and once it exited). The group's freeze, shared by freeze/thaw and the verbs
+    that kill (kill thaws what we froze). ``execute`` runs another action as a firing would
+    (logged the same way): set by the executor."""
+
+    pid: int | None = None
+    thaw_at: float | None = None  # pending automatic thaw
+    frozen_by_us: bool = False
+    execute: Callable[[Action, Context], Result] | None = None
+
+
+@record(frozen=True)
 class Env:
-    """The collaborators and the group's shared state every handler of one monitor sees."""
+    """The collaborators every handler of one monitor sees, built once by whoever runs the
+    monitor (the supervisor; `governor monitor`'s attach) and handed down whole: the monitor,
+    its executor and each handler read this one record. ``shared`` is its mutable part."""
 
     fs: CgroupFs
     plan: Plan
-    engine_pids: Callable[[], Sequence[int]]
+    # the engine's processes (attach: the group's leaf); None: the pid the launcher told the
+    # monitor (shared.pid)
+    engine_pids: Callable[[], Sequence[int]] | None = None
+    # board-wide readings under /proc (MemAvailable, PSI): the monitor's levels and how far a
+    # shed's undo may grow a victim; None: the host's /proc (Monitor fills it in)
+    board: Board | None = None
     clock: Callable[[], float] = time.monotonic
     run: Callable[..., Any] | None = None  # subprocess.run (imported when an exec runs)
     kill: Callable[[int, int], None] = os.kill
@@ -86,16 +108,17 @@ class Env:
     journal: Journal | None = None
     alive: Callable[[int | None], bool] = alive  # a shedder's pid still runs a governor
     watchdog: Any = None  # reverts what a handler holds should this process die
-    memavailable: Callable[[], int | None] | None = None  # the board's MemAvailable
-    # the group's freeze, shared by freeze/thaw and the verbs that kill (kill thaws what we froze)
-    thaw_at: float | None = None  # pending automatic thaw
-    frozen_by_us: bool = False
-    # runs another action as a firing would (logged the same way): set by the executor
-    execute: Callable[[Action, Context], Result] | None = None
+    shared: Shared = field(default_factory=Shared)
 
     @property
     def group(self) -> str:
         return self.plan.group
+
+    def pids(self) -> list[int]:
+        """The engine's processes now (an action's signal goes to each)."""
+        if self.engine_pids is not None:
+            return list(self.engine_pids())
+        return [] if self.shared.pid is None else [self.shared.pid]
 
     def journal_locked(self) -> contextlib.AbstractContextManager[object]:
         """The slice journal's lock around read-baseline-write: a higher class's shed writes
@@ -111,10 +134,7 @@ class Env:
         return self.journal.shed(self.alive) if self.journal is not None else None
 
     def live(self, file: str) -> int | None:
-        try:
-            return parse_max(self.fs.read(self.group, file))
-        except GovernorError:
-            return None
+        return self.fs.read_limit(self.group, file)
 
     def procs(self) -> int:
         try:

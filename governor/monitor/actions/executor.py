@@ -7,20 +7,14 @@ monitor must keep watching and the engine must keep running.
 
 from __future__ import annotations
 
-import os
-import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from typing import Any
 
 from governor.errors import GovernorError
-from governor.kernel.cgroupfs import CgroupFs
 from governor.log import get_logger
 from governor.monitor.actions import registry
 from governor.monitor.actions.base import Context, Env, Handler, Result, Ticked
-from governor.monitor.restart import Restarts
-from governor.plan.model import Action, Plan
-from governor.rundir.journal import Journal
-from governor.rundir.liveness import alive
+from governor.plan.model import Action
 
 log = get_logger(__name__)
 
@@ -29,28 +23,10 @@ class Executor:
     """The handlers of one monitor: made for every verb the plan's rules name (at once, so
     their ``observe``/``tick`` run from the start), and on first use for any other."""
 
-    def __init__(
-        self,
-        fs: CgroupFs,
-        plan: Plan,
-        *,
-        engine_pids: Callable[[], Sequence[int]],
-        clock: Callable[[], float] = time.monotonic,
-        run: Callable[..., Any] | None = None,
-        kill: Callable[[int, int], None] = os.kill,
-        page_size: int = os.sysconf("SC_PAGE_SIZE"),
-        restarts: Restarts | None = None,
-        journal: Journal | None = None,
-        alive: Callable[[int | None], bool] = alive,
-        watchdog: Any = None,
-        memavailable: Callable[[], int | None] | None = None,
-    ) -> None:
-        self.env = Env(
-            fs, plan, engine_pids, clock=clock, run=run, kill=kill, page_size=page_size,
-            restarts=restarts, journal=journal, alive=alive, watchdog=watchdog,
-            memavailable=memavailable,
-        )  # fmt: skip
-        self.env.execute = self.execute
+    def __init__(self, env: Env) -> None:
+        self.env = env
+        env.shared.execute = self.execute
+        plan = env.plan
         self.handlers: dict[str, Handler] = {}  # by "module:Class", in the order first made
         self.rules: dict[str, list[tuple[int, float | None]]] = {}  # handler -> (rule, cooldown)
         for w in plan.watch:
@@ -67,7 +43,7 @@ class Executor:
 
     @property
     def thaw_at(self) -> float | None:
-        return self.env.thaw_at
+        return self.env.shared.thaw_at
 
     def handler(self, verb: str) -> Handler:
         key = registry.VERBS[verb].handler
@@ -115,11 +91,6 @@ class Executor:
             if done is not None:
                 out.append(done)
         return out
-
-    def on_timer(self, now: float) -> Result | None:
-        """A due timer's action (a timed freeze's thaw), no rule counted as quiet."""
-        done = self.tick(now, lambda _rule, _cooldown: False)
-        return done[0].result if done else None
 
     def close(self, why: str) -> None:
         for h in list(self.handlers.values()):

@@ -23,22 +23,26 @@ class Freeze(Handler):
         return self._freeze(action) if action.verb == "freeze" else self._thaw()
 
     def deadline(self) -> float | None:
-        return self.env.thaw_at
+        return self.env.shared.thaw_at
 
     def tick(self, now: float, quiet: Callable[[float], bool]) -> Ticked | None:
         """The automatic thaw of a timed freeze, once its time has come."""
-        if self.env.thaw_at is None or now < self.env.thaw_at:
+        if self.env.shared.thaw_at is None or now < self.env.shared.thaw_at:
             return None
-        self.env.thaw_at = None
+        self.env.shared.thaw_at = None
         return Ticked(self._execute(THAW, "freeze expired"), "freeze expired")
 
     def close(self, why: str) -> None:
-        if self.env.thaw_at is not None:  # never leave a group frozen behind
+        if self.env.shared.thaw_at is not None:  # never leave a group frozen behind
             self._execute(THAW, why)
 
     def _execute(self, action: Action, when: str) -> Result:
         ctx = Context(rule=-1, when=when)
-        return self.env.execute(action, ctx) if self.env.execute else self.run(action, ctx)
+        return (
+            self.env.shared.execute(action, ctx)
+            if self.env.shared.execute
+            else self.run(action, ctx)
+        )
 
     def _freeze(self, action: Action) -> Result:
         assert action.duration_s is not None
@@ -47,8 +51,8 @@ class Freeze(Handler):
         env.fs.freeze(env.group, True)
         t0 = env.clock()
         frozen = self._wait_frozen(True)
-        env.frozen_by_us = True
-        env.thaw_at = env.clock() + action.duration_s
+        env.shared.frozen_by_us = True
+        env.shared.thaw_at = env.clock() + action.duration_s
         return Result(
             str(action),
             ok=frozen,
@@ -62,13 +66,13 @@ class Freeze(Handler):
         with env.journal_locked():
             hold = env.shed_hold()
             if hold is not None and hold.frozen:
-                env.thaw_at = None
-                env.frozen_by_us = False
+                env.shared.thaw_at = None
+                env.shared.frozen_by_us = False
                 return Result("thaw", ok=True, detail=f"kept frozen: shed by {hold.by}")
             before = self._frozen()
             env.fs.freeze(env.group, False)
-        env.thaw_at = None
-        env.frozen_by_us = False
+        env.shared.thaw_at = None
+        env.shared.frozen_by_us = False
         thawed = self._wait_frozen(False)
         return Result(
             "thaw", ok=thawed, before={"frozen": before}, after={"frozen": int(not thawed)}

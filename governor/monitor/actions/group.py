@@ -26,10 +26,10 @@ class Group(Handler):
         """None (cgroup.kill) or how the kernel without it was made to do the same."""
         env = self.env
         how = kill_tree(env.fs, env.group, env.kill, clock=env.clock)
-        if env.frozen_by_us:  # SIGKILL reaches frozen tasks, but thaw so they can exit
+        if env.shared.frozen_by_us:  # SIGKILL reaches frozen tasks, but thaw so they can exit
             env.fs.freeze(env.group, False)
-            env.thaw_at = None
-            env.frozen_by_us = False
+            env.shared.thaw_at = None
+            env.shared.frozen_by_us = False
         return how
 
     def _restart(self, ctx: Context) -> Result:

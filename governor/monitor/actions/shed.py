@@ -24,7 +24,7 @@ class Shed(Handler):
             run = env.journal.dir.parent if env.journal is not None else run_dir()
             shedder = Shedder(
                 env.fs, env.plan, run=run, watchdog=env.watchdog, clock=env.clock,
-                memavailable=env.memavailable,  # a raise of the undo grows a victim into it
+                memavailable=env.board.memavailable if env.board is not None else None,  # a raise of the undo grows a victim into it
             )  # fmt: skip
         self.shedder = shedder
         rules = {w.index for w in env.plan.watch if any(a.verb == "shed" for a in w.actions)}

@@ -53,11 +53,11 @@ from governor.monitor.actions.base import Context, Result
 from governor.monitor.actions.unload import bounded_router, unload_lru
 from governor.monitor.sources import protected_cache
 from governor.monitor.victims import own_process_cgroup
+from governor.peer.router import RouterClient
 from governor.plan.model import Plan, ShedStep
 from governor.record import field, record, replace
 from governor.rundir.journal import Hold
 from governor.rundir.liveness import alive as governor_alive
-from governor.supervise.router import RouterClient
 
 log = get_logger(__name__)
 
@@ -192,10 +192,7 @@ class Shedder:
         )
 
     def _usage(self, cgroup: str) -> int:
-        try:
-            return parse_max(self.fs.read(cgroup, kf.MEMORY_CURRENT)) or 0
-        except GovernorError:
-            return 0
+        return self.fs.read_limit(cgroup, kf.MEMORY_CURRENT, unreadable=0) or 0
 
     # ------------------------------------------------------------------ shedding
 

@@ -13,7 +13,7 @@ class Signal(Handler):
         assert action.signal is not None
         sig = signal_mod.Signals[action.signal]
         sent = []
-        for pid in list(self.env.engine_pids()):
+        for pid in list(self.env.pids()):
             try:
                 self.env.kill(pid, sig)
                 sent.append(pid)

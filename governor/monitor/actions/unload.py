@@ -26,9 +26,9 @@ from typing import Any
 from governor.errors import GovernorError
 from governor.log import get_logger
 from governor.monitor.actions.base import Context, Env, Handler, Result
+from governor.peer.router import RouterClient, idle_lru
 from governor.plan.model import Action
 from governor.rundir.state import STATE_FILE, load_state, read_states, run_dir
-from governor.supervise.router import RouterClient, idle_lru
 
 log = get_logger(__name__)
 

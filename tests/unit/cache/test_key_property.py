@@ -1,6 +1,6 @@
 """The plan cache's key and a fresh compile agree on every generated engine argv.
 
-A launch whose key (governor/cache/plans.py entry_name: the words of governor/cache/argkey.py
+A launch whose key (governor/cache/plans.py entry_name: the words of governor/plan/llama_args.py
 compile_words, the LLAMA_ARG_* variables of compile_env) names a stored entry runs that entry's
 plan without compiling. So two argvs with one key must compile alike: both refused with the same
 error, or both accepted with the same plan. The key is a hash of the kept words, so the argvs
@@ -16,7 +16,7 @@ whole compile (api/host.py preflight_engine: policy, probe of the rk3588 fixture
 compared as plan JSON, warnings, estimate and prefetch. A refusal is compared by its exit code:
 it is never stored, so only "refused or not" reaches the next launch.
 
-The generator draws mostly from the words both readers know (every option of argkey's tables,
+The generator draws mostly from the words both readers know (every option of llama_args's tables,
 --, inline --opt=value, values a port/count check refuses, Unicode digits, huge numbers), so
 many argvs are accepted and many share a key with another; the reach line says how many.
 
@@ -37,10 +37,11 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from governor.api.host import HostOptions, preflight_engine
-from governor.cache import argkey, plans
+from governor.cache import plans
 from governor.engines.preflight import engine_args, model_bytes
 from governor.engines.rkllm import check_rkllm
 from governor.errors import GovernorError
+from governor.plan import llama_args as argkey
 
 HOSTS = Path(__file__).resolve().parents[2] / "fixtures" / "hosts"
 KINDS = ("llama.cpp", "rkllm", "generic")

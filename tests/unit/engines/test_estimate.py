@@ -17,6 +17,7 @@ import pytest
 
 from governor.cli.app import main
 from governor.engines import estimate as em
+from governor.engines import settings as es
 from governor.engines.gguf import GgufInfo, Tensor, read_gguf
 from governor.engines.llama import parse_llama_argv
 from governor.errors import EXIT_POLICY, PolicyError
@@ -51,7 +52,7 @@ def _qwen18b() -> GgufInfo:
 
 def test_terms_match_llama_cpp_log_lines_for_the_big_model() -> None:
     info = _qwen18b()
-    est = em.estimate(info, em.Settings(ctx=2048), family="x86-avx2")
+    est = em.estimate(info, es.Settings(ctx=2048), family="x86-avx2")
     assert est.term("kv_cache") == 384 * MIB  # llama_kv_cache: size = 384.00 MiB
     assert est.term("repack") / MIB == pytest.approx(651.38, abs=0.01)  # CPU_REPACK buffer
     assert est.compute_reserved / MIB == pytest.approx(304.75, rel=0.01)  # sched_reserve
@@ -70,7 +71,7 @@ ARM_CPU_REPACK_MIB = {
 
 @pytest.mark.parametrize(("family", "mib"), sorted(ARM_CPU_REPACK_MIB.items()))
 def test_arm_repack_term_matches_llama_cpp_on_arm(family: str, mib: float) -> None:
-    est = em.estimate(_qwen18b(), em.Settings(ctx=2048), family=family)
+    est = em.estimate(_qwen18b(), es.Settings(ctx=2048), family=family)
     assert est.term("repack") / MIB == pytest.approx(mib, abs=0.01)
     assert est.term("kv_cache") == 384 * MIB  # the same on every CPU
 
@@ -99,20 +100,20 @@ def test_estimate_of_an_arm_board_tree_uses_its_cpu_not_this_one() -> None:
 def test_no_repack_flag_and_non_mmap_drop_the_repack_term() -> None:
     info = _qwen18b()
     args = parse_llama_argv(["llama-completion", "-m", "x.gguf", "-c", "2048", "-nr"])
-    s = em.settings_from_argv(args, info.n_ctx_train)
+    s = es.settings_from_argv(args, info.n_ctx_train)
     assert not s.repack and s.ctx == 2048
     assert em.estimate(info, s, family="x86-avx2").term("repack") == 0
-    none = em.Settings(ctx=2048, load_mode="none")
+    none = es.Settings(ctx=2048, load_mode="none")
     assert em.estimate(info, none, family="x86-avx2").term("repack") == 0
-    assert em.estimate(info, em.Settings(ctx=2048), family="none").term("repack") == 0
+    assert em.estimate(info, es.Settings(ctx=2048), family="none").term("repack") == 0
 
 
 def test_missing_ctx_means_n_ctx_train_and_cache_types_scale_kv() -> None:
     info = _qwen18b()
-    s = em.settings_from_argv(parse_llama_argv(["x", "-m", "a.gguf"]), info.n_ctx_train)
+    s = es.settings_from_argv(parse_llama_argv(["x", "-m", "a.gguf"]), info.n_ctx_train)
     assert s.ctx == 32768
     assert em.kv_bytes(info, s) == 6144 * MIB  # notes/engine.md: -c 0 -> 6 GiB of KV
-    q8 = em.settings_from_argv(
+    q8 = es.settings_from_argv(
         parse_llama_argv(["x", "-c", "2048", "-ctk", "q8_0", "-ctv", "q4_0"]), 32768
     )
     assert em.kv_bytes(info, q8) == int(24 * 2048 * 2048 * (34 / 32 + 18 / 32))
@@ -121,25 +122,25 @@ def test_missing_ctx_means_n_ctx_train_and_cache_types_scale_kv() -> None:
 def test_kv_cells_are_padded_to_256_and_gqa_shrinks_kv() -> None:
     info = replace(_qwen18b(), n_head_kv=4)
     assert info.n_embd_k == 512
-    assert em.kv_bytes(info, em.Settings(ctx=300)) == 2 * 24 * 512 * 512 * 2
+    assert em.kv_bytes(info, es.Settings(ctx=300)) == 2 * 24 * 512 * 512 * 2
 
 
 def test_ubatch_is_capped_by_batch_and_ctx() -> None:
     info = _qwen18b()
-    small = em.compute_reserved(info, em.Settings(ctx=2048, ubatch=128))
+    small = em.compute_reserved(info, es.Settings(ctx=2048, ubatch=128))
     assert small / MIB == pytest.approx(76, rel=0.03)  # notes/engine.md: 76 MiB at -ub 128
-    assert em.compute_reserved(info, em.Settings(ctx=64)) == 64 * (151936 + 4096) * 4
+    assert em.compute_reserved(info, es.Settings(ctx=64)) == 64 * (151936 + 4096) * 4
 
 
 def test_budget_gives_largest_ctx_and_fixes() -> None:
     info = _qwen18b()
     budget = 1900 * MIB
-    est = em.estimate(info, em.Settings(ctx=2048), family="x86-avx2", budget=budget)
+    est = em.estimate(info, es.Settings(ctx=2048), family="x86-avx2", budget=budget)
     assert not est.fits
     assert any(a.startswith("-nr") for a in est.advice)
     assert any("smaller quant" not in a for a in est.advice)
     assert est.max_ctx is None or est.max_ctx < 2048
-    nr = em.estimate(info, em.Settings(ctx=2048, repack=False), family="x86-avx2", budget=budget)
+    nr = em.estimate(info, es.Settings(ctx=2048, repack=False), family="x86-avx2", budget=budget)
     assert nr.fits and nr.advice == ()
     assert nr.max_ctx is not None and nr.max_ctx >= 2048
     assert em.total_for(info, replace(nr.settings, ctx=nr.max_ctx), family="x86-avx2") <= budget
@@ -202,7 +203,7 @@ def test_read_header_of_a_written_model(tmp_path: Path) -> None:
     )
     assert info.n_embd_k == 128
     assert info.tensor_bytes <= info.file_bytes < info.tensor_bytes + 2 * MIB
-    est = em.estimate(info, em.Settings(ctx=512), family="x86-avx2")
+    est = em.estimate(info, es.Settings(ctx=512), family="x86-avx2")
     assert est.term("repack") > 0  # q4_0 blk weights (token_embd excluded)
 
 

@@ -29,7 +29,6 @@ from pathlib import Path
 import pytest
 
 from governor.compile.compiler import Workload, compile_plan
-from governor.engines import estimate as est
 from governor.engines import prefetch_files as pf
 from governor.engines import preflight as pre
 from governor.engines.llama import EngineArgs
@@ -528,11 +527,6 @@ def test_glob_without_match_is_66(tmp_path: Path) -> None:
 
 
 # ------------------------------------------------------------------------------- budget (pure)
-
-
-def test_kv_cache_formula_matches_notes() -> None:
-    # Qwen-1.8B-like: 24 layers, 2048 ctx, 2048 kv width, f16 -> 384 MiB (README's example)
-    assert est.kv_cache_bytes(24, 2048, 2048, 2) == 384 * MIB
 
 
 def test_model_larger_than_memory_max_is_refused_with_the_numbers() -> None:

@@ -478,7 +478,7 @@ def test_init_for_a_router_sizes_memory_max_for_the_models_that_fit_and_check_ac
 ) -> None:
     from governor.board.budget import reserve_for
     from governor.engines.budget import headroom_for
-    from governor.engines.draft import fit_budget
+    from governor.init.draft import fit_budget
 
     rest, _budget = _budget_for_two(models_dir)
     totals = sorted((e.total for _m, e in rest.models), reverse=True)
@@ -541,9 +541,9 @@ def test_init_for_a_router_sizes_beside_the_boards_other_claims(models_dir: Path
     its own old claim (same name) does not count."""
     from governor.board.budget import reserve_for
     from governor.board.slice import QosClass, Slice
-    from governor.engines.draft import Request, fit_budget
-    from governor.engines.draft_board import Tenants
-    from governor.engines.draft_router import draft_router
+    from governor.init.board import Tenants
+    from governor.init.draft import Request, fit_budget
+    from governor.init.router import draft_router
     from governor.plan.host import probe
     from governor.record import replace
 

@@ -1,5 +1,5 @@
 """llama-server's memory in the estimate (governor/engines/{llama,estimate,server}.py), its
-caps in the preflight and `governor init` for a server (governor/engines/draft_server.py).
+caps in the preflight and `governor init` for a server (governor/init/server.py).
 
 Shapes are those of the KV-heavy synthetic model scripts/engine-setup writes for the server
 tests (kvserver: 32 layers, n_embd 512, f16 KV = 64 KiB per token, 64 MiB of q8_0 weights).
@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from governor.engines import estimate as em
+from governor.engines import settings as es
 from governor.engines.gguf import GgufInfo, Tensor
 from governor.engines.llama import EngineArgvError, parse_llama_argv
 from governor.engines.preflight import engine_args
@@ -49,7 +50,7 @@ def _kvserver(**changes: object) -> GgufInfo:
 def _est(argv: list[str], budget: int | None = None, info: GgufInfo | None = None) -> em.Estimate:
     info = info or _kvserver()
     args = parse_llama_argv([SERVER, "-m", "kvserver.gguf", *argv])
-    s = em.settings_from_argv(args, info.n_ctx_train)
+    s = es.settings_from_argv(args, info.n_ctx_train)
     return em.estimate(info, s, family="x86-avx2", budget=budget, unsized=args.unsized)
 
 
@@ -162,7 +163,7 @@ def test_a_recurrent_models_checkpoints_are_warned_about() -> None:
 def test_a_one_shot_engine_has_none_of_the_server_terms() -> None:
     info = _kvserver()
     args = parse_llama_argv(["llama-completion", "-m", "m.gguf", "-c", "4096", "-np", "4"])
-    est = em.estimate(info, em.settings_from_argv(args, 8192), family="x86-avx2")
+    est = em.estimate(info, es.settings_from_argv(args, 8192), family="x86-avx2")
     assert est.term("prompt_cache") == 0 and "server" not in est.to_dict()
     assert all(t.name not in ("prompt_cache", "checkpoints") for t in est.terms)
 
@@ -249,7 +250,7 @@ def test_init_for_a_server_caps_the_prompt_cache_and_check_accepts_what_it_print
     # the estimate at the printed line fits the policy's memory.max
     argv = line.split("--engine-argv ", 1)[1].strip("'").split()
     est = em.estimate(
-        _info_of(kvmodel), em.settings_from_argv(parse_llama_argv(argv), 4096), family="none"
+        _info_of(kvmodel), es.settings_from_argv(parse_llama_argv(argv), 4096), family="none"
     )
     assert est.total <= int(data["memory"]["max"].removesuffix("MiB")) * MIB
     # the default prompt cache is refused by the policy init wrote, naming the option

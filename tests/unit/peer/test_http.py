@@ -14,8 +14,8 @@ import pytest
 from helpers.peers import StandIn, flood, one_byte_chunks, trickle
 
 from governor.peer.http import BODY_CAP, HEAD_CAP, HttpError, dechunk, exchange
+from governor.peer.router import RouterClient, RouterError
 from governor.supervise import ready
-from governor.supervise.router import RouterClient, RouterError
 
 MIB = 1 << 20
 OK = b'HTTP/1.0 200 OK\r\nContent-Type: application/json\r\n\r\n{"data": []}'

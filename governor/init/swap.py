@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING
 from governor.kernel.swap import BoardSwap, SwapReader
 
 if TYPE_CHECKING:
-    from governor.engines.draft_sizing import Sizing
+    from governor.init.sizing import Sizing
 
 MIB = 1 << 20
 BACKGROUND_SWAP_CAP = 512 * MIB

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from governor.engines.draft_swap import NO_SWAP, read_swap, swap_lines
+from governor.init.swap import NO_SWAP, read_swap, swap_lines
 from governor.kernel.swap import BoardSwap, SwapDevice
 from governor.policy.loader import load_text
 

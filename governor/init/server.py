@@ -1,5 +1,5 @@
 """`governor init` for llama-server: the prompt cache it sizes and the [engine] lines it writes
-(governor/engines/draft.py calls these; the estimate's server terms: governor/engines/server.py).
+(governor/init/draft.py calls these; the estimate's server terms: governor/engines/server.py).
 
 For llama-server (``--engine-argv "llama-server ..."``) the estimate has the server's terms
 (slots, the prompt cache, checkpoints). Without ``--cache-ram`` in the argv init sizes the
@@ -14,8 +14,9 @@ from __future__ import annotations
 from pathlib import Path
 
 from governor.engines.budget import estimate_argv
-from governor.engines.estimate import KV_CELL_PAD, MIB, Estimate
+from governor.engines.estimate import MIB, Estimate
 from governor.engines.llama import SERVER_CACHE_RAM_MIB, EngineArgs, parse_llama_argv
+from governor.engines.settings import KV_CELL_PAD
 
 
 def _args(options: tuple[str, ...], model: Path, ctx: int, program: str) -> EngineArgs:

@@ -1,4 +1,4 @@
-"""The numbers behind a drafted policy's memory values (governor/engines/draft.py), apart so
+"""The numbers behind a drafted policy's memory values (governor/init/draft.py), apart so
 that the draft's helpers (draft_board, draft_qos, draft_swap) read the type without a circle."""
 
 from __future__ import annotations

@@ -1,6 +1,7 @@
-"""The plan cache's view of an engine argv (governor/cache/argkey.py): the words a compile
-reads stay, the prompt/seed/sampling/--host/--port go, and the walk agrees with llama.py's
-parser (which words take a value), so nothing the parser reads can be dropped.
+"""llama.cpp's option grammar (governor/plan/llama_args.py): the one walk of an argv by the
+option tables (which words take a value), and the plan cache's view of an engine argv: the
+words a compile reads stay, the prompt/seed/sampling/--host/--port go, and the walk is
+llama.py's parser's own, so nothing the parser reads can be dropped.
 """
 
 from __future__ import annotations
@@ -9,16 +10,18 @@ import dataclasses
 
 import pytest
 
-from governor.cache import argkey
 from governor.engines import llama as parser
+from governor.engines.router import router_words
+from governor.plan import llama_args as argkey
 
 SRV = "/opt/llama/llama-server"
 BASE = [SRV, "-m", "m.gguf", "-c", "512", "-np", "1", "--cache-ram", "256", "-p", "hello"]
 
 
 def test_the_parser_reads_the_one_table() -> None:
-    # llama.py keeps no copy: the tables it walks are the key's (spelled once, issue 32)
-    tables = ("READ_OPTS", "SKIP_VALUE_OPTS", "UNSIZED_VALUE_OPTS", "UNSIZED_FLAGS", "FLAG_OPTS")
+    # llama.py keeps no copy: the tables it reads and the walk are the key's (spelled once,
+    # issue 32; the walk: issue 44)
+    tables = ("READ_OPTS", "UNSIZED_VALUE_OPTS", "UNSIZED_FLAGS", "FLAG_OPTS", "options")
     assert all(vars(parser)[name] is vars(argkey)[name] for name in (*tables, "ENV_OPTS"))
     known = set(argkey.READ_OPTS) | set(argkey.UNSIZED_VALUE_OPTS) | argkey.SKIP_VALUE_OPTS
     assert known == argkey.VALUE_OPTS
@@ -147,4 +150,40 @@ def test_the_first_three_words_are_kept_for_rkllms_positional_arguments() -> Non
         "m.rkllm",
         "1",
         "2",
+    ]
+
+
+def test_options_pair_each_value_option_with_the_next_word_whatever_it_looks_like() -> None:
+    """The one walk (issue 44): a value option takes the next word (`-p -c` is a prompt), a
+    long or short NAME=VALUE of one is one step, any other word its own step, ``--`` the last
+    step with every word after it; each step says where it starts."""
+    words = ["-m", "a.gguf", "-p", "-c", "--ctx-size=9", "-c=7", "--mlock", "x", "-c"]
+    steps = [(o.name, o.value, o.words, o.at, o.inline) for o in argkey.options(words)]
+    assert steps == [
+        ("-m", "a.gguf", ("-m", "a.gguf"), 0, False),
+        ("-p", "-c", ("-p", "-c"), 2, False),
+        ("--ctx-size", "9", ("--ctx-size=9",), 4, True),
+        ("-c", "7", ("-c=7",), 5, True),
+        ("--mlock", None, ("--mlock",), 6, False),
+        ("x", None, ("x",), 7, False),
+        ("-c", None, ("-c",), 8, False),  # no word left for its value
+    ]
+    tail = list(argkey.options(["--mlock=1", "--", "-c", "9"]))
+    assert [(o.name, o.words) for o in tail] == [
+        ("--mlock=1", ("--mlock=1",)),
+        ("--", ("--", "-c", "9")),
+    ]
+
+
+def test_every_walk_reads_a_value_that_looks_like_an_option_as_a_value() -> None:
+    """The cache key, the parser, the /health address and the router's words all walk by
+    the one grammar: `-a --port` names an alias "--port", not a port."""
+    argv = [SRV, "-m", "m.gguf", "-a", "--port", "--port", "9000"]
+    assert argkey.server_address(argv, {}) == (None, 9000)
+    assert argkey.compile_words(argv) == [SRV, "-m", "m.gguf", "-a", "--port"]
+    assert parser.parse_llama_argv(argv).port == 9000
+    # -mm's value is -mm's, even when it spells a router-only flag
+    assert router_words([SRV, "-mm", "--models-autoload", "--models-autoload"]) == [
+        "-mm",
+        "--models-autoload",
     ]

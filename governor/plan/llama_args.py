@@ -1,14 +1,20 @@
-"""The part of an engine argv and environment a compile reads: what the plan cache is keyed on.
+"""llama.cpp's option grammar: which options take a value, which the governor reads, sizes,
+warns of or skips, their LLAMA_ARG_* variables, and :func:`options`, the one walk of an argv by
+those tables (issue 44 item 4); with it the part of an engine argv and environment a compile
+reads: what the plan cache is keyed on.
 
-Standard library only, nothing imported: this runs on every `governor launch`
-(governor/cache/plans.py entry_name). llama.cpp's options that neither preflight nor the plan
+Both lifetimes read it, so it sits with the shared records (plan/): the compile's argv parser
+(governor/engines/llama.py), the router's presets (governor/engines/router.py), the plan cache's
+key (governor/cache/plans.py), the readiness probe and the supervisor's model leaves. Standard
+library only, nothing imported: this runs on every `governor launch` (governor/cache/plans.py
+entry_name). llama.cpp's options that neither preflight nor the plan
 look at (the prompt, the seed, sampling, --host/--port) are dropped with their values, so a new
 prompt or port is a cache hit; every other word stays, in order (an option this module does not
 know is kept: a miss, never a stale hit). llama.cpp's option tables are spelled here, once:
 governor/engines/llama.py parse_llama_argv reads them too, so the words are walked exactly as
 it walks them (which words take a value) and a value that looks like an option (`-p "-c 9"`) is
-never read as one (tests/unit/cache/test_argkey.py). The plan cache lives in the run time, so
-this module imports nothing from engines/ (the one arrow that ran back up, issue 32).
+never read as one (tests/unit/plan/test_llama_args.py). The plan cache lives in the run time,
+so this module imports nothing from engines/ (the one arrow that ran back up, issue 32).
 
 --host/--port only say where llama-server's /health answers: api/launch.py derives that URL at
 every launch (:func:`server_address`), never from the cache. A --host/--port the parser would
@@ -24,7 +30,8 @@ worst, never a stale hit (tests/unit/cache/test_key_property.py checks that on g
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
+from typing import NamedTuple
 
 # llama.cpp's options, the one table: governor/engines/llama.py parse_llama_argv reads it too
 # option -> canonical key; every one takes a value (as the next word or after "=")
@@ -161,6 +168,43 @@ _DIGITS = frozenset("0123456789")
 _SPACE = " \t\n\v\f\r"  # what std::stoi skips before a number (isspace in the C locale)
 
 
+class Option(NamedTuple):
+    """One step of :func:`options`: an option with its value, or a word of its own."""
+
+    name: str  # the option as llama.cpp spells it ("-c", "--ctx-size"), else the word itself
+    # the next word, or what follows "=" (inline); None: a flag, a positional word, an option
+    # this table does not know, or a value option with no word left after it
+    value: str | None
+    words: tuple[str, ...]  # the argv words of this step, as written
+    at: int  # where its first word is (0: the word after the program)
+    inline: bool = False  # written NAME=VALUE
+
+
+def options(words: Sequence[str]) -> Iterator[Option]:
+    """``words`` (an argv after its program) as llama.cpp's grammar splits them: an option of
+    VALUE_OPTS takes the next word as its value whatever it looks like (`-p "-c 9"` is a
+    prompt), ``NAME=VALUE`` of such an option is one step (inline); every other word is a step
+    of its own. ``--`` ends the options: it comes last, as one step spanning it and every word
+    after it."""
+    i = 0
+    while i < len(words):
+        word = words[i]
+        if word == "--":
+            yield Option(word, None, tuple(words[i:]), i)
+            return
+        name, eq, inline = word.partition("=")
+        if eq and name in VALUE_OPTS:
+            yield Option(name, inline, (word,), i, inline=True)
+            i += 1
+        elif word in VALUE_OPTS:
+            value = words[i + 1] if i + 1 < len(words) else None
+            yield Option(word, value, tuple(words[i : i + 2]), i)
+            i += 2
+        else:
+            yield Option(word, None, (word,), i)
+            i += 1
+
+
 class Unkeyable(ValueError):
     """An argv whose dropped part the compile would refuse (a bad --port): no cache key."""
 
@@ -222,32 +266,18 @@ def compile_words(argv: Sequence[str]) -> list[str]:
     """``argv`` without the options (and their values) no compile reads; Unkeyable when one
     of them holds what the parser refuses."""
     out: list[str] = list(argv[:1])
-    words = list(argv[1:])
-    i = 0
-    while i < len(words):
-        word = words[i]
-        if word == "--":
-            out += words[i:]
+    for opt in options(argv[1:]):
+        if opt.name == "--":
+            out += opt.words
             break
-        name, eq, inline = word.partition("=")
         # every --host/--port is checked, kept or not: the last one given is the one read
-        if eq and name in _HOST_OPTS and not _address_ok(name, inline):
-            raise Unkeyable(word)
-        if word in _HOST_OPTS and (i + 1 >= len(words) or not _address_ok(word, words[i + 1])):
-            raise Unkeyable(word)
-        positional = i < POSITIONAL
-        if eq and name.startswith("--") and name in IGNORED_OPTS and not positional:
-            i += 1
+        if opt.name in _HOST_OPTS and (opt.value is None or not _address_ok(opt.name, opt.value)):
+            raise Unkeyable(opt.words[0])
+        # only a long option's NAME=VALUE is dropped: keeping a word is a miss at worst
+        long = not opt.inline or opt.name.startswith("--")
+        if opt.name in IGNORED_OPTS and long and opt.at >= POSITIONAL:
             continue
-        if word in IGNORED_OPTS and not positional:
-            i += 2
-            continue
-        if word in VALUE_OPTS and i + 1 < len(words):
-            out += words[i : i + 2]
-            i += 2
-            continue
-        out.append(word)
-        i += 1
+        out += opt.words
     return out
 
 
@@ -268,20 +298,10 @@ def server_address(argv: Sequence[str], env: Mapping[str, str]) -> tuple[str | N
     for key, var in (("host", "LLAMA_ARG_HOST"), ("port", "LLAMA_ARG_PORT")):
         if env.get(var, "") != "":
             found[key] = env[var]
-    words = list(argv[1:])
-    i = 0
-    while i < len(words):
-        word = words[i]
-        if word == "--":
+    for opt in options(argv[1:]):
+        if opt.name == "--":
             break
-        name, eq, inline = word.partition("=")
-        if eq and name in ("--host", "--port"):
-            found[name[2:]] = inline
-        elif word in ("--host", "--port") and i + 1 < len(words):
-            found[word[2:]] = words[i + 1]
-            i += 1
-        elif word in VALUE_OPTS:
-            i += 1
-        i += 1
+        if opt.name in _HOST_OPTS and opt.value is not None:
+            found[opt.name[2:]] = opt.value
     port = None if found.get("port") is None else parse_int(found["port"])
     return found.get("host"), port

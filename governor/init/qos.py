@@ -8,7 +8,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from governor.engines.draft_sizing import Sizing
+    from governor.init.sizing import Sizing
     from governor.plan.host import HostFacts
 
 

@@ -2,7 +2,7 @@
 each model estimated as the router's child runs it (governor/engines/router.py), then
 
     models   = how many fit the board's ceiling together, largest first (governor init's
-               ceiling and headroom, governor/engines/draft.py), at most the --models-max given
+               ceiling and headroom, governor/init/draft.py), at most the --models-max given
     memory.max  = the chosen largest estimates + headroom     memory.high = + headroom / 2
 
 and the router command line with that --models-max, so `check --engine-argv` accepts it.
@@ -17,19 +17,19 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from governor.engines.budget import estimate_router, headroom_for
-from governor.engines.draft import (
+from governor.engines.estimate import MIB
+from governor.engines.llama import EngineArgvError, parse_llama_argv
+from governor.engines.router import RouterEstimate, fits_together
+from governor.errors import PolicyError, UsageError
+from governor.init.board import Tenants
+from governor.init.draft import (
     Request,
     _mib_up,
     _q,
     fit_budget,
     policy_name,
 )
-from governor.engines.draft_board import Tenants
-from governor.engines.draft_qos import _RULES
-from governor.engines.estimate import MIB
-from governor.engines.llama import EngineArgvError, parse_llama_argv
-from governor.engines.router import RouterEstimate, fits_together
-from governor.errors import PolicyError, UsageError
+from governor.init.qos import _RULES
 from governor.policy.loader import load_text
 
 if TYPE_CHECKING:

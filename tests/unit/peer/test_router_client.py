@@ -1,4 +1,4 @@
-"""governor/supervise/router.py against a local HTTP server that answers as llama-server's
+"""governor/peer/router.py (and supervise/activity.py's Activity) against a local HTTP server that answers as llama-server's
 router does (measured with the build of notes/engine.md: GET /models, a proxied GET /slots
 answered chunked even to HTTP/1.0, POST /models/unload)."""
 
@@ -12,12 +12,13 @@ from typing import Any
 
 import pytest
 
-from governor.supervise.router import (
+from governor.peer.router import (
     RouterClient,
     RouterError,
     base_url,
     idle_lru,
 )
+from governor.supervise.activity import Activity
 
 
 class FakeRouter:
@@ -169,8 +170,6 @@ def test_only_a_new_task_in_a_slot_dates_a_request_not_the_cpu_of_a_probe() -> N
     """CPU alone (another governor's GET /slots, the child's own housekeeping) does not move
     a model's last request: its slots must show a new task or one in flight; a child whose
     slots cannot be read is dated by its CPU."""
-    from governor.supervise.router import Activity
-
     fs, client = _Leaves(), _Slots()
     now = [100.0]
     act = Activity(fs, "g", clock=lambda: now[0], client=client)  # type: ignore[arg-type]

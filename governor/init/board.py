@@ -10,7 +10,7 @@ from governor.board.budget import reserve_for
 from governor.board.slice import Slice
 
 if TYPE_CHECKING:
-    from governor.engines.draft_sizing import Sizing
+    from governor.init.sizing import Sizing
 
 
 def mib(n: int) -> int:

@@ -13,7 +13,7 @@ The numbers come from the GGUF estimate (governor/engines/estimate.py, the same 
     memory.max  = estimate + headroom       memory.high = estimate + headroom / 2
     memory.min  = the weights (their file pages, protected from reclaim by the rest of the board)
 
-llama-server's prompt cache and [engine] caps: governor/engines/draft_server.py.
+llama-server's prompt cache and [engine] caps: governor/init/server.py.
 
 The estimate was calibrated against memory.peak in the kernel guest within 10 %
 (docs/calibration.md), hence the headroom. The rendered policy is validated with the policy
@@ -31,18 +31,22 @@ from typing import TYPE_CHECKING
 
 from governor.board.budget import Budget, no_budget_text
 from governor.board.file import board_path, no_budget_error
-from governor.engines import draft_board, draft_qos, draft_server, draft_swap
 from governor.engines.budget import HEADROOM_MIN, HEADROOM_SHARE, estimate_argv
 from governor.engines.budget import headroom_for as _headroom_for
-from governor.engines.draft_board import Tenants
-from governor.engines.draft_sizing import Sizing
-from governor.engines.estimate import KV_CELL_PAD, MIB, Estimate
+from governor.engines.estimate import MIB, Estimate
 from governor.engines.llama import (
     EngineArgs,
     EngineArgvError,
     parse_llama_argv,
 )
+from governor.engines.settings import KV_CELL_PAD
 from governor.errors import PolicyError, UsageError
+from governor.init import board as draft_board
+from governor.init import qos as draft_qos
+from governor.init import server as draft_server
+from governor.init import swap as draft_swap
+from governor.init.board import Tenants
+from governor.init.sizing import Sizing
 from governor.kernel.parse import format_cpulist
 from governor.policy.loader import load_text
 from governor.policy.model import NAME_RE

@@ -1,4 +1,4 @@
-"""`governor init` (governor/engines/draft.py, governor/cli/compile.py): a policy sized from the GGUF
+"""`governor init` (governor/init/draft.py, governor/cli/compile.py): a policy sized from the GGUF
 estimate and a board's facts, which `governor check --engine-argv` then accepts on that board.
 
 Round trips write a tiny GGUF with tests/engine/make_gguf.py (the `gguf` package of the dev
@@ -19,9 +19,9 @@ import pytest
 from governor.board.budget import reserve_for
 from governor.cli.app import main
 from governor.engines import budget
-from governor.engines import draft as ip
 from governor.engines.estimate import MIB
 from governor.errors import EXIT_NOINPUT, EXIT_POLICY, EXIT_USAGE, PolicyError
+from governor.init import draft as ip
 
 REPO = Path(__file__).resolve().parents[3]
 HOSTS = REPO / "tests" / "fixtures" / "hosts"
@@ -208,7 +208,7 @@ def test_the_big_model_on_a_2g_board_needs_no_repack(
 ) -> None:
     """The README's story: on an x86 (AVX2) board of 2 GiB the 1.1 GiB model with its 651 MiB
     repack copy does not fit at any context; with -nr it does, with a context near 2048."""
-    from .test_estimate import _qwen18b
+    from ..engines.test_estimate import _qwen18b
 
     root = tmp_path / "board"
     import shutil
@@ -307,7 +307,7 @@ def test_init_sizes_against_what_the_other_slices_leave_and_says_so(tiny: Path) 
     """2 GiB board, reserve 256 MiB: alone the engine may have 1792 MiB; beside a batch job
     claiming 950 MiB (running) and an installed tts claiming 300 MiB, 542 MiB. Its own old
     claim (same name) does not count; --board-memory means an empty board of that size."""
-    from governor.engines.draft_board import Tenants
+    from governor.init.board import Tenants
     from governor.plan.host import probe
 
     host = replace_mem(probe_root(HOSTS / "cgroup2-full", probe), 2 * GIB)
@@ -381,7 +381,7 @@ def test_init_writes_an_explicit_admit_a_server_sheds_a_one_shot_run_waits(
 
 def test_init_blames_a_reserve_that_leaves_no_budget_not_the_model(tiny: Path) -> None:
     """Issue 43 item 8: [board] reserve >= MemTotal read as "the model does not fit"."""
-    from governor.engines.draft_board import Tenants
+    from governor.init.board import Tenants
     from governor.plan.host import probe
 
     host = replace_mem(probe_root(HOSTS / "cgroup2-full", probe), 2 * GIB)
