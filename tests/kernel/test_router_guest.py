@@ -22,7 +22,7 @@ import openai
 import pytest
 from helpers import cgroups
 from helpers.cgroups import ScratchSlice
-from helpers.server import KVGUEST, SERVER, client, free_port, wait_ready
+from helpers.server import KVGUEST, KVSERVER, SERVER, client, free_port, wait_ready
 
 from perf._helpers.engine_paths import TINY
 
@@ -122,20 +122,18 @@ def test_each_router_child_gets_its_own_leaf_and_an_overgrown_one_dies_alone(
 
 
 @pytest.mark.kernel(controllers=ALL, root=True, psi=True)
-@pytest.mark.engine(binary=SERVER, paths=(KVGUEST,))
+@pytest.mark.engine(binary=SERVER, paths=(KVSERVER,))
 def test_evict_memory_unloads_the_lru_idle_model_before_a_load_that_would_not_fit(
     tmp_path: Path, scratch_slice: ScratchSlice
 ) -> None:
-    """Issue 38 item 3: three models of 13 MiB of weights and 60 MiB of KV each (97.7 MiB
-    estimates at -c 2560: the KV is what a claim is made of, and the TCG guest evaluates the
-    kvguest shape ~5x faster than the 64 MiB kvserver one this test used to load), a
-    memory.max of 290M that fits the claims of two and the router but never three (293 MiB),
-    --models-max 3 (the router would never evict): A, B, C, A are all answered, the governor
-    unloaded A for C and B for A (least recently used idle first), nothing was OOM-killed."""
+    """Issue 38 item 3: three 64 MiB models (103.6 MiB estimates at -c 256), a memory.max of
+    290M that fits the claims of two and the router but not three, --models-max 3 (the
+    router would never evict): A, B, C, A are all answered, the governor unloaded A for C
+    and B for A (least recently used idle first), nothing was OOM-killed."""
     models = tmp_path / "models"
     models.mkdir()
     for name in ("a", "b", "c"):
-        (models / f"{name}.gguf").symlink_to(KVGUEST)
+        (models / f"{name}.gguf").symlink_to(KVSERVER)
     policy = tmp_path / "router.toml"
     policy.write_text(
         f'name = "router"\nslice = "{scratch_slice.name}"\n[memory]\nmax = "290M"\n'
@@ -144,7 +142,7 @@ def test_evict_memory_unloads_the_lru_idle_model_before_a_load_that_would_not_fi
     port = free_port()
     base = f"http://127.0.0.1:{port}"
     engine = [
-        str(SERVER), "--models-dir", str(models), "--models-max", "3", "-c", "2560",
+        str(SERVER), "--models-dir", str(models), "--models-max", "3", "-c", "256",
         "--cache-ram", "0", "-np", "1", "-t", "2", "--host", "127.0.0.1", "--port", str(port),
         "--chat-template", "chatml", "--no-webui",
     ]  # fmt: skip
