@@ -39,8 +39,10 @@ DEADLINE_S from the start of scripts/setup): a tier is cut at the deadline (the 
 their pytest with SIGINT before the host kills qemu, so the junit xml of what ran survives), a
 tier that can no longer start is not started and fails with a note, and the summary table and
 the duration report (durations.txt: wall time per phase and tier, the slowest 15 tests of each
-tier) are printed in every case. --full selects the tests marked `full` (the seed's full
-scale), which default runs deselect, with FULL_* timeouts.
+tier) are printed in every case. A default run also holds each tier to its budget
+(TIER_BUDGETS, measured walls with margin, well under the timeouts): with CI=true a tier that
+passes it fails, so a slow test is seen in the run that adds it. --full selects the tests
+marked `full` (the seed's full scale), which default runs deselect, with FULL_* timeouts.
 
 Environment: GOVERNOR_VM_ACCEL=auto|kvm|tcg, GOVERNOR_VM_KERNEL=/boot/vmlinuz-...,
 GOVERNOR_VM_TIMEOUT=seconds, GOVERNOR_TEST_DEADLINE=seconds, GOVERNOR_TEST_FULL=1,
@@ -72,7 +74,15 @@ from pathlib import Path
 from typing import IO
 
 from vm import initramfs
-from vm.junit import Case, Counts, TierResult, format_durations, format_table, judge_pytest
+from vm.junit import (
+    Case,
+    Counts,
+    TierResult,
+    format_durations,
+    format_table,
+    judge_budget,
+    judge_pytest,
+)
 from vm.skips import is_ci
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -102,6 +112,17 @@ TIER_TIMEOUTS: dict[str, float] = {
 }  # fmt: skip
 FULL_TIER_TIMEOUTS: dict[str, float] = {
     **TIER_TIMEOUTS, "kernel": 4200, "systemd": 3000, **dict.fromkeys(COMPAT_TIERS, 3000),
+}  # fmt: skip
+# Per tier, seconds of wall time a default run (amd64, the harness's qemu, one tier after the
+# other, no --full, no --kernel) may take: under CI=true a tier that takes longer fails, well
+# before its timeout starts cutting tests, so a slow test is seen in the run that adds it.
+# From the 2-core CI machine's measured walls (docs/development.md "What each tier costs"),
+# with ~30% margin for a busy machine: lint 13-20 s, host 223-311 s, kernel 1506 s on a clean
+# clone and 2420 s at the last CI run before issue 47's trims, systemd 313-443 s (644 s beside a
+# host test run), compat 162-437 s
+TIER_BUDGETS: dict[str, float] = {
+    "lint": 60, "host": 420, "kernel": 2400, "systemd": 600,
+    **dict.fromkeys(COMPAT_TIERS, 570),
 }  # fmt: skip
 # a tier with less time than this left before the deadline is not started
 MIN_START_S: dict[str, float] = {
@@ -577,6 +598,7 @@ class Options:
     memory_mib: int = GUEST_MEMORY_MIB
     extra_notes: list[str] = field(default_factory=list)
     arch: str = "amd64"  # --arch arm64: the kernel tier is the arm64 guest (tests/vm/arm64.py)
+    budgets: dict[str, float] = field(default_factory=dict)  # judge_budget's, per tier (or none)
 
 
 def venv_bin(name: str) -> str:
@@ -906,11 +928,15 @@ def parse_args(argv: Sequence[str]) -> Options:
         timeouts = dict.fromkeys(TIERS, args.timeout)
     deadline = args.deadline if args.deadline is not None else (
         FULL_DEADLINE_S if args.full else DEADLINE_S)  # fmt: skip
+    # the budgets are measured for CI's configuration; the others are slower by design
+    default_run = not args.full and args.arch == "amd64" and args.kernel_vm == "qemu" and (
+        not args.parallel and args.kernel_series is None)  # fmt: skip
     return Options(tiers=tiers, pytest_args=rest, accel=args.accel, results=results.resolve(),
                    timeouts=timeouts, deadline=deadline, full=args.full,
                    memory_mib=FULL_GUEST_MEMORY_MIB if args.full else GUEST_MEMORY_MIB,
                    kernel_vm=args.kernel_vm, serial=not args.parallel,
-                   arch=args.arch, kernel_series=args.kernel_series)  # fmt: skip
+                   arch=args.arch, kernel_series=args.kernel_series,
+                   budgets=dict(TIER_BUDGETS) if default_run else {})  # fmt: skip
 
 
 def _fmt_timeouts(t: dict[str, float]) -> str:
@@ -978,6 +1004,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     log(f"time: {clock.left():.0f}s left of the {opts.deadline:.0f}s deadline; tier timeouts "
         f"{_fmt_timeouts({t: opts.timeouts[t] for t in opts.tiers})}"
         + ("; --full: the `full` tests too" if opts.full else ""))  # fmt: skip
+    if opts.budgets:
+        log(f"budgets: {_fmt_timeouts({t: opts.budgets[t] for t in opts.tiers})}")
     if opts.pytest_args:
         log(f"extra pytest arguments: {shlex.join(opts.pytest_args)}")
     kernels: dict[str, Path] = {}  # guest tier -> the vmlinuz it boots
@@ -1036,6 +1064,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if cut and not res.ok:
             res.notes.append(f"the overall deadline (--deadline {opts.deadline:.0f}s) cut the "
                              f"tier's timeout to {timeout:.0f}s")  # fmt: skip
+        judge_budget(res, opts.budgets.get(tier), ci=is_ci())
         log(f"tier {tier}: {'ok' if res.ok else 'FAIL'} in {res.wall:.1f}s")
         return res
 

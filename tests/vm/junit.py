@@ -90,6 +90,7 @@ class TierResult:
     counts: Counts | None = None
     notes: list[str] = field(default_factory=list)
     cases: list[Case] = field(default_factory=list)  # per test (per step for lint)
+    budget: float | None = None  # seconds the tier may take (judge_budget); None: not held to one
 
 
 # pytest exit codes (pytest.ExitCode) and what they mean for a tier; 124 is timeout(1)'s, which
@@ -147,12 +148,31 @@ def judge_pytest(
     return res
 
 
-def _cell(v: int | None) -> str:
-    return "-" if v is None else str(v)
+def judge_budget(res: TierResult, budget: float | None, *, ci: bool = False) -> TierResult:
+    """Hold a tier to its budget (seconds of wall time, well under its timeout): a tier that
+    took longer fails when `ci`, so a slow test is seen in the run that adds it, not when the
+    tier's timeout starts cutting tests; without `ci` the overrun is a note."""
+    res.budget = budget
+    if budget is None or res.wall <= budget:
+        return res
+    how = "fails the tier (CI=true)" if ci else "would fail it under CI=true"
+    res.notes.append(
+        f"took {res.wall:.0f}s, over its budget of {budget:.0f}s (TIER_BUDGETS in "
+        f"tests/vm/harness.py) {how}: trim the slowest tests in the duration report, or raise "
+        "the budget with the measured reason"
+    )
+    if ci:
+        res.ok = False
+    return res
+
+
+def _cell(v: float | None, fmt: str = "{}") -> str:
+    return "-" if v is None else fmt.format(v)
 
 
 def format_table(results: list[TierResult], total_wall: float) -> str:
-    head = ("tier", "result", "passed", "failed", "skipped", "errors", "wall s")
+    """One row per tier: its outcome, counts, measured wall time and budget ("-": none)."""
+    head = ("tier", "result", "passed", "failed", "skipped", "errors", "wall s", "budget s")
     rows: list[tuple[str, ...]] = []
     for r in results:
         c = r.counts
@@ -165,10 +185,11 @@ def format_table(results: list[TierResult], total_wall: float) -> str:
                 _cell(c.skipped if c else None),
                 _cell(c.errors if c else None),
                 f"{r.wall:.1f}",
+                _cell(r.budget, "{:.0f}"),
             )
         )
     overall = "ok" if results and all(r.ok for r in results) else "FAIL"
-    rows.append(("total", overall, "", "", "", "", f"{total_wall:.1f}"))
+    rows.append(("total", overall, "", "", "", "", f"{total_wall:.1f}", ""))
     widths = [max(len(x[i]) for x in [head, *rows]) for i in range(len(head))]
 
     def line(cols: tuple[str, ...]) -> str:
@@ -195,11 +216,16 @@ def format_durations(
 ) -> str:
     """The run's duration report: wall time per phase (setup, guest preparation) and per tier,
     then the `top` slowest tests of each tier (from its junit xml; the steps for lint)."""
+    budgets = {f"tier {r.tier}": r.budget for r in results}
     rows = [*phases, *((f"tier {r.tier}", r.wall) for r in results), ("total", total_wall)]
     width = max(len(n) for n, _ in rows)
     out = ["durations (wall seconds)"]
     for name, secs in rows:
         line = f"  {name.ljust(width)}  {secs:8.1f}"
+        tier_budget = budgets.get(name)
+        if tier_budget is not None:
+            over = "  OVER" if secs > tier_budget else ""
+            line += f"   (budget {tier_budget:.0f}s{over})"
         if name == "total" and budget is not None:
             line += f"   (budget {budget:.0f}s = {budget / 60:.0f} min, from the start of setup)"
         out.append(line)

@@ -19,6 +19,7 @@ from vm.junit import (
     TierResult,
     format_durations,
     format_table,
+    judge_budget,
     judge_pytest,
     parse_cases,
     parse_junit,
@@ -77,11 +78,79 @@ def test_format_table() -> None:
         "errors",
         "wall",
         "s",
+        "budget",
+        "s",
     ]
-    assert lines[2].split() == ["host", "ok", "4", "0", "1", "0", "3.0"]
-    assert lines[3].split() == ["kernel", "FAIL", "-", "-", "-", "-", "70.0"]
+    assert lines[2].split() == ["host", "ok", "4", "0", "1", "0", "3.0", "-"]
+    assert lines[3].split() == ["kernel", "FAIL", "-", "-", "-", "-", "70.0", "-"]
     assert lines[5].split() == ["total", "FAIL", "80.0"]
     assert "kernel: no exit code came back" in out
+
+
+def test_a_tier_over_its_budget_fails_under_ci_and_is_a_note_otherwise() -> None:
+    def host(wall: float) -> TierResult:
+        return TierResult("host", True, wall, Counts(5, 0, 0, 0))
+
+    over = judge_budget(host(421.0), 420.0, ci=True)
+    assert not over.ok and over.budget == 420.0
+    assert over.notes and "took 421s, over its budget of 420s" in over.notes[0]
+    assert "fails the tier (CI=true)" in over.notes[0]
+    local = judge_budget(host(421.0), 420.0, ci=False)
+    assert local.ok and "would fail it under CI=true" in local.notes[0]
+    at = judge_budget(host(420.0), 420.0, ci=True)
+    assert at.ok and not at.notes, "a tier exactly at its budget passes"
+    free = judge_budget(host(9999.0), None, ci=True)
+    assert free.ok and not free.notes and free.budget is None
+    failed = judge_budget(TierResult("host", False, 10.0, notes=["pytest exit 1"]), 420.0, ci=True)
+    assert not failed.ok and failed.notes == ["pytest exit 1"]
+
+
+def test_the_summary_table_and_duration_report_show_budget_against_measured() -> None:
+    rows = [
+        judge_budget(TierResult("lint", True, 12.0, Counts(4, 0, 0, 0)), 60.0, ci=True),
+        judge_budget(TierResult("host", True, 500.0, Counts(5, 0, 0, 0)), 420.0, ci=True),
+    ]
+    table = format_table(rows, 512.0).splitlines()
+    assert table[2].split() == ["lint", "ok", "4", "0", "0", "0", "12.0", "60"]
+    assert table[3].split() == ["host", "FAIL", "5", "0", "0", "0", "500.0", "420"]
+    assert "host: took 500s, over its budget of 420s" in "\n".join(table)
+    report = format_durations(rows, 512.0).splitlines()
+    assert report[1].split() == ["tier", "lint", "12.0", "(budget", "60s)"]
+    assert report[2].split() == ["tier", "host", "500.0", "(budget", "420s", "OVER)"]
+
+
+def test_budgets_hold_only_ci_s_configuration(tmp_path: Path) -> None:
+    """The budgets were measured for the default run; --full, another kernel, arm64, vng and
+    --parallel are slower by design and are held to their timeouts only."""
+    r = ["--results", str(tmp_path)]
+    assert harness.parse_args(r).budgets == harness.TIER_BUDGETS
+    assert harness.parse_args([*r, "--tier", "kernel", "-k", "oom"]).budgets["kernel"] > 0
+    for other in (["--full"], ["--kernel", "5.10"], ["--arch", "arm64"],
+                  ["--kernel-vm", "vng"], ["--parallel"]):  # fmt: skip
+        assert harness.parse_args([*r, *other]).budgets == {}, other
+
+
+def test_a_run_whose_tier_passes_its_budget_fails_under_ci(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Every test passed, but the host tier took longer than its budget: with CI=true the run
+    fails and the summary says which tier, by how much; without CI it passes with the note."""
+    _fake_tiers(monkeypatch, parallel=False)
+    slow = harness.TIER_BUDGETS["host"] + 1
+    monkeypatch.setattr(
+        harness, "tier_host", lambda _o: TierResult("host", True, slow, counts=Counts(tests=1))
+    )
+    argv = ["--tier", "lint,host", "--results", str(tmp_path / "r")]
+    monkeypatch.setenv("CI", "true")
+    assert harness.main(argv) == 1
+    out = capsys.readouterr().out
+    table = out[out.index("\ntier ") + 1 :].splitlines()
+    assert table[3].split()[:2] == ["host", "FAIL"]
+    assert table[3].split()[-2:] == [f"{slow:.1f}", f"{harness.TIER_BUDGETS['host']:.0f}"]
+    assert f"host: took {slow:.0f}s, over its budget" in out
+    monkeypatch.setenv("CI", "false")
+    assert harness.main(argv) == 0
+    assert "would fail it under CI=true" in capsys.readouterr().out
 
 
 def test_newc_archive_lists_with_cpio(tmp_path: Path) -> None:
@@ -556,6 +625,10 @@ def test_per_tier_limits_stay_inside_the_deadline_and_per_test_limits_inside_the
         full_pytest = harness.FULL_TIER_TIMEOUTS[tier] - harness.GUEST_OVERHEAD_S
         assert full_pytest * 2 / 3 >= harness.FULL_GUEST_TEST_TIMEOUT_S
     assert harness.TIER_TIMEOUTS["host"] * 2 / 3 >= harness.HOST_TEST_TIMEOUT_S
+    # a budget fires before the tier's timeout cuts it: growth is seen while every test runs
+    assert set(harness.TIER_BUDGETS) == set(harness.TIERS)
+    for tier, budget in harness.TIER_BUDGETS.items():
+        assert 0 < budget < harness.TIER_TIMEOUTS[tier], tier
 
 
 def test_default_runs_deselect_full_tests_so_they_are_not_skips(tmp_path: Path) -> None:
