@@ -19,7 +19,7 @@ from governor.api.host import (
     probe_host,
     sysfs_root,
 )
-from governor.compile.doctor import diagnose, swap_finding
+from governor.compile.doctor import diagnose, mglru_finding, swap_finding
 from governor.compile.headroom import psi_shed_warning
 from governor.engines.budget import estimate_argv, estimate_router, policy_budget
 from governor.engines.draft import Draft, Request, draft
@@ -28,6 +28,7 @@ from governor.engines.estimate import Estimate
 from governor.engines.llama import EngineArgvError, parse_llama_argv
 from governor.engines.router import RouterEstimate
 from governor.errors import HostError, PolicyError, UsageError
+from governor.kernel.mglru import MglruReader
 from governor.kernel.procfs import ProcFs
 from governor.kernel.swap import SwapReader
 from governor.monitor.victims import governed_groups
@@ -48,7 +49,8 @@ def doctor(opts: HostOptions) -> tuple[HostFacts, list[Finding]]:
 
     host = probe_host(opts)
     swap = SwapReader(opts.root / "proc", sysfs_root(opts)).read()
-    return host, [*diagnose(host), swap_finding(swap, host.kernel_version)]
+    lru = MglruReader(sysfs_root(opts)).read()
+    return host, [*diagnose(host), swap_finding(swap, host.kernel_version), mglru_finding(lru)]
 
 
 def shed_warnings(plan: Plan, opts: HostOptions) -> list[str]:

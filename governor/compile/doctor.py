@@ -20,6 +20,7 @@ from governor.kernel.files import (
     MEMORY_PEAK,
     MEMORY_RECLAIM,
 )
+from governor.kernel.mglru import LRU_GEN_ENABLED, LRU_GEN_MIN_TTL_MS, Mglru
 from governor.kernel.parse import format_cpulist
 from governor.kernel.swap import BoardSwap
 from governor.plan.host import HostFacts
@@ -333,3 +334,45 @@ def swap_finding(swap: BoardSwap, kernel: tuple[int, int]) -> Finding:
             fix="disable one: echo N > /sys/module/zswap/parameters/enabled (or zswap.enabled=0)",
         )
     return _ok("swap", msg)
+
+
+# what a served model meets under the multi-gen LRU (issue 47; docs/boards.md): the refaults
+# rule's thresholds were measured on the active/inactive LRU, and min_ttl_ms turns a thrash it
+# cannot stop into a global OOM kill (Documentation/admin-guide/mm/multigen_lru.rst)
+MGLRU_REFAULTS = (
+    "reclaim ages pages by generations, not the active/inactive lists the refaults rule was "
+    "tuned on: a refaults threshold measured on another kernel may fire earlier or later here"
+)
+MGLRU_MIN_TTL_FIX = (
+    f"echo 0 > /sys/{LRU_GEN_MIN_TTL_MS} leaves thrash to the [[pressure]] rules (they shed "
+    "the engine's neighbours first); keep N >= 1000 only as the last valve, and give the "
+    "engine an oom_score_adj below its neighbours'"
+)
+
+
+def mglru_finding(lru: Mglru) -> Finding:
+    """The multi-gen LRU's state and what it means for a served model (issue 47)."""
+    topic = "mglru"
+    path = f"/sys/{LRU_GEN_ENABLED}"
+    if not lru.built:
+        return _ok(topic, f"no multi-gen LRU in this kernel (no {path}): reclaim uses the "
+                   "active/inactive LRU the refaults rule was tuned on")  # fmt: skip
+    if lru.error is not None:
+        return Finding(level="warn", topic=topic, message=f"multi-gen LRU unknown ({lru.error})",
+                       fix=f"read {path} as root")  # fmt: skip
+    mask = f"{lru.enabled:#06x}"
+    if not lru.on:
+        return _ok(topic, f"multi-gen LRU built but off ({path} {mask}): reclaim uses the "
+                   "active/inactive LRU the refaults rule was tuned on")  # fmt: skip
+    ttl = lru.min_ttl_ms
+    if not ttl:
+        said = "unknown" if ttl is None else "0: no working set is protected"
+        return _ok(topic, f"multi-gen LRU on ({mask}), min_ttl_ms {said}; {MGLRU_REFAULTS}")
+    return Finding(
+        level="warn",
+        topic=topic,
+        message=f"multi-gen LRU on ({mask}), min_ttl_ms {ttl}: the kernel keeps the last {ttl} "
+        "ms of every working set and OOM-kills (a global kill, by oom_score) when it cannot, so "
+        f"a model re-read under pressure is killed instead of thrashing; {MGLRU_REFAULTS}",
+        fix=MGLRU_MIN_TTL_FIX,
+    )

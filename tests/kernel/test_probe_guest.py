@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import json
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -66,3 +70,35 @@ def test_npu_chat_plan_writes_read_back_as_planned(
     finally:
         backend.remove(plan)
     assert not (scratch_slice.path / policy.name).exists()
+
+
+def _kernel_config() -> dict[str, str]:
+    """The running kernel's build config: /boot's (the kernel tier) or scripts/kernels' cache
+    (the compat tiers), both on the host's root the guest boots."""
+    release = os.uname().release
+    cands = [Path(f"/boot/config-{release}"),
+             *Path("/var/lib/governor/kernels").glob(f"*/config-{release}")]  # fmt: skip
+    for c in cands:
+        if c.is_file():
+            pairs = (ln.split("=", 1) for ln in c.read_text().splitlines() if "=" in ln)
+            return {k: v for k, v in pairs if not k.startswith("#")}
+    pytest.fail(f"no build config of {release} in {[str(c) for c in cands]}")
+
+
+@pytest.mark.compat
+def test_doctor_reports_the_multigen_lru_as_the_kernel_was_built() -> None:
+    """issue 47: Debian's 6.12 and later boot with MGLRU on (0x0007), its 6.1 builds it off,
+    5.10 has none; doctor's finding follows the kernel's own switch."""
+    config = _kernel_config()
+    res = subprocess.run([sys.executable, "-m", "governor", "doctor", "--json"],
+                         capture_output=True, text=True, check=False, timeout=120)  # fmt: skip
+    found = {f["topic"]: f for f in json.loads(res.stdout)["findings"]}
+    message = found["mglru"]["message"]
+    if config.get("CONFIG_LRU_GEN") != "y":
+        assert message.startswith("no multi-gen LRU in this kernel"), message
+    elif config.get("CONFIG_LRU_GEN_ENABLED") == "y":
+        assert message.startswith("multi-gen LRU on (0x0007), min_ttl_ms 0:"), message
+    else:
+        assert message.startswith(
+            "multi-gen LRU built but off (/sys/kernel/mm/lru_gen/enabled 0x0000)"
+        ), message
