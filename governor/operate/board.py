@@ -42,7 +42,7 @@ from governor.plan.budget import (
     no_budget_text,
     zram_claim,
 )
-from governor.record import record
+from governor.record import record, replace
 from governor.rundir.state import RunState, scan_states
 
 MANIFEST_DIR = "etc/governor/installed"  # governor/deploy/install.py MANIFEST_DIR
@@ -170,7 +170,9 @@ def gather(
         root if install_root is None else install_root, {c.name for c in running}
     )
     installed, p4 = weighable(installed, budget.memtotal)
-    swap = SwapReader(root / "proc", root / "sys").read()
+    reader = SwapReader(root / "proc", root / "sys")
+    swap = reader.read()
+    budget = replace(budget, zram_room=swap.zram_room(reader.available()))
     zram = zram_claim(swap.zram_used)
     p5 = [f"{e} (its zram pool is left out of the claims)" for e in swap.zram_errors]
     claims = (*running, *installed, *([zram] if zram is not None else []))
