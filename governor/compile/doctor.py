@@ -23,6 +23,7 @@ from governor.kernel.files import (
 from governor.kernel.mglru import LRU_GEN_ENABLED, LRU_GEN_MIN_TTL_MS, Mglru
 from governor.kernel.parse import format_cpulist
 from governor.kernel.swap import BoardSwap
+from governor.kernel.writeprobe import Probe
 from governor.plan.host import HostFacts
 from governor.sizes import human_bytes
 
@@ -376,3 +377,30 @@ def mglru_finding(lru: Mglru) -> Finding:
         f"a model re-read under pressure is killed instead of thrashing; {MGLRU_REFAULTS}",
         fix=MGLRU_MIN_TTL_FIX,
     )
+
+
+# found by a harmless write (kernel/writeprobe.py), not by version: (topic, what, since, without)
+_WRITE_PROBED: tuple[tuple[str, str, str, str], ...] = (
+    ("kernel.memory_peak_reset", "memory.peak reset (a per-run peak without a new group)",
+     "6.12", "memory.peak is the group's high-water mark since the group was made: a restart "
+     "in the same group reports the highest of its runs"),
+    ("kernel.reclaim_swappiness", "memory.reclaim swappiness= (file or anon first, per write)",
+     "6.11", "memory.reclaim balances file and anon pages by vm.swappiness, the board's"),
+)  # fmt: skip
+
+
+def write_probe_findings(peak: Probe, swappiness: Probe) -> list[Finding]:
+    """What the late memory-controller features' probes found (issue 47): said, not warned
+    about (nothing the governor enforces needs them)."""
+    out = []
+    for (topic, what, since, without), got in zip(_WRITE_PROBED, (peak, swappiness), strict=True):
+        if got.verdict == "yes":
+            out.append(_ok(topic, f"{what}: the kernel took a write ({got.where})"))
+        elif got.verdict == "no":
+            out.append(
+                _ok(topic, f"{what} needs kernel {since}+, refused ({got.where}): {without}")
+            )
+        else:
+            out.append(_ok(topic, f"{what}: unknown ({got.where}); without it (before {since}): "
+                           f"{without}"))  # fmt: skip
+    return out

@@ -102,3 +102,31 @@ def test_doctor_reports_the_multigen_lru_as_the_kernel_was_built() -> None:
         assert message.startswith(
             "multi-gen LRU built but off (/sys/kernel/mm/lru_gen/enabled 0x0000)"
         ), message
+
+
+def _release() -> tuple[int, int]:
+    major, minor = os.uname().release.split(".")[:2]
+    return int(major), int(minor)
+
+
+@pytest.mark.compat
+def test_doctor_probes_peak_reset_and_reclaim_swappiness_by_writing(
+    scratch_slice: ScratchSlice, enabled_root_subtree: Path
+) -> None:
+    """issue 47: memory.peak reset (6.12) and memory.reclaim swappiness= (6.11) are found by a
+    harmless write (governor/kernel/writeprobe.py); each kernel of the matrix answers as its
+    version says (5.10 has no memory.reclaim at all)."""
+    scratch_slice.create()  # a group with memory.peak (the root has none)
+    res = subprocess.run([sys.executable, "-m", "governor", "doctor", "--json"],
+                         capture_output=True, text=True, check=False, timeout=120)  # fmt: skip
+    found = {f["topic"]: f["message"] for f in json.loads(res.stdout)["findings"]}
+    peak, swappiness = found["kernel.memory_peak_reset"], found["kernel.reclaim_swappiness"]
+    release = _release()
+    assert ("the kernel took a write" in peak) == (release >= (6, 12)), peak
+    if release >= (5, 19):
+        assert ("the kernel took a write" in swappiness) == (release >= (6, 11)), swappiness
+        assert ("refused" in swappiness) == (release < (6, 11)), swappiness
+    else:
+        assert "unknown (no memory.reclaim" in swappiness, swappiness
+    if release < (6, 12):  # read-only before 6.12 (5.10 has no memory.peak: unknown)
+        assert ("read-only" in peak) == (release >= (5, 19)), peak
