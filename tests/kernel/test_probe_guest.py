@@ -130,3 +130,39 @@ def test_doctor_probes_peak_reset_and_reclaim_swappiness_by_writing(
         assert "unknown (no memory.reclaim" in swappiness, swappiness
     if release < (6, 12):  # read-only before 6.12 (5.10 has no memory.peak: unknown)
         assert ("read-only" in peak) == (release >= (5, 19)), peak
+
+
+def _touch_in(group: Path, mib: int) -> None:
+    """A process in ``group`` that touches ``mib`` MiB of anonymous memory and exits."""
+    code = f"b = bytearray({mib} << 20); b[::4096] = b'x' * len(b[::4096])"
+    script = f'echo $$ > {group}/cgroup.procs && exec {sys.executable} -c "{code}"'
+    subprocess.run(["sh", "-c", script], check=True, timeout=120)
+
+
+@pytest.mark.compat
+def test_the_samplers_run_peak_starts_again_at_a_reset(
+    scratch_slice: ScratchSlice, enabled_root_subtree: Path
+) -> None:
+    """issue 47: on 6.12+ the sampler's reset fd sees only the peak after the reset (a restart's
+    own peak in the same group); before, the kernel refuses and run_peak is None."""
+    from governor.monitor.sampler import Sampler
+
+    group = scratch_slice.create()
+    _touch_in(group, 192)
+    s = Sampler(CgroupFs(Path("/sys/fs/cgroup")), scratch_slice.name)
+    try:
+        took = s.reset_peak()
+        _touch_in(group, 16)
+        got = s.sample(1.0)
+    finally:
+        s.close()
+    assert took == (_release() >= (6, 12))
+    if _release() < (5, 19):
+        assert got.peak is None and got.run_peak is None
+        return
+    assert got.peak is not None and got.peak >= 192 << 20, got
+    if took:
+        # the reset starts from memory.current (the first run's page cache stays charged)
+        assert got.run_peak is not None and 16 << 20 <= got.run_peak < 128 << 20, got
+    else:
+        assert got.run_peak is None
