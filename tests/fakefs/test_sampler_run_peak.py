@@ -68,3 +68,27 @@ def test_without_the_reset_run_peak_is_none_and_the_groups_peak_stays(tmp_path: 
     assert s.reset_peak() is False
     assert s.summary()["run_peak"] is None
     s.close()
+
+
+def test_a_restart_resets_the_monitors_run_peak(tmp_path: Path) -> None:
+    """The supervisor's restart hook starts the new run's peak (issue 47)."""
+    from types import SimpleNamespace
+
+    from governor.backends.cgroupfs import CgroupfsBackend
+    from governor.kernel.procfs import ProcFs
+    from governor.launch.launcher import ChildSetup, Launcher
+    from governor.supervise.supervisor import Job, Supervisor
+
+    from .plans import make_plan
+
+    g = _group(tmp_path)
+    fs = CgroupFs(tmp_path / "cg")
+    s = Sampler(fs, "chat")
+    s.sample(1.0)
+    sup = Supervisor(CgroupfsBackend(fs), Launcher(fs), proc=ProcFs(), watchdog=None)
+    sup.monitor = SimpleNamespace(sampler=s)  # type: ignore[assignment]  # only its sampler
+    setup = ChildSetup(executable="/bin/true", argv=("/bin/true",), env={}, pdeathsig=False)
+    _kset(g / kf.MEMORY_PEAK, "0\n")
+    sup._restarted(Job(plan=make_plan(), setup=setup), 4242)
+    assert (g / kf.MEMORY_PEAK).read_text() == PEAK_RESET_PROBE  # a second write, a new fd
+    s.close()
