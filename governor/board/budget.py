@@ -61,6 +61,9 @@ class Budget:
     memtotal: int
     reserve: int
     budget: int
+    # board memory usable zram could free now (kernel/swap.py zram_room, issue 47): the peaks
+    # may overlap by it, the guarantees never (memory.min is memory, not swap)
+    zram_room: int = 0
 
     @classmethod
     def of(cls, memtotal: int, reserve: int | None = None) -> Budget:
@@ -130,7 +133,7 @@ def admit(budget: Budget, new: Slice, others: tuple[Slice, ...]) -> Verdict:
     claim, same name, is left out: a restart replaces it)."""
     others = tuple(c for c in others if c.name != new.name)
     min_left = budget.budget - sum(c.guaranteed for c in others)
-    peak_left = budget.budget - sum(c.peak_claim for c in others)
+    peak_left = budget.budget + budget.zram_room - sum(c.peak_claim for c in others)
     need_min = max(0, new.guaranteed - min_left)
     # an overlap is with the others' peaks: a peak above the budget on an empty board is the
     # policy's own sizing (check's estimate against memory.max), not an admission matter

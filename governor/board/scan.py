@@ -42,7 +42,7 @@ from governor.kernel.procfs import ProcFs
 from governor.kernel.swap import SwapReader
 from governor.peer.files import read_capped
 from governor.plan.model import SHED_STEPS, Plan
-from governor.record import record
+from governor.record import record, replace
 from governor.rundir.journal import Journal
 from governor.rundir.state import RunState, scan_states
 
@@ -230,7 +230,9 @@ def scan(
         root if install_root is None else install_root, {c.name for c in running}
     )
     installed, p4 = weighable(installed, budget.memtotal)
-    swap = SwapReader(root / "proc", root / "sys").read()
+    reader = SwapReader(root / "proc", root / "sys")
+    swap = reader.read()
+    budget = replace(budget, zram_room=swap.zram_room(reader.available()))
     zram = zram_claim(swap.zram_used)
     p5 = [f"{e} (its zram pool is left out of the claims)" for e in swap.zram_errors]
     none = no_budget_text(budget)

@@ -20,8 +20,10 @@ from governor.kernel.files import (
     MEMORY_PEAK,
     MEMORY_RECLAIM,
 )
+from governor.kernel.mglru import LRU_GEN_ENABLED, LRU_GEN_MIN_TTL_MS, Mglru
 from governor.kernel.parse import format_cpulist
 from governor.kernel.swap import BoardSwap
+from governor.kernel.writeprobe import Probe
 from governor.plan.host import HostFacts
 from governor.sizes import human_bytes
 
@@ -333,3 +335,72 @@ def swap_finding(swap: BoardSwap, kernel: tuple[int, int]) -> Finding:
             fix="disable one: echo N > /sys/module/zswap/parameters/enabled (or zswap.enabled=0)",
         )
     return _ok("swap", msg)
+
+
+# what a served model meets under the multi-gen LRU (issue 47; docs/boards.md): the refaults
+# rule's thresholds were measured on the active/inactive LRU, and min_ttl_ms turns a thrash it
+# cannot stop into a global OOM kill (Documentation/admin-guide/mm/multigen_lru.rst)
+MGLRU_REFAULTS = (
+    "reclaim ages pages by generations, not the active/inactive lists the refaults rule was "
+    "tuned on: a refaults threshold measured on another kernel may fire earlier or later here"
+)
+MGLRU_MIN_TTL_FIX = (
+    f"echo 0 > /sys/{LRU_GEN_MIN_TTL_MS} leaves thrash to the [[pressure]] rules (they shed "
+    "the engine's neighbours first); keep N >= 1000 only as the last valve, and give the "
+    "engine an oom_score_adj below its neighbours'"
+)
+
+
+def mglru_finding(lru: Mglru) -> Finding:
+    """The multi-gen LRU's state and what it means for a served model (issue 47)."""
+    topic = "mglru"
+    path = f"/sys/{LRU_GEN_ENABLED}"
+    if not lru.built:
+        return _ok(topic, f"no multi-gen LRU in this kernel (no {path}): reclaim uses the "
+                   "active/inactive LRU the refaults rule was tuned on")  # fmt: skip
+    if lru.error is not None:
+        return Finding(level="warn", topic=topic, message=f"multi-gen LRU unknown ({lru.error})",
+                       fix=f"read {path} as root")  # fmt: skip
+    mask = f"{lru.enabled:#06x}"
+    if not lru.on:
+        return _ok(topic, f"multi-gen LRU built but off ({path} {mask}): reclaim uses the "
+                   "active/inactive LRU the refaults rule was tuned on")  # fmt: skip
+    ttl = lru.min_ttl_ms
+    if not ttl:
+        said = "unknown" if ttl is None else "0: no working set is protected"
+        return _ok(topic, f"multi-gen LRU on ({mask}), min_ttl_ms {said}; {MGLRU_REFAULTS}")
+    return Finding(
+        level="warn",
+        topic=topic,
+        message=f"multi-gen LRU on ({mask}), min_ttl_ms {ttl}: the kernel keeps the last {ttl} "
+        "ms of every working set and OOM-kills (a global kill, by oom_score) when it cannot, so "
+        f"a model re-read under pressure is killed instead of thrashing; {MGLRU_REFAULTS}",
+        fix=MGLRU_MIN_TTL_FIX,
+    )
+
+
+# found by a harmless write (kernel/writeprobe.py), not by version: (topic, what, since, without)
+_WRITE_PROBED: tuple[tuple[str, str, str, str], ...] = (
+    ("kernel.memory_peak_reset", "memory.peak reset (a per-run peak without a new group)",
+     "6.12", "memory.peak is the group's high-water mark since the group was made: a restart "
+     "in the same group reports the highest of its runs"),
+    ("kernel.reclaim_swappiness", "memory.reclaim swappiness= (file or anon first, per write)",
+     "6.11", "memory.reclaim balances file and anon pages by vm.swappiness, the board's"),
+)  # fmt: skip
+
+
+def write_probe_findings(peak: Probe, swappiness: Probe) -> list[Finding]:
+    """What the late memory-controller features' probes found (issue 47): said, not warned
+    about (nothing the governor enforces needs them)."""
+    out = []
+    for (topic, what, since, without), got in zip(_WRITE_PROBED, (peak, swappiness), strict=True):
+        if got.verdict == "yes":
+            out.append(_ok(topic, f"{what}: the kernel took a write ({got.where})"))
+        elif got.verdict == "no":
+            out.append(
+                _ok(topic, f"{what} needs kernel {since}+, refused ({got.where}): {without}")
+            )
+        else:
+            out.append(_ok(topic, f"{what}: unknown ({got.where}); without it (before {since}): "
+                           f"{without}"))  # fmt: skip
+    return out

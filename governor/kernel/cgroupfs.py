@@ -256,6 +256,24 @@ class CgroupFs:
             ) from err
         return fd
 
+    def open_reset(self, cgroup: str, file: str, text: str) -> int:
+        """An ``O_RDWR`` fd on ``file`` with ``text`` written through it: memory.peak's reset
+        (6.12) holds for reads through that fd only, so the caller keeps it and reads with
+        pread. The errno (EACCES on the read-only memory.peak before 6.12) is kept on the
+        raised error. The caller owns the fd."""
+        try:
+            fd = os.open(self._file(cgroup, file), os.O_RDWR | os.O_CLOEXEC)
+        except OSError as err:
+            raise translate(err, "cannot open cgroup file", cgroup=cgroup, file=file) from err
+        try:
+            os.write(fd, text.encode())
+        except OSError as err:
+            os.close(fd)
+            raise translate(
+                err, "cannot write cgroup file", cgroup=cgroup, file=file, value=text
+            ) from err
+        return fd
+
     # --- parsed readers ------------------------------------------------------------------------
 
     def _parsed_error(self, err: ValueError, cgroup: str, file: str) -> BackendError:

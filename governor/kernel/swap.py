@@ -16,6 +16,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Literal
 
+from governor.kernel.procfs import ProcFs
 from governor.record import record
 
 SwapKind = Literal["zram", "zswap", "disk"]
@@ -101,6 +102,23 @@ class BoardSwap:
     def zram_stored(self) -> int:
         """Uncompressed bytes swapped to zram."""
         return sum(z.orig_data_size for z in self.zram)
+
+    @property
+    def zram_free(self) -> int:
+        """SwapFree of the zram devices (their size less what they hold)."""
+        return sum(d.size - d.used for d in self.devices if d.zram)
+
+    @property
+    def zram_ratio(self) -> float | None:
+        """Bytes stored per byte of board memory zram's pool takes (orig_data_size over
+        mem_used_total: metadata and fragmentation count against it); None before it holds
+        anything, or when a device's mm_stat could not be read."""
+        used = self.zram_used
+        return None if used <= 0 or self.zram_errors else self.zram_stored / used
+
+    def zram_room(self, available: int) -> int:
+        """Board memory usable zram could still free now (:func:`zram_room`)."""
+        return zram_room(self.zram_free, available, self.zram_ratio)
 
     @property
     def disk_used(self) -> int:
@@ -204,3 +222,28 @@ class SwapReader:
         except (OSError, ValueError):
             zswap = None  # no zswap built in: not an error
         return BoardSwap(tuple(devices), tuple(zram), zswap, swaps_error, tuple(zram_errors))
+
+    def available(self) -> int:
+        """MemAvailable (bytes): what usable zram is weighed against; 0 when unreadable (then
+        no zram is counted)."""
+        try:
+            return ProcFs(self.proc).meminfo().get("MemAvailable", 0)
+        except (OSError, ValueError):
+            return 0
+
+
+def usable_zram(swap_free: int, available: int, ratio: float) -> int:
+    """Swap zram can still take, as Android's lmkd counts it (lmkd.cpp get_free_swap, with
+    ro.lmk.swap_compression_ratio): min(SwapFree, available x ratio). zram's free space is
+    only as usable as the board memory left to hold it compressed: at ratio r, ``available``
+    bytes of memory store ``available x r`` of swapped pages."""
+    return max(0, min(swap_free, int(max(0, available) * ratio)))
+
+
+def zram_room(swap_free: int, available: int, ratio: float | None) -> int:
+    """Board memory that swapping usable zram's worth of anonymous pages frees: each byte
+    swapped leaves memory and takes 1/ratio of it back in the pool, so usable x (1 - 1/ratio).
+    0 without a measured ratio above 1 (nothing stored yet: no ratio to count on)."""
+    if ratio is None or ratio <= 1:
+        return 0
+    return int(usable_zram(swap_free, available, ratio) * (1 - 1 / ratio))

@@ -16,6 +16,7 @@ from governor.errors import GovernorError
 from governor.kernel import files as kf
 from governor.kernel.cgroupfs import CgroupFs
 from governor.kernel.parse import parse_max
+from governor.kernel.writeprobe import PEAK_RESET_PROBE
 from governor.log import get_logger
 from governor.record import record
 
@@ -34,6 +35,8 @@ class Sample:
     anon: int | None
     file: int | None
     refault_file: int | None = None  # memory.stat workingset_refault_file (pages, cumulative)
+    # the peak since this run started (memory.peak reset, 6.12); None: the kernel has no reset
+    run_peak: int | None = None
 
 
 class Sampler:
@@ -57,6 +60,8 @@ class Sampler:
         self.last: Sample | None = None
         self._missing: set[str] = set()
         self._fds: dict[str, int] = {}
+        self._run_peak_fd: int | None = None
+        self._run_peak_tried = False
 
     def _read(self, file: str) -> str | None:
         """The file's text through an fd held open (pread at 0 re-reads a kernfs seq_file;
@@ -74,10 +79,39 @@ class Sampler:
             log.info("sampler.missing", cgroup=self.cgroup, file=file, reason=str(err))
             return None
 
+    def reset_peak(self) -> bool:
+        """Start a per-run peak: a write to memory.peak (6.12) resets the peak seen through
+        that fd, and the sampler reads ``run_peak`` through it from now on (a restart calls
+        this). False where the kernel refuses (before 6.12 the file is read-only: the report's
+        peak is then the group's since it was made, every run in it included)."""
+        self._run_peak_tried = True
+        try:
+            fd = self.fs.open_reset(self.cgroup, kf.MEMORY_PEAK, PEAK_RESET_PROBE)
+        except GovernorError as err:
+            log.info("sampler.peak_reset", cgroup=self.cgroup, ok=False, reason=str(err))
+            return False
+        if self._run_peak_fd is not None:
+            os.close(self._run_peak_fd)
+        self._run_peak_fd = fd
+        return True
+
+    def _run_peak(self) -> int | None:
+        if not self._run_peak_tried:
+            self.reset_peak()
+        if self._run_peak_fd is None:
+            return None
+        try:
+            return parse_max(os.pread(self._run_peak_fd, _READ_MAX, 0).decode())
+        except (OSError, ValueError):
+            return None
+
     def close(self) -> None:
         for fd in self._fds.values():
             os.close(fd)
         self._fds.clear()
+        if self._run_peak_fd is not None:
+            os.close(self._run_peak_fd)
+            self._run_peak_fd = None
 
     def sample(self, now: float) -> Sample:
         c0 = self.cpu_clock()
@@ -102,6 +136,7 @@ class Sampler:
             anon=anon,
             file=file,
             refault_file=refault,
+            run_peak=self._run_peak() if peak else None,
         )
         self.count += 1
         if s.current is not None:
@@ -119,6 +154,7 @@ class Sampler:
             "cpu_us_per_sample": round(self.cpu_s / self.count * 1e6, 1) if self.count else None,
             "max_current": self.max_current or None,
             "peak": last.peak if last else None,
+            "run_peak": last.run_peak if last else None,
             "anon": last.anon if last else None,
             "file": last.file if last else None,
         }

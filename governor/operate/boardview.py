@@ -109,6 +109,7 @@ def view(
         "budget": budget.budget,
         "claimed": {"min": claimed_min, "peak": claimed_peak},
         "free": {"guarantees": budget.budget - claimed_min, "peaks": budget.budget - claimed_peak},
+        "zram_room": budget.zram_room,  # issue 47: the peaks may overlap by it (kernel/swap.py)
         "slices": [claim_row(c) for c in rows],
         "ungoverned": list(others),
         "problems": list(problems),
@@ -130,6 +131,8 @@ def render(v: dict[str, Any]) -> str:
         f"free: {_mib(v['free']['guarantees'])} for guarantees,"
         f" {_mib(v['free']['peaks'])} for peaks",
     ]
+    if v.get("zram_room"):
+        lines.append(f"zram: peaks may overlap by {_mib(v['zram_room'])} more (usable zram)")
     if v.get("no_budget"):
         lines.append(f"NO BUDGET: {v['no_budget']}: nothing can be admitted")
     if v["slices"]:

@@ -370,6 +370,8 @@ class Supervisor:
 
     def _restarted(self, job: Job, engine_pid: int) -> None:
         self.engine_pid = engine_pid
+        if self.monitor is not None:  # the new run's own peak (memory.peak reset, 6.12)
+            self.monitor.sampler.reset_peak()
         if job.ready_url is not None:  # a relaunched server loads again: probe it again
             if self.ready_wait is not None:
                 self.ready_wait.stop()

@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import json
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -66,3 +70,100 @@ def test_npu_chat_plan_writes_read_back_as_planned(
     finally:
         backend.remove(plan)
     assert not (scratch_slice.path / policy.name).exists()
+
+
+def _kernel_config() -> dict[str, str]:
+    """The running kernel's build config: /boot's (the kernel tier) or scripts/kernels' cache
+    (the compat tiers), both on the host's root the guest boots."""
+    release = os.uname().release
+    cands = [Path(f"/boot/config-{release}"),
+             *Path("/var/lib/governor/kernels").glob(f"*/config-{release}")]  # fmt: skip
+    for c in cands:
+        if c.is_file():
+            pairs = (ln.split("=", 1) for ln in c.read_text().splitlines() if "=" in ln)
+            return {k: v for k, v in pairs if not k.startswith("#")}
+    pytest.fail(f"no build config of {release} in {[str(c) for c in cands]}")
+
+
+@pytest.mark.compat
+def test_doctor_reports_the_multigen_lru_as_the_kernel_was_built() -> None:
+    """issue 47: Debian's 6.12 and later boot with MGLRU on (0x0007), its 6.1 builds it off,
+    5.10 has none; doctor's finding follows the kernel's own switch."""
+    config = _kernel_config()
+    res = subprocess.run([sys.executable, "-m", "governor", "doctor", "--json"],
+                         capture_output=True, text=True, check=False, timeout=120)  # fmt: skip
+    found = {f["topic"]: f for f in json.loads(res.stdout)["findings"]}
+    message = found["mglru"]["message"]
+    if config.get("CONFIG_LRU_GEN") != "y":
+        assert message.startswith("no multi-gen LRU in this kernel"), message
+    elif config.get("CONFIG_LRU_GEN_ENABLED") == "y":
+        assert message.startswith("multi-gen LRU on (0x"), message  # 0x0007 on 6.18
+        assert "min_ttl_ms 0: no working set is protected" in message, message
+    else:
+        assert message.startswith(
+            "multi-gen LRU built but off (/sys/kernel/mm/lru_gen/enabled 0x0000)"
+        ), message
+
+
+def _release() -> tuple[int, int]:
+    major, minor = os.uname().release.split(".")[:2]
+    return int(major), int(minor)
+
+
+@pytest.mark.compat
+def test_doctor_probes_peak_reset_and_reclaim_swappiness_by_writing(
+    scratch_slice: ScratchSlice, enabled_root_subtree: Path
+) -> None:
+    """issue 47: memory.peak reset (6.12) and memory.reclaim swappiness= (6.11) are found by a
+    harmless write (governor/kernel/writeprobe.py); each kernel of the matrix answers as its
+    version says (5.10 has no memory.reclaim at all)."""
+    scratch_slice.create()  # a group with memory.peak (the root has none)
+    res = subprocess.run([sys.executable, "-m", "governor", "doctor", "--json"],
+                         capture_output=True, text=True, check=False, timeout=120)  # fmt: skip
+    found = {f["topic"]: f["message"] for f in json.loads(res.stdout)["findings"]}
+    peak, swappiness = found["kernel.memory_peak_reset"], found["kernel.reclaim_swappiness"]
+    release = _release()
+    assert ("the kernel took a write" in peak) == (release >= (6, 12)), peak
+    if release >= (5, 19):
+        assert ("the kernel took a write" in swappiness) == (release >= (6, 11)), swappiness
+        assert ("refused" in swappiness) == (release < (6, 11)), swappiness
+    else:
+        assert "unknown (no memory.reclaim" in swappiness, swappiness
+    if release < (6, 12):  # refused before 6.12 (5.10 has no memory.peak: unknown)
+        assert ("refused" in peak) == (release >= (5, 19)), peak
+
+
+def _touch_in(group: Path, mib: int) -> None:
+    """A process in ``group`` that touches ``mib`` MiB of anonymous memory and exits."""
+    code = f"b = bytearray({mib} << 20); b[::4096] = b'x' * len(b[::4096])"
+    script = f'echo $$ > {group}/cgroup.procs && exec {sys.executable} -c "{code}"'
+    subprocess.run(["sh", "-c", script], check=True, timeout=120)
+
+
+@pytest.mark.compat
+def test_the_samplers_run_peak_starts_again_at_a_reset(
+    scratch_slice: ScratchSlice, enabled_root_subtree: Path
+) -> None:
+    """issue 47: on 6.12+ the sampler's reset fd sees only the peak after the reset (a restart's
+    own peak in the same group); before, the kernel refuses and run_peak is None."""
+    from governor.monitor.sampler import Sampler
+
+    group = scratch_slice.create()
+    _touch_in(group, 192)
+    s = Sampler(CgroupFs(Path("/sys/fs/cgroup")), scratch_slice.name)
+    try:
+        took = s.reset_peak()
+        _touch_in(group, 16)
+        got = s.sample(1.0)
+    finally:
+        s.close()
+    assert took == (_release() >= (6, 12))
+    if _release() < (5, 19):
+        assert got.peak is None and got.run_peak is None
+        return
+    assert got.peak is not None and got.peak >= 192 << 20, got
+    if took:
+        # the reset starts from memory.current (the first run's page cache stays charged)
+        assert got.run_peak is not None and 16 << 20 <= got.run_peak < 128 << 20, got
+    else:
+        assert got.run_peak is None

@@ -177,7 +177,7 @@ def test_newc_archive_lists_with_cpio(tmp_path: Path) -> None:
 
 def test_parse_args_tiers_and_passthrough() -> None:
     o = harness.parse_args([])
-    # the default run (CI) includes the compat tests on Debian's 5.10 and 6.12 (issue 37)
+    # the default run (CI) includes the compat tests on Debian's 5.10 and 6.12 (issues 37, 47)
     assert o.tiers == ["lint", "host", "kernel", "systemd", "compat-5.10", "compat-6.12"]
     assert o.pytest_args == []
     assert o.kernel_series is None
@@ -204,6 +204,20 @@ def test_kernel_option_boots_the_guest_tiers_on_that_series_and_compat_runs_its_
     assert harness.parse_args(["--tier", "compat-6.12,host"]).tiers == ["host", "compat-6.12"]
     with pytest.raises(SystemExit):
         harness.parse_args(["--kernel", "4.19"])
+
+
+def test_the_mainline_kernels_are_in_the_matrix_and_the_older_ones_opt_in() -> None:
+    # issue 47: 6.18 (the mainline LTS of RK3588 boards) and 7.x (Armbian edge)
+    o = harness.parse_args(["--kernel", "7.x"])
+    assert (o.tiers, o.kernel_series) == (["kernel", "systemd"], "7.x")
+    assert harness.parse_args(["--kernel", "6.18"]).kernel_series == "6.18"
+    o = harness.parse_args(["--tier", "compat-7.x,compat-6.12"])
+    assert o.tiers == ["compat-6.12", "compat-7.x"]
+    assert [harness.tier_series(t) for t in o.tiers] == ["6.12", "7.x"]
+    assert harness.tier_suite("compat-7.x") == ("kernel", "kernel and compat")
+    assert "GOVERNOR_TEST_COMPAT=7.x" in harness.guest_script("compat-7.x", "/r", [], environ={})
+    # opt-in: named, never in the default run
+    assert not {"compat-6.1", "compat-6.18", "compat-7.x"} & set(harness.parse_args([]).tiers)
 
 
 def test_a_compat_tier_runs_the_kernel_tests_marked_compat() -> None:

@@ -15,6 +15,8 @@ from governor.kernel.swap import (
     parse_mm_stat,
     parse_swaps,
     parse_zswap_enabled,
+    usable_zram,
+    zram_room,
 )
 
 SWAPS_ZRAM_AND_FILE = (
@@ -119,3 +121,53 @@ def test_an_unparsable_proc_swaps_is_an_unknown_swap(tmp_path: Path) -> None:
     board = _tree(tmp_path, "Filename Type Size Used Priority\n/dev/x partition\n", {}, None).read()
     assert board.size is None and board.swaps_error is not None
     assert "unexpected line" in board.swaps_error
+
+
+# ---------------------------------------------------------------- usable zram (issue 47)
+
+MIB = 1 << 20
+
+
+def test_usable_zram_is_swapfree_or_what_available_memory_can_hold_compressed() -> None:
+    """lmkd's get_free_swap: min(SwapFree, available x ratio)."""
+    # plenty of memory: the device's free space is the limit
+    assert usable_zram(512 * MIB, 1024 * MIB, 3.0) == 512 * MIB
+    # little memory: 100 MiB holds 300 MiB of pages at 3:1, however empty the device
+    assert usable_zram(2048 * MIB, 100 * MIB, 3.0) == 300 * MIB
+    assert usable_zram(2048 * MIB, -5, 3.0) == 0
+
+
+def test_zram_room_is_what_the_compression_gives_back() -> None:
+    # 300 MiB of pages swapped at 3:1 leave memory and take 100 MiB back: 200 MiB freed
+    assert zram_room(2048 * MIB, 100 * MIB, 3.0) == 200 * MIB
+    assert zram_room(512 * MIB, 1024 * MIB, 2.0) == 256 * MIB
+    # no ratio measured yet, or no gain: nothing counted
+    assert zram_room(2048 * MIB, 1024 * MIB, None) == 0
+    assert zram_room(2048 * MIB, 1024 * MIB, 1.0) == 0
+
+
+def test_board_swap_counts_zram_free_space_and_its_measured_ratio(tmp_path: Path) -> None:
+    reader = _tree(tmp_path, SWAPS_ZRAM_AND_FILE, {"zram0": MM_STAT_6}, "N\n")
+    (tmp_path / "proc" / "meminfo").write_text("MemTotal: 2097152 kB\nMemAvailable: 102400 kB\n")
+    board = reader.read()
+    # zram0: 1048572 KiB, 524288 KiB used; the file's free space is not zram's
+    assert board.zram_free == (1048572 - 524288) * 1024
+    # mm_stat: 512 MiB stored in a 136 MiB pool
+    assert board.zram_ratio == pytest.approx(536870912 / 142606336)
+    assert reader.available() == 100 * MIB
+    ratio = 536870912 / 142606336
+    assert board.zram_room(reader.available()) == int(100 * MIB * ratio * (1 - 1 / ratio))
+
+
+def test_zram_ratio_is_unknown_before_anything_is_stored_or_when_mm_stat_failed(
+    tmp_path: Path,
+) -> None:
+    empty = "0 0 0 0 0 0 0 0 0\n"
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    assert (
+        _tree(tmp_path / "a", SWAPS_ZRAM_AND_FILE, {"zram0": empty}, None).read().zram_ratio is None
+    )
+    failed = _tree(tmp_path / "b", SWAPS_ZRAM_AND_FILE, {}, None)
+    assert failed.read().zram_ratio is None
+    assert failed.available() == 0  # no /proc/meminfo: nothing counted
