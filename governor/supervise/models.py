@@ -27,17 +27,20 @@ the engine leaf, under the engine's limits, and every other child is placed (iss
 from __future__ import annotations
 
 import contextlib
+import functools
 import threading
 import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from governor.board import scan as board_scan
 from governor.errors import GovernorError
 from governor.kernel import files as kf
 from governor.kernel.cgroupfs import CgroupFs
 from governor.kernel.leafname import LeafNameError, leaf_name, model_cgroup, models_cgroup
 from governor.log import get_logger
+from governor.monitor.actions.unload import TOTALS, merge_unloads
 from governor.peer.router import RouterClient
 from governor.plan.llama_args import options
 from governor.record import record
@@ -372,7 +375,7 @@ def router_leaves(
     limits: Mapping[str, ModelLimits | Mapping[str, Any]],
     router_url: str | None,
     claims: Mapping[str, Any],
-    board_free: Callable[[], int | None] | None,
+    board: tuple[Path, Path],
     journal: Journal | None,
     router_pid: Callable[[], int | None],
     proc_root: Path,
@@ -380,7 +383,9 @@ def router_leaves(
 ) -> ModelLeaves:
     """The supervisor's ModelLeaves for a router run: with the router's url, each model's
     activity (supervise/activity.py Activity) and, under ``[engine] evict = "memory"``, the
-    evictor (supervise/evict.py; ``claims``: alias -> the model's estimate)."""
+    evictor (supervise/evict.py; ``claims``: alias -> the model's estimate; ``board``: the run
+    directory and the root the board is read from: the evictor's room under a group without
+    memory.max is the board's free budget for this slice, governor/board/scan.py free_for)."""
     activity = evictor = None
     if router_url is not None:
         # one for the activity's slot checks and the evictor, each request within ROUTER_S
@@ -394,7 +399,7 @@ def router_leaves(
                 client=client,
                 activity=activity,
                 claims={a: v for a, v in claims.items() if isinstance(v, int)},
-                board_free=board_free,
+                board_free=functools.partial(board_scan.free_for, plan, *board),
                 journal=journal,
             )
     leaves = ModelLeaves(
@@ -412,3 +417,15 @@ def router_leaves(
     if evictor is not None:
         evictor.on_unload = leaves.count_unload
     return leaves
+
+
+def router_state(
+    url: str | None, leaves: ModelLeaves | None, totals: Mapping[str, list[dict[str, Any]]]
+) -> dict[str, Any] | None:
+    """RunState.router: the router's url, each model's last request, the unloads (the
+    leaves' evictions and, in the monitor's ``totals``, the `unload` action's)."""
+    if url is None:
+        return None
+    own = leaves.published() if leaves is not None else {"models": {}}
+    unloads = merge_unloads(own.get("unloads", []), totals.get(TOTALS, []))
+    return {"url": url, "models": own["models"], "unloads": unloads}

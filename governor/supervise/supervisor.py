@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import contextlib
 import errno
-import functools
 import os
 import signal
 import time
@@ -25,7 +24,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
 from governor.backends.device import board_baseline
-from governor.board import scan as board_scan
 from governor.errors import BackendError, GovernorError, Interrupted, PermissionDenied
 from governor.kernel.cgroupfs import CgroupFs
 from governor.kernel.procfs import ProcFs
@@ -34,7 +32,6 @@ from governor.launch.helper import PrefetchHelper, kill_own_group
 from governor.launch.launcher import ChildSetup, Launcher, LaunchReport
 from governor.log import get_logger
 from governor.monitor.actions.base import Env
-from governor.monitor.actions.unload import TOTALS, merge_unloads
 from governor.monitor.loop import Monitor
 from governor.monitor.restart import Restarts
 from governor.monitor.sources import Board
@@ -43,7 +40,7 @@ from governor.record import field, record
 from governor.rundir.journal import Journal
 from governor.rundir.liveness import own_start
 from governor.rundir.state import Publisher, RunState, applied, run_dir
-from governor.supervise.models import ModelLeaves, router_leaves
+from governor.supervise.models import ModelLeaves, router_leaves, router_state
 from governor.supervise.sdnotify import notify
 from governor.supervise.watchdog import Watchdog
 
@@ -302,16 +299,6 @@ class Supervisor:
             raise lock_error
         return code
 
-    @staticmethod
-    def _board_free(job: Job) -> Callable[[], int | None] | None:
-        """[engine] evict = "memory": the board's free budget for this slice, read when a model
-        would not fit a group without memory.max; None: another evict (the router's count)."""
-        if job.plan.engine.evict != "memory":
-            return None
-        return functools.partial(
-            board_scan.free_for, job.plan, job.run_dir or run_dir(), job.board_root
-        )
-
     def _start_model_leaves(self, job: Job) -> ModelLeaves | None:
         """llama-server's router: each child it starts into its model's leaf; each model's
         last request sampled and published (RunState.router) with its url; evict = memory."""
@@ -323,7 +310,7 @@ class Supervisor:
             limits=job.model_leaves,
             router_url=job.router_url,
             claims=(job.extra.get("estimate") or {}).get("router") or {},
-            board_free=self._board_free(job),
+            board=(job.run_dir or run_dir(), job.board_root),
             journal=Journal((job.run_dir or run_dir()) / job.plan.policy),
             router_pid=lambda: self.engine_pid,
             proc_root=self.proc.root,
@@ -416,7 +403,7 @@ class Supervisor:
             board=self.board,
             qos=plan.qos.to_json(),
             shed_totals=totals.get("shed_totals", []),
-            router=self._router_state(job, totals),
+            router=router_state(job.router_url, self.leaves, totals),
             # --keep: the group and its claim outlive the engine (an admission's shed never
             # counts it, governor/board/budget.py); a transient scope ends with its last process
             kept_by="launch --keep" if job.keep and job.backend == "cgroupfs" else None,
@@ -425,18 +412,6 @@ class Supervisor:
         self.publisher.publish(state)
         if job.board_release is not None:
             job.board_release()  # idempotent: the next launch's admission sees this claim
-
-    def _router_state(
-        self, job: Job, totals: dict[str, list[dict[str, Any]]]
-    ) -> dict[str, Any] | None:
-        """RunState.router: the router's url, each model's last request, the unloads (the
-        leaves' evictions and, in the monitor's ``totals``, the `unload` action's)."""
-        if job.router_url is None:
-            return None
-        own = self.leaves.published() if self.leaves is not None else {"models": {}}
-        pressure = totals.get(TOTALS, [])
-        unloads = merge_unloads(own.get("unloads", []), pressure)  # evictions and `unload`s
-        return {"url": job.router_url, "models": own["models"], "unloads": unloads}
 
     def _start_helper(self, job: Job, engine_pid: int) -> None:
         """The prefetch helper for this start of the engine (mode none: nothing)."""

@@ -359,12 +359,13 @@ def test_a_slow_child_is_waited_for_at_most_the_bound(tree: tuple[MovingFs, Path
 def test_the_board_free_budget_is_the_budget_less_every_other_slices_claim(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
-    """The supervisor hands the evictor the board's free budget (governor/board/scan.py
-    free_for; issue 44: no closure wired into the run time by api/), read from one scan."""
+    """The supervisor's model leaves hand the evictor the board's free budget
+    (governor/board/scan.py free_for; issue 44: no closure wired into the run time by api/),
+    read from one scan of the run directory and root they were given."""
     from governor.board.budget import Budget
     from governor.board.scan import Board
     from governor.board.slice import QosClass, Slice
-    from governor.supervise.supervisor import Job, Supervisor
+    from governor.supervise.models import router_leaves
 
     def claim(name: str, peak: int) -> Slice:
         return Slice(name=name, cgroup=f"g/{name}", qos=QosClass("standard"), min=0, peak=peak,
@@ -382,14 +383,15 @@ def test_the_board_free_budget_is_the_budget_less_every_other_slices_claim(
 
     monkeypatch.setattr("governor.board.scan.scan", fake_scan)
     plan = replace(make_plan(policy="r"), engine=replace(make_plan().engine, evict="memory"))
-    job = Job(plan=plan, setup=None, run_dir=tmp_path / "run", board_root=tmp_path)  # type: ignore[arg-type]
-    free = Supervisor._board_free(job)
-    assert free is not None
-    assert free() == (2048 - 256 - 700 - 200) * MIB  # its own claim ("r") is not counted
+    leaves = router_leaves(
+        FakeKernelCgroupFs(tmp_path), plan, limits={}, router_url="http://127.0.0.1:8080",
+        claims={}, board=(tmp_path / "run", tmp_path), journal=None,
+        router_pid=lambda: None, proc_root=tmp_path, on_change=None,
+    )  # fmt: skip
+    assert leaves.evictor is not None and leaves.evictor.board_free is not None
+    assert leaves.evictor.board_free() == (2048 - 256 - 700 - 200) * MIB  # not its own ("r")
     assert scanned == [{"run": tmp_path / "run", "cgroup_root": Path(plan.cgroup_root),
                         "root": tmp_path}]  # fmt: skip
-    counted = replace(job, plan=replace(plan, engine=replace(plan.engine, evict="count")))
-    assert Supervisor._board_free(counted) is None
 
 
 def test_router_leaves_evicts_only_under_evict_memory(tmp_path: Path) -> None:
@@ -402,7 +404,7 @@ def test_router_leaves_evicts_only_under_evict_memory(tmp_path: Path) -> None:
     def build(plan: Any, url: str | None) -> ModelLeaves:
         return router_leaves(
             FakeKernelCgroupFs(tmp_path), plan, limits={}, router_url=url,
-            claims={"a": 1, "b": "?"}, board_free=None, journal=None,
+            claims={"a": 1, "b": "?"}, board=(tmp_path, tmp_path), journal=None,
             router_pid=lambda: None, proc_root=tmp_path, on_change=None,
         )  # fmt: skip
 

@@ -356,11 +356,11 @@ def test_a_board_files_cgroup_cannot_yield_unload(tmp_path: Path) -> None:
 
 
 def test_the_launch_publishes_the_verbs_unloads_beside_its_evictions() -> None:
-    """Supervisor._router_state: RunState.router.unloads = the leaves' (evict = "memory")
-    plus the monitor's `unload` handler's (the metric governor_model_unloads_total)."""
+    """supervise/models.py router_state: RunState.router.unloads = the leaves' (evict =
+    "memory") plus the monitor's `unload` handler's (the metric governor_model_unloads_total)."""
     from types import SimpleNamespace
 
-    from governor.supervise.supervisor import Supervisor
+    from governor.supervise.models import router_state
 
     leaves = SimpleNamespace(
         published=lambda: {
@@ -370,8 +370,8 @@ def test_the_launch_publishes_the_verbs_unloads_beside_its_evictions() -> None:
     )
     pressure = [{"model": "a", "reason": "pressure", "count": 2}]
     monitor = SimpleNamespace(totals=lambda: {"router_unloads": pressure, "shed_totals": []})
-    job = SimpleNamespace(router_url="http://127.0.0.1:8080")
-    state = Supervisor._router_state(SimpleNamespace(leaves=leaves), job, monitor.totals())  # type: ignore[arg-type]
+    url = "http://127.0.0.1:8080"
+    state = router_state(url, leaves, monitor.totals())  # type: ignore[arg-type]
     assert state == {
         "url": "http://127.0.0.1:8080",
         "models": {"a": {"last_request": 5.0}},
@@ -380,10 +380,8 @@ def test_the_launch_publishes_the_verbs_unloads_beside_its_evictions() -> None:
             {"model": "a", "reason": "pressure", "count": 2},
         ],
     }
-    bare = SimpleNamespace(leaves=None)
-    assert Supervisor._router_state(bare, job, {}) == {  # type: ignore[arg-type]
-        "url": "http://127.0.0.1:8080", "models": {}, "unloads": []
-    }  # fmt: skip
+    assert router_state(url, None, {}) == {"url": url, "models": {}, "unloads": []}
+    assert router_state(None, leaves, {}) is None  # type: ignore[arg-type]  # no router
 
 
 def test_an_attached_monitor_finds_the_launched_router_of_its_group(
