@@ -6,7 +6,8 @@ What the host tier cannot give is driven here for real: llama-server's router (t
 one request each: the model leaves, governor_model_memory_bytes) under a background policy with
 memory.high/max (the memory families) whose rule `unload`s its idle models
 (governor_model_unloads_total{reason="pressure"}), and an interactive slice whose shed takes a
-step on the router (governor_shed_total). Both rules hold at once (`board available < 60G`).
+step on the router (governor_shed_total) and whose cpu.weight enables the cpu controller
+(cpu.stat's throttled_usec). Both rules hold at once (`board available < 60G`).
 The same queries on the host: tests/runtime/test_dashboard_live.py.
 """
 
@@ -80,7 +81,8 @@ def test_every_dashboard_query_returns_series_from_a_router_and_a_shedding_slice
     )
     chat_policy = tmp_path / "chat.toml"
     chat_policy.write_text(
-        f'name = "chat"\n{slice_}[qos]\nclass = "interactive"\n[[pressure]]\n'
+        f'name = "chat"\n{slice_}[cpu]\nweight = 100\n[qos]\nclass = "interactive"\n'
+        "[[pressure]]\n"
         'when = "board available < 60G"\ndo = ["log", "shed"]\ncooldown = "600s"\n'
     )
     port, router_metrics, chat_metrics = free_port(), free_port(), free_port()
