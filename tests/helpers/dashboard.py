@@ -126,8 +126,10 @@ class Prometheus:
         q = urllib.parse.urlencode({"query": promql})
         try:
             out = _get(f"http://{self.api}/api/v1/query?{q}")
-        except urllib.error.HTTPError as err:  # 400/422: not a query, not a retry
-            raise AssertionError(f"{promql}: {err.code} {err.read()[:500]!r}") from err
+        except urllib.error.HTTPError as err:
+            if err.code in (400, 422):  # Prometheus refuses the query: no retry helps
+                raise AssertionError(f"{promql}: {err.code} {err.read()[:500]!r}") from err
+            raise  # 503 while the server starts (its storage not ready): an OSError, retried
         assert out["status"] == "success", out
         data = out["data"]
         if data["resultType"] in ("scalar", "string"):
