@@ -21,6 +21,8 @@ MEMORY_SWAP_MAX = "memory.swap.max"
 MEMORY_OOM_GROUP = "memory.oom.group"
 MEMORY_CURRENT = "memory.current"
 MEMORY_PEAK = "memory.peak"  # 5.19+
+# written to memory.peak (6.12+): any non-empty string resets the writing fd's view only
+PEAK_RESET = "reset\n"
 MEMORY_EVENTS = "memory.events"
 MEMORY_EVENTS_LOCAL = "memory.events.local"
 MEMORY_STAT = "memory.stat"

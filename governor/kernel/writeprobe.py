@@ -27,7 +27,7 @@ from governor.record import record
 
 Verdict = Literal["yes", "no", "unknown"]
 
-PEAK_RESET_PROBE = "reset\n"  # any non-empty string; resets this fd's view only
+PEAK_RESET_PROBE = kf.PEAK_RESET  # the sampler's own write (kernel/files.py)
 RECLAIM_SWAPPINESS_PROBE = "0 swappiness=60"  # 0 bytes: reclaims nothing
 
 

@@ -16,7 +16,6 @@ from governor.errors import GovernorError
 from governor.kernel import files as kf
 from governor.kernel.cgroupfs import CgroupFs
 from governor.kernel.parse import parse_max
-from governor.kernel.writeprobe import PEAK_RESET_PROBE
 from governor.log import get_logger
 from governor.record import record
 
@@ -86,7 +85,7 @@ class Sampler:
         peak is then the group's since it was made, every run in it included)."""
         self._run_peak_tried = True
         try:
-            fd = self.fs.open_reset(self.cgroup, kf.MEMORY_PEAK, PEAK_RESET_PROBE)
+            fd = self.fs.open_reset(self.cgroup, kf.MEMORY_PEAK, kf.PEAK_RESET)
         except GovernorError as err:
             log.info("sampler.peak_reset", cgroup=self.cgroup, ok=False, reason=str(err))
             return False
