@@ -19,6 +19,11 @@ pure; every reader and writer of a model's leaf goes through :func:`model_cgroup
 - a leaf has at most NAME_MAX (255) bytes: a longer one is cut and ends in ``~`` and 8 hex
   digits of the name's sha256 (two names cut to the same start stay apart).
 
+The leaves as the kernel holds them (issue 44 item 4): :func:`model_leaves` is the one listing
+of ``<group>/models/*`` every reader takes (the live board's rows, the activity sampler); a
+leaf stays after its model is unloaded; a process in it is a loaded model (a child that is
+exiting still holds its memory): :func:`holds_process`.
+
 Standard library only (the run time's import set).
 """
 
@@ -26,8 +31,12 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from governor.errors import BackendError, PermissionDenied
+
 if TYPE_CHECKING:
     from hashlib import sha256
+
+    from governor.kernel.cgroupfs import CgroupFs
 else:
     try:  # the builtin module: hashlib would map OpenSSL's libcrypto for 8 hex digits
         from _sha256 import sha256
@@ -125,3 +134,22 @@ def models_cgroup(group: str) -> str:
 def model_cgroup(group: str, model: str) -> str:
     """``<group>/models/<leaf>`` of ``model`` (LeafNameError: it has none)."""
     return f"{group}/{MODELS}/{leaf_name(model)}"
+
+
+def model_leaves(fs: CgroupFs, group: str) -> list[tuple[str, str]]:
+    """(cgroup, leaf name) of every model leaf under ``<group>/models``, sorted; none when
+    ``models/`` is not there (no router, or no model placed yet) or cannot be listed."""
+    try:
+        cgroups = fs.children(models_cgroup(group))
+    except (BackendError, PermissionDenied):
+        return []
+    return [(cg, cg.rsplit("/", 1)[1]) for cg in cgroups]
+
+
+def holds_process(fs: CgroupFs, cgroup: str) -> bool | None:
+    """Whether a process is in the leaf now (its model is loaded); None when the leaf went
+    away meanwhile or cannot be read."""
+    try:
+        return bool(fs.procs(cgroup))
+    except (BackendError, PermissionDenied):
+        return None

@@ -19,8 +19,7 @@ from governor.backends.manager import same
 from governor.errors import GovernorError
 from governor.kernel import files as kf
 from governor.kernel.cgroupfs import CgroupFs
-from governor.kernel.leafname import model_name
-from governor.kernel.modelleaves import holds_process, model_leaves
+from governor.kernel.leafname import holds_process, model_leaves, model_name
 from governor.plan.model import Plan
 from governor.rundir.journal import Journal
 from governor.rundir.liveness import REVERTER, alive

@@ -20,8 +20,13 @@ from typing import Any
 
 from governor.errors import GovernorError
 from governor.kernel.cgroupfs import CgroupFs
-from governor.kernel.leafname import LeafNameError, leaf_name, model_cgroup, model_name
-from governor.kernel.modelleaves import model_leaves
+from governor.kernel.leafname import (
+    LeafNameError,
+    leaf_name,
+    model_cgroup,
+    model_leaves,
+    model_name,
+)
 from governor.peer.router import RouterClient, slot_tasks
 
 BUSY_USEC = 2000  # CPU a model leaf used between two samples that counts as a request

@@ -1,4 +1,4 @@
-"""The one listing of the router's model leaves (governor/kernel/modelleaves.py): every leaf
+"""The one listing of the router's model leaves (governor/kernel/leafname.py): every leaf
 under ``<group>/models`` with its name, sorted, none without ``models/``; a leaf holds its
 model loaded while a process is in it, and one that went away meanwhile is neither.
 
@@ -9,7 +9,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from governor.kernel.cgroupfs import CgroupFs
-from governor.kernel.modelleaves import holds_process, model_leaves
+from governor.kernel.leafname import holds_process, model_leaves
 from governor.operate.observe import model_rows
 
 
