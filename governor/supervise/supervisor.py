@@ -40,12 +40,14 @@ from governor.record import field, record
 from governor.rundir.journal import Journal
 from governor.rundir.liveness import own_start
 from governor.rundir.state import Publisher, RunState, applied, run_dir
-from governor.supervise.models import ModelLeaves, router_leaves, router_state
 from governor.supervise.sdnotify import notify
 from governor.supervise.watchdog import Watchdog
 
 if TYPE_CHECKING:
+    from types import ModuleType
+
     from governor.backends.clocks import BoardClocks
+    from governor.supervise.models import ModelLeaves
     from governor.supervise.ready import ReadyWait
 
 log = get_logger("governor.launch")
@@ -304,7 +306,7 @@ class Supervisor:
         last request sampled and published (RunState.router) with its url; evict = memory."""
         if job.model_leaves is None:
             return None
-        self.leaves = router_leaves(
+        self.leaves = _router().router_leaves(
             self.launcher.fs,
             job.plan,
             limits=job.model_leaves,
@@ -403,7 +405,11 @@ class Supervisor:
             board=self.board,
             qos=plan.qos.to_json(),
             shed_totals=totals.get("shed_totals", []),
-            router=router_state(job.router_url, self.leaves, totals),
+            router=(
+                _router().router_state(job.router_url, self.leaves, totals)
+                if job.router_url is not None
+                else None
+            ),
             # --keep: the group and its claim outlive the engine (an admission's shed never
             # counts it, governor/board/budget.py); a transient scope ends with its last process
             kept_by="launch --keep" if job.keep and job.backend == "cgroupfs" else None,
@@ -484,3 +490,10 @@ def _estimate_total(job: Job) -> int | None:
     """The engine's estimated resident memory (its claimed peak), when launch made one."""
     total = (job.extra.get("estimate") or {}).get("total")
     return total if isinstance(total, int) and total > 0 else None
+
+
+def _router() -> ModuleType:
+    """supervise/models.py, imported for a router only (its evictor stays out of the others)."""
+    from governor.supervise import models  # the router's only
+
+    return models
