@@ -31,7 +31,8 @@ worst, never a stale hit (tests/unit/cache/test_key_property.py checks that on g
 from __future__ import annotations
 
 from collections.abc import Iterator, Mapping, Sequence
-from typing import NamedTuple
+
+from governor.record import record
 
 # llama.cpp's options, the one table: governor/engines/llama.py parse_llama_argv reads it too
 # option -> canonical key; every one takes a value (as the next word or after "=")
@@ -168,8 +169,12 @@ _DIGITS = frozenset("0123456789")
 _SPACE = " \t\n\v\f\r"  # what std::stoi skips before a number (isspace in the C locale)
 
 
-class Option(NamedTuple):
-    """One step of :func:`options`: an option with its value, or a word of its own."""
+@record(frozen=True)
+class Option:
+    """One step of :func:`options`: an option with its value, or a word of its own. A record,
+    not a NamedTuple: NamedTuple evaluates its string annotations with compile(), and a
+    process's first compile() keeps ~200 KiB of the compiler's state for its life (the
+    supervisor's, issue 44)."""
 
     name: str  # the option as llama.cpp spells it ("-c", "--ctx-size"), else the word itself
     # the next word, or what follows "=" (inline); None: a flag, a positional word, an option

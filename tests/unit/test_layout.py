@@ -500,6 +500,44 @@ def function_level_imports(source: str) -> list[int]:
     return out
 
 
+# typing's classes that evaluate their (string) annotations with compile() when the class is
+# made: a process's first compile() keeps ~200 KiB of the compiler's state for its life, which
+# a cached launch's supervisor otherwise never pays (issue 44: plan/llama_args.Option was one)
+COMPILING_BASES = frozenset({"NamedTuple", "TypedDict"})
+
+
+def compiling_classes(source: str) -> list[str]:
+    """Classes in ``source`` whose base is one of COMPILING_BASES (bare or ``typing.``)."""
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.ClassDef):
+            for base in node.bases:
+                name = base.attr if isinstance(base, ast.Attribute) else getattr(base, "id", "")
+                if name in COMPILING_BASES:
+                    found.append(node.name)
+    return found
+
+
+def test_the_run_time_defines_no_class_that_compiles_its_annotations() -> None:
+    bad = {
+        module: names
+        for module, path in _modules().items()
+        if _matches(module, (*RUN_TIME, *SHARED)) and (names := compiling_classes(path.read_text()))
+    }
+    assert bad == {}, (
+        f"NamedTuple/TypedDict classes on the run time's path: {bad}; use @record(frozen=True)"
+        " (governor/record.py), which compiles nothing"
+    )
+
+
+def test_compiling_classes_finds_both_spellings_and_nothing_else() -> None:
+    source = (
+        "import typing\nfrom typing import NamedTuple\nclass A(NamedTuple):\n    x: int\n"
+        "class B(typing.TypedDict):\n    y: str\nclass C(tuple):\n    pass\n"
+    )
+    assert compiling_classes(source) == ["A", "B"]
+
+
 def test_function_level_imports_stay_under_the_bound() -> None:
     counts = {
         str(path.relative_to(REPO)): len(function_level_imports(path.read_text()))
