@@ -13,9 +13,10 @@ from typing import Any
 import pytest
 
 from governor.engines import projector as pj
-from governor.engines.budget import estimate_argv
+from governor.engines.budget import estimate_argv, estimate_router
 from governor.engines.estimate import render
 from governor.engines.llama import parse_llama_argv
+from governor.engines.router import render as render_router
 from governor.errors import PolicyError
 
 REPO = Path(__file__).resolve().parents[3]
@@ -141,3 +142,24 @@ def test_a_text_model_given_as_projector_is_refused_65(pair: tuple[Path, Path]) 
     with pytest.raises(PolicyError, match="not a vision projector") as err:
         estimate_argv(parse_llama_argv(argv), root=Path("/"), budget=None)
     assert err.value.exit_code == 65
+
+
+def test_a_router_model_directory_gives_its_child_the_projector_beside_it(
+    pair: tuple[Path, Path], tmp_path: Path
+) -> None:
+    model, proj = pair
+    (tmp_path / "vl").mkdir()
+    (tmp_path / "vl" / "model.gguf").symlink_to(model)
+    (tmp_path / "vl" / "vl-mmproj-f16.gguf").symlink_to(proj)  # "mmproj" anywhere in the name
+    (tmp_path / "text.gguf").symlink_to(model)
+    (tmp_path / "x-mmproj.gguf").symlink_to(proj)  # a top-level projector is no model
+    args = parse_llama_argv([SERVER, "--models-dir", str(tmp_path), "-c", "1024"])
+    rest = estimate_router(args, root=Path("/"), budget=None, cwd=tmp_path)
+    by = {m.alias: e for m, e in rest.models}
+    assert sorted(by) == ["text", "vl"]
+    assert by["text"].settings.projector is None
+    vl = by["vl"].settings.projector
+    assert vl is not None and vl.path == str(tmp_path / "vl" / "vl-mmproj-f16.gguf")
+    assert by["vl"].total - by["text"].total == by["vl"].term("projector") + by["vl"].term("image")
+    table = render_router(rest)
+    assert "projector" in table.splitlines()[1]
