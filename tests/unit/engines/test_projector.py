@@ -163,3 +163,18 @@ def test_a_router_model_directory_gives_its_child_the_projector_beside_it(
     assert by["vl"].total - by["text"].total == by["vl"].term("projector") + by["vl"].term("image")
     table = render_router(rest)
     assert "projector" in table.splitlines()[1]
+
+
+def test_the_projector_file_keys_the_plan_cache(pair: tuple[Path, Path], tmp_path: Path) -> None:
+    """A replaced projector must compile again: its header sized the cached estimate."""
+    from governor.api.launch_compile import _projector, _router_inputs
+
+    model, proj = pair
+    args = parse_llama_argv([SERVER, "-m", str(model), "--mmproj", str(proj)])
+    assert _projector(args) == [str(proj)]
+    assert _projector(parse_llama_argv([SERVER, "-m", str(model)])) == []
+    (tmp_path / "vl").mkdir()
+    (tmp_path / "vl" / "model.gguf").symlink_to(model)
+    (tmp_path / "vl" / "mmproj.gguf").symlink_to(proj)
+    router = parse_llama_argv([SERVER, "--models-dir", str(tmp_path)])
+    assert str(tmp_path / "vl" / "mmproj.gguf") in _router_inputs(router, tmp_path)
