@@ -46,7 +46,8 @@ SLICE = "perfaccuracy.slice"
 MIB = 1 << 20
 BAND = 0.10  # at most 10 % over, never under
 MTMD_CLI = BIN / "llama-mtmd-cli"
-IMAGE = Path("/tmp/perf-accuracy.png")  # written by run_cell for llama-mtmd-cli
+IMAGE = Path("/tmp/perf-accuracy.png")
+TIME = "/usr/bin/time"  # GNU time: a one-shot engine's peak RSS in --host-rss  # written by run_cell for llama-mtmd-cli
 
 
 @dataclass(frozen=True)
@@ -188,8 +189,39 @@ def drop_caches() -> None:
     Path("/proc/sys/vm/drop_caches").write_text("3\n")
 
 
-def run_cell(cell: Cell, parent: Path, log: Path) -> Result:
-    """One run of ``cell`` in a new cgroup under ``parent`` (memory controller enabled there)."""
+def evict(paths: list[Path]) -> None:
+    """These files' clean pages out of the page cache (a host run: no global drop_caches)."""
+    for path in paths:
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+        finally:
+            os.close(fd)
+
+
+def cached_bytes(path: Path) -> int:
+    """How much of ``path`` is in the page cache (util-linux fincore)."""
+    out = subprocess.run(
+        ["fincore", "--bytes", "--noheadings", "--output", "RES", str(path)],
+        capture_output=True, text=True, check=False,
+    ).stdout  # fmt: skip
+    return int(out.split()[0]) if out.split() and out.split()[0].isdigit() else 0
+
+
+def status_kib(pid: int, key: str) -> int:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith(key + ":"):
+            return int(line.split()[1]) * 1024
+    return 0
+
+
+def run_cell(cell: Cell, parent: Path | None, log: Path) -> Result:
+    """One run of ``cell`` in a new cgroup under ``parent`` (memory controller enabled there);
+    ``parent`` None: a host without a memory controller, where the peak is the process's
+    peak RSS plus the page cache of what it read without mapping (the projector), its files
+    evicted from the page cache first: a proxy of memory.peak, not memory.peak."""
+    if parent is None:
+        return _run_rss(cell, log)
     group = parent / cell.name
     group.mkdir()
     argv = list(cell.argv)
@@ -209,13 +241,7 @@ def run_cell(cell: Cell, parent: Path, log: Path) -> Result:
         )  # fmt: skip
         try:
             if cell.program == SERVER:
-                base = f"http://127.0.0.1:{port}"
-                wait_ready(base, proc, timeout=900)
-                for i in range(cell.conversations):
-                    tokens.append(chat(base, i, prompt(i, 120), max_tokens=4).prompt_tokens)
-                if cell.image:
-                    tokens.append(image_request(base))
-                time.sleep(0.5)
+                tokens = _serve(cell, proc, port)
             else:
                 rc = proc.wait(timeout=900)
                 if rc != 0:
@@ -241,6 +267,63 @@ def run_cell(cell: Cell, parent: Path, log: Path) -> Result:
         file=stat.get("file", 0),
         prompt_tokens=tokens,
         oom_kill=events.get("oom_kill", 0),
+        wall_s=time.monotonic() - t0,
+    )
+
+
+def _serve(cell: Cell, proc: subprocess.Popen[str], port: int) -> list[int]:
+    base = f"http://127.0.0.1:{port}"
+    wait_ready(base, proc, timeout=900)
+    tokens = [
+        chat(base, i, prompt(i, 120), max_tokens=4).prompt_tokens for i in range(cell.conversations)
+    ]
+    if cell.image:
+        tokens.append(image_request(base))
+    time.sleep(0.5)
+    return tokens
+
+
+def _run_rss(cell: Cell, log: Path) -> Result:
+    argv = list(cell.argv)
+    port = free_port()
+    if cell.program == SERVER:
+        argv += ["--host", "127.0.0.1", "--port", str(port)]
+    total, terms = estimate_of(cell.program, tuple(argv))
+    IMAGE.write_bytes(png())
+    files = [Path(w) for w in argv if w.endswith(".gguf")]
+    evict(files)
+    t0 = time.monotonic()
+    tokens: list[int] = []
+    anon = 0
+    with log.open("w") as err:
+        # a one-shot engine's peak RSS through GNU time: a child forked from Python would
+        # count the interpreter's pages before exec in its ru_maxrss
+        timed = log.with_suffix(".maxrss")
+        wrap = [] if cell.program == SERVER else [TIME, "-f", "%M", "-o", str(timed)]
+        proc = subprocess.Popen(
+            [*wrap, str(cell.program), *argv], stdout=subprocess.DEVNULL, stderr=err, text=True
+        )
+        try:
+            if cell.program == SERVER:
+                tokens = _serve(cell, proc, port)
+                peak, anon = status_kib(proc.pid, "VmHWM"), status_kib(proc.pid, "RssAnon")
+            elif proc.wait(timeout=900) != 0:
+                raise RuntimeError(f"{cell.name}: exit {proc.returncode}; see {log}")
+            else:
+                peak = int(timed.read_text().split()[-1]) * 1024
+        finally:
+            proc.kill()
+            proc.wait()
+    unmapped = sum(cached_bytes(Path(argv[i + 1])) for i, w in enumerate(argv) if w == "--mmproj")
+    return Result(
+        cell=cell.name,
+        argv=shlex.join([cell.program.name, *cell.argv]),
+        estimate=total,
+        terms=terms,
+        peak=peak + unmapped,
+        anon=anon,
+        file=unmapped,
+        prompt_tokens=tokens,
         wall_s=time.monotonic() - t0,
     )
 
@@ -289,6 +372,10 @@ def main() -> int:
     ap.add_argument("--json", type=Path, help="also write the results here")
     ap.add_argument("--guest", action="store_true", help="run in the kernel test guest")
     ap.add_argument("--guest-timeout", type=float, default=1500.0)
+    ap.add_argument(
+        "--host-rss", action="store_true",
+        help="no memory controller: peak RSS + the projector's page cache (a proxy)",
+    )  # fmt: skip
     a = ap.parse_args()
     names = a.cells.split(",")
     cells = [c for c in CELLS if c.name in names]
@@ -296,8 +383,8 @@ def main() -> int:
         raise SystemExit(f"perf/accuracy: unknown cells {unknown} (--cells)")
     if a.guest:
         return in_guest([f"--cells={a.cells}"], a.guest_timeout)
-    if os.geteuid() != 0 or not (CGROUP / "cgroup.controllers").exists():
-        raise SystemExit("perf/accuracy: needs root on a cgroup v2 kernel (use --guest)")
+    if not a.host_rss and (os.geteuid() != 0 or not (CGROUP / "cgroup.controllers").exists()):
+        raise SystemExit("perf/accuracy: needs root on a cgroup v2 kernel (--guest, --host-rss)")
     if not MTMD_CLI.exists() and MTMD_CLI in {c.program for c in cells}:
         print(f"perf/accuracy: {MTMD_CLI} missing (an engine cache before b11312): cell skipped")
         cells = [c for c in cells if c.program != MTMD_CLI]
@@ -305,14 +392,17 @@ def main() -> int:
         for path in (c.program, *(Path(w) for w in c.argv if w.endswith(".gguf"))):
             if not path.exists():
                 raise SystemExit(f"perf/accuracy: {path} missing: run scripts/engine-setup")
-    (CGROUP / "cgroup.subtree_control").write_text("+memory")
-    parent = CGROUP / SLICE
-    parent.mkdir(exist_ok=True)
-    (parent / "cgroup.subtree_control").write_text("+memory")
+    parent: Path | None = None
+    if not a.host_rss:
+        (CGROUP / "cgroup.subtree_control").write_text("+memory")
+        parent = CGROUP / SLICE
+        parent.mkdir(exist_ok=True)
+        (parent / "cgroup.subtree_control").write_text("+memory")
     results: list[Result] = []
     t0 = time.monotonic()
     with contextlib.ExitStack() as stack:
-        stack.callback(lambda: parent.rmdir() if parent.exists() else None)
+        if parent is not None:
+            stack.callback(parent.rmdir)
         for cell in cells:
             r = run_cell(cell, parent, Path(f"/tmp/perf-accuracy-{cell.name}.log"))
             print(
