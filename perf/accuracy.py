@@ -85,7 +85,7 @@ CELLS = (
     _srv("tiny-mmproj-c1024", TINY, *MM, "-c", "1024", "-np", "1", "--cache-ram", "0", image=True),
     _srv("tiny-mmproj-c2048-np2", TINY, *MM, "-c", "2048", "-np", "2", "--cache-ram", "0", conversations=1, image=True),
     Cell("tiny-mtmd-cli-c1024", ("-m", str(TINY), *MM, "-c", "1024", "--image", str(IMAGE),
-         "-p", "what is this", "-n", "4", "-t", "2"), MTMD_CLI),
+         "-p", "what is this", "-n", "4", "-t", "2", "--chat-template", "chatml"), MTMD_CLI),
 )  # fmt: skip
 
 
