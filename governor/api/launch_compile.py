@@ -43,7 +43,10 @@ def compile_launch(
     models = _models(plan, argv, args)
     idents = tuple(
         i
-        for i in (compiled.file_identity(p) for p in [*models, *files, *_router_inputs(args, cwd)])
+        for i in (
+            compiled.file_identity(p)
+            for p in [*models, *files, *_projector(args), *_router_inputs(args, cwd)]
+        )
         if i is not None
     )
     chain = tuple(
@@ -78,6 +81,11 @@ def _models(plan: Plan, argv: tuple[str, ...], args: EngineArgs | None) -> list[
     return [str(p) for p in (model_parts(args.model) if args and args.model else [])]
 
 
+def _projector(args: EngineArgs | None) -> list[str]:
+    """The --mmproj projector (its header sizes the estimate's projector terms)."""
+    return [args.mmproj] if args is not None and args.mmproj is not None else []
+
+
 def _router_inputs(args: EngineArgs | None, cwd: Path) -> list[str]:
     """llama-server's router: the models directory (its mtime moves when a model is added or
     removed), the preset and every model file the router may load, so a change to any of them
@@ -103,6 +111,8 @@ def _router_inputs(args: EngineArgs | None, cwd: Path) -> list[str]:
         return out
     for m in models:
         out.append(m.argv[m.argv.index("--model") + 1])
+        if "--mmproj" in m.argv:  # a subdirectory's projector (engines/router.py)
+            out.append(m.argv[m.argv.index("--mmproj") + 1])
     return out
 
 

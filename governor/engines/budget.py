@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, Protocol, TypeVar
 from governor.engines.estimate import Estimate, cpu_family, estimate
 from governor.engines.gguf import read_gguf_cached as read_gguf
 from governor.engines.llama import EngineArgs, EngineArgvError, model_parts, parse_llama_argv
+from governor.engines.projector import read_projector
 from governor.engines.router import (
     MODELS_MAX,
     PresetError,
@@ -63,9 +64,14 @@ def estimate_argv(args: EngineArgs, *, root: Path, budget: int | None) -> Estima
     if len(parts) > 1:  # tensors of the other parts: their sizes add to the weights
         extra = tuple(t for p in parts[1:] for t in read_gguf(p).tensors)
         info = replace(info, tensors=info.tensors + extra)
+    settings = settings_from_argv(args, info.n_ctx_train)
+    if args.mmproj is not None:
+        proj = read_projector(Path(args.mmproj), image_max_tokens=args.image_max_tokens)
+        offload = "no_mmproj_offload" not in args.flags
+        settings = replace(settings, projector=replace(proj, offload=offload))
     return estimate(
         info,
-        settings_from_argv(args, info.n_ctx_train),
+        settings,
         family=host_family(root),
         budget=budget,
         unsized=args.unsized,

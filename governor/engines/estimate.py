@@ -29,7 +29,7 @@ import math
 from collections.abc import Iterable
 from dataclasses import dataclass, field, replace
 
-from governor.engines import server
+from governor.engines import projector, server
 from governor.engines.gguf import GgufInfo
 from governor.engines.settings import KV_CELL_PAD, Settings
 
@@ -219,6 +219,9 @@ def estimate(
             f"not sized: the context checkpoints of a recurrent model ({info.architecture}:"
             f" up to {s.ctx_checkpoints} states per slot; --ctx-checkpoints 0 turns them off)",
         )
+    if s.projector is not None:
+        said = projector.context_warning(s.projector, s.slot_cells)
+        warnings += (said,) if said else ()
     est = Estimate(
         model=info.path,
         settings=s,
@@ -271,6 +274,8 @@ def _terms(info: GgufInfo, s: Settings, family: str, margin: int) -> tuple[Term,
             f" (vocab {info.vocab} x ubatch {min(s.ubatch, s.batch, s.ctx)} logits)",
         )
     )
+    if s.projector is not None:
+        out += [Term(*t) for t in projector.terms(s.projector)]
     if s.server:
         tok = kv_token_bytes(info, s)
         out += [Term(*t) for t in server.terms(info, s, tok)]

@@ -158,6 +158,21 @@ def _corrupt(path: Path, why: str) -> PolicyError:
 
 def read_gguf(path: Path) -> GgufInfo:
     """Parse ``path``'s header. 66 when missing, 65 when corrupt/truncated, 69 without gguf."""
+    size, fields, n_tokens, tensors, file_type = read_header(path)
+    return info_from_fields(
+        str(path),
+        size=size,
+        fields=fields,
+        n_tokens=n_tokens,
+        tensors=tensors,
+        file_type=file_type,
+        corrupt=_corrupt,
+    )
+
+
+def read_header(path: Path) -> tuple[int, dict[str, Any], int, tuple[Tensor, ...], str | None]:
+    """(file size, key/value fields, vocabulary size, tensors, file type) of any GGUF file, a
+    text model or a projector (governor/engines/projector.py); the errors of read_gguf."""
     try:
         st = path.stat()
         size = st.st_size
@@ -191,15 +206,7 @@ def read_gguf(path: Path) -> GgufInfo:
         raise _corrupt(path, str(err)) from err
     except (ValueError, KeyError, struct.error, OverflowError) as err:  # unknown enum values
         raise _corrupt(path, f"{type(err).__name__}: {err}") from err
-    return info_from_fields(
-        str(path),
-        size=size,
-        fields=fields,
-        n_tokens=n_tokens,
-        tensors=tensors,
-        file_type=file_type,
-        corrupt=_corrupt,
-    )
+    return size, fields, n_tokens, tensors, file_type
 
 
 class _Corrupt(Exception):

@@ -80,6 +80,9 @@ class EngineArgs:
     models_dir: str | None = None
     models_preset: str | None = None
     models_max: int | None = None
+    # a vision projector (--mmproj) and the cap on one image's tokens (--image-max-tokens)
+    mmproj: str | None = None
+    image_max_tokens: int | None = None
 
     @property
     def server(self) -> bool:
@@ -200,6 +203,8 @@ def parse_llama_argv(
         models_dir=values.get("models_dir"),
         models_preset=values.get("models_preset"),
         models_max=_int(values, "models_max", "--models-max"),
+        mmproj=None if "no_mmproj" in flags else values.get("mmproj"),
+        image_max_tokens=_int(values, "image_max_tokens", "--image-max-tokens"),
     )
 
 

@@ -7,8 +7,9 @@ model on demand and keeps at most ``--models-max`` (default 4, 0 = no limit) loa
 they weigh. Measured with that build (GET /models, each model's ``status.args``):
 
 - a models directory lists each ``*.gguf`` file as the model named by its stem, and each
-  subdirectory as the model named by the directory (its GGUF that is not an ``mmproj*``
-  projector; the first part of a split model);
+  subdirectory as the model named by the directory (its GGUF that is not an ``*mmproj*``
+  projector; the first part of a split model), with that projector as its ``--mmproj``
+  (common/preset.cpp load_from_models_dir);
 - a preset is an INI file: one section a model (its name; ``model = PATH`` for one that is not
   in the directory), ``[*]`` for every model; keys are the options without dashes, short
   forms (``c``, ``np``) and ``LLAMA_ARG_*`` names included; flags take true/false;
@@ -270,18 +271,36 @@ def router_words(argv: Sequence[str]) -> list[str]:
     return out
 
 
-def dir_models(models_dir: Path) -> dict[str, Path]:
-    """The models of a --models-dir, by name: each *.gguf (its stem), each subdirectory (its
-    GGUF that is not an mmproj* projector, the first part of a split model), sorted."""
+def _projector_file(name: str) -> bool:
+    """A projector beside a model (common/preset.cpp is_mmproj_file: "mmproj" in the name)."""
+    return "mmproj" in name
+
+
+def dir_projectors(models_dir: Path) -> dict[str, Path]:
+    """The projector of each subdirectory model of a --models-dir, by name: llama-server gives
+    the child LLAMA_ARG_MMPROJ of its *mmproj*.gguf (common/preset.cpp load_from_models_dir,
+    the last one listed); a top-level file model has none."""
     out: dict[str, Path] = {}
     for entry in sorted(models_dir.iterdir()):
-        if entry.is_file() and entry.suffix == ".gguf" and not entry.name.startswith("mmproj"):
+        if entry.is_dir():
+            found = sorted(
+                p for p in entry.iterdir() if p.suffix == ".gguf" and _projector_file(p.name)
+            )
+            if found:
+                out[entry.name] = found[-1]
+    return out
+
+
+def dir_models(models_dir: Path) -> dict[str, Path]:
+    """The models of a --models-dir, by name: each *.gguf (its stem), each subdirectory (its
+    GGUF that is not an *mmproj* projector, the first part of a split model), sorted."""
+    out: dict[str, Path] = {}
+    for entry in sorted(models_dir.iterdir()):
+        if entry.is_file() and entry.suffix == ".gguf" and not _projector_file(entry.name):
             out[entry.stem] = entry
         elif entry.is_dir():
             ggufs = sorted(
-                p
-                for p in entry.iterdir()
-                if p.suffix == ".gguf" and not p.name.startswith("mmproj")
+                p for p in entry.iterdir() if p.suffix == ".gguf" and not _projector_file(p.name)
             )
             split = [p for p in ggufs if re.search(r"-00001-of-\d{5}\.gguf$", p.name)]
             if split or ggufs:
@@ -298,11 +317,13 @@ def router_models(
     preset = parse_preset(preset_text) if preset_text is not None else {}
     common = preset.get(GLOBAL_SECTION, {})
     found: dict[str, tuple[str, str | None]] = {}
+    projectors: dict[str, Path] = {}
     if args.models_dir is not None:
         base = Path(args.models_dir)
         base = base if base.is_absolute() else cwd / base
         for name, path in dir_models(base).items():
             found[name] = ("models_dir", str(path))
+        projectors = dir_projectors(base)
     for name in preset:
         if name != GLOBAL_SECTION and name not in found:
             found[name] = ("preset", None)
@@ -312,6 +333,8 @@ def router_models(
     for name, (source, listed) in found.items():
         own = preset.get(name, {})
         words = [*preset_words(common), *preset_words(own)]
+        if name in projectors:  # the directory's projector, under the preset's and the CLI's
+            words = ["--mmproj", str(projectors[name]), *words]
         model = preset_model(own) or preset_model(common) or listed
         if model is None:
             unsized.append(name)
@@ -330,17 +353,21 @@ def render(rest: RouterEstimate) -> str:
         return f"{n / MIB:9.1f} MiB"
 
     width = max([5, *(len(shown(m.alias)) for m, _e in rest.models)])
+    vision = any(e.settings.projector is not None for _m, e in rest.models)
     given = "no limit" if rest.models_max == 0 else str(rest.models_max)
     lines = [
         f"llama-server router: {len(rest.models)} models, --models-max {given}"
         f" ({rest.loadable} loaded at once)",
-        f"  {'model':<{width}}  {'estimate':>13}  {'weights':>13}  {'-c':>6}  file",
+        f"  {'model':<{width}}  {'estimate':>13}  {'weights':>13}"
+        + (f"  {'projector':>13}" if vision else "")
+        + f"  {'-c':>6}  file",
     ]
     by_size = sorted(rest.models, key=lambda me: me[1].total, reverse=True)
     for m, e in by_size:
         lines.append(
             f"  {shown(m.alias):<{width}}  {mib(e.total)}  {mib(e.term('weights'))}"
-            f"  {e.settings.ctx:>6}  {shown(str(e.model))}"
+            + (f"  {mib(e.term('projector') + e.term('image'))}" if vision else "")
+            + f"  {e.settings.ctx:>6}  {shown(str(e.model))}"
         )
     lines.append(f"  the {rest.loadable} largest together: {mib(rest.largest_bytes).strip()}")
     together = rest.together

@@ -9,6 +9,7 @@ import math
 from dataclasses import dataclass, replace
 
 from governor.engines.llama import EngineArgs
+from governor.engines.projector import Projector
 
 KV_CELL_PAD = 256  # llama.cpp pads the KV cache size to a multiple of 256 cells
 DEFAULT_BATCH = 2048  # llama.cpp common_params defaults: -b 2048, -ub 512
@@ -32,6 +33,8 @@ class Settings:
     kv_unified: bool = True
     cache_ram_mib: int = 0  # -1: no limit
     ctx_checkpoints: int = 0
+    # --mmproj: the vision projector read from its file (governor/engines/projector.py)
+    projector: Projector | None = None
 
     @property
     def mmap(self) -> bool:

@@ -66,6 +66,10 @@ READ_OPTS = {
     "--models-dir": "models_dir",
     "--models-preset": "models_preset",
     "--models-max": "models_max",
+    # a vision projector (tools/mtmd): its weights, encode buffer and image tokens
+    "-mm": "mmproj",
+    "--mmproj": "mmproj",
+    "--image-max-tokens": "image_max_tokens",
 }
 # LLAMA_ARG_* variables of the same options (common/arg.cpp set_env); booleans below
 ENV_OPTS = {
@@ -85,14 +89,14 @@ ENV_OPTS = {
     "LLAMA_ARG_MODELS_DIR": "models_dir",
     "LLAMA_ARG_MODELS_PRESET": "models_preset",
     "LLAMA_ARG_MODELS_MAX": "models_max",
+    "LLAMA_ARG_MMPROJ": "mmproj",
+    "LLAMA_ARG_IMAGE_MAX_TOKENS": "image_max_tokens",
 }
 TRUTHY = frozenset(["on", "enabled", "true", "1"])  # common_arg_utils::is_truthy
 FALSEY = frozenset(["off", "disabled", "false", "0"])  # common_arg_utils::is_falsey
 # options that change the engine's memory in ways the estimate does not size: named in a
 # warning, never silently ignored (value-taking ones; flags in UNSIZED_FLAGS)
 UNSIZED_VALUE_OPTS = {
-    "-mm": "--mmproj (multimodal projector: its weights and image buffers)",
-    "--mmproj": "--mmproj (multimodal projector: its weights and image buffers)",
     "-md": "--model-draft (a second model and its KV cache)",
     "--model-draft": "--model-draft (a second model and its KV cache)",
     "--spec-draft-model": "--model-draft (a second model and its KV cache)",
@@ -131,7 +135,6 @@ SKIP_VALUE_OPTS = frozenset(
         "-r",
         "--reverse-prompt",
         "--lora",
-        "--mmproj",
         "-md",
         "--model-draft",
         "-a",
@@ -148,6 +151,8 @@ FLAG_OPTS = {
     "--kv-unified": "kv_unified",
     "-no-kvu": "no_kv_unified",
     "--no-kv-unified": "no_kv_unified",
+    "--no-mmproj": "no_mmproj",
+    "--no-mmproj-offload": "no_mmproj_offload",
 }
 # every option that takes a value: the next word is that option's value, never an option
 VALUE_OPTS = frozenset(READ_OPTS) | frozenset(UNSIZED_VALUE_OPTS) | SKIP_VALUE_OPTS

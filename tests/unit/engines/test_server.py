@@ -81,10 +81,10 @@ def test_server_options_it_cannot_read_are_refused(argv: list[str], why: str) ->
 
 
 def test_options_it_cannot_size_are_named_in_warnings_never_dropped() -> None:
-    est = _est(["-c", "1024", "--mmproj", "p.gguf", "-md", "d.gguf", "--swa-full", "-cram", "0"])
+    est = _est(["-c", "1024", "--lora", "a.gguf", "-md", "d.gguf", "--swa-full", "-cram", "0"])
     text = em.render(est)
     assert sum("not sized:" in w for w in est.warnings) == 3
-    assert "warning: not sized: --mmproj" in text and "--model-draft" in text
+    assert "warning: not sized: --lora" in text and "--model-draft" in text
     assert "--swa-full" in text
 
 

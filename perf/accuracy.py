@@ -1,0 +1,423 @@
+#!/usr/bin/env python3
+"""The estimate's accuracy band, both ways (issue 45 item 2): per cell of a small matrix
+(models x -c x -np x --cache-ram x repack x projector) the estimate `governor estimate` gives,
+the engine's measured memory.peak and their ratio; goal +10 % / -0 % (never under, at most 10 %
+over) and zero false refusals.
+
+    flock /tmp/governor-guest.lock .venv/bin/python -m perf.accuracy --guest [--cells a,b]
+    .venv/bin/python -m perf.accuracy [--cells a,b]   # as root on a cgroup v2 kernel
+
+Each cell runs once, alone, in a fresh cgroup with no limit (what is measured is what the
+engine takes, not what reclaim leaves it), the page cache dropped first so the model's and
+the projector's file pages are charged to the cell (the estimate is for a cold cache, as
+docs/calibration.md). One-shot cells run llama-completion to exit (`-n 4`); server cells run
+llama-server to ready, then their conversations (distinct ~120-word prompts: each a new saved
+state, so a --cache-ram fills) and/or one image request (a 64x64 PNG, the synthetic
+projector's 256 tokens), then read memory.peak. Models: scripts/engine-setup's synthetic ones.
+
+False refusal: `check`/`init` refuse an argv when its estimate is above memory.max; a cell is
+a false refusal when the estimate is above the limit it needs with the band's slack, 1.10 x
+its measured peak (it would run there, the governor would refuse it).
+"""
+
+from __future__ import annotations
+
+import argparse
+import base64
+import contextlib
+import json
+import os
+import shlex
+import struct
+import subprocess
+import sys
+import time
+import urllib.request
+import zlib
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from perf._helpers.engine_paths import BIN, COMPLETION, MMPROJ, SMALL, TINY
+from perf._helpers.server import KVGUEST, SERVER, SERVER_ARGS, chat, free_port, prompt, wait_ready
+
+REPO = Path(__file__).resolve().parents[1]
+CGROUP = Path("/sys/fs/cgroup")
+SLICE = "perfaccuracy.slice"
+MIB = 1 << 20
+BAND = 0.10  # at most 10 % over, never under
+MTMD_CLI = BIN / "llama-mtmd-cli"
+IMAGE = Path("/tmp/perf-accuracy.png")
+TIME = "/usr/bin/time"  # GNU time: a one-shot engine's peak RSS in --host-rss  # written by run_cell for llama-mtmd-cli
+
+
+@dataclass(frozen=True)
+class Cell:
+    name: str
+    argv: tuple[str, ...]  # the engine argv after the program's path
+    program: Path
+    conversations: int = 0  # server: distinct text conversations
+    image: bool = False  # server: one image request (needs --mmproj)
+
+
+def _srv(name: str, model: Path, *args: str, conversations: int = 0, image: bool = False) -> Cell:
+    return Cell(
+        name, ("-m", str(model), *args, "-t", "2", *SERVER_ARGS), SERVER, conversations, image
+    )
+
+
+def _one(name: str, model: Path, *args: str) -> Cell:
+    argv = ("-m", str(model), *args, "-p", "hello world", "-n", "4", "-no-cnv", "--ignore-eos")
+    return Cell(name, (*argv, "-t", "2"), COMPLETION)
+
+
+MM = ("--mmproj", str(MMPROJ))
+CELLS = (
+    _one("tiny-c512", TINY, "-c", "512"),
+    _one("tiny-c2048", TINY, "-c", "2048"),
+    _one("tiny-c2048-q8kv", TINY, "-c", "2048", "-ctk", "q8_0", "-ctv", "q8_0"),
+    _one("small-c512-repack", SMALL, "-c", "512"),
+    _one("small-c512-nr", SMALL, "-c", "512", "-nr"),
+    _one("small-c2048-nr", SMALL, "-c", "2048", "-nr"),
+    _srv("kv-c1024-np1-cram0", KVGUEST, "-c", "1024", "-np", "1", "--cache-ram", "0", conversations=2),
+    _srv("kv-c2048-np2-cram0", KVGUEST, "-c", "2048", "-np", "2", "--cache-ram", "0", conversations=2),
+    _srv("kv-c2048-np2-cram6", KVGUEST, "-c", "2048", "-np", "2", "--cache-ram", "6", conversations=4),
+    _srv("kv-c4096-np4-kvu", KVGUEST, "-c", "4096", "-np", "4", "-kvu", "--cache-ram", "0", conversations=2),
+    _srv("tiny-mmproj-c1024", TINY, *MM, "-c", "1024", "-np", "1", "--cache-ram", "0", image=True),
+    _srv("tiny-mmproj-c2048-np2", TINY, *MM, "-c", "2048", "-np", "2", "--cache-ram", "0", conversations=1, image=True),
+    Cell("tiny-mtmd-cli-c1024", ("-m", str(TINY), *MM, "-c", "1024", "--image", str(IMAGE),
+         "-p", "what is this", "-n", "4", "-t", "2", "--chat-template", "chatml"), MTMD_CLI),
+)  # fmt: skip
+
+
+@dataclass
+class Result:
+    cell: str
+    argv: str
+    estimate: int
+    terms: dict[str, int]
+    peak: int
+    anon: int  # memory.stat at the end of the run
+    file: int
+    prompt_tokens: list[int] = field(default_factory=list)
+    oom_kill: int = 0
+    wall_s: float = 0.0
+
+    @property
+    def ratio(self) -> float:
+        return self.estimate / self.peak if self.peak else 0.0
+
+    @property
+    def verdict(self) -> str:
+        if self.ratio < 1.0:
+            return "UNDER"
+        return "over band" if self.ratio > 1.0 + BAND else "ok"
+
+    @property
+    def false_refusal(self) -> bool:
+        return self.estimate > self.peak * (1.0 + BAND)
+
+
+def png(side: int = 64) -> bytes:
+    """A side x side RGB gradient PNG (stdlib only: zlib + the PNG chunk layout)."""
+    rows = b"".join(
+        b"\0" + b"".join(bytes((x * 4 % 256, y * 4 % 256, 128)) for x in range(side))
+        for y in range(side)
+    )
+
+    def chunk(kind: bytes, data: bytes) -> bytes:
+        return (
+            struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data))
+        )
+
+    header = struct.pack(">IIBBBBB", side, side, 8, 2, 0, 0, 0)
+    return (
+        b"\x89PNG\r\n\x1a\n"
+        + chunk(b"IHDR", header)
+        + chunk(b"IDAT", zlib.compress(rows))
+        + chunk(b"IEND", b"")
+    )
+
+
+def image_request(base: str, timeout: float = 900.0) -> int:
+    """One chat request with the PNG and a few words; the prompt tokens the server counted."""
+    url = "data:image/png;base64," + base64.b64encode(png()).decode()
+    body = {
+        "messages": [{"role": "user", "content": [
+            {"type": "image_url", "image_url": {"url": url}},
+            {"type": "text", "text": "what is this"},
+        ]}],
+        "max_tokens": 4,
+    }  # fmt: skip
+    req = urllib.request.Request(
+        f"{base}/v1/chat/completions",
+        json.dumps(body).encode(),
+        {"Content-Type": "application/json"},
+    )
+    with urllib.request.urlopen(req, timeout=timeout) as r:
+        return int(json.loads(r.read())["usage"]["prompt_tokens"])
+
+
+def read_kv(path: Path) -> dict[str, int]:
+    out: dict[str, int] = {}
+    with contextlib.suppress(OSError):
+        for line in path.read_text().splitlines():
+            k, _, v = line.partition(" ")
+            with contextlib.suppress(ValueError):
+                out[k] = int(v)
+    return out
+
+
+def estimate_of(program: Path, argv: tuple[str, ...]) -> tuple[int, dict[str, int]]:
+    """The estimate `governor estimate --engine-argv` gives (in-process, no budget)."""
+    from governor.engines.budget import estimate_argv
+    from governor.engines.llama import parse_llama_argv
+
+    est = estimate_argv(parse_llama_argv([str(program), *argv]), root=Path("/"), budget=None)
+    return est.total, {t.name: t.bytes for t in est.terms}
+
+
+def _enter(group: Path) -> None:
+    fd = os.open(group / "cgroup.procs", os.O_WRONLY)
+    try:
+        os.write(fd, b"0")
+    finally:
+        os.close(fd)
+
+
+def drop_caches() -> None:
+    os.sync()
+    Path("/proc/sys/vm/drop_caches").write_text("3\n")
+
+
+def evict(paths: list[Path]) -> None:
+    """These files' clean pages out of the page cache (a host run: no global drop_caches)."""
+    for path in paths:
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+        finally:
+            os.close(fd)
+
+
+def cached_bytes(path: Path) -> int:
+    """How much of ``path`` is in the page cache (util-linux fincore)."""
+    out = subprocess.run(
+        ["fincore", "--bytes", "--noheadings", "--output", "RES", str(path)],
+        capture_output=True, text=True, check=False,
+    ).stdout  # fmt: skip
+    return int(out.split()[0]) if out.split() and out.split()[0].isdigit() else 0
+
+
+def status_kib(pid: int, key: str) -> int:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith(key + ":"):
+            return int(line.split()[1]) * 1024
+    return 0
+
+
+def run_cell(cell: Cell, parent: Path | None, log: Path) -> Result:
+    """One run of ``cell`` in a new cgroup under ``parent`` (memory controller enabled there);
+    ``parent`` None: a host without a memory controller, where the peak is the process's
+    peak RSS plus the page cache of what it read without mapping (the projector), its files
+    evicted from the page cache first: a proxy of memory.peak, not memory.peak."""
+    if parent is None:
+        return _run_rss(cell, log)
+    group = parent / cell.name
+    group.mkdir()
+    argv = list(cell.argv)
+    port = free_port()
+    if cell.program == SERVER:
+        argv += ["--host", "127.0.0.1", "--port", str(port)]
+    total, terms = estimate_of(cell.program, tuple(argv))
+    IMAGE.write_bytes(png())
+    drop_caches()
+    t0 = time.monotonic()
+    tokens: list[int] = []
+    with log.open("w") as err:
+        # preexec_fn: only the cgroup.procs write runs between fork and exec (no locks taken)
+        proc = subprocess.Popen(
+            [str(cell.program), *argv], stdout=subprocess.DEVNULL, stderr=err, text=True,
+            preexec_fn=lambda: _enter(group),  # noqa: PLW1509
+        )  # fmt: skip
+        try:
+            if cell.program == SERVER:
+                tokens = _serve(cell, proc, port)
+            else:
+                rc = proc.wait(timeout=900)
+                if rc != 0:
+                    raise RuntimeError(f"{cell.name}: exit {rc}; see {log}")
+            stat = read_kv(group / "memory.stat")
+            peak = int((group / "memory.peak").read_text())
+        finally:
+            proc.kill()
+            proc.wait()
+    events = read_kv(group / "memory.events")
+    for _ in range(50):
+        with contextlib.suppress(OSError):
+            group.rmdir()
+            break
+        time.sleep(0.2)
+    return Result(
+        cell=cell.name,
+        argv=shlex.join([cell.program.name, *cell.argv]),
+        estimate=total,
+        terms=terms,
+        peak=peak,
+        anon=stat.get("anon", 0),
+        file=stat.get("file", 0),
+        prompt_tokens=tokens,
+        oom_kill=events.get("oom_kill", 0),
+        wall_s=time.monotonic() - t0,
+    )
+
+
+def _serve(cell: Cell, proc: subprocess.Popen[str], port: int) -> list[int]:
+    base = f"http://127.0.0.1:{port}"
+    wait_ready(base, proc, timeout=900)
+    tokens = [
+        chat(base, i, prompt(i, 120), max_tokens=4).prompt_tokens for i in range(cell.conversations)
+    ]
+    if cell.image:
+        tokens.append(image_request(base))
+    time.sleep(0.5)
+    return tokens
+
+
+def _run_rss(cell: Cell, log: Path) -> Result:
+    argv = list(cell.argv)
+    port = free_port()
+    if cell.program == SERVER:
+        argv += ["--host", "127.0.0.1", "--port", str(port)]
+    total, terms = estimate_of(cell.program, tuple(argv))
+    IMAGE.write_bytes(png())
+    files = [Path(w) for w in argv if w.endswith(".gguf")]
+    evict(files)
+    t0 = time.monotonic()
+    tokens: list[int] = []
+    anon = 0
+    with log.open("w") as err:
+        # a one-shot engine's peak RSS through GNU time: a child forked from Python would
+        # count the interpreter's pages before exec in its ru_maxrss
+        timed = log.with_suffix(".maxrss")
+        wrap = [] if cell.program == SERVER else [TIME, "-f", "%M", "-o", str(timed)]
+        proc = subprocess.Popen(
+            [*wrap, str(cell.program), *argv], stdout=subprocess.DEVNULL, stderr=err, text=True
+        )
+        try:
+            if cell.program == SERVER:
+                tokens = _serve(cell, proc, port)
+                peak, anon = status_kib(proc.pid, "VmHWM"), status_kib(proc.pid, "RssAnon")
+            elif proc.wait(timeout=900) != 0:
+                raise RuntimeError(f"{cell.name}: exit {proc.returncode}; see {log}")
+            else:
+                peak = int(timed.read_text().split()[-1]) * 1024
+        finally:
+            proc.kill()
+            proc.wait()
+    unmapped = sum(cached_bytes(Path(argv[i + 1])) for i, w in enumerate(argv) if w == "--mmproj")
+    return Result(
+        cell=cell.name,
+        argv=shlex.join([cell.program.name, *cell.argv]),
+        estimate=total,
+        terms=terms,
+        peak=peak + unmapped,
+        anon=anon,
+        file=unmapped,
+        prompt_tokens=tokens,
+        wall_s=time.monotonic() - t0,
+    )
+
+
+def table(results: list[Result]) -> str:
+    lines = [
+        "| cell | estimate MiB | memory.peak MiB | anon / file MiB | ratio | verdict |",
+        "|---|---:|---:|---:|---:|---|",
+    ]
+    for r in results:
+        lines.append(
+            f"| {r.cell} | {r.estimate / MIB:.1f} | {r.peak / MIB:.1f} |"
+            f" {r.anon / MIB:.0f} / {r.file / MIB:.0f} | {r.ratio:.3f} | {r.verdict} |"
+        )
+    if results:
+        worst_over = max(results, key=lambda r: r.ratio)
+        worst_under = min(results, key=lambda r: r.ratio)
+        refused = [r.cell for r in results if r.false_refusal]
+        lines.append("")
+        lines.append(
+            f"cells {len(results)}; worst over {worst_over.cell} {worst_over.ratio - 1:+.1%};"
+            f" worst under {worst_under.cell} {worst_under.ratio - 1:+.1%};"
+            f" false refusals {len(refused)}{': ' + ', '.join(refused) if refused else ''}"
+        )
+    return "\n".join(lines)
+
+
+def in_guest(argv: list[str], timeout: float) -> int:
+    """Run this module in the kernel guest through the project's harness (tests/vm/run.py)."""
+    cmd = [str(REPO / ".venv" / "bin" / "python"), "-m", "perf.accuracy", *argv]
+    harness = [
+        sys.executable,
+        "-m",
+        "vm.run",
+        "--guest",
+        "kernel",
+        f"--timeout={timeout}",
+        "--cpus=2",
+    ]
+    return subprocess.call([*harness, "--", *cmd], cwd=REPO / "tests")
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
+    ap.add_argument("--cells", default=",".join(c.name for c in CELLS))
+    ap.add_argument("--json", type=Path, help="also write the results here")
+    ap.add_argument("--guest", action="store_true", help="run in the kernel test guest")
+    ap.add_argument("--guest-timeout", type=float, default=1500.0)
+    ap.add_argument(
+        "--host-rss", action="store_true",
+        help="no memory controller: peak RSS + the projector's page cache (a proxy)",
+    )  # fmt: skip
+    a = ap.parse_args()
+    names = a.cells.split(",")
+    cells = [c for c in CELLS if c.name in names]
+    if unknown := sorted(set(names) - {c.name for c in CELLS}):
+        raise SystemExit(f"perf/accuracy: unknown cells {unknown} (--cells)")
+    if a.guest:
+        return in_guest([f"--cells={a.cells}"], a.guest_timeout)
+    if not a.host_rss and (os.geteuid() != 0 or not (CGROUP / "cgroup.controllers").exists()):
+        raise SystemExit("perf/accuracy: needs root on a cgroup v2 kernel (--guest, --host-rss)")
+    if not MTMD_CLI.exists() and MTMD_CLI in {c.program for c in cells}:
+        print(f"perf/accuracy: {MTMD_CLI} missing (an engine cache before b11312): cell skipped")
+        cells = [c for c in cells if c.program != MTMD_CLI]
+    for c in cells:
+        for path in (c.program, *(Path(w) for w in c.argv if w.endswith(".gguf"))):
+            if not path.exists():
+                raise SystemExit(f"perf/accuracy: {path} missing: run scripts/engine-setup")
+    parent: Path | None = None
+    if not a.host_rss:
+        (CGROUP / "cgroup.subtree_control").write_text("+memory")
+        parent = CGROUP / SLICE
+        parent.mkdir(exist_ok=True)
+        (parent / "cgroup.subtree_control").write_text("+memory")
+    results: list[Result] = []
+    t0 = time.monotonic()
+    with contextlib.ExitStack() as stack:
+        if parent is not None:
+            stack.callback(parent.rmdir)
+        for cell in cells:
+            r = run_cell(cell, parent, Path(f"/tmp/perf-accuracy-{cell.name}.log"))
+            print(
+                f"perf/accuracy: {r.cell}: estimate {r.estimate / MIB:.1f} MiB, peak"
+                f" {r.peak / MIB:.1f} MiB ({r.ratio:.3f}), tokens {r.prompt_tokens},"
+                f" {r.wall_s:.0f} s; {r.argv}",
+                flush=True,
+            )
+            results.append(r)
+    print(f"perf/accuracy: {len(results)} cells in {time.monotonic() - t0:.0f} s")
+    print("\n" + table(results), flush=True)
+    if a.json:
+        a.json.write_text(json.dumps([asdict(r) for r in results], indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
