@@ -46,6 +46,7 @@ from governor.plan.llama_args import options
 from governor.record import record
 from governor.supervise.activity import Activity
 from governor.supervise.evict import Evictor
+from governor.supervise.slots import SlotKeeper
 
 if TYPE_CHECKING:
     from governor.plan.model import Plan
@@ -126,6 +127,7 @@ class ModelLeaves:
         clock: Callable[[], float] = time.monotonic,
         evictor: Evictor | None = None,
         journal: Journal | None = None,
+        slots: SlotKeeper | None = None,
     ) -> None:
         self.fs = fs
         self.group = group
@@ -144,6 +146,7 @@ class ModelLeaves:
         self.unloads: dict[tuple[str, str], int] = {}  # (model, reason) -> how many
         self.journal = journal  # where a refused model is written once
         self.refused: dict[str, str] = {}  # model -> why it has no leaf (logged once)
+        self.slots = slots  # --slot-save-path: the evicted models' slots (supervise/slots.py)
         self._dirty = False  # something to publish
         self._sampled: float | None = None  # clock of the last activity sample
         self._published: float | None = None  # clock of the last on_change
@@ -186,6 +189,11 @@ class ModelLeaves:
                 self.make_room()
             except Exception as err:  # never the end of the router thread (evict's bugs)
                 log.error("models.evict_crashed", error=repr(err))
+            if self.slots is not None:
+                try:
+                    self.slots.restore()
+                except Exception as err:  # nor a restore's
+                    log.error("models.restore_crashed", error=repr(err))
             self.tick()
 
     def tick(self) -> bool:
@@ -353,6 +361,8 @@ class ModelLeaves:
 
     def _placed(self, pid: int, alias: str, cg: str, limits: ModelLimits) -> None:
         self.placed[pid] = alias
+        if self.slots is not None:
+            self.slots.placed(alias)
         if self.activity is not None:
             self.activity.touch(alias)  # a model's load is its first request
         self._dirty = True
@@ -380,18 +390,23 @@ def router_leaves(
     router_pid: Callable[[], int | None],
     proc_root: Path,
     on_change: Callable[[], None] | None,
+    slot_save: bool = False,
 ) -> ModelLeaves:
     """The supervisor's ModelLeaves for a router run: with the router's url, each model's
     activity (supervise/activity.py Activity) and, under ``[engine] evict = "memory"``, the
     evictor (supervise/evict.py; ``claims``: alias -> the model's estimate; ``board``: the run
     directory and the root the board is read from: the evictor's room under a group without
-    memory.max is the board's free budget for this slice, governor/board/scan.py free_for)."""
-    activity = evictor = None
+    memory.max is the board's free budget for this slice, governor/board/scan.py free_for);
+    with ``slot_save`` (the router's --slot-save-path) the evictor's victims' slots are saved
+    and restored at their next load (supervise/slots.py)."""
+    activity = evictor = slots = None
     if router_url is not None:
         # one for the activity's slot checks and the evictor, each request within ROUTER_S
         client = RouterClient(router_url, timeout=ROUTER_S)
         activity = Activity(fs, plan.group, client=client)
         if plan.engine.evict == "memory":
+            if slot_save:
+                slots = SlotKeeper(client, journal=journal)
             evictor = Evictor(
                 fs,
                 group=plan.group,
@@ -401,6 +416,7 @@ def router_leaves(
                 claims={a: v for a, v in claims.items() if isinstance(v, int)},
                 board_free=functools.partial(board_scan.free_for, plan, *board),
                 journal=journal,
+                before_unload=None if slots is None else slots.save,
             )
     leaves = ModelLeaves(
         fs,
@@ -413,6 +429,7 @@ def router_leaves(
         on_change=on_change,
         evictor=evictor,
         journal=journal,
+        slots=slots,
     )
     if evictor is not None:
         evictor.on_unload = leaves.count_unload

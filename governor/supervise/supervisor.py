@@ -90,6 +90,9 @@ class Job:
     model_leaves: dict[str, Any] | None = None
     # llama-server's router: its http://HOST:PORT (published as RunState.router's url)
     router_url: str | None = None
+    # llama-server's router started with --slot-save-path: the evicted models' slots are saved
+    # and restored at their next load (supervise/slots.py)
+    slot_save: bool = False
     # where the board is read from (/proc/meminfo, install manifests): "/" but in tests; with
     # [engine] evict = "memory" the evictor gets the board's free budget for this slice
     # (governor/board/scan.py free_for: what admission counts)
@@ -315,6 +318,7 @@ class Supervisor:
             router_pid=lambda: self.engine_pid,
             proc_root=self.proc.root,
             on_change=lambda: self._publish(job),
+            slot_save=job.slot_save,
         )
         return self.leaves.start()
 
