@@ -57,8 +57,10 @@ def _turn(base: str, messages: list[dict[str, str]]) -> tuple[float, int, str]:
     return took, int(data["timings"]["prompt_n"]), data["choices"][0]["message"]["content"] or ""
 
 
-def _slots(run: Path) -> list[dict[str, Any]]:
-    return [e for e in Journal(run / "router").entries() if e["source"] == "slots"]
+def _slots(run: Path, since: int, key: str) -> list[dict[str, Any]]:
+    """The slot entries of model a after the first ``since`` ones that have ``key``."""
+    entries = [e for e in Journal(run / "router").entries() if e["source"] == "slots"]
+    return [e for e in entries[since:] if e["model"] == "a" and key in e]
 
 
 def _until(what: str, check: Any, timeout: float = 120.0) -> Any:
@@ -112,20 +114,18 @@ def test_an_idle_conversation_gets_its_kv_cache_back_after_its_model_was_evicted
                     {"role": "assistant", "content": said},
                     {"role": "user", "content": f"And {case}?"},
                 ]
-                before = len(_slots(run))
+                before = len(
+                    [e for e in Journal(run / "router").entries() if e["source"] == "slots"]
+                )
                 time.sleep(1.2)  # the activity is sampled every 0.5 s: b is the newer
                 assert _ask(base, "b")  # a (idle, least recently used) unloaded for b
-                saved = _until("a's slot saved", lambda: [
-                    e for e in _slots(run)[before:] if e["model"] == "a" and e.get("saved")
-                ])  # fmt: skip
+                saved = _until("a's slot saved", lambda n=before: _slots(run, n, "saved"))
                 assert saved[0]["saved"] == [0]
                 if case == "without_restore":
                     for f in saves.glob("governor-a-*"):
                         f.unlink()  # the restore finds nothing: the conversation is lost
                 _post(base, "/models/load", {"model": "a"})  # a ahead of its next turn
-                done = _until("a's restore tried", lambda: [
-                    e for e in _slots(run)[before:] if e["model"] == "a" and "restored" in e
-                ])  # fmt: skip
+                done = _until("a's restore tried", lambda n=before: _slots(run, n, "restored"))
                 took, n, said = _turn(base, messages)
                 results[case] = {"ttft_s": round(took, 2), "prompt_n": n,
                                  "restored": done[0]["restored"]}  # fmt: skip
