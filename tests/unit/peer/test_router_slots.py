@@ -201,3 +201,17 @@ def test_slot_save_path_from_the_argv_or_the_environment() -> None:
     )
     # its value is no option of its own (the walk of llama_args.options)
     assert slot_save_path(("llama-server", "-p", "--slot-save-path", "/x"), {}) is None
+
+
+def test_check_warns_of_a_slot_save_path_whose_slots_the_governor_will_not_save() -> None:
+    from governor.engines.llama import parse_llama_argv, slot_warnings
+
+    router = ["llama-server", "--models-dir", "/m", "--slot-save-path", "/s"]
+    assert slot_warnings(parse_llama_argv(router), evict=True) == []  # saved and restored
+    [(key, why)] = slot_warnings(parse_llama_argv(router), evict=False)
+    assert key == "engine.slots" and 'evict = "memory"' in why
+    [(_, why)] = slot_warnings(parse_llama_argv([*router, "--no-slots"]), evict=True)
+    assert "--no-slots" in why
+    assert slot_warnings(parse_llama_argv(router[:3]), evict=False) == []  # no save path
+    single = ["llama-server", "-m", "/m/a.gguf", "--slot-save-path", "/s"]
+    assert slot_warnings(parse_llama_argv(single), evict=False) == []  # no router
