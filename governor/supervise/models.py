@@ -217,9 +217,27 @@ class ModelLeaves:
         return True
 
     def count_unload(self, model: str, reason: str) -> None:
+        """One unload of ``model`` (the evictor's, once its child exited): counted, and its
+        leaf removed when it holds no process (issue 46 item 5: a leaf stayed behind each
+        unload; its next child gets a new one with its limits, supervise/models.py _leaf)."""
         key = (model, reason)
         self.unloads[key] = self.unloads.get(key, 0) + 1
         self._dirty = True
+        self._remove_empty(model)
+
+    def _remove_empty(self, model: str) -> None:
+        """rmdir the model's leaf; the kernel refuses it (EBUSY) while a process is in it: a
+        new child placed meanwhile keeps it. One the placement thread is about to move a child
+        into is made again at its next poll (its move failed: not placed yet)."""
+        try:
+            cg = self.cgroup(model)
+            if self.fs.procs(cg):
+                return
+            self.fs.rmdir(cg)
+        except (LeafNameError, GovernorError) as err:
+            log.debug("models.leaf_kept", model=model, error=str(err))
+            return
+        log.info("model.leaf_removed", model=model, cgroup=cg)
 
     def published(self) -> dict[str, Any]:
         """RunState.router's models and unloads (rundir/state.py): every model this run knows

@@ -117,3 +117,23 @@ def _evict_plan(plan: Plan) -> Plan:
     from governor.record import replace
 
     return replace(plan, engine=replace(plan.engine, evict="memory"))
+
+
+def test_an_unloaded_models_empty_leaf_is_removed_and_made_again_at_its_next_load(
+    tree: tuple[MovingFs, Path],
+) -> None:
+    """Issue 46 item 5: the evictor's victim left an empty leaf behind."""
+    fs, proc = tree
+    _evict_tree(fs, proc)  # a makes room for c
+    router = FakeRouter(fs, {"a": A, "b": B, "c": C})
+    leaves, _ = _leaves(fs, proc, router)
+    leaves.poll()
+    assert router.unloaded == ["a"]
+    assert not fs.exists(f"{GROUP}/models/a")  # gone with its child
+    assert fs.procs(f"{GROUP}/models/b") == [B]  # the others stay
+    leaves._remove_empty("b")  # a leaf with a process: the kernel refuses, it stays
+    assert fs.procs(f"{GROUP}/models/b") == [B]
+    router.unloaded.remove("a")
+    _spawn(fs, proc, 104, _child("a"))
+    leaves.place()
+    assert fs.procs(f"{GROUP}/models/a") == [104]  # its next child: a new leaf
