@@ -47,6 +47,7 @@ from governor.record import record
 from governor.supervise.activity import Activity
 from governor.supervise.evict import Evictor
 from governor.supervise.slots import SlotKeeper
+from governor.supervise.unloads import SHED_REASON, ShedUnloads
 
 if TYPE_CHECKING:
     from governor.plan.model import Plan
@@ -148,6 +149,8 @@ class ModelLeaves:
         self.refused: dict[str, str] = {}  # model -> why it has no leaf (logged once)
         self.slots = slots  # --slot-save-path: the evicted models' slots (supervise/slots.py)
         self._dirty = False  # something to publish
+        # another policy's shed's unloads of these models, from this run's journal
+        self.sheds = None if journal is None else ShedUnloads(journal)
         self._sampled: float | None = None  # clock of the last activity sample
         self._published: float | None = None  # clock of the last on_change
         self._models_ready = False
@@ -204,6 +207,8 @@ class ModelLeaves:
             self._sampled = now
             if self.activity.sample():
                 self._dirty = True
+            for model in self.sheds.new() if self.sheds is not None else ():
+                self.count_unload(model, SHED_REASON)
         if not self._dirty or self.on_change is None:
             return False
         if self._published is not None and now - self._published < PUBLISH_S:

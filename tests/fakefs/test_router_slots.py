@@ -137,3 +137,35 @@ def test_an_unloaded_models_empty_leaf_is_removed_and_made_again_at_its_next_loa
     _spawn(fs, proc, 104, _child("a"))
     leaves.place()
     assert fs.procs(f"{GROUP}/models/a") == [104]  # its next child: a new leaf
+
+
+def test_another_policys_shed_unload_counts_in_the_victim_routers_unloads(
+    tree: tuple[MovingFs, Path], tmp_path: Path
+) -> None:
+    """Issue 46 item 5: a shed's unload counted only in the shedder's governor_shed_total; the
+    victim's launch follows its journal (the shedder writes there) and counts it, reason
+    "shed"; entries of an older run (before its first look) are not its own."""
+    from governor.rundir.journal import Journal
+    from governor.supervise.activity import Activity
+    from governor.supervise.models import SAMPLE_S
+
+    fs, proc = tree
+    journal = Journal(tmp_path / "run" / "r")
+    journal.append("shed", [], by="old", pid=1, step="unload", model="a")  # an older run's
+    now = [1000.0]
+    leaves = ModelLeaves(
+        fs, group=GROUP, leaf=LEAF, limits={}, router_pid=lambda: 100, proc_root=proc,
+        activity=Activity(fs, GROUP), journal=journal, clock=lambda: now[0],
+        on_change=lambda: None,
+    )  # fmt: skip
+    leaves.tick()
+    assert leaves.unloads == {}
+    journal.append("shed", [], by="chat", pid=1, step="unload", model="b")
+    journal.append("shed", [], by="chat", pid=1, step="throttle")  # no unload
+    journal.append("unload", [], model="b", reason="room for c")  # the evictor's own
+    now[0] += SAMPLE_S
+    leaves.tick()
+    assert leaves.published()["unloads"] == [{"model": "b", "reason": "shed", "count": 1}]
+    now[0] += SAMPLE_S
+    leaves.tick()  # nothing new: counted once
+    assert leaves.unloads == {("b", "shed"): 1}
