@@ -45,6 +45,19 @@ log = get_logger(__name__)
 TIMEOUT_S = 5.0  # one whole request to the router (it answers /models and /slots at once)
 # the router's status values of a model that holds memory (server_model_status_to_string)
 RUNNING = frozenset({"loading", "loaded", "sleeping"})
+# (router url, model) -> time.monotonic() of this process's last GET /slots of it: the CPU it
+# costs the child is no request (supervise/activity.py, whose --no-slots models have no other
+# way to tell); every client of this process records here, whichever thread it runs in
+_PROBED: dict[tuple[str, str], float] = {}
+
+
+def probed_at(url: str, model: str) -> float | None:
+    """When this process last asked ``model``'s slots at the router ``url`` (monotonic)."""
+    return _PROBED.get((url, model))
+
+
+def note_probe(url: str, model: str, when: float | None = None) -> None:
+    _PROBED[(url, model)] = time.monotonic() if when is None else when
 
 
 class RouterError(GovernorError):
@@ -134,6 +147,7 @@ class RouterClient:
     def slots(self, model: str) -> list[dict[str, Any]] | None:
         """The child's slots (GET /slots, never loading the model); None when they cannot be
         read (not running, --no-slots, no answer)."""
+        note_probe(self.url, model)
         try:
             status, body = self.request(
                 "GET", f"/slots?model={quote(model, safe='')}&autoload=false"

@@ -215,3 +215,53 @@ def test_check_warns_of_a_slot_save_path_whose_slots_the_governor_will_not_save(
     assert slot_warnings(parse_llama_argv(router[:3]), evict=False) == []  # no save path
     single = ["llama-server", "-m", "/m/a.gguf", "--slot-save-path", "/s"]
     assert slot_warnings(parse_llama_argv(single), evict=False) == []  # no router
+
+
+class _NoSlots:
+    """A router whose child runs with --no-slots: GET /slots answers nothing readable; each
+    probe recorded as RouterClient.slots records it."""
+
+    url = "http://127.0.0.1:1"
+
+    def slots(self, model: str) -> None:
+        from governor.peer.router import note_probe
+
+        note_probe(self.url, model)
+
+
+class _Leaf:
+    def __init__(self) -> None:
+        self.usage = 0
+
+    def children(self, cgroup: str) -> list[str]:
+        return [f"{cgroup}/a"]
+
+    def cpu_stat(self, cgroup: str) -> dict[str, int]:
+        return {"usage_usec": self.usage}
+
+
+def test_with_no_slots_the_cpu_of_this_processs_own_probes_dates_no_request() -> None:
+    """Issue 46 item 5: a --no-slots model is dated by its CPU, which every probe of its slots
+    (the evictor's, the unload action's) costs it; a probe in the interval is not a request,
+    the activity's own probe does not hide the next request."""
+    from governor.peer.router import note_probe
+    from governor.supervise.activity import Activity
+
+    fs, client = _Leaf(), _NoSlots()
+    wall, mono = [100.0], [0.0]
+    act = Activity(
+        fs, "g", clock=lambda: wall[0], client=client, mono=lambda: mono[0],  # type: ignore[arg-type]
+    )  # fmt: skip
+    act.sample()  # the base
+    for step, probe, dated in (
+        (1, False, True),
+        (2, False, True),
+        (3, True, False),
+        (4, False, True),
+    ):
+        mono[0] = wall[0] = 100.0 + step
+        if probe:  # another client of this process asked its slots in this interval
+            note_probe(client.url, "a", mono[0] - 0.5)
+        fs.usage += 9_000
+        assert act.sample() is dated, step
+    assert act.last == {"a": 104.0} and act.unreadable == {"a"}
