@@ -97,7 +97,7 @@ def test_the_monitors_unload_takes_the_last_requests_of_a_launch_of_its_group(
     assert res.ok and res.after["model"] == "a"  # by name: nothing says which is older
     router.models["a"] = "loaded"
     launched = replace(plan, policy="router-launch")
-    last = {"a": 300.0, "b": 100.0, "c": 50.0}
+    last: dict[str, float | None] = {"a": 300.0, "b": 100.0, "c": 50.0}
     Publisher(run, launched.policy).publish(_router_state(launched, router.url, launch_pid, last))
     res = handler.run(parse_action("unload"), CTX)  # type: ignore[arg-type]
     assert res.ok and res.after["model"] == "b"  # the launch's: b is the least recently used
