@@ -34,7 +34,9 @@ from .test_router_guest import _ask
 
 REPO = Path(__file__).resolve().parents[2]
 ALL = ("memory", "cpu", "cpuset", "io", "pids")
-FIRST = "Tell me about the weather in the mountains today. " * 12  # ~130 tokens
+# ~140 tokens with the chat template: kvserver.gguf's tokenizer makes 101 of "a b ... j " * 10
+# (POST /tokenize); -c 256 holds it and two more turns (a first run's 409-token prompt: 400)
+FIRST = "a b c d e f g h i j " * 13
 
 
 def _post(base: str, path: str, body: dict[str, Any]) -> dict[str, Any]:
