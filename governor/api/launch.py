@@ -33,7 +33,7 @@ from governor.log import get_logger
 from governor.monitor.actions import registry as verbs
 from governor.peer.router import base_url
 from governor.plan.host import HostFacts
-from governor.plan.llama_args import server_address
+from governor.plan.llama_args import server_address, slot_save_path
 from governor.plan.model import Plan
 from governor.plan.render import enforcement
 from governor.record import record, replace
@@ -214,6 +214,7 @@ def _job(
         admit_note=admitted.note,
         model_leaves=model_leaves(plan, entry.estimate),
         router_url=router_url(entry.estimate, argv, engine_env(plan)),
+        slot_save=slot_save_path(argv, engine_env(plan)) is not None,
         board_root=opts.root,
     )
 

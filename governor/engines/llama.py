@@ -36,6 +36,7 @@ from governor.plan.llama_args import (
     options,
     parse_int,
     port_problem,
+    slot_save_path,
     unreachable,
 )
 
@@ -235,6 +236,26 @@ def address_warnings(args: EngineArgs | None, *, evict: bool) -> list[tuple[str,
             " add a TCP address, e.g. --host 127.0.0.1 --port 8080",
         )
     ]
+
+
+def slot_warnings(args: EngineArgs | None, *, evict: bool) -> list[tuple[str, str]]:
+    """A router started with --slot-save-path whose slots the governor will not save (issue 46
+    item 3: supervise/slots.py saves them before its evict = "memory" unloads only, and reads
+    which to save from GET /slots), as a preflight warning; none otherwise."""
+    if args is None or not args.router or slot_save_path(args.argv, {}) is None:
+        return []
+    words = {o.name for o in options(args.argv[1:])}
+    if "--no-slots" in words:
+        why = "--no-slots: a model's slots cannot be read (GET /slots), none is saved; drop it"
+    elif not evict:
+        why = (
+            'the governor saves a model\'s slots only before its own evict = "memory" unloads:'
+            " the router's --models-max evictions and the `unload` action lose them;"
+            ' set [engine] evict = "memory"'
+        )
+    else:
+        return []
+    return [("engine.slots", f"--slot-save-path: {why}")]
 
 
 def _check_server_values(values: dict[str, str]) -> None:

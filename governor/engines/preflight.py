@@ -43,6 +43,7 @@ from governor.engines.llama import (
     is_gguf,
     model_parts,
     parse_llama_argv,
+    slot_warnings,
 )
 from governor.engines.prefetch_files import check_readable, resolve_files
 from governor.errors import HostError, PolicyError, PolicyNotFound
@@ -409,7 +410,11 @@ def preflight(
         estimate=est,
         files=tuple(str(p) for p in paths),
         prefetch_bytes=prefetch_bytes,
-        warnings=(*warnings, *address_warnings(args, evict=plan.engine.evict == "memory")),
+        warnings=(
+            *warnings,
+            *address_warnings(args, evict=plan.engine.evict == "memory"),
+            *slot_warnings(args, evict=plan.engine.evict == "memory"),
+        ),
         notes=tuple(notes),
         args=args,
     )

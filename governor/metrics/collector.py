@@ -292,7 +292,8 @@ class GovernorCollector(Collector):
             f.counter(
                 "governor_model_unloads_total",
                 "models of llama-server's router the governor unloaded (reason: memory, for"
-                ' a new model under [engine] evict = "memory"; pressure, the unload action)',
+                ' a new model under [engine] evict = "memory"; pressure, the unload action;'
+                " shed, a higher class's shed)",
                 p,
                 u.get("count", 0),
                 model=str(u.get("model")),

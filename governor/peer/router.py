@@ -8,7 +8,15 @@ loaded, whether one has a request in flight, and unloading one.
   ``last_used``); a slot with ``is_processing`` true is a request in flight. A child started
   with ``--no-slots`` answers an error: its in-flight state is unknown (None);
 - ``POST /models/unload {"model": NAME}``: the router stops that child at once (it exits
-  within the preset's ``stop-timeout``, 10 s by default).
+  within the preset's ``stop-timeout``, 10 s by default);
+- ``POST /slots/ID?action=save|restore&autoload=false {"model": NAME, "filename": F}`` (issue
+  46 item 3): the router proxies it to that model's child (server.cpp ``routes.post_slots =
+  models_routes->proxy_post``: the model is read from the JSON body; ``autoload=false``: never
+  loads a model that is not running), which writes or reads the slot's KV cache as F in its
+  ``--slot-save-path`` (the router's own, passed on to every child: server-models.cpp copies
+  its options into each child's preset). A restore of a slot in flight is deferred by the
+  child until the slot is free and then overwrites what that request left
+  (server-context.cpp SLOT_RESTORE): only a slot that never served a task is restored.
 
 The router keeps its own least-recently-used time (``meta.last_used``) but publishes it
 nowhere: each model's last request is the supervisor's (supervise/activity.py), handed to
@@ -26,6 +34,7 @@ import time
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 from urllib.parse import quote, urlsplit
+from zlib import crc32
 
 from governor.errors import GovernorError
 from governor.log import get_logger
@@ -36,6 +45,19 @@ log = get_logger(__name__)
 TIMEOUT_S = 5.0  # one whole request to the router (it answers /models and /slots at once)
 # the router's status values of a model that holds memory (server_model_status_to_string)
 RUNNING = frozenset({"loading", "loaded", "sleeping"})
+# (router url, model) -> time.monotonic() of this process's last GET /slots of it: the CPU it
+# costs the child is no request (supervise/activity.py, whose --no-slots models have no other
+# way to tell); every client of this process records here, whichever thread it runs in
+_PROBED: dict[tuple[str, str], float] = {}
+
+
+def probed_at(url: str, model: str) -> float | None:
+    """When this process last asked ``model``'s slots at the router ``url`` (monotonic)."""
+    return _PROBED.get((url, model))
+
+
+def note_probe(url: str, model: str, when: float | None = None) -> None:
+    _PROBED[(url, model)] = time.monotonic() if when is None else when
 
 
 class RouterError(GovernorError):
@@ -125,6 +147,7 @@ class RouterClient:
     def slots(self, model: str) -> list[dict[str, Any]] | None:
         """The child's slots (GET /slots, never loading the model); None when they cannot be
         read (not running, --no-slots, no answer)."""
+        note_probe(self.url, model)
         try:
             status, body = self.request(
                 "GET", f"/slots?model={quote(model, safe='')}&autoload=false"
@@ -152,6 +175,49 @@ class RouterClient:
         if not ok:
             log.warning("router.unload_refused", model=model, status=status, body=str(body)[:200])
         return ok
+
+    def slot_action(self, model: str, slot: int, action: str, filename: str) -> dict[str, Any]:
+        """POST /slots/{slot}?action=save|restore for ``model`` (never loading it): the child's
+        answer ({"n_saved", "n_written", ...} or {"n_restored", "n_read", ...}); RouterError
+        when the router or the child refuses it (no --slot-save-path, the model not running)."""
+        path = f"/slots/{int(slot)}?action={action}&autoload=false"
+        status, body = self.request("POST", path, {"model": model, "filename": filename})
+        if status != 200 or not isinstance(body, dict):
+            error = body.get("error") if isinstance(body, dict) else None
+            said = error.get("message") if isinstance(error, dict) else str(body)[:200]
+            raise RouterError(
+                f"the router answered {status} to {action} of {model!r} slot {slot}: {said}"
+                f" ({self.url}{path})"
+            )
+        return body
+
+
+def slot_file(model: str, slot: int) -> str:
+    """The file a model's slot is saved as in the --slot-save-path all the router's children
+    share: one name per (model, slot), overwritten at each save (the directory holds at most
+    one file per slot of each model); only characters llama.cpp's fs_validate_filename takes,
+    the alias's CRC keeping two aliases that read the same apart."""
+    safe = "".join(c if c.isascii() and (c.isalnum() or c in "._-") else "_" for c in model)
+    return f"governor-{safe[:96]}-{crc32(model.encode('utf-8', 'surrogatepass')):08x}-{slot}.bin"
+
+
+def idle_slots(slots: list[dict[str, Any]]) -> list[int]:
+    """The ids of the slots worth saving: not processing, and holding a conversation (a task
+    served: ``id_task``; server-context.cpp to_json)."""
+    return [
+        s["id"]
+        for s in slots
+        if isinstance(s.get("id"), int) and not s.get("is_processing") and "id_task" in s
+    ]
+
+
+def fresh_slots(slots: list[dict[str, Any]]) -> set[int]:
+    """The ids of the slots a restore may fill: never served a task, not processing."""
+    return {
+        s["id"]
+        for s in slots
+        if isinstance(s.get("id"), int) and not s.get("is_processing") and "id_task" not in s
+    }
 
 
 def slot_tasks(slots: list[dict[str, Any]]) -> tuple[tuple[Any, Any, bool], ...]:

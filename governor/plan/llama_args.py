@@ -139,6 +139,7 @@ SKIP_VALUE_OPTS = frozenset(
         "--model-draft",
         "-a",
         "--alias",
+        "--slot-save-path",
     ]
 )
 FLAG_OPTS = {
@@ -315,3 +316,15 @@ def server_address(argv: Sequence[str], env: Mapping[str, str]) -> tuple[str | N
             found[opt.name[2:]] = opt.value
     port = None if found.get("port") is None else parse_int(found["port"])
     return found.get("host"), port
+
+
+def slot_save_path(argv: Sequence[str], env: Mapping[str, str]) -> str | None:
+    """llama-server's --slot-save-path (LLAMA_ARG_SLOT_SAVE_PATH; the command line overrides
+    it, the last one wins); None when not given: its slots cannot be saved."""
+    found = env.get("LLAMA_ARG_SLOT_SAVE_PATH") or None
+    for opt in options(argv[1:]):
+        if opt.name == "--":
+            break
+        if opt.name == "--slot-save-path" and opt.value is not None:
+            found = opt.value or None
+    return found

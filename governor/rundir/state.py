@@ -156,7 +156,7 @@ _KEYS = {
     "monitor": (
         "policy", "source", "policy_path", "policy_sha256", "pid", "started_at", "backend",
         "cgroup_root", "group", "leaf", "restarts", "plan", "created", "systemd", "engine_pid",
-        "rules", "last_actions", "action_totals", "qos", "shed_totals", "pid_start",
+        "rules", "last_actions", "action_totals", "qos", "shed_totals", "router", "pid_start",
     ),
     "apply": (
         "policy", "source", "policy_path", "pid", "started_at", "backend", "cgroup_root",

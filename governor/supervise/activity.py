@@ -8,6 +8,13 @@ probe of its slots by a shedder costs the child CPU; so does housekeeping that T
 a CI guest run unloaded the model used last, not the idle one). A model's load is its first
 request.
 
+A child started with ``--no-slots`` answers no slots: its CPU alone dates it, and the CPU a
+probe of its slots costs it (the evictor's, the `unload` action's, the activity's own) would
+date a request at every probe. Each probe this process makes is recorded (peer/router.py
+probed_at): the CPU of such a model in an interval in which it was probed by another of this
+process's clients is taken as the probe's, not dated (a request in that same interval is
+missed with it); its own probe is rebased as for any model.
+
 Standard library only (the run time's import set).
 """
 
@@ -27,7 +34,7 @@ from governor.kernel.leafname import (
     model_leaves,
     model_name,
 )
-from governor.peer.router import RouterClient, slot_tasks
+from governor.peer.router import RouterClient, probed_at, slot_tasks
 
 BUSY_USEC = 2000  # CPU a model leaf used between two samples that counts as a request
 
@@ -50,6 +57,7 @@ class Activity:
         clock: Callable[[], float] = time.time,
         busy_usec: int = BUSY_USEC,
         client: RouterClient | None = None,
+        mono: Callable[[], float] = time.monotonic,
     ) -> None:
         self.fs = fs
         self.group = group
@@ -60,6 +68,10 @@ class Activity:
         self.leaves: dict[str, str] = {}  # leaf name -> alias, of every model touched
         self._usage: dict[str, int] = {}  # alias -> usage_usec at the previous sample
         self._tasks: dict[str, tuple[tuple[Any, Any, bool], ...]] = {}  # alias -> slot_tasks
+        self.mono = mono
+        self.unreadable: set[str] = set()  # models whose slots could not be read (--no-slots)
+        self._own: dict[str, float | None] = {}  # alias -> probed_at of the activity's own probe
+        self._looked: float | None = None  # mono of the previous sample
 
     def touch(self, alias: str, when: float | None = None) -> None:
         self.last[alias] = self.clock() if when is None else when
@@ -74,6 +86,7 @@ class Activity:
     def sample(self) -> bool:
         """Read every model leaf's usage_usec; True when a model's last request moved."""
         now = self.clock()
+        looked, self._looked = self._looked, self.mono()
         moved = False
         for cg, leaf in model_leaves(self.fs, self.group):
             alias = self.model_of(leaf)
@@ -83,10 +96,21 @@ class Activity:
                 continue
             before = self._usage.get(alias)
             self._usage[alias] = usage
-            if before is not None and usage - before >= self.busy_usec and self._served(alias):
+            if before is None or usage - before < self.busy_usec or self._probed(alias, looked):
+                continue
+            if self._served(alias):
                 self.last[alias] = now
                 moved = True
         return moved
+
+    def _probed(self, alias: str, since: float | None) -> bool:
+        """Whether ``alias``, whose slots cannot be read, was probed by another of this
+        process's clients since the previous sample: its CPU is that probe's."""
+        url = getattr(self.client, "url", None)
+        if alias not in self.unreadable or url is None or since is None:
+            return False
+        at = probed_at(url, alias)
+        return at is not None and at >= since and at != self._own.get(alias)
 
     def _served(self, alias: str) -> bool:
         """Whether the CPU ``alias`` used was a request: its slots show a new task or one in
@@ -96,8 +120,12 @@ class Activity:
             return True
         slots = self.client.slots(alias)
         self.rebase([alias])
+        url = getattr(self.client, "url", None)
+        self._own[alias] = None if url is None else probed_at(url, alias)
         if slots is None:
+            self.unreadable.add(alias)
             return True
+        self.unreadable.discard(alias)
         tasks = slot_tasks(slots)
         new = tasks != self._tasks.get(alias)
         self._tasks[alias] = tasks

@@ -68,6 +68,7 @@ class Evictor:
         board_free: Callable[[], int | None] | None = None,
         journal: Journal | None = None,
         on_unload: Callable[[str, str], None] | None = None,
+        before_unload: Callable[[str], object] | None = None,
         wait_s: float = WAIT_S,
         sleep: Callable[[float], None] = time.sleep,
         clock: Callable[[], float] = time.monotonic,
@@ -81,6 +82,7 @@ class Evictor:
         self.board_free = board_free
         self.journal = journal
         self.on_unload = on_unload
+        self.before_unload = before_unload  # its conversations saved (supervise/slots.py)
         self.wait_s = wait_s
         self.sleep = sleep
         self.clock = clock
@@ -172,6 +174,8 @@ class Evictor:
                 break
             victim = idle[0]
             tried.add(victim)
+            if self.before_unload is not None:
+                self.before_unload(victim)
             if not client.unload(victim):
                 continue  # refused (it got a request meanwhile, say): the next one
             asked = self.clock()

@@ -46,6 +46,8 @@ from governor.plan.llama_args import options
 from governor.record import record
 from governor.supervise.activity import Activity
 from governor.supervise.evict import Evictor
+from governor.supervise.slots import SlotKeeper
+from governor.supervise.unloads import SHED_REASON, ShedUnloads
 
 if TYPE_CHECKING:
     from governor.plan.model import Plan
@@ -126,6 +128,7 @@ class ModelLeaves:
         clock: Callable[[], float] = time.monotonic,
         evictor: Evictor | None = None,
         journal: Journal | None = None,
+        slots: SlotKeeper | None = None,
     ) -> None:
         self.fs = fs
         self.group = group
@@ -144,7 +147,10 @@ class ModelLeaves:
         self.unloads: dict[tuple[str, str], int] = {}  # (model, reason) -> how many
         self.journal = journal  # where a refused model is written once
         self.refused: dict[str, str] = {}  # model -> why it has no leaf (logged once)
+        self.slots = slots  # --slot-save-path: the evicted models' slots (supervise/slots.py)
         self._dirty = False  # something to publish
+        # another policy's shed's unloads of these models, from this run's journal
+        self.sheds = None if journal is None else ShedUnloads(journal)
         self._sampled: float | None = None  # clock of the last activity sample
         self._published: float | None = None  # clock of the last on_change
         self._models_ready = False
@@ -186,6 +192,11 @@ class ModelLeaves:
                 self.make_room()
             except Exception as err:  # never the end of the router thread (evict's bugs)
                 log.error("models.evict_crashed", error=repr(err))
+            if self.slots is not None:
+                try:
+                    self.slots.restore()
+                except Exception as err:  # nor a restore's
+                    log.error("models.restore_crashed", error=repr(err))
             self.tick()
 
     def tick(self) -> bool:
@@ -196,6 +207,8 @@ class ModelLeaves:
             self._sampled = now
             if self.activity.sample():
                 self._dirty = True
+            for model in self.sheds.new() if self.sheds is not None else ():
+                self.count_unload(model, SHED_REASON)
         if not self._dirty or self.on_change is None:
             return False
         if self._published is not None and now - self._published < PUBLISH_S:
@@ -209,9 +222,27 @@ class ModelLeaves:
         return True
 
     def count_unload(self, model: str, reason: str) -> None:
+        """One unload of ``model`` (the evictor's, once its child exited): counted, and its
+        leaf removed when it holds no process (issue 46 item 5: a leaf stayed behind each
+        unload; its next child gets a new one with its limits, supervise/models.py _leaf)."""
         key = (model, reason)
         self.unloads[key] = self.unloads.get(key, 0) + 1
         self._dirty = True
+        self._remove_empty(model)
+
+    def _remove_empty(self, model: str) -> None:
+        """rmdir the model's leaf; the kernel refuses it (EBUSY) while a process is in it: a
+        new child placed meanwhile keeps it. One the placement thread is about to move a child
+        into is made again at its next poll (its move failed: not placed yet)."""
+        try:
+            cg = self.cgroup(model)
+            if self.fs.procs(cg):
+                return
+            self.fs.rmdir(cg)
+        except (LeafNameError, GovernorError) as err:
+            log.debug("models.leaf_kept", model=model, error=str(err))
+            return
+        log.info("model.leaf_removed", model=model, cgroup=cg)
 
     def published(self) -> dict[str, Any]:
         """RunState.router's models and unloads (rundir/state.py): every model this run knows
@@ -353,6 +384,8 @@ class ModelLeaves:
 
     def _placed(self, pid: int, alias: str, cg: str, limits: ModelLimits) -> None:
         self.placed[pid] = alias
+        if self.slots is not None:
+            self.slots.placed(alias)
         if self.activity is not None:
             self.activity.touch(alias)  # a model's load is its first request
         self._dirty = True
@@ -380,18 +413,23 @@ def router_leaves(
     router_pid: Callable[[], int | None],
     proc_root: Path,
     on_change: Callable[[], None] | None,
+    slot_save: bool = False,
 ) -> ModelLeaves:
     """The supervisor's ModelLeaves for a router run: with the router's url, each model's
     activity (supervise/activity.py Activity) and, under ``[engine] evict = "memory"``, the
     evictor (supervise/evict.py; ``claims``: alias -> the model's estimate; ``board``: the run
     directory and the root the board is read from: the evictor's room under a group without
-    memory.max is the board's free budget for this slice, governor/board/scan.py free_for)."""
-    activity = evictor = None
+    memory.max is the board's free budget for this slice, governor/board/scan.py free_for);
+    with ``slot_save`` (the router's --slot-save-path) the evictor's victims' slots are saved
+    and restored at their next load (supervise/slots.py)."""
+    activity = evictor = slots = None
     if router_url is not None:
         # one for the activity's slot checks and the evictor, each request within ROUTER_S
         client = RouterClient(router_url, timeout=ROUTER_S)
         activity = Activity(fs, plan.group, client=client)
         if plan.engine.evict == "memory":
+            if slot_save:
+                slots = SlotKeeper(client, journal=journal)
             evictor = Evictor(
                 fs,
                 group=plan.group,
@@ -401,6 +439,7 @@ def router_leaves(
                 claims={a: v for a, v in claims.items() if isinstance(v, int)},
                 board_free=functools.partial(board_scan.free_for, plan, *board),
                 journal=journal,
+                before_unload=None if slots is None else slots.save,
             )
     leaves = ModelLeaves(
         fs,
@@ -413,6 +452,7 @@ def router_leaves(
         on_change=on_change,
         evictor=evictor,
         journal=journal,
+        slots=slots,
     )
     if evictor is not None:
         evictor.on_unload = leaves.count_unload

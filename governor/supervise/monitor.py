@@ -27,14 +27,49 @@ from governor.kernel.procfs import ProcFs
 from governor.monitor.actions.base import Env
 from governor.monitor.loop import Monitor
 from governor.monitor.sources import Board
+from governor.peer.files import read_capped
+from governor.peer.router import base_url
+from governor.plan.llama_args import options, server_address
 from governor.plan.model import Plan
 from governor.rundir.journal import Journal
 from governor.rundir.liveness import alive, own_start
 from governor.rundir.state import Publisher, RunState, run_dir
+from governor.supervise.models import router_state
+from governor.supervise.ready import server_url
 from governor.supervise.watchdog import fork_watchdog
 
 # what the monitor's state carries over from `governor apply`'s
 KEPT_FROM_APPLY = ("created", "backend", "systemd")
+PROC_CAP = 1 << 20  # an engine's /proc/<pid>/cmdline or environ (ARG_MAX-sized at most)
+ROUTER_OPTS = frozenset({"--models-dir", "--models-preset"})
+ROUTER_ENV = ("LLAMA_ARG_MODELS_DIR", "LLAMA_ARG_MODELS_PRESET")
+
+
+def _words(raw: bytes) -> list[str]:
+    return [w.decode("utf-8", "surrogateescape") for w in raw.rstrip(b"\0").split(b"\0") if w]
+
+
+def router_url_of(proc_root: Path, pid: int) -> str | None:
+    """The http://HOST:PORT of the llama-server router running as ``pid`` (issue 46 item 5: an
+    attached monitor publishes its router), from its /proc cmdline and its environment's
+    LLAMA_ARG_*, as a launch finds it (api/launch.py router_url); None for an engine that is
+    no router, one whose address cannot be known, or a process gone."""
+    try:
+        argv = _words(read_capped(proc_root / str(pid) / "cmdline", PROC_CAP))
+        env = dict(
+            w.split("=", 1) for w in _words(read_capped(proc_root / str(pid) / "environ", PROC_CAP))
+            if "=" in w
+        )  # fmt: skip
+    except OSError:
+        return None
+    if not argv or not Path(argv[0]).name.startswith("llama-server"):
+        return None
+    names = {o.name for o in options(argv[1:])}
+    has_model = names & {"-m", "--model"} or env.get("LLAMA_ARG_MODEL")
+    if has_model or not (names & ROUTER_OPTS or any(env.get(v) for v in ROUTER_ENV)):
+        return None
+    url = server_url(*server_address(argv, env))
+    return None if url is None else base_url(url)
 
 
 def take_over(publisher: Publisher, plan: Plan) -> RunState | None:
@@ -82,7 +117,7 @@ def attach(
         where = plan.leaf if fs.exists(plan.leaf) else plan.group
         return fs.procs(where)
 
-    state = _Published(plan, policy_path, prior, publisher, engine_pids)
+    state = _Published(plan, policy_path, prior, publisher, engine_pids, proc_root=proc_root)
     endpoint = None if serve is None else serve(lambda: list(state.snapshot))
     # a freeze action holds the group while it runs: the sh watchdog thaws it if the monitor
     # dies (SIGKILL, OOM); every signal that ends it otherwise goes through finish() below
@@ -142,8 +177,12 @@ class _Published:
         prior: RunState | None,
         publisher: Publisher,
         engine_pids: Callable[[], list[int]],
+        *,
+        proc_root: Path = Path("/proc"),
     ) -> None:
         self.plan, self.publisher, self.engine_pids = plan, publisher, engine_pids
+        self.proc_root = proc_root
+        self._router: tuple[int | None, str | None] = (None, None)  # (engine pid, its url)
         try:
             self.sha256: str | None = hashlib.sha256(policy_path.read_bytes()).hexdigest()
         except OSError:
@@ -181,9 +220,18 @@ class _Published:
             action_totals=mon.action_totals(),
             qos=plan.qos.to_json(),
             shed_totals=mon.totals().get("shed_totals", []),
+            router=router_state(self.router_url(engine), None, mon.totals()),
         )
         self.snapshot[:] = [state]
         self.publisher.publish(state)
+
+    def router_url(self, engine: int | None) -> str | None:
+        """The engine's router url, read once per engine pid (a restart is read again)."""
+        if engine is None:
+            return None
+        if self._router[0] != engine:
+            self._router = (engine, router_url_of(self.proc_root, engine))
+        return self._router[1]
 
 
 def _hand_back(publisher: Publisher, prior: RunState | None, *, gone: bool) -> None:

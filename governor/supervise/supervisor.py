@@ -88,13 +88,13 @@ class Job:
     # published, so a racing launch reads this slice's claim; the admission's note is journaled
     board_release: Callable[[], None] | None = None
     admit_note: str | None = None
-    # llama-server's router: alias -> ModelLimits of each model's leaf (supervise/models.py)
+    # llama-server's router: alias -> ModelLimits of each model's leaf (supervise/models.py),
+    # its http://HOST:PORT (published as RunState.router's url)
     model_leaves: dict[str, Any] | None = None
-    # llama-server's router: its http://HOST:PORT (published as RunState.router's url)
     router_url: str | None = None
-    # where the board is read from (/proc/meminfo, install manifests): "/" but in tests; with
-    # [engine] evict = "memory" the evictor gets the board's free budget for this slice
-    # (governor/board/scan.py free_for: what admission counts)
+    slot_save: bool = False  # --slot-save-path: evicted slots kept (supervise/slots.py)
+    # where the board is read from (/proc/meminfo, manifests): "/" but in tests; the evictor's
+    # free budget for this slice with evict = "memory" (board/scan.py free_for)
     board_root: Path = Path("/")
 
 
@@ -317,6 +317,7 @@ class Supervisor:
             router_pid=lambda: self.engine_pid,
             proc_root=self.proc.root,
             on_change=lambda: self._publish(job),
+            slot_save=job.slot_save,
         )
         return self.leaves.start()
 

@@ -3,9 +3,10 @@ model (no request in flight), a whole model's memory given back before anything 
 or frozen. The model loads again at its next request: nothing is held, nothing to give back.
 
 Where the router is: the ``router`` of this slice's published state (governor/rundir/state.py,
-its url and each model's last request, published by the launch that runs the router); a
-`governor monitor` attached to the launched router's group reads the launch's state (the live
-one of the same group). Nothing idle, no router, no answer: the result is not ok, with why,
+its url and each model's last request, published by the launch that runs the router, or by an
+attached `governor monitor`: its url, found in the engine's command line, and no model's last
+request); a `governor monitor` attached to a launched router's group reads the launch's state
+(the live one of the same group) for the models' last requests. Nothing idle, no router, no answer: the result is not ok, with why,
 and the rule's later actions run (``do = ["unload", "freeze 5s"]`` is a ladder). Each unload is
 a journal entry (source "unload", model, reason "pressure") and counted in ``totals`` as
 ``router_unloads`` ({"model", "reason", "count"}), which the launch's publish adds to its
@@ -76,15 +77,19 @@ class Unload(Handler):
         state, else (attached, `governor monitor`) the live launch state of the same group."""
         env = self.env
         run = env.journal.dir.parent if env.journal is not None else run_dir()
+        own = None
         with contextlib.suppress(FileNotFoundError, GovernorError):
-            found = load_state(run / env.plan.policy / STATE_FILE).router_models()
-            if found is not None:
-                return found
+            own = load_state(run / env.plan.policy / STATE_FILE).router_models()
+            if own is not None and own[1]:
+                return own
+        # an attached monitor publishes its router's url but no model's last request (it
+        # places no model leaves): a launch's of the same group knows them
         with contextlib.suppress(OSError):
             for st in read_states(run):
-                if not st.stale and st.group == env.group and (found := st.router_models()):
+                found = None if st.stale or st.group != env.group else st.router_models()
+                if found is not None and (found[1] or own is None):
                     return found
-        return None
+        return own
 
     def _journal(self, model: str, ctx: Context) -> None:
         journal = self.env.journal

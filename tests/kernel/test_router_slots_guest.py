@@ -1,0 +1,146 @@
+"""Conversations that survive an unload (issue 46 item 3) in the kernel guest: the real router
+(scripts/engine-setup's llama-server, --slot-save-path) under `governor launch` with
+``evict = "memory"`` and a memory.max that holds one of two 64 MiB models. A conversation on
+``a`` (turn 1), a request to ``b`` (a unloaded for it, a's slot saved first), then ``a`` loaded
+ahead of its next turn (POST /models/load: b unloaded for it) and that turn timed (one token of
+answer: its time to first token). Twice: first with a's saved file removed before the load (no
+restore: the whole conversation processed again), then as the governor does it (restored).
+
+Asserted: the governor saved and restored a's slot (its journal) and the restored turn
+processed fewer prompt tokens (llama-server's ``timings.prompt_n``); the times are printed,
+never asserted (TCG). Tiny models, -c 256, -np 1.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+import pytest
+from helpers import cgroups
+from helpers.cgroups import ScratchSlice
+from helpers.server import KVSERVER, SERVER, free_port, wait_ready
+
+from governor.rundir.journal import Journal
+
+from .test_router_guest import _ask
+
+REPO = Path(__file__).resolve().parents[2]
+ALL = ("memory", "cpu", "cpuset", "io", "pids")
+# ~140 tokens with the chat template: kvserver.gguf's tokenizer makes 101 of "a b ... j " * 10
+# (POST /tokenize); -c 256 holds it and two more turns (a first run's 409-token prompt: 400)
+FIRST = "a b c d e f g h i j " * 13
+
+
+def _post(base: str, path: str, body: dict[str, Any]) -> dict[str, Any]:
+    request = urllib.request.Request(
+        f"{base}{path}", json.dumps(body).encode(), {"Content-Type": "application/json"}
+    )
+    with urllib.request.urlopen(request, timeout=300) as answer:
+        data: dict[str, Any] = json.loads(answer.read())
+    return data
+
+
+def _turn(base: str, messages: list[dict[str, str]]) -> tuple[float, int, str]:
+    """One turn, one token of answer: (seconds, prompt tokens processed, the answer)."""
+    t0 = time.monotonic()
+    data = _post(
+        base, "/v1/chat/completions",
+        {"model": "a", "messages": messages, "max_tokens": 1, "ignore_eos": True},
+    )  # fmt: skip
+    took = time.monotonic() - t0
+    return took, int(data["timings"]["prompt_n"]), data["choices"][0]["message"]["content"] or ""
+
+
+def _slots(run: Path, since: int, key: str) -> list[dict[str, Any]]:
+    """The slot entries of model a after the first ``since`` ones that have ``key``."""
+    entries = [e for e in Journal(run / "router").entries() if e["source"] == "slots"]
+    return [e for e in entries[since:] if e["model"] == "a" and key in e]
+
+
+def _until(what: str, check: Any, timeout: float = 120.0) -> Any:
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        if found := check():
+            return found
+        time.sleep(0.1)
+    raise AssertionError(f"not within {timeout:g}s: {what}")
+
+
+@pytest.mark.kernel(controllers=ALL, root=True, psi=True)
+@pytest.mark.engine(binary=SERVER, paths=(KVSERVER,))
+def test_an_idle_conversation_gets_its_kv_cache_back_after_its_model_was_evicted(
+    tmp_path: Path, scratch_slice: ScratchSlice
+) -> None:
+    models = tmp_path / "models"
+    models.mkdir()
+    for name in ("a", "b"):
+        (models / f"{name}.gguf").symlink_to(KVSERVER)
+    saves = tmp_path / "slots"
+    saves.mkdir()
+    policy = tmp_path / "router.toml"
+    policy.write_text(
+        f'name = "router"\nslice = "{scratch_slice.name}"\n[memory]\nmax = "200M"\n'
+        'swap_max = "0"\n[engine]\nkind = "llama.cpp"\nevict = "memory"\n'
+    )
+    port = free_port()
+    base = f"http://127.0.0.1:{port}"
+    engine = [
+        str(SERVER), "--models-dir", str(models), "--models-max", "2", "-c", "256",
+        "--cache-ram", "0", "-np", "1", "-t", "2", "--host", "127.0.0.1", "--port", str(port),
+        "--chat-template", "chatml", "--no-webui", "--slot-save-path", str(saves),
+    ]  # fmt: skip
+    run = tmp_path / "run"
+    env = {**os.environ, "GOVERNOR_RUN_DIR": str(run)}
+    log = tmp_path / "governor.log"
+    group = scratch_slice.path / "router"
+    with log.open("w") as err:
+        gov = subprocess.Popen(
+            [sys.executable, "-m", "governor", "launch", "--policy", str(policy), "--", *engine],
+            cwd=REPO, env=env, stdout=subprocess.DEVNULL, stderr=err, text=True,
+        )  # fmt: skip
+        try:
+            wait_ready(base, gov, timeout=300)
+            messages = [{"role": "user", "content": FIRST}]
+            full_s, full_n, said = _turn(base, messages)  # turn 1: a loads, all processed
+            results: dict[str, Any] = {"turn1_s": round(full_s, 2), "turn1_prompt_n": full_n}
+            for case in ("without_restore", "with_restore"):
+                messages += [
+                    {"role": "assistant", "content": said},
+                    {"role": "user", "content": f"And {case}?"},
+                ]
+                before = len(
+                    [e for e in Journal(run / "router").entries() if e["source"] == "slots"]
+                )
+                time.sleep(1.2)  # the activity is sampled every 0.5 s: b is the newer
+                assert _ask(base, "b")  # a (idle, least recently used) unloaded for b
+                saved = _until("a's slot saved", lambda n=before: _slots(run, n, "saved"))
+                assert saved[0]["saved"] == [0]
+                if case == "without_restore":
+                    for f in saves.glob("governor-a-*"):
+                        f.unlink()  # the restore finds nothing: the conversation is lost
+                _post(base, "/models/load", {"model": "a"})  # a ahead of its next turn
+                done = _until("a's restore tried", lambda n=before: _slots(run, n, "restored"))
+                took, n, said = _turn(base, messages)
+                results[case] = {"ttft_s": round(took, 2), "prompt_n": n,
+                                 "restored": done[0]["restored"]}  # fmt: skip
+            assert results["without_restore"]["restored"] == []
+            assert results["with_restore"]["restored"] == [0]
+            # the restored slot held the conversation: only the new turn's tokens processed
+            assert results["with_restore"]["prompt_n"] < results["without_restore"]["prompt_n"]
+            kills = cgroups.read_kv(group / "memory.events")["oom_kill"]
+            assert kills == 0
+            assert gov.poll() is None
+            print("router slots guest:", json.dumps(results))
+        finally:
+            if gov.poll() is None:
+                gov.send_signal(signal.SIGTERM)
+            code = gov.wait(timeout=120)
+    assert code in (0, 143), log.read_text()[-3000:]
