@@ -3,15 +3,17 @@
 cache, which grows linearly (anonymous memory) while the chat goes on.
 
     kvchat.py --model FILE --out FILE [--kv-start MIB] [--kv-end MIB] [--grow SEC]
-              [--duration SEC] [--comm NAME]
+              [--duration SEC] [--stop FILE] [--comm NAME]
 
 Warm-up (not timed): the model is mapped (MAP_SHARED, read-only) and read once, the KV cache
 allocated to --kv-start MiB. Then it appends ``ready T0`` to --out (T0: CLOCK_MONOTONIC, the
 same clock for every process of the machine) and runs steps for --duration seconds: each step
 grows the KV cache towards its size at that moment (--kv-start to --kv-end over --grow
 seconds, 4 MiB chunks), reads one byte of every page of the model and of the KV cache, and
-appends ``step T KV_MIB``. ``done STEPS`` ends the file. A page evicted from the model is read
-again from its file: that is the stall a step shows.
+appends ``step T KV_MIB``. ``done STEPS`` ends the file, after --duration seconds or, with
+--stop, at the first step that finds that file (a test ends the chat once it saw what it
+waited for). A page evicted from the model is read again from its file: that is the stall a
+step shows.
 """
 
 from __future__ import annotations
@@ -53,6 +55,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--kv-end", type=int, default=550, help="KV cache MiB at t = --grow")
     p.add_argument("--grow", type=float, default=40.0, help="seconds of KV growth")
     p.add_argument("--duration", type=float, default=50.0, help="seconds of steps")
+    p.add_argument("--stop", default=None, help="end the steps early once this file exists")
     p.add_argument("--comm", default=None, help="process name (prctl PR_SET_NAME)")
     a = p.parse_args(argv)
     if a.comm:
@@ -70,6 +73,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"ready {t0:.6f}", file=out)
         steps = 0
         while (now := time.monotonic()) - t0 < a.duration:
+            if a.stop is not None and os.path.exists(a.stop):
+                break
             while len(kv) * CHUNK_MIB < kv_target(now - t0, a.kv_start, a.kv_end, a.grow):
                 kv.append(new_chunk())
             bytes(weights[::PAGE])  # one byte of every page of the model ...

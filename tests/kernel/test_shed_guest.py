@@ -364,6 +364,7 @@ CHAT_KV_START, CHAT_KV_END = 64, 400  # MiB of "KV cache" the chat grows through
 # run, 1964 - 1763: test_psi_shed_warning_guest.py writes it to the results' guest-memory.txt)
 GUEST_OS_MIB = 256
 BG_FROM_KV = 320  # the job starts when the chat's KV has reached this (most of its growth)
+AFTER_SHED_STEPS = 5  # the chat's steps beside the throttled job before it is ended
 
 
 def _job(mib: int) -> list[str]:
@@ -380,6 +381,10 @@ def _job(mib: int) -> list[str]:
         time.sleep(2)
         """
     )
+
+
+def _chat_steps(out: Path) -> int:
+    return sum(ln.startswith("step ") for ln in out.read_text().splitlines())
 
 
 def _chat_kv(out: Path) -> int:
@@ -434,13 +439,16 @@ def test_board_pressure_sheds_the_job_keeps_the_chat_resident_and_gives_back_aft
         """,
     )
     out = tmp_path / "chat.out"
+    stop = tmp_path / "chat.stop"
     ooms = _oom_kills()
-    # 70 s of chat: the job (~30 MiB/s under TCG) reached the board's limit 34-49 s after the
-    # chat was ready in the runs measured; the shed has to come while the chat still runs
+    # up to 70 s of chat: the job (~30 MiB/s under TCG) reached the board's limit 34-49 s after
+    # the chat was ready in the runs measured; the shed has to come while the chat still runs.
+    # It ends AFTER_SHED_STEPS steps after the throttle (the rest of the 70 s proved nothing
+    # more: the job was held, the chat's steps went on)
     chat = _launch(
         chat_policy, env, sys.executable, str(REPO / "tests/helpers/kvchat.py"),
         "--model", str(SMALL), "--out", str(out), "--kv-start", str(CHAT_KV_START),
-        "--kv-end", str(CHAT_KV_END), "--grow", "10", "--duration", "70",
+        "--kv-end", str(CHAT_KV_END), "--grow", "10", "--duration", "70", "--stop", str(stop),
     )  # fmt: skip
     bg: subprocess.Popen[str] | None = None
     chat_group = scratch_slice.path / "chat"
@@ -449,6 +457,12 @@ def test_board_pressure_sheds_the_job_keeps_the_chat_resident_and_gives_back_aft
         refaults = _stat(chat_group, "workingset_refault_file")
         bg = _launch(bg_policy, env, *_job(bg_mib))
         _until(lambda: "throttle" in _steps(run / "bg"), 240, "the job throttled", chat, bg)
+        shed_at = _chat_steps(out)
+        _until(
+            lambda: _chat_steps(out) >= shed_at + AFTER_SHED_STEPS or "done " in out.read_text(),
+            240, "the chat's steps beside the throttled job", chat, bg,
+        )  # fmt: skip
+        stop.write_text("x")
         _until(lambda: "done " in out.read_text(), 240, "the chat's end", chat, bg)
         refaulted = _stat(chat_group, "workingset_refault_file") - refaults
         chat.wait(timeout=120)

@@ -297,8 +297,9 @@ def test_a_squeezed_model_re_read_fires_the_refault_rule_before_psi_with_the_sam
                 lambda: [e for e in _events(err, "rule.fired") if e["rule"] == 0] or None,
                 240, "the refault rule",
             )  # fmt: skip
-            # three more windows: does the PSI rule see it too?
-            time.sleep(12)
+            # one more window: does the PSI rule see it too? (printed; the order asserted below
+            # is settled when the refault rule fires: a PSI firing before it is logged before)
+            time.sleep(4)
             res = _status(run, "chat", "--json")
             (item,) = json.loads(res.stdout)
             rules = {r["rule"]: r for r in item["rules"]}

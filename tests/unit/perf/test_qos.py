@@ -141,3 +141,16 @@ def test_cpu_table_lists_solo_first_and_the_median_of_each_column() -> None:
         "| 50.0 (50.0 / -) |"
     )
     assert len(rows) == 2  # no run, no row
+
+
+def test_the_chat_ends_at_the_first_step_that_finds_its_stop_file(tmp_path: Path) -> None:
+    from helpers.kvchat import main
+
+    model, out, stop = tmp_path / "model", tmp_path / "out", tmp_path / "stop"
+    model.write_bytes(b"\x01" * (64 << 10))
+    stop.write_text("x")
+    # a minute of steps asked for; the stop file is there from the start: no step runs
+    assert main(["--model", str(model), "--out", str(out), "--kv-start", "4", "--kv-end", "4",
+                 "--duration", "60", "--stop", str(stop)]) == 0  # fmt: skip
+    lines = out.read_text().splitlines()
+    assert lines[0].startswith("ready ") and lines[1:] == ["done 0"], lines
