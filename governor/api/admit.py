@@ -124,6 +124,7 @@ def admission(
     sleep: Callable[[float], None] = time.sleep,
     say: Callable[[str], None] | None = None,
     lock_s: float | None = None,
+    measured: tuple[int, int] | None = None,
 ) -> Admitted:
     """Admit ``plan`` on the board or raise AdmissionRefused (75): the decision is
     governor/board/admission.py's, this wires it (where the board is read, the lock, the
@@ -133,7 +134,8 @@ def admission(
     do, the guarantees of "warn" and "refuse" are refused all the same. ``run``: None for a
     board rendered elsewhere (no running claims, no lock). ``gather``, ``stop``, ``clock`` and
     ``sleep`` are the tests' doors; ``say``: where the warning lines go (default stderr, at
-    once); ``lock_s``: how long the board lock is waited for (default :func:`lock_wait`)."""
+    once); ``lock_s``: how long the board lock is waited for (default :func:`lock_wait`);
+    ``measured``: (peak, runs) earlier runs measured, claimed instead of the estimate."""
 
     def read() -> Board:
         if gather is not None:
@@ -146,7 +148,7 @@ def admission(
             install_root=install_root,
         )
 
-    new = slice_of_plan(plan, estimate=estimate)
+    new = slice_of_plan(plan, estimate=estimate, measured=measured)
     why = f": the board cannot admit {new.name} now"
     lock: Callable[[float], int] | None = None
     if run is not None:

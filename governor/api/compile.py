@@ -6,6 +6,8 @@ from __future__ import annotations
 import os
 import shlex
 import tomllib
+from collections.abc import Callable, Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -40,6 +42,7 @@ from governor.kernel.writeprobe import probe_peak_reset, probe_reclaim_swappines
 from governor.monitor.victims import governed_groups
 from governor.policy.model import Policy
 from governor.record import record
+from governor.rundir.peaks import learned, peak_key
 from governor.rundir.state import run_dir
 
 if TYPE_CHECKING:
@@ -187,7 +190,22 @@ def estimate(
             env=os.environ,
             budget_from="--budget" if eopts.budget is not None else "memory.max",
         )
-    return estimate_argv(args, root=opts.root, budget=budget)
+    return with_measured(estimate_argv(args, root=opts.root, budget=budget), argv)
+
+
+def with_measured(est: Estimate, argv: list[str]) -> Estimate:
+    """``est`` with the peak earlier governed runs of its model and argv measured
+    (governor/rundir/peaks.py), when there is one; a bad peaks file is one warning."""
+    try:
+        run: Path | None = run_dir()
+    except HostError:
+        return est
+    got, note = learned(run, peak_key(est.model, argv))
+    if note is not None:
+        est = replace(est, warnings=(*est.warnings, note))
+    if got is None:
+        return est
+    return replace(est, measured=(got.peak, got.runs))
 
 
 def _no_contradiction(model: Path, argv: list[str]) -> None:
@@ -262,4 +280,21 @@ def init(opts: HostOptions, req: Request) -> Draft | RouterDraft:
     beside = tenants(opts) if req.board_memory is None else None
     if is_router_model(req.model):  # llama-server's router: its models and --models-max
         return draft_router(req, probe_host(opts), root=opts.root, tenants=beside)
-    return draft(req, probe_host(opts), root=opts.root, tenants=beside)
+    return draft(
+        req, probe_host(opts), root=opts.root, tenants=beside, measured=_measured_of(req.model)
+    )
+
+
+def _measured_of(model: Path) -> Callable[[Sequence[str]], tuple[int, int] | None]:
+    """init's lookup of the peak earlier runs of an engine command line on ``model`` measured
+    (governor/rundir/peaks.py)."""
+
+    def lookup(engine: Sequence[str]) -> tuple[int, int] | None:
+        try:
+            run = run_dir()
+        except HostError:
+            return None
+        got, _note = learned(run, peak_key(model, engine))
+        return None if got is None else (got.peak, got.runs)
+
+    return lookup

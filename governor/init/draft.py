@@ -42,6 +42,7 @@ from governor.engines.llama import (
 from governor.engines.settings import KV_CELL_PAD
 from governor.errors import PolicyError, UsageError
 from governor.init import board as draft_board
+from governor.init import learned as draft_learned
 from governor.init import qos as draft_qos
 from governor.init import server as draft_server
 from governor.init import swap as draft_swap
@@ -256,9 +257,17 @@ def _fixes(est: Estimate, *, smaller_model: bool) -> str:
 # ------------------------------------------------------------------------------ the policy
 
 
-def draft(req: Request, host: HostFacts, *, root: Path, tenants: Tenants | None = None) -> Draft:
+def draft(
+    req: Request,
+    host: HostFacts,
+    *,
+    root: Path,
+    tenants: Tenants | None = None,
+    measured: draft_learned.Measured | None = None,
+) -> Draft:
     """Size and render the policy for ``req`` on the board ``host`` describes, beside the
-    ``tenants`` it already has (the other governed slices' claims, the board's reserve)."""
+    ``tenants`` it already has (the other governed slices' claims, the board's reserve) and
+    the peak earlier runs of its command line ``measured`` (governor/init/learned.py)."""
     name = policy_name(req)
     program, options, parsed = _split_engine(req)
     ctx = req.ctx if req.ctx is not None else parsed.ctx
@@ -286,6 +295,7 @@ def draft(req: Request, host: HostFacts, *, root: Path, tenants: Tenants | None 
     engine = [program, "-m", str(req.model), "-c", str(sizing.ctx), *options]
     if parsed.threads is None:
         engine += ["-t", str(threads)]
+    sizing = draft_learned.with_measured(sizing, engine, measured)
     needed = ["memory"] + (["cpuset"] if big else [])
     missing = tuple(c for c in needed if c not in host.controllers)
     qos = req.qos_class or draft_qos.default_class(sizing)
@@ -364,6 +374,7 @@ def _sizing_comment(  # noqa: PLR0917  # the head comment: how the numbers below
     out += [f"#   {t.name:<{w}}{t.bytes / MIB:8.1f} MiB  {t.detail}" for t in est.terms]
     out += [
         f"#   {'total':<{w}}{est.total / MIB:8.1f} MiB",
+        *draft_learned.lines(s, w),
         *draft_board.board_lines(s),
         f"# headroom above the estimate: max(64 MiB, 10 %) = {s.headroom / MIB:.1f} MiB (the"
         " estimate's error against memory.peak, docs/calibration.md).",

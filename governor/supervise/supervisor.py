@@ -40,6 +40,7 @@ from governor.record import field, record
 from governor.rundir.journal import Journal
 from governor.rundir.liveness import own_start
 from governor.rundir.state import Publisher, RunState, applied, run_dir
+from governor.supervise.learn import learn_peak
 from governor.supervise.models import ModelLeaves, router_leaves, router_state
 from governor.supervise.sdnotify import notify
 from governor.supervise.watchdog import Watchdog
@@ -278,6 +279,7 @@ class Supervisor:
             report.extra["restarts"] = restarts.history
             report.extra.update(job.extra)
             lock_error = self._collect_prefetch(report)
+            learn_peak(job.extra, report, job.run_dir or run_dir())
             log.info("engine.exit", **{k: v for k, v in vars(report).items() if k != "argv"})
             if job.report is not None:
                 _write_report(job.report, report)
@@ -393,7 +395,9 @@ class Supervisor:
             last_actions=list(monitor.recent) if monitor is not None else [],
             action_totals=monitor.action_totals() if monitor is not None else [],
             model={
-                k: estimate.get(k) for k in ("model", "quant", "total", "router") if k in estimate
+                k: estimate.get(k)
+                for k in ("model", "quant", "total", "router", "measured", "measured_runs")
+                if k in estimate
             }
             or None,
             prefetch_files=list(job.prefetch_files),
