@@ -28,6 +28,7 @@ from governor.board.scan import memtotal
 from governor.compile.doctor import diagnose, mglru_finding, swap_finding, write_probe_findings
 from governor.compile.headroom import psi_shed_warning
 from governor.engines.budget import estimate_argv, estimate_router, policy_budget
+from governor.engines.cache_build import cache_warnings, engine_build
 from governor.engines.estimate import Estimate
 from governor.engines.llama import EngineArgvError, parse_llama_argv
 from governor.engines.router import RouterEstimate
@@ -39,6 +40,7 @@ from governor.kernel.mglru import MglruReader
 from governor.kernel.procfs import ProcFs
 from governor.kernel.swap import SwapReader
 from governor.kernel.writeprobe import probe_peak_reset, probe_reclaim_swappiness
+from governor.launch.executable import which
 from governor.monitor.victims import governed_groups
 from governor.policy.model import Policy
 from governor.record import record
@@ -250,7 +252,24 @@ def check_engine(
     plan, _host, checked = preflight_engine(path, argv, opts, probe_target=True, force=force)
     check_device(plan, opts)
     admit_check(plan, opts, checked.estimate, force=force)
-    return plan, checked.estimate, [*checked.messages, *shed_warnings(plan, opts)]
+    return (
+        plan,
+        checked.estimate,
+        [
+            *checked.messages,
+            *prompt_cache_warnings(checked.estimate, argv),
+            *shed_warnings(plan, opts),
+        ],
+    )
+
+
+def prompt_cache_warnings(est: Estimate | None, argv: tuple[str, ...]) -> list[str]:
+    """llama-server's prompt cache by the engine's build (governor/engines/cache_build.py): its
+    --version is run only when the argv keeps a cache (--cache-ram above 0)."""
+    if est is None or not est.settings.server or est.settings.cache_ram_mib <= 0 or not argv:
+        return []
+    path = which(argv[0], os.environ.get("PATH")) if "/" not in argv[0] else argv[0]
+    return cache_warnings(est, None if path is None else engine_build(path))
 
 
 def admit_check(plan: Plan, opts: HostOptions, estimate: object, *, force: bool) -> None:
