@@ -40,6 +40,7 @@ from governor.engines.llama import (
     parse_llama_argv,
 )
 from governor.engines.settings import KV_CELL_PAD
+from governor.engines.window import CONTEXT_SHIFT, needs_shift
 from governor.errors import PolicyError, UsageError
 from governor.init import board as draft_board
 from governor.init import learned as draft_learned
@@ -293,6 +294,8 @@ def draft(
     big = host.core_types.big if host.core_types is not None else ()
     threads = len(big) if big else len(host.cpus_online)
     engine = [program, "-m", str(req.model), "-c", str(sizing.ctx), *options]
+    if needs_shift(engine):  # the context is capped: a conversation slides past -c, never fails
+        engine.append(CONTEXT_SHIFT)
     if parsed.threads is None:
         engine += ["-t", str(threads)]
     sizing = draft_learned.with_measured(sizing, engine, measured)
@@ -426,6 +429,11 @@ def _engine_table(host: HostFacts, s: Sizing, engine: tuple[str, ...]) -> list[s
         'kind = "llama.cpp"',
         f"max_context_tokens = {s.ctx}  # {largest}",
     ]
+    if CONTEXT_SHIFT in engine:
+        out.append(
+            f"# {CONTEXT_SHIFT} (on the command line): a conversation that reaches -c drops its"
+            " oldest tokens and goes on (the sliding window) instead of failing"
+        )
     if s.est.settings.server:
         out += draft_server.engine_lines(s.est)
     if threads is not None and threads.lstrip("-").isdigit() and int(threads) > 0:

@@ -285,7 +285,7 @@ def test_name_comes_from_the_model_file_and_engine_argv_keeps_its_program(
     assert policy["name"] == "chat"
     argv = _engine_line(text)[1]
     assert argv.startswith(f"/opt/llama/llama-server -m {tiny} -c ")
-    assert argv.endswith("-ub 128 -t 2") and argv.count("-m ") == 1
+    assert argv.endswith("-ub 128 -t 2 --context-shift") and argv.count("-m ") == 1
     assert policy["engine"]["threads"] == 2
     named, _, _ = _init(capsys, str(HOSTS / "rk3588"), "--model", str(tiny))
     assert named["name"] == "tiny"
