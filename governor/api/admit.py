@@ -123,7 +123,7 @@ def npu_admission(plan: Plan, run: Path, root: Path) -> None:
     said = npu_refusal(plan.policy, need, others)
     if said is not None:
         raise AdmissionRefused(
-            f"{said} ({run})",
+            f"{said} (device.memory, {run})",
             hint="stop the other RKLLM engine first, or run a smaller model (device.memory is"
             " the .rkllm file's size unless set)",
         )
