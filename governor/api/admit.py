@@ -29,10 +29,12 @@ from governor.board.admission import POLL_S, Admitted, Words, decide
 from governor.board.budget import refusal_text, slice_of_plan
 from governor.board.file import board_path, no_budget_error
 from governor.board.scan import scan
+from governor.engines.rkllm_memory import npu_refusal
 from governor.errors import AdmissionRefused, HostError
 from governor.log import get_logger
 from governor.peer.files import CappedReadError
 from governor.peer.lock import LockBusy, take
+from governor.rundir.state import read_states
 
 if TYPE_CHECKING:
     from governor.board.budget import Verdict
@@ -101,6 +103,32 @@ def _refuse(verdict: Verdict, board: Path | None, extra: str = "") -> AdmissionR
     return AdmissionRefused(f"{refusal_text(verdict)}{extra} ({_where(board)})", hint=ADMIT_HINT)
 
 
+def npu_admission(plan: Plan, run: Path, root: Path) -> None:
+    """AdmissionRefused (75) for an RKLLM engine whose NPU memory ([device] memory) does not
+    fit the NPU's address space beside the running RKLLM instances' (governor/engines/
+    rkllm_memory.py: rknn-llm issues 437 and 522)."""
+    need = None if plan.device is None else plan.device.memory
+    if plan.engine.kind != "rkllm" or not isinstance(need, int):
+        return
+    others = [
+        (st.policy, st.plan.device.memory)
+        for st in read_states(run, root / "proc")
+        if not st.stale
+        and st.policy != plan.policy
+        and st.plan is not None
+        and st.plan.engine.kind == "rkllm"
+        and st.plan.device is not None
+        and isinstance(st.plan.device.memory, int)
+    ]
+    said = npu_refusal(plan.policy, need, others)
+    if said is not None:
+        raise AdmissionRefused(
+            f"{said} (device.memory, {run})",
+            hint="stop the other RKLLM engine first, or run a smaller model (device.memory is"
+            " the .rkllm file's size unless set)",
+        )
+
+
 def say_now(line: str) -> None:
     """One ``governor: ...`` warning line on stderr."""
     sys.stderr.write(f"governor: {line}\n")
@@ -124,6 +152,7 @@ def admission(
     sleep: Callable[[float], None] = time.sleep,
     say: Callable[[str], None] | None = None,
     lock_s: float | None = None,
+    measured: tuple[int, int] | None = None,
 ) -> Admitted:
     """Admit ``plan`` on the board or raise AdmissionRefused (75): the decision is
     governor/board/admission.py's, this wires it (where the board is read, the lock, the
@@ -133,7 +162,8 @@ def admission(
     do, the guarantees of "warn" and "refuse" are refused all the same. ``run``: None for a
     board rendered elsewhere (no running claims, no lock). ``gather``, ``stop``, ``clock`` and
     ``sleep`` are the tests' doors; ``say``: where the warning lines go (default stderr, at
-    once); ``lock_s``: how long the board lock is waited for (default :func:`lock_wait`)."""
+    once); ``lock_s``: how long the board lock is waited for (default :func:`lock_wait`);
+    ``measured``: (peak, runs) earlier runs measured, claimed instead of the estimate."""
 
     def read() -> Board:
         if gather is not None:
@@ -146,7 +176,9 @@ def admission(
             install_root=install_root,
         )
 
-    new = slice_of_plan(plan, estimate=estimate)
+    if run is not None:
+        npu_admission(plan, run, root)  # 75: RKLLM's NPU address space, shared by instances
+    new = slice_of_plan(plan, estimate=estimate, measured=measured)
     why = f": the board cannot admit {new.name} now"
     lock: Callable[[float], int] | None = None
     if run is not None:

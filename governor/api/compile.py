@@ -6,6 +6,8 @@ from __future__ import annotations
 import os
 import shlex
 import tomllib
+from collections.abc import Callable, Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -26,6 +28,7 @@ from governor.board.scan import memtotal
 from governor.compile.doctor import diagnose, mglru_finding, swap_finding, write_probe_findings
 from governor.compile.headroom import psi_shed_warning
 from governor.engines.budget import estimate_argv, estimate_router, policy_budget
+from governor.engines.cache_build import cache_warnings, engine_build
 from governor.engines.estimate import Estimate
 from governor.engines.llama import EngineArgvError, parse_llama_argv
 from governor.engines.router import RouterEstimate
@@ -37,9 +40,11 @@ from governor.kernel.mglru import MglruReader
 from governor.kernel.procfs import ProcFs
 from governor.kernel.swap import SwapReader
 from governor.kernel.writeprobe import probe_peak_reset, probe_reclaim_swappiness
+from governor.launch.executable import which
 from governor.monitor.victims import governed_groups
 from governor.policy.model import Policy
 from governor.record import record
+from governor.rundir.peaks import learned, peak_key
 from governor.rundir.state import run_dir
 
 if TYPE_CHECKING:
@@ -187,7 +192,22 @@ def estimate(
             env=os.environ,
             budget_from="--budget" if eopts.budget is not None else "memory.max",
         )
-    return estimate_argv(args, root=opts.root, budget=budget)
+    return with_measured(estimate_argv(args, root=opts.root, budget=budget), argv)
+
+
+def with_measured(est: Estimate, argv: list[str]) -> Estimate:
+    """``est`` with the peak earlier governed runs of its model and argv measured
+    (governor/rundir/peaks.py), when there is one; a bad peaks file is one warning."""
+    try:
+        run: Path | None = run_dir()
+    except HostError:
+        return est
+    got, note = learned(run, peak_key(est.model, argv))
+    if note is not None:
+        est = replace(est, warnings=(*est.warnings, note))
+    if got is None:
+        return est
+    return replace(est, measured=(got.peak, got.runs))
 
 
 def _no_contradiction(model: Path, argv: list[str]) -> None:
@@ -232,7 +252,24 @@ def check_engine(
     plan, _host, checked = preflight_engine(path, argv, opts, probe_target=True, force=force)
     check_device(plan, opts)
     admit_check(plan, opts, checked.estimate, force=force)
-    return plan, checked.estimate, [*checked.messages, *shed_warnings(plan, opts)]
+    return (
+        plan,
+        checked.estimate,
+        [
+            *checked.messages,
+            *prompt_cache_warnings(checked.estimate, argv),
+            *shed_warnings(plan, opts),
+        ],
+    )
+
+
+def prompt_cache_warnings(est: Estimate | None, argv: tuple[str, ...]) -> list[str]:
+    """llama-server's prompt cache by the engine's build (governor/engines/cache_build.py): its
+    --version is run only when the argv keeps a cache (--cache-ram above 0)."""
+    if est is None or not est.settings.server or est.settings.cache_ram_mib <= 0 or not argv:
+        return []
+    path = which(argv[0], os.environ.get("PATH")) if "/" not in argv[0] else argv[0]
+    return cache_warnings(est, None if path is None else engine_build(path))
 
 
 def admit_check(plan: Plan, opts: HostOptions, estimate: object, *, force: bool) -> None:
@@ -262,4 +299,21 @@ def init(opts: HostOptions, req: Request) -> Draft | RouterDraft:
     beside = tenants(opts) if req.board_memory is None else None
     if is_router_model(req.model):  # llama-server's router: its models and --models-max
         return draft_router(req, probe_host(opts), root=opts.root, tenants=beside)
-    return draft(req, probe_host(opts), root=opts.root, tenants=beside)
+    return draft(
+        req, probe_host(opts), root=opts.root, tenants=beside, measured=_measured_of(req.model)
+    )
+
+
+def _measured_of(model: Path) -> Callable[[Sequence[str]], tuple[int, int] | None]:
+    """init's lookup of the peak earlier runs of an engine command line on ``model`` measured
+    (governor/rundir/peaks.py)."""
+
+    def lookup(engine: Sequence[str]) -> tuple[int, int] | None:
+        try:
+            run = run_dir()
+        except HostError:
+            return None
+        got, _note = learned(run, peak_key(model, engine))
+        return None if got is None else (got.peak, got.runs)
+
+    return lookup

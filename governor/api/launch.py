@@ -37,6 +37,7 @@ from governor.plan.llama_args import server_address, slot_save_path
 from governor.plan.model import Plan
 from governor.plan.render import enforcement
 from governor.record import record, replace
+from governor.rundir.peaks import learned, peak_key
 from governor.rundir.state import run_dir
 from governor.supervise.ready import server_url
 from governor.supervise.supervisor import Backend, Job, Supervisor
@@ -141,8 +142,9 @@ def launch(path: Path, argv: tuple[str, ...], opts: HostOptions, lopts: LaunchOp
     for event, message in entry.warnings:
         log.warning(event, message=message)
     check_device(entry.plan, opts)  # live, also on a cached plan: MemAvailable moves
+    extra = learned_extra(entry.estimate, argv, directory)  # the peaks earlier runs measured
     # the plan is compiled and checked; nothing is applied before the supervisor runs the job
-    admitted = admit_launch(entry, directory, opts, lopts)  # 75 before anything is applied
+    admitted = admit_launch(entry, directory, opts, lopts, extra)  # 75 before applying
     try:
         plan, backend = _launch_backend(entry, backend_name, host, opts)
     except BaseException:
@@ -168,6 +170,7 @@ def launch(path: Path, argv: tuple[str, ...], opts: HostOptions, lopts: LaunchOp
             lopts=lopts,
             backend_name=backend_name,
             admitted=admitted,
+            extra=extra,
         )
         supervisor = _supervisor(plan, backend, opts, lopts)
         supervisors.append(supervisor)
@@ -189,6 +192,7 @@ def _job(
     lopts: LaunchOptions,
     backend_name: str,
     admitted: Admitted,
+    extra: dict[str, Any],
 ) -> Job:
     """The launch, resolved for the supervisor: the plan to apply, the child to start
     (``command``: the resolved executable and the engine's argv)."""
@@ -201,7 +205,7 @@ def _job(
         keep=lopts.keep,
         sample_s=lopts.sample_s,
         psi_triggers=lopts.psi_triggers,
-        extra={} if entry.estimate is None else {"estimate": entry.estimate},
+        extra=extra,
         backend=backend_name,
         policy_sha256=entry.chain[0][1] if entry.chain else None,
         model_bytes=entry.model_bytes,
@@ -230,18 +234,50 @@ def _supervisor(
 
 
 def admit_launch(
-    entry: compiled.Compiled, directory: Path, opts: HostOptions, lopts: LaunchOptions
+    entry: compiled.Compiled,
+    directory: Path,
+    opts: HostOptions,
+    lopts: LaunchOptions,
+    extra: dict[str, Any] | None = None,
 ) -> Admitted:
     """The board's admission (governor/api/admit.py): the board lock, held until the state is
-    published, or AdmissionRefused (75)."""
+    published, or AdmissionRefused (75); the claim is the peak earlier runs measured when
+    ``extra`` (:func:`learned_extra`) has one, else the estimate."""
     total = (entry.estimate or {}).get("total")
+    est = (extra or {}).get("estimate") or {}
+    measured = est.get("measured"), est.get("measured_runs")
     return admission(
         entry.plan,
         run=directory,
         root=opts.root,
         estimate=total if isinstance(total, int) else None,
         force=lopts.force,
+        measured=measured if all(isinstance(v, int) for v in measured) else None,  # type: ignore[arg-type]  # checked
     )
+
+
+def learned_extra(
+    estimate: dict[str, Any] | None, argv: tuple[str, ...], directory: Path
+) -> dict[str, Any]:
+    """The job's extra: the estimate, with the peak earlier runs of this model and argv measured
+    (governor/rundir/peaks.py: ``measured``, ``measured_runs``), and the key the supervisor
+    records this run's peak under (``peak_key``). A bad peaks file is one warning."""
+    if estimate is None:
+        return {}
+    model = estimate.get("model")
+    if not isinstance(model, str) or "router" in estimate:
+        return {"estimate": estimate}
+    key = peak_key(model, argv)
+    got, note = learned(directory, key)
+    if note is not None:
+        log.warning("peaks.unreadable", message=note)
+    if got is not None:
+        estimate = {**estimate, "measured": got.peak, "measured_runs": got.runs}
+        log.info(
+            "peak.measured",
+            message=f"{got.text()} beside the estimate's {estimate.get('total')} bytes",
+        )
+    return {"estimate": estimate, **({"peak_key": key} if key is not None else {})}
 
 
 def model_leaves(plan: Plan, estimate: dict[str, Any] | None) -> dict[str, Any] | None:

@@ -39,6 +39,7 @@ from governor.bench.sample import (
 )
 from governor.bench.timings import parse_timings
 from governor.engines.llama import parse_llama_argv
+from governor.engines.rkllm_memory import parse_memory_usage
 from governor.errors import HostError, PermissionDenied
 
 COLUMNS = (
@@ -343,9 +344,11 @@ def run_case(
         memory_events_high=data.get("memory_events_high"),
         pressure_fired=_pressure_fired(data),
         samples=len(series),
+        # the monitor's DRM + dma-buf peak, else what an RKLLM runtime reports of its own
         device_peak_bytes=(data.get("extra", {}).get("monitor") or {}).get(
             "device_memory_peak_bytes"
-        ),
+        )
+        or parse_memory_usage(text),
         peak_source=peak_source,
         series_source=recorder.source if series else None,
         note=note,

@@ -33,7 +33,7 @@ from typing import Any, Literal
 from governor.board.order import pick
 from governor.board.slice import PeakSource, QosClass, Slice, SliceState
 from governor.plan.model import SHED_STEPS, Plan
-from governor.record import record
+from governor.record import record, replace
 
 MIB = 1 << 20
 GIB = 1 << 30
@@ -245,7 +245,7 @@ def forced_text(verdict: Verdict) -> str:
 
 
 def _source(c: Slice) -> str:
-    return "its memory.min" if c.peak_source == "none" else c.peak_source
+    return "its memory.min" if c.peak_source == "none" else c.peak_text
 
 
 def overlap_text(verdict: Verdict) -> str:
@@ -336,11 +336,13 @@ def slice_of_plan(
     estimate: int | None = None,
     current: int | None = None,
     yields: tuple[str, ...] | None = None,
+    measured: tuple[int, int] | None = None,
     **extra: Any,
 ) -> Slice:
     """The slice of a typed plan: the one admission is about to start, or a published state's
     (``current``, ``yields`` as checked, ``extra``: its liveness, journal, router): read from
-    the :class:`Plan` itself, no dict in between."""
+    the :class:`Plan` itself, no dict in between. ``measured``: (peak, runs) its earlier runs
+    measured (governor/rundir/peaks.py), claimed instead of the estimate."""
     memory = ("memory.min", "memory.max", "memory.high")
     limits = {
         w.file: _size(w.value, w.file)
@@ -349,12 +351,16 @@ def slice_of_plan(
     }
     dev = None if plan.device is None else plan.device.memory
     extra.setdefault("state", "running")
-    return _slice(
+    got = _slice(
         plan.policy, plan.group, cls=QosClass.of(plan.qos.qos_class) or QosClass.STANDARD,
         limits=limits, estimate=estimate, current=current,
         device=0 if dev is None else _size(dev, "device") or 0,
         yields=tuple(plan.qos.yields) if yields is None else yields, **extra,
     )  # fmt: skip
+    if measured is None or measured[0] <= 0:
+        return got
+    peak, runs = measured
+    return replace(got, peak=peak, peak_source="measured", peak_runs=runs)
 
 
 def _slice(

@@ -131,6 +131,7 @@ def running_slices(
         total = model.get("total")
         estimate = total if isinstance(total, int) and not isinstance(total, bool) else None
         router = st.router_models()
+        measured = _measured(model)
         cls = plan.qos.qos_class
         if QosClass.of(cls) is None:
             invalid.append((st.policy, f"unknown [qos] class {str(cls)[:40]!r}: not shed"))
@@ -146,12 +147,20 @@ def running_slices(
                     router_url=None if router is None else router[0],
                     router_last=None if router is None else router[1],
                     active_at=activity(None if router is None else router[1], st.started_at),
-                    cgroup_root=st.cgroup_root,
+                    cgroup_root=st.cgroup_root, measured=measured,
                 )
             )  # fmt: skip
         except (ValueError, KeyError, TypeError, AttributeError) as err:
             problems.append(f"{run / st.policy}: {err}")
     return out, problems, invalid, groups
+
+
+def _measured(model: dict[str, Any]) -> tuple[int, int] | None:
+    """The (peak, runs) a state's model says its earlier runs measured (governor/rundir/peaks.py;
+    published by the supervisor), None when it says none or something else."""
+    peak, runs = model.get("measured"), model.get("measured_runs")
+    ok = all(isinstance(v, int) and not isinstance(v, bool) and v > 0 for v in (peak, runs))
+    return (peak, runs) if ok else None  # type: ignore[return-value]  # checked just above
 
 
 def stays(st: RunState) -> str:

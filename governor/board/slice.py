@@ -3,7 +3,8 @@ ladder takes memory from and the victim order (board/order.py) sorts, in ONE rec
 
 A slice is a governed policy's cgroup (its published run state, or the manifest `governor
 install` wrote), a board file's ungoverned cgroup, or zram's pool. Its **claim** on the budget
-is its ``memory.min`` (guaranteed) and its expected peak (the engine's estimate, else
+is its ``memory.min`` (guaranteed) and its expected peak (the peak its earlier runs measured,
+else the engine's estimate, else
 memory.max, else memory.high: ``peak_source``), plus ``[device]`` memory held outside every
 cgroup. Its **liveness** says whether something runs in it now (``state``) and whether a stop
 of that engine frees the claim (``stays`` names why it does not: an `apply` state, a `launch
@@ -25,7 +26,7 @@ from governor.record import record
 if TYPE_CHECKING:
     from governor.rundir.journal import Journal
 
-PeakSource = Literal["estimate", "max", "high", "none"]
+PeakSource = Literal["measured", "estimate", "max", "high", "none"]
 SliceState = Literal["running", "installed", "stopped"]
 
 
@@ -60,7 +61,8 @@ class Slice:
     qos: QosClass
     min: int = 0  # memory.min: guaranteed
     peak: int = 0  # the expected peak (see peak_source); at least min
-    peak_source: PeakSource = "none"  # estimate | max | high | none (its min or current)
+    peak_source: PeakSource = "none"  # measured | estimate | max | high | none (min or current)
+    peak_runs: int = 0  # measured: how many runs it is the highest of (governor/rundir/peaks.py)
     current: int | None = None  # memory.current now (None: not running, or unreadable)
     state: SliceState = "running"
     device: int = 0  # [device] memory, held outside every cgroup
@@ -88,6 +90,13 @@ class Slice:
         """What the guarantees count: memory.min (device memory is no memcg protection, it
         counts in the peak)."""
         return self.min
+
+    @property
+    def peak_text(self) -> str:
+        """Where the peak comes from, as renderings say it: ``measured, 3 runs``, ``estimate``."""
+        if self.peak_source == "measured":
+            return f"measured, {self.peak_runs} run{'s' * (self.peak_runs != 1)}"
+        return self.peak_source
 
     @property
     def peak_claim(self) -> int:

@@ -215,6 +215,9 @@ def init(  # noqa: PLR0917  # typer passes every option as a parameter
             qos_class=qos_class,
         ),
     )
+    for line in draft.text.splitlines():  # what the policy's comments warn about, said once
+        if line.startswith("# WARNING: "):
+            typer.echo(f"governor: warning: {line.removeprefix('# WARNING: ')}", err=True)
     if output is None:
         typer.echo(draft.text, nl=False)
         return

@@ -191,7 +191,8 @@ def fit_router(
     )
     numbers = (
         f"{said} lets llama-server load {rest.loadable} of its {len(rest.models)} models at"
-        f" once: the {rest.loadable} largest need ~{rest.largest_bytes >> 20} MiB"
+        f" once: the {rest.loadable} largest need ~{rest.largest_bytes >> 20} MiB with the"
+        f" router's own {rest.own >> 20} MiB"
         f" ({rest.largest_bytes} bytes), above memory.max {memory_max >> 20} MiB"
         f" ({memory_max} bytes); {together} fit together"
     )

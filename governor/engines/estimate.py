@@ -124,6 +124,9 @@ class Estimate:
     max_cache_ram: int | None = None
     # what the estimate does not size (options, a recurrent model's checkpoints): warned about
     warnings: tuple[str, ...] = ()
+    # (peak, runs): what earlier governed runs of this model and argv measured
+    # (governor/rundir/peaks.py), shown beside the formula's total and claimed on the board
+    measured: tuple[int, int] | None = None
 
     @property
     def total(self) -> int:
@@ -157,7 +160,13 @@ class Estimate:
             "quant": self.quant,
             **(self._server_dict() if self.settings.server else {}),
             "warnings": list(self.warnings),
+            **self._measured_dict(),
         }
+
+    def _measured_dict(self) -> dict[str, object]:
+        if self.measured is None:
+            return {}
+        return {"measured": {"peak": self.measured[0], "runs": self.measured[1]}}
 
     def _server_dict(self) -> dict[str, object]:
         s = self.settings
@@ -385,6 +394,7 @@ def render(est: Estimate) -> str:
     w = max(10, 1 + max(len(t.name) for t in est.terms))  # prompt_cache is 12 long
     lines += [f"  {t.name:<{w}}{mib(t.bytes)}  {t.detail}" for t in est.terms]
     lines.append(f"  {'total':<{w}}{mib(est.total)}")
+    lines += measured_lines(est, w)
     if est.budget is not None:
         verdict = (
             "fits"
@@ -409,3 +419,16 @@ def render(est: Estimate) -> str:
     for a in est.advice:
         lines.append(f"  fix: {a}")
     return "\n".join(lines) + "\n"
+
+
+def measured_lines(est: Estimate, width: int) -> list[str]:
+    """The peak earlier runs measured, beside the formula's total: ``peak 612.0 MiB (measured,
+    3 runs)`` and how far the formula is from it."""
+    if est.measured is None:
+        return []
+    peak, runs = est.measured
+    ratio = est.total / peak
+    return [
+        f"  {'peak':<{width}}{peak / MIB:9.1f} MiB  (measured, {runs} run{'s' * (runs != 1)};"
+        f" the formula's total is {ratio:.2f}x it)"
+    ]

@@ -46,6 +46,7 @@ from governor.engines.llama import (
     slot_warnings,
 )
 from governor.engines.prefetch_files import check_readable, resolve_files
+from governor.engines.window import no_shift_warning
 from governor.errors import HostError, PolicyError, PolicyNotFound
 from governor.kernel import files as kf
 from governor.kernel.parse import format_cpulist
@@ -185,6 +186,9 @@ def engine_warnings(args: EngineArgs | None, plan: Plan, host: HostFacts | None)
                     f" {format_cpulist(little)}): the slow cores hold back every token;"
                     f' use -t {len(big)} or pin cpus = "big"'
                 )
+    shift = no_shift_warning(args.argv, cap, plan.qos.qos_class)
+    if shift is not None:
+        out.append(shift)
     if plan.launch.memlock is not None and not args.locks_memory and plan.prefetch.mode != "lock":
         out.append(
             "process.memlock is set but the engine will not lock its weights"

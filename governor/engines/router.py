@@ -35,6 +35,7 @@ from governor.engines import llama
 from governor.kernel.leafname import leaf_name, refusal
 from governor.peer.files import read_capped_text
 from governor.plan import llama_args
+from governor.plan.router import ROUTER_OWN_BYTES
 
 if TYPE_CHECKING:
     from governor.engines.estimate import Estimate
@@ -92,6 +93,7 @@ class RouterEstimate:
     budget: int | None = None
     budget_from: str = "memory.max"  # what the budget is: the policy's memory.max or --budget
     unsized: tuple[str, ...] = field(default_factory=tuple)  # models with no local file
+    own: int = ROUTER_OWN_BYTES  # the router's own memory, beside its models (plan/router.py)
 
     @property
     def loadable(self) -> int:
@@ -104,13 +106,13 @@ class RouterEstimate:
         """How many fit the budget together, the largest first (None: no budget)."""
         if self.budget is None:
             return None
-        return fits_together([e.total for _m, e in self.models], self.budget)
+        return fits_together([e.total for _m, e in self.models], self.budget - self.own)
 
     @property
     def largest_bytes(self) -> int:
-        """What the ``loadable`` largest models need together."""
+        """What the ``loadable`` largest models need together, with the router's own memory."""
         totals = sorted((e.total for _m, e in self.models), reverse=True)
-        return sum(totals[: self.loadable])
+        return self.own + sum(totals[: self.loadable])
 
     @property
     def fits(self) -> bool:
@@ -125,6 +127,7 @@ class RouterEstimate:
                 "budget": self.budget,
                 "fit_together": self.together,
                 "largest_bytes": self.largest_bytes,
+                "router_own": self.own,
                 "fits": self.fits,
                 "unsized": list(self.unsized),
             },
@@ -369,7 +372,10 @@ def render(rest: RouterEstimate) -> str:
             + (f"  {mib(e.term('projector') + e.term('image'))}" if vision else "")
             + f"  {e.settings.ctx:>6}  {shown(str(e.model))}"
         )
-    lines.append(f"  the {rest.loadable} largest together: {mib(rest.largest_bytes).strip()}")
+    lines.append(
+        f"  the {rest.loadable} largest together, with the router's own {mib(rest.own).strip()}:"
+        f" {mib(rest.largest_bytes).strip()}"
+    )
     together = rest.together
     if rest.budget is not None and together is not None:
         verdict = (

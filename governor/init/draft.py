@@ -40,8 +40,10 @@ from governor.engines.llama import (
     parse_llama_argv,
 )
 from governor.engines.settings import KV_CELL_PAD
+from governor.engines.window import CONTEXT_SHIFT, needs_shift
 from governor.errors import PolicyError, UsageError
 from governor.init import board as draft_board
+from governor.init import learned as draft_learned
 from governor.init import qos as draft_qos
 from governor.init import server as draft_server
 from governor.init import swap as draft_swap
@@ -256,9 +258,17 @@ def _fixes(est: Estimate, *, smaller_model: bool) -> str:
 # ------------------------------------------------------------------------------ the policy
 
 
-def draft(req: Request, host: HostFacts, *, root: Path, tenants: Tenants | None = None) -> Draft:
+def draft(
+    req: Request,
+    host: HostFacts,
+    *,
+    root: Path,
+    tenants: Tenants | None = None,
+    measured: draft_learned.Measured | None = None,
+) -> Draft:
     """Size and render the policy for ``req`` on the board ``host`` describes, beside the
-    ``tenants`` it already has (the other governed slices' claims, the board's reserve)."""
+    ``tenants`` it already has (the other governed slices' claims, the board's reserve) and
+    the peak earlier runs of its command line ``measured`` (governor/init/learned.py)."""
     name = policy_name(req)
     program, options, parsed = _split_engine(req)
     ctx = req.ctx if req.ctx is not None else parsed.ctx
@@ -284,8 +294,11 @@ def draft(req: Request, host: HostFacts, *, root: Path, tenants: Tenants | None 
     big = host.core_types.big if host.core_types is not None else ()
     threads = len(big) if big else len(host.cpus_online)
     engine = [program, "-m", str(req.model), "-c", str(sizing.ctx), *options]
+    if needs_shift(engine):  # the context is capped: a conversation slides past -c, never fails
+        engine.append(CONTEXT_SHIFT)
     if parsed.threads is None:
         engine += ["-t", str(threads)]
+    sizing = draft_learned.with_measured(sizing, engine, measured)
     needed = ["memory"] + (["cpuset"] if big else [])
     missing = tuple(c for c in needed if c not in host.controllers)
     qos = req.qos_class or draft_qos.default_class(sizing)
@@ -364,6 +377,7 @@ def _sizing_comment(  # noqa: PLR0917  # the head comment: how the numbers below
     out += [f"#   {t.name:<{w}}{t.bytes / MIB:8.1f} MiB  {t.detail}" for t in est.terms]
     out += [
         f"#   {'total':<{w}}{est.total / MIB:8.1f} MiB",
+        *draft_learned.lines(s, w),
         *draft_board.board_lines(s),
         f"# headroom above the estimate: max(64 MiB, 10 %) = {s.headroom / MIB:.1f} MiB (the"
         " estimate's error against memory.peak, docs/calibration.md).",
@@ -415,6 +429,11 @@ def _engine_table(host: HostFacts, s: Sizing, engine: tuple[str, ...]) -> list[s
         'kind = "llama.cpp"',
         f"max_context_tokens = {s.ctx}  # {largest}",
     ]
+    if CONTEXT_SHIFT in engine:
+        out.append(
+            f"# {CONTEXT_SHIFT} (on the command line): a conversation that reaches -c drops its"
+            " oldest tokens and goes on (the sliding window) instead of failing"
+        )
     if s.est.settings.server:
         out += draft_server.engine_lines(s.est)
     if threads is not None and threads.lstrip("-").isdigit() and int(threads) > 0:

@@ -96,15 +96,17 @@ def draft_router(
     ceiling = beside.room(board)[2] // MIB * MIB
     totals = sorted((e.total for _m, e in rest.models), reverse=True)
     cap = len(totals) if not given else min(given, len(totals))
-    n = min(cap, fits_together(totals, fit_budget(ceiling)))
+    # the router's own memory counts beside its models (plan/router.py: one figure)
+    n = min(cap, fits_together(totals, fit_budget(ceiling) - rest.own))
     if n == 0:
         raise PolicyError(
             f"no model of {req.model} fits this board alone: the largest needs"
-            f" ~{totals[0] >> 20} MiB + headroom, the board can give {ceiling >> 20} MiB",
+            f" ~{totals[0] >> 20} MiB + the router's own {rest.own >> 20} MiB + headroom, the"
+            f" board can give {ceiling >> 20} MiB",
             file="--model",
             hint="a smaller -c or --cache-ram in --engine-argv, or a larger --board-memory",
         )
-    chosen = sum(totals[:n])
+    chosen = rest.own + sum(totals[:n])
     headroom = headroom_for(chosen)
     sizing = RouterSizing(
         board=board, board_source=source, ceiling=ceiling, router=rest, models_max=n,
@@ -146,7 +148,8 @@ def _render(
             for m, e in rows
         ),
         f"# --models-max {s.models_max}: the {s.models_max} largest fit together"
-        f" ({s.chosen / MIB:.1f} MiB + headroom {s.headroom / MIB:.1f} MiB)",
+        f" ({s.chosen / MIB:.1f} MiB with the router's own {s.router.own / MIB:.1f} MiB"
+        f" + headroom {s.headroom / MIB:.1f} MiB)",
         "# run it:",
         f"#   governor launch --policy {shlex.quote(policy)} -- {shlex.join(engine)}",
         f"name = {_q(name)}",

@@ -4,8 +4,9 @@
 For llama-server (``--engine-argv "llama-server ..."``) the estimate has the server's terms
 (slots, the prompt cache, checkpoints). Without ``--cache-ram`` in the argv init sizes the
 prompt cache too: -c is the largest whose estimate fits with room for one saved state of a
-full slot in the cache, and ``--cache-ram`` gets what is left at that -c (at most llama-server's
-default); both go into the printed command line and the policy's caps (max_context_tokens,
+full slot in the cache, and ``--cache-ram`` gets as many full slot states as fit what is left
+at that -c (at most llama-server's default); a --cache-ram given below one state is warned about
+in the policy (the cache is off in effect); both go into the printed command line and the policy's caps (max_context_tokens,
 max_cache_ram), so the default 8192 MiB cache, which outgrows any small board, is refused.
 """
 
@@ -14,6 +15,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from governor.engines.budget import estimate_argv
+from governor.engines.cache_build import below_one_state, slot_state_bytes
 from governor.engines.estimate import MIB, Estimate
 from governor.engines.llama import SERVER_CACHE_RAM_MIB, EngineArgs, parse_llama_argv
 from governor.engines.settings import KV_CELL_PAD
@@ -58,8 +60,16 @@ def server_cache(
             return off, None  # nothing fits even without a cache: size() says so
         use = lo * KV_CELL_PAD
     at = estimate_argv(_args(off, model, use, program), root=root, budget=budget)
-    cache = min(at.max_cache_ram or 0, SERVER_CACHE_RAM_MIB)
-    return ("--cache-ram", str(cache), *options), use
+    return ("--cache-ram", str(whole_states(at)), *options), use
+
+
+def whole_states(at: Estimate) -> int:
+    """--cache-ram in MiB: as many full slot states as fit what is left at this -c (at most
+    llama-server's default), k x one state rounded up to a MiB: a cap that is no multiple of
+    the state leaves room no full conversation fits (governor/engines/cache_build.py)."""
+    left = min(at.max_cache_ram or 0, SERVER_CACHE_RAM_MIB)
+    state = max(1, -(-slot_state_bytes(at) // MIB))
+    return (left // state) * state
 
 
 def kind(est: Estimate) -> str:
@@ -71,7 +81,7 @@ def engine_lines(est: Estimate) -> list[str]:
     """[engine] lines of a llama-server policy: the prompt cache cap and what it holds."""
     st = est.settings
     cache = st.cache_ram_mib
-    state = est.term("kv_cache") / max(1, st.kv_cells // st.slot_cells) / MIB
+    state = slot_state_bytes(est) / MIB
     held = f"~{int(cache // state)} saved prompt(s) of a full slot ({state:.1f} MiB each)"
     shared = "one unified KV buffer" if st.kv_unified or st.slots == 1 else "KV split per slot"
     return [
@@ -79,4 +89,5 @@ def engine_lines(est: Estimate) -> list[str]:
         f" {SERVER_CACHE_RAM_MIB} MiB grows with every new conversation past the board",
         f"# slots: -np {st.slots} ({shared}, {st.slot_cells} tokens each); checkpoints"
         f" {est.term('checkpoints') / MIB:.1f} MiB",
+        *(f"# WARNING: {w}" for w in [below_one_state(est)] if w is not None),
     ]

@@ -83,6 +83,7 @@ def claim_row(c: Slice) -> dict[str, Any]:
         "min": c.guaranteed,
         "peak": c.peak_claim,
         "peak_source": c.peak_source,
+        **({"peak_runs": c.peak_runs} if c.peak_source == "measured" else {}),
         "current": c.current,
         "state": c.state,
         "device": c.device,
@@ -138,7 +139,7 @@ def render(v: dict[str, Any]) -> str:
     if v["slices"]:
         lines += ["", f"{'SLICE':<16} {'CLASS':<12} {'MIN':>9} {'PEAK':>20} {'CURRENT':>9}  STATE"]
         for s in v["slices"]:
-            peak = f"{_mib(s['peak'])} ({s['peak_source']})"
+            peak = f"{_mib(s['peak'])} ({peak_said(s)})"
             zram = s["name"] == ZRAM_CLAIM  # swap no cgroup is charged for (issue 33)
             lines.append(
                 f"{s['name']:<16} {'-' if zram else s['class']:<12} {_mib(s['min']):>9}"
@@ -168,6 +169,7 @@ def fits(budget: Budget, new: Slice, claims: Sequence[Slice], admit_mode: str) -
         "min": new.guaranteed,
         "peak": new.peak_claim,
         "peak_source": new.peak_source,
+        **({"peak_runs": new.peak_runs} if new.peak_source == "measured" else {}),
         "free": {"guarantees": verdict.min_left, "peaks": verdict.peak_left},
         "missing": verdict.missing,
         "holders": [c.name for c in verdict.holders],
@@ -203,3 +205,11 @@ def _would(mode: str) -> str:
     return {"refuse": "refuse it (75)", "wait": "wait for room", "warn": "refuse it (75)"}.get(
         mode, "refuse it (75)"
     )
+
+
+def peak_said(row: dict[str, Any]) -> str:
+    """A row's peak source: ``measured, 3 runs`` (governor/rundir/peaks.py), ``estimate``..."""
+    if row["peak_source"] != "measured":
+        return str(row["peak_source"])
+    runs = row.get("peak_runs") or 0
+    return f"measured, {runs} run{'s' * (runs != 1)}"

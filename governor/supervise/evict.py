@@ -38,6 +38,7 @@ from governor.kernel.cgroupfs import CgroupFs
 from governor.kernel.leafname import LeafNameError, model_cgroup, models_cgroup
 from governor.log import get_logger
 from governor.peer.router import RouterClient, RouterError, idle_lru
+from governor.plan.router import ROUTER_OWN_BYTES
 from governor.supervise.activity import Activity
 
 if TYPE_CHECKING:
@@ -141,8 +142,9 @@ class Evictor:
         return out
 
     def used(self, new: str) -> int:
-        """The loaded models' claims + the router's memory.current + ``new``'s claim."""
-        router = self._read(self.leaf, kf.MEMORY_CURRENT) or 0
+        """The loaded models' claims + the router's own memory (its leaf's memory.current, else
+        the figure the estimate counts: plan/router.py) + ``new``'s claim."""
+        router = self._read(self.leaf, kf.MEMORY_CURRENT) or ROUTER_OWN_BYTES
         return sum(self.claim(a) for a in self.loaded(new)) + router + self.claim(new)
 
     def over(self, new: str) -> tuple[int, int] | None:

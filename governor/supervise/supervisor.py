@@ -1,10 +1,9 @@
 """The supervisor of one engine run: lock -> apply -> watchdog -> start -> notify -> prefetch
 alongside -> monitor -> supervise -> report -> remove.
 
-Run time only: the standard library and governor's runtime modules (plan model, kernel doors,
-backends, launcher, monitor); never pydantic, typer or structlog (tests/runtime/test_main.py).
-Everything it needs was resolved before (api/launch.py: the compiled plan, the child's
-setup, the prefetch files): a :class:`Job`.
+Run time only (tests/runtime/test_main.py): never pydantic, typer or structlog. Everything it
+needs was resolved before (api/launch.py: the plan, the child's setup, the prefetch files): a
+:class:`Job`.
 
 Cleanup is unconditional: whatever fails after the apply (the start, the monitor, the report),
 the group is removed (unless ``keep``) before the watchdog is disarmed, so neither a traceback
@@ -40,6 +39,7 @@ from governor.record import field, record
 from governor.rundir.journal import Journal
 from governor.rundir.liveness import own_start
 from governor.rundir.state import Publisher, RunState, applied, run_dir
+from governor.supervise.learn import learn_peak
 from governor.supervise.sdnotify import notify
 from governor.supervise.watchdog import Watchdog
 
@@ -51,6 +51,8 @@ if TYPE_CHECKING:
     from governor.supervise.ready import ReadyWait
 
 log = get_logger("governor.launch")
+# the estimate's keys a published state carries (the learned peak: rundir/peaks.py)
+MODEL_KEYS = ("model", "quant", "total", "router", "measured", "measured_runs")
 
 
 class Backend(Protocol):
@@ -280,6 +282,7 @@ class Supervisor:
             report.extra["restarts"] = restarts.history
             report.extra.update(job.extra)
             lock_error = self._collect_prefetch(report)
+            learn_peak(job.extra, report, job.run_dir or run_dir())
             log.info("engine.exit", **{k: v for k, v in vars(report).items() if k != "argv"})
             if job.report is not None:
                 _write_report(job.report, report)
@@ -395,10 +398,7 @@ class Supervisor:
             rules=monitor.rule_states() if monitor is not None else [],
             last_actions=list(monitor.recent) if monitor is not None else [],
             action_totals=monitor.action_totals() if monitor is not None else [],
-            model={
-                k: estimate.get(k) for k in ("model", "quant", "total", "router") if k in estimate
-            }
-            or None,
+            model={k: estimate.get(k) for k in MODEL_KEYS if k in estimate} or None,
             prefetch_files=list(job.prefetch_files),
             plan=plan,
             systemd=job.systemd,

@@ -17,6 +17,7 @@ from helpers.peers import StandIn, trickle
 from governor.errors import GovernorError
 from governor.kernel import files as kf
 from governor.peer.router import RouterClient
+from governor.plan.router import ROUTER_OWN_BYTES
 from governor.record import replace
 from governor.rundir.journal import Journal
 from governor.rundir.state import RunState, check_state
@@ -228,6 +229,10 @@ def test_the_arithmetic_claims_estimates_then_leaf_max_then_current_plus_the_rou
     # an unloaded model (its leaf stays, with no process) claims nothing
     fs.reap(B)
     assert ev.used("c") == 220 * MIB
+    # the router's memory.current unreadable: the figure the estimate counts (issue 45 item 7)
+    (fs.root / LEAF / kf.MEMORY_CURRENT).unlink()
+    assert ev.used("c") == 200 * MIB + ROUTER_OWN_BYTES
+    (fs.root / LEAF / kf.MEMORY_CURRENT).write_text(f"{20 * MIB}\n")
     # no memory.max on the group: the board's free budget; neither: no eviction at all
     fs.write(GROUP, kf.MEMORY_MAX, "max")
     ev.board_free = lambda: 200 * MIB

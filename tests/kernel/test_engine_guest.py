@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import csv
 import json
+import shlex
 import subprocess
 import sys
 import textwrap
@@ -84,8 +85,10 @@ def _drop_caches() -> None:
 @pytest.mark.kernel(controllers=ALL, root=True, psi=True)
 @pytest.mark.engine(binary=COMPLETION, paths=(TINY, SIMPLE))
 def test_tiny_model_launch_reports_speed_peak_and_estimate(
-    tmp_path: Path, scratch_slice: ScratchSlice
+    tmp_path: Path, scratch_slice: ScratchSlice, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    (tmp_path / "run").mkdir()
+    monkeypatch.setenv("GOVERNOR_RUN_DIR", str(tmp_path / "run"))  # its own learned peaks
     policy = _policy(tmp_path, scratch_slice, "400M", "512M")
     report = tmp_path / "report.json"
     _drop_caches()
@@ -100,6 +103,13 @@ def test_tiny_model_launch_reports_speed_peak_and_estimate(
 
     t = parse_timings(res.stderr)
     assert t.prefill_tps and t.decode_tps and t.decode_tokens == 7
+    # issue 45 item 3: the run's memory.peak is learned, and `estimate` of the same command
+    # line shows it beside the formula's total
+    assert data["extra"]["learned"] == {"peak": data["memory_peak"], "runs": 1, "estimate":
+                                        est["total"]}  # fmt: skip
+    shown = _governor("estimate", "--engine-argv", shlex.join(TINY_ARGV))
+    assert shown.returncode == 0, shown.stderr[-3000:]
+    assert f"{data['memory_peak'] / MIB:.1f} MiB  (measured, 1 run;" in shown.stdout, shown.stdout
 
 
 @pytest.mark.kernel(controllers=ALL, root=True, psi=True)

@@ -247,3 +247,30 @@ def test_the_rss_sampler_reads_the_engine_tree_of_this_launch_only(tmp_path: Pat
         with contextlib.suppress(OSError, ValueError):  # no pid file: no engine to kill
             os.kill(int((tmp_path / "pid").read_text()), signal.SIGKILL)
         launch.wait()
+
+
+def test_an_rkllm_runtimes_reported_memory_is_the_rows_device_peak(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 45 item 6: the runtime's memory_usage_mb on stderr, when the monitor saw no
+    device memory of its own."""
+    import subprocess
+    from typing import Any
+
+    from governor.bench import run as bench_run
+
+    class Engine:
+        def __init__(self, _cmd: list[str], *, stdout: Any, stderr: Any) -> None:
+            stderr.write("I rkllm: rkllm-runtime version: 1.3.0\nmemory_usage_mb: 791.11\n")
+            stderr.flush()
+
+        def wait(self, timeout: float | None = None) -> int:
+            return 0
+
+    monkeypatch.setattr(subprocess, "Popen", Engine)
+    spec = bench_run.RunSpec(
+        policy=tmp_path / "p.toml", governor_args=(), launch_args=(), interval=0.05
+    )
+    case = bench_run.Case(argv=("llm_demo", "m.rkllm", "64", "128"), model=None, ctx=None)
+    row = bench_run.run_case(spec, case, 1, lambda: None)
+    assert row.device_peak_bytes == int(791.11 * (1 << 20))

@@ -5,6 +5,7 @@ refusal of `check --engine-argv` for a --models-max under which the largest cann
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import sys
 from pathlib import Path
@@ -21,6 +22,7 @@ from governor.engines.router import (
     parse_preset,
     router_models,
 )
+from governor.plan.router import ROUTER_OWN_BYTES
 
 MIB = 1 << 20
 REPO = Path(__file__).resolve().parents[3]
@@ -184,7 +186,12 @@ def test_each_model_is_estimated_as_its_child_runs_it(models_dir: Path) -> None:
         assert est.total == estimate_argv(alone, root=ROOT, budget=None).total, model.alias
     totals = {m.alias: e.total for m, e in rest.models}
     assert totals["four"] > totals["two"] > totals["one"]
-    assert rest.largest_bytes == sum(totals.values())
+    # the router's own memory counts beside its models (issue 45 item 7: plan/router.py)
+    assert rest.own == ROUTER_OWN_BYTES > 0
+    assert rest.largest_bytes == ROUTER_OWN_BYTES + sum(totals.values())
+    two = totals["four"] + totals["two"]  # the two largest fit, beside the router they do not
+    assert dataclasses.replace(rest, budget=two + MIB, own=0).together == 2
+    assert dataclasses.replace(rest, budget=two + MIB).together == 1
 
 
 def _governor(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
@@ -203,7 +210,8 @@ def _budget_for_two(models_dir: Path) -> tuple[RouterEstimate, int]:
     argv = [SERVER, "--models-dir", str(models_dir), "-c", "512", "--cache-ram", "0"]
     rest = estimate_router(parse_llama_argv(argv), root=ROOT, budget=None, cwd=models_dir)
     totals = sorted((e.total for _m, e in rest.models), reverse=True)
-    return rest, totals[0] + totals[1] + MIB  # the two largest fit, all three do not
+    # the two largest and the router's own memory fit, all three do not
+    return rest, ROUTER_OWN_BYTES + totals[0] + totals[1] + MIB
 
 
 def test_estimate_prints_a_row_per_model_and_how_many_fit_together(
@@ -220,6 +228,7 @@ def test_estimate_prints_a_row_per_model_and_how_many_fit_together(
     assert "fit together in the budget, largest first: 2" in out
     assert "pass --models-max 2" in out
     assert "(--budget): does NOT fit" in out  # the budget says where it came from
+    assert f"together, with the router's own {ROUTER_OWN_BYTES / MIB:.1f} MiB: " in out
     code, out, err = _governor(
         capsys, "--root", str(ROOT), "estimate", str(models_dir), "--budget", str(budget),
         "--engine-argv", "llama-server --models-max 2 -c 512 --cache-ram 0",
@@ -483,11 +492,15 @@ def test_init_for_a_router_sizes_memory_max_for_the_models_that_fit_and_check_ac
     rest, _budget = _budget_for_two(models_dir)
     totals = sorted((e.total for _m, e in rest.models), reverse=True)
     # a board whose ceiling fits the two largest with their headroom, not all three
-    two = totals[0] + totals[1]
+    two = ROUTER_OWN_BYTES + totals[0] + totals[1]  # with the router's own memory
+
+    def room(board: int) -> int:
+        return fit_budget(board - reserve_for(board)) - ROUTER_OWN_BYTES
+
     board = 4 * MIB * 1024  # shrunk until only two fit
-    while fits_together(totals, fit_budget(board - reserve_for(board))) > 2:
+    while fits_together(totals, room(board)) > 2:
         board -= MIB
-    assert fits_together(totals, fit_budget(board - reserve_for(board))) == 2
+    assert fits_together(totals, room(board)) == 2
     policy = tmp_path / "router.toml"
     code, out, err = _governor(
         capsys, "--root", str(ROOT), "init", "--model", str(models_dir), "--board-memory",
@@ -550,7 +563,7 @@ def test_init_for_a_router_sizes_beside_the_boards_other_claims(models_dir: Path
     rest, _budget = _budget_for_two(models_dir)
     totals = sorted((e.total for _m, e in rest.models), reverse=True)
     board = 4 * MIB * 1024
-    while fits_together(totals, fit_budget(board - reserve_for(board))) > 2:
+    while fits_together(totals, fit_budget(board - reserve_for(board)) - ROUTER_OWN_BYTES) > 2:
         board -= MIB
     host = replace(probe(ROOT), mem_total=board)
     req = Request(

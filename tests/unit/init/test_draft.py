@@ -285,7 +285,7 @@ def test_name_comes_from_the_model_file_and_engine_argv_keeps_its_program(
     assert policy["name"] == "chat"
     argv = _engine_line(text)[1]
     assert argv.startswith(f"/opt/llama/llama-server -m {tiny} -c ")
-    assert argv.endswith("-ub 128 -t 2") and argv.count("-m ") == 1
+    assert argv.endswith("-ub 128 -t 2 --context-shift") and argv.count("-m ") == 1
     assert policy["engine"]["threads"] == 2
     named, _, _ = _init(capsys, str(HOSTS / "rk3588"), "--model", str(tiny))
     assert named["name"] == "tiny"
@@ -394,3 +394,33 @@ def test_init_blames_a_reserve_that_leaves_no_budget_not_the_model(tiny: Path) -
         " ([board] reserve, "
     )
     assert "model" not in str(err.value)
+
+
+def test_init_and_estimate_show_the_peak_earlier_runs_of_the_command_line_measured(
+    tiny: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """issue 45 item 3: a recorded peak above the formula's sizes memory.max from it; both
+    `init` and `estimate` show it with its source."""
+    from governor.rundir.peaks import peak_key, record_peak
+
+    monkeypatch.setenv("GOVERNOR_RUN_DIR", str(tmp_path))
+    root = str(HOSTS / "cgroup2-full")
+    argv = ("--model", str(tiny), "--board-memory", str(2 * GIB))
+    before, text, _ = _init(capsys, root, *argv)
+    line = next(x for x in text.splitlines() if x.startswith("#   governor launch "))
+    engine = shlex.split(line[1:])[shlex.split(line[1:]).index("--") + 1 :]
+    est = budget.estimate_argv(ip._args((), tiny, 2048), root=Path(root), budget=None)
+    key = peak_key(tiny, engine)
+    assert key is not None
+    for peak in (est.total + 200 * MIB, est.total + 300 * MIB):
+        record_peak(tmp_path, key, peak, est.total)
+    after, text, _ = _init(capsys, root, *argv)
+    high = est.total + 300 * MIB
+    assert int(after["memory"]["max"].removesuffix("MiB")) * MIB >= high + ip.headroom_for(high)
+    assert after["memory"]["max"] != before["memory"]["max"]
+    assert f"#   peak     {high / MIB:8.1f} MiB  (measured, 2 runs of this command line" in text
+    code, out, err = run(capsys, "--root", root, "estimate", "--engine-argv", shlex.join(engine))
+    assert code == 0, err
+    peak_line = next(x for x in out.splitlines() if x.startswith("  peak "))
+    assert peak_line.endswith(f" {high / MIB:.1f} MiB  (measured, 2 runs; the formula's total is"
+                              f" {est.total / high:.2f}x it)")  # fmt: skip

@@ -1,0 +1,161 @@
+"""Peaks learned from runs (issue 45 item 3, governor/rundir/peaks.py): recorded under the model
+file's identity and the argv's plan key, bounded, validated on read, shown by `governor board`
+and `estimate`. Needs: a tmp directory (no kernel)."""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+from governor.board.budget import slice_of_plan
+from governor.board.scan import scan as gather
+from governor.engines.estimate import estimate, measured_lines
+from governor.engines.gguf import GgufInfo, Tensor
+from governor.engines.settings import Settings
+from governor.launch.launcher import LaunchReport
+from governor.operate.boardview import render, view
+from governor.plan.model import Plan
+from governor.rundir import peaks
+from governor.rundir.peaks import KEYS_MAX, RUNS_MAX, learned, peak_key, read_peaks, record_peak
+from governor.rundir.state import Publisher, applied
+from governor.supervise.learn import learn_peak, measured_peak
+
+GOLDEN = Path(__file__).resolve().parents[2] / "golden/plans/base@rk3588.json"
+
+MIB = 1 << 20
+
+
+def plan_dict(name: str, cls: str, **limits: object) -> dict[str, Any]:
+    """A compiled plan (the rk3588 golden's) renamed, with these memory limits on its group."""
+    plan: dict[str, Any] = json.loads(GOLDEN.read_text())
+    group = f"governor.slice/{name}"
+    plan.update(policy=name, group=group, leaf=f"{group}/engine")
+    plan["writes"] = [
+        {"cgroup": group, "file": f"memory.{k}", "value": v, "reason": k, "controller": "memory"}
+        for k, v in limits.items()
+    ]
+    plan["qos"] = {"qos_class": cls, "yields": ["throttle", "freeze", "stop", "kill"]}
+    return plan
+
+
+def board(tmp_path: Path) -> tuple[Path, Path, Path]:
+    root = tmp_path / "root"
+    (root / "proc").mkdir(parents=True)
+    (root / "proc/meminfo").write_text(f"MemTotal: {2 * 1024 * 1024} kB\nMemFree: 1 kB\n")
+    run = tmp_path / "run"
+    run.mkdir()
+    return root, tmp_path / "cgroup", run
+
+
+def model(tmp_path: Path, data: bytes = b"GGUF" * 16) -> Path:
+    path = tmp_path / "m.gguf"
+    path.write_bytes(data)
+    return path
+
+
+def test_the_key_is_the_files_identity_and_the_argv_in_any_order_without_the_model(
+    tmp_path: Path,
+) -> None:
+    m = model(tmp_path)
+    launch = peak_key(m, ["/usr/bin/llama-cli", "-m", str(m), "-c", "512", "-nr"])
+    # `governor estimate MODEL --engine-argv 'llama-cli -nr --ctx-size 512'` builds this argv
+    estimate = peak_key(m, ["llama-cli", "-nr", "--ctx-size", "512", "-m", "./m.gguf"])
+    assert launch is not None and launch == estimate
+    assert peak_key(m, ["llama-cli", "-m", str(m), "-c", "1024", "-nr"]) != launch
+    assert peak_key(m, ["llama-server", "-m", str(m), "-c", "512", "-nr"]) != launch
+    st = m.stat()
+    m.write_bytes(b"GGUF" * 32)  # a rewritten model is a new model
+    assert peak_key(m, ["llama-cli", "-m", str(m), "-c", "512", "-nr"]) != launch
+    os.utime(m, ns=(st.st_atime_ns, st.st_mtime_ns))
+    assert peak_key(tmp_path / "gone.gguf", ["llama-cli"]) is None
+
+
+def test_runs_are_kept_bounded_and_the_learned_peak_is_their_highest(tmp_path: Path) -> None:
+    for i in range(RUNS_MAX + 3):
+        got, _far = record_peak(tmp_path, "k", (100 + i) * MIB, 110 * MIB, now=float(i))
+    assert (got.peak, got.runs) == ((100 + RUNS_MAX + 2) * MIB, RUNS_MAX)
+    for i in range(KEYS_MAX + 5):
+        record_peak(tmp_path, f"key{i}", 100 * MIB, None, now=1000.0 + i)
+    entries, note = read_peaks(tmp_path)
+    assert note is None and len(entries) == KEYS_MAX
+    assert "k" not in entries and "key0" not in entries and f"key{KEYS_MAX + 4}" in entries
+    got2, _ = learned(tmp_path, f"key{KEYS_MAX + 4}")
+    assert got2 is not None and got2.text() == "peak 100 MiB (measured, 1 run)"
+
+
+def test_a_bad_peaks_file_is_one_note_and_the_next_run_replaces_it(tmp_path: Path) -> None:
+    path = tmp_path / peaks.PEAKS_FILE
+    for bad in (b"\xff", b"{", b"[]", json.dumps({"format": 1, "peaks": {"k": {"runs": [-1]}}})):
+        path.write_bytes(bad if isinstance(bad, bytes) else bad.encode())
+        got, note = learned(tmp_path, "k")
+        assert got is None and note is not None and str(path) in note
+    record_peak(tmp_path, "k", 5 * MIB, None)
+    assert learned(tmp_path, "k") == (peaks.Learned(5 * MIB, 1, None), None)
+
+
+def test_a_peak_far_from_the_formula_is_said_once(tmp_path: Path) -> None:
+    _got, far = record_peak(tmp_path, "k", 100 * MIB, 200 * MIB)
+    assert far is not None and "2.00x the measured peak 100 MiB (measured, 1 run)" in far
+    assert record_peak(tmp_path, "k", 100 * MIB, 200 * MIB)[1] is None  # once
+    assert record_peak(tmp_path, "near", 100 * MIB, 120 * MIB)[1] is None  # within 25 %
+
+
+def report(**kw: object) -> LaunchReport:
+    base: dict[str, object] = dict(
+        policy="chat", cgroup="g", argv=[], pid=1, exit_code=0, signal=None, signal_name=None,
+        memory_peak=612 * MIB, oom_kill=0, oom_group_kill=0, memory_events_max=0,
+        memory_events_high=0, cpu_usage_usec=None, wall_seconds=1.0,
+    )  # fmt: skip
+    return LaunchReport(**{**base, **kw})  # type: ignore[arg-type]  # the fields above
+
+
+def test_the_supervisor_records_memory_peak_else_the_sampled_peak_never_a_limits(
+    tmp_path: Path,
+) -> None:
+    assert measured_peak(report()) == 612 * MIB
+    sampled = report(memory_peak=None, extra={"monitor": {"sampler": {"max_current": 9 * MIB}}})
+    assert measured_peak(sampled) == 9 * MIB
+    assert measured_peak(report(oom_kill=1)) is None  # an OOM kill measured the limit
+    assert measured_peak(report(memory_events_max=3)) is None
+    r = report()
+    learn_peak({"peak_key": "k", "estimate": {"total": 700 * MIB}}, r, tmp_path)
+    assert r.extra["learned"] == {"peak": 612 * MIB, "runs": 1, "estimate": 700 * MIB}
+    assert learned(tmp_path, "k")[0] == peaks.Learned(612 * MIB, 1, 700 * MIB)
+
+
+def test_the_board_claims_the_measured_peak_and_says_so(tmp_path: Path) -> None:
+    root, cg, run = board(tmp_path)
+    plan = plan_dict("chat", "interactive", min="104857600", max="1073741824")
+    state = applied(Plan.from_dict(plan), policy_path=None, created=[], started_at=1.0).to_json()
+    model_ = {"model": "m", "total": 700 * MIB, "measured": 612 * MIB, "measured_runs": 3}
+    state.update(source="launch", pid=1, model=model_)
+    Publisher(run, "chat").publish(state)
+    proc = root / "proc/1"
+    proc.mkdir()
+    (proc / "cmdline").write_bytes(b"python\0-m\0governor\0launch\0")
+    got = gather(run=run, cgroup_root=cg, root=root)
+    (c,) = got.slices
+    assert (c.peak, c.peak_source, c.peak_runs) == (612 * MIB, "measured", 3)
+    assert "612 MiB (measured, 3 runs)" in render(view(got.budget, list(got.slices)))
+    new = slice_of_plan(Plan.from_dict(plan), estimate=700 * MIB, measured=(612 * MIB, 2))
+    assert (new.peak, new.peak_text) == (612 * MIB, "measured, 2 runs")
+    assert slice_of_plan(Plan.from_dict(plan), estimate=700 * MIB).peak_source == "estimate"
+
+
+def test_estimate_shows_the_measured_peak_beside_the_formula() -> None:
+    t = (Tensor("blk.0.ffn_up.weight", "F16", 1024 * 1024, 2 * MIB, 1024),)
+    info = GgufInfo(
+        path="m.gguf", file_bytes=2 * MIB, architecture="llama", n_layer=1, n_embd=1024,
+        n_head=8, n_head_kv=8, n_ctx_train=4096, vocab=1000, key_length=128,
+        value_length=128, file_type="F16", tensors=t,
+    )  # fmt: skip
+    est = replace(estimate(info, Settings(ctx=2048), family="none"), measured=(612 * MIB, 3))
+    (line,) = measured_lines(est, 10)
+    ratio = f"{est.total / (612 * MIB):.2f}"
+    assert (
+        line == f"  peak          612.0 MiB  (measured, 3 runs; the formula's total is {ratio}x it)"
+    )
+    assert est.to_dict()["measured"] == {"peak": 612 * MIB, "runs": 3}
