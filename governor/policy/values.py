@@ -243,6 +243,18 @@ class HeadroomCondition:
 
 
 @dataclass(frozen=True)
+class BoardFileCondition:
+    """``board file < model`` (or ``< 1.2G``): the board's file cache (the file LRUs of
+    /proc/meminfo) is below the engine's model size: the model no longer fits in the cache, as
+    after a thrash (Android lmkd sheds until the file cache is back above such a floor)."""
+
+    below: int | None  # bytes; None: the model's size, resolved when the plan is compiled
+
+    def __str__(self) -> str:
+        return f"board file < {'model' if self.below is None else format_bytes(self.below)}"
+
+
+@dataclass(frozen=True)
 class EventCondition:
     """``oom_kill``: a memory.events counter of the group went up."""
 
@@ -270,8 +282,10 @@ Condition = (
     | EventCondition
     | DeviceMemoryCondition
     | RefaultCondition
+    | BoardFileCondition
 )
 _DEVICE_RE = re.compile(r"^\s*device\s+memory\s*>\s*(?P<size>\S+)\s*$")
+_BOARD_FILE_RE = re.compile(r"^\s*board\s+file\s*<\s*(?P<size>\S+)\s*$")
 
 
 def parse_condition(value: object) -> Condition:
@@ -325,6 +339,17 @@ def parse_memavailable(value: str) -> MemAvailableCondition:
 
 def parse_headroom(value: str) -> HeadroomCondition:
     return HeadroomCondition()  # the row's words are the whole form
+
+
+def parse_board_file(value: str) -> BoardFileCondition:
+    if not (m := _BOARD_FILE_RE.match(value.strip())):
+        raise ValueError(f"cannot parse {value!r} (form: 'board file < model' or 'board file < 1.2G')")
+    if m["size"] == "model":
+        return BoardFileCondition(None)
+    size = parse_size(m["size"], allow=frozenset({"bytes"}))
+    if size.bytes == 0:
+        raise ValueError(f"file cache floor must be positive in {value!r}")
+    return BoardFileCondition(size.bytes)
 
 
 def parse_refault_condition(value: str) -> RefaultCondition:

@@ -317,6 +317,30 @@ def test_memory_min_model_with_a_workload_is_model_plus_margin() -> None:
     assert any(n.startswith("memory.min = model -> ") for n in plan.notes)
 
 
+_BOARD_FILE = "name = 'bf'\n[[pressure]]\nwhen = 'board file < model'\ndo = ['log']\n"
+
+
+def test_board_file_below_model_is_the_model_files_size() -> None:
+    # issue 47: the shed's floor is the engine's model, the size of the files its argv names
+    plan = _compile(_BOARD_FILE, workload=Workload(model_bytes=1_100_000_000))
+    (w,) = plan.watch
+    assert w.when == "board file < model"
+    assert not isinstance(w.trigger, WatchTrigger)
+    assert (w.trigger.condition, w.trigger.threshold) == ("board_file", 1_100_000_000)
+    assert w.trigger.text() == "board file < 1100000000"
+    sized = _compile(_BOARD_FILE.replace("model'", "800M'"))
+    assert sized.watch[0].trigger.threshold == 800 * MIB  # type: ignore[union-attr]  # a condition
+
+
+def test_board_file_below_model_without_a_workload_names_the_rule() -> None:
+    with pytest.raises(PolicyError) as info:
+        _compile(_BOARD_FILE)
+    assert info.value.exit_code == 65
+    assert info.value.field == "pressure[0].when"
+    assert "needs the model file" in info.value.reason
+    assert info.value.file == "test.toml" and info.value.hint is not None
+
+
 def test_memory_min_model_above_memory_max_is_a_policy_error() -> None:
     with pytest.raises(PolicyError, match=r"memory\.min .* is above memory\.max"):
         _compile(
