@@ -328,6 +328,7 @@ def compile_action(a: v.Action) -> Action:
         relative_percent=None if a.relative_percent is None else f"{a.relative_percent:f}",
         duration_s=None if a.duration is None else a.duration.seconds,
         argv=a.argv,
+        swappiness=a.swappiness,
     )
 
 

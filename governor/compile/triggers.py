@@ -16,6 +16,7 @@ from governor.kernel import files as kf
 from governor.plan.model import CgroupWrite, WatchCondition, WatchTrigger
 from governor.policy import values as v
 from governor.policy.durations import Duration
+from governor.policy.refaults import BoardFileCondition
 
 
 @dataclass(frozen=True)
@@ -100,7 +101,7 @@ class BoardFile:
     the floor; refused, like ``memory.min = "model"``, without the engine's command line."""
 
     @staticmethod
-    def watch(when: v.BoardFileCondition, site: Site | None) -> WatchCondition:
+    def watch(when: BoardFileCondition, site: Site | None) -> WatchCondition:
         below = when.below
         if below is None and site is not None:
             below = site.model_bytes

@@ -332,6 +332,19 @@ def test_board_file_below_model_is_the_model_files_size() -> None:
     assert sized.watch[0].trigger.threshold == 800 * MIB  # type: ignore[union-attr]  # a condition
 
 
+def test_a_reclaims_swappiness_is_in_the_plan_and_absent_without_one() -> None:
+    text = "name = 'rs'\n[[pressure]]\nwhen = 'memory some 150ms/2s'\ndo = ['reclaim 64M swappiness=0', 'reclaim 8M']\n"
+    plan = _compile(text)
+    balanced, plain = plan.watch[0].actions
+    assert (balanced.bytes, balanced.swappiness, str(balanced)) == (
+        64 * MIB, 0, "reclaim 64MiB swappiness=0",
+    )  # fmt: skip
+    assert plain.swappiness is None
+    assert Plan.from_json(plan.to_json()) == plan
+    shown = [a for a in plan.to_dict()["watch"][0]["actions"]]
+    assert shown[0]["swappiness"] == 0 and "swappiness" not in shown[1]  # goldens keep their shape
+
+
 def test_board_file_below_model_without_a_workload_names_the_rule() -> None:
     with pytest.raises(PolicyError) as info:
         _compile(_BOARD_FILE)
