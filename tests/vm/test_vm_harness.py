@@ -295,9 +295,10 @@ def test_qemu_argv(tmp_path: Path) -> None:
         tcg = harness.qemu_systemd_argv(k, i, tmp_path, accel="tcg", cpus=4, memory_mib=2048,
                                         series=series)  # fmt: skip
         assert tcg[tcg.index("-append") + 1].split()[-1] == "tsc=unstable"
-    for series, accel in (("5.10", "tcg"), (None, "tcg"), ("6.18", "kvm")):
+    others: tuple[tuple[str | None, str], ...] = (("5.10", "tcg"), (None, "tcg"), ("6.18", "kvm"))
+    for other_series, accel in others:
         other = harness.qemu_systemd_argv(k, i, tmp_path, accel=accel, cpus=4, memory_mib=2048,
-                                          series=series)  # fmt: skip
+                                          series=other_series)  # fmt: skip
         assert "tsc=" not in other[other.index("-append") + 1]
     with pytest.raises(RuntimeError, match="cannot contain"):
         harness.qemu_systemd_argv(k, i, tmp_path / "a,b", accel="tcg", cpus=1, memory_mib=1)
