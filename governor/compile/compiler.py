@@ -182,7 +182,7 @@ def compile_plan(
         protect_parents=tuple(
             w.file for w in writes if w.file in (kf.MEMORY_MIN, kf.MEMORY_LOW) and w.value != "0"
         ),
-        watch=_watch(policy, asked, source),
+        watch=_watch(policy, asked, source, workload.model_bytes),
         notes=tuple(notes),
         degraded=tuple(degraded),
         device=_device(policy, workload),
@@ -213,13 +213,13 @@ def _engine_spec(policy: Policy, host: HostFacts) -> EngineSpec:
 
 
 def _watch(
-    policy: Policy, writes: Sequence[CgroupWrite], source: str | None
+    policy: Policy, writes: Sequence[CgroupWrite], source: str | None, model_bytes: int | None
 ) -> tuple[WatchRule, ...]:
     """The [[pressure]] rules as the run time's monitor watches them, in the policy's order."""
     return tuple(
         watch_rule(
             i,
-            _watch_trigger(r.when, Site(i, writes, source)),
+            _watch_trigger(r.when, Site(i, writes, source, model_bytes)),
             tuple(r.do),
             when=str(r.when),
             hold_s=r.for_.seconds if r.for_ else None,
@@ -328,6 +328,7 @@ def compile_action(a: v.Action) -> Action:
         relative_percent=None if a.relative_percent is None else f"{a.relative_percent:f}",
         duration_s=None if a.duration is None else a.duration.seconds,
         argv=a.argv,
+        swappiness=a.swappiness,
     )
 
 

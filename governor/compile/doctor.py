@@ -385,7 +385,8 @@ _WRITE_PROBED: tuple[tuple[str, str, str, str], ...] = (
      "6.12", "memory.peak is the group's high-water mark since the group was made: a restart "
      "in the same group reports the highest of its runs"),
     ("kernel.reclaim_swappiness", "memory.reclaim swappiness= (file or anon first, per write)",
-     "6.11", "memory.reclaim balances file and anon pages by vm.swappiness, the board's"),
+     "6.11", "memory.reclaim balances file and anon pages by vm.swappiness, the board's (a "
+     "`reclaim N swappiness=S` action writes N alone there and says so)"),
 )  # fmt: skip
 
 

@@ -11,20 +11,24 @@ from typing import Any
 
 from governor.compile.headroom import headroom_condition
 from governor.compile.thrash import refault_text, refault_watch
+from governor.errors import PolicyError
 from governor.kernel import files as kf
 from governor.plan.model import CgroupWrite, WatchCondition, WatchTrigger
 from governor.policy import values as v
 from governor.policy.durations import Duration
+from governor.policy.refaults import BoardFileCondition
 
 
 @dataclass(frozen=True)
 class Site:
     """Where a rule's condition is compiled: its index in [[pressure]], the plan's cgroup writes
-    (a headroom rule's peak claim) and the policy file; None where no plan is at hand."""
+    (a headroom rule's peak claim), the policy file and the engine's model size (``board file <
+    model``); None where no plan is at hand."""
 
     index: int
     writes: Sequence[CgroupWrite]
     source: str | None
+    model_bytes: int | None = None
 
 
 def _window(seconds: float | None) -> Duration:
@@ -90,6 +94,31 @@ class Headroom:
     @staticmethod
     def text(t: WatchCondition) -> str:
         return "board available < headroom"
+
+
+class BoardFile:
+    """``board file < model``: the model's size (the files the engine's command line names) is
+    the floor; refused, like ``memory.min = "model"``, without the engine's command line."""
+
+    @staticmethod
+    def watch(when: BoardFileCondition, site: Site | None) -> WatchCondition:
+        below = when.below
+        if below is None and site is not None:
+            below = site.model_bytes
+            if below is None:
+                raise PolicyError(
+                    f"pressure[{site.index}].when = {str(when)!r} needs the model file;"
+                    " give the engine command line",
+                    file=site.source,
+                    field=f"pressure[{site.index}].when",
+                    hint="governor launch --policy P -- ENGINE -m MODEL ..., or a size like"
+                    " 'board file < 1.2G'",
+                )
+        return WatchCondition(condition="board_file", threshold=below or 0, file="/proc/meminfo")
+
+    @staticmethod
+    def text(t: WatchCondition) -> str:
+        return f"board file < {v.format_bytes(t.threshold)}"
 
 
 class Device:

@@ -396,6 +396,7 @@ class Monitor:
             memavailable=sampled.get("memavailable"),
             available=sampled.get("available"),
             spare=sampled.get("spare"),
+            board_file=sampled.get("board_file"),
             current=sampled["sample"].current if "sample" in sampled else None,
             leak=sampled.get("leak", {}),
             device=sampled.get("device"),

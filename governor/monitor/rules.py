@@ -45,7 +45,8 @@ class Rule:
     window_s: float = 0.0  # PSI: the trigger window
     # leak: bytes/s, device: bytes (fire above); memavailable: bytes (below); headroom: the
     # slice's claimed peak (fire when the board's spare memory is below peak - memory.current);
-    # refaults: the share of the file cache in 1/100 of a percent (fire above)
+    # refaults: the share of the file cache in 1/100 of a percent (fire above); board_file:
+    # bytes, the model's size (fire below)
     threshold: int = 0
     event: str | None = None  # event: the memory.events key
 
@@ -88,6 +89,7 @@ class Observations:
     device: int | None = None  # the group's device memory (kernel/devmem.py total), when sampled
     # rule index -> refaulted share of the file cache over the rule's window (percent)
     refaults: Mapping[int, float] = field(default_factory=dict)
+    board_file: int | None = None  # bytes: the board's file LRUs (/proc/meminfo), when sampled
     # a plug-in source's level by its name (monitor/triggers.py SAMPLERS), when sampled
     extra: Mapping[str, int | float | None] = field(default_factory=dict)
 
@@ -231,6 +233,13 @@ def headroom_evidence(rule: Rule, st: _State, now: float, obs: Observations) -> 
     # what the slice is known to still need: its claimed peak less what it holds
     short = obs.spare < max(0, rule.threshold - obs.current)
     return short, obs.spare, not short
+
+
+def board_file_evidence(rule: Rule, st: _State, now: float, obs: Observations) -> Verdict:
+    if obs.board_file is None:
+        return False, None, False
+    below = obs.board_file < rule.threshold
+    return below, obs.board_file, not below
 
 
 def device_evidence(rule: Rule, st: _State, now: float, obs: Observations) -> Verdict:

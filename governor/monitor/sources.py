@@ -125,7 +125,16 @@ class Board:
             out["available"] = self.available(fs, group)
         if "spare" in sources:
             out["spare"] = self.spare(fs, group)
+        if "board_file" in sources:
+            out["board_file"] = self.file_cache()
         return out
+
+    def file_cache(self) -> int | None:
+        """``board file``: the file LRUs of /proc/meminfo in bytes (the cache reclaim takes)."""
+        try:
+            return board_file_bytes(self.proc.meminfo())
+        except (OSError, ValueError):
+            return None
 
     def spare(self, fs: CgroupFs, group: str) -> int | None:
         """``board available`` less the board's reserve (the OS's and ungoverned services'

@@ -25,7 +25,8 @@ for the rule, ``events`` memory.events increases, ``memavailable`` /proc/meminfo
 reserve, ``current`` the group's memory.current, ``device`` the group's device memory
 (kernel/devmem.py), ``leak`` the anon slope over the rule's window (monitor/leak.py),
 ``refaults`` / ``board_refaults`` the group's / the board's refault share over the rule's window
-(monitor/thrash.py); a plug-in's own, read by the sampler it registers (:data:`SAMPLERS`).
+(monitor/thrash.py), ``board_file`` the board's file cache (the file LRUs of /proc/meminfo); a
+plug-in's own, read by the sampler it registers (:data:`SAMPLERS`).
 """
 
 from __future__ import annotations
@@ -40,7 +41,7 @@ from governor.record import record
 Semantics = Literal["psi", "event", "level"]
 Source = Literal[
     "psi", "events", "memavailable", "available", "spare", "current", "device", "leak",
-    "refaults", "board_refaults",
+    "refaults", "board_refaults", "board_file",
 ]  # fmt: skip
 
 # memory.events counters a rule may react to (cgroup-v2.rst, "memory.events")
@@ -162,6 +163,18 @@ TRIGGERS: dict[str, Trigger] = {
             ("board_refaults",),
             f"{_RULES}:refaults_evidence",
             "board refaults > {percent:g}%/{window_s:g}s",
+        ),
+        Trigger(
+            "board_file",
+            r"board\s+file",
+            f"{_PARSE}:parse_board_file",
+            f"{_COMPILE}:BoardFile",
+            "'board file < model' (the board's file cache below the engine's model size, or a"
+            " size: a shed holds until the model fits in the cache again)",
+            "level",
+            ("board_file",),
+            f"{_RULES}:board_file_evidence",
+            "board file < {threshold}",
         ),
         Trigger(
             "event",

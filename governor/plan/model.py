@@ -196,6 +196,7 @@ class Action:
     relative_percent: str | None = None  # set: "+10" / "-12.5" (exact decimal text)
     duration_s: float | None = None  # freeze
     argv: tuple[str, ...] = ()  # exec
+    swappiness: int | None = None  # reclaim: memory.reclaim's swappiness= (None: not given)
 
     def __str__(self) -> str:
         return self.text
@@ -286,6 +287,10 @@ class Plan:
             out.pop("device", None)  # plans without [device] keep their shape (goldens, caches)
         if not self.clocks:  # a plan without [clocks] reads as it did before them
             del out["clocks"]
+        for rule in out["watch"]:  # a reclaim without swappiness= keeps the plan's shape
+            for act in rule["actions"]:
+                if act.get("swappiness") is None:
+                    act.pop("swappiness", None)
         qos = out["qos"]
         if qos["admit"] == "warn" and qos["admit_timeout_s"] == 60.0:
             del qos["admit"], qos["admit_timeout_s"]

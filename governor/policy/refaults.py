@@ -4,6 +4,10 @@ File pages refaulted in the window (memory.stat ``workingset_refault_file``, in 
 page size) as a share of the group's file pages (memory.stat ``file``); ``board refaults``: the
 whole board's (/proc/vmstat and the file LRUs of /proc/meminfo). The failure PSI misses: a
 model evicted and re-read (Android lmkd's ``ro.lmk.thrashing_limit`` acts on the same share).
+
+``board file < model`` (issue 47): the board's file cache (the file LRUs of /proc/meminfo) is
+below the engine's model size, so the model no longer fits in it, as after a thrash (lmkd keeps
+shedding until the file cache is back above such a floor).
 """
 
 from __future__ import annotations
@@ -13,6 +17,7 @@ from dataclasses import dataclass
 from decimal import Decimal
 
 from governor.policy.durations import Duration, parse_duration
+from governor.sizes import format_bytes
 
 _REFAULT_RE = re.compile(
     r"^\s*(?P<board>board\s+)?refaults\s*>\s*(?P<num>[0-9]+(?:\.[0-9]+)?)\s*%\s*/\s*(?P<window>\S+)\s*$"
@@ -51,3 +56,11 @@ def parse_refaults(value: str) -> RefaultCondition:
     if window.us < REFAULT_WINDOW_MIN_US:
         raise ValueError(f"refault window {window} is too short (at least 2s: two samples)")
     return RefaultCondition(percent, window, board=bool(m["board"]))
+
+
+@dataclass(frozen=True)
+class BoardFileCondition:
+    below: int | None  # bytes; None: the model's size, resolved when the plan is compiled
+
+    def __str__(self) -> str:
+        return f"board file < {'model' if self.below is None else format_bytes(self.below)}"

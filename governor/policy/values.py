@@ -21,7 +21,7 @@ from governor.policy.cpus import MAX_CPU, CpuSpec, parse_cpus
 from governor.policy.durations import MAX_DIGITS as _MAX_DIGITS
 from governor.policy.durations import Duration, parse_duration
 from governor.policy.psi import PSI_WINDOW_MAX_US, PSI_WINDOW_MIN_US, PsiTrigger, parse_trigger
-from governor.policy.refaults import RefaultCondition, parse_refaults
+from governor.policy.refaults import BoardFileCondition, RefaultCondition, parse_refaults
 from governor.sizes import BINARY, format_bytes, human_bytes
 
 # re-exported: the compiler and tests spell v.format_bytes, v.parse_cpus, v.parse_trigger
@@ -270,8 +270,10 @@ Condition = (
     | EventCondition
     | DeviceMemoryCondition
     | RefaultCondition
+    | BoardFileCondition
 )
 _DEVICE_RE = re.compile(r"^\s*device\s+memory\s*>\s*(?P<size>\S+)\s*$")
+_BOARD_FILE_RE = re.compile(r"^\s*board\s+file\s*<\s*(?P<size>\S+)\s*$")
 
 
 def parse_condition(value: object) -> Condition:
@@ -327,6 +329,19 @@ def parse_headroom(value: str) -> HeadroomCondition:
     return HeadroomCondition()  # the row's words are the whole form
 
 
+def parse_board_file(value: str) -> BoardFileCondition:
+    if not (m := _BOARD_FILE_RE.match(value.strip())):
+        raise ValueError(
+            f"cannot parse {value!r} (form: 'board file < model' or 'board file < 1G')"
+        )
+    if m["size"] == "model":
+        return BoardFileCondition(None)
+    size = parse_size(m["size"], allow=frozenset({"bytes"}))
+    if size.bytes == 0:
+        raise ValueError(f"file cache floor must be positive in {value!r}")
+    return BoardFileCondition(size.bytes)
+
+
 def parse_refault_condition(value: str) -> RefaultCondition:
     return parse_refaults(value.strip())
 
@@ -350,6 +365,8 @@ SETTABLE_FILES = (
     "cpu.max",
 )
 _REL_RE = re.compile(r"^(?P<sign>[+-])(?P<num>[0-9]+(?:\.[0-9]+)?)%$")
+_SWAPPINESS_RE = re.compile(r"^swappiness\s*=\s*(?P<n>[0-9]{1,3})$")
+SWAPPINESS_MAX = 200  # vm.swappiness's range (mm/vmscan.c), memory.reclaim's too
 
 
 @dataclass(frozen=True)
@@ -364,12 +381,14 @@ class Action:
     relative_percent: Decimal | None = None  # set: +10 / -10
     duration: Duration | None = None  # freeze
     argv: tuple[str, ...] = ()  # exec
+    swappiness: int | None = None  # reclaim: memory.reclaim's swappiness= (6.11)
 
     def __str__(self) -> str:
         if self.verb == "signal":
             return f"signal {self.signal}"
         if self.verb == "reclaim":
-            return f"reclaim {self.size}"
+            balance = "" if self.swappiness is None else f" swappiness={self.swappiness}"
+            return f"reclaim {self.size}{balance}"
         if self.verb == "set":
             if self.relative_percent is not None:
                 sign = "+" if self.relative_percent > 0 else "-"
@@ -417,10 +436,11 @@ def parse_action(value: object) -> Action:
             raise ValueError(f"expected 'signal <NAME>', e.g. 'signal SIGUSR1', got {value!r}")
         return Action(verb, signal=parse_signal(rest))
     if args == "size":
-        size = parse_size(rest, allow=frozenset({"bytes"}))
+        amount, _, balance = rest.partition(" ")
+        size = parse_size(amount, allow=frozenset({"bytes"}))
         if size.bytes == 0:
             raise ValueError(f"reclaim amount must be positive, got {value!r}")
-        return Action(verb, size=size)
+        return Action(verb, size=size, swappiness=_swappiness(balance.strip(), value))
     if args == "duration":
         if not rest:
             raise ValueError(
@@ -436,6 +456,20 @@ def parse_action(value: object) -> Action:
     if not argv:
         raise ValueError(f"exec needs a command, got {value!r}")
     return Action(verb, argv=argv)
+
+
+def _swappiness(text: str, raw: str) -> int | None:
+    """``swappiness=N`` after a reclaim's size: memory.reclaim's own argument (0: file pages
+    only, 200: anon first; cgroup-v2.rst "memory.reclaim")."""
+    if not text:
+        return None
+    m = _SWAPPINESS_RE.match(text)
+    if not m or int(m["n"]) > SWAPPINESS_MAX:
+        raise ValueError(
+            f"expected 'reclaim SIZE [swappiness=0..{SWAPPINESS_MAX}]', e.g. 'reclaim 64M"
+            f" swappiness=0', got {raw!r}"
+        )
+    return int(m["n"])
 
 
 def _parse_set(raw: str, rest: str) -> Action:

@@ -113,6 +113,33 @@ def test_reclaim_tolerates_eagain_and_reports_usage_before_and_after(
     assert fake_fs.read(GROUP, files.MEMORY_RECLAIM) == str(64 << 20)
 
 
+class _NoSwappinessArg(FakeKernelCgroupFs):
+    """memory.reclaim before 6.11: a key after the amount is refused with EINVAL."""
+
+    def write(self, cgroup: str, file: str, value: str) -> None:
+        if file == files.MEMORY_RECLAIM and " " in value:
+            raise BackendError("cannot write cgroup file", cgroup=cgroup, file=file, errno=22)
+        super().write(cgroup, file, value)
+
+
+def test_reclaim_passes_swappiness_where_the_kernel_takes_it_else_reclaims_without(
+    fake_fs: FakeKernelCgroupFs, cgroup_root: Path
+) -> None:
+    # issue 47: memory.reclaim's swappiness= (6.11) where the kernel has it; before, the
+    # amount alone (the board's vm.swappiness balances), said in the result
+    plan = _applied(fake_fs)
+    _kset(fake_fs, GROUP, files.MEMORY_RECLAIM, "")
+    res = _executor(fake_fs, plan).execute(parse_action("reclaim 64M swappiness=0"), CTX)
+    assert res.ok and res.detail is None
+    assert fake_fs.read(GROUP, files.MEMORY_RECLAIM) == f"{64 << 20} swappiness=0"
+    old = _NoSwappinessArg(cgroup_root)
+    _kset(old, GROUP, files.MEMORY_RECLAIM, "")
+    res = _executor(old, plan).execute(parse_action("reclaim 64M swappiness=0"), CTX)
+    assert res.ok, res
+    assert old.read(GROUP, files.MEMORY_RECLAIM) == str(64 << 20)
+    assert "swappiness=0 refused (EINVAL: Linux < 6.11)" in (res.detail or "")
+
+
 class _HighWrites(FakeKernelCgroupFs):
     """Records memory.high writes; writing memory.high below memory.current reclaims down to
     it (mm/memcontrol.c memory_high_write), as the kernel does within the write."""

@@ -498,6 +498,49 @@ def test_the_monitor_sheds_on_a_board_trigger_and_gives_back_once_quiet(
     mon.finish()
 
 
+def test_board_file_below_the_model_sheds_until_the_file_cache_holds_the_model_again(
+    board: Board, tmp_path: Path
+) -> None:
+    # issue 47: lmkd keeps shedding after a thrash until the file cache is back above a floor;
+    # a served model's floor is its size. MemAvailable stays high all along (the rule reads
+    # the file LRUs of /proc/meminfo, not MemAvailable)
+    model = 1024 * MIB
+    rule = watch_rule(
+        0,
+        WatchCondition(condition="board_file", threshold=model, file="/proc/meminfo"),
+        ("shed",),
+        cooldown_s=5.0,
+        when="board file < model",
+    )
+    chat = board.publish(replace(_plan("npu-chat", CHAT), watch=(rule,)), 600 * MIB)
+    batch = board.publish(_plan("npu-batch", BATCH, high=BATCH_HIGH), 512 * MIB)
+    proc = tmp_path / "proc"
+    mon = board.monitor(chat, proc)
+
+    def second(file_mib: int) -> None:
+        active, inactive = file_mib // 2, file_mib - file_mib // 2
+        (proc / "meminfo").write_text(
+            f"MemTotal: 2000000 kB\nMemAvailable: {1500 << 10} kB\n"
+            f"Active(file): {active << 10} kB\nInactive(file): {inactive << 10} kB\n"
+        )
+        board.tick(1.0)
+        mon.dispatch()
+
+    second(1100)  # the model fits: nothing
+    assert _high(board.fs, batch) == str(BATCH_HIGH)
+    second(700)  # thrash took the cache below the model: throttled
+    assert _high(board.fs, batch) == str(512 * MIB)
+    for _ in range(12):
+        second(900)  # still below: the shed goes on, the next step
+    assert board.fs.read(batch.group, files.CGROUP_FREEZE).strip() == "1"
+    for _ in range(40):
+        second(1100)  # the model is back in the cache: the undo, step by step
+    assert board.fs.read(batch.group, files.CGROUP_FREEZE).strip() == "0"
+    assert _high(board.fs, batch) == str(BATCH_HIGH)
+    assert not _shed(mon).shedder.holding()
+    mon.finish()
+
+
 def test_the_headroom_rule_throttles_a_lower_class_before_the_board_is_full(
     board: Board, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

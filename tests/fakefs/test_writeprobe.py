@@ -71,7 +71,8 @@ def test_an_old_kernel_refuses_both_and_doctor_names_the_fallbacks(tmp_path: Pat
     )
     assert got["kernel.reclaim_swappiness"].endswith(
         "refused (/user.slice/memory.reclaim: EINVAL): memory.reclaim balances file and anon"
-        " pages by vm.swappiness, the board's"
+        " pages by vm.swappiness, the board's (a `reclaim N swappiness=S` action writes N alone"
+        " there and says so)"
     )
 
 

@@ -33,22 +33,45 @@ class Limits(Handler):
         assert action.bytes is not None
         env = self.env
         before = env.live(kf.MEMORY_CURRENT)
+        notes: list[str] = []
         try:
-            env.fs.write(env.group, kf.MEMORY_RECLAIM, str(action.bytes))
-            detail = None
+            self._write_reclaim(action, notes)
         except BackendError as err:
             if err.errno == errno.ENOENT and (env.fs.path(env.group) / kf.MEMORY_HIGH).exists():
                 lower, _ = self._bounds(kf.MEMORY_HIGH)  # Linux < 5.19
-                detail = reclaim_by_high(
-                    env.fs, env.group, action.bytes, before, lower=lower, page=env.page_size
+                notes.append(
+                    reclaim_by_high(
+                        env.fs, env.group, action.bytes, before, lower=lower, page=env.page_size
+                    )
                 )
+                if action.swappiness is not None:
+                    notes.append(f"swappiness={action.swappiness} not applied")
             # memory.reclaim returns EAGAIN when it reclaimed less than asked (cgroup-v2.rst)
             elif err.errno != errno.EAGAIN:
                 raise
             else:
-                detail = "EAGAIN: reclaimed less than asked"
+                notes.append("EAGAIN: reclaimed less than asked")
         after = env.live(kf.MEMORY_CURRENT)
+        detail = "; ".join(notes) if notes else None
         return Result(str(action), ok=True, before=before, after=after, detail=detail)
+
+    def _write_reclaim(self, action: Action, notes: list[str]) -> None:
+        """``N swappiness=S`` where the kernel takes it (6.11); a kernel before refuses the key
+        with EINVAL: then ``N`` alone, balanced by the board's vm.swappiness, and said."""
+        env, amount = self.env, str(action.bytes)
+        if action.swappiness is None:
+            env.fs.write(env.group, kf.MEMORY_RECLAIM, amount)
+            return
+        try:
+            env.fs.write(env.group, kf.MEMORY_RECLAIM, f"{amount} swappiness={action.swappiness}")
+        except BackendError as err:
+            if err.errno != errno.EINVAL:
+                raise
+            notes.append(
+                f"swappiness={action.swappiness} refused (EINVAL: Linux < 6.11): reclaimed by the"
+                " board's vm.swappiness"
+            )
+            env.fs.write(env.group, kf.MEMORY_RECLAIM, amount)
 
     def _set(self, action: Action, ctx: Context) -> Result:
         assert action.file is not None

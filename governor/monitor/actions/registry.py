@@ -40,7 +40,7 @@ VERBS: dict[str, Verb] = {
     for v in (
         Verb("log", "none", f"{_PKG}.notify:Log", "`log`"),
         Verb("signal", "signal", f"{_PKG}.signals:Signal", "`signal SIG`"),
-        Verb("reclaim", "size", f"{_PKG}.limits:Limits", "`reclaim SIZE`"),
+        Verb("reclaim", "size", f"{_PKG}.limits:Limits", "`reclaim SIZE [swappiness=N]`"),
         Verb("set", "set", f"{_PKG}.limits:Limits", "`set FILE VALUE` or `set FILE -10%`"),
         Verb("freeze", "duration", f"{_PKG}.freeze:Freeze", "`freeze DURATION`"),
         Verb("thaw", "none", f"{_PKG}.freeze:Freeze", "`thaw`"),

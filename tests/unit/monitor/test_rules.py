@@ -194,6 +194,27 @@ def test_a_board_available_rule_reads_the_available_figure_not_memavailable() ->
     assert eng.step(1.0, Observations(memavailable=900 << 20, available=150 << 20))
 
 
+def test_a_board_file_rule_holds_while_the_file_cache_is_below_the_model() -> None:
+    model = 1100 << 20
+    rule = Rule.from_watch(
+        watch_rule(
+            index=0,
+            trigger=WatchCondition(condition="board_file", threshold=model, file="/proc/meminfo"),
+            actions=("shed",),
+            cooldown_s=2.0,
+        )
+    )
+    eng = RuleEngine([rule])
+    caches = [None, 1200, 900, 900, 900, 1000, 1100, 1200]  # MiB; None: unreadable
+    fired = [
+        bool(eng.step(float(t), Observations(board_file=None if m is None else m << 20)))
+        for t, m in enumerate(caches)
+    ]
+    # below from t=2: fires, again after the cooldown while still below; the model's own size
+    # is enough (not below)
+    assert fired == [False, False, True, False, True, False, False, False]
+
+
 def test_rule_actions_are_parsed_back_from_their_canonical_strings() -> None:
     trig = WatchTrigger(
         resource="memory",

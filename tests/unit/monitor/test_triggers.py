@@ -52,6 +52,7 @@ FORMS = [
     ("device memory > 1G", "device", "device memory > 1073741824"),
     ("refaults > 12.5%/10s", "refaults", "refaults > 12.5%/10s"),
     ("board refaults > 50%/4s", "board_refaults", "board refaults > 50%/4s"),
+    ("board file < 1G", "board_file", "board file < 1073741824"),
     (" oom_group_kill ", "event", "oom_group_kill"),
 ]
 

@@ -317,6 +317,43 @@ def test_memory_min_model_with_a_workload_is_model_plus_margin() -> None:
     assert any(n.startswith("memory.min = model -> ") for n in plan.notes)
 
 
+_BOARD_FILE = "name = 'bf'\n[[pressure]]\nwhen = 'board file < model'\ndo = ['log']\n"
+
+
+def test_board_file_below_model_is_the_model_files_size() -> None:
+    # issue 47: the shed's floor is the engine's model, the size of the files its argv names
+    plan = _compile(_BOARD_FILE, workload=Workload(model_bytes=1_100_000_000))
+    (w,) = plan.watch
+    assert w.when == "board file < model"
+    assert not isinstance(w.trigger, WatchTrigger)
+    assert (w.trigger.condition, w.trigger.threshold) == ("board_file", 1_100_000_000)
+    assert w.trigger.text() == "board file < 1100000000"
+    sized = _compile(_BOARD_FILE.replace("model'", "800M'"))
+    assert sized.watch[0].trigger.threshold == 800 * MIB  # type: ignore[union-attr]  # a condition
+
+
+def test_a_reclaims_swappiness_is_in_the_plan_and_absent_without_one() -> None:
+    text = "name = 'rs'\n[[pressure]]\nwhen = 'memory some 150ms/2s'\ndo = ['reclaim 64M swappiness=0', 'reclaim 8M']\n"
+    plan = _compile(text)
+    balanced, plain = plan.watch[0].actions
+    assert (balanced.bytes, balanced.swappiness, str(balanced)) == (
+        64 * MIB, 0, "reclaim 64MiB swappiness=0",
+    )  # fmt: skip
+    assert plain.swappiness is None
+    assert Plan.from_json(plan.to_json()) == plan
+    shown = [a for a in plan.to_dict()["watch"][0]["actions"]]
+    assert shown[0]["swappiness"] == 0 and "swappiness" not in shown[1]  # goldens keep their shape
+
+
+def test_board_file_below_model_without_a_workload_names_the_rule() -> None:
+    with pytest.raises(PolicyError) as info:
+        _compile(_BOARD_FILE)
+    assert info.value.exit_code == 65
+    assert info.value.field == "pressure[0].when"
+    assert "needs the model file" in info.value.reason
+    assert info.value.file == "test.toml" and info.value.hint is not None
+
+
 def test_memory_min_model_above_memory_max_is_a_policy_error() -> None:
     with pytest.raises(PolicyError, match=r"memory\.min .* is above memory\.max"):
         _compile(

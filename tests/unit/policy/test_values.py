@@ -558,9 +558,23 @@ def test_reclaim_action_takes_a_byte_size() -> None:
     assert str(action) == "reclaim 64MiB"
 
 
+def test_reclaim_takes_memory_reclaims_swappiness_argument() -> None:
+    # issue 47: memory.reclaim's own `swappiness=` (6.11), spelled as the kernel takes it
+    action = v.parse_action("reclaim 64M  swappiness = 0")
+    assert (action.size, action.swappiness) == (v.Size("bytes", Decimal(64 * MIB)), 0)
+    assert str(action) == "reclaim 64MiB swappiness=0"
+    assert v.parse_action(str(action)) == action
+    assert v.parse_action("reclaim 64M swappiness=200").swappiness == 200
+    assert v.parse_action("reclaim 64M").swappiness is None
+
+
 @pytest.mark.parametrize(
     ("text", "reason"),
     [
+        ("reclaim 64M swappiness=201", r"swappiness=0\.\.200"),
+        ("reclaim 64M swappiness=-1", "expected 'reclaim SIZE"),
+        ("reclaim 64M swappiness=max", "expected 'reclaim SIZE"),
+        ("reclaim 64M 32M", "expected 'reclaim SIZE"),
         ("reclaim 0", "must be positive"),
         ("reclaim 10%", "not allowed here"),
         ("reclaim max", "not allowed here"),
