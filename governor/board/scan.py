@@ -146,7 +146,7 @@ def running_slices(
                     router_url=None if router is None else router[0],
                     router_last=None if router is None else router[1],
                     active_at=activity(None if router is None else router[1], st.started_at),
-                    cgroup_root=st.cgroup_root,
+                    reload_s=st.reload_s(), cgroup_root=st.cgroup_root,
                 )
             )  # fmt: skip
         except (ValueError, KeyError, TypeError, AttributeError) as err:

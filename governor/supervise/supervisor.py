@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
 from governor.backends.device import board_baseline
+from governor.cache.store import cache_dir
 from governor.errors import BackendError, GovernorError, Interrupted, PermissionDenied
 from governor.kernel.cgroupfs import CgroupFs
 from governor.kernel.procfs import ProcFs
@@ -315,6 +316,7 @@ class Supervisor:
             router_pid=lambda: self.engine_pid,
             proc_root=self.proc.root,
             on_change=lambda: self._publish(job),
+            costs_dir=cache_dir(),
         )
         return self.leaves.start()
 

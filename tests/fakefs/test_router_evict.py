@@ -16,7 +16,7 @@ from helpers.peers import StandIn, trickle
 
 from governor.errors import GovernorError
 from governor.kernel import files as kf
-from governor.peer.router import RouterClient
+from governor.peer.router import RouterClient, RouterError
 from governor.record import replace
 from governor.rundir.journal import Journal
 from governor.rundir.state import RunState, check_state
@@ -292,9 +292,12 @@ def test_a_model_that_fits_is_placed_without_a_freeze(tree: tuple[MovingFs, Path
     assert not [w for w in fs.writes if w[1] == kf.CGROUP_FREEZE]
 
 
-def test_nothing_idle_is_journaled_and_the_new_model_thawed(
+def test_a_model_that_cannot_fit_beside_the_busy_ones_is_stopped_at_once_not_thawed(
     tree: tuple[MovingFs, Path], tmp_path: Path
 ) -> None:
+    """Issue 46 item 4: a and b answer requests (not idle); c's 100 MiB beside them and the
+    router is 320 MiB over 300: no unload can make room, so c's child is killed in its frozen
+    leaf (it never allocates: no OOM kill) and one journal line names the numbers."""
     fs, proc = tree
     _evict_tree(fs, proc)
     router = FakeRouter(fs, {"a": A, "b": B, "c": C}, busy={"a", "b"})  # both answering
@@ -303,12 +306,37 @@ def test_nothing_idle_is_journaled_and_the_new_model_thawed(
     assert leaves.poll() == [(C, "c")]
     assert router.unloaded == []
     c = f"{GROUP}/models/c"
+    assert fs.procs(c) == []  # killed while frozen
+    assert (c, kf.CGROUP_KILL, "1") in fs.writes
+    (entry,) = journal.entries()
+    assert entry["source"] == "unload" and entry["model"] == "c"
+    assert entry["error"] == (
+        "c cannot fit: 320 MiB of claims with it (its own 100 MiB), every idle model unloaded"
+        " frees 0 MiB, over 300 MiB: stopped, nothing unloaded"
+    )
+    assert leaves.published()["unloads"] == []
+
+
+def test_an_unreadable_router_unloads_nothing_and_the_new_model_is_thawed(
+    tree: tuple[MovingFs, Path], tmp_path: Path
+) -> None:
+    """What is idle is not known: nothing is refused on a guess, c is thawed and journaled."""
+    fs, proc = tree
+    _evict_tree(fs, proc)
+
+    class Mute(FakeRouter):
+        def models(self) -> dict[str, str]:
+            raise RouterError("no answer")
+
+    journal = Journal(tmp_path / "run" / "r")
+    leaves, _ = _leaves(fs, proc, Mute(fs, {"a": A, "b": B, "c": C}), journal)
+    assert leaves.poll() == [(C, "c")]
+    c = f"{GROUP}/models/c"
     assert fs.procs(c) == [C]
     assert fs.read(c, kf.CGROUP_FREEZE).strip() == "0"
     (entry,) = journal.entries()
-    assert entry["source"] == "unload" and "no idle model to unload for c" in entry["error"]
+    assert "no idle model to unload for c" in entry["error"]
     assert "320 MiB of claims over 300 MiB" in entry["error"]
-    assert leaves.published()["unloads"] == []
 
 
 def test_the_new_model_is_thawed_whatever_the_eviction_raises(
