@@ -166,11 +166,14 @@ def test_by_value_orders_idle_models_by_expected_reload_cost(
     models: list[Model], need_mib: int, expected: list[str]
 ) -> None:
     table = {m[0]: m for m in models}
+
+    def cost(a: str) -> tuple[float | None, float | None]:
+        idle = table[a][3]
+        return table[a][2], None if idle is None else NOW - idle
+
     got = by_value(
-        list(table), need_mib * MIB, now=NOW,
-        frees=lambda a: table[a][1] * MIB,
-        cost=lambda a: (table[a][2], None if table[a][3] is None else NOW - table[a][3]),
-    )  # fmt: skip
+        list(table), need_mib * MIB, now=NOW, frees=lambda a: table[a][1] * MIB, cost=cost
+    )
     assert got == expected
 
 
