@@ -178,3 +178,24 @@ def test_a_load_that_stopped_before_it_answered_is_no_measurement(
     mono.now += 4
     router.table = {"y": "loaded"}
     assert loads.check() is True and loads.reload_s("y") == 4.0
+
+
+def test_a_model_that_waited_frozen_for_room_is_timed_from_its_thaw(
+    tree: tuple[MovingFs, Path],  # noqa: F811
+) -> None:
+    """The seconds c waited frozen while a was unloaded are the eviction's, not c's load."""
+    fs, proc = tree
+    _evict_tree(fs, proc)
+    mono = Clock(100.0)
+
+    class Slow(FakeRouter):
+        def unload(self, model: str) -> bool:
+            mono.now += 5.0  # the unloaded child takes 5 s to go
+            return super().unload(model)
+
+    router = Slow(fs, {"a": A, "b": B, "c": C})
+    leaves, _ = _leaves(fs, proc, router)
+    leaves.loads = Loads(fs, GROUP, client=router, book=CostBook(None), clock=mono)  # type: ignore[arg-type]
+    leaves.poll()
+    assert router.unloaded == ["a"]
+    assert leaves.loads.pending["c"][0] == 105.0  # its thaw, not its placement at 100
