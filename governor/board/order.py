@@ -6,8 +6,10 @@ shed, the run-time shed ladder (monitor/actions/shedder.py) and any choice among
   (:func:`expected_cost`, issue 46 item 2: the seconds it takes to bring back, ``Slice.reload_s``,
   times the likelihood it is asked for again, from its last activity ``Slice.active_at``: a
   router's latest request, else its engine's start), else the largest (what it frees, then
-  its name). Without measured reload seconds every slice weighs the same, and the least
-  expected cost is the coldest (none known counts as coldest);
+  its name). The coldest cover (none known counts as coldest) goes unless another costs less
+  than CHEAPER of it: a load measured twice differs (a cold page cache, a busy CPU), and such
+  noise must not overturn recency. Without measured reload seconds every slice weighs the
+  same, and the coldest that covers goes;
 - a slice whose stop would not free its claim (``Slice.stays``) is never chosen to be stopped.
 
 After each pick the deficit shrinks by what that slice frees, so the next pick covers what is
@@ -38,6 +40,10 @@ Cost = Callable[[T], tuple[float | None, float | None]]
 # minute ago is likely asked again soon, one idle for an hour hardly (recency as LRU reads it,
 # made a weight the reload seconds can be multiplied by)
 REUSE_HALF_LIFE_S = 600.0
+# a cover cheaper than the coldest goes first only below this share of the coldest's expected
+# cost: two loads of one model file differ by less (a first load reads the file, a reload
+# finds it in the page cache), a 300 MiB model against a 4 GiB one by far more
+CHEAPER = 0.5
 UNKNOWN_RELOAD_S = 1.0  # what a slice or model with no measured load weighs: all alike
 
 
@@ -66,21 +72,34 @@ def by_value(
 ) -> list[T]:
     """``items`` (one class) in the order they give way for ``need`` bytes: the one that alone
     covers what is still missing at the least expected cost (``cost``: its reload seconds and
-    last activity, :func:`expected_cost`; a tie: the coldest, then the name), else the
-    largest; after each, the deficit shrinks by what it frees."""
+    last activity, :func:`expected_cost`; the coldest unless one costs less than CHEAPER of
+    it), else the largest; after each, the deficit shrinks by what it frees."""
     left = list(items)
     out: list[T] = []
     want = need
     while left:
         covers = [x for x in left if frees(x) >= want]
         if covers:
-            pick = min(covers, key=lambda x: _value(x, cost, now, name))
+            pick = cheapest(covers, cost, now, name)
         else:
             pick = min(left, key=lambda x: (-frees(x), _value(x, cost, now, name)))
         out.append(pick)
         left.remove(pick)
         want = max(0, want - frees(pick))
     return out
+
+
+def cheapest(covers: list[T], cost: Cost[T], now: float, name: Callable[[T], str]) -> T:
+    """Of ``covers``, the coldest, or one whose expected cost is below CHEAPER of its."""
+    coldest = min(covers, key=lambda x: _cold(x, cost, name))
+    best = min(covers, key=lambda x: _value(x, cost, now, name))
+    limit = CHEAPER * _value(coldest, cost, now, name)[0]
+    return best if _value(best, cost, now, name)[0] < limit else coldest
+
+
+def _cold(x: T, cost: Cost[T], name: Callable[[T], str]) -> tuple[float, str]:
+    last = cost(x)[1]
+    return float("-inf") if last is None else last, name(x)
 
 
 def _value(x: T, cost: Cost[T], now: float, name: Callable[[T], str]) -> tuple[float, float, str]:
@@ -127,8 +146,8 @@ def order(
     left = [s for s in slices if not (stop and s.stays)]
     at = _now(left) if now is None else now
 
-    def cold(s: Slice) -> tuple[float, float, str]:
-        return _value(s, lambda x: (x.reload_s, x.active_at), at, lambda x: x.name)
+    def figure(x: Slice) -> tuple[float | None, float | None]:
+        return x.reload_s, x.active_at
 
     out: list[Slice] = []
     want = need
@@ -137,7 +156,7 @@ def order(
         tier = [s for s in left if s.qos.rank == rank]
         covers = [] if want is None else [s for s in tier if _covers(frees(s), want)]
         if covers:
-            pick = min(covers, key=cold)
+            pick = cheapest(covers, figure, at, lambda x: x.name)
         else:
             pick = min(tier, key=lambda s: (-frees(s)[1], -frees(s)[0], s.name))
         out.append(pick)

@@ -131,6 +131,12 @@ VALUE_CASES: list[tuple[str, list[Model], int, list[str]]] = [
         ["recent-fast", "lru-slow"],
     ),
     (
+        "a cheaper cover within a load's noise (not under half) does not overturn recency",
+        [("cold", 300, 4.0, 600.0), ("recent", 300, 1.5, 10.0)],
+        100,
+        ["cold", "recent"],
+    ),
+    (
         "a long-idle slow model costs less than a hot fast one",
         [("idle-slow", 400, 30.0, 36000.0), ("hot-fast", 300, 2.0, 1.0)],
         200,
