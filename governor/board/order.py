@@ -7,8 +7,8 @@ shed, the run-time shed ladder (monitor/actions/shedder.py) and any choice among
   times the likelihood it is asked for again, from its last activity ``Slice.active_at``: a
   router's latest request, else its engine's start), else the largest (what it frees, then
   its name). The coldest cover (none known counts as coldest) goes unless another costs less
-  than CHEAPER of it: a load measured twice differs (a cold page cache, a busy CPU), and such
-  noise must not overturn recency. Without measured reload seconds every slice weighs the
+  than CHEAPER (a third) of it: a load measured twice differs (a cold page cache, a busy
+  CPU), and such noise must not overturn recency. Without measured reload seconds every slice weighs the
   same, and the coldest that covers goes;
 - a slice whose stop would not free its claim (``Slice.stays``) is never chosen to be stopped.
 
@@ -43,7 +43,7 @@ REUSE_HALF_LIFE_S = 600.0
 # a cover cheaper than the coldest goes first only below this share of the coldest's expected
 # cost: two loads of one model file differ by less (a first load reads the file, a reload
 # finds it in the page cache), a 300 MiB model against a 4 GiB one by far more
-CHEAPER = 0.5
+CHEAPER = 1 / 3
 UNKNOWN_RELOAD_S = 1.0  # what a slice or model with no measured load weighs: all alike
 
 

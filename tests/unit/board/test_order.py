@@ -131,8 +131,8 @@ VALUE_CASES: list[tuple[str, list[Model], int, list[str]]] = [
         ["recent-fast", "lru-slow"],
     ),
     (
-        "a cheaper cover within a load's noise (not under half) does not overturn recency",
-        [("cold", 300, 4.0, 600.0), ("recent", 300, 1.5, 10.0)],
+        "a cheaper cover within a load's noise (not under a third) does not overturn recency",
+        [("cold", 300, 5.0, 600.0), ("recent", 300, 1.5, 10.0)],
         100,
         ["cold", "recent"],
     ),
