@@ -185,7 +185,8 @@ def _decide(
     else:
         if not verdict.can_wait:  # never a wait for room that cannot come (issue 46 item 4)
             raise words.refuse(
-                verdict, ", and no wait can make room: no slice whose stop frees its claim holds enough"
+                verdict,
+                ", and no wait can make room: no slice whose stop frees its claim holds enough",
             )
         say(
             f"waiting up to {duration(qos.admit_timeout_s)} for {gib(verdict.missing)}"
