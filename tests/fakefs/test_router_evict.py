@@ -127,6 +127,15 @@ def test_the_router_state_round_trips_and_check_state_takes_it() -> None:
     assert RunState.read(data).router == router
     bad = {**router, "unloads": [{"model": "a", "reason": "memory", "count": "1"}]}
     assert check_state({**data, "format": 1, "router": bad}) is not None
+    # issue 46: each model's measured load; what the slice costs to bring back is their sum
+    assert RunState.read(data).reload_s() is None  # none measured
+    measured = {**router, "models": {"a": {"last_request": None, "load_s": 2.5, "bytes": 7},
+                                     "b": {"last_request": None, "load_s": 4}}}  # fmt: skip
+    assert check_state({**data, "format": 1, "router": measured}) is None
+    assert RunState.read({**data, "router": measured}).reload_s() == 6.5
+    for m in ({"load_s": "2"}, {"load_s": 1, "bytes": 1.5}, {"bytes": True}):
+        odd = {**router, "models": {"a": {"last_request": None, **m}}}
+        assert check_state({**data, "format": 1, "router": odd}) is not None, m
 
 
 def test_a_router_launch_publishes_its_base_url_from_host_and_port(
