@@ -121,21 +121,33 @@ class Loads:
             log.debug("loads.router_unreadable", error=str(err))
             return False
         measured = False
-        for alias, (started, key) in list(self.pending.items()):
+        for alias, pending in list(self.pending.items()):
+            started, key = pending
             status = statuses.get(alias)
             took = max(0.0, now - started)
-            if status in ANSWERED:
-                del self.pending[alias]
+            if status in ANSWERED and self._done(alias, pending):
                 cost = Cost(load_s=took, bytes=self._bytes(alias), at=self.wall())
                 self.costs[alias] = cost
                 measured = True
                 log.info("model.loaded", model=alias, load_s=round(took, 3), bytes=cost.bytes)
                 if key is not None and not self.book.record(key, cost):
                     log.debug("loads.not_recorded", model=alias)
-            elif (status is not None and status not in LOADING) or took > MAX_LOAD_S:
-                del self.pending[alias]  # stopped before it answered: no measurement
+            elif self._stopped(status, took) and self._done(alias, pending):
                 log.info("model.load_unmeasured", model=alias, status=status)
         return measured
+
+    @staticmethod
+    def _stopped(status: str | None, took: float) -> bool:
+        """Stopped before it answered (or never will): no measurement."""
+        return (status is not None and status not in LOADING) or took > MAX_LOAD_S
+
+    def _done(self, alias: str, pending: tuple[float, str | None]) -> bool:
+        """Take ``alias`` off the pending loads unless the placement thread started it again
+        meanwhile (a new child of the same model: its own load)."""
+        if self.pending.get(alias) != pending:
+            return False
+        self.pending.pop(alias, None)
+        return True
 
     def _bytes(self, alias: str) -> int:
         try:
