@@ -24,7 +24,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
 from governor.backends.device import board_baseline
-from governor.cache.store import cache_dir
 from governor.errors import BackendError, GovernorError, Interrupted, PermissionDenied
 from governor.kernel.cgroupfs import CgroupFs
 from governor.kernel.procfs import ProcFs
@@ -305,6 +304,8 @@ class Supervisor:
         last request sampled and published (RunState.router) with its url; evict = memory."""
         if job.model_leaves is None:
             return None
+        from governor.cache.store import cache_dir  # a router's only: each model's load
+
         self.leaves = router_leaves(
             self.launcher.fs,
             job.plan,
