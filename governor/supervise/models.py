@@ -36,6 +36,7 @@ from typing import TYPE_CHECKING, Any
 
 from governor.board import scan as board_scan
 from governor.cache.costs import CostBook
+from governor.cache.store import cache_dir
 from governor.errors import GovernorError
 from governor.kernel import files as kf
 from governor.kernel.cgroupfs import CgroupFs
@@ -405,13 +406,14 @@ def router_leaves(
     directory and the root the board is read from: the evictor's room under a group without
     memory.max is the board's free budget for this slice, governor/board/scan.py free_for;
     ``costs_dir``: where each model's measured load is kept across runs, cache/costs.py;
-    None: this run's only)."""
+    None: the cache directory, cache/store.py cache_dir)."""
     activity = evictor = loads = None
     if router_url is not None:
         # one for the activity's slot checks and the evictor, each request within ROUTER_S
         client = RouterClient(router_url, timeout=ROUTER_S)
         activity = Activity(fs, plan.group, client=client)
-        loads = Loads(fs, plan.group, client=client, book=CostBook(costs_dir))
+        book = CostBook(cache_dir() if costs_dir is None else costs_dir)
+        loads = Loads(fs, plan.group, client=client, book=book)
         if plan.engine.evict == "memory":
             evictor = Evictor(
                 fs,

@@ -304,8 +304,6 @@ class Supervisor:
         last request sampled and published (RunState.router) with its url; evict = memory."""
         if job.model_leaves is None:
             return None
-        from governor.cache.store import cache_dir  # a router's only: each model's load
-
         self.leaves = router_leaves(
             self.launcher.fs,
             job.plan,
@@ -317,7 +315,6 @@ class Supervisor:
             router_pid=lambda: self.engine_pid,
             proc_root=self.proc.root,
             on_change=lambda: self._publish(job),
-            costs_dir=cache_dir(),
         )
         return self.leaves.start()
 
