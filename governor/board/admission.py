@@ -183,6 +183,11 @@ def _decide(
             stop(victim)
         note = f"admitted after stopping {names} (a lower class)"
     else:
+        if not verdict.can_wait:  # never a wait for room that cannot come (issue 46 item 4)
+            raise words.refuse(
+                verdict,
+                ", and no wait can make room: no slice whose stop frees its claim holds enough",
+            )
         say(
             f"waiting up to {duration(qos.admit_timeout_s)} for {gib(verdict.missing)}"
             f" of room for {new.name} ({holders_text(verdict)})"

@@ -113,6 +113,9 @@ class Verdict:
     enough: bool  # the victims free at least ``missing`` in both checks
     # lower-class claims a shed may not count: stopping their engine leaves their claim
     kept: tuple[Slice, ...] = ()
+    # every other slice that can end (running, its claim leaves with its engine; zram's pool
+    # shrinks with them) frees ``missing``: False, no wait can make room (issue 46 item 4)
+    can_wait: bool = True
 
     @property
     def fits(self) -> bool:
@@ -128,6 +131,15 @@ def _lower(new: Slice, others: tuple[Slice, ...]) -> list[Slice]:
     ]
 
 
+def _can_end(c: Slice) -> bool:
+    """Whether ``c``'s claim can leave the board by itself: a running engine whose stop frees
+    it, or zram's pool (it shrinks as the slices that swapped exit); an installed slice, one
+    whose claim stays, and a board file's cgroup hold theirs."""
+    if c.name == ZRAM_CLAIM:
+        return True
+    return c.governed and c.state == "running" and not c.stays
+
+
 def admit(budget: Budget, new: Slice, others: tuple[Slice, ...]) -> Verdict:
     """The pure admission check of ``new`` beside ``others`` (the new policy's own earlier
     claim, same name, is left out: a restart replaces it)."""
@@ -141,12 +153,16 @@ def admit(budget: Budget, new: Slice, others: tuple[Slice, ...]) -> Verdict:
     kind: VerdictKind = "guarantees" if need_min else "peaks" if need_peak else "fits"
     victims: tuple[Slice, ...] = ()
     kept: tuple[Slice, ...] = ()
-    enough = True
+    enough = can_wait = True
     if kind != "fits":
         # the one victim order (board/order.py): lowest class, the coldest that alone covers
         # what is missing, else the largest; a slice whose claim stays is never chosen
         victims, enough = pick(_lower(new, others), (need_min, need_peak))
         kept = tuple(c for c in _lower(new, others) if c.stays)
+        can_end = [c for c in others if _can_end(c)]
+        can_wait = sum(c.guaranteed for c in can_end) >= need_min and (
+            sum(c.peak_claim for c in can_end) >= need_peak
+        )
 
     def key(c: Slice) -> int:
         return c.guaranteed if kind == "guarantees" else c.peak_claim
@@ -163,6 +179,7 @@ def admit(budget: Budget, new: Slice, others: tuple[Slice, ...]) -> Verdict:
         victims=victims,
         enough=enough,
         kept=kept,
+        can_wait=can_wait,
     )
 
 

@@ -147,7 +147,7 @@ def running_slices(
                     router_url=None if router is None else router[0],
                     router_last=None if router is None else router[1],
                     active_at=activity(None if router is None else router[1], st.started_at),
-                    cgroup_root=st.cgroup_root, measured=measured,
+                    reload_s=st.reload_s(), cgroup_root=st.cgroup_root, measured=measured,
                 )
             )  # fmt: skip
         except (ValueError, KeyError, TypeError, AttributeError) as err:

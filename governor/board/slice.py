@@ -78,6 +78,8 @@ class Slice:
     router_url: str | None = None
     router_last: dict[str, float | None] | None = None
     active_at: float | None = None  # its last activity (epoch s; None: none known)
+    # what bringing it back costs (s): its models' measured load seconds (issue 46; None: none)
+    reload_s: float | None = None
     cgroup_root: str | None = None  # its plan's cgroup2 mount (None: this board's)
 
     @property

@@ -141,6 +141,7 @@ class GovernorCollector(Collector):
         self._rules(f, st, plan, p)
         self._sheds(f, st, p)
         self._unloads(f, st, p)
+        self._loads(f, st, p)
         self._tunes(f, p)
         self._model(f, st, plan)
         if not exists:
@@ -286,6 +287,29 @@ class GovernorCollector(Collector):
                 victim=str(s.get("victim")),
                 step=str(s.get("step")),
             )
+
+    def _loads(self, f: _Families, st: RunState, p: str) -> None:
+        models = (st.router or {}).get("models") or {}
+        for alias, m in sorted(models.items()):
+            if not isinstance(m, dict) or m.get("load_s") is None:
+                continue
+            f.gauge(
+                "governor_model_load_seconds",
+                "llama-server's router: seconds from a model's child start to its first answer"
+                " (its last measured load: what an unload costs to bring it back)",
+                p,
+                float(m["load_s"]),
+                model=str(alias),
+            )
+            if m.get("bytes") is not None:
+                f.gauge(
+                    "governor_model_load_bytes",
+                    "llama-server's router: memory.current of a model's leaf when its load"
+                    " answered",
+                    p,
+                    float(m["bytes"]),
+                    model=str(alias),
+                )
 
     def _unloads(self, f: _Families, st: RunState, p: str) -> None:
         for u in (st.router or {}).get("unloads") or ():

@@ -269,21 +269,34 @@ def _usage_lines(it: dict[str, Any]) -> list[str]:
             + f"  {'loaded' if row['loaded'] else 'unloaded'}"
             f"  current {_size(row['memory_current'])}  max {_size(row['memory_max'])}"
             f"  estimate {_size(row['estimate'])}  oom_kill {row['oom_kill']}"
-            f"  last request {ago(row.get('last_request_s'))}"
+            f"  last request {ago(row.get('last_request_s'))}" + _load_text(row)
         )
     return lines
+
+
+def _load_text(row: dict[str, Any]) -> str:
+    """``  load 3.5s 42MiB``: a model's measured load; "" before one is measured."""
+    if row.get("load_s") is None:
+        return ""
+    size = row.get("load_bytes")
+    return f"  load {row['load_s']:.1f}s" + (f" {_size(size)}" if size is not None else "")
 
 
 def last_requests(
     rows: list[dict[str, Any]], router: dict[str, Any] | None, now: float
 ) -> list[dict[str, Any]]:
     """Each model row with its last request as the launch published it (RunState.router,
-    supervise/activity.py Activity): ``last_request`` (epoch) and ``last_request_s`` (its age)."""
+    supervise/activity.py Activity): ``last_request`` (epoch) and ``last_request_s`` (its age);
+    and its measured load, ``load_s`` and ``load_bytes`` (None: not measured)."""
     models = (router or {}).get("models") or {}
     for row in rows:
-        t = (models.get(row["model"]) or {}).get("last_request")
+        published = models.get(row["model"]) or {}
+        t = published.get("last_request")
         row["last_request"] = t
         row["last_request_s"] = None if t is None else round(max(0.0, now - t), 1)
+        # its measured load (issue 46, supervise/loads.py): seconds to its first answer, bytes
+        row["load_s"] = published.get("load_s")
+        row["load_bytes"] = published.get("bytes")
     return rows
 
 

@@ -82,8 +82,9 @@ class RunState:
     shed_totals: list[dict[str, Any]] = field(default_factory=list)
     # llama-server's router (issue 38): {"url": "http://HOST:PORT", "models": {alias:
     # {"last_request": epoch | None, "leaf": its leaf under models/ (kernel/leafname.py; None:
-    # it has none)}}, "unloads": [{"model", "reason", "count"}]}; a shed of this slice unloads
-    # its least recently used idle model through the url (peer/router.py)
+    # it has none), "load_s" and "bytes": its measured load (issue 46, supervise/loads.py;
+    # absent: not measured)}}, "unloads": [{"model", "reason", "count"}]}; a shed of this
+    # slice unloads its least recently used idle model through the url (peer/router.py)
     router: dict[str, Any] | None = None
     # the publishing governor's start time (/proc/PID/stat starttime, clock ticks after boot):
     # with ``pid`` it names that process, a reused pid has another (None: a state of before
@@ -114,6 +115,17 @@ class RunState:
             a: (m.get("last_request") if isinstance(m, dict) else None) for a, m in models.items()
         }
         return router["url"], last
+
+    def reload_s(self) -> float | None:
+        """What bringing this run's models back costs: the sum of their measured load seconds
+        as published (issue 46); None when none is measured (or this run is no router)."""
+        models = (self.router or {}).get("models") or {}
+        seen = [
+            float(m["load_s"])
+            for m in models.values()
+            if isinstance(m, dict) and isinstance(m.get("load_s"), int | float)
+        ]
+        return sum(seen) if seen else None
 
     def model_leaves(self) -> dict[str, str]:
         """leaf -> model of the router's models as published (kernel/leafname.py's mapping;
@@ -248,6 +260,8 @@ _TYPES: dict[str, Callable[[Any], bool]] = {
                 isinstance(m, dict)
                 and _opt(is_number)(m.get("last_request"))
                 and _opt(is_leaf)(m.get("leaf"))
+                and _opt(is_number)(m.get("load_s"))
+                and _opt(_is_int)(m.get("bytes"))
                 for m in v.get("models", {}).values()
             )
             and _list_of(_has(model=_str, reason=_str, count=_is_int))(v.get("unloads", []))

@@ -12,10 +12,22 @@ policy the governor does it by memory: when a new child (alias X) is placed into
 passes the budget (the group's memory.max read now, else the board's free budget: what
 admission counts, handed in by the launch), X's leaf is frozen BEFORE the pid moves in (a
 process that enters a frozen cgroup is frozen: it never allocates before room is made), the
-least recently used idle models (peer/router.py idle_lru, X excluded) are unloaded one
-at a time through the router until it fits, each waited for (bounded: WAIT_S; the router's
-stop-timeout is 10 s) until its leaf has no process, and X is thawed, always (finally).
-Nothing idle: logged and journaled, X thawed (its leaf's max and the pressure rules remain).
+idle models (peer/router.py idle_lru, X excluded) are unloaded one at a time through the
+router until it fits, each waited for (bounded: WAIT_S; the router's stop-timeout is 10 s)
+until its leaf has no process, and X is thawed, always (finally).
+
+Which idle model goes first is the board's victim order by value (issue 46 item 2,
+board/order.py by_value): the one that alone covers what is missing at the least expected
+cost (its measured load seconds, supervise/loads.py, times its likelihood of reuse from its
+last request), else the largest. Without measured loads that is the least recently used one
+that covers.
+
+Never a loop (issue 46 item 4): when X does not fit even with every idle model unloaded (the
+router's memory, the models that are not idle and X's own claim pass the budget), nothing is
+unloaded: X's child is killed in its frozen leaf (kernel/kill.py; it never allocates, the
+router answers its request with an error) and ONE journal line names the numbers. Nothing
+idle because the router did not answer: logged and journaled, X thawed (its leaf's max and
+the pressure rules remain).
 
 It runs in the model leaves' router thread, never in the placement thread (a child started
 meanwhile is placed at once, supervise/models.py): each round's calls to the router (its
@@ -32,12 +44,14 @@ import time
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING
 
+from governor.board.order import by_value
 from governor.errors import GovernorError
 from governor.kernel import files as kf
 from governor.kernel.cgroupfs import CgroupFs
+from governor.kernel.kill import kill_tree
 from governor.kernel.leafname import LeafNameError, model_cgroup, models_cgroup
 from governor.log import get_logger
-from governor.peer.router import RouterClient, RouterError, idle_lru
+from governor.peer.router import RUNNING, RouterClient, RouterError, idle_lru
 from governor.plan.router import ROUTER_OWN_BYTES
 from governor.supervise.activity import Activity
 
@@ -55,7 +69,8 @@ REASON = "memory"  # RunState.router unloads' reason, governor_model_unloads_tot
 class Evictor:
     """Makes room for a new model by unloading idle ones (module docstring). ``claims``:
     alias -> its estimate (the estimate's "router" table); ``board_free``: the board's free
-    budget for this slice now (None: unknown); ``on_unload(model, reason)`` counts one."""
+    budget for this slice now (None: unknown); ``on_unload(model, reason)`` counts one;
+    ``reload_s``: alias -> its measured load seconds (None: not measured)."""
 
     def __init__(
         self,
@@ -73,8 +88,12 @@ class Evictor:
         wait_s: float = WAIT_S,
         sleep: Callable[[float], None] = time.sleep,
         clock: Callable[[], float] = time.monotonic,
+        reload_s: Callable[[str], float | None] = lambda _alias: None,
+        wall: Callable[[], float] = time.time,
     ) -> None:
         self.fs = fs
+        self.reload_s = reload_s
+        self.wall = wall
         self.group = group
         self.leaf = leaf
         self.client = client
@@ -155,26 +174,47 @@ class Evictor:
         used = self.used(new)
         return (used, budget) if used > budget else None
 
+    def by_value(self, idle: list[str], missing: int) -> list[str]:
+        """``idle`` in the order they give way for ``missing`` bytes (module docstring)."""
+        return by_value(
+            idle, missing, frees=self.claim, now=self.wall(),
+            cost=lambda a: (self.reload_s(a), self.activity.last.get(a)),
+        )  # fmt: skip
+
     def make_room(self, new: str) -> list[str]:
-        """Unload the LRU idle models until ``new`` fits; the models unloaded. The caller
-        froze ``new``'s leaf and thaws it afterwards, whatever this does."""
+        """Unload idle models, by value, until ``new`` fits, or refuse ``new`` at once when
+        even all of them do not make room; the models unloaded. The caller froze ``new``'s
+        leaf and thaws it afterwards, whatever this does."""
         unloaded: list[str] = []
         tried: set[str] = set()
         while (over := self.over(new)) is not None:
             used, budget = over
             client = self.client.within(ROUND_S)  # a stalled router ends the round in time
+            statuses: dict[str, str] | None = None
             try:
-                idle = idle_lru(client, self.activity.last, exclude={new, *tried})
+                statuses = client.models()
+                idle = idle_lru(
+                    client, self.activity.last, exclude={new, *tried}, statuses=statuses
+                )
             except RouterError as err:
                 idle = []
                 log.warning("evict.router_unreadable", error=str(err))
             # the probes of their slots are no requests: not dated as one (Activity.rebase)
-            self.activity.rebase(self.loaded(new))
+            loaded = self.loaded(new)
+            self.activity.rebase(loaded)
             log.info("evict.idle", model=new, idle=idle, last=self.activity.last)
+            if statuses is not None and not unloaded:
+                # what stays with every idle model gone: the running ones not idle (one the
+                # router no longer runs is exiting: its memory leaves with it)
+                stays = [a for a in loaded if statuses.get(a) in RUNNING and a not in idle]
+                floor = used - sum(self.claim(a) for a in loaded if a not in stays)
+                if floor > budget:
+                    self._refuse(new, used, used - floor, budget)
+                    break
             if not idle:
                 self._nothing_idle(new, used, budget)
                 break
-            victim = idle[0]
+            victim = self.by_value(idle, used - budget)[0]
             tried.add(victim)
             if self.before_unload is not None:
                 self.before_unload(victim)
@@ -208,6 +248,33 @@ class Evictor:
                 log.warning("evict.unload_slow", model=alias, waited_s=self.wait_s)
                 return False
             self.sleep(WAIT_POLL_S)
+
+    def _refuse(self, new: str, used: int, freeable: int, budget: int) -> None:
+        """``new`` cannot fit even with every idle model unloaded: its child is killed before
+        it allocates (its leaf is frozen), one journal line says why (module docstring)."""
+        mib = 1 << 20
+        why = (
+            f"{new} cannot fit: {used // mib} MiB of claims with it (its own"
+            f" {self.claim(new) // mib} MiB), every idle model unloaded frees"
+            f" {freeable // mib} MiB, over {budget // mib} MiB: stopped, nothing unloaded"
+        )
+        cg = self.cgroup(new)
+        stopped = "; not stopped: it has no leaf"
+        if cg is not None:
+            try:
+                how = kill_tree(self.fs, cg)
+                stopped = "" if how is None else f" ({how})"
+            except GovernorError as err:
+                stopped = f"; could not stop it: {err}"
+        log.warning(
+            "evict.cannot_fit", model=new, used=used, freeable=freeable, budget=budget,
+            stopped=stopped or "killed",
+        )  # fmt: skip
+        if self.journal is not None:
+            try:
+                self.journal.append("unload", [], model=new, error=why + stopped)
+            except OSError as err:
+                log.warning("evict.journal_failed", error=str(err))
 
     def _nothing_idle(self, new: str, used: int, budget: int) -> None:
         mib = 1 << 20

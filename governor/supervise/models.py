@@ -35,6 +35,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from governor.board import scan as board_scan
+from governor.cache.costs import CostBook
+from governor.cache.store import cache_dir
 from governor.errors import GovernorError
 from governor.kernel import files as kf
 from governor.kernel.cgroupfs import CgroupFs
@@ -46,6 +48,7 @@ from governor.plan.llama_args import options
 from governor.record import record
 from governor.supervise.activity import Activity
 from governor.supervise.evict import Evictor
+from governor.supervise.loads import Loads, child_model
 from governor.supervise.slots import SlotKeeper
 from governor.supervise.unloads import SHED_REASON, ShedUnloads
 
@@ -129,6 +132,7 @@ class ModelLeaves:
         evictor: Evictor | None = None,
         journal: Journal | None = None,
         slots: SlotKeeper | None = None,
+        loads: Loads | None = None,
     ) -> None:
         self.fs = fs
         self.group = group
@@ -144,6 +148,7 @@ class ModelLeaves:
         self.on_change = on_change
         self.clock = clock
         self.evictor = evictor  # [engine] evict = "memory" (supervise/evict.py)
+        self.loads = loads  # each model's load seconds and bytes (supervise/loads.py)
         self.unloads: dict[tuple[str, str], int] = {}  # (model, reason) -> how many
         self.journal = journal  # where a refused model is written once
         self.refused: dict[str, str] = {}  # model -> why it has no leaf (logged once)
@@ -203,6 +208,8 @@ class ModelLeaves:
         """Sample the activity when SAMPLE_S passed; call ``on_change`` when something moved
         and PUBLISH_S passed since the last call. True when it was called."""
         now = self.clock()
+        if self.loads is not None and self.loads.check():
+            self._dirty = True
         if self.activity is not None and (self._sampled is None or now - self._sampled >= SAMPLE_S):
             self._sampled = now
             if self.activity.sample():
@@ -250,11 +257,18 @@ class ModelLeaves:
         last = dict(self.activity.last) if self.activity is not None else {}
         names = set(self.limits) | set(self.placed.values()) | set(last)
         return {
-            "models": {a: {"last_request": last.get(a), "leaf": _leaf(a)} for a in sorted(names)},
+            "models": {
+                a: {"last_request": last.get(a), "leaf": _leaf(a), **self._cost(a)}
+                for a in sorted(names)
+            },
             "unloads": [
                 {"model": m, "reason": r, "count": n} for (m, r), n in sorted(self.unloads.items())
             ],
         }
+
+    def _cost(self, alias: str) -> dict[str, Any]:
+        cost = None if self.loads is None else self.loads.costs.get(alias)
+        return {} if cost is None else {"load_s": round(cost.load_s, 3), "bytes": cost.bytes}
 
     def poll(self) -> list[tuple[int, str]]:
         """:meth:`place`, then :meth:`make_room` for those that entered frozen; returns
@@ -276,6 +290,8 @@ class ModelLeaves:
                 failed = failed or err
             finally:
                 self._thaw(self.cgroup(alias))
+                if self.loads is not None:
+                    self.loads.restart(alias)  # its load starts at its thaw
         if failed is not None:
             raise failed
 
@@ -309,6 +325,8 @@ class ModelLeaves:
                 continue  # said once: it stays in the engine leaf
             if self._place(pid, alias):
                 moved.append((pid, alias))
+                if self.loads is not None:
+                    self.loads.start(alias, child_model(cmdline, self.proc_root / str(pid) / "cwd"))
         return moved
 
     def _refuse(self, pid: int, alias: str, err: Exception) -> None:
@@ -414,6 +432,7 @@ def router_leaves(
     proc_root: Path,
     on_change: Callable[[], None] | None,
     slot_save: bool = False,
+    costs_dir: Path | None = None,
 ) -> ModelLeaves:
     """The supervisor's ModelLeaves for a router run: with the router's url, each model's
     activity (supervise/activity.py Activity) and, under ``[engine] evict = "memory"``, the
@@ -421,12 +440,15 @@ def router_leaves(
     directory and the root the board is read from: the evictor's room under a group without
     memory.max is the board's free budget for this slice, governor/board/scan.py free_for);
     with ``slot_save`` (the router's --slot-save-path) the evictor's victims' slots are saved
-    and restored at their next load (supervise/slots.py)."""
-    activity = evictor = slots = None
+    and restored at their next load (supervise/slots.py); ``costs_dir``: where each model's
+    measured load is kept across runs (cache/costs.py; None: cache/store.py cache_dir)."""
+    activity = evictor = slots = loads = None
     if router_url is not None:
         # one for the activity's slot checks and the evictor, each request within ROUTER_S
         client = RouterClient(router_url, timeout=ROUTER_S)
         activity = Activity(fs, plan.group, client=client)
+        book = CostBook(cache_dir() if costs_dir is None else costs_dir)
+        loads = Loads(fs, plan.group, client=client, book=book)
         if plan.engine.evict == "memory":
             if slot_save:
                 slots = SlotKeeper(client, journal=journal)
@@ -440,6 +462,7 @@ def router_leaves(
                 board_free=functools.partial(board_scan.free_for, plan, *board),
                 journal=journal,
                 before_unload=None if slots is None else slots.save,
+                reload_s=loads.reload_s,
             )
     leaves = ModelLeaves(
         fs,
@@ -453,6 +476,7 @@ def router_leaves(
         evictor=evictor,
         journal=journal,
         slots=slots,
+        loads=loads,
     )
     if evictor is not None:
         evictor.on_unload = leaves.count_unload

@@ -16,7 +16,7 @@ from helpers.peers import StandIn, trickle
 
 from governor.errors import GovernorError
 from governor.kernel import files as kf
-from governor.peer.router import RouterClient
+from governor.peer.router import RouterClient, RouterError
 from governor.plan.router import ROUTER_OWN_BYTES
 from governor.record import replace
 from governor.rundir.journal import Journal
@@ -128,6 +128,15 @@ def test_the_router_state_round_trips_and_check_state_takes_it() -> None:
     assert RunState.read(data).router == router
     bad = {**router, "unloads": [{"model": "a", "reason": "memory", "count": "1"}]}
     assert check_state({**data, "format": 1, "router": bad}) is not None
+    # issue 46: each model's measured load; what the slice costs to bring back is their sum
+    assert RunState.read(data).reload_s() is None  # none measured
+    measured = {**router, "models": {"a": {"last_request": None, "load_s": 2.5, "bytes": 7},
+                                     "b": {"last_request": None, "load_s": 4}}}  # fmt: skip
+    assert check_state({**data, "format": 1, "router": measured}) is None
+    assert RunState.read({**data, "router": measured}).reload_s() == 6.5
+    for m in ({"load_s": "2"}, {"load_s": 1, "bytes": 1.5}, {"bytes": True}):
+        odd = {**router, "models": {"a": {"last_request": None, **m}}}
+        assert check_state({**data, "format": 1, "router": odd}) is not None, m
 
 
 def test_a_router_launch_publishes_its_base_url_from_host_and_port(
@@ -297,9 +306,12 @@ def test_a_model_that_fits_is_placed_without_a_freeze(tree: tuple[MovingFs, Path
     assert not [w for w in fs.writes if w[1] == kf.CGROUP_FREEZE]
 
 
-def test_nothing_idle_is_journaled_and_the_new_model_thawed(
+def test_a_model_that_cannot_fit_beside_the_busy_ones_is_stopped_at_once_not_thawed(
     tree: tuple[MovingFs, Path], tmp_path: Path
 ) -> None:
+    """Issue 46 item 4: a and b answer requests (not idle); c's 100 MiB beside them and the
+    router is 320 MiB over 300: no unload can make room, so c's child is killed in its frozen
+    leaf (it never allocates: no OOM kill) and one journal line names the numbers."""
     fs, proc = tree
     _evict_tree(fs, proc)
     router = FakeRouter(fs, {"a": A, "b": B, "c": C}, busy={"a", "b"})  # both answering
@@ -308,12 +320,37 @@ def test_nothing_idle_is_journaled_and_the_new_model_thawed(
     assert leaves.poll() == [(C, "c")]
     assert router.unloaded == []
     c = f"{GROUP}/models/c"
+    assert fs.procs(c) == []  # killed while frozen
+    assert (c, kf.CGROUP_KILL, "1") in fs.writes
+    (entry,) = journal.entries()
+    assert entry["source"] == "unload" and entry["model"] == "c"
+    assert entry["error"] == (
+        "c cannot fit: 320 MiB of claims with it (its own 100 MiB), every idle model unloaded"
+        " frees 0 MiB, over 300 MiB: stopped, nothing unloaded"
+    )
+    assert leaves.published()["unloads"] == []
+
+
+def test_an_unreadable_router_unloads_nothing_and_the_new_model_is_thawed(
+    tree: tuple[MovingFs, Path], tmp_path: Path
+) -> None:
+    """What is idle is not known: nothing is refused on a guess, c is thawed and journaled."""
+    fs, proc = tree
+    _evict_tree(fs, proc)
+
+    class Mute(FakeRouter):
+        def models(self) -> dict[str, str]:
+            raise RouterError("no answer")
+
+    journal = Journal(tmp_path / "run" / "r")
+    leaves, _ = _leaves(fs, proc, Mute(fs, {"a": A, "b": B, "c": C}), journal)
+    assert leaves.poll() == [(C, "c")]
+    c = f"{GROUP}/models/c"
     assert fs.procs(c) == [C]
     assert fs.read(c, kf.CGROUP_FREEZE).strip() == "0"
     (entry,) = journal.entries()
-    assert entry["source"] == "unload" and "no idle model to unload for c" in entry["error"]
+    assert "no idle model to unload for c" in entry["error"]
     assert "320 MiB of claims over 300 MiB" in entry["error"]
-    assert leaves.published()["unloads"] == []
 
 
 def test_the_new_model_is_thawed_whatever_the_eviction_raises(

@@ -129,7 +129,8 @@ def test_evict_memory_unloads_the_lru_idle_model_before_a_load_that_would_not_fi
     """Issue 38 item 3: three 64 MiB models (103.6 MiB estimates at -c 256), a memory.max of
     290M that fits the claims of two and the router but not three, --models-max 3 (the
     router would never evict): A, B, C, A are all answered, the governor unloaded A for C
-    and B for A (least recently used idle first), nothing was OOM-killed."""
+    and B for A (least recently used idle first: the same file's loads weigh alike, issue 46),
+    nothing was OOM-killed; each model's load seconds and bytes are measured and kept."""
     models = tmp_path / "models"
     models.mkdir()
     for name in ("a", "b", "c"):
@@ -148,7 +149,8 @@ def test_evict_memory_unloads_the_lru_idle_model_before_a_load_that_would_not_fi
     ]  # fmt: skip
     group = scratch_slice.path / "router"
     run = tmp_path / "run"
-    env = {**os.environ, "GOVERNOR_RUN_DIR": str(run)}
+    cache = tmp_path / "cache"
+    env = {**os.environ, "GOVERNOR_RUN_DIR": str(run), "GOVERNOR_CACHE_DIR": str(cache)}
     log = tmp_path / "governor.log"
     with log.open("w") as err:
         gov = subprocess.Popen(
@@ -182,6 +184,13 @@ def test_evict_memory_unloads_the_lru_idle_model_before_a_load_that_would_not_fi
             assert "unload a: room for c" in status and "unload b: room for a" in status
             assert "last request" in status and "s ago" in status, status
             state = json.loads((run / "router" / "state.json").read_text())
+            # issue 46 item 1: each load timed (child start or thaw -> the router's "loaded")
+            # and its leaf's bytes then, published, shown and kept per model file
+            loads = {m: state["router"]["models"][m] for m in ("a", "b", "c")}
+            assert all(v.get("load_s", 0) > 0 and v.get("bytes", 0) > 0 for v in loads.values())
+            assert status.count("  load ") >= 2, status  # the loaded models' rows
+            kept = json.loads((cache / "model-costs.json").read_text())["models"]
+            assert 1 <= len(kept) <= 3 and all(".gguf|" in k for k in kept), kept
             assert state["router"]["url"] == base
             assert sorted(
                 (u["model"], u["reason"], u["count"]) for u in state["router"]["unloads"]
@@ -205,6 +214,9 @@ def test_evict_memory_unloads_the_lru_idle_model_before_a_load_that_would_not_fi
                 "oom_kills": sum(kills.values()),
                 "requests": 4,
                 "wall_s": round(wall_s, 1),
+                "load_s": {m: v["load_s"] for m, v in loads.items()},
+                "load_mib": {m: round(v["bytes"] / MIB, 1) for m, v in loads.items()},
+                "kept": sorted(kept),
             }
             waited = [
                 json.loads(line)["waited_s"]

@@ -62,3 +62,24 @@ def test_the_scan_counts_no_zram_room_before_zram_stored_anything(tmp_path: Path
     got = scan(run=root / "run", cgroup_root=root / "cg", root=root, board=root / "none.toml")
     assert got.budget.zram_room == 0
     assert "zram:" not in render(view(got.budget, got.slices))
+
+
+def test_the_scan_gives_a_router_slice_its_models_measured_reload_seconds(tmp_path: Path) -> None:
+    """Issue 46 item 2: the victim order weighs what a slice costs to bring back: a router's
+    published load seconds (RunState.reload_s), read once with the rest of the slice."""
+    from fakefs.plans import make_plan
+
+    from governor.rundir.state import Publisher, applied
+
+    root = _board(tmp_path, "0 0 0 0 0\n")
+    plan = replace(
+        make_plan(policy="r", group="g/r", leaf="g/r/engine"), cgroup_root=str(root / "cg")
+    )
+    (root / "cg" / "g" / "r").mkdir(parents=True)  # an applied slice holds while its group exists
+    state = applied(plan, policy_path=None, created=[], started_at=1.0)
+    models = {"a": {"last_request": 5.0, "load_s": 2.0}, "b": {"last_request": None, "load_s": 3.5}}
+    router = {"url": "http://127.0.0.1:1", "models": models}
+    Publisher(root / "run", "r").publish({**state.to_json(), "router": router})
+    got = scan(run=root / "run", cgroup_root=root / "cg", root=root, board=root / "none.toml")
+    (r,) = [s for s in got.slices if s.name == "r"]
+    assert (r.reload_s, r.active_at) == (5.5, 5.0)

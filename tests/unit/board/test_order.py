@@ -6,8 +6,16 @@ from __future__ import annotations
 
 import pytest
 
-from governor.board.order import order, pick, usage_frees
+from governor.board.order import (
+    REUSE_HALF_LIFE_S,
+    by_value,
+    expected_cost,
+    order,
+    pick,
+    usage_frees,
+)
 from governor.board.slice import QosClass, Slice
+from governor.record import replace
 
 MIB = 1 << 20
 BG, STD = QosClass.BACKGROUND, QosClass.STANDARD
@@ -108,3 +116,86 @@ def test_without_a_deficit_each_class_goes_largest_first_and_stays_only_bars_a_s
     assert [v.name for v in ladder] == ["bg-big", "kept", "bg-small", "std"]
     stops = order(table, None, frees=usage_frees)
     assert "kept" not in [v.name for v in stops]
+
+
+# issue 46 item 2: the same figure for a router's idle models (by_value) and across slices
+# (name, MiB it frees, reload seconds (None: not measured), seconds since its last request)
+Model = tuple[str, int, float | None, float | None]
+NOW = 1_700_000_000.0
+
+VALUE_CASES: list[tuple[str, list[Model], int, list[str]]] = [
+    (
+        "the cheapest to bring back that covers, not the least recently used",
+        [("lru-slow", 400, 30.0, 600.0), ("recent-fast", 300, 2.0, 10.0)],
+        200,
+        ["recent-fast", "lru-slow"],
+    ),
+    (
+        "a cheaper cover within a load's noise (not under a third) does not overturn recency",
+        [("cold", 300, 5.0, 600.0), ("recent", 300, 1.5, 10.0)],
+        100,
+        ["cold", "recent"],
+    ),
+    (
+        "a long-idle slow model costs less than a hot fast one",
+        [("idle-slow", 400, 30.0, 36000.0), ("hot-fast", 300, 2.0, 1.0)],
+        200,
+        ["idle-slow", "hot-fast"],
+    ),
+    (
+        "a cheap one that does not cover alone waits for the one that does",
+        [("cheap-small", 100, 1.0, 5.0), ("dear-big", 500, 40.0, 5.0)],
+        300,
+        ["dear-big", "cheap-small"],
+    ),
+    (
+        "none covers alone: the largest first, then the cheapest that covers the rest",
+        [("a", 200, 5.0, 1.0), ("b", 250, 50.0, 1.0), ("c", 150, 9.0, 1.0), ("d", 160, 1.0, 1.0)],
+        400,
+        ["b", "d", "a", "c"],
+    ),
+    (
+        "nothing measured: the least recently used that covers (never requested: coldest)",
+        [("old", 300, None, 900.0), ("new", 300, None, 9.0), ("never", 300, None, None)],
+        100,
+        ["never", "old", "new"],
+    ),
+]
+
+
+@pytest.mark.parametrize(
+    ("models", "need_mib", "expected"),
+    [c[1:] for c in VALUE_CASES],
+    ids=[c[0] for c in VALUE_CASES],
+)
+def test_by_value_orders_idle_models_by_expected_reload_cost(
+    models: list[Model], need_mib: int, expected: list[str]
+) -> None:
+    table = {m[0]: m for m in models}
+
+    def cost(a: str) -> tuple[float | None, float | None]:
+        idle = table[a][3]
+        return table[a][2], None if idle is None else NOW - idle
+
+    got = by_value(
+        list(table), need_mib * MIB, now=NOW, frees=lambda a: table[a][1] * MIB, cost=cost
+    )
+    assert got == expected
+
+
+def test_expected_cost_is_reload_seconds_times_a_reuse_likelihood_halving_with_idleness() -> None:
+    assert expected_cost(10.0, NOW, NOW) == 10.0
+    assert expected_cost(10.0, NOW - REUSE_HALF_LIFE_S, NOW) == pytest.approx(5.0)
+    assert expected_cost(None, NOW - 2 * REUSE_HALF_LIFE_S, NOW) == pytest.approx(0.25)
+    assert expected_cost(10.0, None, NOW) == 0.0  # never asked for
+
+
+def test_the_slices_order_weighs_measured_reload_seconds_the_same_way() -> None:
+    """Two background routers both cover; the colder one took 60 s to load its models, the
+    warmer one 3 s: the warmer one is stopped (coldest-first stopped the colder)."""
+    slow = replace(s("slow-cold", BG, 500, NOW - 300), reload_s=60.0)
+    fast = replace(s("fast-warm", BG, 500, NOW - 60), reload_s=3.0)
+    got, ok = pick([slow, fast], (0, 300 * MIB), now=NOW)
+    assert [v.name for v in got] == ["fast-warm"] and ok
+    unmeasured = [replace(slow, reload_s=None), replace(fast, reload_s=None)]
+    assert [v.name for v in pick(unmeasured, (0, 300 * MIB), now=NOW)[0]] == ["slow-cold"]

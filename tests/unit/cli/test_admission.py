@@ -333,3 +333,32 @@ def test_wait_says_its_timeout_as_the_policy_spells_it(
     with pytest.raises(AdmissionRefused) as err:
         admission(plan("wait", timeout_s=90.0), **b.kw(tmp_path))
     assert ", after 90s of wait (" in str(err.value)
+
+
+@pytest.mark.parametrize(
+    ("holder", "why"),
+    [
+        (replace(other("npu-batch", "standard", 1100 * MIB, 1100 * MIB), stays="apply"), "apply"),
+        (replace(other("npu-batch", "standard", 1100 * MIB, 1100 * MIB), state="installed"), ""),
+        (replace(other("cam", "standard", 1100 * MIB, 1100 * MIB), governed=False), "board"),
+    ],
+    ids=["its claim stays after a stop", "installed", "a board file's cgroup"],
+)
+def test_wait_refuses_at_once_when_no_slice_that_can_end_frees_enough(
+    tmp_path: Path, holder: Slice, why: str
+) -> None:
+    """Issue 46 item 4: the guarantees are held by claims that outlive any stop: the room a
+    wait waits for never comes, so 75 now, not after admit_timeout of polling."""
+    b = FakeBoard(holder)
+    with pytest.raises(AdmissionRefused) as err:
+        admission(plan("wait"), **b.kw(tmp_path))
+    assert err.value.exit_code == 75 and b.now == 0 and b.stopped == []
+    assert ", and no wait can make room: no slice whose stop frees its claim holds enough" in str(
+        err.value
+    )
+    # beside a slice that may end, it waits as before (and admits once it is gone)
+    running = other("peer", "standard", 600 * MIB, 600 * MIB)
+    b = FakeBoard(replace(holder, min=500 * MIB, peak=500 * MIB), running)
+    b.gone_at["peer"] = 1.0
+    admission(plan("wait"), **b.kw(tmp_path)).release()
+    assert b.now == 1.0

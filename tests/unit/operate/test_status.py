@@ -294,7 +294,9 @@ def test_a_routers_status_has_a_row_per_model_leaf_and_the_metric_per_model(
         {"policy": plan.policy, "source": "launch", "pid": None, "plan": plan.to_dict(),
          "model": {"router": {"small": 280 << 20, "hog": 40 << 20}},
          "router": {"url": "http://127.0.0.1:8080",
-                    "models": {"small": {"last_request": 1000.0}, "hog": {"last_request": None}},
+                    "models": {"small": {"last_request": 1000.0, "load_s": 3.5,
+                                         "bytes": 290 << 20},
+                               "hog": {"last_request": None}},
                     "unloads": [{"model": "hog", "reason": "memory", "count": 2}]}}
     )  # fmt: skip
     (item,) = collect(run, "st", now=1012.5)
@@ -302,15 +304,16 @@ def test_a_routers_status_has_a_row_per_model_leaf_and_the_metric_per_model(
     assert all(set(props["required"]) == set(row) for row in item["models"])
     assert item["models"] == [
         {"model": "hog", "leaf": "hog", "loaded": False, "memory_current": 4096, "memory_max": 8 << 20,
-         "estimate": 40 << 20, "oom_kill": 1, "last_request": None, "last_request_s": None},
+         "estimate": 40 << 20, "oom_kill": 1, "last_request": None, "last_request_s": None,
+         "load_s": None, "load_bytes": None},
         {"model": "small", "leaf": "small", "loaded": True, "memory_current": 300 << 20,
          "memory_max": 400 << 20, "estimate": 280 << 20, "oom_kill": 0,
-         "last_request": 1000.0, "last_request_s": 12.5},
+         "last_request": 1000.0, "last_request_s": 12.5, "load_s": 3.5, "load_bytes": 290 << 20},
     ]  # fmt: skip
     text = render([item])
     assert (
         "  model    small  loaded  current 300MiB  max 400MiB  estimate 280MiB  oom_kill 0"
-        "  last request 12s ago" in text
+        "  last request 12s ago  load 3.5s 290MiB" in text
     )
     assert "  model    hog  unloaded" in text and "oom_kill 1  last request -" in text
     from governor.operate.top import Frame, frame_text
@@ -326,6 +329,10 @@ def test_a_routers_status_has_a_row_per_model_leaf_and_the_metric_per_model(
     assert 'governor_model_memory_bytes{model="small",policy="st"} 3.145728e+08' in metrics
     assert 'governor_model_memory_bytes{model="hog",policy="st"} 4096.0' in metrics
     assert 'governor_model_unloads_total{model="hog",policy="st",reason="memory"} 2.0' in metrics
+    # issue 46 item 1: each model's measured load (none measured for hog: no series)
+    assert 'governor_model_load_seconds{model="small",policy="st"} 3.5' in metrics
+    assert 'governor_model_load_bytes{model="small",policy="st"} 3.0408704e+08' in metrics
+    assert 'governor_model_load_seconds{model="hog"' not in metrics
 
 
 def test_a_model_whose_leaf_name_differs_is_shown_by_its_name_with_its_leaf(
