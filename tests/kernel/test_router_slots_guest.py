@@ -19,6 +19,7 @@ import signal
 import subprocess
 import sys
 import time
+import urllib.error
 import urllib.request
 from pathlib import Path
 from typing import Any
@@ -34,17 +35,21 @@ from .test_router_guest import _ask
 
 REPO = Path(__file__).resolve().parents[2]
 ALL = ("memory", "cpu", "cpuset", "io", "pids")
-# ~140 tokens with the chat template: kvserver.gguf's tokenizer makes 101 of "a b ... j " * 10
-# (POST /tokenize); -c 256 holds it and two more turns (a first run's 409-token prompt: 400)
-FIRST = "a b c d e f g h i j " * 13
+# ~90 tokens with the chat template: kvserver.gguf's tokenizer makes 101 of "a b ... j " * 10
+# (POST /tokenize); -c 256 holds it and two more turns with room (a first run's 409-token
+# prompt: 400; a 140-token one got a 400 on its second turn, reason not kept: now it is)
+FIRST = "a b c d e f g h i j " * 8
 
 
 def _post(base: str, path: str, body: dict[str, Any]) -> dict[str, Any]:
     request = urllib.request.Request(
         f"{base}{path}", json.dumps(body).encode(), {"Content-Type": "application/json"}
     )
-    with urllib.request.urlopen(request, timeout=300) as answer:
-        data: dict[str, Any] = json.loads(answer.read())
+    try:
+        with urllib.request.urlopen(request, timeout=300) as answer:
+            data: dict[str, Any] = json.loads(answer.read())
+    except urllib.error.HTTPError as err:  # the server's reason, not only its status
+        raise AssertionError(f"{path}: HTTP {err.code}: {err.read()[:500]!r}") from err
     return data
 
 
