@@ -162,7 +162,7 @@ m9p work {shlex.quote(str(harness.ROOT))}
 m9p engine {shlex.quote(GUEST_ENGINE)}
 # a machine id, so systemd's first-boot prompts (systemd-firstboot) never wait on the console
 # (mmdebstrap leaves "uninitialized": a first boot, which also runs preset-all)
-grep -qE '^[0-9a-f]{{32}}$' /etc/machine-id 2>/dev/null \
+grep -qE '^[0-9a-f]{{32}}$' /etc/machine-id 2>/dev/null \\
     || {{ rm -f /etc/machine-id; systemd-machine-id-setup > /dev/null; }}
 mkdir -p /etc/containers /etc/containers/systemd
 cat > /etc/containers/containers.conf <<'CONF'
