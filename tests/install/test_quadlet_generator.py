@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import os
 import re
+import shlex
 import shutil
 import subprocess
 from pathlib import Path
@@ -19,6 +20,12 @@ from pathlib import Path
 import pytest
 from vm import quadlet
 from vm.skips import is_ci
+
+from governor.compile.compiler import compile_plan
+from governor.deploy import quadlet as quadlet_render
+from governor.deploy.k8s import Workload
+from governor.plan.host import probe
+from governor.policy.loader import load_text
 
 REPO = Path(__file__).resolve().parents[2]
 GOLDEN = REPO / "tests" / "golden" / "fleet"
@@ -88,3 +95,38 @@ def test_the_generator_turns_every_golden_into_a_service_with_its_slice_and_limi
             if line and not line.startswith("#"):
                 assert line in service.splitlines(), f"{golden.name}: {line!r} lost:\n{service}"
         assert "ExecStart=/usr/bin/podman run " in service, service
+
+
+def _systemd_word(word: str) -> str:
+    """One ExecStart= word after systemd's expansions, in one pass each: ``%%`` is ``%`` and
+    any other specifier expands (shown as <%X>), ``$$`` is ``$`` and ``${VAR}`` expands."""
+    word = re.sub(r"%(.)", lambda m: "%" if m[1] == "%" else f"<%{m[1]}>", word)
+    return re.sub(r"\$\$|\$\{(\w+)\}", lambda m: "$" if m[0] == "$$" else f"<${m[1]}>", word)
+
+
+def _argv(service: str) -> list[str]:
+    """The argv systemd runs for the service's ExecStart= (quoting as shlex reads it)."""
+    line = next(ln for ln in service.splitlines() if ln.startswith("ExecStart="))
+    return [_systemd_word(w) for w in shlex.split(line.removeprefix("ExecStart="))]
+
+
+def test_blanks_dollars_and_percents_reach_podman_as_written(
+    needs_rootfs: None, tmp_path: Path
+) -> None:
+    """The values `render quadlet` writes (Volume=, Environment=, Exec=) come out of the
+    generator and systemd as the paths and words the policy and the argv gave."""
+    policy = 'name = "odd"\nslice = "governor.slice"\n[memory]\nmax = "768M"\n'
+    policy += '[engine]\nkind = "llama.cpp"\n[process]\nenv = { A = "${HOME} 5% $x" }\n'
+    plan = compile_plan(
+        load_text(policy, source="odd.toml"), probe(REPO / "tests/fixtures/hosts/cgroup2-full")
+    )
+    argv = ("/opt/my dir/llama-server", "-m", "/models %h/a $b.gguf", "--alias", 'say "hi" 5%')
+    text = quadlet_render.render(plan, Workload(argv=argv, model=argv[2]), 257)
+    (tmp_path / "odd.container").write_text(text)
+    res = dryrun(tmp_path)
+    assert res.returncode == 0, res.stderr
+    words = _argv(services(res.stdout)["odd.service"])
+    volumes = {words[i + 1] for i, w in enumerate(words) if w == "-v"}
+    assert volumes == {"/models %h:/models %h:ro", "/opt/my dir:/opt/my dir:ro"}
+    assert words[words.index("--env") + 1] == "A=${HOME} 5% $x"
+    assert tuple(words[-len(argv) :]) == argv
