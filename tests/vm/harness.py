@@ -23,6 +23,9 @@ Tiers
            and cached by scripts/kernels), running only the tests marked `compat` (launch, OOM
            group kill, the watchdog, each pressure action, prefetch, shed, doctor); the default
            run has those of COMPAT_KERNELS (5.10, 6.12), the others are opt-in
+  quadlet  ONE boot of Debian 13's own root file system (mmdebstrap, cached; tests/vm/quadlet.py)
+           on its 6.12 kernel with systemd as PID 1 and podman's Quadlet generator kept;
+           inside, pytest -m quadlet tests/quadlet (opt-in: --tier quadlet)
 
 Before a guest boots, the repo's Python files are compiled to bytecode on the host
 (compileall into their __pycache__ directories, which git ignores): the guests run with
