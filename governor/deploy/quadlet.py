@@ -17,11 +17,13 @@ from governor.plan.model import Plan
 from governor.plan.unitmap import policy_slice, split
 
 
-def _volume_dirs(work: Workload) -> list[str]:
-    return [d for _, d, _type in volumes(work)]
+def _volume_dirs(work: Workload) -> list[tuple[str, str]]:
+    """(host path, the argv word it comes from) of each volume."""
+    return [(d, "-m/--model" if n.startswith("model") else "engine program")
+            for n, d, _type in volumes(work)]  # fmt: skip
 
 
-def volume_value(path: str) -> str:
+def volume_value(path: str, what: str) -> str:
     """``PATH:PATH:ro`` for Volume=: quadlet copies the value into ExecStart= as it stands (no
     unquoting: quotes would become part of the path; it quotes the -v word itself), where
     systemd expands ``%`` specifiers and ``$$``, so both are doubled (Podman 5.4's generator,
@@ -32,7 +34,7 @@ def volume_value(path: str) -> str:
             f"the path {path[:80]!r} cannot be a Podman volume: ':', control characters and"
             " surrounding blanks are not representable in Volume=",
             file="engine argv",
-            field="Volume",
+            field=what,
             hint="move the model (or the engine) to a path without them, e.g. /models/q4.gguf",
         )
     word = path.replace("%", "%%").replace("$", "$$")
@@ -57,8 +59,8 @@ def render(plan: Plan, work: Workload, systemd_version: int) -> str:
         # systemd command-line syntax, copied into the service's ExecStart= by the generator:
         # $VAR is expanded there (podman#25047), so $ is doubled like in install's ExecStart=
         lines.append("Exec=" + " ".join(quote_exec_word(w) for w in work.argv))
-    for d in _volume_dirs(work):
-        lines.append(f"Volume={volume_value(d)}")
+    for d, what in _volume_dirs(work):
+        lines.append(f"Volume={volume_value(d, what)}")
     env = {**plan.launch.env, **work.env}
     for key in sorted(env):
         # quadlet unquotes the value and writes it into ExecStart= as --env, where systemd
