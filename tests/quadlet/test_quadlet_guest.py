@@ -51,7 +51,7 @@ ready_timeout = "240s"
 """
 ARGV = (
     str(ENGINE / "bin" / "llama-server"), "-m", str(ENGINE / "models" / "tiny.gguf"),
-    "-c", "256", "-t", "2", "--host", "127.0.0.1", "--port", str(PORT),
+    "-c", "256", "--cache-ram", "64", "-t", "2", "--host", "127.0.0.1", "--port", str(PORT),
 )  # fmt: skip
 
 
