@@ -10,14 +10,35 @@ systemd nor Podman expresses (PSI rules, prefetch, ...) is listed in a comment.
 
 from __future__ import annotations
 
-from governor.deploy.dropin import quote_exec_word, quote_word, unit_text
+from governor.deploy.dropin import quote_exec_word, unit_text
 from governor.deploy.k8s import Workload, volumes
+from governor.errors import PolicyError
 from governor.plan.model import Plan
 from governor.plan.unitmap import policy_slice, split
 
 
-def _volume_dirs(work: Workload) -> list[str]:
-    return [d for _, d, _type in volumes(work)]
+def _volume_dirs(work: Workload) -> list[tuple[str, str]]:
+    """(host path, the argv word it comes from) of each volume."""
+    return [(d, "-m/--model" if n.startswith("model") else "engine program")
+            for n, d, _type in volumes(work)]  # fmt: skip
+
+
+def volume_value(path: str, what: str) -> str:
+    """``PATH:PATH:ro`` for Volume=: quadlet copies the value into ExecStart= as it stands (no
+    unquoting: quotes would become part of the path; it quotes the -v word itself), where
+    systemd expands ``%`` specifiers and ``$$``, so both are doubled (Podman 5.4's generator,
+    tests/install/test_quadlet_generator.py). What -v cannot carry is refused: ``:`` splits
+    its fields, and a raw value loses surrounding blanks and control characters."""
+    if ":" in path or not path.isprintable() or path != path.strip() or path.endswith("\\"):
+        raise PolicyError(
+            f"the path {path[:80]!r} cannot be a Podman volume: ':', control characters and"
+            " surrounding blanks are not representable in Volume=",
+            file="engine argv",
+            field=what,
+            hint="move the model (or the engine) to a path without them, e.g. /models/q4.gguf",
+        )
+    word = path.replace("%", "%%").replace("$", "$$")
+    return f"{word}:{word}:ro"
 
 
 def render(plan: Plan, work: Workload, systemd_version: int) -> str:
@@ -38,11 +59,13 @@ def render(plan: Plan, work: Workload, systemd_version: int) -> str:
         # systemd command-line syntax, copied into the service's ExecStart= by the generator:
         # $VAR is expanded there (podman#25047), so $ is doubled like in install's ExecStart=
         lines.append("Exec=" + " ".join(quote_exec_word(w) for w in work.argv))
-    for d in _volume_dirs(work):
-        lines.append(f"Volume={quote_word(f'{d}:{d}:ro')}")
+    for d, what in _volume_dirs(work):
+        lines.append(f"Volume={volume_value(d, what)}")
     env = {**plan.launch.env, **work.env}
     for key in sorted(env):
-        lines.append(f"Environment={quote_word(f'{key}={env[key]}')}")
+        # quadlet unquotes the value and writes it into ExecStart= as --env, where systemd
+        # expands ${VAR} and % specifiers: $ and % doubled, like Exec=
+        lines.append(f"Environment={quote_exec_word(f'{key}={env[key]}')}")
     lines += ["", "[Service]", f"Slice={policy_slice(plan.slice, plan.policy)}"]
     for s in parts.unit:
         lines.append(f"# {s.write.reason} -> {s.write.file} = {s.write.value}")

@@ -23,6 +23,9 @@ Tiers
            and cached by scripts/kernels), running only the tests marked `compat` (launch, OOM
            group kill, the watchdog, each pressure action, prefetch, shed, doctor); the default
            run has those of COMPAT_KERNELS (5.10, 6.18), the others are opt-in
+  quadlet  ONE boot of Debian 13's own root file system (mmdebstrap, cached; tests/vm/quadlet.py)
+           on its 6.12 kernel with systemd as PID 1 and podman's Quadlet generator kept;
+           inside, pytest -m quadlet tests/quadlet (opt-in: --tier quadlet)
 
 Before a guest boots, the repo's Python files are compiled to bytecode on the host
 (compileall into their __pycache__ directories, which git ignores): the guests run with
@@ -109,11 +112,14 @@ ARM64_KERNELS: tuple[str, ...] = ("6.1", "6.18")
 TCG_BOOT_ARGS: dict[str, str] = {"6.18": "tsc=unstable", "7.x": "tsc=unstable"}
 COMPAT_MARK = "compat"
 COMPAT_TIERS: tuple[str, ...] = tuple(f"compat-{k}" for k in KERNEL_SERIES)
-TIERS: tuple[str, ...] = ("lint", "host", "kernel", "systemd", *COMPAT_TIERS)
+# the quadlet tier (tests/vm/quadlet.py): Debian 13's own root file system and kernel, systemd
+# as PID 1, podman's Quadlet generator reading `governor render quadlet`'s file (issue 48)
+QUADLET_TIER = "quadlet"
+TIERS: tuple[str, ...] = ("lint", "host", "kernel", "systemd", *COMPAT_TIERS, QUADLET_TIER)
 DEFAULT_COMPAT_TIERS: tuple[str, ...] = tuple(f"compat-{k}" for k in COMPAT_KERNELS)
 DEFAULT_TIERS: tuple[str, ...] = ("lint", "host", "kernel", "systemd", *DEFAULT_COMPAT_TIERS)
-GUEST_TIERS: tuple[str, ...] = ("kernel", "systemd", *COMPAT_TIERS)
-HOST_MARKEXPR = "not kernel and not systemd and not engine"
+GUEST_TIERS: tuple[str, ...] = ("kernel", "systemd", *COMPAT_TIERS, QUADLET_TIER)
+HOST_MARKEXPR = "not kernel and not systemd and not engine and not quadlet"
 # tests marked `full` run at the seed's full scale (1.1 GiB model, 2 GiB board): only --full
 FULL_MARK = "full"
 # The whole run, setup included, ends by this many seconds after scripts/test started (CI's
@@ -126,10 +132,11 @@ FULL_DEADLINE_S = 150 * 60
 # the current numbers); a compat tier's limit leaves a hung test its own 900 s
 TIER_TIMEOUTS: dict[str, float] = {
     "lint": 300, "host": 600, "kernel": 3000, "systemd": 1800,
-    **dict.fromkeys(COMPAT_TIERS, 1500),
+    **dict.fromkeys(COMPAT_TIERS, 1500), QUADLET_TIER: 1500,
 }  # fmt: skip
 FULL_TIER_TIMEOUTS: dict[str, float] = {
     **TIER_TIMEOUTS, "kernel": 4200, "systemd": 3000, **dict.fromkeys(COMPAT_TIERS, 3000),
+    QUADLET_TIER: 3000,
 }  # fmt: skip
 # Per tier, seconds of wall time a default run (amd64, the harness's qemu, one tier after the
 # other, no --full, no --kernel) may take: under CI=true a tier that takes longer fails, well
@@ -141,11 +148,12 @@ FULL_TIER_TIMEOUTS: dict[str, float] = {
 # test run), compat 162-437 s
 TIER_BUDGETS: dict[str, float] = {
     "lint": 60, "host": 420, "kernel": 2700, "systemd": 600,
-    **dict.fromkeys(COMPAT_TIERS, 570),
+    **dict.fromkeys(COMPAT_TIERS, 570), QUADLET_TIER: 600,
 }  # fmt: skip
 # a tier with less time than this left before the deadline is not started
 MIN_START_S: dict[str, float] = {
     "lint": 30, "host": 60, "kernel": 300, "systemd": 300, **dict.fromkeys(COMPAT_TIERS, 240),
+    QUADLET_TIER: 300,
 }  # fmt: skip
 # of a guest tier's timeout, what the boot before pytest and the power-off after may take: the
 # guest's pytest gets the rest (timeout -s INT), so it ends and writes its junit xml before the
@@ -508,6 +516,10 @@ def tier_series(tier: str, series: str | None = None) -> str | None:
     None: the host's newest /boot/vmlinuz-*)."""
     if tier in COMPAT_TIERS:
         return tier.removeprefix("compat-")
+    if tier == QUADLET_TIER:
+        from vm import quadlet  # the tier's own module (it imports this one)
+
+        return quadlet.KERNEL
     return series
 
 
@@ -712,13 +724,17 @@ def tier_kernel(opts: Options, kernel: Path, accel: str) -> TierResult:
     return res
 
 
-def systemd_stage2(masks: Sequence[str] = SYSTEMD_MASKS) -> str:
-    """PID 1 on the overlayed host root before systemd: masks and the test units."""
+def systemd_stage2(
+    masks: Sequence[str] = SYSTEMD_MASKS, *, keep_generators: Sequence[str] = (), prelude: str = ""
+) -> str:
+    """PID 1 on the overlayed root before systemd: masks and the test units. ``prelude``: shell
+    lines run first; ``keep_generators``: generators left in place (the quadlet tier's podman)."""
     mask_lines = "\n".join(f"ln -sf /dev/null /run/systemd/system/{u}" for u in masks)
+    keep = " ".join(shlex.quote(g) for g in keep_generators)
     return f"""#!/bin/bash
 # governor test guest, stage 2: prepare units, then become systemd
 : > /etc/fstab                     # the host's fstab means nothing here
-mkdir -p /run/systemd/system
+{prelude}mkdir -p /run/systemd/system
 {mask_lines}
 # generators: systemd runs every one at boot and again on each daemon-reload (~1.6 s of a
 # ~3.5 s reload under TCG; a systemd tier reloads ~17 times) and the guest needs none (fstab
@@ -726,6 +742,7 @@ mkdir -p /run/systemd/system
 mkdir -p /run/systemd/system-generators
 shopt -s nullglob
 for g in /usr/lib/systemd/system-generators/* /etc/systemd/system-generators/*; do
+    case " {keep} " in *" ${{g##*/}} "*) continue ;; esac
     ln -sf /dev/null "/run/systemd/system-generators/${{g##*/}}"
 done
 shopt -u nullglob
@@ -801,9 +818,11 @@ def qemu_systemd_argv(
     cpus: int,
     memory_mib: int,
     series: str | None = None,
+    root: Path = Path("/"),
 ) -> list[str]:
-    """``series``: the kernel's series (tier_series), for its TCG_BOOT_ARGS."""
-    for p in (kernel, initrd, share):
+    """``series``: the kernel's series (tier_series), for its TCG_BOOT_ARGS; ``root``: the tree
+    the guest boots (the host's own, or the quadlet tier's trixie)."""
+    for p in (kernel, initrd, share, root):
         if "," in str(p):
             raise RuntimeError(f"qemu option values cannot contain ',': {p}")
     append = "console=ttyS0 panic=-1 quiet loglevel=4 systemd.show_status=1 systemd.log_color=0"
@@ -815,7 +834,7 @@ def qemu_systemd_argv(
         "-no-reboot", "-monitor", "none",
         "-chardev", f"file,id=con,path={share}/console.log", "-serial", "chardev:con",
         "-kernel", str(kernel), "-initrd", str(initrd), "-append", append,
-        "-fsdev", "local,id=fsroot,path=/,security_model=none,readonly=on,multidevs=remap",
+        "-fsdev", f"local,id=fsroot,path={root},security_model=none,readonly=on,multidevs=remap",
         "-device", "virtio-9p-pci,fsdev=fsroot,mount_tag=rootfs",
         "-fsdev", f"local,id=fsshare,path={share},security_model=none,multidevs=remap",
         "-device", "virtio-9p-pci,fsdev=fsshare,mount_tag=vmshare",
@@ -1085,6 +1104,10 @@ def main(argv: Sequence[str] | None = None) -> int:
                 from vm import arm64
 
                 res = arm64.tier_arm64(topts)
+            elif tier == QUADLET_TIER and tier in kernels:
+                from vm import quadlet
+
+                res = quadlet.tier_quadlet(topts, kernels[tier], accel)
             elif tier not in kernels:
                 res = TierResult(tier, ok=False, wall=0.0, notes=["no guest kernel/qemu"])
             elif tier == "kernel" and opts.kernel_vm == "vng":

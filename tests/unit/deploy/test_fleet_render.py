@@ -2,8 +2,8 @@
 governor/api/fleet.py): golden files for policies/*.toml on the fixture boards, every rendered
 manifest validated with kubernetes-validate against two API versions (strict: an unknown field
 fails), the QoS class each budget yields, and the Quadlet file's [Unit]/[Service]/[Install] as a
-plain unit through `systemd-analyze verify` (Podman's generator is not in Debian 12's podman
-4.3, so the [Container] section itself is checked only by the tests below, not by quadlet).
+plain unit through `systemd-analyze verify` (Podman's own generator, Debian 13's, reads the
+goldens in tests/install/test_quadlet_generator.py, and runs one in tests/quadlet).
 
 Regenerate the goldens with GOVERNOR_UPDATE_GOLDEN=1 after an intended change, and review them.
 """
