@@ -22,7 +22,7 @@ Tiers
   compat-S the kernel tier's boot on Debian's kernel of series S (any of KERNEL_SERIES, fetched
            and cached by scripts/kernels), running only the tests marked `compat` (launch, OOM
            group kill, the watchdog, each pressure action, prefetch, shed, doctor); the default
-           run has those of COMPAT_KERNELS (5.10, 6.18), the others are opt-in
+           run has those of COMPAT_KERNELS (5.10, 6.12), the others are opt-in
   quadlet  ONE boot of Debian 13's own root file system (mmdebstrap, cached; tests/vm/quadlet.py)
            on its 6.12 kernel with systemd as PID 1 and podman's Quadlet generator kept;
            inside, pytest -m quadlet tests/quadlet (opt-in: --tier quadlet)
@@ -93,12 +93,15 @@ ROOT = Path(__file__).resolve().parents[2]
 # Debian's kernel series of the matrix (scripts/kernels fetches and caches them): --kernel
 # boots the kernel and systemd tiers on one of them; a compat tier runs the tests marked
 # `compat` (tests/kernel) on one of them. The default run (CI) has the compat tiers of
-# COMPAT_KERNELS: the vendor BSP's base (5.10) and the mainline LTS of RK3588 boards without
-# the vendor NPU driver (6.18, Armbian current; issue 47); 6.1 is the kernel tier's own
-# (/boot). Debian 13's 6.12 and Armbian edge's 7.x are opt-in (`--tier compat-6.12,compat-7.x`,
-# results in docs/boards.md): a compat tier costs 160-440 s and CI's 45 minutes hold two
+# COMPAT_KERNELS: the vendor BSP's base (5.10) and Debian 13's 6.12; 6.1 is the kernel tier's
+# own (/boot). The mainline LTS of RK3588 boards (6.18) and Armbian edge's 7.x are opt-in
+# (`--tier compat-6.18,compat-7.x`, results in docs/boards.md): under multi-threaded TCG, 6.18
+# dies of "Oops: int3" where the kernel patches its own code live (a static key's int3 seen by
+# another vCPU): once in sched_clock_idle_wakeup_event at boot (tsc=unstable below avoids that
+# one), once in get_page_from_freelist at 114 s of the compat tier (2026-12-05, with the flag);
+# CI's default run must not depend on such a boot
 KERNEL_SERIES: tuple[str, ...] = ("5.10", "6.1", "6.12", "6.18", "7.x")
-COMPAT_KERNELS: tuple[str, ...] = ("5.10", "6.18")
+COMPAT_KERNELS: tuple[str, ...] = ("5.10", "6.12")
 # the series `--arch arm64` boots (tests/vm/arm64.py): bookworm's 6.1, the default, and
 # trixie-backports' 6.18 (issue 47)
 ARM64_KERNELS: tuple[str, ...] = ("6.1", "6.18")
