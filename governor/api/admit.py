@@ -28,8 +28,8 @@ from typing import TYPE_CHECKING
 from governor.board.admission import POLL_S, Admitted, Words, decide
 from governor.board.budget import refusal_text, slice_of_plan
 from governor.board.file import board_path, no_budget_error
+from governor.board.npu import npu_refusal
 from governor.board.scan import scan
-from governor.engines.rkllm_memory import npu_refusal
 from governor.errors import AdmissionRefused, HostError
 from governor.log import get_logger
 from governor.peer.files import CappedReadError

@@ -16,7 +16,8 @@ The NPU address space: rknpu maps a process's buffers into an IOMMU domain of 4 
 (``extend_param.base_domain_id``; llm_demo leaves every instance in domain 0), so instances in
 one domain share 4 GiB whatever the board's RAM: a second Qwen3-4B fails "failed to malloc npu
 memory" (rknn-llm issue 437), and runtime 1.3.0 segfaults instead (issue 522). Admission
-refuses such a second instance (75) before it starts (governor/api/admit.py).
+refuses such a second instance (75) before it starts (governor/board/npu.py: the run
+time's, a cached launch never imports engines/).
 """
 
 from __future__ import annotations
@@ -27,7 +28,6 @@ MB = 1 << 20  # the runtime's MB: it divides bytes by 1024 x 1024
 RUNTIME_MB = 160.0  # librkllmrt, the tokenizer and the NPU's working buffers at seqlen 128
 # MB per million parameters (least maximum error over the RK3588 rows; w4a16: RK3576's rows)
 MB_PER_MPARAM: dict[str, float] = {"w8a8": 0.94, "w4a16": 0.47, "w4a16_g128": 0.50}
-NPU_DOMAIN_BYTES = 4 << 30  # one rknpu IOMMU domain (rknn-llm issue 437)
 
 # `memory_usage_mb: 1093.66` / `memory_usage_mb = 1093.66` (RKLLMPerfStat printed by a demo)
 # and the runtime's own perf table: `Peak Memory Usage (GB)` with the figure on the next line
@@ -49,18 +49,3 @@ def parse_memory_usage(text: str) -> int | None:
     found = [float(m["mb"]) * MB for m in _USAGE_RE.finditer(text)]
     found += [float(m["gb"]) * 1024 * MB for m in _PEAK_GB_RE.finditer(text)]
     return int(found[-1]) if found else None
-
-
-def npu_refusal(name: str, need: int, others: list[tuple[str, int]]) -> str | None:
-    """Why a new RKLLM instance needing ``need`` bytes of NPU memory cannot start beside the
-    running ``others`` (name, bytes) in the same domain; None when it fits."""
-    held = sum(b for _n, b in others)
-    if not others or held + need <= NPU_DOMAIN_BYTES:
-        return None
-    who = ", ".join(f"{n} {b >> 20} MiB" for n, b in others)
-    return (
-        f"{name} needs {need >> 20} MiB of NPU memory beside the running RKLLM instance(s)"
-        f" ({who}): {(held + need) >> 20} MiB is above the NPU's {NPU_DOMAIN_BYTES >> 30} GiB"
-        " address space (one rknpu IOMMU domain), where a second rkllm_init fails or, with"
-        " runtime 1.3.0, segfaults"
-    )

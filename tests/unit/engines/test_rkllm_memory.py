@@ -5,12 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from governor.engines.rkllm_memory import (
-    NPU_DOMAIN_BYTES,
-    estimate_bytes,
-    npu_refusal,
-    parse_memory_usage,
-)
+from governor.board.npu import NPU_DOMAIN_BYTES, npu_refusal
+from governor.engines.rkllm_memory import estimate_bytes, parse_memory_usage
 
 MB = 1 << 20
 # airockchip/rknn-llm benchmark.md (RKLLM 1.3.0), RK3588, w8a8, seqlen 128: memory(MB), with
