@@ -35,10 +35,11 @@ from .test_router_guest import _ask
 
 REPO = Path(__file__).resolve().parents[2]
 ALL = ("memory", "cpu", "cpuset", "io", "pids")
-# ~90 tokens with the chat template: kvserver.gguf's tokenizer makes 101 of "a b ... j " * 10
-# (POST /tokenize); -c 256 holds it and two more turns with room (a first run's 409-token
-# prompt: 400; a 140-token one got a 400 on its second turn, reason not kept: now it is)
-FIRST = "a b c d e f g h i j " * 8
+# Short: -c 256 must hold it and two more turns. Through /v1/chat/completions kvserver.gguf's
+# synthetic tokenizer makes far more tokens of "a b ... j " than POST /tokenize of the bare
+# text said (101 for 10 repeats): 13 repeats gave 409 tokens, 8 repeats a 292-token second
+# turn (HTTP 400, exceed_context_size_error)
+FIRST = "a b c d e f g h i j " * 3
 
 
 def _post(base: str, path: str, body: dict[str, Any]) -> dict[str, Any]:
@@ -81,6 +82,10 @@ def _until(what: str, check: Any, timeout: float = 120.0) -> Any:
 
 @pytest.mark.kernel(controllers=ALL, root=True, psi=True)
 @pytest.mark.engine(binary=SERVER, paths=(KVSERVER,))
+# only with --full until it has passed once in the guest: its three runs (2026-12-05) each
+# overflowed -c 256 on the second turn (see FIRST), and each took 258-424 s under TCG, more
+# than the kernel tier's budget has room for (issue 46 item 3's guest measure is still owed)
+@pytest.mark.full
 def test_an_idle_conversation_gets_its_kv_cache_back_after_its_model_was_evicted(
     tmp_path: Path, scratch_slice: ScratchSlice
 ) -> None:
