@@ -220,6 +220,25 @@ class Unkeyable(ValueError):
     """An argv whose dropped part the compile would refuse (a bad --port): no cache key."""
 
 
+def last_value(cmdline: bytes, names: Sequence[str]) -> str | None:
+    """The value of the last of ``names`` (short and long spellings, the long one last) in a
+    process's /proc/<pid>/cmdline (pure), as llama.cpp reads it: through :func:`options` (an
+    option's value is never an option: `-p --alias`), up to ``--``; written NAME=VALUE only in
+    the long spelling. None when none is given."""
+    words = [w.decode("utf-8", "surrogateescape") for w in cmdline.rstrip(b"\0").split(b"\0")]
+    found: str | None = None
+    for opt in options(words[1:]):
+        if opt.name == "--":
+            break
+        if (
+            opt.name in names
+            and opt.value is not None
+            and (not opt.inline or opt.name == names[-1])
+        ):
+            found = opt.value
+    return found
+
+
 def parse_int(raw: str) -> int | None:
     """An integer as llama.cpp's std::stoi reads an option: C-locale spaces, a sign, ASCII
     digits (no "1_000", no other scripts' digits, which Python's int() takes); None when it is

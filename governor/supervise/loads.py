@@ -31,7 +31,7 @@ from governor.kernel.cgroupfs import CgroupFs
 from governor.kernel.leafname import LeafNameError, model_cgroup
 from governor.log import get_logger
 from governor.peer.router import RouterClient, RouterError
-from governor.plan.llama_args import options
+from governor.plan.llama_args import last_value
 
 log = get_logger(__name__)
 
@@ -44,17 +44,7 @@ ANSWERED = frozenset({"loaded", "sleeping"})
 def child_model(cmdline: bytes, cwd: Path | None = None) -> Path | None:
     """The --model path of a router child from its /proc/<pid>/cmdline (pure; a relative path
     taken from ``cwd``); None when it names none. The last one given wins, as in llama.cpp."""
-    words = [w.decode("utf-8", "surrogateescape") for w in cmdline.rstrip(b"\0").split(b"\0")]
-    found: str | None = None
-    for opt in options(words[1:]):
-        if opt.name == "--":
-            break
-        if (
-            opt.name in MODEL_OPTS
-            and opt.value is not None
-            and (not opt.inline or opt.name == "--model")
-        ):
-            found = opt.value
+    found = last_value(cmdline, MODEL_OPTS)
     if not found:
         return None
     path = Path(found)

@@ -44,7 +44,7 @@ from governor.kernel.leafname import LeafNameError, leaf_name, model_cgroup, mod
 from governor.log import get_logger
 from governor.monitor.actions.unload import TOTALS, merge_unloads
 from governor.peer.router import RouterClient
-from governor.plan.llama_args import options
+from governor.plan.llama_args import last_value
 from governor.record import record
 from governor.supervise.activity import Activity
 from governor.supervise.evict import Evictor
@@ -86,17 +86,7 @@ def child_alias(cmdline: bytes) -> str | None:
     names the model (its leaf: kernel/leafname.py); None for a process that is no router child
     (yet). The last one given wins, as in llama.cpp; llama-server takes a comma-separated list
     of aliases: the first names the leaf."""
-    words = [w.decode("utf-8", "surrogateescape") for w in cmdline.rstrip(b"\0").split(b"\0")]
-    found: str | None = None
-    for opt in options(words[1:]):  # another option's value is no alias (`-p --alias`)
-        if opt.name == "--":
-            break
-        if (
-            opt.name in ALIAS_OPTS
-            and opt.value is not None
-            and (not opt.inline or opt.name == "--alias")
-        ):
-            found = opt.value
+    found = last_value(cmdline, ALIAS_OPTS)  # another option's value is no alias (`-p --alias`)
     if found is None:
         return None
     alias = found.split(",")[0].encode("utf-8", "surrogateescape").decode("utf-8", "replace")
