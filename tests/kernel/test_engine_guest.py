@@ -105,8 +105,13 @@ def test_tiny_model_launch_reports_speed_peak_and_estimate(
     assert t.prefill_tps and t.decode_tps and t.decode_tokens == 7
     # issue 45 item 3: the run's memory.peak is learned, and `estimate` of the same command
     # line shows it beside the formula's total
-    assert data["extra"]["learned"] == {"peak": data["memory_peak"], "runs": 1, "estimate":
-                                        est["total"]}  # fmt: skip
+    learned = data["extra"]["learned"]
+    assert {k: learned[k] for k in ("peak", "runs", "estimate")} == {
+        "peak": data["memory_peak"], "runs": 1, "estimate": est["total"]}  # fmt: skip
+    # a peak > 25 % from the formula is said once ("far"): after the cache drop above the
+    # engine's own file pages are charged too (a CI run: 30.8 MiB measured, 23.9 estimated)
+    if "far" in learned:
+        assert "measured peak" in learned["far"], learned
     shown = _governor("estimate", "--engine-argv", shlex.join(TINY_ARGV))
     assert shown.returncode == 0, shown.stderr[-3000:]
     assert f"{data['memory_peak'] / MIB:.1f} MiB  (measured, 1 run;" in shown.stdout, shown.stdout
