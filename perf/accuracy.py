@@ -37,6 +37,7 @@ import zlib
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from perf._helpers.cgroup import read_kv
 from perf._helpers.engine_paths import BIN, COMPLETION, MMPROJ, SMALL, TINY
 from perf._helpers.server import KVGUEST, SERVER, SERVER_ARGS, chat, free_port, prompt, wait_ready
 
@@ -155,16 +156,6 @@ def image_request(base: str, timeout: float = 900.0) -> int:
     )
     with urllib.request.urlopen(req, timeout=timeout) as r:
         return int(json.loads(r.read())["usage"]["prompt_tokens"])
-
-
-def read_kv(path: Path) -> dict[str, int]:
-    out: dict[str, int] = {}
-    with contextlib.suppress(OSError):
-        for line in path.read_text().splitlines():
-            k, _, v = line.partition(" ")
-            with contextlib.suppress(ValueError):
-                out[k] = int(v)
-    return out
 
 
 def estimate_of(program: Path, argv: tuple[str, ...]) -> tuple[int, dict[str, int]]:

@@ -45,6 +45,7 @@ from pathlib import Path
 
 import openai
 
+from perf._helpers.cgroup import read_kv
 from perf._helpers.disk import loop_mount
 from perf._helpers.engine_paths import SMALL
 from perf._helpers.server import SERVER, SERVER_ARGS, client, free_port, prompt, wait_ready
@@ -70,16 +71,6 @@ def in_guest(argv: list[str], timeout: float, cpus: int) -> int:
     harness = [sys.executable, "-m", "vm.run", "--guest", "kernel", f"--timeout={timeout}",
                f"--cpus={cpus}"]  # fmt: skip
     return subprocess.call([*harness, "--", *cmd], cwd=REPO / "tests")
-
-
-def read_kv(path: Path) -> dict[str, int]:
-    out: dict[str, int] = {}
-    with contextlib.suppress(OSError):
-        for line in path.read_text().splitlines():
-            k, _, v = line.partition(" ")
-            with contextlib.suppress(ValueError):
-                out[k] = int(v)
-    return out
 
 
 def enable(path: Path, controllers: tuple[str, ...]) -> None:
