@@ -5,6 +5,7 @@ The real router in a real kernel: tests/kernel/test_router_guest.py."""
 
 from __future__ import annotations
 
+import threading
 from pathlib import Path
 
 import pytest
@@ -32,20 +33,34 @@ def _child(alias: str) -> bytes:
 
 class MovingFs(FakeKernelCgroupFs):
     """The kernel's side of a write to cgroup.procs: the process leaves its old cgroup; every
-    write is recorded in order."""
+    write is recorded in order. A move is atomic, as the kernel's is: the fake's cgroup.procs
+    are files rewritten whole, so a move (the placement thread's) and a test's spawn into the
+    same leaf would otherwise lose one of the two (the spawned pid vanished: "d placed" never
+    came, under load); and a move is recorded once done, so a test that waits for its record
+    sees the tree after it."""
 
     def __init__(self, root: Path) -> None:
         super().__init__(root)
         self.writes: list[tuple[str, str, str]] = []
+        self._procs_lock = threading.RLock()
 
     def write(self, cgroup: str, file: str, value: str) -> None:
         self.writes.append((cgroup, file, value))
         super().write(cgroup, file, value)
 
+    def add_process(self, cgroup: str, pid: int) -> None:
+        with self._procs_lock:
+            super().add_process(cgroup, pid)
+
+    def reap(self, pid: int) -> None:
+        with self._procs_lock:
+            super().reap(pid)
+
     def move(self, pid: int, cgroup: str) -> None:
-        self.writes.append((cgroup, kf.CGROUP_PROCS, str(pid)))
-        self.reap(pid)
-        self.add_process(cgroup, pid)
+        with self._procs_lock:
+            self.reap(pid)
+            self.add_process(cgroup, pid)
+            self.writes.append((cgroup, kf.CGROUP_PROCS, str(pid)))
 
 
 @pytest.fixture
