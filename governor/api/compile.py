@@ -44,8 +44,9 @@ from governor.launch.executable import which
 from governor.monitor.victims import governed_groups
 from governor.policy.model import Policy
 from governor.record import record
-from governor.rundir.peaks import learned, peak_key
 from governor.rundir.state import run_dir
+from governor.state.peaks import learned, peak_key
+from governor.state.store import state_dir
 
 if TYPE_CHECKING:
     from governor.compile.doctor import Finding
@@ -197,12 +198,8 @@ def estimate(
 
 def with_measured(est: Estimate, argv: list[str]) -> Estimate:
     """``est`` with the peak earlier governed runs of its model and argv measured
-    (governor/rundir/peaks.py), when there is one; a bad peaks file is one warning."""
-    try:
-        run: Path | None = run_dir()
-    except HostError:
-        return est
-    got, note = learned(run, peak_key(est.model, argv))
+    (governor/state/peaks.py), when there is one; a bad store is one warning."""
+    got, note = learned(state_dir(), peak_key(est.model, argv))
     if note is not None:
         est = replace(est, warnings=(*est.warnings, note))
     if got is None:
@@ -306,14 +303,10 @@ def init(opts: HostOptions, req: Request) -> Draft | RouterDraft:
 
 def _measured_of(model: Path) -> Callable[[Sequence[str]], tuple[int, int] | None]:
     """init's lookup of the peak earlier runs of an engine command line on ``model`` measured
-    (governor/rundir/peaks.py)."""
+    (governor/state/peaks.py)."""
 
     def lookup(engine: Sequence[str]) -> tuple[int, int] | None:
-        try:
-            run = run_dir()
-        except HostError:
-            return None
-        got, _note = learned(run, peak_key(model, engine))
+        got, _note = learned(state_dir(), peak_key(model, engine))
         return None if got is None else (got.peak, got.runs)
 
     return lookup

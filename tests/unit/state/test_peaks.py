@@ -1,4 +1,4 @@
-"""Peaks learned from runs (issue 45 item 3, governor/rundir/peaks.py): recorded under the model
+"""Peaks learned from runs (issue 45 item 3, governor/state/peaks.py): recorded under the model
 file's identity and the argv's plan key, bounded, validated on read, shown by `governor board`
 and `estimate`. Needs: a tmp directory (no kernel)."""
 
@@ -18,9 +18,10 @@ from governor.engines.settings import Settings
 from governor.launch.launcher import LaunchReport
 from governor.operate.boardview import render, view
 from governor.plan.model import Plan
-from governor.rundir import peaks
-from governor.rundir.peaks import KEYS_MAX, RUNS_MAX, learned, peak_key, read_peaks, record_peak
 from governor.rundir.state import Publisher, applied
+from governor.state import peaks, store
+from governor.state.peaks import learned, peak_key, record_peak
+from governor.state.store import MODELS_MAX, PLANS_MAX, RUNS_MAX, Store
 from governor.supervise.learn import learn_peak, measured_peak
 
 GOLDEN = Path(__file__).resolve().parents[2] / "golden/plans/base@rk3588.json"
@@ -77,18 +78,25 @@ def test_runs_are_kept_bounded_and_the_learned_peak_is_their_highest(tmp_path: P
     for i in range(RUNS_MAX + 3):
         got, _far = record_peak(tmp_path, "k", (100 + i) * MIB, 110 * MIB, now=float(i))
     assert (got.peak, got.runs) == ((100 + RUNS_MAX + 2) * MIB, RUNS_MAX)
-    for i in range(KEYS_MAX + 5):
-        record_peak(tmp_path, f"key{i}", 100 * MIB, None, now=1000.0 + i)
-    entries, note = read_peaks(tmp_path)
-    assert note is None and len(entries) == KEYS_MAX
-    assert "k" not in entries and "key0" not in entries and f"key{KEYS_MAX + 4}" in entries
-    got2, _ = learned(tmp_path, f"key{KEYS_MAX + 4}")
+    for i in range(PLANS_MAX + 2):  # one model's plans: the ones recorded last
+        record_peak(tmp_path, f"k plan{i}", 100 * MIB, None, now=500.0 + i)
+    entries, note = Store(tmp_path).read()
+    assert note is None and sorted(entries["k"]["peaks"]) == sorted(
+        f"plan{i}" for i in range(2, PLANS_MAX + 2)
+    )
+    for i in range(MODELS_MAX + 5):
+        record_peak(tmp_path, f"model{i} plan", 100 * MIB, None, now=1000.0 + i)
+    entries, note = Store(tmp_path).read()
+    assert note is None and len(entries) == MODELS_MAX
+    assert "k" not in entries and "model0" not in entries and f"model{MODELS_MAX + 4}" in entries
+    got2, _ = learned(tmp_path, f"model{MODELS_MAX + 4} plan")
     assert got2 is not None and got2.text() == "peak 100 MiB (measured, 1 run)"
 
 
-def test_a_bad_peaks_file_is_one_note_and_the_next_run_replaces_it(tmp_path: Path) -> None:
-    path = tmp_path / peaks.PEAKS_FILE
-    for bad in (b"\xff", b"{", b"[]", json.dumps({"format": 1, "peaks": {"k": {"runs": [-1]}}})):
+def test_a_bad_store_is_one_note_and_the_next_run_replaces_it(tmp_path: Path) -> None:
+    path = tmp_path / store.FILE
+    entry = {"at": 1.0, "peaks": {"": {"runs": [-1], "at": 1.0}}}
+    for bad in (b"\xff", b"{", b"[]", json.dumps({"format": 1, "models": {"k": entry}})):
         path.write_bytes(bad if isinstance(bad, bytes) else bad.encode())
         got, note = learned(tmp_path, "k")
         assert got is None and note is not None and str(path) in note
