@@ -198,6 +198,7 @@ def init(  # noqa: PLR0917  # typer passes every option as a parameter
     from governor.api import compile as api_compile
     from governor.api.outputs import write_policy
     from governor.init.draft import Request
+    from governor.init.rkllm import RkllmSizing
     from governor.init.router import RouterSizing
 
     board = size_option(board_memory, "--board-memory")
@@ -225,6 +226,14 @@ def init(  # noqa: PLR0917  # typer passes every option as a parameter
     s = draft.sizing
     root = f"--root {STATE.root} " if STATE.root != Path("/") else ""
     allow = f" --allow-missing {','.join(draft.missing)}" if draft.missing else ""
+    if isinstance(s, RkllmSizing):  # an RKLLM model (governor/init/rkllm.py)
+        typer.echo(
+            f"wrote {output}: MAX_CONTEXT_LEN {s.ctx}, device memory {s.npu >> 20} MiB"
+            f" ({s.source}; board {s.board >> 20} MiB)\n"
+            f"next: governor {root}check {output}{allow} --engine-argv"
+            f" {shlex.quote(shlex.join(draft.engine))}"
+        )
+        return
     if isinstance(s, RouterSizing):  # llama-server's router (governor/init/router.py)
         typer.echo(
             f"wrote {output}: --models-max {s.models_max}, memory.high {s.mem_high >> 20} MiB,"
