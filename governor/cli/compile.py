@@ -153,7 +153,8 @@ def init(  # noqa: PLR0917  # typer passes every option as a parameter
         typer.Option(
             "--model",
             "-m",
-            help="the GGUF model file; a models directory or a preset .ini: llama-server's router",
+            help="the GGUF model file; a models directory or a preset .ini: llama-server's"
+            " router; a .rkllm file: RKLLM's NPU memory",
             show_default=False,
         ),
     ],
@@ -194,7 +195,8 @@ def init(  # noqa: PLR0917  # typer passes every option as a parameter
 ) -> None:
     """Write a commented policy for a GGUF model on this board (--root: another board's facts):
     memory.min/high/max from the estimate, the largest context that fits, big cores, prefetch,
-    graded pressure rules. Exit 65 when the model does not fit even a small context."""
+    graded pressure rules. Exit 65 when the model does not fit even a small context; 75 when an
+    RKLLM model's NPU memory does not fit beside the running RKLLM instances."""
     from governor.api import compile as api_compile
     from governor.api.outputs import write_policy
     from governor.init.draft import Request
