@@ -199,9 +199,8 @@ def init(  # noqa: PLR0917  # typer passes every option as a parameter
     RKLLM model's NPU memory does not fit beside the running RKLLM instances."""
     from governor.api import compile as api_compile
     from governor.api.outputs import write_policy
+    from governor.init import rkllm, router
     from governor.init.draft import Request
-    from governor.init.rkllm import RkllmSizing
-    from governor.init.router import RouterSizing
 
     board = size_option(board_memory, "--board-memory")
     if board is not None and board <= 0:
@@ -228,7 +227,7 @@ def init(  # noqa: PLR0917  # typer passes every option as a parameter
     s = draft.sizing
     root = f"--root {STATE.root} " if STATE.root != Path("/") else ""
     allow = f" --allow-missing {','.join(draft.missing)}" if draft.missing else ""
-    if isinstance(s, RkllmSizing):  # an RKLLM model (governor/init/rkllm.py)
+    if isinstance(s, rkllm.RkllmSizing):  # an RKLLM model (governor/init/rkllm.py)
         typer.echo(
             f"wrote {output}: MAX_CONTEXT_LEN {s.ctx}, device memory {s.npu >> 20} MiB"
             f" ({s.source}; board {s.board >> 20} MiB)\n"
@@ -236,7 +235,7 @@ def init(  # noqa: PLR0917  # typer passes every option as a parameter
             f" {shlex.quote(shlex.join(draft.engine))}"
         )
         return
-    if isinstance(s, RouterSizing):  # llama-server's router (governor/init/router.py)
+    if isinstance(s, router.RouterSizing):  # llama-server's router (governor/init/router.py)
         typer.echo(
             f"wrote {output}: --models-max {s.models_max}, memory.high {s.mem_high >> 20} MiB,"
             f" max {s.mem_max >> 20} MiB (the {s.models_max} largest models"
