@@ -10,6 +10,8 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from governor.board.budget import slice_of_plan
 from governor.board.scan import scan as gather
 from governor.engines.estimate import estimate, measured_lines
@@ -167,3 +169,25 @@ def test_estimate_shows_the_measured_peak_beside_the_formula() -> None:
         line == f"  peak          612.0 MiB  (measured, 3 runs; the formula's total is {ratio}x it)"
     )
     assert est.to_dict()["measured"] == {"peak": 612 * MIB, "runs": 3}
+
+
+def test_a_run_records_in_the_state_dir_and_the_next_launch_reads_it_there(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The supervisor's learn_peak (no directory: the state directory) and launch's
+    learned_extra meet in $GOVERNOR_STATE_DIR, never the run dir (a tmpfs)."""
+    from governor.api.launch import learned_extra
+    from governor.state.store import state_dir
+
+    state, run = tmp_path / "state", tmp_path / "run"
+    monkeypatch.setenv("GOVERNOR_STATE_DIR", str(state))
+    monkeypatch.setenv("GOVERNOR_RUN_DIR", str(run))
+    m = model(tmp_path)
+    argv = ("llama-cli", "-m", str(m), "-c", "512")
+    est = {"model": str(m), "total": 700 * MIB}
+    extra = learned_extra(est, argv, state_dir())
+    assert "measured" not in extra["estimate"]
+    learn_peak(extra, report())  # what the supervisor calls at the engine's exit
+    again = learned_extra(est, argv, state_dir())
+    assert (again["estimate"]["measured"], again["estimate"]["measured_runs"]) == (612 * MIB, 1)
+    assert (state / store.FILE).is_file() and not run.exists()
