@@ -65,6 +65,23 @@ def _private_run_dir(
         os.environ.pop("GOVERNOR_RUN_DIR", None)
 
 
+@pytest.fixture(autouse=True)
+def _private_state_dir(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[None]:
+    """What runs measured (the state directory's per-model store, /var/lib/governor as root) of
+    every test and every governor it starts lives in a tmp directory, one per test as the run
+    dir; not in the systemd tier, whose services keep theirs in the real one."""
+    if request.node.get_closest_marker("systemd") is not None or "GOVERNOR_STATE_DIR" in os.environ:
+        yield
+        return
+    os.environ["GOVERNOR_STATE_DIR"] = str(tmp_path_factory.mktemp("governor-state"))
+    try:
+        yield
+    finally:
+        os.environ.pop("GOVERNOR_STATE_DIR", None)
+
+
 @pytest.hookimpl(tryfirst=True)
 def pytest_runtest_setup(item: pytest.Item) -> None:
     """Check the kernel/systemd/engine requirement markers (skip, or fail when CI=true)."""

@@ -45,7 +45,7 @@ if TYPE_CHECKING:
 log = get_logger("governor.admit")
 
 LOCK_FILE = "board.lock"
-__all__ = ["POLL_S", "Admitted", "admission", "board_lock", "lock_wait", "say_now"]
+__all__ = ["POLL_S", "Admitted", "admission", "board_lock", "lock_wait", "npu_claims", "say_now"]
 # how long the board lock is waited for (unless [qos] admit waits: its admit_timeout): the
 # longest a holder keeps it is an install's daemon-reload or a launch's apply and start
 LOCK_WAIT_S = 10.0
@@ -103,6 +103,21 @@ def _refuse(verdict: Verdict, board: Path | None, extra: str = "") -> AdmissionR
     return AdmissionRefused(f"{refusal_text(verdict)}{extra} ({_where(board)})", hint=ADMIT_HINT)
 
 
+def npu_claims(run: Path, root: Path, *, but: str = "") -> list[tuple[str, int]]:
+    """(policy, NPU bytes) of each running RKLLM instance but ``but`` (its [device] memory);
+    admission's and `init`'s (governor/init/rkllm.py) view of the NPU's address space."""
+    return [
+        (st.policy, st.plan.device.memory)
+        for st in read_states(run, root / "proc")
+        if not st.stale
+        and st.policy != but
+        and st.plan is not None
+        and st.plan.engine.kind == "rkllm"
+        and st.plan.device is not None
+        and isinstance(st.plan.device.memory, int)
+    ]
+
+
 def npu_admission(plan: Plan, run: Path, root: Path) -> None:
     """AdmissionRefused (75) for an RKLLM engine whose NPU memory ([device] memory) does not
     fit the NPU's address space beside the running RKLLM instances' (governor/engines/
@@ -110,17 +125,7 @@ def npu_admission(plan: Plan, run: Path, root: Path) -> None:
     need = None if plan.device is None else plan.device.memory
     if plan.engine.kind != "rkllm" or not isinstance(need, int):
         return
-    others = [
-        (st.policy, st.plan.device.memory)
-        for st in read_states(run, root / "proc")
-        if not st.stale
-        and st.policy != plan.policy
-        and st.plan is not None
-        and st.plan.engine.kind == "rkllm"
-        and st.plan.device is not None
-        and isinstance(st.plan.device.memory, int)
-    ]
-    said = npu_refusal(plan.policy, need, others)
+    said = npu_refusal(plan.policy, need, npu_claims(run, root, but=plan.policy))
     if said is not None:
         raise AdmissionRefused(
             f"{said} (device.memory, {run})",

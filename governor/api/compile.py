@@ -11,7 +11,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from governor.api.admit import admission, lock_wait
+from governor.api.admit import admission, lock_wait, npu_claims
 from governor.api.board import tenants
 from governor.api.host import (
     HostOptions,
@@ -34,6 +34,7 @@ from governor.engines.llama import EngineArgvError, parse_llama_argv
 from governor.engines.router import RouterEstimate
 from governor.errors import HostError, PolicyError, UsageError
 from governor.init.draft import Draft, Request, draft
+from governor.init.rkllm import RkllmDraft, draft_rkllm, is_rkllm_model
 from governor.init.router import RouterDraft, draft_router, is_router_model
 from governor.kernel.cgroupfs import CgroupFs
 from governor.kernel.mglru import MglruReader
@@ -44,8 +45,9 @@ from governor.launch.executable import which
 from governor.monitor.victims import governed_groups
 from governor.policy.model import Policy
 from governor.record import record
-from governor.rundir.peaks import learned, peak_key
 from governor.rundir.state import run_dir
+from governor.state.peaks import learned, peak_key
+from governor.state.store import state_dir
 
 if TYPE_CHECKING:
     from governor.compile.doctor import Finding
@@ -197,12 +199,8 @@ def estimate(
 
 def with_measured(est: Estimate, argv: list[str]) -> Estimate:
     """``est`` with the peak earlier governed runs of its model and argv measured
-    (governor/rundir/peaks.py), when there is one; a bad peaks file is one warning."""
-    try:
-        run: Path | None = run_dir()
-    except HostError:
-        return est
-    got, note = learned(run, peak_key(est.model, argv))
+    (governor/state/peaks.py), when there is one; a bad store is one warning."""
+    got, note = learned(state_dir(), peak_key(est.model, argv))
     if note is not None:
         est = replace(est, warnings=(*est.warnings, note))
     if got is None:
@@ -293,8 +291,16 @@ def admit_check(plan: Plan, opts: HostOptions, estimate: object, *, force: bool)
     )
 
 
-def init(opts: HostOptions, req: Request) -> Draft | RouterDraft:
-    """`governor init`: a policy for a GGUF model on this board (governor/init/draft.py)."""
+def init(opts: HostOptions, req: Request) -> Draft | RouterDraft | RkllmDraft:
+    """`governor init`: a policy for a GGUF model on this board (governor/init/draft.py), an
+    RKLLM model's (governor/init/rkllm.py)."""
+    if is_rkllm_model(req.model):  # its NPU claim beside the running RKLLM instances
+        board = req.board_memory or probe_host(opts).mem_total
+        try:
+            others = npu_claims(run_dir(), opts.root) if req.board_memory is None else []
+        except HostError:
+            others = []  # no run directory: nothing runs under governor here
+        return draft_rkllm(req, board=board, others=others)
     # --board-memory: an empty board of that size (the tenants are not read)
     beside = tenants(opts) if req.board_memory is None else None
     if is_router_model(req.model):  # llama-server's router: its models and --models-max
@@ -306,14 +312,10 @@ def init(opts: HostOptions, req: Request) -> Draft | RouterDraft:
 
 def _measured_of(model: Path) -> Callable[[Sequence[str]], tuple[int, int] | None]:
     """init's lookup of the peak earlier runs of an engine command line on ``model`` measured
-    (governor/rundir/peaks.py)."""
+    (governor/state/peaks.py)."""
 
     def lookup(engine: Sequence[str]) -> tuple[int, int] | None:
-        try:
-            run = run_dir()
-        except HostError:
-            return None
-        got, _note = learned(run, peak_key(model, engine))
+        got, _note = learned(state_dir(), peak_key(model, engine))
         return None if got is None else (got.peak, got.runs)
 
     return lookup

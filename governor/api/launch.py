@@ -37,8 +37,9 @@ from governor.plan.llama_args import server_address, slot_save_path
 from governor.plan.model import Plan
 from governor.plan.render import enforcement
 from governor.record import record, replace
-from governor.rundir.peaks import learned, peak_key
 from governor.rundir.state import run_dir
+from governor.state.peaks import learned, peak_key
+from governor.state.store import state_dir
 from governor.supervise.ready import server_url
 from governor.supervise.supervisor import Backend, Job, Supervisor
 from governor.supervise.watchdog import Watchdog, fork_watchdog
@@ -142,7 +143,7 @@ def launch(path: Path, argv: tuple[str, ...], opts: HostOptions, lopts: LaunchOp
     for event, message in entry.warnings:
         log.warning(event, message=message)
     check_device(entry.plan, opts)  # live, also on a cached plan: MemAvailable moves
-    extra = learned_extra(entry.estimate, argv, directory)  # the peaks earlier runs measured
+    extra = learned_extra(entry.estimate, argv, state_dir())  # the peaks earlier runs measured
     # the plan is compiled and checked; nothing is applied before the supervisor runs the job
     admitted = admit_launch(entry, directory, opts, lopts, extra)  # 75 before applying
     try:
@@ -260,8 +261,8 @@ def learned_extra(
     estimate: dict[str, Any] | None, argv: tuple[str, ...], directory: Path
 ) -> dict[str, Any]:
     """The job's extra: the estimate, with the peak earlier runs of this model and argv measured
-    (governor/rundir/peaks.py: ``measured``, ``measured_runs``), and the key the supervisor
-    records this run's peak under (``peak_key``). A bad peaks file is one warning."""
+    (governor/state/peaks.py: ``measured``, ``measured_runs``), and the key the supervisor
+    records this run's peak under (``peak_key``). A bad store is one warning."""
     if estimate is None:
         return {}
     model = estimate.get("model")

@@ -359,7 +359,7 @@ def slice_of_plan(
     """The slice of a typed plan: the one admission is about to start, or a published state's
     (``current``, ``yields`` as checked, ``extra``: its liveness, journal, router): read from
     the :class:`Plan` itself, no dict in between. ``measured``: (peak, runs) its earlier runs
-    measured (governor/rundir/peaks.py), claimed instead of the estimate."""
+    measured (governor/state/peaks.py), claimed instead of the estimate."""
     memory = ("memory.min", "memory.max", "memory.high")
     limits = {
         w.file: _size(w.value, w.file)

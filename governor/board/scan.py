@@ -156,7 +156,7 @@ def running_slices(
 
 
 def _measured(model: dict[str, Any]) -> tuple[int, int] | None:
-    """The (peak, runs) a state's model says its earlier runs measured (governor/rundir/peaks.py;
+    """The (peak, runs) a state's model says its earlier runs measured (governor/state/peaks.py;
     published by the supervisor), None when it says none or something else."""
     peak, runs = model.get("measured"), model.get("measured_runs")
     ok = all(isinstance(v, int) and not isinstance(v, bool) and v > 0 for v in (peak, runs))

@@ -62,7 +62,7 @@ class Slice:
     min: int = 0  # memory.min: guaranteed
     peak: int = 0  # the expected peak (see peak_source); at least min
     peak_source: PeakSource = "none"  # measured | estimate | max | high | none (min or current)
-    peak_runs: int = 0  # measured: how many runs it is the highest of (governor/rundir/peaks.py)
+    peak_runs: int = 0  # measured: how many runs it is the highest of (governor/state/peaks.py)
     current: int | None = None  # memory.current now (None: not running, or unreadable)
     state: SliceState = "running"
     device: int = 0  # [device] memory, held outside every cgroup

@@ -153,7 +153,8 @@ def init(  # noqa: PLR0917  # typer passes every option as a parameter
         typer.Option(
             "--model",
             "-m",
-            help="the GGUF model file; a models directory or a preset .ini: llama-server's router",
+            help="the GGUF model file; a models directory or a preset .ini: llama-server's"
+            " router; a .rkllm file: RKLLM's NPU memory",
             show_default=False,
         ),
     ],
@@ -194,11 +195,12 @@ def init(  # noqa: PLR0917  # typer passes every option as a parameter
 ) -> None:
     """Write a commented policy for a GGUF model on this board (--root: another board's facts):
     memory.min/high/max from the estimate, the largest context that fits, big cores, prefetch,
-    graded pressure rules. Exit 65 when the model does not fit even a small context."""
+    graded pressure rules. Exit 65 when the model does not fit even a small context; 75 when an
+    RKLLM model's NPU memory does not fit beside the running RKLLM instances."""
     from governor.api import compile as api_compile
     from governor.api.outputs import write_policy
+    from governor.init import rkllm, router
     from governor.init.draft import Request
-    from governor.init.router import RouterSizing
 
     board = size_option(board_memory, "--board-memory")
     if board is not None and board <= 0:
@@ -225,7 +227,15 @@ def init(  # noqa: PLR0917  # typer passes every option as a parameter
     s = draft.sizing
     root = f"--root {STATE.root} " if STATE.root != Path("/") else ""
     allow = f" --allow-missing {','.join(draft.missing)}" if draft.missing else ""
-    if isinstance(s, RouterSizing):  # llama-server's router (governor/init/router.py)
+    if isinstance(s, rkllm.RkllmSizing):  # an RKLLM model (governor/init/rkllm.py)
+        typer.echo(
+            f"wrote {output}: MAX_CONTEXT_LEN {s.ctx}, device memory {s.npu >> 20} MiB"
+            f" ({s.source}; board {s.board >> 20} MiB)\n"
+            f"next: governor {root}check {output}{allow} --engine-argv"
+            f" {shlex.quote(shlex.join(draft.engine))}"
+        )
+        return
+    if isinstance(s, router.RouterSizing):  # llama-server's router (governor/init/router.py)
         typer.echo(
             f"wrote {output}: --models-max {s.models_max}, memory.high {s.mem_high >> 20} MiB,"
             f" max {s.mem_max >> 20} MiB (the {s.models_max} largest models"

@@ -180,6 +180,9 @@ ExecStart=@GOVERNOR@ launch --backend systemd --policy ${GOVERNOR_POLICY} -- $GO
 # the unit's cgroup subtree belongs to governor: it moves itself to <unit>/supervisor and runs
 # the engine in <unit>/engine (no internal processes)
 Delegate=yes
+# /var/lib/governor: what runs measured of each model (governor/state/store.py), kept across
+# reboots (the run dir /run/governor is a tmpfs)
+StateDirectory=governor
 # SIGTERM to the governor only; it forwards it to the engine and cleans up
 KillMode=mixed
 TimeoutStopSec=30s

@@ -125,7 +125,7 @@ class Estimate:
     # what the estimate does not size (options, a recurrent model's checkpoints): warned about
     warnings: tuple[str, ...] = ()
     # (peak, runs): what earlier governed runs of this model and argv measured
-    # (governor/rundir/peaks.py), shown beside the formula's total and claimed on the board
+    # (governor/state/peaks.py), shown beside the formula's total and claimed on the board
     measured: tuple[int, int] | None = None
 
     @property

@@ -1,5 +1,5 @@
 """`governor init` beside what earlier runs measured (issue 45 item 3): the peak governed runs
-of this model and engine command line reached (governor/rundir/peaks.py) is shown beside the
+of this model and engine command line reached (governor/state/peaks.py) is shown beside the
 formula's total, and memory.max/high are sized from it when it is the higher of the two (the
 formula under-estimates there; a lower measured peak leaves the formula's sizing alone: a short
 run may not have filled the context)."""

@@ -208,7 +208,7 @@ def _would(mode: str) -> str:
 
 
 def peak_said(row: dict[str, Any]) -> str:
-    """A row's peak source: ``measured, 3 runs`` (governor/rundir/peaks.py), ``estimate``..."""
+    """A row's peak source: ``measured, 3 runs`` (governor/state/peaks.py), ``estimate``..."""
     if row["peak_source"] != "measured":
         return str(row["peak_source"])
     runs = row.get("peak_runs") or 0

@@ -1,5 +1,5 @@
 """What a governed run teaches the estimate (issue 45 item 3): its measured peak, recorded at the
-engine's exit under the key launch computed (``extra["peak_key"]``: governor/rundir/peaks.py)."""
+engine's exit under the key launch computed (``extra["peak_key"]``: governor/state/peaks.py)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,8 @@ from typing import Any
 
 from governor.launch.launcher import LaunchReport
 from governor.log import get_logger
-from governor.rundir.peaks import LockBusy, record_peak
+from governor.state.peaks import LockBusy, record_peak
+from governor.state.store import state_dir
 
 log = get_logger("governor.supervise")
 
@@ -26,9 +27,10 @@ def measured_peak(report: LaunchReport) -> int | None:
     return None
 
 
-def learn_peak(extra: dict[str, Any], report: LaunchReport, directory: Path) -> None:
-    """Record the run's measured peak under its key; the first time the learned peak is far
-    from the formula's, say so once (a warning, and ``far`` in the report's ``learned``)."""
+def learn_peak(extra: dict[str, Any], report: LaunchReport, directory: Path | None = None) -> None:
+    """Record the run's measured peak under its key in ``directory``'s store (None: the state
+    directory, state/store.py state_dir); the first time the learned peak is far from the
+    formula's, say so once (a warning, and ``far`` in the report's ``learned``)."""
     key = extra.get("peak_key")
     peak = measured_peak(report)
     if not isinstance(key, str) or peak is None:
@@ -36,7 +38,7 @@ def learn_peak(extra: dict[str, Any], report: LaunchReport, directory: Path) -> 
     total = (extra.get("estimate") or {}).get("total")
     estimate = total if isinstance(total, int) and total > 0 else None
     try:
-        got, far = record_peak(directory, key, peak, estimate)
+        got, far = record_peak(directory or state_dir(), key, peak, estimate)
     except (OSError, LockBusy) as err:
         log.warning("peak.unrecorded", peak=peak, error=str(err))
         return

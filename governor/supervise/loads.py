@@ -1,6 +1,6 @@
 """What each model of llama-server's router costs to bring back (issue 46 item 1): its **load
 seconds**, from its child's start to its first answer, and the **bytes** its leaf holds then,
-recorded per model identity (cache/costs.py) and published with the models (RunState.router:
+recorded per model identity (state/costs.py) and published with the models (RunState.router:
 ``status`` and ``governor_model_load_seconds``).
 
 A child's start is its placement into its leaf (supervise/models.py: within POLL_S of its
@@ -10,7 +10,7 @@ peer/router.py): the router marks a child loaded once the child answers it
 (tools/server/server-models.cpp), so the time is the client's wait for a cold model. The
 router is asked only while a load is pending, at most every POLL_S, each call within the
 client's deadline. A load the router reports stopped (``unloaded``, ``failed``) is no
-measurement, nor one that took more than cache/costs.py's MAX_LOAD_S.
+measurement, nor one that took more than state/costs.py's MAX_LOAD_S.
 
 The evictor (supervise/evict.py) reads :meth:`Loads.reload_s`: what is measured in this run,
 else what an earlier run recorded for the same model file.
@@ -24,7 +24,6 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from governor.cache.costs import MAX_LOAD_S, Cost, CostBook, identity
 from governor.errors import GovernorError
 from governor.kernel import files as kf
 from governor.kernel.cgroupfs import CgroupFs
@@ -32,6 +31,7 @@ from governor.kernel.leafname import LeafNameError, model_cgroup
 from governor.log import get_logger
 from governor.peer.router import RouterClient, RouterError
 from governor.plan.llama_args import last_value
+from governor.state.costs import MAX_LOAD_S, Cost, CostBook, identity
 
 log = get_logger(__name__)
 

@@ -35,8 +35,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from governor.board import scan as board_scan
-from governor.cache.costs import CostBook
-from governor.cache.store import cache_dir
 from governor.errors import GovernorError
 from governor.kernel import files as kf
 from governor.kernel.cgroupfs import CgroupFs
@@ -46,6 +44,8 @@ from governor.monitor.actions.unload import TOTALS, merge_unloads
 from governor.peer.router import RouterClient
 from governor.plan.llama_args import last_value
 from governor.record import record
+from governor.state.costs import CostBook
+from governor.state.store import state_dir
 from governor.supervise.activity import Activity
 from governor.supervise.evict import Evictor
 from governor.supervise.loads import Loads, child_model
@@ -431,13 +431,13 @@ def router_leaves(
     memory.max is the board's free budget for this slice, governor/board/scan.py free_for);
     with ``slot_save`` (the router's --slot-save-path) the evictor's victims' slots are saved
     and restored at their next load (supervise/slots.py); ``costs_dir``: where each model's
-    measured load is kept across runs (cache/costs.py; None: cache/store.py cache_dir)."""
+    measured load is kept across runs (state/costs.py; None: state/store.py state_dir)."""
     activity = evictor = slots = loads = None
     if router_url is not None:
         # one for the activity's slot checks and the evictor, each request within ROUTER_S
         client = RouterClient(router_url, timeout=ROUTER_S)
         activity = Activity(fs, plan.group, client=client)
-        book = CostBook(cache_dir() if costs_dir is None else costs_dir)
+        book = CostBook(state_dir() if costs_dir is None else costs_dir)
         loads = Loads(fs, plan.group, client=client, book=book)
         if plan.engine.evict == "memory":
             if slot_save:

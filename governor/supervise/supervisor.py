@@ -51,7 +51,7 @@ if TYPE_CHECKING:
     from governor.supervise.ready import ReadyWait
 
 log = get_logger("governor.launch")
-# the estimate's keys a published state carries (the learned peak: rundir/peaks.py)
+# the estimate's keys a published state carries (the learned peak: state/peaks.py)
 MODEL_KEYS = ("model", "quant", "total", "router", "measured", "measured_runs")
 
 
@@ -282,7 +282,7 @@ class Supervisor:
             report.extra["restarts"] = restarts.history
             report.extra.update(job.extra)
             lock_error = self._collect_prefetch(report)
-            learn_peak(job.extra, report, job.run_dir or run_dir())
+            learn_peak(job.extra, report)
             log.info("engine.exit", **{k: v for k, v in vars(report).items() if k != "argv"})
             if job.report is not None:
                 _write_report(job.report, report)

@@ -8,9 +8,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from governor.cache.costs import CostBook, identity
 from governor.kernel import files as kf
 from governor.rundir.journal import Journal
+from governor.state.costs import CostBook, identity
 from governor.supervise.loads import Loads
 
 from .test_model_leaves import MovingFs

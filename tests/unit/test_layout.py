@@ -91,6 +91,7 @@ RUN_TIME = _tree(
     "governor.monitor",
     "governor.supervise",
     "governor.rundir",
+    "governor.state",
     "governor.cache",
     "governor.peer",
     "governor.board",
@@ -131,6 +132,7 @@ TOP_LEVEL_PACKAGES = frozenset(
         "plan",
         "policy",
         "rundir",
+        "state",
         "supervise",
     }
 )

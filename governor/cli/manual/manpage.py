@@ -51,6 +51,8 @@ EXIT_STATUS: tuple[tuple[str, str], ...] = (
 ENVIRONMENT: tuple[tuple[str, str], ...] = (
     ("GOVERNOR_RUN_DIR", "where running policies publish their state (default /run/governor"
      " as root, else $XDG_RUNTIME_DIR/governor)"),
+    ("GOVERNOR_STATE_DIR", "where what runs measured of each model is kept across reboots"
+     " (default /var/lib/governor as root, else $XDG_STATE_HOME/governor)"),
     (METRICS_ENV, "the default of --metrics"),
     (BOARD_ENV, f"the board file (default {BOARD_FILE})"),
 )  # fmt: skip

@@ -362,3 +362,45 @@ def test_wait_refuses_at_once_when_no_slice_that_can_end_frees_enough(
     b.gone_at["peer"] = 1.0
     admission(plan("wait"), **b.kw(tmp_path)).release()
     assert b.now == 1.0
+
+
+def test_check_refuses_a_second_rkllm_instance_whose_npu_memory_does_not_fit_with_75(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 45 item 6, end to end: `check --engine-argv` of an RKLLM policy beside a running
+    RKLLM instance goes through admission's NPU wiring (governor/api/admit.py admission ->
+    npu_admission -> board/npu.py): the memory budget has room, the NPU's 4 GiB domain has not:
+    75, one line naming the instance that holds it; the same policy fits once it is gone."""
+    from governor.rundir.state import Publisher, applied
+
+    run_dir = tmp_path / "run"
+    monkeypatch.setenv("GOVERNOR_RUN_DIR", str(run_dir))
+    monkeypatch.setenv("GOVERNOR_BOARD", str(tmp_path / "board.toml"))
+    held = json.loads(GOLDEN.read_text())
+    group = "governor.slice/npu-a"
+    held.update(policy="npu-a", group=group, leaf=f"{group}/engine", writes=[])
+    held["engine"] = {**held["engine"], "kind": "rkllm"}
+    held["device"] = {"memory": 3 * GIB, "pool": "system", "reason": "device.memory"}
+    held["cgroup_root"] = str(tmp_path / "cg")  # an applied slice holds while its group exists
+    (tmp_path / "cg" / group).mkdir(parents=True)
+    Publisher(run_dir, "npu-a").publish(
+        applied(Plan.from_dict(held), policy_path=None, created=[], started_at=1.0)
+    )
+    model = tmp_path / "m.rkllm"
+    model.write_bytes(b"w")
+    npu = policy(tmp_path, "npu-b", '[engine]\nkind = "rkllm"\n[device]\nmemory = "1200MiB"\n')
+    argv = ("--root", str(RK3588), "check", str(npu), "--engine-argv", f"llm_demo {model} 64 512")
+    code, _, err = run(capsys, *argv)
+    assert code == 75, err
+    assert err.splitlines()[0].startswith(
+        "governor: npu-b needs 1200 MiB of NPU memory beside the running RKLLM instance(s)"
+        " (npu-a 3072 MiB): 4272 MiB is above the NPU's 4 GiB address space"
+    ), err
+    assert err.splitlines()[1].startswith("hint: stop the other RKLLM engine first")
+    npu.write_text('name = "npu-b"\n[engine]\nkind = "rkllm"\n[device]\nmemory = "512MiB"\n')
+    code, _, err = run(capsys, *argv)
+    assert code == 0, err
+    (tmp_path / "cg" / group).rmdir()  # the first instance is gone: the bigger claim fits
+    npu.write_text('name = "npu-b"\n[engine]\nkind = "rkllm"\n[device]\nmemory = "1200MiB"\n')
+    code, _, err = run(capsys, *argv)
+    assert code == 0, err

@@ -401,9 +401,9 @@ def test_init_and_estimate_show_the_peak_earlier_runs_of_the_command_line_measur
 ) -> None:
     """issue 45 item 3: a recorded peak above the formula's sizes memory.max from it; both
     `init` and `estimate` show it with its source."""
-    from governor.rundir.peaks import peak_key, record_peak
+    from governor.state.peaks import peak_key, record_peak
 
-    monkeypatch.setenv("GOVERNOR_RUN_DIR", str(tmp_path))
+    monkeypatch.setenv("GOVERNOR_STATE_DIR", str(tmp_path))
     root = str(HOSTS / "cgroup2-full")
     argv = ("--model", str(tiny), "--board-memory", str(2 * GIB))
     before, text, _ = _init(capsys, root, *argv)

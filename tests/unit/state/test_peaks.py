@@ -1,4 +1,4 @@
-"""Peaks learned from runs (issue 45 item 3, governor/rundir/peaks.py): recorded under the model
+"""Peaks learned from runs (issue 45 item 3, governor/state/peaks.py): recorded under the model
 file's identity and the argv's plan key, bounded, validated on read, shown by `governor board`
 and `estimate`. Needs: a tmp directory (no kernel)."""
 
@@ -10,6 +10,8 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from governor.board.budget import slice_of_plan
 from governor.board.scan import scan as gather
 from governor.engines.estimate import estimate, measured_lines
@@ -18,9 +20,10 @@ from governor.engines.settings import Settings
 from governor.launch.launcher import LaunchReport
 from governor.operate.boardview import render, view
 from governor.plan.model import Plan
-from governor.rundir import peaks
-from governor.rundir.peaks import KEYS_MAX, RUNS_MAX, learned, peak_key, read_peaks, record_peak
 from governor.rundir.state import Publisher, applied
+from governor.state import peaks, store
+from governor.state.peaks import learned, peak_key, record_peak
+from governor.state.store import MODELS_MAX, PLANS_MAX, RUNS_MAX, Store
 from governor.supervise.learn import learn_peak, measured_peak
 
 GOLDEN = Path(__file__).resolve().parents[2] / "golden/plans/base@rk3588.json"
@@ -77,18 +80,25 @@ def test_runs_are_kept_bounded_and_the_learned_peak_is_their_highest(tmp_path: P
     for i in range(RUNS_MAX + 3):
         got, _far = record_peak(tmp_path, "k", (100 + i) * MIB, 110 * MIB, now=float(i))
     assert (got.peak, got.runs) == ((100 + RUNS_MAX + 2) * MIB, RUNS_MAX)
-    for i in range(KEYS_MAX + 5):
-        record_peak(tmp_path, f"key{i}", 100 * MIB, None, now=1000.0 + i)
-    entries, note = read_peaks(tmp_path)
-    assert note is None and len(entries) == KEYS_MAX
-    assert "k" not in entries and "key0" not in entries and f"key{KEYS_MAX + 4}" in entries
-    got2, _ = learned(tmp_path, f"key{KEYS_MAX + 4}")
+    for i in range(PLANS_MAX + 2):  # one model's plans: the ones recorded last
+        record_peak(tmp_path, f"k plan{i}", 100 * MIB, None, now=500.0 + i)
+    entries, note = Store(tmp_path).read()
+    assert note is None and sorted(entries["k"]["peaks"]) == sorted(
+        f"plan{i}" for i in range(2, PLANS_MAX + 2)
+    )
+    for i in range(MODELS_MAX + 5):
+        record_peak(tmp_path, f"model{i} plan", 100 * MIB, None, now=1000.0 + i)
+    entries, note = Store(tmp_path).read()
+    assert note is None and len(entries) == MODELS_MAX
+    assert "k" not in entries and "model0" not in entries and f"model{MODELS_MAX + 4}" in entries
+    got2, _ = learned(tmp_path, f"model{MODELS_MAX + 4} plan")
     assert got2 is not None and got2.text() == "peak 100 MiB (measured, 1 run)"
 
 
-def test_a_bad_peaks_file_is_one_note_and_the_next_run_replaces_it(tmp_path: Path) -> None:
-    path = tmp_path / peaks.PEAKS_FILE
-    for bad in (b"\xff", b"{", b"[]", json.dumps({"format": 1, "peaks": {"k": {"runs": [-1]}}})):
+def test_a_bad_store_is_one_note_and_the_next_run_replaces_it(tmp_path: Path) -> None:
+    path = tmp_path / store.FILE
+    entry = {"at": 1.0, "peaks": {"": {"runs": [-1], "at": 1.0}}}
+    for bad in (b"\xff", b"{", b"[]", json.dumps({"format": 1, "models": {"k": entry}})):
         path.write_bytes(bad if isinstance(bad, bytes) else bad.encode())
         got, note = learned(tmp_path, "k")
         assert got is None and note is not None and str(path) in note
@@ -159,3 +169,25 @@ def test_estimate_shows_the_measured_peak_beside_the_formula() -> None:
         line == f"  peak          612.0 MiB  (measured, 3 runs; the formula's total is {ratio}x it)"
     )
     assert est.to_dict()["measured"] == {"peak": 612 * MIB, "runs": 3}
+
+
+def test_a_run_records_in_the_state_dir_and_the_next_launch_reads_it_there(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The supervisor's learn_peak (no directory: the state directory) and launch's
+    learned_extra meet in $GOVERNOR_STATE_DIR, never the run dir (a tmpfs)."""
+    from governor.api.launch import learned_extra
+    from governor.state.store import state_dir
+
+    state, run = tmp_path / "state", tmp_path / "run"
+    monkeypatch.setenv("GOVERNOR_STATE_DIR", str(state))
+    monkeypatch.setenv("GOVERNOR_RUN_DIR", str(run))
+    m = model(tmp_path)
+    argv = ("llama-cli", "-m", str(m), "-c", "512")
+    est = {"model": str(m), "total": 700 * MIB}
+    extra = learned_extra(est, argv, state_dir())
+    assert "measured" not in extra["estimate"]
+    learn_peak(extra, report())  # what the supervisor calls at the engine's exit
+    again = learned_extra(est, argv, state_dir())
+    assert (again["estimate"]["measured"], again["estimate"]["measured_runs"]) == (612 * MIB, 1)
+    assert (state / store.FILE).is_file() and not run.exists()

@@ -1,6 +1,6 @@
-"""The measured cost per model file (governor/cache/costs.py, issue 46 item 1): a bounded,
-validated file of the cache directory; an entry that is not what the governor writes is
-dropped, a file over its cap or in an untrusted directory is not read."""
+"""The measured cost per model file (governor/state/costs.py, issue 46 item 1), kept in the
+state directory's per-model store (state/store.py): a load that is not what the governor writes
+is dropped, a file over its cap or in an untrusted directory is not read."""
 
 from __future__ import annotations
 
@@ -10,16 +10,17 @@ from pathlib import Path
 
 import pytest
 
-from governor.cache.costs import (
-    FILE,
-    FILE_CAP,
-    MAX_MODELS,
-    Cost,
-    CostBook,
-    identity,
-    parse,
-    render,
-)
+from governor.state.costs import Cost, CostBook
+from governor.state.store import FILE, FILE_CAP, MODELS_MAX, parse
+
+
+def render(costs: dict[str, Cost]) -> bytes:
+    """A store holding these loads (what CostBook.record writes, one entry per model)."""
+    models = {
+        k: {"at": c.at, "load": {"load_s": c.load_s, "bytes": c.bytes, "at": c.at}}
+        for k, c in costs.items()
+    }
+    return json.dumps({"format": 1, "models": models}).encode()
 
 
 def test_a_cost_round_trips_and_the_file_keeps_the_most_recent_entries(tmp_path: Path) -> None:
@@ -27,11 +28,12 @@ def test_a_cost_round_trips_and_the_file_keeps_the_most_recent_entries(tmp_path:
     assert book.read() == {}
     assert book.record("m.gguf|1|2", Cost(load_s=3.25, bytes=42, at=10.0))
     assert book.get("m.gguf|1|2") == Cost(load_s=3.25, bytes=42, at=10.0)
-    many = {f"k{i}": Cost(load_s=1.0, bytes=i, at=float(i)) for i in range(MAX_MODELS + 5)}
-    kept = parse(render(many))
-    assert len(kept) == MAX_MODELS
-    assert "k0" not in kept and f"k{MAX_MODELS + 4}" in kept  # the oldest measured go
-    assert len(render(many)) < FILE_CAP
+    for i in range(MODELS_MAX + 5):
+        book.record(f"k{i}", Cost(load_s=1.0, bytes=i, at=float(i)))
+    kept = book.read()
+    assert len(kept) == MODELS_MAX
+    assert "k0" not in kept and f"k{MODELS_MAX + 4}" in kept  # the oldest recorded go
+    assert (tmp_path / "cache" / FILE).stat().st_size < FILE_CAP
 
 
 @pytest.mark.parametrize(
@@ -49,15 +51,18 @@ def test_a_cost_round_trips_and_the_file_keeps_the_most_recent_entries(tmp_path:
 )
 def test_an_entry_that_is_no_measurement_is_dropped_the_others_kept(entry: object) -> None:
     good = {"load_s": 2, "bytes": 7, "at": 5}
-    raw = json.dumps({"format": 1, "models": {"bad": entry, "good": good}}).encode()
-    assert parse(raw) == {"good": Cost(load_s=2.0, bytes=7, at=5.0)}
+    models = {"bad": {"at": 1, "load": entry}, "good": {"at": 1, "load": good}}
+    kept, note = parse(json.dumps({"format": 1, "models": models}).encode())
+    assert kept == {"bad": {"at": 1}, "good": {"at": 1, "load": good}}
+    assert note is not None and "'bad'" in note
 
 
 @pytest.mark.parametrize(
     "raw", [b"", b"\xff", b"[]", b'{"format": 2, "models": {}}', b'{"format": 1, "models": []}']
 )
-def test_a_file_that_is_no_cost_file_holds_nothing(raw: bytes) -> None:
-    assert parse(raw) == {}
+def test_a_file_that_is_no_store_holds_nothing_and_says_so(raw: bytes) -> None:
+    kept, note = parse(raw)
+    assert kept == {} and note is not None
 
 
 def test_a_file_over_its_cap_or_in_an_untrusted_directory_is_not_read(tmp_path: Path) -> None:
@@ -71,13 +76,3 @@ def test_a_file_over_its_cap_or_in_an_untrusted_directory_is_not_read(tmp_path: 
     os.chmod(directory, 0o777)  # anyone could have written it
     assert book.read() == {}
     assert CostBook(None).read() == {} and not CostBook(None).record("k", Cost(1.0, 1, 1.0))
-
-
-def test_the_identity_is_the_model_files_name_size_and_mtime(tmp_path: Path) -> None:
-    m = tmp_path / "m.gguf"
-    m.write_bytes(b"x" * 10)
-    os.utime(m, ns=(1, 2_000_000_000))
-    assert identity(m) == "m.gguf|10|2000000000"
-    m.write_bytes(b"y" * 11)  # another model under the same name
-    assert identity(m) != "m.gguf|10|2000000000"
-    assert identity(tmp_path / "gone.gguf") is None
