@@ -22,7 +22,7 @@ def test_a_failing_cell_is_reported_and_the_matrix_goes_on() -> None:
     got = run_matrix(cells, run)
     assert [r.cell for r in got] == [c.name for c in cells]
     assert got[1].error == f"RuntimeError: {cells[1].name}: exit 1; see log"
-    assert not got[1].false_refusal  # a failed cell is no measurement
+    assert not got[1].false_refusal and got[1].estimate == 0  # a failed cell measured nothing
     text = table(got)
     assert f"| {cells[1].name} |" in text and "FAILED: RuntimeError" in text
     assert text.splitlines()[-1].endswith(f"; FAILED 1: {cells[1].name}")
