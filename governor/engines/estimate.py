@@ -1,6 +1,6 @@
 """Resident memory of llama.cpp for a GGUF model and an argv, before anything runs (pure).
 
-    total = weights + repack + KV cache + compute (touched part) + margin
+    total = weights + repack + KV cache + compute (touched part) + engine + margin
 
 - weights: the tensor data, as file pages (mmap, the default; llama.cpp maps with MAP_POPULATE,
   src/llama-mmap.cpp) or as an anonymous copy (``-lm none``). Charged to the cgroup that first
@@ -19,7 +19,8 @@
   COMPUTE_TOUCHED_SHARE.
 - engine: the engine's binary and the libraries beside it, file pages read at exec and charged
   like the model's on a cold cache (governor/engines/engine_files.py; docs/calibration.md).
-- margin: libc/OpenMP arenas, thread stacks, page tables; measured (docs/calibration.md).
+- margin: libc/OpenMP arenas, thread stacks, page tables and the C++/OpenMP runtime libraries;
+  measured (docs/calibration.md).
 
 llama-server adds slots, its prompt cache and context checkpoints: governor/engines/server.py.
 The options both read, resolved to numbers, are governor/engines/settings.py's Settings.
