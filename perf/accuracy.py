@@ -34,6 +34,7 @@ import sys
 import time
 import urllib.request
 import zlib
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -102,6 +103,11 @@ class Result:
     prompt_tokens: list[int] = field(default_factory=list)
     oom_kill: int = 0
     wall_s: float = 0.0
+    # memory.stat's other charged kinds at the end of the run (STAT_KEYS) and the engine's own
+    # files' page cache after it (fincore: what the run read of its binary and libraries)
+    stat: dict[str, int] = field(default_factory=dict)
+    engine_files: dict[str, int] = field(default_factory=dict)
+    error: str = ""  # the cell failed: why (reported in the table, not fatal)
 
     @property
     def ratio(self) -> float:
@@ -109,13 +115,31 @@ class Result:
 
     @property
     def verdict(self) -> str:
+        if self.error:
+            return f"FAILED: {self.error}"
         if self.ratio < 1.0:
             return "UNDER"
         return "over band" if self.ratio > 1.0 + BAND else "ok"
 
     @property
     def false_refusal(self) -> bool:
-        return self.estimate > self.peak * (1.0 + BAND)
+        return self.estimate > self.peak * (1.0 + BAND)  # a failed cell: 0 > 0
+
+
+STAT_KEYS = ("file_mapped", "kernel", "kernel_stack", "pagetables", "slab", "sock", "shmem")
+
+
+def failed(cell: Cell, error: str) -> Result:
+    """A cell that did not run to its measurement (reported as such, the matrix goes on)."""
+    return Result(cell.name, shlex.join([cell.program.name, *cell.argv]), 0, {}, 0, 0, 0,
+                  error=error)  # fmt: skip
+
+
+def engine_files(program: Path) -> list[Path]:
+    """The engine's binary and the shared libraries it loads (ldd), resolved."""
+    out = subprocess.run(["ldd", str(program)], capture_output=True, text=True, check=False)
+    libs = [w for line in out.stdout.splitlines() for w in line.split() if w.startswith("/")]
+    return [program.resolve(), *(Path(w).resolve() for w in libs)]
 
 
 def png(side: int = 64) -> bytes:
@@ -215,6 +239,17 @@ def run_cell(cell: Cell, parent: Path | None, log: Path) -> Result:
         return _run_rss(cell, log)
     group = parent / cell.name
     group.mkdir()
+    try:
+        return _run_in(cell, group, log)
+    finally:
+        for _ in range(50):
+            with contextlib.suppress(OSError):
+                group.rmdir()
+                break
+            time.sleep(0.2)
+
+
+def _run_in(cell: Cell, group: Path, log: Path) -> Result:
     argv = list(cell.argv)
     port = free_port()
     if cell.program == SERVER:
@@ -243,11 +278,6 @@ def run_cell(cell: Cell, parent: Path | None, log: Path) -> Result:
             proc.kill()
             proc.wait()
     events = read_kv(group / "memory.events")
-    for _ in range(50):
-        with contextlib.suppress(OSError):
-            group.rmdir()
-            break
-        time.sleep(0.2)
     return Result(
         cell=cell.name,
         argv=shlex.join([cell.program.name, *cell.argv]),
@@ -259,6 +289,8 @@ def run_cell(cell: Cell, parent: Path | None, log: Path) -> Result:
         prompt_tokens=tokens,
         oom_kill=events.get("oom_kill", 0),
         wall_s=time.monotonic() - t0,
+        stat={k: stat[k] for k in STAT_KEYS if k in stat},
+        engine_files={str(f): cached_bytes(f) for f in engine_files(cell.program)},
     )
 
 
@@ -319,7 +351,29 @@ def _run_rss(cell: Cell, log: Path) -> Result:
     )
 
 
+def run_matrix(cells: list[Cell], run: Callable[[Cell], Result]) -> list[Result]:
+    """Every cell through ``run``, one line each; a cell that fails is reported, not fatal."""
+    results: list[Result] = []
+    for cell in cells:
+        try:
+            r = run(cell)
+        except (OSError, RuntimeError, ValueError, subprocess.SubprocessError) as e:
+            r = failed(cell, f"{type(e).__name__}: {e}")
+            print(f"perf/accuracy: {cell.name}: FAILED {r.error}", flush=True)
+        else:
+            print(
+                f"perf/accuracy: {r.cell}: estimate {r.estimate / MIB:.1f} MiB, peak"
+                f" {r.peak / MIB:.1f} MiB ({r.ratio:.3f}), tokens {r.prompt_tokens},"
+                f" {r.wall_s:.0f} s; {r.argv}\n  terms {r.terms}; anon {r.anon} file {r.file};"
+                f" stat {r.stat}; engine files cached {r.engine_files}",
+                flush=True,
+            )
+        results.append(r)
+    return results
+
+
 def table(results: list[Result]) -> str:
+    """The markdown table docs/benchmarks.md shows (its source), with the summary line."""
     lines = [
         "| cell | estimate MiB | memory.peak MiB | anon / file MiB | ratio | verdict |",
         "|---|---:|---:|---:|---:|---|",
@@ -329,17 +383,44 @@ def table(results: list[Result]) -> str:
             f"| {r.cell} | {r.estimate / MIB:.1f} | {r.peak / MIB:.1f} |"
             f" {r.anon / MIB:.0f} / {r.file / MIB:.0f} | {r.ratio:.3f} | {r.verdict} |"
         )
-    if results:
-        worst_over = max(results, key=lambda r: r.ratio)
-        worst_under = min(results, key=lambda r: r.ratio)
-        refused = [r.cell for r in results if r.false_refusal]
-        lines.append("")
-        lines.append(
-            f"cells {len(results)}; worst over {worst_over.cell} {worst_over.ratio - 1:+.1%};"
-            f" worst under {worst_under.cell} {worst_under.ratio - 1:+.1%};"
+    lines += ["", summary(results)]
+    return "\n".join(lines)
+
+
+def summary(results: list[Result]) -> str:
+    """cells, worst over and under, false refusals, failed cells (not counted in the worst)."""
+    ran = [r for r in results if not r.error]
+    bad = [r.cell for r in results if r.error]
+    out = f"cells {len(results)}"
+    if ran:
+        over = max(ran, key=lambda r: r.ratio)
+        under = min(ran, key=lambda r: r.ratio)
+        refused = [r.cell for r in ran if r.false_refusal]
+        out += (
+            f"; worst over {over.cell} {over.ratio - 1:+.1%};"
+            f" worst under {under.cell} {under.ratio - 1:+.1%};"
             f" false refusals {len(refused)}{': ' + ', '.join(refused) if refused else ''}"
         )
-    return "\n".join(lines)
+    return out + (f"; FAILED {len(bad)}: {', '.join(bad)}" if bad else "")
+
+
+def provenance() -> str:
+    """Date, commit, kernel and engine build of a run: the line above the table."""
+    commit = subprocess.run(
+        ["git", "-C", str(REPO), "rev-parse", "--short", "HEAD"],
+        capture_output=True, text=True, check=False,
+    ).stdout.strip() or "unknown"  # fmt: skip
+    version = subprocess.run(
+        [str(COMPLETION), "--version"], capture_output=True, text=True, check=False
+    )
+    build = next(
+        (ln for ln in (version.stdout + version.stderr).splitlines() if ln.startswith("version")),
+        "version unknown",
+    )
+    return (
+        f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, commit {commit},"
+        f" kernel {os.uname().release}, llama.cpp {build}"
+    )
 
 
 def in_guest(argv: list[str], timeout: float) -> int:
@@ -389,22 +470,16 @@ def main() -> int:
         parent = CGROUP / SLICE
         parent.mkdir(exist_ok=True)
         (parent / "cgroup.subtree_control").write_text("+memory")
-    results: list[Result] = []
     t0 = time.monotonic()
     with contextlib.ExitStack() as stack:
         if parent is not None:
             stack.callback(parent.rmdir)
-        for cell in cells:
-            r = run_cell(cell, parent, Path(f"/tmp/perf-accuracy-{cell.name}.log"))
-            print(
-                f"perf/accuracy: {r.cell}: estimate {r.estimate / MIB:.1f} MiB, peak"
-                f" {r.peak / MIB:.1f} MiB ({r.ratio:.3f}), tokens {r.prompt_tokens},"
-                f" {r.wall_s:.0f} s; {r.argv}",
-                flush=True,
-            )
-            results.append(r)
+        results = run_matrix(
+            cells, lambda c: run_cell(c, parent, Path(f"/tmp/perf-accuracy-{c.name}.log"))
+        )
     print(f"perf/accuracy: {len(results)} cells in {time.monotonic() - t0:.0f} s")
-    print("\n" + table(results), flush=True)
+    command = shlex.join(["python", "-m", "perf.accuracy", *sys.argv[1:]])
+    print(f"\n{provenance()}; {command}\n\n{table(results)}", flush=True)
     if a.json:
         a.json.write_text(json.dumps([asdict(r) for r in results], indent=1))
     return 0

@@ -15,6 +15,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar, Protocol, TypeVar
 
+from governor.engines.engine_files import engine_file_bytes
 from governor.engines.estimate import Estimate, cpu_family, estimate
 from governor.engines.gguf import read_gguf_cached as read_gguf
 from governor.engines.llama import EngineArgs, EngineArgvError, model_parts, parse_llama_argv
@@ -65,6 +66,9 @@ def estimate_argv(args: EngineArgs, *, root: Path, budget: int | None) -> Estima
         extra = tuple(t for p in parts[1:] for t in read_gguf(p).tensors)
         info = replace(info, tensors=info.tensors + extra)
     settings = settings_from_argv(args, info.n_ctx_train)
+    if args.argv:
+        found = engine_file_bytes(args.argv[0], root=root)
+        settings = replace(settings, engine_files=found)
     if args.mmproj is not None:
         proj = read_projector(Path(args.mmproj), image_max_tokens=args.image_max_tokens)
         offload = "no_mmproj_offload" not in args.flags

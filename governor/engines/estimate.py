@@ -1,6 +1,6 @@
 """Resident memory of llama.cpp for a GGUF model and an argv, before anything runs (pure).
 
-    total = weights + repack + KV cache + compute (touched part) + margin
+    total = weights + repack + KV cache + compute (touched part) + engine + margin
 
 - weights: the tensor data, as file pages (mmap, the default; llama.cpp maps with MAP_POPULATE,
   src/llama-mmap.cpp) or as an anonymous copy (``-lm none``). Charged to the cgroup that first
@@ -17,7 +17,10 @@
   (305 MiB for a 151936 vocab at -ub 512, notes/engine.md) but mostly never touched: only the
   rows of tokens that need logits are written. It is printed, and counted at
   COMPUTE_TOUCHED_SHARE.
-- margin: binary, libc/OpenMP arenas, thread stacks, page tables; measured (docs/calibration.md).
+- engine: the engine's binary and the libraries beside it, file pages read at exec and charged
+  like the model's on a cold cache (governor/engines/engine_files.py; docs/calibration.md).
+- margin: libc/OpenMP arenas, thread stacks, page tables and the C++/OpenMP runtime libraries;
+  measured (docs/calibration.md).
 
 llama-server adds slots, its prompt cache and context checkpoints: governor/engines/server.py.
 The options both read, resolved to numbers, are governor/engines/settings.py's Settings.
@@ -34,14 +37,22 @@ from governor.engines.gguf import GgufInfo
 from governor.engines.settings import KV_CELL_PAD, Settings
 
 MIB = 1 << 20
-# memory.peak minus the other terms in the kernel guest (docs/calibration.md): the engine's own
-# anon (libc/OpenMP arenas, thread stacks) and page tables, 10-15 MiB for both
-# synthetic models (llama.cpp 0c1e57098)
-MARGIN_BYTES = 15 * MIB
+# memory.peak minus the other terms in the kernel guest (perf/accuracy.py, docs/calibration.md):
+# the engine's own anon (libc/OpenMP arenas, thread stacks, page tables: ~8 MiB under the
+# guest's THP=always) and the C++/OpenMP runtimes it loads (libstdc++, libgomp, libgcc_s:
+# 2.5 MiB, charged on a cold cache where no other process maps them) (llama.cpp b11312)
+MARGIN_BYTES = 11 * MIB
+# the engine's files when its program is not found on disk (a bare name): scripts/engine-setup's
+# llama-server (b11312, x86-64-v3, static), 14.3 MiB, the largest of its binaries
+# (llama-completion 10.7, llama-mtmd-cli 12.4 MiB)
+ENGINE_FILE_BYTES = 15 * MIB
 # share of the reserved compute buffer that is written: ggml's allocator reuses the buffer for
 # the graph's intermediates, but the logits part (vocab x ubatch) is written only for tokens
-# that need logits (the big model's other anon, 66 MiB with 305 MiB reserved: docs/calibration.md)
-COMPUTE_TOUCHED_SHARE = 0.15
+# that need logits. Measured as memory.peak's anon beyond KV, repack and margin in the kernel
+# guest (perf/accuracy.py): 35-37 % for the tiny and small models (9 and 70 MiB reserved), 18 %
+# for the 1.1 GiB one (305 MiB reserved, docs/calibration.md): the larger share, so the
+# estimate is not under for a small model
+COMPUTE_TOUCHED_SHARE = 0.45
 
 # bytes per element of KV cache types (-ctk/-ctv): block size / elements per block (ggml.c)
 KV_TYPE_BYTES: dict[str, float] = {
@@ -284,12 +295,18 @@ def _terms(info: GgufInfo, s: Settings, family: str, margin: int) -> tuple[Term,
         )
     )
     if s.projector is not None:
-        out += [Term(*t) for t in projector.terms(s.projector)]
+        out += [Term(*t) for t in projector.terms(s.projector, server=s.server)]
     if s.server:
         tok = kv_token_bytes(info, s)
         out += [Term(*t) for t in server.terms(info, s, tok)]
         margin += server.MARGIN_BYTES
-    out.append(Term("margin", margin, "binary, libs, threads, page tables (measured)"))
+    if s.engine_files is None:
+        out.append(
+            Term("engine", ENGINE_FILE_BYTES, "binary and libs: not found, the largest measured")
+        )
+    else:
+        out.append(Term("engine", s.engine_files, "binary and libs beside it: file pages"))
+    out.append(Term("margin", margin, "heap, arenas, threads, page tables (measured)"))
     return tuple(out)
 
 

@@ -31,13 +31,17 @@ from governor.engines.gguf import read_header
 from governor.errors import PolicyError
 
 MIB = 1 << 20
-# mtmd's per-request state beside the encode buffer: the decoded image, the helper's batches,
-# the HTTP thread's malloc arena (measured on llama-server 0c1e57098 with the synthetic
-# projector, a 64x64 PNG: 10.6 MiB of anon after the first image on the host; in the kernel
-# guest memory.peak was 133.7 MiB, then 138.2 (anon 74 and 78 MiB), where the estimate with
-# 12 MiB here said 127.7: 22.5 MiB is the larger measured need, 28 MiB keeps ~5 MiB of
-# run-to-run noise above it and stays within +10 % of the smaller)
-IMAGE_MARGIN_BYTES = 28 * MIB
+# mtmd's per-request state beside the encode buffer: the decoded image, the helper's batches
+# (measured on llama-server 0c1e57098 with the synthetic projector, a 64x64 PNG: 10.6 MiB of
+# anon after the first image on the host). perf/accuracy.py's kernel guest run (b11312, the
+# binary in the engine term): llama-mtmd-cli peaked at 125.8 MiB, its image ~14 MiB of anon
+# beyond the text engine's = encode 4.8 + ~9.5; 10 MiB here puts it at +2.4 %
+IMAGE_MARGIN_BYTES = 10 * MIB
+# llama-server decodes and encodes an image in its HTTP and task threads (their malloc arenas):
+# its two projector cells peaked at 140.2 and 144.4 MiB, ~10 MiB above the CLI's need; with
+# this the estimate is +3.2 / +3.0 %, ~4.5 MiB of run-to-run anon noise above (earlier guest
+# runs: 133.7 and 138.2 MiB)
+SERVER_IMAGE_MARGIN_BYTES = 10 * MIB
 F32 = 4
 # activations live at once per position besides the FFN's (residual, normed input, attention
 # output, one spare): ggml-alloc's peak in a ViT block
@@ -133,9 +137,11 @@ def read_projector(path: Path, *, image_max_tokens: int | None = None) -> Projec
         ) from err
 
 
-def terms(p: Projector) -> list[tuple[str, int, str]]:
-    """(name, bytes, detail) of the projector's terms."""
+def terms(p: Projector, *, server: bool = False) -> list[tuple[str, int, str]]:
+    """(name, bytes, detail) of the projector's terms (``server``: llama-server's request
+    threads add theirs)."""
     where = "" if p.offload else "; --no-mmproj-offload"
+    state = IMAGE_MARGIN_BYTES + (SERVER_IMAGE_MARGIN_BYTES if server else 0)
     return [
         (
             "projector",
@@ -144,9 +150,9 @@ def terms(p: Projector) -> list[tuple[str, int, str]]:
         ),
         (
             "image",
-            p.encode + IMAGE_MARGIN_BYTES,
+            p.encode + state,
             f"encode {p.encode / MIB:.1f} MiB ({p.n_pos} patches) + mtmd"
-            f" {IMAGE_MARGIN_BYTES / MIB:.0f} MiB; {p.tokens} context tokens an image",
+            f" {state / MIB:.0f} MiB; {p.tokens} context tokens an image",
         ),
     ]
 

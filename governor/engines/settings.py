@@ -35,6 +35,9 @@ class Settings:
     ctx_checkpoints: int = 0
     # --mmproj: the vision projector read from its file (governor/engines/projector.py)
     projector: Projector | None = None
+    # the engine's binary and the libraries beside it, bytes (governor/engines/engine_files.py;
+    # None: the program is not a file found on disk, estimate.ENGINE_FILE_BYTES)
+    engine_files: int | None = None
 
     @property
     def mmap(self) -> bool:

@@ -127,6 +127,10 @@ def test_the_synthetic_projector_is_sized_into_the_estimate(
     assert est.total == without.total + est.term("projector") + est.term("image")
     assert "projector" in render(est) and "1024 context tokens an image" in render(est)
     assert not est.warnings  # -c 1024 holds one image
+    # llama-server's request threads hold an image's state too (perf/accuracy.py's guest run)
+    srv = ["llama-server", *argv[1:], "--cache-ram", "0", "--mmproj", str(proj)]
+    served = estimate_argv(parse_llama_argv(srv), root=Path("/"), budget=None)
+    assert served.term("image") == est.term("image") + pj.SERVER_IMAGE_MARGIN_BYTES
 
 
 def test_a_context_smaller_than_one_image_is_warned_about(pair: tuple[Path, Path]) -> None:
