@@ -40,7 +40,8 @@ CMDLINE_SHOWN = 80  # characters of the holder's command line in a message
 
 
 class LockBusy(Exception):
-    """The lock at ``path`` was still held at the deadline, after ``waited`` seconds;
+    """The lock at ``path`` was still held at the deadline, after ``waited`` seconds (the wait
+    it was given: from the first try to the deadline);
     ``holder``: who holds it, as a message names it ("pid 1234 (governor launch ...)")."""
 
     def __init__(self, path: Path, holder: str, waited: float) -> None:
@@ -116,7 +117,9 @@ def take(
                     raise
             now = clock()
             if now >= deadline:
-                raise LockBusy(path, holder(path, proc), now - start)
+                # the wait it was given, not the clock's overshoot past it (a loaded machine
+                # said "held ... for 2.01s" of a 2 s wait)
+                raise LockBusy(path, holder(path, proc), max(0.0, deadline - start))
             sleep(min(poll, deadline - now))
         # fixed width, then cut: a waiter reading meanwhile sees a whole pid or the old one
         line = f"{os.getpid():<{PID_WIDTH}d}\n".encode()

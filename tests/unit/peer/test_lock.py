@@ -71,7 +71,7 @@ def test_a_held_lock_is_given_up_at_the_deadline_naming_the_holder(
     assert 1.0 <= took < 10.0  # did not hang (a blocking lockf would wait for the child)
     assert err.value.holder.startswith(f"pid {held.pid} (")
     assert f"({sys.executable} -c " in err.value.holder  # its command line, from /proc
-    assert 1.0 <= err.value.waited < 10.0
+    assert 0.9 <= err.value.waited <= 1.0  # the wait it was given, never the overshoot past it
     assert str(err.value).startswith(f"board.lock held by pid {held.pid} ")
 
 
