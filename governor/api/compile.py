@@ -1,5 +1,5 @@
-"""Compile-time commands in the composition root: `doctor`, `schema`, `estimate`, `check
---engine-argv` and `init`."""
+"""Compile-time commands in the composition root: `schema`, `estimate`, `check
+--engine-argv` and `init` (`doctor`: api/doctor.py)."""
 
 from __future__ import annotations
 
@@ -19,13 +19,10 @@ from governor.api.host import (
     load_policy,
     preflight_engine,
     probe_host,
-    sysfs_root,
 )
-from governor.backends.placement import parse_proc_cgroup
 from governor.board.budget import Budget, no_budget_text
 from governor.board.file import is_board_file, no_budget_error, read_board
 from governor.board.scan import memtotal
-from governor.compile.doctor import diagnose, mglru_finding, swap_finding, write_probe_findings
 from governor.compile.headroom import psi_shed_warning
 from governor.engines.budget import estimate_argv, estimate_router, policy_budget
 from governor.engines.cache_build import cache_warnings, engine_build
@@ -35,11 +32,7 @@ from governor.engines.router import RouterEstimate
 from governor.errors import HostError, PolicyError, UsageError
 from governor.init.draft import Draft, Request, draft
 from governor.init.router import RouterDraft, draft_router, is_router_model
-from governor.kernel.cgroupfs import CgroupFs
-from governor.kernel.mglru import MglruReader
 from governor.kernel.procfs import ProcFs
-from governor.kernel.swap import SwapReader
-from governor.kernel.writeprobe import probe_peak_reset, probe_reclaim_swappiness
 from governor.launch.executable import which
 from governor.monitor.victims import governed_groups
 from governor.policy.model import Policy
@@ -48,31 +41,7 @@ from governor.rundir.peaks import learned, peak_key
 from governor.rundir.state import run_dir
 
 if TYPE_CHECKING:
-    from governor.compile.doctor import Finding
-    from governor.plan.host import HostFacts
     from governor.plan.model import Plan
-
-
-def doctor(opts: HostOptions) -> tuple[HostFacts, list[Finding]]:
-
-    host = probe_host(opts)
-    swap = SwapReader(opts.root / "proc", sysfs_root(opts)).read()
-    lru = MglruReader(sysfs_root(opts)).read()
-    found = [*diagnose(host), swap_finding(swap, host.kernel_version), mglru_finding(lru)]
-    # the write probes only on this host's cgroupfs or an explicit --cgroup-root: never into
-    # a --root tree (the fixture boards)
-    mount = opts.cgroup_root or (Path(host.cgroup_mount) if host.cgroup_mount else None)
-    if mount is not None and (opts.cgroup_root is not None or opts.root == Path("/")):
-        fs, own = CgroupFs(mount), _own_cgroup(opts.root / "proc")
-        found += write_probe_findings(probe_peak_reset(fs, own), probe_reclaim_swappiness(fs, own))
-    return host, found
-
-
-def _own_cgroup(proc: Path) -> str | None:
-    try:
-        return parse_proc_cgroup(ProcFs(proc).self_cgroup()) or None
-    except (OSError, ValueError):
-        return None
 
 
 def shed_warnings(plan: Plan, opts: HostOptions) -> list[str]:

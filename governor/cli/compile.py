@@ -83,9 +83,9 @@ def doctor(
     ] = False,
 ) -> None:
     """What this host supports, what is missing, and how to fix each (exit 69 on errors)."""
-    from governor.api import compile as api_compile
+    from governor.api import doctor as api_doctor
 
-    host, findings = api_compile.doctor(host_options())
+    host, findings = api_doctor.doctor(host_options())
     show_doctor(host, findings, as_json=as_json)
     if any(f.level == "error" for f in findings):
         raise typer.Exit(69)
