@@ -31,5 +31,5 @@ def _no_plugins() -> Iterable[object]:
 
 if LOADER not in sys.modules:
     _stub = types.ModuleType(LOADER, "no pydantic plugin scan: governor/policy/noplugins.py")
-    _stub.get_plugins = _no_plugins
+    vars(_stub).update(get_plugins=_no_plugins)
     sys.modules[LOADER] = _stub
