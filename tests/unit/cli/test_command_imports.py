@@ -83,7 +83,10 @@ def test_a_command_that_reads_no_policy_never_imports_the_compile_time_stack(
 
 def test_check_builds_the_policy_models_without_pydantics_plugin_scan(tmp_path: Path) -> None:
     modules = imported(tmp_path, "--root", str(BOARD), "check", str(POLICY))
-    assert "governor.policy.model" in modules  # the models were built
+    assert "governor.compile.compiler" in modules  # the policy was compiled ...
+    assert "governor.policy.model" in modules  # ... through the models
+    # without --engine-argv no model file is read and no policy drafted (api/check.py)
+    assert not [m for m in ("governor.engines.estimate", "governor.init.draft") if m in modules]
     # the scan reads every installed distribution's entry points through importlib.metadata
     assert "importlib.metadata" not in modules
     loader = "pydantic.plugin._loader"
