@@ -1,11 +1,10 @@
-"""Compile-time commands in the composition root: `doctor`, `schema`, `estimate`, `check
---engine-argv` and `init`."""
+"""Compile-time commands in the composition root: `schema`, `estimate`, `check
+--engine-argv` and `init` (`doctor`: api/doctor.py; `check` without --engine-argv: api/check.py)."""
 
 from __future__ import annotations
 
 import os
 import shlex
-import tomllib
 from collections.abc import Callable, Sequence
 from dataclasses import replace
 from pathlib import Path
@@ -13,20 +12,14 @@ from typing import TYPE_CHECKING, Any
 
 from governor.api.admit import admission, lock_wait, npu_claims
 from governor.api.board import tenants
+from governor.api.check import shed_warnings
 from governor.api.host import (
     HostOptions,
     check_device,
     load_policy,
     preflight_engine,
     probe_host,
-    sysfs_root,
 )
-from governor.backends.placement import parse_proc_cgroup
-from governor.board.budget import Budget, no_budget_text
-from governor.board.file import is_board_file, no_budget_error, read_board
-from governor.board.scan import memtotal
-from governor.compile.doctor import diagnose, mglru_finding, swap_finding, write_probe_findings
-from governor.compile.headroom import psi_shed_warning
 from governor.engines.budget import estimate_argv, estimate_router, policy_budget
 from governor.engines.cache_build import cache_warnings, engine_build
 from governor.engines.estimate import Estimate
@@ -36,13 +29,7 @@ from governor.errors import HostError, PolicyError, UsageError
 from governor.init.draft import Draft, Request, draft
 from governor.init.rkllm import RkllmDraft, draft_rkllm, is_rkllm_model
 from governor.init.router import RouterDraft, draft_router, is_router_model
-from governor.kernel.cgroupfs import CgroupFs
-from governor.kernel.mglru import MglruReader
-from governor.kernel.procfs import ProcFs
-from governor.kernel.swap import SwapReader
-from governor.kernel.writeprobe import probe_peak_reset, probe_reclaim_swappiness
 from governor.launch.executable import which
-from governor.monitor.victims import governed_groups
 from governor.policy.model import Policy
 from governor.record import record
 from governor.rundir.state import run_dir
@@ -50,80 +37,7 @@ from governor.state.peaks import learned, peak_key
 from governor.state.store import state_dir
 
 if TYPE_CHECKING:
-    from governor.compile.doctor import Finding
-    from governor.plan.host import HostFacts
     from governor.plan.model import Plan
-
-
-def doctor(opts: HostOptions) -> tuple[HostFacts, list[Finding]]:
-
-    host = probe_host(opts)
-    swap = SwapReader(opts.root / "proc", sysfs_root(opts)).read()
-    lru = MglruReader(sysfs_root(opts)).read()
-    found = [*diagnose(host), swap_finding(swap, host.kernel_version), mglru_finding(lru)]
-    # the write probes only on this host's cgroupfs or an explicit --cgroup-root: never into
-    # a --root tree (the fixture boards)
-    mount = opts.cgroup_root or (Path(host.cgroup_mount) if host.cgroup_mount else None)
-    if mount is not None and (opts.cgroup_root is not None or opts.root == Path("/")):
-        fs, own = CgroupFs(mount), _own_cgroup(opts.root / "proc")
-        found += write_probe_findings(probe_peak_reset(fs, own), probe_reclaim_swappiness(fs, own))
-    return host, found
-
-
-def _own_cgroup(proc: Path) -> str | None:
-    try:
-        return parse_proc_cgroup(ProcFs(proc).self_cgroup()) or None
-    except (OSError, ValueError):
-        return None
-
-
-def shed_warnings(plan: Plan, opts: HostOptions) -> list[str]:
-    """`check`'s warnings about the board the plan runs on (issue 43 item 14): a shed on PSI
-    alone without (enough) swap (governor/compile/headroom.py)."""
-
-    meminfo = ProcFs(opts.root / "proc").meminfo()
-    if "MemTotal" not in meminfo:
-        return []
-    warning = psi_shed_warning(plan, meminfo.get("SwapTotal"), meminfo["MemTotal"])
-    return [] if warning is None else [warning]
-
-
-def check_board(path: Path, root: Path = Path("/")) -> int | None:
-    """`governor check` of the board file (issue 23): the number of cgroups it lists, None
-    when ``path`` is no board file (a policy). PolicyError (65) names the file and field; a
-    ``[board] reserve`` that leaves no budget beside ``root``'s MemTotal is one too."""
-
-    if not is_board_file(path):
-        return None
-    read = read_board(path, governed_slices(path.parent))
-    if read.errors:
-        raise read.errors[0]
-    if read.reserve is not None:
-        none = no_budget_text(Budget.of(memtotal(root), read.reserve))
-        if none is not None:
-            raise no_budget_error(none, path)
-    return len(read.entries)
-
-
-def governed_slices(policy_dir: Path) -> list[str]:
-    """The groups a board entry may not be, contain or lie inside: every published plan's
-    (the run dir) and every policy's in ``policy_dir`` (the board file's directory,
-    /etc/governor): ``<slice>/<name>``."""
-
-    out = set(governed_groups(run_dir()))
-    try:
-        files = sorted(policy_dir.glob("*.toml"))
-    except OSError:
-        files = []
-    for f in files:
-        try:
-            raw = tomllib.loads(f.read_text())
-        except (OSError, ValueError, RecursionError):
-            continue  # not a policy: `governor check` of that file says why
-        name, slice_ = raw.get("name"), raw.get("slice", "governor.slice")
-        if isinstance(name, str) and isinstance(slice_, str) and name and slice_:
-            out.add(f"{slice_}/{name}")
-    return sorted(out)
 
 
 def schema() -> dict[str, Any]:

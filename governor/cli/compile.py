@@ -41,22 +41,22 @@ def check(
 ) -> None:
     """Validate a policy and compile it against this host (exit 0 when it can be enforced);
     or check the board file (/etc/governor/board.toml: [[cgroup]] tables, no name)."""
-    from governor.api import compile as api_compile
-    from governor.api import host as api_host
+    from governor.api import check as api_check
 
-    board = api_compile.check_board(policy, host_options(allow_missing).root)
+    board = api_check.check_board(policy, host_options(allow_missing).root)
     if board is not None:
         typer.echo(f"{policy}: ok (board file, {board} ungoverned cgroup(s))")
         return
     if engine_argv is not None:
+        from governor.api import compile as api_compile
+
         plan, est, warnings = api_compile.check_engine(
             policy, host_options(allow_missing), split_argv(engine_argv), force=force
         )
         show_check(policy, plan, est, warnings)
     else:
-        opts = host_options(allow_missing)
-        plan = api_host.check(policy, opts)
-        show_check(policy, plan, warnings=api_compile.shed_warnings(plan, opts))
+        plan, warnings = api_check.check_policy(policy, host_options(allow_missing))
+        show_check(policy, plan, warnings=warnings)
 
 
 def plan(
@@ -83,9 +83,9 @@ def doctor(
     ] = False,
 ) -> None:
     """What this host supports, what is missing, and how to fix each (exit 69 on errors)."""
-    from governor.api import compile as api_compile
+    from governor.api import doctor as api_doctor
 
-    host, findings = api_compile.doctor(host_options())
+    host, findings = api_doctor.doctor(host_options())
     show_doctor(host, findings, as_json=as_json)
     if any(f.level == "error" for f in findings):
         raise typer.Exit(69)

@@ -8,8 +8,6 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict
-
 from governor.kernel.files import (
     CGROUP_CONTROLLERS,
     CGROUP_FREEZE,
@@ -25,6 +23,7 @@ from governor.kernel.parse import format_cpulist
 from governor.kernel.swap import BoardSwap
 from governor.kernel.writeprobe import Probe
 from governor.plan.host import HostFacts
+from governor.record import record
 from governor.sizes import human_bytes
 
 Level = Literal["ok", "warn", "error"]
@@ -76,9 +75,8 @@ _KERNEL_FEATURES: tuple[tuple[str, tuple[int, int], str, str], ...] = (
 )  # fmt: skip
 
 
-class Finding(BaseModel):
-    model_config = ConfigDict(frozen=True, extra="forbid")
-
+@record(frozen=True)
+class Finding:
     level: Level
     topic: str
     message: str

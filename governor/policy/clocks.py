@@ -28,6 +28,8 @@ from pydantic import (
     model_validator,
 )
 
+from governor.policy import noplugins  # noqa: F401  # before the first model: no plugin scan
+
 CLOCK_KEYS = ("big", "little", "npu", "gpu", "dmc")
 _GOVERNOR_RE = re.compile(r"[a-z][a-z0-9_]{0,31}")  # CPUFREQ_NAME_LEN / DEVFREQ_NAME_LEN 16-ish
 _FREQ_RE = re.compile(r"\s*([0-9]+(?:\.[0-9]+)?)\s*(Hz|kHz|MHz|GHz)\s*")

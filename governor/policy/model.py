@@ -27,6 +27,7 @@ from pydantic import (
 from governor.kernel.leafname import refusal
 from governor.monitor import triggers
 from governor.policy import durations as d
+from governor.policy import noplugins  # noqa: F401  # before the first model: no plugin scan
 from governor.policy import values as v
 from governor.policy.clocks import ClocksSection
 

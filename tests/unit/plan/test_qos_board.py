@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from fakefs.plans import make_plan
 
-from governor.api.compile import check_board
+from governor.api.check import check_board
 from governor.board.file import load_board, read_board
 from governor.compile.compiler import compile_plan
 from governor.errors import PolicyError
