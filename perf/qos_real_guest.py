@@ -126,10 +126,16 @@ def init_policy(model: Path, engine_argv: str, name: str, out: Path) -> tuple[li
     )  # fmt: skip
     if r.returncode != 0:
         raise SystemExit(f"bench: governor init {name} exited {r.returncode}: {r.stderr[-800:]}")
-    m = re.search(r"--engine-argv '([^']*)'", r.stdout)
+    return init_said(r.stdout)
+
+
+def init_said(text: str) -> tuple[list[str], str]:
+    """init's output: the engine command line of its `next:` line (the one it sized for) and
+    its first line (`wrote FILE: -c N, memory.min ...`)."""
+    m = re.search(r"--engine-argv '([^']*)'", text)
     if not m:
-        raise SystemExit(f"bench: no engine command line in init's output: {r.stdout[-800:]}")
-    return shlex.split(m.group(1)), r.stdout.splitlines()[0]
+        raise SystemExit(f"bench: no engine command line in init's output: {text[-800:]}")
+    return shlex.split(m.group(1)), text.splitlines()[0]
 
 
 def policies(st: Setup) -> None:
