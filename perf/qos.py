@@ -3,6 +3,7 @@
 
     flock /tmp/governor-guest.lock .venv/bin/python -m perf.qos --guest [--repeat 2]
     .venv/bin/python -m perf.qos [--repeat 2]   # as root where systemd is PID 1 (the guest)
+    ... -m perf.qos --engine real [--guest] ...   # the real engines (issue 48): perf/qos_real.py
 
 The workload (the issue's, in the 2 GiB systemd guest, no swap): tests/helpers/kvchat.py, the
 interactive engine, reads a 400 MiB mmapped model (an ext4 loop file: real, evictable page
