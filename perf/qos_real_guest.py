@@ -24,7 +24,7 @@ from openai.types.chat import ChatCompletionMessageParam
 
 from perf._helpers.cgroup import read_kv
 from perf._helpers.disk import writable_disk_dir
-from perf._helpers.server import SERVER_ARGS, client, free_port, prompt, wait_ready
+from perf._helpers.server import SERVER_ARGS, client, free_port, health, prompt
 from perf.qos_common import HELPERS, REPO, oom_victims
 from perf.qos_guest import Proc, cgroup2_root, drop_model, governor_actions, kmsg_now, log, sh
 from perf.qos_report import RealRun, Turn, decode_tps
@@ -54,6 +54,7 @@ class Setup:
     turns: int  # turns a conversation before a new one starts
     oomd_limit: str
     oomd_duration: str
+    job_wait_s: float = 300.0  # after the chat's turns; a job still running then did not finish
     chat_argv: list[str] = field(default_factory=list)  # init's command line, without the port
     job_argv: list[str] = field(default_factory=list)
     chat_policy: Path | None = None
@@ -283,7 +284,11 @@ def once(st: Setup, swap: str, arm: str, rnd: int, seq: int) -> RealRun:
     since = time.time()
     job_t0 = 0.0
     try:
-        wait_ready(base, None, timeout=300)
+        up_by = time.monotonic() + 300
+        while health(base) != 200:
+            if chat.popen.poll() is not None or time.monotonic() > up_by:
+                raise AssertionError(f"the chat never answered /health ({logs['chat']})")
+            time.sleep(0.2)
         conv = Conversations(st, base)
         conv.next()  # warm-up: the model's pages in, not measured
         if arm != "solo":
@@ -312,7 +317,7 @@ def once(st: Setup, swap: str, arm: str, rnd: int, seq: int) -> RealRun:
         run.turns, run.tps = len(turns), decode_tps(turns)
         run.ttfts = [round(t.ttft_s, 4) for t in turns]
         if job is not None:
-            by = time.monotonic() + 600
+            by = time.monotonic() + st.job_wait_s
             while job.popen.poll() is None and time.monotonic() < by:
                 time.sleep(0.5)
             run.job_rc = job.popen.poll()
@@ -320,6 +325,8 @@ def once(st: Setup, swap: str, arm: str, rnd: int, seq: int) -> RealRun:
                 run.job_s = round(time.monotonic() - job_t0, 2)
     except (AssertionError, OSError, openai.OpenAIError) as err:
         run.error = f"{type(err).__name__}: {err}"[:300]
+        tail = logs["chat"].read_text(errors="replace")[-1500:] if logs["chat"].exists() else ""
+        log(f"{arm}: {run.error}; the chat's log ends:\n{tail}")
     finally:
         for p in (chat, job, hog):
             if p is not None and p.popen.poll() is None:
