@@ -301,6 +301,7 @@ def once(st: Setup, swap: str, arm: str, rnd: int, seq: int) -> RealRun:
                                   scope_limits(jmem) if limited else [])  # fmt: skip
             hog = start_scope(f"qosreal-hog-{tag}.scope", bg_slice, hog_cmd, hog_log, [])
         r0 = refaults(chat)
+        chat.sample()
         turns: list[Turn] = []
         end = time.monotonic() + st.chat_s
         while time.monotonic() < end and chat.popen.poll() is None:
@@ -309,10 +310,12 @@ def once(st: Setup, swap: str, arm: str, rnd: int, seq: int) -> RealRun:
             except (openai.OpenAIError, OSError) as err:
                 run.error = f"chat turn {len(turns)}: {type(err).__name__}: {err}"[:300]
                 break
-            for p in (job, hog):
+            for p in (chat, job, hog):
                 if p is not None:
                     p.sample()
         r1 = refaults(chat)
+        if len(chat.full_us) >= 2:
+            run.full_s = round((chat.full_us[-1][1] - chat.full_us[0][1]) / 1e6, 2)
         run.refault_file = r1 - r0 if r0 is not None and r1 is not None else None
         run.turns, run.tps = len(turns), decode_tps(turns)
         run.ttfts = [round(t.ttft_s, 4) for t in turns]
@@ -358,7 +361,7 @@ def once(st: Setup, swap: str, arm: str, rnd: int, seq: int) -> RealRun:
             run.kills += [a for a in governor_actions(path, who) if a.endswith(": kill")]
     log(f"{swap} {arm} r{rnd} #{seq}: {run.turns} turns {run.tps:.2f} tok/s, ttft "
         f"{sorted(run.ttfts)[len(run.ttfts) // 2] if run.ttfts else '-'}s, job rc {run.job_rc} "
-        f"{run.job_s}s, hog rc {run.hog_rc}, refault {run.refault_file}, kills {run.kills}, "
+        f"{run.job_s}s, hog rc {run.hog_rc}, refault {run.refault_file}, full {run.full_s}s, kills {run.kills}, "
         f"actions {run.actions}, error {run.error}")  # fmt: skip
     return run
 

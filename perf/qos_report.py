@@ -59,6 +59,7 @@ class RealRun:
     job_s: float | None = None  # the batch generation's start to exit 0; None: it did not finish
     hog_rc: int | None = None
     refault_file: int | None = None  # the chat cgroup's workingset_refault_file over the window
+    full_s: float | None = None  # the chat cgroup's memory.pressure `full` over the window
     kills: list[str] = field(default_factory=list)
     actions: list[str] = field(default_factory=list)
     error: str | None = None
@@ -168,8 +169,8 @@ def table(rows: Sequence[Row]) -> str:
 
 CSV_FIELDS = (
     "swap", "arm", "round", "seq", "tps", "ratio", "turns", "ttft_p50", "ttft_p95",
-    "chat_rc", "job_rc", "job_s", "hog_rc", "refault_file", "oom_kills", "kills", "actions",
-    "error",
+    "chat_rc", "job_rc", "job_s", "hog_rc", "refault_file", "full_s", "oom_kills", "kills",
+    "actions", "error",
 )  # fmt: skip
 
 
