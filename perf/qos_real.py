@@ -31,6 +31,7 @@ line and the host writes the files (matplotlib needs only the host's venv).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import datetime
 import json
 import os
@@ -118,10 +119,11 @@ def collect(lines: Sequence[str]) -> tuple[list[RealRun], dict[str, Any]]:
     runs: list[dict[str, Any]] = []
     meta: dict[str, Any] = {}
     for line in lines:
-        if line.startswith(RUN_TAG):
-            runs.append(json.loads(line[len(RUN_TAG) :]))
-        elif line.startswith(META_TAG):
-            meta.update(json.loads(line[len(META_TAG) :]))
+        with contextlib.suppress(ValueError):  # a line the guest's end cut short
+            if line.startswith(RUN_TAG):
+                runs.append(json.loads(line[len(RUN_TAG) :]))
+            elif line.startswith(META_TAG):
+                meta.update(json.loads(line[len(META_TAG) :]))
     return runs_from_json(runs), meta
 
 
@@ -163,7 +165,7 @@ def in_guest(argv: list[str], a: argparse.Namespace) -> int:
         for line in p.stdout:
             if not line.startswith((RUN_TAG, META_TAG)):
                 print(line, end="", flush=True)
-            lines.append(line.rstrip("\n"))
+            lines.append(line.rstrip("\r\n"))
     runs, meta = collect(lines)
     if not runs:
         print("bench: the guest reported no run", flush=True)
