@@ -3,6 +3,7 @@
 
     flock /tmp/governor-guest.lock .venv/bin/python -m perf.qos --guest [--repeat 2]
     .venv/bin/python -m perf.qos [--repeat 2]   # as root where systemd is PID 1 (the guest)
+    ... -m perf.qos --engine real [--guest] ...   # the real engines (issue 48): perf/qos_real.py
 
 The workload (the issue's, in the 2 GiB systemd guest, no swap): tests/helpers/kvchat.py, the
 interactive engine, reads a 400 MiB mmapped model (an ext4 loop file: real, evictable page
@@ -63,6 +64,15 @@ def in_guest(argv: list[str], timeout: float, cpus: int) -> int:
 
 
 def main() -> int:
+    pre = argparse.ArgumentParser(add_help=False)
+    # kvchat: tests/helpers/kvchat.py + hog.py, six arms (issue 23); real: llama-server +
+    # llama-completion + hog.py on three swap setups (issue 48, perf/qos_real.py)
+    pre.add_argument("--engine", choices=("kvchat", "real"), default="kvchat")
+    known, rest = pre.parse_known_args()
+    if known.engine == "real":
+        from perf.qos_real import main as real
+
+        return real(rest)
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
     ap.add_argument("--repeat", type=int, default=2, help="rounds (each: solo + every arm)")
     ap.add_argument("--arms", default=",".join(ARMS), help=f"subset of {','.join(ARMS)}")
@@ -79,6 +89,12 @@ def main() -> int:
     # 2, not the test tiers' 4: with more vCPUs than the host's 2 cores the host's scheduler,
     # not the guest's cpu.weight and cpusets, decides who runs (the issue measured 2 vCPUs)
     ap.add_argument("--guest-cpus", type=int, default=2, help="the guest's vCPUs (--guest)")
+    ap.add_argument(
+        "--engine",
+        choices=("kvchat", "real"),
+        default="kvchat",
+        help="real: the real engines (perf/qos_real.py; --engine real --help)",
+    )
     a = ap.parse_args()
     if a.guest:
         return in_guest([x for x in sys.argv[1:] if x != "--guest"], a.guest_timeout, a.guest_cpus)

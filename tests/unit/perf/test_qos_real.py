@@ -1,0 +1,190 @@
+"""perf/qos --engine real (issue 48): its command line (perf/qos_real.py), the aggregation and
+the writers (perf/qos_report.py: the ratio to the solo runs around a run, the median and the
+WORST round, TTFT p50/p95, the CSV and JSON schema, the PNG plots) and the parsing of what
+`governor init` printed and of the policy sizes systemd takes (perf/qos_real_guest.py). The
+benchmark itself runs in the systemd guest, not in CI."""
+
+from __future__ import annotations
+
+import csv
+import json
+from pathlib import Path
+
+import pytest
+
+from perf.qos_real import META_TAG, RUN_TAG, collect, finish, parse
+from perf.qos_real_guest import init_said, scope_limits, systemd_bytes
+from perf.qos_report import (
+    CSV_FIELDS,
+    RealRun,
+    Turn,
+    assign_ratios,
+    decode_tps,
+    percentile,
+    plot,
+    runs_from_json,
+    summarise,
+    table,
+    write_csv,
+    write_json,
+)
+
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+
+
+def test_the_full_benchmark_is_the_default_and_a_smoke_run_is_its_subset() -> None:
+    a = parse([])
+    assert (a.swap, a.arms, a.rounds) == (
+        ["none", "zram", "zswap"], ["bare", "earlyoom", "oomd", "governor"], 3,
+    )  # fmt: skip
+    a = parse(["--swap", "none", "--arms", "bare,governor", "--rounds", "1", "--guest"])
+    assert (a.swap, a.arms, a.rounds, a.guest) == (["none"], ["bare", "governor"], 1, True)
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [["--swap", "none,zfs"], ["--arms", "bare,gov"], ["--rounds", "0"], ["--swap", ","]],
+)
+def test_an_unknown_swap_setup_or_arm_or_no_round_is_refused(
+    argv: list[str], capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(SystemExit) as err:
+        parse(argv)
+    assert err.value.code == 2
+    assert "argument --" in capsys.readouterr().err
+
+
+def test_percentile_interpolates_between_the_closest_ranks() -> None:
+    assert percentile([4.0, 1.0, 3.0, 2.0], 50) == pytest.approx(2.5)
+    assert percentile([4.0, 1.0, 3.0, 2.0], 95) == pytest.approx(3.85)
+    assert percentile([7.0], 95) == 7.0
+    assert percentile([], 50) is None
+
+
+def test_decode_speed_counts_the_tokens_after_the_first_over_the_time_after_it() -> None:
+    turns = [Turn(ttft_s=1.0, tokens=11, seconds=3.0), Turn(ttft_s=0.5, tokens=6, seconds=5.5)]
+    assert decode_tps(turns) == pytest.approx((10 + 5) / (2.0 + 5.0))
+    assert decode_tps([]) == 0.0
+
+
+def _runs() -> list[RealRun]:
+    """One swap setup, three rounds: solo speeds 10, 10, 8, 8 around bare and governor runs."""
+    r = [
+        RealRun("none", "solo", 0, 0, tps=10.0, ttfts=[0.5, 0.6]),
+        RealRun("none", "bare", 0, 1, tps=5.0, ttfts=[3.0, 9.0], kills=["kernel OOM: qos-hog"]),
+        RealRun("none", "governor", 0, 2, tps=9.8, ttfts=[0.6, 0.7], job_s=40.0),
+        RealRun("none", "solo", 1, 3, tps=10.0, ttfts=[0.5]),
+        RealRun("none", "governor", 1, 4, tps=9.0, ttfts=[0.8], job_s=50.0, refault_file=10),
+        RealRun("none", "bare", 1, 5, tps=9.0, ttfts=[1.0], refault_file=400),
+        RealRun("none", "solo", 2, 6, tps=8.0, ttfts=[0.5]),
+        RealRun("none", "bare", 2, 7, tps=8.0, ttfts=[1.0], refault_file=800),
+        RealRun("none", "governor", 2, 8, tps=7.6, ttfts=[0.9], job_s=45.0, refault_file=30),
+        RealRun("none", "solo", 3, 9, tps=8.0, ttfts=[0.5]),
+    ]
+    assign_ratios(r)
+    return r
+
+
+def test_each_arm_is_divided_by_the_solo_runs_around_it_and_its_worst_round_is_kept() -> None:
+    runs = _runs()
+    by = {(r.arm, r.seq): r.ratio for r in runs}
+    assert by[("bare", 1)] == pytest.approx(0.5)  # solos #0 and #3: 10
+    assert by[("governor", 4)] == pytest.approx(9.0 / 9.0)  # solos #3 (10) and #6 (8)
+    assert by[("solo", 0)] is None
+    rows = {r.arm: r for r in summarise(runs)}
+    bare, gov = rows["bare"], rows["governor"]
+    assert bare.ratio_median == pytest.approx(1.0) and bare.ratio_worst == pytest.approx(0.5)
+    assert bare.low_rounds == 1 and bare.oom_kills == 1 and bare.kills == "kernel OOM: qos-hog"
+    assert gov.ratio_worst == pytest.approx(0.95) and gov.low_rounds == 0
+    assert gov.ttft_p50 == pytest.approx(0.75) and gov.job_done == 3
+    assert gov.job_s_median == 45.0 and gov.refault_median == 20
+    assert bare.ttft_p95 == pytest.approx(percentile([3.0, 9.0, 1.0, 1.0], 95))
+    assert bare.job_done == 0 and bare.job_s_median is None
+    assert [r.arm for r in summarise(runs)] == ["solo", "bare", "governor"]
+    assert "| none | bare | 3 | 1.00 | 0.50 |" in table(summarise(runs))
+
+
+def test_solo_runs_of_another_swap_setup_are_not_a_baseline() -> None:
+    runs = [RealRun("zram", "solo", 0, 0, tps=10.0), RealRun("zswap", "bare", 0, 1, tps=5.0)]
+    assign_ratios(runs)
+    assert runs[1].ratio is None
+
+
+def test_the_csv_has_a_row_a_run_under_the_documented_header(tmp_path: Path) -> None:
+    runs = _runs()
+    write_csv(runs, tmp_path / "runs.csv")
+    with (tmp_path / "runs.csv").open() as f:
+        rows = list(csv.DictReader(f))
+    assert tuple(rows[0]) == CSV_FIELDS and len(rows) == len(runs)
+    bare = rows[1]
+    assert (bare["arm"], bare["ratio"], bare["oom_kills"]) == ("bare", "0.5", "1")
+    assert float(bare["ttft_p95"]) == pytest.approx(percentile([3.0, 9.0], 95))
+    assert bare["job_s"] == "" and rows[2]["job_s"] == "40.0"
+
+
+def test_the_json_holds_meta_runs_and_summary_and_its_runs_read_back(tmp_path: Path) -> None:
+    runs = _runs()
+    write_json(runs, {"commit": "abc1234"}, tmp_path / "qos.json")
+    body = json.loads((tmp_path / "qos.json").read_text())
+    assert set(body) == {"meta", "runs", "summary"} and body["meta"]["commit"] == "abc1234"
+    assert runs_from_json(body["runs"]) == runs
+    gov = next(s for s in body["summary"] if s["arm"] == "governor")
+    assert gov["ratio_worst"] == pytest.approx(0.95)
+
+
+def test_the_host_collects_the_runs_the_guest_printed_among_its_log_lines() -> None:
+    run = RealRun("none", "bare", 0, 1, tps=4.0, ttfts=[1.0])
+    lines = [
+        "bench: swap setup none: no swap",
+        META_TAG + json.dumps({"kernel": "6.1.0"}),
+        RUN_TAG + json.dumps(run.__dict__),
+        RUN_TAG + json.dumps(run.__dict__)[:20],  # the guest's end cut it short
+        "[qemu] noise",
+    ]
+    runs, meta = collect(lines)
+    assert runs == [run] and meta == {"kernel": "6.1.0"}
+
+
+def test_the_plots_are_pngs_of_every_swap_setup_and_arm(tmp_path: Path) -> None:
+    runs = [*_runs(), RealRun("zram", "solo", 0, 0, tps=9.0), RealRun("zram", "bare", 0, 1, tps=3)]
+    assign_ratios(runs)
+    paths = plot(summarise(runs), tmp_path)
+    assert [p.name for p in paths] == ["qos-ratio.png", "qos-ttft.png"]
+    for p in paths:
+        assert p.read_bytes()[:8] == PNG_MAGIC and p.stat().st_size > 5000
+
+
+def test_finish_writes_the_csv_json_and_plots_and_returns_the_table(tmp_path: Path) -> None:
+    runs = [RealRun(**{**r.__dict__, "ratio": None}) for r in _runs()]
+    text = finish(runs, {"commit": "x"}, tmp_path / "out", with_plot=True)
+    names = sorted(p.name for p in (tmp_path / "out").iterdir())
+    assert names == ["qos-ratio.png", "qos-ttft.png", "qos.json", "runs.csv"]
+    assert "| none | governor | 3 | 0.98 | 0.95 |" in text
+
+
+def test_inits_command_line_is_read_from_its_next_line() -> None:
+    out = (
+        "wrote /tmp/chat.toml: -c 4096, memory.min 14 MiB, high 550 MiB, max 582 MiB\n"
+        "next: governor check /tmp/chat.toml --engine-argv '/e/bin/llama-server -m /m/kv.gguf"
+        " -c 4096 --cache-ram 384 --context-shift -t 2'\n"
+    )
+    argv, said = init_said(out)
+    assert argv == ["/e/bin/llama-server", "-m", "/m/kv.gguf", "-c", "4096", "--cache-ram",
+                    "384", "--context-shift", "-t", "2"]  # fmt: skip
+    assert said.startswith("wrote /tmp/chat.toml: -c 4096")
+    with pytest.raises(SystemExit, match="no engine command line"):
+        init_said("wrote x\n")
+
+
+def test_the_policys_memory_limits_become_systemd_scope_properties() -> None:
+    assert systemd_bytes("14MiB") == str(14 << 20)
+    assert systemd_bytes("2G") == str(2 << 30)
+    assert systemd_bytes("0") == "0" and systemd_bytes("max") == "infinity"
+    props = scope_limits({"min": "14MiB", "high": "550MiB", "max": "582MiB", "swap_max": "0",
+                          "oom_group": True})  # fmt: skip
+    assert props == [
+        f"--property=MemoryMin={14 << 20}", f"--property=MemoryHigh={550 << 20}",
+        f"--property=MemoryMax={582 << 20}", "--property=MemorySwapMax=0",
+    ]  # fmt: skip
+    with pytest.raises(SystemExit, match="size"):
+        systemd_bytes("14 pages")
