@@ -2,7 +2,7 @@
 
 Run through scripts/test (which runs scripts/setup and activates .venv first)::
 
-    scripts/test                         # lint, host, kernel, systemd, compat-5.10, compat-6.18
+    scripts/test                         # lint, host, kernel, systemd, compat-5.10, compat-6.12
     scripts/test --kernel 5.10           # kernel and systemd tiers on Debian's 5.10 kernel
     scripts/test --host-only             # lint, host
     scripts/test --tier kernel,systemd   # only the guest tiers
@@ -96,10 +96,12 @@ ROOT = Path(__file__).resolve().parents[2]
 # COMPAT_KERNELS: the vendor BSP's base (5.10) and Debian 13's 6.12; 6.1 is the kernel tier's
 # own (/boot). The mainline LTS of RK3588 boards (6.18) and Armbian edge's 7.x are opt-in
 # (`--tier compat-6.18,compat-7.x`, results in docs/boards.md): under multi-threaded TCG, 6.18
-# dies of "Oops: int3" where the kernel patches its own code live (a static key's int3 seen by
+# died of "Oops: int3" where the kernel patches its own code live (a static key's int3 seen by
 # another vCPU): once in sched_clock_idle_wakeup_event at boot (tsc=unstable below avoids that
-# one), once in get_page_from_freelist at 114 s of the compat tier (2026-12-05, with the flag);
-# CI's default run must not depend on such a boot
+# one), once in get_page_from_freelist at 114 s of the compat tier (2026-12-05, with the flag).
+# Under single-threaded TCG (TCG_THREADS) a compat-6.18 run had no oops (2026-12-06), but its
+# restart test failed as in the first run (one start, no relaunch) and the tier took 486 s
+# against 6.12's 162-219: CI's default run keeps 6.12 until that test passes on 6.18
 KERNEL_SERIES: tuple[str, ...] = ("5.10", "6.1", "6.12", "6.18", "7.x")
 COMPAT_KERNELS: tuple[str, ...] = ("5.10", "6.12")
 # the series `--arch arm64` boots (tests/vm/arm64.py): bookworm's 6.1, the default, and
