@@ -295,11 +295,14 @@ def test_qemu_argv(tmp_path: Path) -> None:
         tcg = harness.qemu_systemd_argv(k, i, tmp_path, accel="tcg", cpus=4, memory_mib=2048,
                                         series=series)  # fmt: skip
         assert tcg[tcg.index("-append") + 1].split()[-1] == "tsc=unstable"
+        # and run their vCPUs on one host thread (no vCPU runs while another patches code)
+        assert tcg[tcg.index("-accel") + 1] == "tcg,thread=single"
     others: tuple[tuple[str | None, str], ...] = (("5.10", "tcg"), (None, "tcg"), ("6.18", "kvm"))
     for other_series, accel in others:
         other = harness.qemu_systemd_argv(k, i, tmp_path, accel=accel, cpus=4, memory_mib=2048,
                                           series=other_series)  # fmt: skip
         assert "tsc=" not in other[other.index("-append") + 1]
+        assert other[other.index("-accel") + 1] in ("tcg,thread=multi", "kvm")
     with pytest.raises(RuntimeError, match="cannot contain"):
         harness.qemu_systemd_argv(k, i, tmp_path / "a,b", accel="tcg", cpus=1, memory_mib=1)
 
