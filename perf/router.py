@@ -24,7 +24,7 @@ Variant (c), eviction by value (issue 46 item 2): model a is a small.gguf copy (
 b and c kvguest.gguf copies (13 MiB, quick), `-c 512 --cache-ram 0` under memory.max 375M
 (a and one quick model fit, a and both do not), requests a b c a b c ... each the next turn of
 that model's conversation (a raw prompt of two-letter words through /v1/completions, its
-words so far and 4 new, one token answered: its time to first token), the router started with
+words so far and 3 new, one token answered: its time to first token), the router started with
 --slot-save-path. Before each turn the client loads the model when the router does not list
 it loaded (POST /models/load, timed until it does: the reload seconds), then, under the
 governor, waits for its slot's restore. Arms 1c (the router alone, --models-max 2), 3c (the
@@ -93,7 +93,7 @@ CONTROLLERS = ("cpu", "io", "memory", "pids")
 # between requests, in every arm: the governor samples its model leaves' activity every 0.5 s
 # (the least recently used idle model is the one it unloads)
 PAUSE_S = 1.2
-FIRST_WORDS, NEXT_WORDS = 24, 4  # variant c: a conversation's first turn, each next one
+FIRST_WORDS, NEXT_WORDS = 12, 3  # variant c: a conversation's first turn, each next one
 RESTORE_WAIT_S = 30.0  # variant c: for the governor's restore after a reload
 
 
