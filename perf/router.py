@@ -317,12 +317,16 @@ def stop(proc: subprocess.Popen[str]) -> None:
 
 
 def unloads(run_dir: Path) -> int:
-    """The governor's journaled unloads ("unload a: room for b") of this launch."""
+    """The governor's journaled unloads ("unload a: room for b") of this launch; each one
+    logged (which model gave way for which: the order the arm used)."""
     n = 0
     with contextlib.suppress(OSError):
         for line in (run_dir / NAME / "journal.jsonl").read_text().splitlines():
             with contextlib.suppress(ValueError, AttributeError):
-                n += json.loads(line).get("source") == "unload"
+                entry = json.loads(line)
+                if entry.get("source") == "unload":
+                    n += 1
+                    log(f"unload {entry.get('model')}: {entry.get('reason', entry.get('error'))}")
     return n
 
 
