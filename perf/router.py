@@ -20,6 +20,20 @@ memory.max 628M, and (b) `-c 8192 --cache-ram 16` under 1400M (each child's KV c
      --models-max 3: the governor unloads the least recently used idle model when a load
      would not fit
 
+Variant (c), eviction by value (issue 46 item 2): model a is a small.gguf copy (slow to load),
+b and c kvguest.gguf copies (13 MiB, quick), `-c 512 --cache-ram 0` under memory.max 375M
+(a and one quick model fit, a and both do not), requests a b c a b c ... each the next turn of
+that model's conversation (a raw prompt of two-letter words through /v1/completions, its
+words so far and 3 new, one token answered: its time to first token), the router started with
+--slot-save-path. Before each turn the client loads the model when the router does not list
+it loaded (POST /models/load, timed until it does: the reload seconds), then, under the
+governor, waits for its slot's restore. Arms 1c (the router alone, --models-max 2), 3c (the
+governor, by value: b, cheap to bring back, gives way for c, a stays) and 4c (the governor
+with the order before issue 46, least recently used first: a gives way; perf/governor_lru.py,
+a bench switch). Its table: requests failed, OOM kills, weights re-read, loads per model and
+their seconds, the governor's unloads, and the next turn's time to first token after its
+model was reloaded, restored and not.
+
 Per arm: requests failed, OOM kills (the group's memory.events oom_kill, hierarchical: the
 router's leaf and the models' leaves too; in brackets the kernel log's "Killed process"
 lines), peak memory (memory.peak, else the sampled max of memory.current), the weights
@@ -41,6 +55,7 @@ import sys
 import tempfile
 import threading
 import time
+import urllib.request
 from pathlib import Path
 
 import openai
@@ -48,8 +63,27 @@ import openai
 from perf._helpers.cgroup import read_kv
 from perf._helpers.disk import loop_mount
 from perf._helpers.engine_paths import SMALL
-from perf._helpers.server import SERVER, SERVER_ARGS, client, free_port, prompt, wait_ready
-from perf.router_common import ARMS, MIB, MODELS, VARIANTS, Arm, Result, mix, parse_arms, table
+from perf._helpers.server import (
+    KVGUEST,
+    SERVER,
+    SERVER_ARGS,
+    client,
+    free_port,
+    prompt,
+    wait_ready,
+)
+from perf.router_common import (
+    ARMS,
+    MIB,
+    MODELS,
+    VARIANTS,
+    Arm,
+    Result,
+    mix,
+    parse_arms,
+    table,
+    value_table,
+)
 
 REPO = Path(__file__).resolve().parents[1]
 CGROUP = Path("/sys/fs/cgroup")
@@ -59,6 +93,8 @@ CONTROLLERS = ("cpu", "io", "memory", "pids")
 # between requests, in every arm: the governor samples its model leaves' activity every 0.5 s
 # (the least recently used idle model is the one it unloads)
 PAUSE_S = 1.2
+FIRST_WORDS, NEXT_WORDS = 12, 3  # variant c: a conversation's first turn, each next one
+RESTORE_WAIT_S = 30.0  # variant c: for the governor's restore after a reload
 
 
 def log(msg: str) -> None:
@@ -138,10 +174,100 @@ def ask(base: str, model: str, index: int, tokens: int) -> float:
     return time.perf_counter() - t0
 
 
-def engine_argv(models: Path, arm: Arm, port: int) -> list[str]:
+def engine_argv(models: Path, arm: Arm, port: int, slots: Path | None = None) -> list[str]:
+    saves = [] if slots is None else ["--slot-save-path", str(slots)]
     return [str(SERVER), "--models-dir", str(models), "--models-max", str(arm.models_max),
             *VARIANTS[arm.variant].flags, "-t", "2", "--host", "127.0.0.1", "--port", str(port),
-            *SERVER_ARGS]  # fmt: skip
+            *SERVER_ARGS, *saves]  # fmt: skip
+
+
+def http(base: str, path: str, body: dict[str, object] | None = None) -> object:
+    """GET (or POST ``body``) base/path; the JSON answer."""
+    data = None if body is None else json.dumps(body).encode()
+    req = urllib.request.Request(f"{base}{path}", data, {"Content-Type": "application/json"})
+    with urllib.request.urlopen(req, timeout=900) as answer:
+        return json.loads(answer.read())
+
+
+def status(base: str, model: str) -> str:
+    """The router's status of ``model`` (GET /models): loaded, loading, unloaded, ..."""
+    listing = http(base, "/models")
+    for item in listing.get("data", []) if isinstance(listing, dict) else []:
+        if item.get("id") == model:
+            st = item.get("status")
+            return str(st.get("value") if isinstance(st, dict) else st)
+    return "missing"
+
+
+def load(base: str, model: str, timeout: float = 900.0) -> float | None:
+    """Load ``model`` unless the router has it; the seconds until it lists it loaded (None:
+    it was loaded already)."""
+    if status(base, model) in ("loaded", "sleeping"):
+        return None
+    t0 = time.perf_counter()
+    http(base, "/models/load", {"model": model})
+    while (st := status(base, model)) not in ("loaded", "sleeping"):
+        if st in ("failed", "unloaded") and time.perf_counter() - t0 > 5:
+            raise OSError(f"load of {model}: {st}")
+        if time.perf_counter() - t0 > timeout:
+            raise OSError(f"load of {model}: not loaded after {timeout:.0f} s")
+        time.sleep(0.1)
+    return time.perf_counter() - t0
+
+
+def restores(run_dir: Path, model: str) -> list[list[int]]:
+    """The governor's journaled slot restores of ``model`` (each: the slots restored)."""
+    out = []
+    with contextlib.suppress(OSError):
+        for line in (run_dir / NAME / "journal.jsonl").read_text().splitlines():
+            with contextlib.suppress(ValueError, AttributeError):
+                e = json.loads(line)
+                if e.get("source") == "slots" and e.get("model") == model and "restored" in e:
+                    out.append(list(e["restored"]))
+    return out
+
+
+def turn(base: str, model: str, text: str) -> tuple[float, int]:
+    """One turn of ``model``'s conversation, one token answered: (seconds, prompt tokens
+    processed: llama-server's timings.prompt_n)."""
+    t0 = time.perf_counter()
+    data = http(base, "/v1/completions",
+                {"model": model, "prompt": text, "max_tokens": 1, "ignore_eos": True})  # fmt: skip
+    took = time.perf_counter() - t0
+    timings = data.get("timings", {}) if isinstance(data, dict) else {}
+    return took, int(timings.get("prompt_n", -1))
+
+
+class Conversations:
+    """Variant c's requests: each the next turn of its model's conversation, its model loaded
+    (and, under the governor, its slot restored) first."""
+
+    def __init__(self, base: str, arm: Arm, run_dir: Path, res: Result) -> None:
+        self.base, self.arm, self.run_dir, self.res = base, arm, run_dir, res
+        self.texts: dict[str, str] = {}
+
+    def ask(self, model: str, index: int) -> float:
+        before = len(restores(self.run_dir, model))
+        took = load(self.base, model)
+        reloaded = took is not None and model in self.texts
+        if took is not None:
+            self.res.loads.append((model, took))
+        restored = False
+        if reloaded and self.arm.governed:
+            end = time.monotonic() + RESTORE_WAIT_S
+            while time.monotonic() < end and len(restores(self.run_dir, model)) == before:
+                time.sleep(0.1)
+            done = restores(self.run_dir, model)[before:]
+            restored = bool(done and done[0])
+        seed = MODELS.index(model) * 1000 + index
+        new = prompt(seed, NEXT_WORDS if model in self.texts else FIRST_WORDS)
+        text = self.texts[model] = f"{self.texts[model]} {new}" if model in self.texts else new
+        ttft, processed = turn(self.base, model, text)
+        if reloaded:
+            self.res.reloaded_turns.append((ttft, processed, restored))
+        log(f"{self.arm.name} {model}: load {took if took is None else round(took, 1)} s, "
+            f"turn {ttft:.1f} s, {processed} prompt tokens, restored {restored}")  # fmt: skip
+        return (took or 0.0) + ttft
 
 
 def policy_text(arm: Arm) -> str:
@@ -151,9 +277,13 @@ def policy_text(arm: Arm) -> str:
 
 
 def start(arm: Arm, models: Path, tmp: Path, port: int) -> tuple[subprocess.Popen[str], Path]:
-    """The router, alone in a fresh cgroup with the variant's memory.max or under the governor;
-    its process and its group."""
-    argv = engine_argv(models, arm, port)
+    """The router, alone in a fresh cgroup with the variant's memory.max or under the governor
+    (arm 4: with the evictor's LRU order, perf/governor_lru.py); its process and its group."""
+    slots = None
+    if VARIANTS[arm.variant].mixed:
+        slots = tmp / f"slots-{arm.name}"
+        slots.mkdir()
+    argv = engine_argv(models, arm, port, slots)
     err = (tmp / f"{arm.name}.log").open("w")
     if arm.governed:
         policy = tmp / f"{arm.name}.toml"
@@ -161,7 +291,8 @@ def start(arm: Arm, models: Path, tmp: Path, port: int) -> tuple[subprocess.Pope
         env = {**os.environ, "GOVERNOR_RUN_DIR": str(tmp / f"run-{arm.name}"),
                "GOVERNOR_CACHE_DIR": str(tmp / "cache")}  # fmt: skip
         Path(env["GOVERNOR_RUN_DIR"]).mkdir(mode=0o755)
-        cmd = [sys.executable, "-m", "governor", "launch", "--policy", str(policy), "--", *argv]
+        entry = "perf.governor_lru" if arm.number == 4 else "governor"
+        cmd = [sys.executable, "-m", entry, "launch", "--policy", str(policy), "--", *argv]
         proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=err, stderr=err, text=True)
         return proc, CGROUP / SLICE / NAME
     group = CGROUP / SLICE / f"alone-{arm.name}"
@@ -186,12 +317,16 @@ def stop(proc: subprocess.Popen[str]) -> None:
 
 
 def unloads(run_dir: Path) -> int:
-    """The governor's journaled unloads ("unload a: room for b") of this launch."""
+    """The governor's journaled unloads ("unload a: room for b") of this launch; each one
+    logged (which model gave way for which: the order the arm used)."""
     n = 0
     with contextlib.suppress(OSError):
         for line in (run_dir / NAME / "journal.jsonl").read_text().splitlines():
             with contextlib.suppress(ValueError, AttributeError):
-                n += json.loads(line).get("source") == "unload"
+                entry = json.loads(line)
+                if entry.get("source") == "unload":
+                    n += 1
+                    log(f"unload {entry.get('model')}: {entry.get('reason', entry.get('error'))}")
     return n
 
 
@@ -209,12 +344,15 @@ def run_arm(arm: Arm, models: Path, tmp: Path, requests: int, tokens: int) -> Re
         sampler = Sampler(group)
         sampler.start()
         refault0 = read_kv(group / "memory.stat").get("workingset_refault_file", 0)
-        for i, model in enumerate(mix(requests)):
+        variant = VARIANTS[arm.variant]
+        talks = Conversations(base, arm, tmp / f"run-{arm.name}", res) if variant.mixed else None
+        for i, model in enumerate(mix(requests, variant.pattern)):
             try:
-                took = ask(base, model, i, tokens)
+                took = talks.ask(model, i) if talks else ask(base, model, i, tokens)
                 res.latencies.append(took)
                 log(f"{arm.name} #{i} {model}: {took:.1f} s")
-            except (openai.APIError, OSError) as err:  # a 500, a dropped connection, a timeout
+            # a 500, a dropped connection, a timeout, an answer that is no JSON
+            except (openai.APIError, OSError, ValueError) as err:
                 res.failed += 1
                 res.errors.append(f"#{i} {model}: {type(err).__name__}: {str(err)[:120]}")
                 log(f"{arm.name} #{i} {model}: FAILED {res.errors[-1]}")
@@ -270,7 +408,9 @@ def main() -> int:
         raise SystemExit(f"perf/router: {SMALL} missing: run scripts/engine-setup")
     free = subprocess.run(["free", "-m"], capture_output=True, text=True, check=False).stdout
     log(f"kernel {os.uname().release}, {os.cpu_count()} cpus; {free.splitlines()[1]}")
-    size = SMALL.stat().st_size
+    if any(VARIANTS[a.variant].mixed for a in arms) and not KVGUEST.exists():
+        raise SystemExit(f"perf/router: {KVGUEST} missing: run scripts/engine-setup")
+    size, quick = SMALL.stat().st_size, KVGUEST.stat().st_size
     enable(CGROUP, CONTROLLERS)
     (CGROUP / SLICE).mkdir(exist_ok=True)
     enable(CGROUP / SLICE, CONTROLLERS)
@@ -278,17 +418,27 @@ def main() -> int:
     t0 = time.monotonic()
     with tempfile.TemporaryDirectory() as tmpd, tempfile.TemporaryDirectory() as mnt:
         tmp = Path(tmpd)
-        with loop_mount(Path(mnt), 3 * (size // MIB) + 64) as disk:
-            models = disk / "models"
-            models.mkdir()
-            for name in MODELS:  # copies, not links: each model's own inode and page cache
-                shutil.copyfile(SMALL, models / f"{name}.gguf")
-            log(f"models: 3 copies of {SMALL.name} ({size / MIB:.0f} MiB) in {models}")
+        with loop_mount(Path(mnt), (4 * size + 2 * quick) // MIB + 64) as disk:
+            # copies, not links: each model's own inode and page cache
+            alike, mixed = disk / "models", disk / "models-c"
+            alike.mkdir()
+            mixed.mkdir()
+            for name in MODELS:
+                shutil.copyfile(SMALL, alike / f"{name}.gguf")
+                shutil.copyfile(SMALL if name == "a" else KVGUEST, mixed / f"{name}.gguf")
+            log(f"models: 3 copies of {SMALL.name} ({size / MIB:.0f} MiB) in {alike}; "
+                f"{SMALL.name} and 2 of {KVGUEST.name} ({quick / MIB:.0f} MiB) in {mixed}")  # fmt: skip
             for arm in arms:
+                models = mixed if VARIANTS[arm.variant].mixed else alike
                 results.append(run_arm(arm, models, tmp, a.requests, a.tokens))
     kill_tree(CGROUP / SLICE)
     log(f"all arms: {time.monotonic() - t0:.0f} s; requests: {' '.join(mix(a.requests))}")
-    print("\n" + table(results), flush=True)
+    by_count = [r for r in results if not VARIANTS[r.arm.variant].mixed]
+    by_value = [r for r in results if VARIANTS[r.arm.variant].mixed]
+    if by_count:
+        print("\n" + table(by_count), flush=True)
+    if by_value:
+        print("\n" + value_table(by_value), flush=True)
     for r in results:
         for e in r.errors:
             print(f"  {r.arm.name}: {e}")
