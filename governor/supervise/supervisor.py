@@ -16,17 +16,16 @@ from __future__ import annotations
 import contextlib
 import errno
 import os
-import signal
 import time
-from collections.abc import Callable, Collection, Iterator
+from collections.abc import Callable, Collection
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
 from governor.backends.device import board_baseline
-from governor.errors import BackendError, GovernorError, Interrupted, PermissionDenied
+from governor.errors import BackendError, GovernorError, PermissionDenied
 from governor.kernel.cgroupfs import CgroupFs
 from governor.kernel.procfs import ProcFs
-from governor.launch.forward import Forwarder
+from governor.launch.forward import Forwarder, interruptible
 from governor.launch.helper import PrefetchHelper, kill_own_group
 from governor.launch.launcher import ChildSetup, Launcher, LaunchReport
 from governor.log import get_logger
@@ -47,8 +46,9 @@ if TYPE_CHECKING:
     from types import ModuleType
 
     from governor.backends.clocks import BoardClocks
+    from governor.supervise.generate import GenerateProbe
     from governor.supervise.models import ModelLeaves
-    from governor.supervise.ready import ReadyWait
+    from governor.supervise.ready import Endpoint, ReadyWait
 
 log = get_logger("governor.launch")
 # the estimate's keys a published state carries (the learned peak: rundir/peaks.py)
@@ -128,6 +128,7 @@ class Supervisor:
         # readiness (job.ready_url): None = ready at exec, False = loading, True = answered 200
         self.ready: bool | None = None
         self.ready_wait: ReadyWait | None = None
+        self.probe: GenerateProbe | None = None  # [engine] probe_generate, once ready
         self.not_ready: str | None = None  # why the engine was stopped as never ready
         self.forwarder: Forwarder | None = None  # installed from the apply's end (run())
         self.leaves: ModelLeaves | None = None  # llama-server's router: its models' leaves
@@ -290,8 +291,9 @@ class Supervisor:
             if leaves is not None:
                 leaves.stop()
             monitor.close()
-            if self.ready_wait is not None:
-                self.ready_wait.stop()
+            for waiter in (self.ready_wait, self.probe):
+                if waiter is not None:
+                    waiter.stop()
         if self.not_ready is not None:
             from governor.supervise.ready import EngineNotReady
 
@@ -344,6 +346,7 @@ class Supervisor:
             log.info("engine.ready", pid=pid, url=ep.url, waited_s=round(waited, 3))
             self._notify(f"READY=1\nSTATUS={plan.policy}: engine pid {pid} ready at {ep.url}")
             self._publish(job)
+            self._probe_generate(job, pid, ep)
 
         def on_timeout(why: str) -> None:
             self.not_ready = why
@@ -354,6 +357,22 @@ class Supervisor:
         self.ready_wait = ready.ReadyWait(
             ep, job.ready_timeout_s, on_ready=on_ready, on_timeout=on_timeout
         ).start()
+
+    def _probe_generate(self, job: Job, pid: int, ep: Endpoint) -> None:
+        """[engine] probe_generate: one token asked of the ready server every interval
+        (supervise/generate.py); not of a router, where a completion loads a model."""
+        interval = job.plan.engine.probe_generate_s
+        if interval is None or job.router_url is not None:
+            return
+        from governor.supervise import generate, ready
+
+        def on_unresponsive(why: str) -> None:
+            journal = Journal((job.run_dir or run_dir()) / job.plan.policy)
+            self.not_ready = generate.unresponsive(
+                pid, why, restarts=self.restarts, journal=journal, stop_engine=ready.stop_engine
+            )
+
+        self.probe = generate.GenerateProbe(ep, interval, on_unresponsive=on_unresponsive).start()
 
     def _notify(self, state: str) -> None:
         try:
@@ -366,8 +385,9 @@ class Supervisor:
         if self.monitor is not None:  # the new run's own peak (memory.peak reset, 6.12)
             self.monitor.sampler.reset_peak()
         if job.ready_url is not None:  # a relaunched server loads again: probe it again
-            if self.ready_wait is not None:
-                self.ready_wait.stop()
+            for waiter in (self.ready_wait, self.probe):
+                if waiter is not None:
+                    waiter.stop()
             self._await_ready(job, engine_pid)
         self._start_helper(job, engine_pid)
         self._publish(job)
@@ -453,30 +473,6 @@ class Supervisor:
             hint="mlock needs CAP_IPC_LOCK or RLIMIT_MEMLOCK above the files' size"
             " (run as root, or use prefetch.mode = populate)",
         )
-
-
-STOP_SIGNALS = (signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT, signal.SIGINT)
-
-
-@contextlib.contextmanager
-def interruptible() -> Iterator[None]:
-    """Within the block a stop signal raises :class:`Interrupted` (a KeyboardInterrupt, so every
-    ``except BaseException`` rollback runs) instead of ending the process where it stands."""
-
-    raised: list[int] = []
-
-    def stop(signum: int, _frame: object) -> None:
-        if raised:
-            return  # the rollback of the first one is running: a second must not cut it short
-        raised.append(signum)
-        raise Interrupted(signum)
-
-    previous = {sig: signal.signal(sig, stop) for sig in STOP_SIGNALS}
-    try:
-        yield
-    finally:
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)
 
 
 def _write_report(path: Path, report: LaunchReport) -> None:
