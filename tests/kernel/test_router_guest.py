@@ -48,6 +48,12 @@ def _pids(path: Path) -> list[int]:
         return []  # the leaf is gone with its child
 
 
+def _kib(leaf: Path) -> tuple[int, ...]:
+    stat = cgroups.read_kv(leaf / "memory.stat")
+    current = int(cgroups.read(leaf / "memory.current"))
+    return tuple(n // 1024 for n in (current, stat["anon"], stat["file"], stat.get("kernel", 0)))
+
+
 @pytest.mark.kernel(controllers=ALL, root=True, psi=True)
 @pytest.mark.engine(binary=SERVER, paths=(KVGUEST, TINY))
 def test_each_router_child_gets_its_own_leaf_and_an_overgrown_one_dies_alone(
@@ -82,9 +88,13 @@ def test_each_router_child_gets_its_own_leaf_and_an_overgrown_one_dies_alone(
             wait_ready(base, gov, timeout=300)
             router = _pids(group / "engine")
             assert len(router) == 1, router  # no child before the first request
+            engine_kib = [_kib(group / "engine")]  # issue 46 item 5: a child's early charges
             t0 = time.monotonic()
             assert _ask(base, "tiny")
             first_s = time.monotonic() - t0
+            engine_kib.append(_kib(group / "engine"))  # a child started and moved out
+            assert _ask(base, "tiny")
+            engine_kib.append(_kib(group / "engine"))  # no child started: the proxy alone
             tiny = _pids(group / "models" / "tiny")
             assert len(tiny) == 1 and tiny != router
             assert _pids(group / "engine") == router  # the child left the router's leaf
@@ -110,6 +120,9 @@ def test_each_router_child_gets_its_own_leaf_and_an_overgrown_one_dies_alone(
                 "hog_oom_kills": hog["oom_kill"],
                 "tiny_max_mib": tiny_max // MIB,
                 "peak_mib": int(cgroups.read(group / "memory.peak")) // MIB,
+                # the engine leaf's (memory.current, anon, file, kernel) in KiB: after ready,
+                # after tiny's child was started and moved, after a request to it alone
+                "engine_kib": engine_kib,
             }
             (tmp_path / "router.json").write_text(json.dumps(results))
             print("router guest:", json.dumps(results))
