@@ -38,9 +38,7 @@ def test_a_green_health_with_a_stuck_generation_is_relaunched_then_fails_69(
         f'[engine]\nready = "http://127.0.0.1:{port}/health"\nprobe_generate = "1s"\n'
         '[process]\nrestart_max = 1\nrestart_backoff = "100ms"\n'
     )
-    run = governor.run(
-        policy, (sys.executable, "-c", _STUCK, str(port)), "--report", str(report)
-    )
+    run = governor.run(policy, (sys.executable, "-c", _STUCK, str(port)), "--report", str(report))
     assert run.code == 69, run.stderr
     url = f"http://127.0.0.1:{port}/v1/completions"
     assert f"engine not ready: {url} gave no token within 1s 3 times in a row" in run.stderr
@@ -51,4 +49,3 @@ def test_a_green_health_with_a_stuck_generation_is_relaunched_then_fails_69(
     restarts = json.loads(report.read_text())["extra"]["restarts"]
     assert [r["when"] for r in restarts] == ["probe_generate"]
     assert not governor.group.exists()
-
