@@ -109,13 +109,14 @@ def test_a_server_that_generates_is_never_unresponsive(
 ) -> None:
     handler, ep = server
     called: list[str] = []
-    probe = generate.GenerateProbe(ep, 0.01, on_unresponsive=called.append).start()
+    # 0.5 s: the interval is each probe's deadline, generous for a loaded test machine
+    probe = generate.GenerateProbe(ep, 0.5, on_unresponsive=called.append).start()
     try:
-        for _ in range(6):
-            assert handler.asked.acquire(timeout=10)
+        for _ in range(3):  # as many as make it unresponsive had they failed
+            assert handler.asked.acquire(timeout=30)
     finally:
         probe.stop()
-    assert called == [] and probe.failed == 0 and probe.asked >= 5
+    assert called == [] and probe.failed == 0 and probe.asked >= 2
 
 
 def test_a_good_answer_resets_the_count_and_a_non_200_is_a_failure(
