@@ -48,7 +48,7 @@ if TYPE_CHECKING:
     from governor.backends.clocks import BoardClocks
     from governor.supervise.generate import GenerateProbe
     from governor.supervise.models import ModelLeaves
-    from governor.supervise.ready import Endpoint, ReadyWait
+    from governor.supervise.ready import ReadyWait
 
 log = get_logger("governor.launch")
 # the estimate's keys a published state carries (the learned peak: rundir/peaks.py)
@@ -334,7 +334,7 @@ class Supervisor:
         if job.ready_url is None:
             self._notify(f"READY=1\nSTATUS={plan.policy}: engine pid {pid} in {plan.leaf}")
             return
-        from governor.supervise import ready
+        from governor.supervise import generate, ready
 
         self.not_ready = None
         self.ready = False
@@ -346,7 +346,17 @@ class Supervisor:
             log.info("engine.ready", pid=pid, url=ep.url, waited_s=round(waited, 3))
             self._notify(f"READY=1\nSTATUS={plan.policy}: engine pid {pid} ready at {ep.url}")
             self._publish(job)
-            self._probe_generate(job, pid, ep)
+            interval = plan.engine.probe_generate_s  # not a router's: a completion loads
+            if interval is not None and job.router_url is None:
+                self.probe = generate.GenerateProbe(
+                    ep, interval, on_unresponsive=on_unresponsive
+                ).start()
+
+        def on_unresponsive(why: str) -> None:  # supervise/generate.py
+            self.not_ready = generate.unresponsive(
+                pid, why, restarts=self.restarts, stop_engine=ready.stop_engine,
+                journal=Journal((job.run_dir or run_dir()) / plan.policy),
+            )  # fmt: skip
 
         def on_timeout(why: str) -> None:
             self.not_ready = why
@@ -357,22 +367,6 @@ class Supervisor:
         self.ready_wait = ready.ReadyWait(
             ep, job.ready_timeout_s, on_ready=on_ready, on_timeout=on_timeout
         ).start()
-
-    def _probe_generate(self, job: Job, pid: int, ep: Endpoint) -> None:
-        """[engine] probe_generate: one token asked of the ready server every interval
-        (supervise/generate.py); not of a router, where a completion loads a model."""
-        interval = job.plan.engine.probe_generate_s
-        if interval is None or job.router_url is not None:
-            return
-        from governor.supervise import generate, ready
-
-        def on_unresponsive(why: str) -> None:
-            journal = Journal((job.run_dir or run_dir()) / job.plan.policy)
-            self.not_ready = generate.unresponsive(
-                pid, why, restarts=self.restarts, journal=journal, stop_engine=ready.stop_engine
-            )
-
-        self.probe = generate.GenerateProbe(ep, interval, on_unresponsive=on_unresponsive).start()
 
     def _notify(self, state: str) -> None:
         try:
