@@ -324,13 +324,12 @@ class EngineSection(_Section):
 
     @model_validator(mode="after")
     def _probe_needs_a_server(self) -> EngineSection:
-        if self.probe_generate is not None and (
-            self.ready == "exec" or (self.ready is None and self.kind != "llama.cpp")
-        ):
+        # a generic engine's URL may come from the launch (llama-server's --host/--port): one
+        # that has none is told at the launch (engine.probe_unused)
+        if self.probe_generate is not None and (self.ready == "exec" or self.kind == "rkllm"):
             raise ValueError(
                 "probe_generate asks a server for a token: it needs engine.ready as the"
-                ' server\'s http:// URL (or kind = "llama.cpp" running llama-server), not'
-                f" {self.ready or 'none'!r}"
+                f" server's http:// URL, not {self.ready!r} (kind {self.kind!r})"
             )
         return self
 

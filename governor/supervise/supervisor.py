@@ -333,6 +333,8 @@ class Supervisor:
         plan = job.plan
         if job.ready_url is None:
             self._notify(f"READY=1\nSTATUS={plan.policy}: engine pid {pid} in {plan.leaf}")
+            if plan.engine.probe_generate_s is not None:
+                log.warning("engine.probe_unused", why="no server URL to ask (engine.ready)")
             return
         from governor.supervise import generate, ready
 

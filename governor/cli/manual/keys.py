@@ -221,8 +221,8 @@ KEYS: dict[str, tuple[str, str]] = {
         " in a row (its /health may stay green while a load path or a slot is stuck) and the"
         " engine is journaled as unresponsive and stopped, relaunched while"
         " `process.restart_max` allows, else the governor exits 69. At least 1s; needs a server"
-        " (engine.ready as its URL, or llama-server); not used for a router (a completion"
-        " there loads a model). Off when absent: each probe is a generation, and with one slot"
+        " (engine.ready as its URL, or llama-server's --host/--port; not `exec`, not rkllm);"
+        " not used for a router (a completion there loads a model). Off when absent: each probe is a generation, and with one slot"
         " it replaces that slot's cached prompt.",
         'probe_generate = "30s"',
     ),

@@ -216,7 +216,7 @@ def test_an_engine_gone_meanwhile_is_left_to_the_launcher(tmp_path: Path) -> Non
     [
         ('kind = "llama.cpp"\nprobe_generate = "500ms"', "at least 1s, got 500ms"),
         ('kind = "llama.cpp"\nprobe_generate = "999ms"', "at least 1s"),
-        ('kind = "generic"\nprobe_generate = "30s"', "it needs engine.ready"),
+        ('kind = "rkllm"\nprobe_generate = "30s"', "it needs engine.ready"),
         ('ready = "exec"\nkind = "llama.cpp"\nprobe_generate = "30s"', "not 'exec'"),
         ('kind = "llama.cpp"\nprobe_generate = 30', "duration"),
     ],
