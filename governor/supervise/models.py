@@ -163,6 +163,7 @@ class ModelLeaves:
 
     def start(self) -> ModelLeaves:
         self._waker = ExecWaker.start(self._wake)  # None: no connector, POLL_S alone
+        log.info("models.exec_events", on=self._waker is not None)
         for target, name in ((self._run, "model-leaves"), (self._run_router, "model-router")):
             thread = threading.Thread(target=target, name=name, daemon=True)
             thread.start()

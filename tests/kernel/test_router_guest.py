@@ -48,6 +48,17 @@ def _pids(path: Path) -> list[int]:
         return []  # the leaf is gone with its child
 
 
+@pytest.fixture
+def out_dir(request: pytest.FixtureRequest, tmp_path: Path) -> Path:
+    """Beside the junit xml (the harness's results directory), else the test's tmp_path."""
+    xml = getattr(request.config.option, "xmlpath", None)
+    return Path(xml).parent if xml else tmp_path
+
+
+def _line(log: Path, event: str) -> str:
+    return next((x for x in log.read_text().splitlines() if f'"{event}"' in x), "")
+
+
 def _kib(leaf: Path) -> tuple[int, ...]:
     stat = cgroups.read_kv(leaf / "memory.stat")
     current = int(cgroups.read(leaf / "memory.current"))
@@ -57,7 +68,7 @@ def _kib(leaf: Path) -> tuple[int, ...]:
 @pytest.mark.kernel(controllers=ALL, root=True, psi=True)
 @pytest.mark.engine(binary=SERVER, paths=(KVGUEST, TINY))
 def test_each_router_child_gets_its_own_leaf_and_an_overgrown_one_dies_alone(
-    tmp_path: Path, scratch_slice: ScratchSlice
+    tmp_path: Path, scratch_slice: ScratchSlice, out_dir: Path
 ) -> None:
     models = tmp_path / "models"
     models.mkdir()
@@ -123,8 +134,10 @@ def test_each_router_child_gets_its_own_leaf_and_an_overgrown_one_dies_alone(
                 # the engine leaf's (memory.current, anon, file, kernel) in KiB: after ready,
                 # after tiny's child was started and moved, after a request to it alone
                 "engine_kib": engine_kib,
+                # children placed at their exec (kernel/procevents.py), else by the poll
+                "exec_events": '"on": true' in _line(log, "models.exec_events"),
             }
-            (tmp_path / "router.json").write_text(json.dumps(results))
+            (out_dir / "router-guest.json").write_text(json.dumps(results))
             print("router guest:", json.dumps(results))
         finally:
             if gov.poll() is None:
