@@ -10,7 +10,9 @@ small body cap, on its own thread (never the monitor's, which evaluates the rule
 or a flood) make the engine unresponsive: the supervisor journals it and stops the engine,
 with a relaunch while ``restart_max`` allows one, else the launch fails (69) as a server that
 never became ready does (supervise/ready.py). One slow answer is no failure of the server:
-with ``-np 1`` the probe waits behind a long generation, hence several in a row.
+with ``-np 1`` the probe waits behind a long generation, hence several in a row, and a failed
+probe whose server shows a slot that decoded tokens since the last look (``GET /slots``:
+``n_decoded`` of each processing slot) is busy, not stuck: it does not count.
 
 Off by default: each probe is a generation on a small board's cores, and with one slot it
 replaces that slot's cached prompt (an idle conversation's next turn re-reads its prompt).
@@ -39,10 +41,35 @@ log = get_logger("governor.launch")
 PATH = "/v1/completions"
 BODY = json.dumps({"prompt": "ok", "max_tokens": 1, "n_predict": 1, "stream": False}).encode()
 CAP = 64 << 10  # one token's answer (llama-server adds its timings): a few hundred bytes
+SLOTS_CAP = 1 << 20  # GET /slots: each slot's parameters, a few KiB a slot
+SLOTS_S = 2.0  # at most this long for GET /slots after a failed probe
 FAILS = 3  # failed probes in a row before the engine counts as unresponsive
 WHEN = "probe_generate"  # the relaunch's "when" and the journal's source
 
 Exchange = Callable[..., http.Answer]
+
+
+def progress(
+    ep: Endpoint, deadline_s: float, exchange: Exchange = http.exchange
+) -> tuple[tuple[object, ...], ...] | None:
+    """What moves while a slot generates: (id, id_task, n_decoded) of each processing slot
+    (``GET /slots``); None when no slot is processing or they cannot be read (--no-slots, no
+    answer): then a failed probe counts."""
+    try:
+        answer = exchange(ep.host, ep.port, "GET", "/slots", deadline_s=deadline_s, cap=SLOTS_CAP)
+        slots = json.loads(answer.body) if answer.status == 200 else None
+    except (http.HttpError, ValueError):
+        return None
+    if not isinstance(slots, list):
+        return None
+    busy = []
+    for slot in slots:
+        if isinstance(slot, dict) and slot.get("is_processing"):
+            token = slot.get("next_token")
+            token = token[0] if isinstance(token, list) and token else token
+            decoded = token.get("n_decoded") if isinstance(token, dict) else None
+            busy.append((slot.get("id"), slot.get("id_task"), decoded))
+    return tuple(busy) or None
 
 
 def ask(ep: Endpoint, deadline_s: float, exchange: Exchange = http.exchange) -> str | None:
@@ -79,6 +106,7 @@ class GenerateProbe:
         self.on_unresponsive = on_unresponsive
         self.exchange = exchange
         self.failed = 0  # probes in a row that failed
+        self.seen: tuple[tuple[object, ...], ...] | None = None  # the slots' last progress
         self.asked = 0
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="probe-generate", daemon=True)
@@ -104,6 +132,13 @@ class GenerateProbe:
                 return  # stopped while it asked: the engine is going anyway
             if why is None:
                 self.failed = 0
+                continue
+            # a slot that decoded tokens since the last look is busy, not stuck: with -np 1
+            # a long generation holds the probe past its deadline (not a failure)
+            moved = progress(self.ep, min(self.interval_s, SLOTS_S), self.exchange)
+            busy, self.seen = moved is not None and moved != self.seen, moved
+            if busy:
+                log.info("engine.probe_busy", url=self.url, why=why)
                 continue
             self.failed += 1
             log.warning("engine.probe_failed", url=self.url, why=why, in_a_row=self.failed)

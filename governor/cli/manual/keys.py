@@ -218,7 +218,8 @@ KEYS: dict[str, tuple[str, str]] = {
     "engine.probe_generate": (
         "A duration: once the server is ready, ask it for one token (POST /v1/completions,"
         " max_tokens 1) every interval, the interval being each request's deadline; 3 failed"
-        " in a row (its /health may stay green while a load path or a slot is stuck) and the"
+        " in a row (its /health may stay green while a load path or a slot is stuck; one while"
+        " a slot decodes, per GET /slots, does not count) and the"
         " engine is journaled as unresponsive and stopped, relaunched while"
         " `process.restart_max` allows, else the governor exits 69. At least 1s; needs a server"
         " (engine.ready as its URL, or llama-server's --host/--port; not `exec`, not rkllm);"

@@ -135,7 +135,9 @@ def test_a_good_answer_resets_the_count_and_a_non_200_is_a_failure(
     called: list[str] = []
     done = threading.Event()
 
-    def fake(*_args: object, **_kw: object) -> peer.Answer:
+    def fake(_host: str, _port: int, method: str, *_args: object, **_kw: object) -> peer.Answer:
+        if method == "GET":
+            return peer.Answer(404)  # GET /slots: --no-slots
         status = next(answers, None)
         if status is None:
             raise peer.HttpError("it closed the connection", url="u")
@@ -237,3 +239,40 @@ def test_the_policy_key_compiles_to_seconds_and_is_off_when_absent() -> None:
     assert on.engine.probe_generate is not None and on.engine.probe_generate.seconds == 60
     off = load_text('name = "s"\n[engine]\nkind = "llama.cpp"\n', source="t.toml")
     assert off.engine.probe_generate is None
+
+
+@pytest.mark.parametrize(("moving", "unresponsive"), [(True, False), (False, True)])
+def test_a_slot_that_decodes_is_busy_and_one_that_does_not_is_stuck(
+    moving: bool, unresponsive: bool
+) -> None:
+    """-np 1 and a long generation: the probe waits past its deadline each time, but the slot's
+    n_decoded moves (busy: never counted); a slot whose count stays is stuck (counted)."""
+    decoded = iter(range(100))
+    posts = threading.Semaphore(0)
+    called: list[str] = []
+
+    def fake(_host: str, _port: int, method: str, path: str, **_kw: object) -> peer.Answer:
+        if method == "POST":
+            posts.release()
+            raise peer.HttpError("no whole answer within 0.01s", url=path)
+        n = next(decoded) if moving else 7
+        slot = {"id": 0, "id_task": 3, "is_processing": True, "next_token": [{"n_decoded": n}]}
+        return peer.Answer(200, json.dumps([slot, {"id": 1, "is_processing": False}]).encode())
+
+    ep = ready.Endpoint("127.0.0.1", 1, "/health")
+    probe = generate.GenerateProbe(ep, 0.001, on_unresponsive=called.append, exchange=fake)
+    probe.start()
+    try:
+        # 8 probes that failed, or the third counted one: the stuck slot's is the fourth
+        # (the first look at a slot has nothing to compare with: busy)
+        got = 0
+        for _ in range(200):  # at most ~10 s
+            got += posts.acquire(timeout=0.05)
+            if got >= 8 or called:
+                break
+    finally:
+        probe.stop()
+    assert bool(called) == unresponsive
+    assert probe.asked == (4 if unresponsive else probe.asked) and probe.asked >= 4
+    if not unresponsive:
+        assert probe.failed == 0
