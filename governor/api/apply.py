@@ -17,11 +17,11 @@ from governor.backends.cgroupfs import Applied, CgroupfsBackend, Removed
 from governor.backends.clocks import ANY_PID, BoardClocks
 from governor.compile.compiler import compile_plan
 from governor.kernel.files import MISSABLE
+from governor.launch.forward import interruptible
 from governor.plan.model import Plan
 from governor.policy.clocks import ClocksSection
 from governor.rundir.state import Publisher, read_states, run_dir
 from governor.rundir.state import applied as applied_state
-from governor.supervise.supervisor import interruptible
 
 
 def _hold_clocks(

@@ -203,6 +203,7 @@ def _engine_spec(policy: Policy, host: HostFacts) -> EngineSpec:
         max_cache_ram=e.max_cache_ram,
         ready=e.ready,
         ready_timeout_s=e.ready_timeout.seconds,
+        probe_generate_s=None if e.probe_generate is None else e.probe_generate.seconds,
         threads=e.threads,
         evict=e.evict,
         models=tuple(

@@ -1,6 +1,8 @@
 """The supervisor's signal forwarding: a stop signal for the governor goes to the engine, and one
 that comes before the engine runs is held, not lost (the supervisor installs it from the end
-of the apply; launch/launcher.py uses it while it waits for the engine)."""
+of the apply; launch/launcher.py uses it while it waits for the engine). Before that, while the
+limits are written, a stop signal rolls the apply back (:func:`interruptible`: `launch` and
+`apply` both)."""
 
 from __future__ import annotations
 
@@ -9,6 +11,7 @@ import signal
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
+from governor.errors import Interrupted
 from governor.log import get_logger
 
 log = get_logger(__name__)
@@ -78,3 +81,27 @@ class Forwarder:
         finally:
             for sig, handler in previous.items():
                 signal.signal(sig, handler)
+
+
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT, signal.SIGINT)
+
+
+@contextmanager
+def interruptible() -> Iterator[None]:
+    """Within the block a stop signal raises :class:`Interrupted` (a KeyboardInterrupt, so every
+    ``except BaseException`` rollback runs) instead of ending the process where it stands."""
+
+    raised: list[int] = []
+
+    def stop(signum: int, _frame: object) -> None:
+        if raised:
+            return  # the rollback of the first one is running: a second must not cut it short
+        raised.append(signum)
+        raise Interrupted(signum)
+
+    previous = {sig: signal.signal(sig, stop) for sig in STOP_SIGNALS}
+    try:
+        yield
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)

@@ -119,6 +119,7 @@ class EngineSpec:
     threads: int | None = None
     ready: str | None = None  # URL answering 200 once the engine is ready, or "exec"
     ready_timeout_s: float = 300.0
+    probe_generate_s: float | None = None  # one token asked every interval (None: off)
     evict: Literal["count", "memory"] = "count"  # llama-server's router: who makes room
     models: tuple[RouterModelSpec, ...] = ()
 

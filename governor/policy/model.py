@@ -260,6 +260,16 @@ def _ready_url(url: str) -> str:
     return url
 
 
+PROBE_MIN_S = 1.0  # a generation probe more often than this is load, not a probe
+
+
+def _probe_interval(interval: d.Duration) -> d.Duration:
+    """`probe_generate`: an interval of at least PROBE_MIN_S."""
+    if interval.seconds < PROBE_MIN_S:
+        raise ValueError(f"an interval of at least {PROBE_MIN_S:g}s, got {interval}")
+    return interval
+
+
 def _alias(name: str) -> str:
     """A router model's name, as llama-server names it (``org/tiny:Q8_0`` included): its leaf
     is kernel/leafname.py's mapping; a name that maps to none (a control character, '.',
@@ -303,12 +313,26 @@ class EngineSection(_Section):
     ready_timeout: Duration = Field(
         default=d.Duration(300_000_000), json_schema_extra={"default": "300s"}
     )
+    # liveness: ask the ready server for one token every interval (supervise/generate.py);
+    # absent: off (its /health alone is asked, at the start)
+    probe_generate: Annotated[Duration, AfterValidator(_probe_interval)] | None = None
     # llama-server's router: "count" = its own --models-max decides (check refuses one under
     # which the largest models cannot fit memory.max); "memory" = the governor makes room
     evict: Literal["count", "memory"] = "count"
     models: dict[Annotated[StrictStr, AfterValidator(_alias)], RouterModelSection] = Field(
         default_factory=dict
     )
+
+    @model_validator(mode="after")
+    def _probe_needs_a_server(self) -> EngineSection:
+        # a generic engine's URL may come from the launch (llama-server's --host/--port): one
+        # that has none is told at the launch (engine.probe_unused)
+        if self.probe_generate is not None and (self.ready == "exec" or self.kind == "rkllm"):
+            raise ValueError(
+                "probe_generate asks a server for a token: it needs engine.ready as the"
+                f" server's http:// URL, not {self.ready!r} (kind {self.kind!r})"
+            )
+        return self
 
 
 _DEVICE_SCHEMA = {

@@ -10,8 +10,8 @@ Constraint"); the group and ``models`` enable memory in their subtree_control.
 The router forks and execs ``llama-server ... --alias NAME ... --model PATH`` (measured:
 /proc/<pid>/cmdline of its children, llama.cpp 0c1e57098), so a child is found by polling the
 engine leaf's cgroup.procs (a new process lands in its parent's cgroup) and reading its
-cmdline: a pid between fork and exec still shows the router's cmdline (no --alias) and is
-looked at again on the next poll. The limits are written before the pid moves (no window
+cmdline, at once after each exec on the board (kernel/procevents.py, root) and every POLL_S: a
+pid between fork and exec still shows the router's cmdline (no --alias) and is looked at again. The limits are written before the pid moves (no window
 without them), and memory a process charged before the move stays with the old cgroup
 (cgroup-v2.rst "Memory Ownership"): the poll is short (POLL_S) so the child moves before its
 model is mapped, which takes it far longer than that (load logs: 0.1-1 s on a host, more
@@ -39,6 +39,7 @@ from governor.errors import GovernorError
 from governor.kernel import files as kf
 from governor.kernel.cgroupfs import CgroupFs
 from governor.kernel.leafname import LeafNameError, leaf_name, model_cgroup, models_cgroup
+from governor.kernel.procevents import ExecWaker
 from governor.log import get_logger
 from governor.monitor.actions.unload import TOTALS, merge_unloads
 from governor.peer.router import RouterClient
@@ -152,6 +153,8 @@ class ModelLeaves:
         self._rooms: list[str] = []  # aliases placed frozen, waiting for make_room (FIFO)
         self._rooms_lock = threading.Lock()
         self._stop = threading.Event()
+        self._wake = threading.Event()  # an exec on the board (kernel/procevents.py): poll now
+        self._waker: ExecWaker | None = None
         self._threads: list[threading.Thread] = []
 
     def cgroup(self, alias: str) -> str:
@@ -159,6 +162,8 @@ class ModelLeaves:
         return model_cgroup(self.group, alias)
 
     def start(self) -> ModelLeaves:
+        self._waker = ExecWaker.start(self._wake)  # None: no connector, POLL_S alone
+        log.info("models.exec_events", on=self._waker is not None)
         for target, name in ((self._run, "model-leaves"), (self._run_router, "model-router")):
             thread = threading.Thread(target=target, name=name, daemon=True)
             thread.start()
@@ -167,13 +172,20 @@ class ModelLeaves:
 
     def stop(self) -> None:
         self._stop.set()
+        self._wake.set()
+        if self._waker is not None:
+            self._waker.stop()
         for thread in self._threads:
             thread.join(timeout=5)
         for alias in self._take_rooms():  # queued, never made room for: not left frozen
             self._thaw(self.cgroup(alias))
 
     def _run(self) -> None:
-        while not self._stop.wait(POLL_S):
+        while not self._stop.is_set():
+            self._wake.wait(POLL_S)  # at once after an exec: a child moves before it loads
+            self._wake.clear()
+            if self._stop.is_set():
+                return
             try:
                 self.place()
             except GovernorError as err:  # the group went away (the run is ending)

@@ -16,17 +16,16 @@ from __future__ import annotations
 import contextlib
 import errno
 import os
-import signal
 import time
-from collections.abc import Callable, Collection, Iterator
+from collections.abc import Callable, Collection
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
 from governor.backends.device import board_baseline
-from governor.errors import BackendError, GovernorError, Interrupted, PermissionDenied
+from governor.errors import BackendError, GovernorError, PermissionDenied
 from governor.kernel.cgroupfs import CgroupFs
 from governor.kernel.procfs import ProcFs
-from governor.launch.forward import Forwarder
+from governor.launch.forward import Forwarder, interruptible
 from governor.launch.helper import PrefetchHelper, kill_own_group
 from governor.launch.launcher import ChildSetup, Launcher, LaunchReport
 from governor.log import get_logger
@@ -47,6 +46,7 @@ if TYPE_CHECKING:
     from types import ModuleType
 
     from governor.backends.clocks import BoardClocks
+    from governor.supervise.generate import GenerateProbe
     from governor.supervise.models import ModelLeaves
     from governor.supervise.ready import ReadyWait
 
@@ -128,6 +128,7 @@ class Supervisor:
         # readiness (job.ready_url): None = ready at exec, False = loading, True = answered 200
         self.ready: bool | None = None
         self.ready_wait: ReadyWait | None = None
+        self.probe: GenerateProbe | None = None  # [engine] probe_generate, once ready
         self.not_ready: str | None = None  # why the engine was stopped as never ready
         self.forwarder: Forwarder | None = None  # installed from the apply's end (run())
         self.leaves: ModelLeaves | None = None  # llama-server's router: its models' leaves
@@ -290,8 +291,9 @@ class Supervisor:
             if leaves is not None:
                 leaves.stop()
             monitor.close()
-            if self.ready_wait is not None:
-                self.ready_wait.stop()
+            for waiter in (self.ready_wait, self.probe):
+                if waiter is not None:
+                    waiter.stop()
         if self.not_ready is not None:
             from governor.supervise.ready import EngineNotReady
 
@@ -331,8 +333,10 @@ class Supervisor:
         plan = job.plan
         if job.ready_url is None:
             self._notify(f"READY=1\nSTATUS={plan.policy}: engine pid {pid} in {plan.leaf}")
+            if plan.engine.probe_generate_s is not None:
+                log.warning("engine.probe_unused", why="no server URL to ask (engine.ready)")
             return
-        from governor.supervise import ready
+        from governor.supervise import generate, ready
 
         self.not_ready = None
         self.ready = False
@@ -344,6 +348,17 @@ class Supervisor:
             log.info("engine.ready", pid=pid, url=ep.url, waited_s=round(waited, 3))
             self._notify(f"READY=1\nSTATUS={plan.policy}: engine pid {pid} ready at {ep.url}")
             self._publish(job)
+            interval = plan.engine.probe_generate_s  # not a router's: a completion loads
+            if interval is not None and job.router_url is None:
+                self.probe = generate.GenerateProbe(
+                    ep, interval, on_unresponsive=on_unresponsive
+                ).start()
+
+        def on_unresponsive(why: str) -> None:  # supervise/generate.py
+            self.not_ready = generate.unresponsive(
+                pid, why, restarts=self.restarts, stop_engine=ready.stop_engine,
+                journal=Journal((job.run_dir or run_dir()) / plan.policy),
+            )  # fmt: skip
 
         def on_timeout(why: str) -> None:
             self.not_ready = why
@@ -366,8 +381,9 @@ class Supervisor:
         if self.monitor is not None:  # the new run's own peak (memory.peak reset, 6.12)
             self.monitor.sampler.reset_peak()
         if job.ready_url is not None:  # a relaunched server loads again: probe it again
-            if self.ready_wait is not None:
-                self.ready_wait.stop()
+            for waiter in (self.ready_wait, self.probe):
+                if waiter is not None:
+                    waiter.stop()
             self._await_ready(job, engine_pid)
         self._start_helper(job, engine_pid)
         self._publish(job)
@@ -453,30 +469,6 @@ class Supervisor:
             hint="mlock needs CAP_IPC_LOCK or RLIMIT_MEMLOCK above the files' size"
             " (run as root, or use prefetch.mode = populate)",
         )
-
-
-STOP_SIGNALS = (signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT, signal.SIGINT)
-
-
-@contextlib.contextmanager
-def interruptible() -> Iterator[None]:
-    """Within the block a stop signal raises :class:`Interrupted` (a KeyboardInterrupt, so every
-    ``except BaseException`` rollback runs) instead of ending the process where it stands."""
-
-    raised: list[int] = []
-
-    def stop(signum: int, _frame: object) -> None:
-        if raised:
-            return  # the rollback of the first one is running: a second must not cut it short
-        raised.append(signum)
-        raise Interrupted(signum)
-
-    previous = {sig: signal.signal(sig, stop) for sig in STOP_SIGNALS}
-    try:
-        yield
-    finally:
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)
 
 
 def _write_report(path: Path, report: LaunchReport) -> None:

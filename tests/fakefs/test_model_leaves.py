@@ -169,3 +169,48 @@ def test_a_models_leaf_defaults_to_its_estimate_plus_headroom_and_a_table_overri
     }
     assert model_leaves(plan, None) is None
     assert model_leaves(plan, {"model": "x.gguf", "total": 1}) is None
+
+
+def test_an_exec_on_the_board_moves_the_child_at_once_not_a_poll_later(
+    tree: tuple[MovingFs, Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The kernel's exec event (kernel/procevents.py) wakes the placement thread: with a poll
+    of a minute, each child is moved right after the exec that named it (issue 46 item 5: what
+    a child charges before its move stays in the router's leaf)."""
+    import threading
+
+    from governor.supervise import models
+
+    fs, proc = tree
+    wakes: list[threading.Event] = []
+
+    class Waker:
+        @classmethod
+        def start(cls, wake: threading.Event) -> Waker:
+            wakes.append(wake)
+            return cls()
+
+        def stop(self) -> None:
+            pass
+
+    monkeypatch.setattr(models, "POLL_S", 60.0)
+    monkeypatch.setattr(models, "ExecWaker", Waker)
+    placed: list[tuple[str, int]] = []
+    moved = threading.Semaphore(0)
+
+    def on_place(alias: str, pid: int, _cg: str) -> None:
+        placed.append((alias, pid))
+        moved.release()
+
+    leaves = ModelLeaves(fs, group=GROUP, leaf=LEAF, limits={}, router_pid=lambda: 100,
+                         proc_root=proc, on_place=on_place).start()  # fmt: skip
+    try:
+        (wake,) = wakes
+        wake.set()  # 101 exec'd
+        assert moved.acquire(timeout=10)
+        (proc / "102" / "cmdline").write_bytes(_child("tiny"))
+        wake.set()  # 102 exec'd
+        assert moved.acquire(timeout=10)
+    finally:
+        leaves.stop()
+    assert placed == [("small", 101), ("tiny", 102)]

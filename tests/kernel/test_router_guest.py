@@ -48,10 +48,29 @@ def _pids(path: Path) -> list[int]:
         return []  # the leaf is gone with its child
 
 
+@pytest.fixture
+def out_dir(request: pytest.FixtureRequest, tmp_path: Path) -> Path:
+    """Beside the junit xml (the harness's results directory), else the test's tmp_path."""
+    xml = getattr(request.config.option, "xmlpath", None)
+    return Path(xml).parent if xml else tmp_path
+
+
+def _line(log: Path, event: str) -> str:
+    return next((x for x in log.read_text().splitlines() if f'"{event}"' in x), "")
+
+
+def _kib(leaf: Path) -> tuple[int, ...] | None:
+    if not (leaf / "memory.stat").exists():
+        return None  # no memory controller for it (yet)
+    stat = cgroups.read_kv(leaf / "memory.stat")
+    current = int(cgroups.read(leaf / "memory.current"))
+    return tuple(n // 1024 for n in (current, stat["anon"], stat["file"], stat.get("kernel", 0)))
+
+
 @pytest.mark.kernel(controllers=ALL, root=True, psi=True)
 @pytest.mark.engine(binary=SERVER, paths=(KVGUEST, TINY))
 def test_each_router_child_gets_its_own_leaf_and_an_overgrown_one_dies_alone(
-    tmp_path: Path, scratch_slice: ScratchSlice
+    tmp_path: Path, scratch_slice: ScratchSlice, out_dir: Path
 ) -> None:
     models = tmp_path / "models"
     models.mkdir()
@@ -85,6 +104,11 @@ def test_each_router_child_gets_its_own_leaf_and_an_overgrown_one_dies_alone(
             t0 = time.monotonic()
             assert _ask(base, "tiny")
             first_s = time.monotonic() - t0
+            # issue 46 item 5, what a child charges before its move: the engine leaf has memory
+            # only from the first child's placement on (the group enables it for its leaves)
+            engine_kib = [_kib(group / "engine")]
+            assert _ask(base, "tiny")
+            engine_kib.append(_kib(group / "engine"))  # no child started: the proxy alone
             tiny = _pids(group / "models" / "tiny")
             assert len(tiny) == 1 and tiny != router
             assert _pids(group / "engine") == router  # the child left the router's leaf
@@ -98,6 +122,7 @@ def test_each_router_child_gets_its_own_leaf_and_an_overgrown_one_dies_alone(
             assert hog["oom_kill"] >= 1, hog
             assert int(cgroups.read(group / "models" / "hog" / "memory.max")) == 8 * MIB
             assert _ask(base, "kv")  # the router serves the others
+            engine_kib.append(_kib(group / "engine"))  # two more children started (hog, kv)
             assert _ask(base, "tiny")
             assert _pids(group / "engine") == router
             assert _pids(group / "models" / "tiny") == tiny  # the same child, not reloaded
@@ -110,8 +135,13 @@ def test_each_router_child_gets_its_own_leaf_and_an_overgrown_one_dies_alone(
                 "hog_oom_kills": hog["oom_kill"],
                 "tiny_max_mib": tiny_max // MIB,
                 "peak_mib": int(cgroups.read(group / "memory.peak")) // MIB,
+                # the engine leaf's (memory.current, anon, file, kernel) in KiB: after tiny's
+                # child was started and moved, after a request to it alone, after hog and kv
+                "engine_kib": engine_kib,
+                # children placed at their exec (kernel/procevents.py), else by the poll
+                "exec_events": '"on": true' in _line(log, "models.exec_events"),
             }
-            (tmp_path / "router.json").write_text(json.dumps(results))
+            (out_dir / "router-guest.json").write_text(json.dumps(results))
             print("router guest:", json.dumps(results))
         finally:
             if gov.poll() is None:

@@ -215,6 +215,18 @@ KEYS: dict[str, tuple[str, str]] = {
         " and the governor exits 69.",
         'ready_timeout = "300s"',
     ),
+    "engine.probe_generate": (
+        "A duration: once the server is ready, ask it for one token (POST /v1/completions,"
+        " max_tokens 1) every interval, the interval being each request's deadline; 3 failed"
+        " in a row (its /health may stay green while a load path or a slot is stuck; one while"
+        " a slot decodes, per GET /slots, does not count) and the"
+        " engine is journaled as unresponsive and stopped, relaunched while"
+        " `process.restart_max` allows, else the governor exits 69. At least 1s; needs a server"
+        " (engine.ready as its URL, or llama-server's --host/--port; not `exec`, not rkllm);"
+        " not used for a router (a completion there loads a model). Off when absent: each probe is a generation, and with one slot"
+        " it replaces that slot's cached prompt.",
+        'probe_generate = "30s"',
+    ),
     "prefetch.files": (
         "`auto` (the engine's -m model) or a list of paths and globs.",
         'files = ["/models/q4.gguf"]',
