@@ -12,6 +12,7 @@ library only (the supervisor imports it)."""
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import os
 import socket
@@ -23,6 +24,7 @@ CN_IDX_PROC = 1  # linux/connector.h
 CN_VAL_PROC = 1
 NLMSG_DONE = 3
 PROC_CN_MCAST_LISTEN = 1  # linux/cn_proc.h enum proc_cn_mcast_op
+PROC_CN_MCAST_IGNORE = 2
 PROC_EVENT_EXEC = 0x00000002  # linux/cn_proc.h enum what
 NLMSG = struct.Struct("=IHHII")  # struct nlmsghdr: len, type, flags, seq, pid
 CN_MSG = struct.Struct("=IIIIHH")  # struct cn_msg: id.idx, id.val, seq, ack, len, flags
@@ -51,9 +53,9 @@ def exec_pids(data: bytes) -> list[int]:
     return out
 
 
-def listen_message() -> bytes:
-    """The PROC_CN_MCAST_LISTEN request (pure)."""
-    op = struct.pack("=I", PROC_CN_MCAST_LISTEN)
+def listen_message(what: int = PROC_CN_MCAST_LISTEN) -> bytes:
+    """The PROC_CN_MCAST_LISTEN request, or ``what`` (PROC_CN_MCAST_IGNORE) (pure)."""
+    op = struct.pack("=I", what)
     cn = CN_MSG.pack(CN_IDX_PROC, CN_VAL_PROC, 0, 0, len(op), 0)
     return NLMSG.pack(NLMSG.size + len(cn) + len(op), NLMSG_DONE, 0, 0, os.getpid()) + cn + op
 
@@ -93,9 +95,15 @@ class ExecWaker:
         return waker
 
     def stop(self) -> None:
+        """The thread ended, then IGNORE before the close: the kernel counts listeners
+        (cn_proc.c proc_event_num_listeners) by LISTEN and IGNORE, and before 6.6 a socket's
+        close does not take its LISTEN back, so each run would leave every fork, exec and exit
+        on the board building an event for nobody."""
         self._stop.set()
         if self._thread.is_alive():
             self._thread.join(timeout=WAIT_S + 1)
+        with contextlib.suppress(OSError):  # the socket is closed below either way
+            self.sock.send(listen_message(PROC_CN_MCAST_IGNORE))
         self.sock.close()
 
     def _run(self) -> None:

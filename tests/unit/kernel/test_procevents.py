@@ -5,6 +5,7 @@ every other event and anything cut short give nothing."""
 from __future__ import annotations
 
 import struct
+import threading
 
 from governor.kernel import procevents as pe
 
@@ -39,4 +40,29 @@ def test_the_listen_request_is_one_netlink_message_with_the_op() -> None:
     assert (idx, val, size) == (pe.CN_IDX_PROC, pe.CN_VAL_PROC, 4)
     assert struct.unpack_from("=I", msg, pe.NLMSG.size + pe.CN_MSG.size) == (
         pe.PROC_CN_MCAST_LISTEN,
+    )
+
+
+class _Sock:
+    def __init__(self) -> None:
+        self.sent: list[bytes] = []
+        self.closed = False
+
+    def send(self, data: bytes) -> int:
+        self.sent.append(data)
+        return len(data)
+
+    def close(self) -> None:
+        self.closed = True
+
+
+def test_stop_takes_the_listen_back_before_the_close() -> None:
+    """The kernel counts listeners by LISTEN and IGNORE (a close did not take a LISTEN back
+    before 6.6): stop sends IGNORE, then closes."""
+    sock = _Sock()
+    waker = pe.ExecWaker(sock, threading.Event())  # type: ignore[arg-type]
+    waker.stop()
+    assert sock.closed and len(sock.sent) == 1
+    assert struct.unpack_from("=I", sock.sent[0], pe.NLMSG.size + pe.CN_MSG.size) == (
+        pe.PROC_CN_MCAST_IGNORE,
     )
