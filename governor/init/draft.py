@@ -338,7 +338,7 @@ def render(  # noqa: PLR0917  # one policy from all its inputs
         f"description = {_q(f'{draft_server.kind(s.est)} {req.model.name} at -c {s.ctx} (governor init)')}",
         "",
         *draft_swap.memory_table(s, swap),
-        *_cpu_and_process_tables(host, parsed),
+        *_cpu_and_process_tables(host, parsed, qos),
         *_engine_table(host, s, engine),
         *_prefetch_table(parsed),
         *draft_qos.qos_table(s, qos),
@@ -396,7 +396,7 @@ def _sizing_comment(  # noqa: PLR0917  # the head comment: how the numbers below
     return out
 
 
-def _cpu_and_process_tables(host: HostFacts, parsed: EngineArgs) -> list[str]:
+def _cpu_and_process_tables(host: HostFacts, parsed: EngineArgs, qos: str) -> list[str]:
     out: list[str] = []
     if host.core_types is not None:
         ct = host.core_types
@@ -406,9 +406,17 @@ def _cpu_and_process_tables(host: HostFacts, parsed: EngineArgs) -> list[str]:
             f" {ct.source}): a matmul split across both runs at the LITTLE cores' pace",
             "",
         ]
+    # the kernel's OOM killer, if the board runs out anyway, takes the highest badness (RSS +
+    # oom_score_adj/1000 of the board): a background job before the interactive engines, as
+    # policies/npu-batch.toml and npu-chat.toml have it (both 500 made the larger one go: the chat)
+    adj, why = (
+        (800, "a background job goes first")
+        if qos == "background"
+        else (500, "the engine goes before its services")
+    )
     out += [
         "[process]",
-        "oom_score_adj = 500  # if the board runs out anyway, the engine goes before its services",
+        f"oom_score_adj = {adj}  # if the board runs out anyway, {why}",
     ]
     if parsed.locks_memory:
         out.append('memlock = "model"  # RLIMIT_MEMLOCK for -lm mlock: model size + 64 MiB')

@@ -126,6 +126,22 @@ def test_big_little_board_gets_the_big_cores_and_one_thread_each(
     assert "cpu" not in plain  # 4 alike CPUs: no pinning
 
 
+def test_a_background_engine_goes_before_an_interactive_one_if_the_board_runs_out(
+    tiny: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The kernel's OOM killer takes the highest RSS + oom_score_adj/1000 of the board: init
+    wrote 500 for every class, so beside a background job the larger engine, the chat, went
+    first (seen drafting the real-engine QoS bench). A background job now gets npu-batch's 800."""
+    root = str(HOSTS / "cgroup2-full")
+    adj = {
+        cls: _init(capsys, root, "--model", str(tiny), "--class", cls)[0]["process"][
+            "oom_score_adj"
+        ]
+        for cls in ("interactive", "standard", "background")
+    }
+    assert adj["background"] > adj["standard"] >= adj["interactive"] > 0, adj
+
+
 def test_memory_values_follow_the_estimate_and_the_board(
     tiny: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
