@@ -101,7 +101,8 @@ def _mib_up(n: int) -> int:
     return -(-n // MIB)
 
 
-def policy_name(req: Request) -> str:
+def policy_name(req: Request, suffix: str = ".gguf") -> str:
+    """--name, checked, else the model file's name less ``suffix``, made a policy name."""
     if req.name is not None:
         if not NAME_RE.fullmatch(req.name):
             raise UsageError(
@@ -109,7 +110,7 @@ def policy_name(req: Request) -> str:
                 hint="lower-case letters, digits, '_' and '-', starting with a letter or digit",
             )
         return req.name
-    stem = req.model.name.removesuffix(".gguf").lower()
+    stem = req.model.name.lower().removesuffix(suffix)
     name = re.sub(r"[^a-z0-9_-]+", "-", stem).strip("-_")[:63]
     return name if NAME_RE.fullmatch(name) else "llm"
 

@@ -19,10 +19,9 @@ from pathlib import Path
 
 from governor.board.npu import NPU_DOMAIN_BYTES, npu_refusal
 from governor.engines.rkllm_memory import MB_PER_MPARAM, estimate_bytes
-from governor.errors import AdmissionRefused, PolicyNotFound, UsageError
-from governor.init.draft import Request
+from governor.errors import AdmissionRefused, PolicyNotFound
+from governor.init.draft import Request, policy_name
 from governor.policy.loader import load_text
-from governor.policy.model import NAME_RE
 
 SUFFIX = ".rkllm"
 PROGRAM = "llm_demo"  # rknn-llm's demo: llm_demo MODEL MAX_NEW_TOKENS MAX_CONTEXT_LEN
@@ -66,19 +65,6 @@ class RkllmDraft:
     missing: tuple[str, ...] = ()
 
 
-def _name(req: Request) -> str:
-    if req.name is not None:
-        if not NAME_RE.fullmatch(req.name):
-            raise UsageError(
-                f"not a policy name: {req.name!r} (--name)",
-                hint="lower-case letters, digits, '_' and '-', starting with a letter or digit",
-            )
-        return req.name
-    stem = re.sub(r"[^a-z0-9_-]+", "-", req.model.name.lower().removesuffix(SUFFIX))
-    name = stem.strip("-_")[:63]
-    return name if NAME_RE.fullmatch(name) else "llm"
-
-
 def claim(model: Path) -> tuple[int, str]:
     """The NPU memory to claim for ``model`` and where it comes from (module docstring)."""
     try:
@@ -101,7 +87,7 @@ def claim(model: Path) -> tuple[int, str]:
 def draft_rkllm(req: Request, *, board: int, others: list[tuple[str, int]]) -> RkllmDraft:
     """The policy for ``req.model`` beside ``others`` (name, NPU bytes: the running RKLLM
     instances); AdmissionRefused (75) when its claim does not fit the NPU beside them."""
-    name = _name(req)
+    name = policy_name(req, SUFFIX)
     npu, source = claim(req.model)
     others = [(n, b) for n, b in others if n != name]  # a policy of this name replaces its own
     said = npu_refusal(name, npu, others)
