@@ -8,7 +8,6 @@ import json
 import os
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
 
 import pytest
 
@@ -26,31 +25,9 @@ from governor.state.peaks import learned, peak_key, record_peak
 from governor.state.store import MODELS_MAX, PLANS_MAX, RUNS_MAX, Store
 from governor.supervise.learn import learn_peak, measured_peak
 
-GOLDEN = Path(__file__).resolve().parents[2] / "golden/plans/base@rk3588.json"
+from ..operate.test_board import board, plan_dict
 
 MIB = 1 << 20
-
-
-def plan_dict(name: str, cls: str, **limits: object) -> dict[str, Any]:
-    """A compiled plan (the rk3588 golden's) renamed, with these memory limits on its group."""
-    plan: dict[str, Any] = json.loads(GOLDEN.read_text())
-    group = f"governor.slice/{name}"
-    plan.update(policy=name, group=group, leaf=f"{group}/engine")
-    plan["writes"] = [
-        {"cgroup": group, "file": f"memory.{k}", "value": v, "reason": k, "controller": "memory"}
-        for k, v in limits.items()
-    ]
-    plan["qos"] = {"qos_class": cls, "yields": ["throttle", "freeze", "stop", "kill"]}
-    return plan
-
-
-def board(tmp_path: Path) -> tuple[Path, Path, Path]:
-    root = tmp_path / "root"
-    (root / "proc").mkdir(parents=True)
-    (root / "proc/meminfo").write_text(f"MemTotal: {2 * 1024 * 1024} kB\nMemFree: 1 kB\n")
-    run = tmp_path / "run"
-    run.mkdir()
-    return root, tmp_path / "cgroup", run
 
 
 def model(tmp_path: Path, data: bytes = b"GGUF" * 16) -> Path:
