@@ -85,6 +85,17 @@ def oom_victims(kmsg: str) -> list[str]:
     return out
 
 
+def earlyoom_kills(log_text: str) -> list[str]:
+    """earlyoom's own kill lines, as "earlyoom SIGNAL: NAME" ('sending SIGTERM to process 123
+    uid 0 "qos-batch": ...')."""
+    out = []
+    for line in log_text.splitlines():
+        if line.startswith("sending") and '"' in line:
+            sig, name = line.split()[1], line.split('"')[1]
+            out.append(f"earlyoom {sig}: {name}")
+    return out
+
+
 def toml_value(v: Any) -> str:
     if isinstance(v, bool):
         return "true" if v else "false"

@@ -27,6 +27,7 @@ from perf.qos_common import (
     Run,
     _fmt,
     bench_policy,
+    earlyoom_kills,
     guest_cpu,
     oom_victims,
     parse_chat,
@@ -342,10 +343,7 @@ def once(st: Setup, arm: str, seq: int) -> tuple[Run, Chat]:
         text = eo_log.read_text()
         if seq < 3:
             log("earlyoom says: " + " | ".join(text.splitlines()[:4]))
-        for line in text.splitlines():  # sending SIGTERM to process 123 uid 0 "qos-batch": ...
-            if line.startswith("sending") and '"' in line:
-                sig, name = line.split()[1], line.split('"')[1]
-                run.kills.append(f"earlyoom {sig}: {name}")
+        run.kills += earlyoom_kills(text)
     if arm == "oomd":
         j = sh("journalctl", "-u", "systemd-oomd.service", "--no-pager", "-o", "cat",
                f"--since=@{since:.0f}")  # fmt: skip

@@ -25,7 +25,7 @@ from openai.types.chat import ChatCompletionMessageParam
 from perf._helpers.cgroup import read_kv
 from perf._helpers.disk import writable_disk_dir
 from perf._helpers.server import SERVER_ARGS, client, free_port, health, prompt
-from perf.qos_common import HELPERS, REPO, oom_victims
+from perf.qos_common import HELPERS, REPO, earlyoom_kills, oom_victims
 from perf.qos_guest import Proc, cgroup2_root, drop_model, governor_actions, kmsg_now, log, sh
 from perf.qos_report import RealRun, Turn, decode_tps
 
@@ -347,10 +347,7 @@ def once(st: Setup, swap: str, arm: str, rnd: int, seq: int) -> RealRun:
     kmsg = "\n".join(sh("dmesg").splitlines()[k0:])
     run.kills += [f"kernel OOM: {v}" for v in oom_victims(kmsg)]
     if arm == "earlyoom":
-        for line in eo_log.read_text().splitlines():  # sending SIGTERM to process 12 uid 0 "x": ...
-            if line.startswith("sending") and '"' in line:
-                sig, name = line.split()[1], line.split('"')[1]
-                run.kills.append(f"earlyoom {sig}: {name}")
+        run.kills += earlyoom_kills(eo_log.read_text())
     if arm == "oomd":
         j = sh("journalctl", "-u", "systemd-oomd.service", "--no-pager", "-o", "cat",
                f"--since=@{since:.0f}")  # fmt: skip

@@ -13,6 +13,7 @@ from perf.qos_common import (
     Run,
     bench_policy,
     cpu_table,
+    earlyoom_kills,
     guest_cpu,
     oom_victims,
     parse_chat,
@@ -154,3 +155,16 @@ def test_the_chat_ends_at_the_first_step_that_finds_its_stop_file(tmp_path: Path
                  "--duration", "60", "--stop", str(stop)]) == 0  # fmt: skip
     lines = out.read_text().splitlines()
     assert lines[0].startswith("ready ") and lines[1:] == ["done 0"], lines
+
+
+def test_earlyoom_kills_are_its_sending_lines() -> None:
+    log = (
+        "earlyoom v1.7\nmem avail: 90 of 2000 MiB (4.50%), swap free: 0 of 0 MiB (0.00%)\n"
+        'sending SIGTERM to process 123 uid 0 "qos-batch": badness 900, VmRSS 950 MiB\n'
+        'sending SIGKILL to process 124 uid 0 "llama-completio": badness 800, VmRSS 90 MiB\n'
+    )
+    assert earlyoom_kills(log) == [
+        "earlyoom SIGTERM: qos-batch",
+        "earlyoom SIGKILL: llama-completio",
+    ]
+    assert earlyoom_kills("") == []
