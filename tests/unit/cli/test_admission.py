@@ -371,21 +371,12 @@ def test_check_refuses_a_second_rkllm_instance_whose_npu_memory_does_not_fit_wit
     RKLLM instance goes through admission's NPU wiring (governor/api/admit.py admission ->
     npu_admission -> board/npu.py): the memory budget has room, the NPU's 4 GiB domain has not:
     75, one line naming the instance that holds it; the same policy fits once it is gone."""
-    from governor.rundir.state import Publisher, applied
+    from ..init.test_rkllm import running_rkllm
 
-    run_dir = tmp_path / "run"
+    run_dir = running_rkllm(tmp_path, "npu-a", 3 * GIB)  # holds while its group exists
+    group = "governor.slice/npu-a"
     monkeypatch.setenv("GOVERNOR_RUN_DIR", str(run_dir))
     monkeypatch.setenv("GOVERNOR_BOARD", str(tmp_path / "board.toml"))
-    held = json.loads(GOLDEN.read_text())
-    group = "governor.slice/npu-a"
-    held.update(policy="npu-a", group=group, leaf=f"{group}/engine", writes=[])
-    held["engine"] = {**held["engine"], "kind": "rkllm"}
-    held["device"] = {"memory": 3 * GIB, "pool": "system", "reason": "device.memory"}
-    held["cgroup_root"] = str(tmp_path / "cg")  # an applied slice holds while its group exists
-    (tmp_path / "cg" / group).mkdir(parents=True)
-    Publisher(run_dir, "npu-a").publish(
-        applied(Plan.from_dict(held), policy_path=None, created=[], started_at=1.0)
-    )
     model = tmp_path / "m.rkllm"
     model.write_bytes(b"w")
     npu = policy(tmp_path, "npu-b", '[engine]\nkind = "rkllm"\n[device]\nmemory = "1200MiB"\n')
