@@ -160,7 +160,10 @@ def test_under_keep_the_engine_runs_on_and_the_watchdog_restores_the_clocks(
         cgroups.wait_for(
             lambda: read(sysfs, DMC, "governor") == "performance", 60, "the clocks to be set"
         )
-        cgroups.wait_for(lambda: cgroups.pids(leaf) != [], 30, "the engine in its leaf")
+        # The clocks are set before the engine's leaf is made: wait for the leaf as well.
+        cgroups.wait_for(
+            lambda: leaf.exists() and cgroups.pids(leaf) != [], 30, "the engine in its leaf"
+        )
         os.kill(p.pid, signal.SIGKILL)
         p.wait(timeout=30)
         cgroups.wait_for(lambda: snapshot(sysfs) == before, 30, "the watchdog's restore")
