@@ -2,8 +2,13 @@
 """llama-server's router with three models and a memory.max that fits two (issue 38): the
 router alone (count-based eviction) vs under `governor launch` with [engine] evict = "memory".
 
-    flock /tmp/governor-guest.lock .venv/bin/python -m perf.router --guest [--requests 12]
+    flock /tmp/governor-guest.lock .venv/bin/python -m perf.router --guest [--rounds 3]
     .venv/bin/python -m perf.router [--arms 1a,2a,3a]   # as root on a cgroup v2 kernel
+
+Each arm runs --rounds times (the arms' order reversed every other round); the host writes
+--out (default out/router): runs.csv (a row an arm's round), router.json (meta, rounds, summary),
+router-latency.png and router-reread.png; per arm the median round beside the worst
+(perf/router_report.py).
 
 In the kernel guest (2 GiB, no swap): scripts/engine-setup's llama-server as a router over a
 models directory of three copies of small.gguf (134 MiB each, distinct inodes on an ext4 loop
@@ -44,7 +49,6 @@ latency of the answered requests (median, max), the governor's unloads; the rati
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import json
 import os
@@ -73,7 +77,6 @@ from perf._helpers.server import (
     wait_ready,
 )
 from perf.router_common import (
-    ARMS,
     MIB,
     MODELS,
     VARIANTS,
@@ -84,6 +87,7 @@ from perf.router_common import (
     table,
     value_table,
 )
+from perf.router_report import META_TAG, RUN_TAG, commit, finish, in_guest, parser, to_json
 
 REPO = Path(__file__).resolve().parents[1]
 CGROUP = Path("/sys/fs/cgroup")
@@ -99,14 +103,6 @@ RESTORE_WAIT_S = 30.0  # variant c: for the governor's restore after a reload
 
 def log(msg: str) -> None:
     print(f"perf/router: {msg}", flush=True)
-
-
-def in_guest(argv: list[str], timeout: float, cpus: int) -> int:
-    """Run this module in the kernel guest through the project's harness (tests/vm/run.py)."""
-    cmd = [str(REPO / ".venv" / "bin" / "python"), "-m", "perf.router", *argv]
-    harness = [sys.executable, "-m", "vm.run", "--guest", "kernel", f"--timeout={timeout}",
-               f"--cpus={cpus}"]  # fmt: skip
-    return subprocess.call([*harness, "--", *cmd], cwd=REPO / "tests")
 
 
 def enable(path: Path, controllers: tuple[str, ...]) -> None:
@@ -386,28 +382,25 @@ def run_arm(arm: Arm, models: Path, tmp: Path, requests: int, tokens: int) -> Re
     return res
 
 
-def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
-    ap.add_argument("--arms", default=",".join(a.name for a in ARMS))
-    ap.add_argument("--requests", type=int, default=9, help="requests per arm")
-    ap.add_argument("--tokens", type=int, default=2, help="tokens per answer")
-    ap.add_argument("--guest", action="store_true", help="run in the kernel test guest")
-    ap.add_argument("--guest-timeout", type=float, default=2400.0)
-    ap.add_argument("--guest-cpus", type=int, default=2, help="the guest's vCPUs (--guest)")
-    a = ap.parse_args()
+def main(argv: list[str] | None = None) -> int:
+    args = sys.argv[1:] if argv is None else argv
+    a = parser().parse_args(args)
     try:
         arms = parse_arms(a.arms)
     except ValueError as err:
         raise SystemExit(f"perf/router: {err} (--arms)") from err
     if a.guest:
-        inner = [f"--arms={a.arms}", f"--requests={a.requests}", f"--tokens={a.tokens}"]
-        return in_guest(inner, a.guest_timeout, a.guest_cpus)
+        a.guest_timeout = a.guest_timeout or 2400.0 * a.rounds
+        inner = [f"--arms={a.arms}", f"--requests={a.requests}", f"--tokens={a.tokens}",
+                 f"--rounds={a.rounds}"]  # fmt: skip
+        return in_guest(inner, a)
     if os.geteuid() != 0 or not (CGROUP / "cgroup.controllers").exists():
         raise SystemExit("perf/router: needs root on a cgroup v2 kernel (use --guest)")
     if not SMALL.exists():
         raise SystemExit(f"perf/router: {SMALL} missing: run scripts/engine-setup")
     free = subprocess.run(["free", "-m"], capture_output=True, text=True, check=False).stdout
     log(f"kernel {os.uname().release}, {os.cpu_count()} cpus; {free.splitlines()[1]}")
+    print(META_TAG + json.dumps({"kernel": os.uname().release, "requests": mix(a.requests)}))
     if any(VARIANTS[a.variant].mixed for a in arms) and not KVGUEST.exists():
         raise SystemExit(f"perf/router: {KVGUEST} missing: run scripts/engine-setup")
     size, quick = SMALL.stat().st_size, KVGUEST.stat().st_size
@@ -416,21 +409,29 @@ def main() -> int:
     enable(CGROUP / SLICE, CONTROLLERS)
     results: list[Result] = []
     t0 = time.monotonic()
-    with tempfile.TemporaryDirectory() as tmpd, tempfile.TemporaryDirectory() as mnt:
-        tmp = Path(tmpd)
-        with loop_mount(Path(mnt), (4 * size + 2 * quick) // MIB + 64) as disk:
-            # copies, not links: each model's own inode and page cache
-            alike, mixed = disk / "models", disk / "models-c"
-            alike.mkdir()
-            mixed.mkdir()
-            for name in MODELS:
-                shutil.copyfile(SMALL, alike / f"{name}.gguf")
-                shutil.copyfile(SMALL if name == "a" else KVGUEST, mixed / f"{name}.gguf")
-            log(f"models: 3 copies of {SMALL.name} ({size / MIB:.0f} MiB) in {alike}; "
-                f"{SMALL.name} and 2 of {KVGUEST.name} ({quick / MIB:.0f} MiB) in {mixed}")  # fmt: skip
-            for arm in arms:
+    with (
+        tempfile.TemporaryDirectory() as tmpd,
+        tempfile.TemporaryDirectory() as mnt,
+        loop_mount(Path(mnt), (4 * size + 2 * quick) // MIB + 64) as disk,
+    ):
+        # copies, not links: each model's own inode and page cache
+        alike, mixed = disk / "models", disk / "models-c"
+        alike.mkdir()
+        mixed.mkdir()
+        for name in MODELS:
+            shutil.copyfile(SMALL, alike / f"{name}.gguf")
+            shutil.copyfile(SMALL if name == "a" else KVGUEST, mixed / f"{name}.gguf")
+        log(f"models: 3 copies of {SMALL.name} ({size / MIB:.0f} MiB) in {alike}; "
+            f"{SMALL.name} and 2 of {KVGUEST.name} ({quick / MIB:.0f} MiB) in {mixed}")  # fmt: skip
+        for rnd in range(a.rounds):
+            tmp = Path(tmpd) / f"round-{rnd}"  # each round's run dirs, slots, logs
+            tmp.mkdir()
+            for arm in arms if rnd % 2 == 0 else reversed(arms):
                 models = mixed if VARIANTS[arm.variant].mixed else alike
-                results.append(run_arm(arm, models, tmp, a.requests, a.tokens))
+                res = run_arm(arm, models, tmp, a.requests, a.tokens)
+                res.round = rnd
+                results.append(res)
+                print(RUN_TAG + json.dumps(to_json(res)), flush=True)
     kill_tree(CGROUP / SLICE)
     log(f"all arms: {time.monotonic() - t0:.0f} s; requests: {' '.join(mix(a.requests))}")
     by_count = [r for r in results if not VARIANTS[r.arm.variant].mixed]
@@ -441,7 +442,10 @@ def main() -> int:
         print("\n" + value_table(by_value), flush=True)
     for r in results:
         for e in r.errors:
-            print(f"  {r.arm.name}: {e}")
+            print(f"  {r.arm.name} round {r.round}: {e}")
+    meta = {"command": "python -m perf.router " + " ".join(args), "commit": commit(),
+            "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())}  # fmt: skip
+    print("\n" + finish(results, meta, a.out, not a.no_plot), flush=True)
     return 0
 
 

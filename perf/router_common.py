@@ -89,6 +89,7 @@ def mix(n: int, pattern: str = PATTERN) -> list[str]:
 @dataclass
 class Result:
     arm: Arm
+    round: int = 0  # perf/router --rounds: which round of its arm (perf/router_report.py)
     latencies: list[float] = field(default_factory=list)  # answered requests, seconds
     failed: int = 0
     oom_kills: int = 0  # memory.events oom_kill of the group (hierarchical: its leaves too)
