@@ -252,6 +252,7 @@ def once(st: Setup, swap: str, arm: str, rnd: int, seq: int) -> RealRun:
     (not in "solo") and the chat's turns for st.chat_s seconds are measured."""
     tag = f"{swap}-{seq}-{arm}"
     run = RealRun(swap=swap, arm=arm, round=rnd, seq=seq)
+    t_start = time.monotonic()
     for m in (st.chat_model, st.job_model):
         drop_model(m)
     port = free_port()
@@ -356,7 +357,8 @@ def once(st: Setup, swap: str, arm: str, rnd: int, seq: int) -> RealRun:
         run.actions += governor_actions(path, who) if arm == "governor" else []
         if arm == "governor":
             run.kills += [a for a in governor_actions(path, who) if a.endswith(": kill")]
-    log(f"{swap} {arm} r{rnd} #{seq}: {run.turns} turns {run.tps:.2f} tok/s, ttft "
+    run.wall_s = round(time.monotonic() - t_start, 1)
+    log(f"{swap} {arm} r{rnd} #{seq} ({run.wall_s} s): {run.turns} turns {run.tps:.2f} tok/s, ttft "
         f"{sorted(run.ttfts)[len(run.ttfts) // 2] if run.ttfts else '-'}s, job rc {run.job_rc} "
         f"{run.job_s}s, hog rc {run.hog_rc}, refault {run.refault_file}, full {run.full_s}s, kills {run.kills}, "
         f"actions {run.actions}, error {run.error}")  # fmt: skip

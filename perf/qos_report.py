@@ -63,6 +63,7 @@ class RealRun:
     kills: list[str] = field(default_factory=list)
     actions: list[str] = field(default_factory=list)
     error: str | None = None
+    wall_s: float | None = None  # the run's seconds, the chat's start to its teardown
 
     @property
     def oom_kills(self) -> int:
@@ -170,7 +171,7 @@ def table(rows: Sequence[Row]) -> str:
 CSV_FIELDS = (
     "swap", "arm", "round", "seq", "tps", "ratio", "turns", "ttft_p50", "ttft_p95",
     "chat_rc", "job_rc", "job_s", "hog_rc", "refault_file", "full_s", "oom_kills", "kills",
-    "actions", "error",
+    "actions", "error", "wall_s",
 )  # fmt: skip
 
 

@@ -71,7 +71,16 @@ def _runs() -> list[RealRun]:
     """One swap setup, three rounds: solo speeds 10, 10, 8, 8 around bare and governor runs."""
     r = [
         RealRun("none", "solo", 0, 0, tps=10.0, ttfts=[0.5, 0.6]),
-        RealRun("none", "bare", 0, 1, tps=5.0, ttfts=[3.0, 9.0], kills=["kernel OOM: qos-hog"]),
+        RealRun(
+            "none",
+            "bare",
+            0,
+            1,
+            tps=5.0,
+            ttfts=[3.0, 9.0],
+            kills=["kernel OOM: qos-hog"],
+            wall_s=312.5,
+        ),
         RealRun("none", "governor", 0, 2, tps=9.8, ttfts=[0.6, 0.7], job_s=40.0),
         RealRun("none", "solo", 1, 3, tps=10.0, ttfts=[0.5]),
         RealRun("none", "governor", 1, 4, tps=9.0, ttfts=[0.8], job_s=50.0, refault_file=10),
@@ -120,6 +129,7 @@ def test_the_csv_has_a_row_a_run_under_the_documented_header(tmp_path: Path) -> 
     assert (bare["arm"], bare["ratio"], bare["oom_kills"]) == ("bare", "0.5", "1")
     assert float(bare["ttft_p95"]) == pytest.approx(percentile([3.0, 9.0], 95))
     assert bare["job_s"] == "" and rows[2]["job_s"] == "40.0"
+    assert bare["wall_s"] == "312.5" and rows[2]["wall_s"] == ""
 
 
 def test_the_json_holds_meta_runs_and_summary_and_its_runs_read_back(tmp_path: Path) -> None:
