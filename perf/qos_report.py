@@ -107,9 +107,11 @@ class Row:
     oom_kills: int
     kills: str
     job_done: int
+    job_exits: str  # the job's exit statuses of the rounds it did not finish ("143", "-": none)
     job_s_median: float | None
     refault_median: float | None
     low_rounds: int  # rounds below LOW_RATIO
+    turns_fewest: int  # the fewest measured turns of a round (1: its ratio is one turn's)
 
 
 def _median(vals: Sequence[float | None]) -> float | None:
@@ -137,9 +139,12 @@ def summarise(runs: Sequence[RealRun]) -> list[Row]:
                     oom_kills=sum(r.oom_kills for r in rs),
                     kills="; ".join(kinds),
                     job_done=sum(r.job_s is not None for r in rs),
+                    job_exits=",".join(sorted({"-" if r.job_rc is None else str(r.job_rc)
+                                               for r in rs if r.job_s is None})),
                     job_s_median=_median([r.job_s for r in rs]),
                     refault_median=_median([r.refault_file for r in rs]),
                     low_rounds=sum(x < LOW_RATIO for x in ratios),
+                    turns_fewest=min(r.turns for r in rs),
                 )
             )  # fmt: skip
     return rows
@@ -153,15 +158,17 @@ def table(rows: Sequence[Row]) -> str:
     """Markdown, one line a swap setup x arm: what docs/benchmarks.md and the closing note show."""
     lines = [
         "| swap | arm | rounds | tok/s vs solo: median | worst | TTFT p50 (s) | TTFT p95 (s) "
-        "| OOM kills | job done | job time (s) | weights re-read (pages) |",
-        "|---|---|---|---|---|---|---|---|---|---|---|",
+        "| OOM kills | job done (exit of the others) | job time (s) | weights re-read (pages) "
+        "| fewest turns |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
         lines.append(
             f"| {r.swap} | {r.arm} | {r.rounds} | {_fmt(r.ratio_median)} | "
             f"{_fmt(r.ratio_worst)} | {_fmt(r.ttft_p50)} | {_fmt(r.ttft_p95)} | "
-            f"{r.oom_kills}{f' ({r.kills})' if r.kills else ''} | {r.job_done}/{r.rounds} | "
-            f"{_fmt(r.job_s_median, 1)} | {_fmt(r.refault_median, 0)} |"
+            f"{r.oom_kills}{f' ({r.kills})' if r.kills else ''} | {r.job_done}/{r.rounds}"
+            f"{f' ({r.job_exits})' if r.job_exits and r.arm != 'solo' else ''} | "
+            f"{_fmt(r.job_s_median, 1)} | {_fmt(r.refault_median, 0)} | {r.turns_fewest} |"
         )
     return "\n".join(lines)
 

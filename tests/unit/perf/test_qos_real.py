@@ -198,3 +198,24 @@ def test_the_policys_memory_limits_become_systemd_scope_properties() -> None:
     ]  # fmt: skip
     with pytest.raises(SystemExit, match="size"):
         systemd_bytes("14 pages")
+
+
+def test_a_job_that_did_not_finish_shows_its_exit_and_a_one_turn_round_shows() -> None:
+    """The smoke run's governor round: the chat's shed stopped the job (exit 143), no OOM kill;
+    each run measured one turn only (its ratio is that turn's)."""
+    runs = [
+        RealRun("none", "solo", 0, 0, tps=0.29, turns=1),
+        RealRun("none", "bare", 0, 1, tps=0.1, turns=1, job_rc=0, job_s=392.6),
+        RealRun("none", "governor", 0, 2, tps=0.57, turns=1, job_rc=143),
+        RealRun("none", "governor", 1, 4, tps=0.6, turns=3),  # the job still ran at the end
+        RealRun("none", "solo", 1, 3, tps=0.77, turns=2),
+    ]
+    assign_ratios(runs)
+    rows = {r.arm: r for r in summarise(runs)}
+    assert rows["governor"].job_exits == "-,143" and rows["governor"].job_done == 0
+    assert rows["bare"].job_exits == "" and rows["governor"].turns_fewest == 1
+    assert rows["solo"].turns_fewest == 1
+    lines = table(summarise(runs)).splitlines()
+    assert "| 0 | 0/2 (-,143) | - | - | 1 |" in lines[4]
+    assert lines[3].endswith("| 0 | 1/1 | 392.6 | - | 1 |")
+    assert "| 0/2 | - | - | 1 |" in lines[2]  # solo: no job, no exits shown
