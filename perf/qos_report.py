@@ -163,11 +163,12 @@ def table(rows: Sequence[Row]) -> str:
         "|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
+        done = f"{r.job_done}/{r.rounds}" + (f" ({r.job_exits})" if r.job_exits else "")
+        done = "-" if r.arm == "solo" else done  # the chat alone: no job
         lines.append(
             f"| {r.swap} | {r.arm} | {r.rounds} | {_fmt(r.ratio_median)} | "
             f"{_fmt(r.ratio_worst)} | {_fmt(r.ttft_p50)} | {_fmt(r.ttft_p95)} | "
-            f"{r.oom_kills}{f' ({r.kills})' if r.kills else ''} | {r.job_done}/{r.rounds}"
-            f"{f' ({r.job_exits})' if r.job_exits and r.arm != 'solo' else ''} | "
+            f"{r.oom_kills}{f' ({r.kills})' if r.kills else ''} | {done} | "
             f"{_fmt(r.job_s_median, 1)} | {_fmt(r.refault_median, 0)} | {r.turns_fewest} |"
         )
     return "\n".join(lines)
