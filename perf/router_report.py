@@ -198,9 +198,9 @@ def plot(rows: Sequence[Row], out: Path) -> list[Path]:
     written = []
     for name, med, worst, extra, ylabel in (
         ("router-latency.png", "latency_median_s", "latency_median_worst_s",
-         "latency_max_worst_s", "request latency (s): median bar, worst dot, max cross"),
+         "latency_max_worst_s", "median request latency (s)"),
         ("router-reread.png", "reread_mib_median", "reread_mib_worst", None,
-         "weights re-read (MiB): median bar, worst dot"),
+         "weights re-read (MiB)"),
     ):  # fmt: skip
         fig, ax = plt.subplots(figsize=(7, 3.6))
         ys = [getattr(r, med) or 0.0 for r in rows]
@@ -214,7 +214,9 @@ def plot(rows: Sequence[Row], out: Path) -> list[Path]:
         ax.set_xlabel("arm (1: alone, --models-max 2; 2: alone, 3; 3: governor; 4: LRU order)",
                       fontsize=8)  # fmt: skip
         ax.set_ylabel(ylabel, fontsize=9)
-        ax.set_title(f"{max((r.rounds for r in rows), default=0)} round(s) an arm", fontsize=9)
+        marks = "median round (bar), worst round (dot)" + (", slowest request (x)" if extra else "")
+        rounds = max((r.rounds for r in rows), default=0)
+        ax.set_title(f"{marks}; {rounds} round(s) an arm", fontsize=9)
         fig.tight_layout()
         path = out / name
         fig.savefig(path, dpi=100)
