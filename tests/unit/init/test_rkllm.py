@@ -11,8 +11,8 @@ import tomllib
 from pathlib import Path
 
 import pytest
+from helpers.cli import run
 
-from governor.cli.app import main
 from governor.engines.rkllm_memory import estimate_bytes
 from governor.init.rkllm import name_facts
 from governor.plan.model import Plan
@@ -22,14 +22,6 @@ REPO = Path(__file__).resolve().parents[3]
 RK3588 = str(REPO / "tests/fixtures/hosts/rk3588")
 GOLDEN = REPO / "tests/golden/plans/base@rk3588.json"
 MIB, GIB = 1 << 20, 1 << 30
-
-
-def run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
-    with pytest.raises(SystemExit) as info:
-        main(list(argv))
-    out, err = capsys.readouterr()
-    assert isinstance(info.value.code, int)
-    return info.value.code, out, err
 
 
 @pytest.mark.parametrize(
