@@ -16,6 +16,7 @@ from governor.api.check import shed_warnings
 from governor.api.host import (
     HostOptions,
     check_device,
+    compile_policy,
     load_policy,
     preflight_engine,
     probe_host,
@@ -30,6 +31,7 @@ from governor.init.draft import Draft, Request, draft
 from governor.init.rkllm import RkllmDraft, draft_rkllm, is_rkllm_model
 from governor.init.router import RouterDraft, draft_router, is_router_model
 from governor.launch.executable import which
+from governor.policy.loader import load_text
 from governor.policy.model import Policy
 from governor.record import record
 from governor.rundir.state import run_dir
@@ -205,6 +207,17 @@ def admit_check(plan: Plan, opts: HostOptions, estimate: object, *, force: bool)
     )
 
 
+def _device_fits(opts: HostOptions, req: Request, drafted: RkllmDraft) -> None:
+    """The drafted [device] memory against this board's pool now, as `check` and `launch` weigh
+    it (api/host.py check_device): a policy init writes is one check accepts. Its refusal says
+    the pool's numbers; nothing is written."""
+    source = str(req.output or "<init>")
+    plan = compile_policy(
+        load_text(drafted.text, source=source), probe_host(opts), opts, Path(source)
+    )
+    check_device(plan, opts)
+
+
 def init(opts: HostOptions, req: Request) -> Draft | RouterDraft | RkllmDraft:
     """`governor init`: a policy for a GGUF model on this board (governor/init/draft.py), an
     RKLLM model's (governor/init/rkllm.py)."""
@@ -214,7 +227,10 @@ def init(opts: HostOptions, req: Request) -> Draft | RouterDraft | RkllmDraft:
             others = npu_claims(run_dir(), opts.root) if req.board_memory is None else []
         except HostError:
             others = []  # no run directory: nothing runs under governor here
-        return draft_rkllm(req, board=board, others=others)
+        drafted = draft_rkllm(req, board=board, others=others)
+        if req.board_memory is None:  # this board now: what `check` runs on the policy
+            _device_fits(opts, req, drafted)
+        return drafted
     # --board-memory: an empty board of that size (the tenants are not read)
     beside = tenants(opts) if req.board_memory is None else None
     if is_router_model(req.model):  # llama-server's router: its models and --models-max

@@ -11,6 +11,7 @@ from pathlib import Path
 from governor.api.host import HostOptions, preflight_engine
 from governor.cache import plans as compiled
 from governor.compile.placements import compile_placements
+from governor.engines.engine_files import engine_file_paths
 from governor.engines.llama import EngineArgs, model_parts
 from governor.engines.rkllm import parse_rkllm_argv
 from governor.engines.router import read_preset, router_models
@@ -45,7 +46,13 @@ def compile_launch(
         i
         for i in (
             compiled.file_identity(p)
-            for p in [*models, *files, *_projector(args), *_router_inputs(args, cwd)]
+            for p in [
+                *models,
+                *files,
+                *_projector(args),
+                *_router_inputs(args, cwd),
+                *_engine_files(args, opts.root),
+            ]
         )
         if i is not None
     )
@@ -84,6 +91,14 @@ def _models(plan: Plan, argv: tuple[str, ...], args: EngineArgs | None) -> list[
 def _projector(args: EngineArgs | None) -> list[str]:
     """The --mmproj projector (its header sizes the estimate's projector terms)."""
     return [args.mmproj] if args is not None and args.mmproj is not None else []
+
+
+def _engine_files(args: EngineArgs | None, root: Path) -> list[str]:
+    """The engine's binary and the libraries beside it: the estimate counts their bytes
+    (governor/engines/engine_files.py), so a new build at the same path compiles again."""
+    if args is None or not args.argv:
+        return []
+    return [str(p) for p in engine_file_paths(args.argv[0], root=root) or []]
 
 
 def _router_inputs(args: EngineArgs | None, cwd: Path) -> list[str]:

@@ -20,9 +20,11 @@ import os
 from pathlib import Path
 
 
-def engine_file_bytes(program: str, *, root: Path, cwd: Path | None = None) -> int | None:
-    """Bytes of ``program`` (a path, absolute under ``root`` or relative to ``cwd``) plus the
-    ``lib*.so*`` files in its directory; None when it is a bare name or not a regular file."""
+def engine_file_paths(program: str, *, root: Path, cwd: Path | None = None) -> list[Path] | None:
+    """``program`` (a path, absolute under ``root`` or relative to ``cwd``) resolved, then the
+    ``lib*.so*`` files in its directory, each file once; None when it is a bare name or not a
+    regular file. The plan cache keys a launch on them too (governor/api/launch_compile.py): a
+    new build at the same path moves the estimate."""
     if "/" not in program:
         return None
     path = root / program.lstrip("/") if program.startswith("/") else (cwd or Path()) / program
@@ -34,7 +36,7 @@ def engine_file_bytes(program: str, *, root: Path, cwd: Path | None = None) -> i
     if not binary.is_file():
         return None
     seen = {(st.st_dev, st.st_ino)}
-    total = st.st_size
+    out = [binary]
     try:
         beside = sorted(binary.parent.glob("lib*.so*"))
     except OSError:
@@ -46,5 +48,19 @@ def engine_file_bytes(program: str, *, root: Path, cwd: Path | None = None) -> i
             continue
         if os.path.isfile(lib) and (lst.st_dev, lst.st_ino) not in seen:
             seen.add((lst.st_dev, lst.st_ino))
-            total += lst.st_size
+            out.append(lib)
+    return out
+
+
+def engine_file_bytes(program: str, *, root: Path, cwd: Path | None = None) -> int | None:
+    """Bytes of :func:`engine_file_paths` (the binary and the libraries beside it)."""
+    paths = engine_file_paths(program, root=root, cwd=cwd)
+    if paths is None:
+        return None
+    total = 0
+    for p in paths:
+        try:
+            total += p.stat().st_size
+        except OSError:
+            continue
     return total

@@ -346,8 +346,10 @@ def _journal_lines(it: dict[str, Any]) -> list[str]:
         done = "; ".join(f"{c['file']} {c['before']} -> {c['after']}" for c in e["changes"])
         if e.get("confirms"):
             done = f"kept #{', #'.join(map(str, e['confirms']))}"
-        if e.get("reason"):
-            done += f" ({e['reason']})"
+        if e.get("reason"):  # "reason" alone where nothing changed (no double space)
+            done = f"{done} ({e['reason']})" if done else e["reason"]
+        if e["source"] == "probe_generate":  # "probe_generate: restart, <why>"
+            done = f"{e.get('step')}, {done}"
         if e.get("error"):
             done = e["error"]
         if e["source"] == "shed":

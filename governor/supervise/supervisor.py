@@ -130,6 +130,7 @@ class Supervisor:
         self.ready_wait: ReadyWait | None = None
         self.probe: GenerateProbe | None = None  # [engine] probe_generate, once ready
         self.not_ready: str | None = None  # why the engine was stopped as never ready
+        self.unresponsive = False  # not_ready says why the one-token probe stopped it
         self.forwarder: Forwarder | None = None  # installed from the apply's end (run())
         self.leaves: ModelLeaves | None = None  # llama-server's router: its models' leaves
 
@@ -297,6 +298,12 @@ class Supervisor:
         if self.not_ready is not None:
             from governor.supervise.ready import EngineNotReady
 
+            if self.unresponsive:  # it was ready, then stopped giving tokens
+                raise EngineNotReady(
+                    f"engine unresponsive: {self.not_ready}, exit {code} (engine.probe_generate)",
+                    hint="see the engine's log for where it hung; raise engine.probe_generate"
+                    " on a slow board, or engine.restart_max for more relaunches",
+                )
             raise EngineNotReady(
                 f"engine not ready: {self.not_ready}, exit {code} (engine.ready)",
                 hint="raise engine.ready_timeout for a slow load, or fix engine.ready (the"
@@ -339,6 +346,7 @@ class Supervisor:
         from governor.supervise import generate, ready
 
         self.not_ready = None
+        self.unresponsive = False
         self.ready = False
         ep = ready.parse(job.ready_url)
         self._notify(f"STATUS={plan.policy}: engine pid {pid} loading, waiting for {ep.url}")
@@ -355,6 +363,7 @@ class Supervisor:
                 ).start()
 
         def on_unresponsive(why: str) -> None:  # supervise/generate.py
+            self.unresponsive = True
             self.not_ready = generate.unresponsive(
                 pid, why, restarts=self.restarts, stop_engine=ready.stop_engine,
                 journal=Journal((job.run_dir or run_dir()) / plan.policy),

@@ -9,9 +9,9 @@ import json
 from pathlib import Path
 
 import pytest
+from helpers.cli import run
 
 from governor.board.budget import plan_claim_dict
-from governor.cli.app import main
 from governor.kernel import files
 from governor.plan.model import QosSpec
 from governor.record import replace
@@ -21,14 +21,6 @@ from .plans import MEMORY_MAX, MEMORY_MIN, make_plan
 
 MIB = 1 << 20
 REPO = Path(__file__).resolve().parents[2]
-
-
-def run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
-    with pytest.raises(SystemExit) as info:
-        main(list(argv))
-    out, err = capsys.readouterr()
-    assert isinstance(info.value.code, int)
-    return info.value.code, out, err
 
 
 @pytest.fixture

@@ -7,8 +7,7 @@ import json
 from pathlib import Path
 
 import pytest
-
-from governor.cli.app import main
+from helpers.cli import run as _run
 
 from .fakekernel import FakeKernelCgroupFs
 
@@ -23,14 +22,6 @@ do = ["log"]
 when = "oom_kill"
 do = ["log"]
 """
-
-
-def _run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
-    with pytest.raises(SystemExit) as info:
-        main(list(argv))
-    out, err = capsys.readouterr()
-    assert isinstance(info.value.code, int)
-    return info.value.code, out, err
 
 
 def test_monitor_refuses_a_slice_that_is_not_running(

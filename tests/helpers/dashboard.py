@@ -50,11 +50,11 @@ class Query:
     def guest_only(self) -> bool:
         return any(re.search(rf"\b{name}\b", self.expr) for name in GUEST)
 
-    def concrete(self, policy: str) -> str:
-        """The PromQL Grafana sends: $policy as a multi-value regex, intervals as WINDOW."""
+    def concrete(self, policy: str, window: str = WINDOW) -> str:
+        """The PromQL Grafana sends: $policy as a multi-value regex, intervals as ``window``."""
         return (
-            self.expr.replace("$__rate_interval", WINDOW)
-            .replace("$__interval", WINDOW)
+            self.expr.replace("$__rate_interval", window)
+            .replace("$__interval", window)
             .replace("$policy", policy)
         )
 
@@ -95,13 +95,19 @@ class Prometheus:
     """A Prometheus server scraping ``targets`` (host:port) every SCRAPE, its API on a free
     loopback port; stopped by ``stop()``."""
 
-    def __init__(self, targets: Sequence[str], workdir: Path) -> None:
+    def __init__(self, targets: Sequence[str], workdir: Path, scrape_s: int = 1) -> None:
+        """``scrape_s`` is also each scrape's timeout (Prometheus caps it at the interval): a
+        TCG guest on a loaded host can take over a second to answer /metrics, and a scrape
+        that times out gives no series at all, so the guest scrapes every 5 s."""
         binary = shutil.which("prometheus")
         assert binary, "prometheus is missing: scripts/setup --tests installs it"
         config = workdir / "prometheus.yml"
         listed = ", ".join(f"'{t}'" for t in targets)
+        scrape = f"{scrape_s}s" if scrape_s != 1 else SCRAPE
+        self.window = WINDOW if scrape_s == 1 else f"{6 * scrape_s}s"  # several samples
         config.write_text(
-            f"global:\n  scrape_interval: {SCRAPE}\n  evaluation_interval: {SCRAPE}\n"
+            f"global:\n  scrape_interval: {scrape}\n  scrape_timeout: {scrape}\n"
+            f"  evaluation_interval: {scrape}\n"
             "scrape_configs:\n  - job_name: governor\n"
             f"    static_configs:\n      - targets: [{listed}]\n"
         )
@@ -144,6 +150,18 @@ class Prometheus:
         values: list[str] = out["data"]
         return values
 
+    def targets(self) -> list[str]:
+        """Each scrape target's health and last error, for a failure's message."""
+        try:
+            out = _get(f"http://{self.api}/api/v1/targets")
+        except OSError as err:
+            return [f"targets unreadable: {err}"]
+        return [
+            f"{t.get('scrapeUrl')}: {t.get('health')} {t.get('lastError')!r}"
+            f" ({t.get('lastScrapeDuration')} s)"
+            for t in out.get("data", {}).get("activeTargets", [])
+        ]
+
     def alive(self) -> None:
         assert self.proc.poll() is None, self.log.read_text()[-3000:]
 
@@ -163,7 +181,7 @@ def empty_queries(
     """Run every query of ``wanted`` until each has returned at least one series; what still
     returns none when ``timeout`` (a bound on a hung test, not a timing assertion) has passed:
     {"panel/ref": the concrete PromQL}. A query Prometheus refuses fails at once."""
-    left = {f"{q.panel}/{q.ref}": q.concrete(policy) for q in wanted}
+    left = {f"{q.panel}/{q.ref}": q.concrete(policy, prom.window) for q in wanted}
     deadline = time.monotonic() + timeout
     while left and time.monotonic() < deadline:
         prom.alive()

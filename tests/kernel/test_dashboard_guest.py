@@ -109,11 +109,11 @@ def test_every_dashboard_query_returns_series_from_a_router_and_a_shedding_slice
             lambda: bool(_state(run, "chat").get("shed_totals")), WAIT_S, "the chat's shed"
         )
         prom = dashboard.Prometheus(
-            [f"127.0.0.1:{router_metrics}", f"127.0.0.1:{chat_metrics}"], tmp_path
+            [f"127.0.0.1:{router_metrics}", f"127.0.0.1:{chat_metrics}"], tmp_path, scrape_s=5
         )
         found = dashboard.queries()
         left = dashboard.empty_queries(prom, found, "(chat|router)", timeout=WAIT_S)
-        assert left == {}, (left, prom.log.read_text()[-2000:])
+        assert left == {}, (left, prom.targets(), prom.log.read_text()[-2000:])
         assert prom.label_values("policy", "governor_engine_up") == ["chat", "router"]
         # the event-driven series are the events', not stand-ins
         unloads = prom.query('governor_model_unloads_total{policy="router"}')

@@ -144,3 +144,25 @@ def test_an_entry_that_is_not_a_compiled_plan_is_ignored_and_replaced(
     assert _compiled_and_stored(run), run.stderr
     assert "Traceback" not in run.stderr
     assert _hit(governor.run(policy, TRUE))
+
+
+@pytest.mark.parametrize("changed", ["binary", "library"])
+def test_a_new_engine_build_at_the_same_path_is_a_miss(governor: Governor, changed: str) -> None:
+    """The estimate counts the engine's binary and the lib*.so* beside it
+    (governor/engines/engine_files.py): a rebuilt engine at the same path compiles again."""
+    bindir = governor.workdir / "build" / "bin"
+    bindir.mkdir(parents=True)
+    binary = bindir / "llama-cli"
+    shutil.copy2("/bin/true", binary)
+    lib = bindir / "libggml-base.so"
+    lib.write_bytes(b"\0" * 4096)
+    model = governor.workdir / "model.bin"
+    model.write_bytes(b"not a gguf, any small file")
+    policy = governor.policy(LLAMA)
+    engine = (str(binary), "-m", str(model), "-c", "512")
+    assert _compiled_and_stored(governor.run(policy, engine))
+    assert _hit(governor.run(policy, engine))
+    _touch(binary if changed == "binary" else lib)
+    after = governor.run(policy, engine)
+    assert _compiled_and_stored(after), after.stderr
+    assert _hit(governor.run(policy, engine))

@@ -36,7 +36,7 @@ def test_every_dashboard_query_the_host_can_give_returns_series_from_a_live_laun
         host = [q for q in found if not q.guest_only]
         assert len(host) >= len(found) // 2, [q.expr for q in host]  # most run here
         left = dashboard.empty_queries(prom, host, "(rt)", timeout=WAIT_S)
-        assert left == {}, prom.log.read_text()[-2000:]
+        assert left == {}, (left, prom.targets(), prom.log.read_text()[-2000:])
         # the $policy variable's own query (Grafana's label_values(governor_engine_up, policy))
         assert prom.label_values("policy", "governor_engine_up") == ["rt"]
         assert gov.poll() is None

@@ -35,7 +35,8 @@ EXIT_STATUS: tuple[tuple[str, str], ...] = (
     (
         str(EXIT_UNAVAILABLE),
         "the host cannot enforce the policy (no cgroup2, a controller missing, already"
-        " running), or a server was not ready within engine.ready_timeout",
+        " running), or a server was not ready within engine.ready_timeout or stopped giving"
+        " tokens to engine.probe_generate",
     ),
     (str(EXIT_OSERR), "a kernel write failed (the message names cgroup, file, value and errno)"),
     (

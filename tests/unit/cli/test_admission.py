@@ -13,12 +13,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from helpers.cli import run
 
 from governor.api.admit import admission, board_lock
 from governor.board.budget import GIB, MIB, Budget
 from governor.board.scan import Board
 from governor.board.slice import QosClass, Slice
-from governor.cli.app import main
 from governor.errors import AdmissionRefused
 from governor.plan.model import CgroupWrite, Plan, QosSpec
 from governor.record import replace
@@ -27,14 +27,6 @@ REPO = Path(__file__).resolve().parents[3]
 RK3588 = REPO / "tests/fixtures/hosts/rk3588"
 GOLDEN = REPO / "tests/golden/plans/base@rk3588.json"
 BOARD = Budget.of(2 * GIB)  # budget 1.75 GiB
-
-
-def run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
-    with pytest.raises(SystemExit) as info:
-        main(list(argv))
-    out, err = capsys.readouterr()
-    assert isinstance(info.value.code, int)
-    return info.value.code, out, err
 
 
 def policy(tmp_path: Path, name: str, body: str) -> Path:

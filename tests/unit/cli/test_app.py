@@ -16,11 +16,12 @@ import sys
 from pathlib import Path
 
 import pytest
+from helpers.cli import run
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from typer.testing import CliRunner
 
-from governor.cli.app import app, main
+from governor.cli.app import app
 from governor.plan.model import Plan
 
 REPO = Path(__file__).resolve().parents[3]
@@ -28,16 +29,6 @@ HOSTS = REPO / "tests" / "fixtures" / "hosts"
 POLICY_DIR = REPO / "policies"
 FIXTURE_POLICIES = REPO / "tests" / "fixtures" / "policies"
 RK3588 = str(HOSTS / "rk3588")
-
-
-def run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
-    """governor.cli.app.main(argv) -> (exit code, stdout, stderr)."""
-    with pytest.raises(SystemExit) as info:
-        main(list(argv))
-    out, err = capsys.readouterr()
-    code = info.value.code
-    assert isinstance(code, int)
-    return code, out, err
 
 
 def assert_one_line_error(err: str) -> str:

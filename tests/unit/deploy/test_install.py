@@ -13,8 +13,8 @@ import os
 from pathlib import Path
 
 import pytest
+from helpers.cli import run
 
-from governor.cli.app import main
 from governor.deploy import install as inst
 from governor.deploy.dropin import UnitFile
 from governor.errors import PolicyNotFound
@@ -23,14 +23,6 @@ REPO = Path(__file__).resolve().parents[3]
 RK3588 = str(REPO / "tests" / "fixtures" / "hosts" / "rk3588")
 POLICIES = REPO / "policies"
 UNIT_DIR = "etc/systemd/system"
-
-
-def run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
-    with pytest.raises(SystemExit) as info:
-        main(list(argv))
-    out, err = capsys.readouterr()
-    assert isinstance(info.value.code, int)
-    return info.value.code, out, err
 
 
 def tree(root: Path) -> dict[str, str]:

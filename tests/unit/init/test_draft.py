@@ -15,9 +15,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from helpers.cli import run
 
 from governor.board.budget import reserve_for
-from governor.cli.app import main
 from governor.engines import budget
 from governor.engines.estimate import MIB
 from governor.errors import EXIT_NOINPUT, EXIT_POLICY, EXIT_USAGE, PolicyError
@@ -26,14 +26,6 @@ from governor.init import draft as ip
 REPO = Path(__file__).resolve().parents[3]
 HOSTS = REPO / "tests" / "fixtures" / "hosts"
 GIB = 1 << 30
-
-
-def run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
-    with pytest.raises(SystemExit) as info:
-        main(list(argv))
-    out, err = capsys.readouterr()
-    assert isinstance(info.value.code, int)
-    return info.value.code, out, err
 
 
 def one_line_error(err: str) -> str:

@@ -392,3 +392,19 @@ def test_a_published_leaf_that_is_no_leaf_makes_the_state_no_state() -> None:
         assert check_state(state(leaf)) is not None, leaf
     assert check_state(state("_memory.max")) is None
     assert check_state(state(None)) is None  # a model with no leaf
+
+
+def test_journal_lines_of_a_probe_say_the_step_and_why_with_no_empty_change_list() -> None:
+    """A probe_generate entry changes no file: status shows its step and why, not
+    "probe_generate:  (why)"; an entry with changes and a reason keeps "changes (reason)"."""
+    from governor.operate.status import _journal_lines
+
+    now = time.time()
+    probe = {"id": 3, "time": now, "source": "probe_generate", "changes": [],
+             "reason": "http://127.0.0.1:8080 gave no token", "step": "restart"}  # fmt: skip
+    tune = {"id": 4, "time": now, "source": "tune", "reason": "by hand",
+            "changes": [{"file": "memory.high", "before": "1G", "after": "900M"}]}  # fmt: skip
+    lines = _journal_lines({"journal": [probe, tune], "policy": "p"})
+    assert lines[0].endswith("probe_generate: restart, http://127.0.0.1:8080 gave no token")
+    assert "  " not in lines[0].split(" probe_generate: ")[1]
+    assert lines[1].endswith("tune: memory.high 1G -> 900M (by hand)")
