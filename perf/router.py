@@ -326,7 +326,9 @@ def unloads(run_dir: Path) -> int:
     return n
 
 
-def run_arm(arm: Arm, models: Path, tmp: Path, requests: int, tokens: int) -> Result:
+def run_arm(
+    arm: Arm, models: Path, tmp: Path, requests: int, tokens: int, *, pattern: str | None = None
+) -> Result:
     res = Result(arm, page_size=os.sysconf("SC_PAGE_SIZE"))
     drop_caches()
     kills0 = kernel_kills()
@@ -342,7 +344,8 @@ def run_arm(arm: Arm, models: Path, tmp: Path, requests: int, tokens: int) -> Re
         refault0 = read_kv(group / "memory.stat").get("workingset_refault_file", 0)
         variant = VARIANTS[arm.variant]
         talks = Conversations(base, arm, tmp / f"run-{arm.name}", res) if variant.mixed else None
-        for i, model in enumerate(mix(requests, variant.pattern)):
+        order = (pattern or variant.pattern) if variant.mixed else variant.pattern
+        for i, model in enumerate(mix(requests, order)):
             try:
                 took = talks.ask(model, i) if talks else ask(base, model, i, tokens)
                 res.latencies.append(took)
@@ -392,7 +395,7 @@ def main(argv: list[str] | None = None) -> int:
     if a.guest:
         a.guest_timeout = a.guest_timeout or 2400.0 * a.rounds
         inner = [f"--arms={a.arms}", f"--requests={a.requests}", f"--tokens={a.tokens}",
-                 f"--rounds={a.rounds}"]  # fmt: skip
+                 f"--rounds={a.rounds}"] + ([f"--pattern={a.pattern}"] if a.pattern else [])  # fmt: skip
         return in_guest(inner, a)
     if os.geteuid() != 0 or not (CGROUP / "cgroup.controllers").exists():
         raise SystemExit("perf/router: needs root on a cgroup v2 kernel (use --guest)")
@@ -400,7 +403,9 @@ def main(argv: list[str] | None = None) -> int:
         raise SystemExit(f"perf/router: {SMALL} missing: run scripts/engine-setup")
     free = subprocess.run(["free", "-m"], capture_output=True, text=True, check=False).stdout
     log(f"kernel {os.uname().release}, {os.cpu_count()} cpus; {free.splitlines()[1]}")
-    print(META_TAG + json.dumps({"kernel": os.uname().release, "requests": mix(a.requests)}))
+    c_mix = mix(a.requests, a.pattern or VARIANTS["c"].pattern)
+    print(META_TAG + json.dumps({"kernel": os.uname().release, "requests": mix(a.requests),
+                                 "requests_c": c_mix}))  # fmt: skip
     if any(VARIANTS[a.variant].mixed for a in arms) and not KVGUEST.exists():
         raise SystemExit(f"perf/router: {KVGUEST} missing: run scripts/engine-setup")
     size, quick = SMALL.stat().st_size, KVGUEST.stat().st_size
@@ -428,12 +433,13 @@ def main(argv: list[str] | None = None) -> int:
             tmp.mkdir()
             for arm in arms if rnd % 2 == 0 else reversed(arms):
                 models = mixed if VARIANTS[arm.variant].mixed else alike
-                res = run_arm(arm, models, tmp, a.requests, a.tokens)
+                res = run_arm(arm, models, tmp, a.requests, a.tokens, pattern=a.pattern)
                 res.round = rnd
                 results.append(res)
                 print(RUN_TAG + json.dumps(to_json(res)), flush=True)
     kill_tree(CGROUP / SLICE)
-    log(f"all arms: {time.monotonic() - t0:.0f} s; requests: {' '.join(mix(a.requests))}")
+    log(f"all arms: {time.monotonic() - t0:.0f} s; requests: {' '.join(mix(a.requests))}"
+        f" (variant c: {' '.join(c_mix)})")  # fmt: skip
     by_count = [r for r in results if not VARIANTS[r.arm.variant].mixed]
     by_value = [r for r in results if VARIANTS[r.arm.variant].mixed]
     if by_count:

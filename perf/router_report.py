@@ -249,12 +249,25 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--requests", type=int, default=9, help="requests per arm")
     ap.add_argument("--tokens", type=int, default=2, help="tokens per answer")
     ap.add_argument("--rounds", type=_positive, default=3, help="rounds of every arm")
+    ap.add_argument(
+        "--pattern",
+        type=_pattern,
+        default=None,
+        help="variant c's request mix: the models asked, in order, repeated (default abc;"
+        " e.g. aabcaabc: a hot, b and c cold)",
+    )
     ap.add_argument("--out", type=Path, default=REPO / "out" / "router")
     ap.add_argument("--no-plot", action="store_true", help="CSV and JSON only")
     ap.add_argument("--guest", action="store_true", help="run in the kernel test guest")
     ap.add_argument("--guest-timeout", type=float, default=None, help="default 2400 s a round")
     ap.add_argument("--guest-cpus", type=int, default=2, help="the guest's vCPUs (--guest)")
     return ap
+
+
+def _pattern(text: str) -> str:
+    if not text or set(text) - set("abc"):
+        raise argparse.ArgumentTypeError(f"{text!r} is not a sequence of the models a, b and c")
+    return text
 
 
 def _positive(text: str) -> int:

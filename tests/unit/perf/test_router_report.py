@@ -67,6 +67,17 @@ def test_three_rounds_are_the_default_and_a_round_less_is_refused(
     assert err.value.code == 2 and "argument --rounds" in capsys.readouterr().err
 
 
+def test_variant_cs_request_mix_is_given_as_model_letters(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    assert parser().parse_args([]).pattern is None  # the variant's own (abc)
+    assert parser().parse_args(["--pattern", "aabcaabc"]).pattern == "aabcaabc"
+    for bad in ("", "abd", "a b"):
+        with pytest.raises(SystemExit) as err:
+            parser().parse_args(["--pattern", bad])
+        assert err.value.code == 2 and "argument --pattern" in capsys.readouterr().err
+
+
 def test_each_arm_shows_its_median_round_beside_its_worst() -> None:
     rows = {r.arm: r for r in summarise(_runs())}
     assert list(rows) == ["1a", "3a"]  # the order the arms first ran
