@@ -77,7 +77,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import IO
 
-from vm import initramfs
+from vm import budgets, initramfs
 from vm.junit import (
     Case,
     Counts,
@@ -1136,6 +1136,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             res.notes.append(f"the overall deadline (--deadline {opts.deadline:.0f}s) cut the "
                              f"tier's timeout to {timeout:.0f}s")  # fmt: skip
         judge_budget(res, opts.budgets.get(tier), ci=is_ci())
+        if opts.budgets:  # each test's too, in the configuration they were measured for
+            budgets.judge_tests(res)
         log(f"tier {tier}: {'ok' if res.ok else 'FAIL'} in {res.wall:.1f}s")
         return res
 
