@@ -5,7 +5,8 @@ cgroup, and a model larger than memory.max is refused before anything is applied
 The guest's /tmp is a tmpfs overlay (RAM, not page cache) and its 9p mounts bypass the page cache
 for read(), so the files live on an ext4 loop device whose image is a sparse file on a writable
 disk-backed mount (the harness's shared results directory in the guest): real page cache,
-evictable, re-readable, and `drop_caches` makes it cold.
+evictable, re-readable, and POSIX_FADV_DONTNEED makes it cold (tests/helpers/cold.py: the model's
+pages only, not the governor's imports a whole-guest drop_caches would make it re-read).
 
 Scale: a 32 MiB model by default (2x the governor's own page cache, the bound the populate test
 tells apart; the loop image sits on the 9p share, so every MiB prefetched is read through it
@@ -31,6 +32,7 @@ from pathlib import Path
 import pytest
 from helpers import cgroups
 from helpers.cgroups import ScratchSlice
+from helpers.cold import cold
 from helpers.disk import loop_mount, make_file
 
 HELPERS = Path(__file__).resolve().parents[1] / "helpers"
@@ -69,11 +71,6 @@ def disk(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
 def _kernel() -> tuple[int, int]:
     major, minor = os.uname().release.split(".")[:2]
     return int(major), int(minor)
-
-
-def _drop_caches() -> None:
-    os.sync()
-    Path("/proc/sys/vm/drop_caches").write_text("3\n")
 
 
 def _resident(path: Path) -> float:
@@ -176,8 +173,7 @@ def test_populate_charges_the_slice_and_not_the_governor(
     gov_cg = scratch_slice.child("governor")
     report = tmp_path / "report.json"
     stop = tmp_path / "stop"
-    _drop_caches()
-    assert _resident(model) < 0.05, "drop_caches left the model cached"
+    cold(model)  # the model's pages only: the governor's imports stay cached (helpers/cold.py)
     gov = spawn(
         _governor(
             "launch",
@@ -240,7 +236,7 @@ def test_lock_mode_keeps_the_model_unevictable_while_the_engine_runs(
     )
     stop = tmp_path / "stop"
     report = tmp_path / "report.json"
-    _drop_caches()
+    cold(model)
     gov = subprocess.Popen(
         _governor("launch", "--policy", str(policy), "--keep", "--report", str(report), "--",
                   *_waiting_engine(stop)),
@@ -311,7 +307,7 @@ def _protected_run(
     # mm/memcontrol.c): the governor raises the slice to the sum of its children's memory.min
     # itself (measured before it did: the group's memory.min alone left 40% resident)
     assert cgroups.read(scratch_slice.path / "memory.min") == "0"
-    _drop_caches()
+    cold(model)
     gov = subprocess.Popen(
         _governor("launch", "--policy", str(policy), "--", *_waiting_engine(stop)),
         cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
