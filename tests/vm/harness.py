@@ -47,8 +47,8 @@ tier) are printed in every case. A default run also holds each tier to its budge
 (TIER_BUDGETS, measured walls with margin, well under the timeouts): with CI=true a tier that
 passes it fails, so a slow test is seen in the run that adds it; each guest test's own budget
 (tests/vm/budgets.py) lists it in the report when it passes that, without failing the tier.
---full selects the tests
-marked `full` (the seed's full scale), which default runs deselect, with FULL_* timeouts.
+--full selects the tests marked `full` (the seed's full scale), which default runs deselect,
+with FULL_* timeouts.
 
 Environment: GOVERNOR_VM_ACCEL=auto|kvm|tcg, GOVERNOR_VM_KERNEL=/boot/vmlinuz-...,
 GOVERNOR_VM_TIMEOUT=seconds, GOVERNOR_TEST_DEADLINE=seconds, GOVERNOR_TEST_FULL=1,
