@@ -11,6 +11,7 @@ only (mm/fadvise.c: invalidate_mapping_pages); `resident` says what is left.
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import mmap
 import os
@@ -18,10 +19,14 @@ from pathlib import Path
 
 
 def drop_file_pages(*paths: Path) -> None:
-    """Evict each file's clean, unmapped pages from the page cache (symlinks followed)."""
+    """Evict each file's unmapped pages from the page cache (symlinks followed)."""
     for path in paths:
         fd = os.open(path.resolve(), os.O_RDONLY)
         try:
+            # dirty pages are not dropped: a freshly written file is written back first (a
+            # file system that cannot sync is left to `cold`'s residency check)
+            with contextlib.suppress(OSError):
+                os.fsync(fd)
             os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
         finally:
             os.close(fd)
