@@ -29,18 +29,19 @@ SCALE: dict[str, float] = {"compat-5.10": 2.5, "compat-6.18": 2.5, "compat-7.x":
 COMPAT_SCALE = 1.5
 GUEST_PREFIXES = ("tests.kernel.", "tests.systemd.", "tests.quadlet.")
 
-# measured in the kernel tier of a clean-clone CI run (8e5d406) or issue 47 item 3's guest
-# runs (tests cut there say so), ~30 % margin; the reason each costs more than DEFAULT_S
+# measured in the kernel tier of a clean-clone CI run (8e5d406) or, for the tests issue 47 item
+# 3 cut, its guest run divided by 1.5 (a slower machine: docs/development.md), ~30 % margin;
+# the reason each costs more than DEFAULT_S
 TEST_BUDGETS: dict[str, tuple[float, str]] = {
     "tests.kernel.test_router_guest::"
     "test_evict_memory_unloads_the_lru_idle_model_before_a_load_that_would_not_fit": (
-        120, "four loads of a 64 MiB model by the real router (A, B, C, A)"),
+        155, "four loads of a 64 MiB model by the real router (A, B, C, A): 58+28+13+12 s"),
     "tests.kernel.test_engine_guest::"
     "test_big_model_refused_then_forced_then_fits_with_no_repack[small]": (
-        120, "two runs of the 134 MiB model at -c 2048, one forced into its limits"),
+        125, "two runs of the 134 MiB model at -c 2048, one forced into its limits"),
     "tests.kernel.test_server_guest::"
     "test_server_under_init_policy_answers_every_conversation_within_the_estimate": (
-        110, "four ~113-token conversations at ~8 tokens/s, the prompt cache's eviction"),
+        80, "four ~113-token conversations at ~8 tokens/s, the prompt cache's eviction"),
     "tests.kernel.test_board_guest::"
     "test_headroom_sheds_the_job_before_the_stall_no_oom_and_the_chat_keeps_its_speed": (
         115, "a kvchat run on the 134 MiB model beside a growing job (issue 45's scenario)"),
@@ -51,7 +52,7 @@ TEST_BUDGETS: dict[str, tuple[float, str]] = {
         100, "a kvchat run on the 134 MiB model until the job is shed and given back"),
     "tests.kernel.test_prefetch_guest::"
     "test_memory_min_keeps_the_model_resident_through_the_kernels_reclaim": (
-        100, "two launches, each after a reclaim of the whole guest (cold imports over 9p)"),
+        75, "two launches, each after a reclaim of the whole guest (cold imports over 9p)"),
     "tests.kernel.test_monitor_guest::"
     "test_leak_and_memavailable_rules_fire_on_growth_and_stay_quiet_when_flat": (
         80, "two launches, each held a 10 s leak window more (a negative check takes time)"),

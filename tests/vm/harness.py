@@ -161,8 +161,11 @@ FULL_TIER_TIMEOUTS: dict[str, float] = {
 # clean clone before wave 5, 2300 s (cut) at stop 42's CI, 2156 s on a clean clone at 56fac43
 # (94 tests: the wave's trims and its new guest tests), systemd 313-443 s (644 s beside a host
 # test run), compat 162-437 s
+# Kernel 2700 -> 2550 (issue 47 item 3): the cut tests took 166-290 s less in one guest run
+# (20261206-051258: a machine 1.5-1.9x slower than the CI run, by the unchanged tests in it),
+# so ~2000-2120 s expected on the CI machine; ~20 % margin for a busy one and the wave's tests.
 TIER_BUDGETS: dict[str, float] = {
-    "lint": 60, "host": 420, "kernel": 2700, "systemd": 600,
+    "lint": 60, "host": 420, "kernel": 2550, "systemd": 600,
     **dict.fromkeys(COMPAT_TIERS, 570), QUADLET_TIER: 600,
 }  # fmt: skip
 # a tier with less time than this left before the deadline is not started
