@@ -93,6 +93,10 @@ def _leftovers(s: ScratchSlice) -> list[str]:
 def test_server_under_init_policy_answers_every_conversation_within_the_estimate(
     tmp_path: Path, scratch_slice: ScratchSlice, out_dir: Path
 ) -> None:
+    """The promise: under the policy `init` writes for it, the server answers every
+    conversation, its prompt cache overflows --cache-ram and evicts, and its memory.peak stays
+    within the estimate + 10 % and under memory.max with nothing OOM-killed. Only the model's
+    and the server's pages are dropped first (issue 47 item 3: not the whole guest's)."""
     port = free_port()
     base = f"http://127.0.0.1:{port}"
     policy, engine = _init(tmp_path, scratch_slice, port)
