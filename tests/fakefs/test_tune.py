@@ -196,3 +196,21 @@ def test_persist_writes_the_policy_file_keeping_comments_and_layout(tmp_path: Pa
     assert '-high = "1.6GiB"' in diff and '+high = "1.4GiB"' in diff
     assert policy.stat().st_mode & 0o777 == 0o640
     assert persist(str(policy), {("memory", "high"): "1.4GiB"}) == ""  # already says so
+
+
+def test_rollback_to_an_entry_undoes_every_tune_after_it_and_keeps_the_entry(
+    tmp_path: Path,
+) -> None:
+    """`rollback --to ID` (the guest's staged-tune test proved it on a real kernel until issue
+    47 item 3 cut that part): the entries after ID in reverse, ID itself kept."""
+    fs = _tree(tmp_path)
+    journal = Journal(tmp_path / "run" / "t")
+    staged = apply(fs, GROUP, {kf.MEMORY_HIGH: str(G)}, journal=journal)
+    apply(fs, GROUP, {kf.CPU_WEIGHT: "300"}, journal=journal)
+    apply(fs, GROUP, {kf.CPU_WEIGHT: "500"}, journal=journal)
+    undo = rollback(fs, journal, to=staged["id"])
+    assert undo["undoes"] == [2, 3]
+    assert fs.read(GROUP, kf.CPU_WEIGHT).strip() == "100"  # 3 then 2: reverse order
+    assert fs.read(GROUP, kf.MEMORY_HIGH).strip() == str(G)  # the entry ID itself stays
+    with pytest.raises(ValueError, match="nothing to roll back"):
+        rollback(fs, journal, to=staged["id"])

@@ -1,6 +1,6 @@
 """`governor tune`, `rollback` and `diff` on a running engine, real cgroup v2 kernel (kernel tier):
 applied and read back, a refused unsafe tune leaves everything as it was and the engine alive,
---dry-run changes nothing, diff says drift after a tune and in sync after rollback --all."""
+diff says drift after a tune and in sync after rollback --all (--dry-run: the fake cgroupfs)."""
 
 from __future__ import annotations
 
@@ -36,9 +36,20 @@ def _gov(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
 
 
 @pytest.mark.kernel(controllers=ALL, root=True)
-def test_tune_applies_guards_dry_runs_journals_and_rolls_back(
+def test_tune_applies_guards_journals_and_rolls_back(
     tmp_path: Path, scratch_slice: ScratchSlice
 ) -> None:
+    """The promise on a real kernel: a tune is written and read back from the engine's group,
+    the guard reads the engine's real memory.current and refuses (nothing written, the engine
+    alive), diff sees the kernel's values drift and come back, rollback --all restores them.
+    Each `governor` command is ~5 s under TCG, so what needs no kernel is proved on the fake
+    cgroupfs only (issue 47 item 3 cut 3 of 9 commands): the dry run's "kernel -> new" and its
+    writing nothing (tests/fakefs/test_tune_outcomes.py::
+    test_a_tune_lists_and_writes_only_the_files_whose_value_changes), a bad key's 65
+    (tests/fakefs/test_tune.py::test_assignments_use_the_policy_spelling_and_a_bad_key_is_65),
+    and status's journal view (tests/fakefs/test_tune_outcomes.py::
+    test_a_refused_tune_is_journaled_and_counted_and_a_refused_dry_run_is_not); the journal
+    file is read here directly."""
     run = tmp_path / "run"
     env = {**os.environ, "GOVERNOR_RUN_DIR": str(run)}
     policy = tmp_path / "tn.toml"
@@ -74,12 +85,6 @@ def test_tune_applies_guards_dry_runs_journals_and_rolls_back(
         cgroups.wait_for(ready.exists, timeout=240, what="the engine to hold its memory")
         cgroups.wait_for((run / "tn" / "state.json").exists, timeout=60, what="the state")
         high0 = cgroups.read(group / "memory.high")
-        # dry run: prints kernel -> new, changes nothing
-        dry = _gov(env, "tune", "tn", "memory.high=300M", "cpu.weight=300", "--dry-run")
-        assert dry.returncode == 0, dry.stderr
-        assert f"memory.high: {high0} -> {300 * MIB}" in dry.stdout
-        assert cgroups.read(group / "memory.high") == high0
-        assert cgroups.read(group / "cpu.weight") == "100"
         # applied and read back, journaled
         done = _gov(env, "tune", "tn", "memory.high=300M", "cpu.weight=300")
         assert done.returncode == 0, done.stderr
@@ -95,9 +100,6 @@ def test_tune_applies_guards_dry_runs_journals_and_rolls_back(
         assert cgroups.read(group / "memory.max") == max0
         assert cgroups.read(group / "memory.high") == str(300 * MIB)
         assert gov.poll() is None, "the engine's governor died"
-        # a bad key is 65 naming it
-        bad = _gov(env, "tune", "tn", "memory.oom_kill_disable=1")
-        assert bad.returncode == 65 and "memory.oom_kill_disable" in bad.stderr
         # diff: drift while tuned, in sync after rollback --all
         drift = _gov(env, "diff", str(policy))
         assert drift.returncode == 1, drift.stdout + drift.stderr
@@ -108,10 +110,9 @@ def test_tune_applies_guards_dry_runs_journals_and_rolls_back(
         assert cgroups.read(group / "cpu.weight") == "100"
         again = _gov(env, "diff", str(policy))
         assert again.returncode == 0, again.stdout + again.stderr
-        status = _gov(env, "status", "tn", "--json")
-        (item,) = json.loads(status.stdout)
+        journal = [json.loads(ln) for ln in (run / "tn" / "journal.jsonl").read_text().splitlines()]
         # the unsafe tune was refused: journaled without changes, not rolled back
-        assert [e["source"] for e in item["journal"]][-3:] == ["tune", "tune-refused", "rollback"]
+        assert [e["source"] for e in journal][-3:] == ["tune", "tune-refused", "rollback"]
     finally:
         gov.terminate()
         gov.wait(timeout=120)

@@ -45,8 +45,10 @@ tier that can no longer start is not started and fails with a note, and the summ
 the duration report (durations.txt: wall time per phase and tier, the slowest 15 tests of each
 tier) are printed in every case. A default run also holds each tier to its budget
 (TIER_BUDGETS, measured walls with margin, well under the timeouts): with CI=true a tier that
-passes it fails, so a slow test is seen in the run that adds it. --full selects the tests
-marked `full` (the seed's full scale), which default runs deselect, with FULL_* timeouts.
+passes it fails, so a slow test is seen in the run that adds it; each guest test's own budget
+(tests/vm/budgets.py) lists it in the report when it passes that, without failing the tier.
+--full selects the tests marked `full` (the seed's full scale), which default runs deselect,
+with FULL_* timeouts.
 
 Environment: GOVERNOR_VM_ACCEL=auto|kvm|tcg, GOVERNOR_VM_KERNEL=/boot/vmlinuz-...,
 GOVERNOR_VM_TIMEOUT=seconds, GOVERNOR_TEST_DEADLINE=seconds, GOVERNOR_TEST_FULL=1,
@@ -77,7 +79,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import IO
 
-from vm import initramfs
+from vm import budgets, initramfs
 from vm.junit import (
     Case,
     Counts,
@@ -159,8 +161,11 @@ FULL_TIER_TIMEOUTS: dict[str, float] = {
 # clean clone before wave 5, 2300 s (cut) at stop 42's CI, 2156 s on a clean clone at 56fac43
 # (94 tests: the wave's trims and its new guest tests), systemd 313-443 s (644 s beside a host
 # test run), compat 162-437 s
+# Kernel 2700 -> 2550 (issue 47 item 3): the cut tests took 166-290 s less in one guest run
+# (20261206-051258: a machine 1.5-1.9x slower than the CI run, by the unchanged tests in it),
+# so ~2000-2120 s expected on the CI machine; ~20 % margin for a busy one and the wave's tests.
 TIER_BUDGETS: dict[str, float] = {
-    "lint": 60, "host": 420, "kernel": 2700, "systemd": 600,
+    "lint": 60, "host": 420, "kernel": 2550, "systemd": 600,
     **dict.fromkeys(COMPAT_TIERS, 570), QUADLET_TIER: 600,
 }  # fmt: skip
 # a tier with less time than this left before the deadline is not started
@@ -1136,6 +1141,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             res.notes.append(f"the overall deadline (--deadline {opts.deadline:.0f}s) cut the "
                              f"tier's timeout to {timeout:.0f}s")  # fmt: skip
         judge_budget(res, opts.budgets.get(tier), ci=is_ci())
+        if opts.budgets:  # each test's too, in the configuration they were measured for
+            budgets.judge_tests(res)
         log(f"tier {tier}: {'ok' if res.ok else 'FAIL'} in {res.wall:.1f}s")
         return res
 

@@ -91,6 +91,8 @@ class TierResult:
     notes: list[str] = field(default_factory=list)
     cases: list[Case] = field(default_factory=list)  # per test (per step for lint)
     budget: float | None = None  # seconds the tier may take (judge_budget); None: not held to one
+    # (test id, measured s, budget s) of each test over its own budget (vm.budgets.judge_tests)
+    over_budget: list[tuple[str, float, float]] = field(default_factory=list)
 
 
 # pytest exit codes (pytest.ExitCode) and what they mean for a tier; 124 is timeout(1)'s, which
@@ -237,4 +239,9 @@ def format_durations(
         for c in slow:
             tag = "" if c.outcome == "passed" else f"  [{c.outcome}]"
             out.append(f"  {c.time:8.1f}  {c.id}{tag}")
+    for r in results:
+        if r.over_budget:
+            head = f"over their budget in tier {r.tier} (measured s, budget s; vm/budgets.py):"
+            out += ["", head]
+            out += [f"  {t:8.1f} {b:6.0f}  {i}" for i, t, b in r.over_budget]
     return "\n".join(out)
