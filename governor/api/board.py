@@ -17,6 +17,8 @@ from governor.kernel.cgroupfs import CgroupFs
 from governor.operate import boardview
 from governor.operate.boardview import fits as weigh
 from governor.rundir.state import run_dir
+from governor.state.peaks import learned, peak_key
+from governor.state.store import state_dir
 
 if TYPE_CHECKING:
     from governor.board.scan import Board
@@ -47,17 +49,22 @@ def view(opts: HostOptions) -> dict[str, Any]:
 
 
 def fits(path: Path, engine: tuple[str, ...], opts: HostOptions) -> dict[str, Any]:
-    """`governor board --fits POLICY [-- ENGINE...]`: the verdict for POLICY (its engine's
-    estimate as its peak when ENGINE is given) beside the board's claims now."""
+    """`governor board --fits POLICY [-- ENGINE...]`: the verdict for POLICY (when ENGINE is
+    given, the peak earlier governed runs of its model and argv measured as its peak, else its
+    estimate: what launch's admission claims) beside the board's claims now."""
 
     estimate = None
+    measured = None
     if engine:
         plan, _host, checked = preflight_engine(path, engine, opts, probe_target=True, force=False)
-        estimate = checked.estimate.total if checked.estimate is not None else None
+        if checked.estimate is not None:
+            estimate = checked.estimate.total
+            got, _note = learned(state_dir(), peak_key(checked.estimate.model, engine))
+            measured = None if got is None else (got.peak, got.runs)
     else:
         plan = check(path, opts)
     seen = claims(opts, Path(plan.cgroup_root))
-    new = slice_of_plan(plan, estimate=estimate)
+    new = slice_of_plan(plan, estimate=estimate, measured=measured)
     return weigh(seen.budget, new, seen.slices, plan.qos.admit)
 
 

@@ -16,7 +16,7 @@
 - compute buffer: reserved for a worst-case ubatch, dominated by vocab x n_ubatch f32 logits
   (305 MiB for a 151936 vocab at -ub 512, notes/engine.md) but mostly never touched: only the
   rows of tokens that need logits are written. It is printed, and counted at
-  COMPUTE_TOUCHED_SHARE.
+  COMPUTE_TOUCHED_SHARE, its logits part up to LOGITS_COUNTED_MAX.
 - engine: the engine's binary and the libraries beside it, file pages read at exec and charged
   like the model's on a cold cache (governor/engines/engine_files.py; docs/calibration.md).
 - margin: libc/OpenMP arenas, thread stacks, page tables and the C++/OpenMP runtime libraries;
@@ -49,10 +49,16 @@ ENGINE_FILE_BYTES = 15 * MIB
 # share of the reserved compute buffer that is written: ggml's allocator reuses the buffer for
 # the graph's intermediates, but the logits part (vocab x ubatch) is written only for tokens
 # that need logits. Measured as memory.peak's anon beyond KV, repack and margin in the kernel
-# guest (perf/accuracy.py): 35-37 % for the tiny and small models (9 and 70 MiB reserved), 18 %
-# for the 1.1 GiB one (305 MiB reserved, docs/calibration.md): the larger share, so the
-# estimate is not under for a small model
+# guest (perf/accuracy.py): 35-38 % for the tiny and small models (9 and 66.5 MiB reserved):
+# the larger share, so the estimate is not under for a small model
 COMPUTE_TOUCHED_SHARE = 0.45
+# the logits part counted at most this much (then the share): a later ubatch whose tensors fit
+# the reserved ones keeps their offsets (ggml-alloc.c ggml_gallocr_needs_realloc), so what is
+# written of the logits is the output rows (one per sequence), not a share of vocab x ubatch.
+# The 1.1 GiB model (vocab 151936: 297 of its 305 MiB are logits) wrote ~46 MiB in all
+# (docs/calibration.md), 15 % of its reserve; 128 MiB is a 64k vocab's logits at -ub 512, above
+# every model whose share was measured (vocab 32000: 62.5 MiB), so those keep the share
+LOGITS_COUNTED_MAX = 128 * MIB
 
 # bytes per element of KV cache types (-ctk/-ctv): block size / elements per block (ggml.c)
 KV_TYPE_BYTES: dict[str, float] = {
@@ -220,6 +226,15 @@ def compute_reserved(info: GgufInfo, s: Settings) -> int:
     return ub * (info.vocab + 2 * info.n_embd) * 4
 
 
+def compute_touched(info: GgufInfo, s: Settings) -> int:
+    """The part of :func:`compute_reserved` the estimate counts: COMPUTE_TOUCHED_SHARE of it,
+    its logits part (vocab x ubatch f32) counted up to LOGITS_COUNTED_MAX."""
+    ub = min(s.ubatch, s.batch, s.ctx)
+    logits = ub * info.vocab * 4
+    counted = compute_reserved(info, s) - logits + min(logits, LOGITS_COUNTED_MAX)
+    return int(counted * COMPUTE_TOUCHED_SHARE)
+
+
 def estimate(
     info: GgufInfo,
     s: Settings,
@@ -286,12 +301,15 @@ def _terms(info: GgufInfo, s: Settings, family: str, margin: int) -> tuple[Term,
         )
     )
     reserved = compute_reserved(info, s)
+    ub = min(s.ubatch, s.batch, s.ctx)
+    capped = ub * info.vocab * 4 > LOGITS_COUNTED_MAX
     out.append(
         Term(
             "compute",
-            int(reserved * COMPUTE_TOUCHED_SHARE),
+            compute_touched(info, s),
             f"{COMPUTE_TOUCHED_SHARE:.0%} of {reserved / MIB:.0f} MiB reserved"
-            f" (vocab {info.vocab} x ubatch {min(s.ubatch, s.batch, s.ctx)} logits)",
+            f" (vocab {info.vocab} x ubatch {ub} logits"
+            + (f", counted up to {LOGITS_COUNTED_MAX // MIB} MiB)" if capped else ")"),
         )
     )
     if s.projector is not None:

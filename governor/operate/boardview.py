@@ -185,10 +185,11 @@ def fits_line(verdict: Verdict, admit_mode: str) -> str:
     if verdict.budget.budget <= 0:  # nothing is left to weigh against: say why, not "fits"
         why = no_budget_text(verdict.budget) or "no MemTotal was read"
         return f"no: the board's budget is 0 ({why}): nothing can be admitted"
+    said = f" ({c.peak_text})" if c.peak_source == "measured" else ""
     if verdict.fits:
         return (
             f"yes: {c.name} fits (min {gib(c.guaranteed)} of {gib(verdict.min_left)} left,"
-            f" peak {gib(c.peak_claim)} of {gib(verdict.peak_left)} left)"
+            f" peak {gib(c.peak_claim)}{said} of {gib(verdict.peak_left)} left)"
         )
     what = "guarantees" if verdict.kind == "guarantees" else "peaks"
     line = f"no: {c.name} lacks {short(verdict.missing)} of {what} ({holders_text(verdict)})"

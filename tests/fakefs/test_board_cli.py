@@ -16,6 +16,8 @@ from governor.kernel import files
 from governor.plan.model import QosSpec
 from governor.record import replace
 from governor.rundir.state import Publisher, applied
+from governor.state.peaks import peak_key, record_peak
+from governor.state.store import state_dir
 
 from .plans import MEMORY_MAX, MEMORY_MIN, make_plan
 
@@ -141,6 +143,19 @@ def test_board_fits_takes_the_engines_estimate_as_the_peak(
     assert code == 0, (out, err)
     got = json.loads(out)
     assert got["peak_source"] == "estimate" and 0 < got["peak"] < 1 << 30
+    assert "peak_runs" not in got and "measured" not in got["line"]
+    # issue 45 item 3: once a governed run of this model and argv measured its peak, that is
+    # the claim (as admission's), with its source; in the JSON and in the line
+    engine = ("llama-completion", "-m", str(model), "-c", "256")
+    record_peak(state_dir(), str(peak_key(model, engine)), 7 * MIB, got["peak"])
+    fits = ("board", "--fits", str(policy), "--", *engine)
+    root = ("--root", str(host), "--cgroup-root", str(board / "cg"))
+    code, out, err = run(capsys, *root, "board", "--json", *fits[1:])
+    assert code == 0, (out, err)
+    got = json.loads(out)
+    assert (got["peak"], got["peak_source"], got["peak_runs"]) == (7 * MIB, "measured", 1)
+    code, out, err = run(capsys, *root, *fits)
+    assert code == 0 and "peak 7 MiB (measured, 1 run) of " in out, (out, err)
 
 
 # ------------------------------------------------------------------ issue 43 item 8 and low items

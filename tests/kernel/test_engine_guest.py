@@ -116,6 +116,46 @@ def test_tiny_model_launch_reports_speed_peak_and_estimate(
     shown = _governor("estimate", "--engine-argv", shlex.join(TINY_ARGV))
     assert shown.returncode == 0, shown.stderr[-3000:]
     assert f"{data['memory_peak'] / MIB:.1f} MiB  (measured, 1 run;" in shown.stdout, shown.stdout
+    # ... and `governor board` claims it, with its source: `--fits` for the stopped engine, the
+    # slice's row while the next launch of the same model and argv runs (-n is no plan word)
+    fits = _governor("board", "--json", "--fits", str(policy), "--", *TINY_ARGV)
+    assert fits.returncode == 0, fits.stderr[-3000:]
+    claim = json.loads(fits.stdout)
+    assert (claim["peak_source"], claim["peak_runs"]) == ("measured", 1), claim
+    assert claim["peak"] == max(data["memory_peak"], claim["min"]), (claim, data["memory_peak"])
+    _board_row_while_it_runs(policy, data["memory_peak"])
+
+
+def _board_row_while_it_runs(policy: Path, peak: int) -> None:
+    """A second launch of TINY_ARGV (generating until its 512-token context is full, ~20 s):
+    its `governor board` row claims the peak the first run measured."""
+    argv = [*TINY_ARGV]
+    argv[argv.index("-n") + 1] = "1000"
+    log = policy.with_suffix(".second.log")  # a file: -lv 4 would fill a pipe no one reads
+    with log.open("w") as err:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "governor", "launch", "--policy", str(policy), "--", *argv],
+            stdout=subprocess.DEVNULL, stderr=err, cwd=REPO,
+        )  # fmt: skip
+    try:
+        row, board = None, None
+        for _ in range(60):  # each `governor board` is ~1 s under TCG
+            board = _governor("board", "--json", timeout=60)
+            rows = json.loads(board.stdout)["slices"] if board.returncode == 0 else []
+            row = next((r for r in rows if r["name"] == "chat" and r["state"] == "running"), None)
+            if row is not None or proc.poll() is not None:
+                break
+        assert row is not None, (board, proc.poll())
+        assert (row["peak_source"], row["peak_runs"]) == ("measured", 1), row
+        assert row["peak"] == max(peak, row["min"]), (row, peak)
+        shown = _governor("board", timeout=60)
+        line = next(ln for ln in shown.stdout.splitlines() if ln.startswith("chat "))
+        assert f"{row['peak'] / MIB:.0f} MiB (measured, 1 run)" in line, shown.stdout
+    finally:
+        proc.terminate()
+        proc.wait(timeout=120)
+    # its context full (0), or SIGTERM forwarded to the engine (143)
+    assert proc.returncode in (0, 143), log.read_text()[-3000:]
 
 
 @pytest.mark.kernel(controllers=ALL, root=True, psi=True)

@@ -216,7 +216,8 @@ def test_the_big_model_on_a_2g_board_needs_no_repack(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The README's story: on an x86 (AVX2) board of 2 GiB the 1.1 GiB model with its 651 MiB
-    repack copy does not fit at any context; with -nr it does, with a context near 1536."""
+    repack copy does not fit at any context; with -nr it does, with a context near 2048 (its
+    logits counted up to 128 MiB of the 297 reserved: 1792 when all of them were)."""
     from ..engines.test_estimate import _qwen18b
 
     root = tmp_path / "board"
@@ -235,7 +236,7 @@ def test_the_big_model_on_a_2g_board_needs_no_repack(
     assert "repack 652" in msg and "weights 1134" in msg
     assert err.splitlines()[1].startswith("hint: -nr (no weight repack: -651 MiB)")
     policy, text, _ = _init(capsys, str(root), *argv[3:], "--engine-argv", "-nr")
-    assert 1280 <= policy["engine"]["max_context_tokens"] <= 1792
+    assert 2048 <= policy["engine"]["max_context_tokens"] <= 2304, policy["engine"]
     assert policy["memory"]["min"] == "1134MiB"
     assert " -nr" in _engine_line(text)[1]
 
