@@ -83,6 +83,7 @@ class Unload:
     models: tuple[str, ...]
     before: int  # its peak before (bytes; [device] memory, which stays, left out)
     budget: int  # the budget its evictor keeps its loads under until the tenant ends
+    own: int  # the router itself in it (its evictor weighs the models against the rest)
     frees: int  # what the admission counts
 
 
@@ -120,6 +121,7 @@ def _unloads(need_peak: int, rooms: Sequence[Room], now: float) -> list[Unload]:
             models=tuple(chosen[r.router.name]),
             before=max(r.router.peak, r.router.min),
             budget=r.budget(chosen[r.router.name]),
+            own=r.own,
             frees=r.frees(chosen[r.router.name]),
         )
         for r in rooms

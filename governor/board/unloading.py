@@ -134,7 +134,7 @@ def apply(
     directory = run / r.name
     pid = os.getpid()
     cap = caps.Cap(
-        by=by, pid=pid, pid_start=own_start(), budget=u.budget, before=u.before,
+        by=by, pid=pid, pid_start=own_start(), budget=u.budget, own=u.own, before=u.before,
         models=u.models, at=wall(),
     )  # fmt: skip
     try:

@@ -5,7 +5,7 @@ like the state and the journal).
 ``<run dir>/<router policy>/cap.json``, written whole (governor/atomic.py) by the admitting
 launch before it unloads anything::
 
-    {"by": "chat", "pid": 1234, "pid_start": 98765, "budget": 858993459,
+    {"by": "chat", "pid": 1234, "pid_start": 98765, "budget": 858993459, "own": 25165824,
      "before": 1288490188, "models": ["m1", "m2"], "at": 1767000000.0}
 
 - **held while its holder runs**: the admitted launch's process, named by its pid AND its start
@@ -13,7 +13,9 @@ launch before it unloads anything::
   that process, from its admission until its engine ends;
 - **read each time** by the router's evictor (supervise/evict.py ``budget``: the lower of its
   own budget and this one, so a load over it unloads an idle model or is refused, never
-  grows the router) and by the board scan (board/scan.py: the router's peak claim is at most
+  grows the router; the router's own share, ``own``, follows its engine leaf's memory.current
+  there: the budget bounds the models, a router whose own memory moves by a few KiB between
+  two requests never has a model refused for it) and by the board scan (board/scan.py: the router's peak claim is at most
   this budget, so the admission's own re-read, ``status`` and the next admission see it);
 - **given back** the moment its holder ends (a crash, a kill -9 included): a reader treats a
   cap whose holder is gone as absent, nobody has to remove it; the holder removes it itself
@@ -51,6 +53,7 @@ class Cap:
     pid: int  # its launch's process
     pid_start: int | None  # that process's start time (rundir/liveness.py)
     budget: int  # bytes the router's loads stay under
+    own: int  # the router itself in ``budget`` (the models get ``budget - own``)
     before: int  # the router's peak claim before (bytes)
     models: tuple[str, ...]  # what the admission unloaded
     at: float  # when (epoch s)
@@ -58,7 +61,7 @@ class Cap:
     def to_json(self) -> dict[str, Any]:
         return {
             "by": self.by, "pid": self.pid, "pid_start": self.pid_start, "budget": self.budget,
-            "before": self.before, "models": list(self.models), "at": self.at,
+            "own": self.own, "before": self.before, "models": list(self.models), "at": self.at,
         }  # fmt: skip
 
 
@@ -81,6 +84,7 @@ def parse(text: bytes) -> Cap | None:
         and d["pid"] > 0
         and (d.get("pid_start") is None or _int(d.get("pid_start")))
         and _int(d.get("budget"))
+        and _int(d.get("own"))
         and _int(d.get("before"))
         and isinstance(models, list)
         and all(isinstance(m, str) for m in models)
@@ -91,7 +95,7 @@ def parse(text: bytes) -> Cap | None:
         return None
     return Cap(
         by=d["by"], pid=d["pid"], pid_start=d.get("pid_start"), budget=d["budget"],
-        before=d["before"], models=tuple(models), at=float(d["at"]),
+        own=d["own"], before=d["before"], models=tuple(models), at=float(d["at"]),
     )  # fmt: skip
 
 
@@ -107,15 +111,17 @@ def read(directory: Path, proc: Path = Path("/proc")) -> Cap | None:
     return cap
 
 
-def budget(directory: Path, proc: Path = Path("/proc")) -> int | None:
-    """The lowered budget that holds now (bytes), None when none does: the evictor's door."""
+def models_budget(directory: Path, proc: Path = Path("/proc")) -> int | None:
+    """What the lowered budget that holds now leaves the models (bytes: ``budget - own``),
+    None when none holds: the evictor's door."""
     cap = read(directory, proc)
-    return None if cap is None else cap.budget
+    return None if cap is None else max(0, cap.budget - cap.own)
 
 
-def budget_for(plan: Plan, run: Path, root: Path) -> int | None:
-    """:func:`budget` of ``plan``'s router in the run dir ``run`` (``root``: where /proc is)."""
-    return budget(run / plan.policy, root / "proc")
+def models_budget_for(plan: Plan, run: Path, root: Path) -> int | None:
+    """:func:`models_budget` of ``plan``'s router in the run dir ``run`` (``root``: where /proc
+    is)."""
+    return models_budget(run / plan.policy, root / "proc")
 
 
 def write(directory: Path, cap: Cap) -> None:

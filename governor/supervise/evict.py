@@ -71,8 +71,8 @@ class Evictor:
     """Makes room for a new model by unloading idle ones (module docstring). ``claims``:
     alias -> its estimate (the estimate's "router" table); ``board_free``: the board's free
     budget for this slice now (None: unknown); ``on_unload(model, reason)`` counts one;
-    ``reload_s``: alias -> its measured load seconds (None: not measured); ``cap``: the budget
-    an admission lowered this router to now (rundir/cap.py; None: none)."""
+    ``reload_s``: alias -> its measured load seconds (None: not measured); ``cap``: what the budget
+    an admission lowered this router to leaves its models now (rundir/cap.py; None: none)."""
 
     def __init__(
         self,
@@ -126,14 +126,15 @@ class Evictor:
         """The group's memory.max now, else the board's free budget, at most the budget an
         admission lowered it to (rundir/cap.py) while that tenant runs; None: none known."""
         own = self._own_budget()
-        lowered = None
+        models = None
         if self.cap is not None:
             try:
-                lowered = self.cap()
+                models = self.cap()
             except Exception as err:  # another process's file: never a crash
                 log.warning("evict.cap_unreadable", error=str(err))
-        if lowered is None:
+        if models is None:
             return own
+        lowered = models + self.router_bytes()  # the cap bounds the models (rundir/cap.py)
         return lowered if own is None else min(own, lowered)
 
     def _own_budget(self) -> int | None:
@@ -180,8 +181,11 @@ class Evictor:
     def used(self, new: str) -> int:
         """The loaded models' claims + the router's own memory (its leaf's memory.current, else
         the figure the estimate counts: plan/router.py) + ``new``'s claim."""
-        router = self._read(self.leaf, kf.MEMORY_CURRENT) or ROUTER_OWN_BYTES
-        return sum(self.claim(a) for a in self.loaded(new)) + router + self.claim(new)
+        return sum(self.claim(a) for a in self.loaded(new)) + self.router_bytes() + self.claim(new)
+
+    def router_bytes(self) -> int:
+        """The router's own memory: its leaf's memory.current, else the estimate's figure."""
+        return self._read(self.leaf, kf.MEMORY_CURRENT) or ROUTER_OWN_BYTES
 
     def over(self, new: str) -> tuple[int, int] | None:
         """(used, budget) when ``new`` does not fit, None when it does (or no budget)."""

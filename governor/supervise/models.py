@@ -463,7 +463,7 @@ def router_leaves(
                 activity=activity,
                 claims={a: v for a, v in claims.items() if isinstance(v, int)},
                 board_free=functools.partial(board_scan.free_for, plan, *board),
-                cap=functools.partial(run_cap.budget_for, plan, *board),
+                cap=functools.partial(run_cap.models_budget_for, plan, *board),
                 journal=journal,
                 before_unload=None if slots is None else slots.save,
                 reload_s=loads.reload_s,
