@@ -24,6 +24,8 @@ guarantee, so a deficit of guarantees is never covered by unloads).
 2. else those unloads and, for what they leave missing, the stops board/order.py pick chooses
    among the other lower-class slices (a router being unloaded is not stopped as well):
    **unload + stop**;
+   A model whose unload frees nothing more (its router is down to its memory.min) stays
+   loaded.
 3. else the stops alone, as before this module (a stop frees a guarantee, an unload none);
 4. else **nothing covers**: admission refuses at once (75), before anyone is touched.
 
@@ -112,9 +114,12 @@ def _unloads(need_peak: int, rooms: Sequence[Room], now: float) -> list[Unload]:
             name=lambda x: f"{x[0].router.name}/{x[1].alias}",
         )  # fmt: skip
         for room, model in ordered:
-            if freed() >= need_peak:
+            got = freed()
+            if got >= need_peak:
                 break
             chosen[room.router.name].append(model.alias)
+            if freed() == got:  # its router is down to its memory.min: it frees nothing more
+                chosen[room.router.name].pop()
     return [
         Unload(
             router=r.router,
