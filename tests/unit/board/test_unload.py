@@ -60,6 +60,10 @@ CASES = [
         (100, 0), [R, s("held", BG, 300, mn=200)], [ROOM], {}, ["held"], True,
     ),
     (
+        "guarantees and peaks missing: no unload, a stop that frees both",
+        (100, 250), [R, s("held", BG, 300, mn=200)], [ROOM], {}, ["held"], True,
+    ),
+    (
         "nothing covers: refused, nothing unloaded",
         (0, 5000), [R, PLAIN], [ROOM], {}, ["r", "batch"], False,
     ),

@@ -44,7 +44,7 @@ class FakeUnloader:
         ]  # fmt: skip
 
     def unload(self, u: Unload) -> None:
-        if self.fail is not None and self.fail in u.models:
+        if self.fail is not None and self.fail in (*u.models, u.router.name):
             raise GovernorError(f"router {u.router.name} did not unload {self.fail}")
         self.done.append((u.router.name, u.models))
         self.board.claims = [
@@ -100,6 +100,17 @@ def test_a_failed_unload_gives_every_budget_back_and_refuses_before_any_stop(
 class Stays(FakeUnloader):
     def unload(self, u: Unload) -> None:  # done, but the claim stays: no room comes
         self.done.append((u.router.name, u.models))
+
+
+def test_a_failed_unload_gives_the_routers_unloaded_before_it_their_budget_back(
+    tmp_path: Path,
+) -> None:
+    # two routers of 1 GiB: 1280 MiB short, each frees at most 724 MiB: both unload
+    b = FakeBoard(router(1024 * MIB), replace(router(1024 * MIB), name="r2"))
+    u = FakeUnloader(b, fail="r2")
+    with pytest.raises(AdmissionRefused, match="and router r2 did not unload"):
+        admission(plan("shed"), unloader=u.doors(), **b.kw(tmp_path))
+    assert [name for name, _ in u.done] == ["r"] and u.restored == ["r"] and b.stopped == []
 
 
 def test_a_refusal_after_the_unloads_gives_the_budgets_back(tmp_path: Path) -> None:
