@@ -153,7 +153,7 @@ def apply(
             journal(
                 r, ShedStep.UNLOAD, [], by=by, pid=pid, when=f"admission of {by}", model=alias,
                 pid_start=cap.pid_start,
-                reason=f"{by}'s admission: budget {gib(u.before)} -> {gib(u.budget)} until {by} ends",
+                reason=f"{r.name}'s budget {gib(u.before)} -> {gib(u.budget)} until {by} ends",
             )  # fmt: skip
         log.warning("shed.step", by=by, rule=-1, when=f"admission of {by}", victim=r.name,
                     step=ShedStep.UNLOAD, model=alias, budget=u.budget)  # fmt: skip

@@ -23,6 +23,7 @@ from governor.board.scan import scan
 from governor.board.unload import Unload
 from governor.errors import AdmissionRefused, GovernorError
 from governor.kernel import files
+from governor.operate.status import _journal_lines
 from governor.peer.router import RouterClient
 from governor.plan.model import CgroupWrite, EngineSpec, Plan, QosSpec
 from governor.record import replace
@@ -139,6 +140,10 @@ def test_a_shed_admission_unloads_the_coldest_idle_model_and_lowers_the_routers_
         "chat",
         "a",
         "admission of chat",
+    )
+    (said,) = _journal_lines({"journal": [entry], "policy": "router"})
+    assert said.endswith(
+        " shed: unload a by chat (router's budget 1200 MiB -> 700 MiB until chat ends)"
     )
     # the board sees the lowered claim while chat's process (this one) runs
     seen = {s.name: s for s in scan(run=board.run, cgroup_root=fake_fs.root, root=root).slices}
