@@ -209,12 +209,11 @@ def test_a_shed_admission_unloads_a_lower_class_routers_idle_model_and_lowers_it
         cgroups.wait_for(published, 60, "the router's models published with a last request")
         router, b_pid = _pids(group / "engine"), _pids(group / "models" / "b")
         # a board whose budget leaves the chat's 64 MiB peak 8 MiB short beside the router
-        claim = next(
-            s for s in scan(run=run, cgroup_root=Path("/sys/fs/cgroup")).slices
-            if s.name == "router"
-        ).peak_claim  # fmt: skip
+        seen = scan(run=run, cgroup_root=Path("/sys/fs/cgroup"))
+        claim = next(s for s in seen.slices if s.name == "router").peak_claim
         memtotal = int(cgroups.read(Path("/proc/meminfo")).split("MemTotal:")[1].split()[0]) << 10
-        board.write_text(f'[board]\nreserve = "{(memtotal - claim - (56 << 20)) >> 20}MiB"\n')
+        room = memtotal + seen.budget.zram_room - claim - (56 << 20)
+        board.write_text(f'[board]\nreserve = "{room >> 20}MiB"\n')
         t0 = time.monotonic()
         chat = _launch(chat_policy, env, "/bin/sleep", "600")
         cgroups.wait_for(lambda: _state(run, "chat"), 120, "the chat admitted and published")
