@@ -1,6 +1,8 @@
 """Admission's decision on the board (issue 36; its room since issue 44): weigh the new slice
 against one :class:`~governor.board.scan.Board` read, then refuse, warn, wait for room or shed
-lower-class slices (board/order.py picks them, board/steps.py stops them), under the board lock
+lower-class slices (board/order.py picks them, board/steps.py stops them; a lower-class
+router's idle models are unloaded under a lowered budget first, board/unload.py decides and
+board/unloading.py does it), under the board lock
 and ONE deadline for the whole admission (the lock's wait and the room's share it).
 
 The words (a refusal's line and hint, the lock's holder) and the wiring (where the run dir, the
@@ -199,15 +201,16 @@ def _decide(
             raise words.refuse(
                 verdict, f", and no lower class to shed frees enough{kept_text(verdict)}"
             )
-        assert unloader is not None or not shed.unloads
         for u in shed.unloads:
+            doors = unloader
+            assert doors is not None  # only an unloader offers rooms (_shed)
             try:
-                unloader.unload(u)  # type: ignore[union-attr]  # asserted just above
+                doors.unload(u)
             except GovernorError as err:  # nothing half-applied: every lowered budget back
-                _restore(unloader, done)
+                _restore(doors, done)
                 raise words.refuse(verdict, f", and {err}") from None
             done.append(u)
-            say(f"admission of {new.name} {unloader.text(u)}")  # type: ignore[union-attr]
+            say(f"admission of {new.name} {doors.text(u)}")
         names = ", ".join(v.name for v in shed.stops)
         if shed.stops:
             say(f"admission of {new.name} stops {names} (a lower class) to make room")
