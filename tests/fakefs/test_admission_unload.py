@@ -23,6 +23,7 @@ from governor.board.scan import scan
 from governor.board.unload import Unload
 from governor.errors import AdmissionRefused, GovernorError
 from governor.kernel import files
+from governor.operate.boardview import claim_row, peak_said
 from governor.operate.status import _journal_lines
 from governor.peer.router import RouterClient
 from governor.plan.model import CgroupWrite, EngineSpec, Plan, QosSpec
@@ -148,6 +149,8 @@ def test_a_shed_admission_unloads_the_coldest_idle_model_and_lowers_the_routers_
     # the board sees the lowered claim while chat's process (this one) runs
     seen = {s.name: s for s in scan(run=board.run, cgroup_root=fake_fs.root, root=root).slices}
     assert seen["router"].peak_claim == 700 * MIB and seen["router"].capped_by == "chat"
+    row = claim_row(seen["router"])  # `governor board` says it
+    assert (row["lowered_by"], peak_said(row)) == ("chat", "estimate, lowered by chat")
 
 
 def test_the_budget_is_given_back_once_the_admitted_tenants_process_is_gone(
