@@ -140,14 +140,17 @@ def apply(
     try:
         caps.write(directory, cap)
     except OSError as err:
-        raise GovernorError(f"{r.name}'s budget could not be lowered: {err.strerror}") from None
+        raise GovernorError(
+            f"{r.name}'s budget could not be lowered: {err.strerror} ({directory / caps.CAP_FILE})"
+        ) from None
     assert r.router_url is not None  # rooms() offers routers only
     router = client(r.router_url).within(ROUND_S * max(1, len(u.models)))
     for alias in u.models:
         if not router.unload(alias):
             caps.remove(directory, by, pid)
             raise GovernorError(
-                f"router {r.name} did not unload {alias}; its budget is given back ({r.router_url})"
+                f"router {r.name} did not unload {alias} ({r.router_url}); its budget is given"
+                f" back ({directory / caps.CAP_FILE})"
             )
         with locked(r):
             journal(

@@ -179,10 +179,12 @@ def test_a_failed_unload_leaves_nothing_applied_and_refuses_with_75(
     u = Unload(
         router=r, models=("a",), before=1200 * MIB, budget=700 * MIB, own=100 * MIB, frees=500 * MIB
     )
-    with pytest.raises(
-        GovernorError, match="router router did not unload a; its budget is given back"
-    ):
+    with pytest.raises(GovernorError) as failed:
         unloading.apply(u, run=board.run, by="chat", fs=fake_fs)
+    assert str(failed.value) == (
+        f"router router did not unload a ({router.url}); its budget is given back"
+        f" ({board.run}/router/cap.json)"
+    )
     assert not (board.run / "router" / caps.CAP_FILE).exists()
     assert [e for e in Journal(board.run / "router").entries() if e["source"] == "shed"] == []
     # through the admission: one line, 75, nothing stopped, no cap left (the router no
