@@ -213,3 +213,33 @@ def test_the_routers_evictor_keeps_its_models_under_the_lowered_budget(
     assert ev.budget() == 720 * MIB
     lowered[0] = 4096 * MIB  # never above the group's own
     assert ev.budget() == 2048 * MIB
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        b"not json",
+        b"[]",
+        b'{"by": "chat", "pid": 1, "budget": -1, "own": 0, "before": 0, "models": [], "at": 1}',
+        b'{"by": "chat", "pid": true, "budget": 1, "own": 0, "before": 0, "models": [], "at": 1}',
+        b'{"by": "chat", "pid": 1, "budget": 1, "own": 0, "before": 0, "models": [3], "at": 1}',
+    ],
+)
+def test_a_cap_file_no_governor_writes_is_no_cap(tmp_path: Path, body: bytes) -> None:
+    (tmp_path / caps.CAP_FILE).write_bytes(body)
+    assert caps.parse(body) is None and caps.read(tmp_path) is None
+    assert caps.models_budget(tmp_path) is None
+
+
+def test_a_cap_behind_a_symlink_is_not_followed(tmp_path: Path) -> None:
+    real = tmp_path / "elsewhere"
+    real.mkdir()
+    held = caps.Cap(
+        by="chat", pid=os.getpid(), pid_start=own_start(), budget=700 * MIB, own=100 * MIB,
+        before=1200 * MIB, models=("a",), at=1.0,
+    )  # fmt: skip
+    caps.write(real, held)
+    assert caps.read(real) == held and caps.models_budget(real) == 600 * MIB
+    (tmp_path / "router").mkdir()
+    (tmp_path / "router" / caps.CAP_FILE).symlink_to(real / caps.CAP_FILE)
+    assert caps.read(tmp_path / "router") is None
