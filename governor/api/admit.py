@@ -25,12 +25,14 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from governor.board.admission import POLL_S, Admitted, Words, decide
+from governor.board import unloading
+from governor.board.admission import POLL_S, Admitted, Unloader, Words, decide
 from governor.board.budget import refusal_text, slice_of_plan
 from governor.board.file import board_path, no_budget_error
 from governor.board.npu import npu_refusal
 from governor.board.scan import scan
 from governor.errors import AdmissionRefused, HostError
+from governor.kernel.cgroupfs import CgroupFs
 from governor.log import get_logger
 from governor.peer.files import CappedReadError
 from governor.peer.lock import LockBusy, take
@@ -40,6 +42,7 @@ if TYPE_CHECKING:
     from governor.board.budget import Verdict
     from governor.board.scan import Board
     from governor.board.slice import Slice
+    from governor.board.unload import Unload
     from governor.plan.model import Plan
 
 log = get_logger("governor.admit")
@@ -158,6 +161,7 @@ def admission(
     say: Callable[[str], None] | None = None,
     lock_s: float | None = None,
     measured: tuple[int, int] | None = None,
+    unloader: Unloader | None = None,
 ) -> Admitted:
     """Admit ``plan`` on the board or raise AdmissionRefused (75): the decision is
     governor/board/admission.py's, this wires it (where the board is read, the lock, the
@@ -168,7 +172,9 @@ def admission(
     board rendered elsewhere (no running claims, no lock). ``gather``, ``stop``, ``clock`` and
     ``sleep`` are the tests' doors; ``say``: where the warning lines go (default stderr, at
     once); ``lock_s``: how long the board lock is waited for (default :func:`lock_wait`);
-    ``measured``: (peak, runs) earlier runs measured, claimed instead of the estimate."""
+    ``measured``: (peak, runs) earlier runs measured, claimed instead of the estimate;
+    ``unloader``: a shed's unloads of lower-class routers' idle models (default: through
+    each router and its run dir, board/unloading.py; the tests' door)."""
 
     def read() -> Board:
         if gather is not None:
@@ -211,7 +217,26 @@ def admission(
         lock_deadline=started + (lock_wait(plan) if lock_s is None else lock_s),
         stop=stop_one, force=force, hold=hold, act=act, clock=clock, sleep=sleep,
         started=started, unlocked=unlocked,
+        unloader=unloader if unloader is not None or run is None else _unloader(plan, run),
     )  # fmt: skip
+
+
+def _unloader(plan: Plan, run: Path) -> Unloader:
+    """Admission's unloads through each lower-class router and its run dir
+    (board/unloading.py)."""
+
+    def fs_of(s: Slice) -> CgroupFs:
+        return CgroupFs(Path(s.cgroup_root or plan.cgroup_root))
+
+    def unload(u: Unload) -> None:
+        unloading.apply(u, run=run, by=plan.policy, fs=fs_of(u.router))
+
+    return Unloader(
+        rooms=lambda routers: unloading.rooms(routers, fs_of),
+        unload=unload,
+        restore=lambda u: unloading.restore(u, run=run, by=plan.policy),
+        text=lambda u: unloading.text(u, plan.policy),
+    )
 
 
 def _stop(plan: Plan, victim: Slice) -> None:
@@ -219,7 +244,6 @@ def _stop(plan: Plan, victim: Slice) -> None:
     to its published engine pid, thawed first), journaled in the victim's journal as a shed by
     this policy "when" its admission."""
     from governor.board.steps import stop  # noqa: PLC0415  # only when a victim is stopped
-    from governor.kernel.cgroupfs import CgroupFs  # noqa: PLC0415
 
     failed = stop(
         CgroupFs(Path(plan.cgroup_root)), victim, by=plan.policy, when=f"admission of {plan.policy}"

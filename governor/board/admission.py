@@ -1,6 +1,8 @@
 """Admission's decision on the board (issue 36; its room since issue 44): weigh the new slice
 against one :class:`~governor.board.scan.Board` read, then refuse, warn, wait for room or shed
-lower-class slices (board/order.py picks them, board/steps.py stops them), under the board lock
+lower-class slices (board/order.py picks them, board/steps.py stops them; a lower-class
+router's idle models are unloaded under a lowered budget first, board/unload.py decides and
+board/unloading.py does it), under the board lock
 and ONE deadline for the whole admission (the lock's wait and the room's share it).
 
 The words (a refusal's line and hint, the lock's holder) and the wiring (where the run dir, the
@@ -22,9 +24,12 @@ from governor.board.budget import (
     gib,
     holders_text,
     kept_text,
+    lower,
     no_budget_text,
     overlap_text,
 )
+from governor.board.unload import Shed, plan
+from governor.errors import GovernorError
 from governor.log import get_logger
 from governor.record import record
 from governor.sizes import duration_text
@@ -33,6 +38,7 @@ if TYPE_CHECKING:
     from governor.board.budget import Verdict
     from governor.board.scan import Board
     from governor.board.slice import Slice
+    from governor.board.unload import Room, Unload
     from governor.plan.model import QosSpec
 
 log = get_logger("governor.admit")
@@ -66,6 +72,19 @@ class Words:
     say: Callable[[str], None]  # one warning line
 
 
+@record(frozen=True)
+class Unloader:
+    """The composition root's doors to a shed admission's unloads (board/unloading.py):
+    ``rooms``, the lower-class routers' rooms now; ``unload``, lower one router's budget and
+    unload its models (GovernorError: not done, its budget given back); ``restore``, give a
+    router's lowered budget back; ``text``, the line that says what one unload did."""
+
+    rooms: Callable[[list[Slice]], list[Room]]
+    unload: Callable[[Unload], None]
+    restore: Callable[[Unload], None]
+    text: Callable[[Unload], str]
+
+
 def duration(seconds: float) -> str:
     """``admit_timeout`` as the policy spells it ("1us", "1m30s" reads "90s", "2m")."""
     return duration_text(max(1, round(seconds * 1_000_000)))
@@ -87,12 +106,14 @@ def decide(
     sleep: Callable[[float], None] = time.sleep,
     started: float | None = None,
     unlocked: Callable[[OSError], None] | None = None,
+    unloader: Unloader | None = None,
 ) -> Admitted:
     """Admit ``new`` (its policy's ``[qos]``) on the board ``read`` returns, or raise what
     ``words.refuse`` makes. ``lock(deadline)``: the board lock's fd (None: a board rendered
     elsewhere, nothing running: no lock, nothing started); ``hold``: keep it on return;
     ``act``: False where nothing starts now ("wait" and "shed" only say what the start will
-    do); ``stop``: stop one victim (board/steps.py stop)."""
+    do); ``stop``: stop one victim (board/steps.py stop); ``unloader``: a shed's unloads of
+    lower-class routers' idle models (None: a shed only stops)."""
     started = clock() if started is None else started
     fd = -1
     if lock is not None:
@@ -105,7 +126,7 @@ def decide(
     try:
         return _decide(
             new, qos, read=read, words=words, lock=lock, held=held, stop=stop, force=force,
-            hold=hold, act=act, clock=clock, sleep=sleep, started=started,
+            hold=hold, act=act, clock=clock, sleep=sleep, started=started, unloader=unloader,
         )  # fmt: skip
     except BaseException:
         if held.fd >= 0:
@@ -140,6 +161,7 @@ def _decide(
     clock: Callable[[], float],
     sleep: Callable[[float], None],
     started: float,
+    unloader: Unloader | None = None,
 ) -> Admitted:
     say = words.say
     seen = read()
@@ -170,18 +192,31 @@ def _decide(
         say(f"at its start {new.name} will {mode} for room: {overlap_text(verdict)}")
         return held.give(hold, verdict)
     note = None
+    done: list[Unload] = []
     if mode == "shed":
-        # decided before anyone is stopped: a victim counts only when its stop removes its
-        # claim (board/order.py); one whose claim stays is never stopped
-        if not verdict.enough:
+        # decided before anyone is unloaded or stopped (board/unload.py): an unload counts
+        # only with its router's budget lowered, a victim only when its stop removes its claim
+        shed = _shed(new, verdict, seen.slices, unloader)
+        if not shed.enough:
             raise words.refuse(
                 verdict, f", and no lower class to shed frees enough{kept_text(verdict)}"
             )
-        names = ", ".join(v.name for v in verdict.victims)
-        say(f"admission of {new.name} stops {names} (a lower class) to make room")
-        for victim in verdict.victims:
+        for u in shed.unloads:
+            doors = unloader
+            assert doors is not None  # only an unloader offers rooms (_shed)
+            try:
+                doors.unload(u)
+            except GovernorError as err:  # nothing half-applied: every lowered budget back
+                _restore(doors, done)
+                raise words.refuse(verdict, f", and {err}") from None
+            done.append(u)
+            say(f"admission of {new.name} {doors.text(u)}")
+        names = ", ".join(v.name for v in shed.stops)
+        if shed.stops:
+            say(f"admission of {new.name} stops {names} (a lower class) to make room")
+        for victim in shed.stops:
             stop(victim)
-        note = f"admitted after stopping {names} (a lower class)"
+        note = _note(shed)
     else:
         if not verdict.can_wait:  # never a wait for room that cannot come (issue 46 item 4)
             raise words.refuse(
@@ -192,6 +227,61 @@ def _decide(
             f"waiting up to {duration(qos.admit_timeout_s)} for {gib(verdict.missing)}"
             f" of room for {new.name} ({holders_text(verdict)})"
         )
+    try:
+        return _room(new, mode, qos, read=read, words=words, lock=lock, held=held, hold=hold,
+                     clock=clock, sleep=sleep, started=started, note=note)  # fmt: skip
+    except BaseException:  # refused after all: the lowered budgets are given back
+        _restore(unloader, done)
+        raise
+
+
+def _shed(
+    new: Slice, verdict: Verdict, slices: tuple[Slice, ...], unloader: Unloader | None
+) -> Shed:
+    """What a shed admission does (board/unload.py plan): unloads first where a lower-class
+    router can hold a lowered budget, then stops."""
+    stoppable = lower(new, tuple(c for c in slices if c.name != new.name))
+    routers = [
+        c for c in slices
+        if c.name != new.name and c.state == "running" and c.qos.rank < new.qos.rank and c.evicts
+        and "unload" in c.yields
+    ]  # fmt: skip
+    if unloader is None or not routers or verdict.need[0] > 0:
+        return Shed((), verdict.victims, verdict.enough)
+    return plan(verdict.need, stoppable, unloader.rooms(routers))
+
+
+def _restore(unloader: Unloader | None, done: list[Unload]) -> None:
+    for u in reversed(done):
+        if unloader is not None:
+            unloader.restore(u)
+    done.clear()
+
+
+def _note(shed: Shed) -> str:
+    """The admitted slice's journal: why it runs."""
+    parts = [f"unloading {', '.join(u.models)} from {u.router.name}" for u in shed.unloads] + (
+        [f"stopping {', '.join(v.name for v in shed.stops)}"] if shed.stops else []
+    )
+    return f"admitted after {' and '.join(parts)} (a lower class)"
+
+
+def _room(
+    new: Slice,
+    mode: str,
+    qos: QosSpec,
+    *,
+    read: Callable[[], Board],
+    words: Words,
+    lock: Callable[[float], int] | None,
+    held: _Lock,
+    hold: bool,
+    clock: Callable[[], float],
+    sleep: Callable[[float], None],
+    started: float,
+    note: str | None,
+) -> Admitted:
+    """Wait (or let the victims go) until the board has room, at most admit_timeout."""
     deadline = started + qos.admit_timeout_s
     locked = held.fd >= 0
     while True:  # wait (or let the victims go) without the lock: they may need it
@@ -206,7 +296,7 @@ def _decide(
         if verdict.fits:
             if note is None:
                 note = "admitted after waiting for room"
-            say(f"{new.name} admitted: {note}")
+            words.say(f"{new.name} admitted: {note}")
             return held.give(hold, verdict, note)
         if clock() >= deadline:
             raise words.refuse(verdict, f", after {duration(qos.admit_timeout_s)} of {mode}")

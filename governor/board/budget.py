@@ -116,13 +116,14 @@ class Verdict:
     # every other slice that can end (running, its claim leaves with its engine; zram's pool
     # shrinks with them) frees ``missing``: False, no wait can make room (issue 46 item 4)
     can_wait: bool = True
+    need: tuple[int, int] = (0, 0)  # (guarantee bytes, peak bytes) missing: the shed's deficit
 
     @property
     def fits(self) -> bool:
         return self.kind == "fits"
 
 
-def _lower(new: Slice, others: tuple[Slice, ...]) -> list[Slice]:
+def lower(new: Slice, others: tuple[Slice, ...]) -> list[Slice]:
     """The running slices of a lower class than ``new`` whose yield allows a stop."""
     return [
         c
@@ -157,8 +158,8 @@ def admit(budget: Budget, new: Slice, others: tuple[Slice, ...]) -> Verdict:
     if kind != "fits":
         # the one victim order (board/order.py): lowest class, the coldest that alone covers
         # what is missing, else the largest; a slice whose claim stays is never chosen
-        victims, enough = pick(_lower(new, others), (need_min, need_peak))
-        kept = tuple(c for c in _lower(new, others) if c.stays)
+        victims, enough = pick(lower(new, others), (need_min, need_peak))
+        kept = tuple(c for c in lower(new, others) if c.stays)
         can_end = [c for c in others if _can_end(c)]
         can_wait = sum(c.guaranteed for c in can_end) >= need_min and (
             sum(c.peak_claim for c in can_end) >= need_peak
@@ -180,6 +181,7 @@ def admit(budget: Budget, new: Slice, others: tuple[Slice, ...]) -> Verdict:
         enough=enough,
         kept=kept,
         can_wait=can_wait,
+        need=(need_min, need_peak),
     )
 
 

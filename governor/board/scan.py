@@ -43,6 +43,7 @@ from governor.kernel.swap import SwapReader
 from governor.peer.files import read_capped
 from governor.plan.model import SHED_STEPS, Plan
 from governor.record import record, replace
+from governor.rundir import cap as caps
 from governor.rundir.journal import Journal
 from governor.rundir.state import RunState, scan_states
 
@@ -137,8 +138,10 @@ def running_slices(
             invalid.append((st.policy, f"unknown [qos] class {str(cls)[:40]!r}: not shed"))
             problems.append(f"{run / st.policy}: unknown [qos] class {str(cls)[:40]!r}")
             continue
+        claims = model.get("router")
+        lowered = caps.read(run / st.policy, proc) if router is not None else None
         try:
-            out.append(
+            got = (
                 slice_of_plan(
                     plan, estimate=estimate, current=_current(fs, plan.group),
                     yields=_yields(plan, invalid, st.policy), stays=stays(st),
@@ -148,11 +151,39 @@ def running_slices(
                     router_last=None if router is None else router[1],
                     active_at=activity(None if router is None else router[1], st.started_at),
                     reload_s=st.reload_s(), cgroup_root=st.cgroup_root, measured=measured,
+                    evicts=plan.engine.evict == "memory", leaf=st.leaf,
+                    model_claims=_model_claims(claims), model_load_s=_load_s(st),
+                    capped_by=None if lowered is None else lowered.by,
                 )
             )  # fmt: skip
+            if lowered is not None:  # its evictor keeps its loads under the lowered budget
+                got = replace(got, peak=min(got.peak, max(lowered.budget, got.min)))
+            out.append(got)
         except (ValueError, KeyError, TypeError, AttributeError) as err:
             problems.append(f"{run / st.policy}: {err}")
     return out, problems, invalid, groups
+
+
+def _model_claims(claims: Any) -> dict[str, int] | None:
+    """alias -> bytes of a router state's estimate table (its "router" key), sizes only."""
+    if not isinstance(claims, dict):
+        return None
+    return {
+        a: v
+        for a, v in claims.items()
+        if isinstance(a, str) and isinstance(v, int) and not isinstance(v, bool) and v >= 0
+    }
+
+
+def _load_s(st: RunState) -> dict[str, float] | None:
+    """alias -> its measured load seconds, as a router state publishes them (issue 46)."""
+    models = (st.router or {}).get("models") or {}
+    out = {
+        a: float(m["load_s"])
+        for a, m in models.items()
+        if isinstance(m, dict) and isinstance(m.get("load_s"), int | float)
+    }
+    return out or None
 
 
 def _measured(model: dict[str, Any]) -> tuple[int, int] | None:

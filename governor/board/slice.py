@@ -81,6 +81,14 @@ class Slice:
     # what bringing it back costs (s): its models' measured load seconds (issue 46; None: none)
     reload_s: float | None = None
     cgroup_root: str | None = None  # its plan's cgroup2 mount (None: this board's)
+    # a router whose evictor keeps its loads under a budget ([engine] evict = "memory"): its
+    # engine leaf (the router's own memory), each model's estimate (alias -> bytes), and who
+    # lowered its budget now (rundir/cap.py: an admission's unload; None: nobody)
+    evicts: bool = False
+    leaf: str | None = None
+    model_claims: dict[str, int] | None = None
+    model_load_s: dict[str, float] | None = None  # alias -> its measured load seconds
+    capped_by: str | None = None
 
     @property
     def qos_class(self) -> str:

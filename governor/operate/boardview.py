@@ -84,6 +84,8 @@ def claim_row(c: Slice) -> dict[str, Any]:
         "peak": c.peak_claim,
         "peak_source": c.peak_source,
         **({"peak_runs": c.peak_runs} if c.peak_source == "measured" else {}),
+        # a router whose budget a higher class's admission lowered (rundir/cap.py, issue 46)
+        **({"lowered_by": c.capped_by} if c.capped_by else {}),
         "current": c.current,
         "state": c.state,
         "device": c.device,
@@ -210,7 +212,8 @@ def _would(mode: str) -> str:
 
 def peak_said(row: dict[str, Any]) -> str:
     """A row's peak source: ``measured, 3 runs`` (governor/state/peaks.py), ``estimate``..."""
+    lowered = f", lowered by {row['lowered_by']}" if row.get("lowered_by") else ""
     if row["peak_source"] != "measured":
-        return str(row["peak_source"])
+        return f"{row['peak_source']}{lowered}"
     runs = row.get("peak_runs") or 0
-    return f"measured, {runs} run{'s' * (runs != 1)}"
+    return f"measured, {runs} run{'s' * (runs != 1)}{lowered}"

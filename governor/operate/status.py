@@ -353,7 +353,10 @@ def _journal_lines(it: dict[str, Any]) -> list[str]:
         if e.get("error"):
             done = e["error"]
         if e["source"] == "shed":
-            done = f"{e.get('step')} by {e.get('by')}" + (f": {done}" if done else "")
+            what = f"{e.get('step')} {e['model']}" if e.get("model") else str(e.get("step"))
+            done = f"{what} by {e.get('by')}" + (
+                done if done.startswith(" (") else f": {done}" if done else ""
+            )
         if e["source"] == "unload" and e.get("model") and not e.get("error"):
             # a model of llama-server's router unloaded: "unload tiny: room for small"
             lines.append(f"  journal  #{e['id']} {at} unload {e['model']}: {e.get('reason')}")

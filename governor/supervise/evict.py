@@ -10,7 +10,8 @@ policy the governor does it by memory: when a new child (alias X) is placed into
          + X's claim
 
 passes the budget (the group's memory.max read now, else the board's free budget: what
-admission counts, handed in by the launch), X's leaf is frozen BEFORE the pid moves in (a
+admission counts, handed in by the launch; at most the budget a higher-class admission
+lowered it to while that tenant runs, rundir/cap.py), X's leaf is frozen BEFORE the pid moves in (a
 process that enters a frozen cgroup is frozen: it never allocates before room is made), the
 idle models (peer/router.py idle_lru, X excluded) are unloaded one at a time through the
 router until it fits, each waited for (bounded: WAIT_S; the router's stop-timeout is 10 s)
@@ -70,7 +71,8 @@ class Evictor:
     """Makes room for a new model by unloading idle ones (module docstring). ``claims``:
     alias -> its estimate (the estimate's "router" table); ``board_free``: the board's free
     budget for this slice now (None: unknown); ``on_unload(model, reason)`` counts one;
-    ``reload_s``: alias -> its measured load seconds (None: not measured)."""
+    ``reload_s``: alias -> its measured load seconds (None: not measured); ``cap``: what the budget
+    an admission lowered this router to leaves its models now (rundir/cap.py; None: none)."""
 
     def __init__(
         self,
@@ -90,8 +92,10 @@ class Evictor:
         clock: Callable[[], float] = time.monotonic,
         reload_s: Callable[[str], float | None] = lambda _alias: None,
         wall: Callable[[], float] = time.time,
+        cap: Callable[[], int | None] | None = None,
     ) -> None:
         self.fs = fs
+        self.cap = cap
         self.reload_s = reload_s
         self.wall = wall
         self.group = group
@@ -119,7 +123,21 @@ class Evictor:
         return self.fs.read_limit(cgroup, file)
 
     def budget(self) -> int | None:
-        """The group's memory.max now, else the board's free budget; None: neither known."""
+        """The group's memory.max now, else the board's free budget, at most the budget an
+        admission lowered it to (rundir/cap.py) while that tenant runs; None: none known."""
+        own = self._own_budget()
+        models = None
+        if self.cap is not None:
+            try:
+                models = self.cap()
+            except Exception as err:  # another process's file: never a crash
+                log.warning("evict.cap_unreadable", error=str(err))
+        if models is None:
+            return own
+        lowered = models + self.router_bytes()  # the cap bounds the models (rundir/cap.py)
+        return lowered if own is None else min(own, lowered)
+
+    def _own_budget(self) -> int | None:
         limit = self._read(self.group, kf.MEMORY_MAX)
         if limit is not None:
             return limit
@@ -163,8 +181,11 @@ class Evictor:
     def used(self, new: str) -> int:
         """The loaded models' claims + the router's own memory (its leaf's memory.current, else
         the figure the estimate counts: plan/router.py) + ``new``'s claim."""
-        router = self._read(self.leaf, kf.MEMORY_CURRENT) or ROUTER_OWN_BYTES
-        return sum(self.claim(a) for a in self.loaded(new)) + router + self.claim(new)
+        return sum(self.claim(a) for a in self.loaded(new)) + self.router_bytes() + self.claim(new)
+
+    def router_bytes(self) -> int:
+        """The router's own memory: its leaf's memory.current, else the estimate's figure."""
+        return self._read(self.leaf, kf.MEMORY_CURRENT) or ROUTER_OWN_BYTES
 
     def over(self, new: str) -> tuple[int, int] | None:
         """(used, budget) when ``new`` does not fit, None when it does (or no budget)."""

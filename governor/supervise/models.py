@@ -45,6 +45,7 @@ from governor.monitor.actions.unload import TOTALS, merge_unloads
 from governor.peer.router import RouterClient
 from governor.plan.llama_args import last_value
 from governor.record import record
+from governor.rundir import cap as run_cap
 from governor.state.costs import CostBook
 from governor.state.store import state_dir
 from governor.supervise.activity import Activity
@@ -462,6 +463,7 @@ def router_leaves(
                 activity=activity,
                 claims={a: v for a, v in claims.items() if isinstance(v, int)},
                 board_free=functools.partial(board_scan.free_for, plan, *board),
+                cap=functools.partial(run_cap.models_budget_for, plan, *board),
                 journal=journal,
                 before_unload=None if slots is None else slots.save,
                 reload_s=loads.reload_s,

@@ -11,6 +11,12 @@ keep running (the same pids), kv answers, the router slice's memory.high and cgr
 untouched. The shedder's stop gives the shed back (its journal's release).
 
 Tiny models, -c 256, 4 tokens an answer: the TCG guest loads each in a few seconds.
+
+Admission's shed (issue 46, the leftover "admission's shed never uses unload"): a router under
+``evict = "memory"`` in a background slice, two idle models; an interactive launch with
+``admit = "shed"`` whose peak lacks a few MiB on a board sized for it unloads the router's
+least recently used idle model and lowers its budget (nothing stopped), and the router's
+evictor keeps its loads under that budget until the admitted engine ends.
 """
 
 from __future__ import annotations
@@ -27,8 +33,9 @@ from typing import Any
 import pytest
 from helpers import cgroups
 from helpers.cgroups import ScratchSlice
-from helpers.server import KVGUEST, SERVER, free_port, wait_ready
+from helpers.server import KVGUEST, KVSERVER, SERVER, free_port, wait_ready
 
+from governor.board.scan import scan
 from governor.rundir.journal import Journal
 from perf._helpers.engine_paths import TINY
 
@@ -147,6 +154,97 @@ def test_a_shed_whose_victim_is_a_router_unloads_its_lru_idle_model_first(
         assert _ask(base, "tiny")  # it loads again at its next request
         results = {"shed_s": round(shed_s, 1), "unloaded": first["model"], "steps": 1}
         print("router unload guest:", json.dumps(results))
+    finally:
+        if chat is not None:
+            _stop(chat)
+        code = _stop(gov)
+    assert code in (0, 143), router_policy.with_suffix(".log").read_text()[-3000:]
+
+
+@pytest.mark.full  # the kernel tier's budget has no room left (docs/development.md); ~90 s
+@pytest.mark.kernel(controllers=ALL, root=True, psi=True)
+@pytest.mark.engine(binary=SERVER, paths=(KVSERVER,))
+def test_a_shed_admission_unloads_a_lower_class_routers_idle_model_and_lowers_its_budget(
+    tmp_path: Path, scratch_slice: ScratchSlice
+) -> None:
+    models = tmp_path / "models"
+    models.mkdir()
+    for name in ("a", "b"):
+        (models / f"{name}.gguf").symlink_to(KVSERVER)
+    run = tmp_path / "run"
+    run.mkdir(mode=0o755)
+    board = tmp_path / "board.toml"
+    env = {**os.environ, "GOVERNOR_RUN_DIR": str(run), "GOVERNOR_BOARD": str(board)}
+    env["GOVERNOR_STATE_DIR"] = str(tmp_path / "state")
+    slice_ = f'slice = "{scratch_slice.name}"\n'
+    router_policy = tmp_path / "router.toml"
+    router_policy.write_text(
+        f'name = "router"\n{slice_}[memory]\nmax = "400M"\nswap_max = "0"\n'
+        '[engine]\nkind = "llama.cpp"\nevict = "memory"\n[qos]\nclass = "background"\n'
+    )
+    chat_policy = tmp_path / "chat.toml"
+    chat_policy.write_text(
+        f'name = "chat"\n{slice_}[memory]\nmax = "64M"\n'
+        '[qos]\nclass = "interactive"\nadmit = "shed"\nadmit_timeout = "60s"\n'
+    )
+    port = free_port()
+    base = f"http://127.0.0.1:{port}"
+    engine = [
+        str(SERVER), "--models-dir", str(models), "--models-max", "3", "-c", "256",
+        "--cache-ram", "0", "-np", "1", "-t", "2", "--host", "127.0.0.1", "--port", str(port),
+        "--chat-template", "chatml", "--no-webui",
+    ]  # fmt: skip
+    group = scratch_slice.path / "router"
+    gov = _launch(router_policy, env, *engine)
+    chat: subprocess.Popen[str] | None = None
+    try:
+        wait_ready(base, gov, timeout=300)
+        assert _ask(base, "a")
+        assert _ask(base, "b")  # a is now the least recently used
+
+        def published() -> bool:
+            ms = (_state(run, "router").get("router") or {}).get("models") or {}
+            return all((ms.get(m) or {}).get("last_request") for m in ("a", "b"))
+
+        cgroups.wait_for(published, 60, "the router's models published with a last request")
+        router, b_pid = _pids(group / "engine"), _pids(group / "models" / "b")
+        # a board whose budget leaves the chat's 64 MiB peak 8 MiB short beside the router
+        seen = scan(run=run, cgroup_root=Path("/sys/fs/cgroup"))
+        claim = next(s for s in seen.slices if s.name == "router").peak_claim
+        memtotal = int(cgroups.read(Path("/proc/meminfo")).split("MemTotal:")[1].split()[0]) << 10
+        room = memtotal + seen.budget.zram_room - claim - (56 << 20)
+        board.write_text(f'[board]\nreserve = "{room >> 20}MiB"\n')
+        t0 = time.monotonic()
+        chat = _launch(chat_policy, env, "/bin/sleep", "600")
+        cgroups.wait_for(lambda: _state(run, "chat"), 120, "the chat admitted and published")
+        admit_s = time.monotonic() - t0
+        said = chat_policy.with_suffix(".log").read_text()
+        line = next((x for x in said.splitlines() if "admission of chat unloaded" in x), said)
+        assert line.startswith(
+            "governor: admission of chat unloaded a from router router (a lower class),"
+            " router's budget "
+        ) and line.endswith(" until chat ends"), said
+        cgroups.wait_for(lambda: not _pids(group / "models" / "a"), 60, "a's child gone")
+        shed = _shed(run)
+        assert [(e["step"], e["by"], e.get("model")) for e in shed] == [("unload", "chat", "a")]
+        cap = json.loads((run / "router" / "cap.json").read_text())
+        assert cap["by"] == "chat" and cap["models"] == ["a"] and cap["budget"] < claim, cap
+        assert _pids(group / "engine") == router and _pids(group / "models" / "b") == b_pid
+        # the router's evictor keeps its loads under the lowered budget: a's load unloads b
+        assert _ask(base, "a")
+        cgroups.wait_for(lambda: not _pids(group / "models" / "b"), 60, "b unloaded for a")
+        entries = Journal(run / "router").entries()
+        assert ("b", "room for a") in [(e.get("model"), e.get("reason")) for e in entries]
+        assert _stop(chat) in (0, 143), said
+        a_pid = _pids(group / "models" / "a")
+        # the budget is back once the chat has ended: b loads beside a, nothing unloaded
+        assert _ask(base, "b")
+        assert _pids(group / "models" / "a") == a_pid and _pids(group / "models" / "b")
+        kills = cgroups.read_kv(group / "memory.events")["oom_kill"]
+        assert kills == 0
+        results = {"admit_s": round(admit_s, 1), "budget_mib": cap["budget"] >> 20,
+                   "before_mib": cap["before"] >> 20, "claim_mib": claim >> 20}  # fmt: skip
+        print("router admission unload guest:", json.dumps(results))
     finally:
         if chat is not None:
             _stop(chat)
