@@ -13,8 +13,9 @@ from pathlib import Path
 
 import pytest
 import yaml
+from helpers.cli import run
 
-from .test_app import RK3588, assert_one_line_error, run
+from .test_app import RK3588, assert_one_line_error
 
 SERVER_POLICY = """\
 name = "srv"
