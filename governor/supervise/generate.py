@@ -30,6 +30,7 @@ from typing import TYPE_CHECKING
 
 from governor.log import get_logger
 from governor.peer import http
+from governor.supervise.ready import EngineNotReady
 
 if TYPE_CHECKING:
     from governor.monitor.restart import Restarts
@@ -186,3 +187,13 @@ def unresponsive(
         return None
     sent = stop_engine(pid)
     return f"{why}; it was stopped ({sent}{'; ' + refusal if refusal else ''})"
+
+
+def unresponsive_error(why: str, code: int) -> EngineNotReady:
+    """What the launch fails with (69) once the probe stopped an engine with no relaunch
+    left: the probe's key and hint, not a never-ready engine's ready_timeout."""
+    return EngineNotReady(
+        f"engine unresponsive: {why}, exit {code} (engine.probe_generate)",
+        hint="see the engine's log for where it hung; raise engine.probe_generate on a slow"
+        " board, or process.restart_max for more relaunches",
+    )

@@ -299,11 +299,9 @@ class Supervisor:
             from governor.supervise.ready import EngineNotReady
 
             if self.unresponsive:  # it was ready, then stopped giving tokens
-                raise EngineNotReady(
-                    f"engine unresponsive: {self.not_ready}, exit {code} (engine.probe_generate)",
-                    hint="see the engine's log for where it hung; raise engine.probe_generate"
-                    " on a slow board, or engine.restart_max for more relaunches",
-                )
+                from governor.supervise.generate import unresponsive_error
+
+                raise unresponsive_error(self.not_ready, code)
             raise EngineNotReady(
                 f"engine not ready: {self.not_ready}, exit {code} (engine.ready)",
                 hint="raise engine.ready_timeout for a slow load, or fix engine.ready (the"
