@@ -273,3 +273,17 @@ def test_an_exec_failure_is_still_reported_after_the_child_said_it_ran(
     launcher = _launcher(fake_fs, FakeTime())
     with pytest.raises(LaunchError, match="engine not found"):
         launcher.start(plan, _setup([str(tmp_path / "missing")]))
+
+
+def test_a_first_launch_into_a_leaf_a_cgroup_kill_reached_before_runs_the_engine(
+    fake_fs: FakeKernelCgroupFs, plan: Plan, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # a kept group killed earlier (the watchdog, another governor's shed): the first birth dies
+    born: list[int] = []
+    monkeypatch.setattr(clone, "clone_into", _clone_into_as_6_18(fake_fs, born))
+    fake_fs.kill(plan.group)
+    runs = tmp_path / "runs"
+    launcher = _launcher(fake_fs, FakeTime())
+    pid = launcher.start(plan, _setup(["/bin/sh", "-c", f'echo $$ >> "{runs}"']))
+    assert os.waitpid(pid, 0)[1] == 0  # it ran to its end
+    assert [int(x) for x in runs.read_text().split()] == [pid] and born != [pid]
