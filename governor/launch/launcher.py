@@ -40,6 +40,9 @@ log = get_logger(__name__)
 PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
 # exit status of a child that failed before exec (the parent maps the real cause from the pipe)
 _CHILD_FAILED = 122
+# the child's first write on the report pipe: it ran. A child the kernel killed as it was born
+# closes the pipe without it (see Launcher.start)
+_RAN = b"+"
 BACKOFF_TICK_S = 0.1  # a restart's backoff checks this often whether the operator said stop
 RESTART_EMPTY_TIMEOUT_S = 10.0  # how long a relaunch waits for the killed run to be gone
 
@@ -112,6 +115,7 @@ class Launcher:
         """Runs in the forked child; never returns."""
         step = "join"
         try:
+            os.write(report_fd, _RAN)
             for sig in FORWARDED_SIGNALS:
                 signal.signal(sig, signal.SIG_DFL)
             if not joined:
@@ -161,7 +165,35 @@ class Launcher:
     # --- parent ------------------------------------------------------------------------------
 
     def start(self, plan: Plan, setup: ChildSetup) -> int:
-        """Fork the engine; return its pid once it has exec'd, or raise why it could not."""
+        """Fork the engine; return its pid once it has exec'd, or raise why it could not.
+
+        A child born in the leaf (CLONE_INTO_CGROUP) that never ran was killed by the kernel
+        as it was born: 6.18's cgroup_css_set_fork saves the kill_seq of the *parent's* cgroup
+        before it takes the CLONE_INTO_CGROUP target, and cgroup_post_fork SIGKILLs the child
+        when the target's differs, as it does in any leaf a `cgroup.kill` reached (the
+        `restart` action's, the watchdog's). Then this launcher forks and joins by hand from
+        here on (the fork path compares the parent's cgroup with itself)."""
+        pid, joined, report = self._spawn_child(plan, setup)
+        if joined and not report:
+            _, status = os.waitpid(pid, 0)
+            log.warning(
+                "launch.killed_at_birth",
+                cgroup=plan.leaf,
+                signal=os.WTERMSIG(status) if os.WIFSIGNALED(status) else None,
+                detail="the kernel killed the engine born in its leaf (CLONE_INTO_CGROUP after"
+                " a cgroup.kill there, Linux 6.18's kill_seq); forking and joining instead",
+            )
+            self.clone_into_cgroup = False
+            pid, joined, report = self._spawn_child(plan, setup)
+        if report in (b"", _RAN):  # exec'd (or died unseen before: its wait says how)
+            log.info("engine.started", pid=pid, cgroup=plan.leaf, argv=list(setup.argv))
+            return pid
+        os.waitpid(pid, 0)
+        step, code, message = report.removeprefix(_RAN).decode(errors="replace").split("\0", 2)
+        raise _child_error(step, int(code), message, plan, setup)
+
+    def _spawn_child(self, plan: Plan, setup: ChildSetup) -> tuple[int, bool, bytes]:
+        """(pid, born in the leaf, what the child wrote on the report pipe until exec)."""
         r, w = os.pipe2(os.O_CLOEXEC)
         pid, joined = self.spawn(plan.leaf)
         if pid == 0:  # pragma: no cover - runs in the child, observed through its effects
@@ -172,12 +204,7 @@ class Launcher:
         while chunk := os.read(r, 4096):
             chunks.append(chunk)
         os.close(r)
-        if not chunks:
-            log.info("engine.started", pid=pid, cgroup=plan.leaf, argv=list(setup.argv))
-            return pid
-        os.waitpid(pid, 0)
-        step, code, message = b"".join(chunks).decode(errors="replace").split("\0", 2)
-        raise _child_error(step, int(code), message, plan, setup)
+        return pid, joined, b"".join(chunks)
 
     def spawn(self, leaf: str) -> tuple[int, bool]:
         """(pid, born in the leaf): clone3 into the leaf where the kernel can, else fork."""

@@ -103,6 +103,10 @@ class FakeKernelCgroupFs(CgroupFs):
     def __init__(self, root: Path, *, has_kill: bool = True) -> None:
         super().__init__(root)
         self.has_kill = has_kill
+        # each cgroup.kill adds 1 to the cgroup's and every descendant's (kernel/cgroup/cgroup.c
+        # __cgroup_kill, 6.14+): what 6.18's CLONE_INTO_CGROUP compares (tests/fakefs/
+        # test_launch_restart.py)
+        self.kill_seq: dict[str, int] = {}
 
     # --- helpers for tests (the kernel's view) ---------------------------------------------------
 
@@ -209,6 +213,9 @@ class FakeKernelCgroupFs(CgroupFs):
 
     def kill(self, cgroup: str) -> None:
         super().kill(cgroup)  # the production write; ENOENT without cgroup.kill
+        for events in self.path(cgroup).rglob(files.CGROUP_EVENTS):
+            name = str(events.parent.relative_to(self.root))
+            self.kill_seq[name] = self.kill_seq.get(name, 0) + 1
         for procs in self.path(cgroup).rglob(files.CGROUP_PROCS):
             _kset(procs, "")
         self.refresh_populated()

@@ -13,7 +13,9 @@ from pathlib import Path
 import pytest
 
 from governor.backends.cgroupfs import CgroupfsBackend
+from governor.kernel import clone
 from governor.launch.launcher import ChildSetup, Launcher
+from governor.log import capture_logs
 from governor.monitor.restart import Restarts
 from governor.plan.model import Plan
 
@@ -201,3 +203,87 @@ def test_a_relaunch_waits_for_the_killed_runs_leftovers_and_refuses_when_they_st
         assert launcher._wait_group_empty(plan.group) is False  # no relaunch on top of it
     assert t.now >= launcher_mod.RESTART_EMPTY_TIMEOUT_S
     assert [(e["event"], e["log_level"]) for e in logs] == [("engine.restart_group_busy", "error")]
+
+
+def _clone_into_as_6_18(fake_fs: FakeKernelCgroupFs, born: list[int]) -> object:
+    """clone3(CLONE_INTO_CGROUP) as Linux 6.18 does it: the child is SIGKILLed as it is born
+    when the target's kill_seq differs from the parent's cgroup's (this process's, outside the
+    fake tree: never killed, 0). ``born`` collects the children it made."""
+
+    def clone_into(cgroup_fd: int) -> tuple[int, int]:
+        target = Path(os.readlink(f"/proc/self/fd/{cgroup_fd}")).relative_to(fake_fs.root)
+        killed_at_birth = fake_fs.kill_seq.get(str(target), 0) != 0
+        pid = os.fork()
+        if pid == 0:  # pragma: no cover - the child
+            if killed_at_birth:
+                os.kill(os.getpid(), signal.SIGKILL)
+            return 0, -1
+        born.append(pid)
+        return pid, os.pidfd_open(pid)
+
+    return clone_into
+
+
+class KillingWatcher(ScriptedWatcher):
+    """Asks for the restart the way the `restart` action does: cgroup.kill of the group."""
+
+    def __init__(self, restarts: Restarts, fs: FakeKernelCgroupFs, group: str) -> None:
+        super().__init__(restarts, ask=10)
+        self.fs, self.group = fs, group
+
+    def engine_exited(self) -> None:
+        self.fs.kill(self.group)
+        super().engine_exited()
+
+
+def test_a_relaunch_into_the_leaf_the_restart_killed_runs_the_engine_on_6_18(
+    fake_fs: FakeKernelCgroupFs, plan: Plan, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # compat-6.18's restart test: the relaunch born in the killed leaf died at once (137)
+    born: list[int] = []
+    monkeypatch.setattr(clone, "clone_into", _clone_into_as_6_18(fake_fs, born))
+    runs = tmp_path / "runs"
+    setup = _setup(["/bin/sh", "-c", f'echo $$ >> "{runs}"; exit 3'])
+    t = FakeTime()
+    launcher = _launcher(fake_fs, t)
+    restarts = Restarts(limit=2, base_s=1.0)
+    watcher = KillingWatcher(restarts, fake_fs, plan.group)
+    first = launcher.start(plan, setup)
+    with capture_logs() as logs:
+        pid, code, sig = launcher.supervise_restarting(
+            plan, setup, first, watcher=watcher, restarts=restarts
+        )
+    pids = [int(x) for x in runs.read_text().split()]
+    assert len(pids) == 3 and pids[0] == first and pids[-1] == pid  # every relaunch ran
+    assert (code, sig) == (3, None)
+    assert [h["exit_code"] for h in restarts.history] == [3, 3]
+    # born in the leaf the first time; the second birth was killed, then fork and join
+    assert len(born) == 2 and born[0] == first and born[1] not in pids
+    assert [e["event"] for e in logs if e["event"] == "launch.killed_at_birth"] == [
+        "launch.killed_at_birth"
+    ]
+    assert launcher.clone_into_cgroup is False
+
+
+def test_an_exec_failure_is_still_reported_after_the_child_said_it_ran(
+    fake_fs: FakeKernelCgroupFs, plan: Plan, tmp_path: Path
+) -> None:
+    from governor.errors import LaunchError
+
+    launcher = _launcher(fake_fs, FakeTime())
+    with pytest.raises(LaunchError, match="engine not found"):
+        launcher.start(plan, _setup([str(tmp_path / "missing")]))
+
+
+def test_a_first_launch_into_a_leaf_a_cgroup_kill_reached_before_runs_the_engine(
+    fake_fs: FakeKernelCgroupFs, plan: Plan, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # a kept group killed earlier (the watchdog, another governor's shed): the first birth dies
+    born: list[int] = []
+    monkeypatch.setattr(clone, "clone_into", _clone_into_as_6_18(fake_fs, born))
+    fake_fs.kill(plan.group)
+    runs = tmp_path / "runs"
+    launcher = _launcher(fake_fs, FakeTime())
+    pid = launcher.start(plan, _setup(["/bin/sh", "-c", f'echo $$ >> "{runs}"']))
+    assert os.waitpid(pid, 0)[1] == 0  # it ran to its end
+    assert [int(x) for x in runs.read_text().split()] == [pid] and born != [pid]
