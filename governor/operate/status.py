@@ -346,17 +346,17 @@ def _journal_lines(it: dict[str, Any]) -> list[str]:
         done = "; ".join(f"{c['file']} {c['before']} -> {c['after']}" for c in e["changes"])
         if e.get("confirms"):
             done = f"kept #{', #'.join(map(str, e['confirms']))}"
-        if e.get("reason"):  # "reason" alone where nothing changed (no double space)
-            done = f"{done} ({e['reason']})" if done else e["reason"]
+        reason = e.get("reason")
+        if e.get("error"):
+            done, reason = e["error"], None
+        elif reason and e["source"] != "shed":  # "reason" alone where nothing changed
+            done, reason = (f"{done} ({reason})" if done else reason), None
         if e["source"] == "probe_generate":  # "probe_generate: restart, <why>"
             done = f"{e.get('step')}, {done}"
-        if e.get("error"):
-            done = e["error"]
-        if e["source"] == "shed":
+        if e["source"] == "shed":  # "shed: unload a by chat (why)", "shed: freeze by chat: ..."
             what = f"{e.get('step')} {e['model']}" if e.get("model") else str(e.get("step"))
-            done = f"{what} by {e.get('by')}" + (
-                done if done.startswith(" (") else f": {done}" if done else ""
-            )
+            done = f"{what} by {e.get('by')}" + (f": {done}" if done else "")
+            done += f" ({reason})" if reason else ""
         if e["source"] == "unload" and e.get("model") and not e.get("error"):
             # a model of llama-server's router unloaded: "unload tiny: room for small"
             lines.append(f"  journal  #{e['id']} {at} unload {e['model']}: {e.get('reason')}")
