@@ -166,8 +166,10 @@ FULL_TIER_TIMEOUTS: dict[str, float] = {
 # Kernel 2700 -> 2550 (issue 47 item 3): the cut tests took 166-290 s less in one guest run
 # (20261206-051258: a machine 1.5-1.9x slower than the CI run, by the unchanged tests in it),
 # so ~2000-2120 s expected on the CI machine; ~20 % margin for a busy one and the wave's tests.
+# Host 420 -> 480: 405 s on a clean clone of 8d75660 (2570 tests, 390 s of them in pytest's
+# own times), 4 % under 420; 355 s at 8e5d406 (2512).
 TIER_BUDGETS: dict[str, float] = {
-    "lint": 60, "host": 420, "kernel": 2550, "systemd": 600,
+    "lint": 60, "host": 480, "kernel": 2550, "systemd": 600,
     **dict.fromkeys(COMPAT_TIERS, 570), "compat-6.18": 630, QUADLET_TIER: 600,
 }  # fmt: skip
 # a tier with less time than this left before the deadline is not started
