@@ -36,7 +36,6 @@ import datetime
 import json
 import os
 import subprocess
-import sys
 import tempfile
 from collections.abc import Sequence
 from dataclasses import asdict
@@ -44,6 +43,7 @@ from pathlib import Path
 from typing import Any
 
 from perf._helpers.engine_paths import BIN, CACHE
+from perf._helpers.guest import stream
 from perf.qos_common import REPO
 from perf.qos_report import (
     REAL_ARMS,
@@ -156,22 +156,14 @@ def in_guest(argv: list[str], a: argparse.Namespace) -> int:
     # the host writes the files and the plots: the guest only prints its runs
     cmd = [str(REPO / ".venv" / "bin" / "python"), "-m", "perf.qos", "--engine", "real", *inner,
            "--no-plot"]  # fmt: skip
-    harness = [sys.executable, "-m", "vm.run", "--guest", "systemd",
-               f"--timeout={a.guest_timeout}", f"--cpus={a.guest_cpus}"]  # fmt: skip
-    lines: list[str] = []
-    with subprocess.Popen([*harness, "--", *cmd], cwd=REPO / "tests", stdout=subprocess.PIPE,
-                          text=True, errors="replace") as p:  # fmt: skip
-        assert p.stdout is not None
-        for line in p.stdout:
-            if not line.startswith((RUN_TAG, META_TAG)):
-                print(line, end="", flush=True)
-            lines.append(line.rstrip("\r\n"))
+    lines, code = stream("systemd", cmd, timeout=a.guest_timeout, cpus=a.guest_cpus,
+                         hide=(RUN_TAG, META_TAG))  # fmt: skip
     runs, meta = collect(lines)
     if not runs:
         print("bench: the guest reported no run", flush=True)
-        return p.returncode or 1
+        return code or 1
     print("\n" + finish(runs, {**host_meta(inner), **meta}, a.out, not a.no_plot), flush=True)
-    return p.returncode
+    return code
 
 
 def mem_available_mib() -> int:

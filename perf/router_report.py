@@ -14,13 +14,13 @@ import csv
 import json
 import statistics
 import subprocess
-import sys
 import time
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import Any
 
+from perf._helpers.guest import stream
 from perf.qos_report import pyplot
 from perf.router_common import ARMS, MIB, Result, parse_arms
 
@@ -281,24 +281,16 @@ def in_guest(argv: list[str], a: argparse.Namespace) -> int:
     """Run this module in the kernel guest through the project's harness (tests/vm/run.py),
     its output streamed here; the rounds it printed written to a.out here."""
     cmd = [str(REPO / ".venv" / "bin" / "python"), "-m", "perf.router", *argv, "--no-plot"]
-    harness = [sys.executable, "-m", "vm.run", "--guest", "kernel",
-               f"--timeout={a.guest_timeout}", f"--cpus={a.guest_cpus}"]  # fmt: skip
-    lines: list[str] = []
-    with subprocess.Popen([*harness, "--", *cmd], cwd=REPO / "tests", stdout=subprocess.PIPE,
-                          text=True, errors="replace") as p:  # fmt: skip
-        assert p.stdout is not None
-        for line in p.stdout:
-            if not line.startswith((RUN_TAG, META_TAG)):
-                print(line, end="", flush=True)
-            lines.append(line.rstrip("\r\n"))
+    lines, code = stream("kernel", cmd, timeout=a.guest_timeout, cpus=a.guest_cpus,
+                         hide=(RUN_TAG, META_TAG))  # fmt: skip
     runs, meta = collect(lines)
     if not runs:
         print("perf/router: the guest reported no round", flush=True)
-        return p.returncode or 1
+        return code or 1
     meta = {**meta, "command": "python -m perf.router " + " ".join(argv), "commit": commit(),
             "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())}  # fmt: skip
     print("\n" + finish(runs, meta, a.out, not a.no_plot), flush=True)
-    return p.returncode
+    return code
 
 
 def commit() -> str:
