@@ -169,7 +169,7 @@ def test_shed_stops_a_background_engine_and_starts_and_status_says_why(
         )  # fmt: skip
         assert status.returncode == 0, status.stderr
         (line,) = [ln for ln in status.stdout.splitlines() if " admit: " in ln]
-        assert line.endswith("(admitted after stopping bg (a lower class))"), status.stdout
+        assert line.endswith(" admit: admitted after stopping bg (a lower class)"), status.stdout
         assert "admission of chat stops bg" in _log(chat)
     finally:
         _stop(victim, *([shedder] if shedder else []))

@@ -404,7 +404,10 @@ def test_journal_lines_of_a_probe_say_the_step_and_why_with_no_empty_change_list
              "reason": "http://127.0.0.1:8080 gave no token", "step": "restart"}  # fmt: skip
     tune = {"id": 4, "time": now, "source": "tune", "reason": "by hand",
             "changes": [{"file": "memory.high", "before": "1G", "after": "900M"}]}  # fmt: skip
-    lines = _journal_lines({"journal": [probe, tune], "policy": "p"})
+    admit = {"id": 5, "time": now, "source": "admit", "changes": [],
+             "reason": "admitted after stopping bg (a lower class)"}  # fmt: skip
+    lines = _journal_lines({"journal": [probe, tune, admit], "policy": "p"})
+    assert lines[2].endswith(" admit: admitted after stopping bg (a lower class)")
     assert lines[0].endswith("probe_generate: restart, http://127.0.0.1:8080 gave no token")
     assert "  " not in lines[0].split(" probe_generate: ")[1]
     assert lines[1].endswith("tune: memory.high 1G -> 900M (by hand)")
