@@ -19,9 +19,7 @@ mm/vmscan.c shrink_node_memcgs, ~1 s); the seed's page-cache flood from a siblin
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import json
-import mmap
 import os
 import subprocess
 import sys
@@ -33,6 +31,7 @@ import pytest
 from helpers import cgroups
 from helpers.cgroups import ScratchSlice
 from helpers.cold import cold
+from helpers.cold import resident as cached_fraction
 from helpers.disk import loop_mount, make_file
 
 HELPERS = Path(__file__).resolve().parents[1] / "helpers"
@@ -71,28 +70,6 @@ def disk(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
 def _kernel() -> tuple[int, int]:
     major, minor = os.uname().release.split(".")[:2]
     return int(major), int(minor)
-
-
-def _resident(path: Path) -> float:
-    """Fraction of `path`'s pages in the page cache (mincore on a fresh mapping: no faults)."""
-    libc = ctypes.CDLL(None, use_errno=True)
-    libc.mmap.restype = ctypes.c_void_p
-    libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int,
-                          ctypes.c_int, ctypes.c_long]  # fmt: skip
-    libc.munmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
-    libc.mincore.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_char_p]
-    size = path.stat().st_size
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        addr = libc.mmap(None, size, mmap.PROT_READ, mmap.MAP_SHARED, fd, 0)
-        assert addr not in (None, ctypes.c_void_p(-1).value), "mmap failed"
-        vec = ctypes.create_string_buffer((size + mmap.PAGESIZE - 1) // mmap.PAGESIZE)
-        rc = libc.mincore(addr, size, vec)
-        libc.munmap(addr, size)
-        assert rc == 0, os.strerror(ctypes.get_errno())
-    finally:
-        os.close(fd)
-    return sum(b & 1 for b in vec.raw) / len(vec.raw)
 
 
 def _locked_kib(pid: int) -> int:
@@ -213,7 +190,7 @@ def test_populate_charges_the_slice_and_not_the_governor(
     want = "madv_populate_read" if _kernel() >= (5, 14) else "map_populate"
     assert data["prefetch_method"] == want
     assert data["resident_fraction"] >= 0.95
-    assert _resident(model) >= 0.95
+    assert cached_fraction(model) >= 0.95
 
 
 @pytest.mark.kernel(controllers=("memory",), root=True, psi=False)
@@ -324,7 +301,7 @@ def _protected_run(
         # the slice granted exactly the group's protection (page-floored) during the run
         slice_min = int(cgroups.read(scratch_slice.path / "memory.min"))
         assert slice_min == (PROTECT_MIB * MIB if protect else 0), slice_min
-        resident = _resident(model)
+        resident = cached_fraction(model)
         print(f"{name}: resident after the pressure {resident:.3f}; group {_stat(group)['file']}")
     finally:
         stop.write_text("x")
