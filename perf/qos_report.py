@@ -150,7 +150,7 @@ def summarise(runs: Sequence[RealRun]) -> list[Row]:
     return rows
 
 
-def _fmt(x: float | None, nd: int = 2) -> str:
+def fmt(x: float | None, nd: int = 2) -> str:
     return "-" if x is None else f"{x:.{nd}f}"
 
 
@@ -166,10 +166,10 @@ def table(rows: Sequence[Row]) -> str:
         done = f"{r.job_done}/{r.rounds}" + (f" ({r.job_exits})" if r.job_exits else "")
         done = "-" if r.arm == "solo" else done  # the chat alone: no job
         lines.append(
-            f"| {r.swap} | {r.arm} | {r.rounds} | {_fmt(r.ratio_median)} | "
-            f"{_fmt(r.ratio_worst)} | {_fmt(r.ttft_p50)} | {_fmt(r.ttft_p95)} | "
+            f"| {r.swap} | {r.arm} | {r.rounds} | {fmt(r.ratio_median)} | "
+            f"{fmt(r.ratio_worst)} | {fmt(r.ttft_p50)} | {fmt(r.ttft_p95)} | "
             f"{r.oom_kills}{f' ({r.kills})' if r.kills else ''} | {done} | "
-            f"{_fmt(r.job_s_median, 1)} | {_fmt(r.refault_median, 0)} | {r.turns_fewest} |"
+            f"{fmt(r.job_s_median, 1)} | {fmt(r.refault_median, 0)} | {r.turns_fewest} |"
         )
     return "\n".join(lines)
 

@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from perf._helpers.guest import stream
-from perf.qos_report import pyplot
+from perf.qos_report import fmt, pyplot
 from perf.router_common import ARMS, MIB, Result, parse_arms
 
 REPO = Path(__file__).resolve().parents[1]
@@ -119,10 +119,6 @@ def summarise(runs: Sequence[Result]) -> list[Row]:
     return rows
 
 
-def _n(x: float | None, nd: int = 1) -> str:
-    return "-" if x is None else f"{x:.{nd}f}"
-
-
 def table(rows: Sequence[Row]) -> str:
     """Markdown, one line an arm: its median round and (after the slash) its worst."""
     lines = [
@@ -136,11 +132,11 @@ def table(rows: Sequence[Row]) -> str:
             f"{r.arm}: {r.describe}", str(r.rounds),
             f"{r.failed} of {r.requests} ({r.failed_worst})",
             f"{r.oom_kills} ({r.oom_kills_worst})",
-            f"{_n(r.peak_mib_median, 0)} / {_n(r.peak_mib_worst, 0)}",
+            f"{fmt(r.peak_mib_median, 0)} / {fmt(r.peak_mib_worst, 0)}",
             f"{r.reread_mib_median:.0f} / {r.reread_mib_worst:.0f}",
-            f"{_n(r.latency_median_s)} / {_n(r.latency_median_worst_s)}",
-            f"{_n(r.latency_max_s)} / {_n(r.latency_max_worst_s)}",
-            _n(r.unloads_median, 0),
+            f"{fmt(r.latency_median_s, 1)} / {fmt(r.latency_median_worst_s, 1)}",
+            f"{fmt(r.latency_max_s, 1)} / {fmt(r.latency_max_worst_s, 1)}",
+            fmt(r.unloads_median, 0),
         )  # fmt: skip
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
