@@ -25,6 +25,18 @@ def engine_file_paths(program: str, *, root: Path, cwd: Path | None = None) -> l
     ``lib*.so*`` files in its directory, each file once; None when it is a bare name or not a
     regular file. The plan cache keys a launch on them too (governor/api/launch_compile.py): a
     new build at the same path moves the estimate."""
+    found = _engine_files(program, root=root, cwd=cwd)
+    return None if found is None else [p for p, _ in found]
+
+
+def engine_file_bytes(program: str, *, root: Path, cwd: Path | None = None) -> int | None:
+    """Bytes of :func:`engine_file_paths` (the binary and the libraries beside it)."""
+    found = _engine_files(program, root=root, cwd=cwd)
+    return None if found is None else sum(size for _, size in found)
+
+
+def _engine_files(program: str, *, root: Path, cwd: Path | None) -> list[tuple[Path, int]] | None:
+    """(path, size) of the binary and of each library beside it, each file once."""
     if "/" not in program:
         return None
     path = root / program.lstrip("/") if program.startswith("/") else (cwd or Path()) / program
@@ -36,7 +48,7 @@ def engine_file_paths(program: str, *, root: Path, cwd: Path | None = None) -> l
     if not binary.is_file():
         return None
     seen = {(st.st_dev, st.st_ino)}
-    out = [binary]
+    out = [(binary, st.st_size)]
     try:
         beside = sorted(binary.parent.glob("lib*.so*"))
     except OSError:
@@ -48,19 +60,5 @@ def engine_file_paths(program: str, *, root: Path, cwd: Path | None = None) -> l
             continue
         if os.path.isfile(lib) and (lst.st_dev, lst.st_ino) not in seen:
             seen.add((lst.st_dev, lst.st_ino))
-            out.append(lib)
+            out.append((lib, lst.st_size))
     return out
-
-
-def engine_file_bytes(program: str, *, root: Path, cwd: Path | None = None) -> int | None:
-    """Bytes of :func:`engine_file_paths` (the binary and the libraries beside it)."""
-    paths = engine_file_paths(program, root=root, cwd=cwd)
-    if paths is None:
-        return None
-    total = 0
-    for p in paths:
-        try:
-            total += p.stat().st_size
-        except OSError:
-            continue
-    return total
