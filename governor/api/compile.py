@@ -39,6 +39,7 @@ from governor.state.peaks import learned, peak_key
 from governor.state.store import state_dir
 
 if TYPE_CHECKING:
+    from governor.plan.host import HostFacts
     from governor.plan.model import Plan
 
 
@@ -207,14 +208,12 @@ def admit_check(plan: Plan, opts: HostOptions, estimate: object, *, force: bool)
     )
 
 
-def _device_fits(opts: HostOptions, req: Request, drafted: RkllmDraft) -> None:
+def _device_fits(opts: HostOptions, host: HostFacts, req: Request, drafted: RkllmDraft) -> None:
     """The drafted [device] memory against this board's pool now, as `check` and `launch` weigh
     it (api/host.py check_device): a policy init writes is one check accepts. Its refusal says
     the pool's numbers; nothing is written."""
     source = str(req.output or "<init>")
-    plan = compile_policy(
-        load_text(drafted.text, source=source), probe_host(opts), opts, Path(source)
-    )
+    plan = compile_policy(load_text(drafted.text, source=source), host, opts, Path(source))
     check_device(plan, opts)
 
 
@@ -222,14 +221,15 @@ def init(opts: HostOptions, req: Request) -> Draft | RouterDraft | RkllmDraft:
     """`governor init`: a policy for a GGUF model on this board (governor/init/draft.py), an
     RKLLM model's (governor/init/rkllm.py)."""
     if is_rkllm_model(req.model):  # its NPU claim beside the running RKLLM instances
-        board = req.board_memory or probe_host(opts).mem_total
+        host = probe_host(opts) if req.board_memory is None else None
+        board = req.board_memory or (host or probe_host(opts)).mem_total
         try:
-            others = npu_claims(run_dir(), opts.root) if req.board_memory is None else []
+            others = npu_claims(run_dir(), opts.root) if host is not None else []
         except HostError:
             others = []  # no run directory: nothing runs under governor here
         drafted = draft_rkllm(req, board=board, others=others)
-        if req.board_memory is None:  # this board now: what `check` runs on the policy
-            _device_fits(opts, req, drafted)
+        if host is not None:  # this board now: what `check` runs on the policy
+            _device_fits(opts, host, req, drafted)
         return drafted
     # --board-memory: an empty board of that size (the tenants are not read)
     beside = tenants(opts) if req.board_memory is None else None
