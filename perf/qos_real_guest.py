@@ -271,7 +271,9 @@ def refaults(p: Proc) -> int | None:
 
 
 def job_argvs(st: Setup) -> tuple[list[str], list[str]]:
-    job = [*st.job_argv, "-p", "Once upon a time", "-n", str(st.job_tokens), "--ignore-eos",
+    # 4 two-letter words, 4 tokens of the synthetic vocab ("Once upon a time" is 13 of them:
+    # ~40 s of prompt under TCG before the job's first token)
+    job = [*st.job_argv, "-p", prompt(7, 4), "-n", str(st.job_tokens), "--ignore-eos",
            "-no-cnv"]  # fmt: skip
     hog = [sys.executable, "-u", str(HELPERS / "hog.py"), "--mib", str(st.hog_mib),
            "--step-mib", "16", "--interval", "0.25", "--hold", "10", "--comm", HOG_COMM]  # fmt: skip

@@ -339,3 +339,13 @@ def test_the_engines_get_one_thread_and_the_plain_template_and_the_hog_is_on_the
     (hog,) = board.entries
     assert (hog.path, hog.qos_class, hog.yields) == (guest.HOG_SLICE, "background",
                                                      ("throttle", "freeze"))  # fmt: skip
+
+
+def test_the_job_generates_its_tokens_after_a_prompt_of_few_tokens(tmp_path: Path) -> None:
+    st = _setup(tmp_path, job_tokens=4)
+    st.job_argv = ["/e/llama-completion", "-m", "/m/small.gguf", "-c", "512", "-t", "1"]
+    job, hog = guest.job_argvs(st)
+    assert job[:7] == st.job_argv and job[job.index("-n") + 1] == "4"
+    words = job[job.index("-p") + 1].split()
+    assert len(words) == 4 and all(len(w) == 2 for w in words)  # a token each
+    assert hog[hog.index("--mib") + 1] == "100"
