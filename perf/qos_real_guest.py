@@ -243,9 +243,9 @@ class Conversations:
     the history; after `turns` turns a new conversation (new words, so the server's prompt
     cache keeps the old one's state and grows). The answer the history keeps is `answer`
     two-letter words, not the text streamed: a real model's answer re-tokenizes to its own
-    tokens, the synthetic model's noise to ~5x as many (the smoke run's ~150-token turns), so
-    with it each turn re-processed its history's answers; with the stand-in a turn's prompt
-    work is its answer and its new words, as a real chat's."""
+    tokens, the synthetic model's noise to several times as many (the smoke run's ~150-token
+    turns), so with it each turn re-processed its history's answers; with the stand-in a
+    turn's prompt work is its answer and its new words, as a real chat's."""
 
     def __init__(self, st: Setup, base: str) -> None:
         self.st, self.c = st, client(base, timeout=600.0)
