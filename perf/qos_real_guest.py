@@ -401,7 +401,8 @@ def once(st: Setup, swap: str, arm: str, rnd: int, seq: int) -> RealRun:
                f"--since=@{since:.0f}")  # fmt: skip
         run.kills += [f"oomd: {ln[:80]}" for ln in j.splitlines() if "Killed" in ln]
     for who, path in logs.items():
-        run.actions += governor_actions(path, who) if arm == "governor" else []
+        # the victim named: whether a shed held the hog (the board file's) before the job
+        run.actions += governor_actions(path, who, victims=True) if arm == "governor" else []
         if arm == "governor":
             run.kills += [a for a in governor_actions(path, who) if a.endswith(": kill")]
     mark("teardown")

@@ -349,3 +349,24 @@ def test_the_job_generates_its_tokens_after_a_prompt_of_few_tokens(tmp_path: Pat
     words = job[job.index("-p") + 1].split()
     assert len(words) == 4 and all(len(w) == 2 for w in words)  # a token each
     assert hog[hog.index("--mib") + 1] == "100"
+
+
+def test_the_governor_arms_shed_steps_name_their_victim(tmp_path: Path) -> None:
+    """The smoke's and the partial run's actions were counted by step only: whether the hog
+    was held before the job was stopped could not be read from them."""
+    lines = [
+        {"event": "shed.step", "by": "chat", "victim": "hog", "step": "throttle"},
+        {"event": "shed.step", "by": "chat", "victim": "hog", "step": "freeze"},
+        {"event": "shed.step", "by": "chat", "victim": "job", "step": "throttle"},
+        {"event": "shed.step", "by": "chat", "victim": "job", "step": "stop"},
+        {"event": "action.done", "action": "reclaim 64M"},
+    ]
+    log_ = tmp_path / "chat.log"
+    log_.write_text("llama-server noise\n" + "".join(json.dumps(x) + "\n" for x in lines))
+    assert guest.governor_actions(log_, "chat", victims=True) == [
+        "chat: shed throttle hog", "chat: shed freeze hog", "chat: shed throttle job",
+        "chat: shed stop job", "chat: reclaim",
+    ]  # fmt: skip
+    assert guest.governor_actions(log_, "chat") == [
+        "chat: shed throttle", "chat: shed freeze", "chat: shed stop", "chat: reclaim",
+    ]  # fmt: skip
