@@ -15,6 +15,7 @@ import pytest
 import perf.qos_real_guest as guest
 from governor.board.file import read_board
 from perf._helpers.server import prompt
+from perf.qos_guest import governor_actions
 from perf.qos_real import META_TAG, RUN_TAG, collect, finish, parse
 from perf.qos_real_guest import Conversations, Setup, init_said, scope_limits, systemd_bytes
 from perf.qos_report import (
@@ -363,10 +364,10 @@ def test_the_governor_arms_shed_steps_name_their_victim(tmp_path: Path) -> None:
     ]
     log_ = tmp_path / "chat.log"
     log_.write_text("llama-server noise\n" + "".join(json.dumps(x) + "\n" for x in lines))
-    assert guest.governor_actions(log_, "chat", victims=True) == [
+    assert governor_actions(log_, "chat", victims=True) == [
         "chat: shed throttle hog", "chat: shed freeze hog", "chat: shed throttle job",
         "chat: shed stop job", "chat: reclaim",
     ]  # fmt: skip
-    assert guest.governor_actions(log_, "chat") == [
+    assert governor_actions(log_, "chat") == [
         "chat: shed throttle", "chat: shed freeze", "chat: shed stop", "chat: reclaim",
     ]  # fmt: skip
