@@ -40,7 +40,7 @@ JOB_COMM, CHAT_COMM = "llama-completio", "llama-server"
 CHAT_TEMPLATE = "{%- for m in messages -%}{{ m['content'] }} {% endfor -%}"
 # One thread an engine: the guest has 2 vCPUs, the chat and the job one each, as an operator
 # of a 2-core board would start them (init's default, -t = the online CPUs, gives both engines
-# both vCPUs: their threads spin at ggml's barriers while the other engine holds the vCPU)
+# both vCPUs, and ggml's threads wait at each op for the one the other engine holds off its CPU)
 THREADS = "1"
 # The hog's place: its own slice, which the governor arm's board file lists (see BOARD)
 HOG_SLICE = "qosreal_hog.slice"
