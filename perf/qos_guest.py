@@ -151,8 +151,9 @@ def governed(policy: Path, argv: list[str], log_: Path, env: dict[str, str]) -> 
     return Proc(popen, cgroup=cg)
 
 
-def governor_actions(log_: Path, who: str) -> list[str]:
-    """`who: ACTION` for each kind of action.done, `who: shed STEP` for each shed step/undo."""
+def governor_actions(log_: Path, who: str, victims: bool = False) -> list[str]:
+    """`who: ACTION` for each kind of action.done, `who: shed STEP` for each shed step/undo
+    (with `victims`, `who: shed STEP VICTIM`: which slice each step took)."""
     seen: dict[str, int] = {}
     with contextlib.suppress(OSError):
         for line in log_.read_text().splitlines():
@@ -164,7 +165,7 @@ def governor_actions(log_: Path, who: str) -> list[str]:
                 if ev == "action.done" and rec["action"].split()[0] not in ("log", "shed"):
                     what = rec["action"].split()[0]
                 elif ev in ("shed.step", "shed.undo"):
-                    what = f"shed {rec['step']}"
+                    what = f"shed {rec['step']}" + (f" {rec['victim']}" if victims else "")
                 else:
                     continue
                 seen[what] = seen.get(what, 0) + 1

@@ -8,19 +8,25 @@ and torn down in turn: `governor init` writes the two engines' policies on that 
 --rounds rounds of a solo run (the chat alone) and every arm, and a closing solo run:
 
   chat   llama-server (--chat-model, default the engine cache's kvguest.gguf, --cache-ram
-         --cache-ram MiB: the prompt cache each new conversation grows) driven by the openai
-         client: multi-turn conversations (--words new user words a turn, --answer tokens
-         streamed back, a new conversation every --turns turns), measured for --chat-s
-         seconds after a warm-up turn: time to first token a turn, decode tokens/s
+         MiB: the prompt cache each new conversation grows, -t 1, a plain template: the
+         messages' words) driven by the openai client: multi-turn conversations (--words new
+         user words a turn, --answer tokens streamed back and as many words kept as the
+         answer, a new conversation every --turns turns), measured for --chat-s seconds after
+         a warm-up turn: time to first token a turn, decode tokens/s
   job    llama-completion (--job-model, default small.gguf: other weights competing for the
-         page cache) generating --job-tokens tokens at -c --job-ctx, and tests/helpers/hog.py
-         touching --hog-mib MiB (0: MemAvailable at the start - 300 MiB), both started after
-         the warm-up turn; the job's completion time recorded
+         page cache; -t 1) generating --job-tokens tokens at -c --job-ctx, and
+         tests/helpers/hog.py touching --hog-mib MiB (0: MemAvailable at the start - 300 MiB),
+         both started after the warm-up turn; the job's completion time recorded (a job still
+         running --job-wait s after the window did not finish)
   arms   bare: systemd scopes without limits; earlyoom / oomd: scopes with the [memory] limits
          init wrote (MemoryMin/High/Max/SwapMax), earlyoom --prefer the job and the hog, or the
          background slice under ManagedOOMMemoryPressure=kill (--limit, --duration); governor:
          both engines under `governor launch` with init's policies. The hog is nobody's engine:
-         an unmanaged scope beside the job's in every arm.
+         an unmanaged scope in every arm; in the governor arm the board file lists its slice
+         as background work (throttle, freeze), as an operator lists the board's other work
+  cost   per run the seconds of each phase (up, warm, window, job_wait, teardown), per swap
+         setup its setup's; the table is followed by the median of each and the full matrix's
+         projected time
 
 Written to --out (default out/qos-real): runs.csv (a run a row), qos.json (meta: command,
 commit, date, kernel, init's lines and policies; runs; summary), qos-ratio.png and
@@ -37,6 +43,7 @@ import json
 import os
 import subprocess
 import tempfile
+import time
 from collections.abc import Sequence
 from dataclasses import asdict
 from pathlib import Path
@@ -50,6 +57,8 @@ from perf.qos_report import (
     SWAPS,
     RealRun,
     assign_ratios,
+    cost,
+    cost_lines,
     plot,
     runs_from_json,
     summarise,
@@ -60,6 +69,7 @@ from perf.qos_report import (
 
 RUN_TAG, META_TAG = "qos-real-run ", "qos-real-meta "
 AUTO_HOG_SPARE_MIB = 300  # --hog-mib 0: the hog takes MemAvailable but this much
+FULL_ROUNDS = 3  # the issue's rounds: the matrix the cost lines project
 
 
 def _csv(choices: Sequence[str], what: str) -> Any:
@@ -88,16 +98,28 @@ def parser() -> argparse.ArgumentParser:
     )
     ap.add_argument("--swap", type=_csv(SWAPS, "swap setup"), default=list(SWAPS))
     ap.add_argument("--arms", type=_csv(REAL_ARMS, "arm"), default=list(REAL_ARMS))
-    ap.add_argument("--rounds", type=_positive, default=3, help="rounds (solo + every arm)")
+    ap.add_argument(
+        "--rounds", type=_positive, default=FULL_ROUNDS, help="rounds (solo + every arm)"
+    )
     ap.add_argument("--chat-model", type=Path, default=CACHE / "models" / "kvguest.gguf")
     ap.add_argument("--job-model", type=Path, default=CACHE / "models" / "small.gguf")
     ap.add_argument("--cache-ram", type=_positive, default=384, help="llama-server --cache-ram")
-    ap.add_argument("--chat-s", type=float, default=90.0, help="measured seconds of turns")
-    ap.add_argument("--words", type=_positive, default=24, help="new user words a turn")
-    ap.add_argument("--answer", type=_positive, default=16, help="tokens an answer")
-    ap.add_argument("--turns", type=_positive, default=10, help="turns a conversation")
+    # a turn under TCG (one thread, 2 vCPUs) is ~10 s alone: 8 words and 6 tokens at ~4 prompt
+    # and ~1 decode tokens/s; 60 s hold >= 5 turns. 4 turns a conversation keep its history (and
+    # the attention's cost, which grows with it) short, and make a new prompt-cache entry often
+    ap.add_argument("--chat-s", type=float, default=60.0, help="measured seconds of turns")
+    ap.add_argument("--words", type=_positive, default=8, help="new user words a turn")
+    ap.add_argument("--answer", type=_positive, default=6, help="tokens an answer")
+    ap.add_argument("--turns", type=_positive, default=4, help="turns a conversation")
     ap.add_argument("--job-ctx", type=_positive, default=512, help="the job's -c")
-    ap.add_argument("--job-tokens", type=_positive, default=32, help="the job's -n")
+    # ~10 s a token under TCG after ~10 s of load and ~13 prompt tokens: done inside the window
+    ap.add_argument("--job-tokens", type=_positive, default=4, help="the job's -n")
+    ap.add_argument(
+        "--job-wait",
+        type=float,
+        default=30.0,
+        help="seconds the job may run past the window before it did not finish",
+    )
     ap.add_argument("--hog-mib", type=int, default=0, help="0: MemAvailable - 300 MiB")
     ap.add_argument("--swap-mib", type=_positive, default=1024, help="zram / zswap area size")
     ap.add_argument("--limit", default="15%", help="oomd ManagedOOMMemoryPressureLimit=")
@@ -137,7 +159,9 @@ def finish(runs: list[RealRun], meta: dict[str, Any], out: Path, with_plot: bool
     if with_plot and rows:
         for p in plot(rows, out):
             print(f"bench: wrote {p}", flush=True)
-    return table(rows)
+    c = cost(runs, list(meta.get("setup_s", {}).values()))
+    full = (len(SWAPS), len(REAL_ARMS), FULL_ROUNDS)
+    return table(rows) + ("" if c is None else "\n\n" + cost_lines(c, full))
 
 
 def host_meta(argv: Sequence[str]) -> dict[str, Any]:
@@ -185,11 +209,15 @@ def in_this_machine(argv: list[str], a: argparse.Namespace) -> int:
         f"{sh('free', '-m').splitlines()[1]}")  # fmt: skip
     hog = a.hog_mib or mem_available_mib() - AUTO_HOG_SPARE_MIB
     size = sum(m.stat().st_size for m in (a.chat_model, a.job_model)) // (1 << 20) + 96
-    meta: dict[str, Any] = {"kernel": os.uname().release, "hog_mib": hog, "swaps": {}, "init": {}}
+    meta: dict[str, Any] = {"kernel": os.uname().release, "hog_mib": hog, "swaps": {}, "init": {},
+                            "setup_s": {}}  # fmt: skip
     runs: list[RealRun] = []
+    t0 = time.monotonic()
     with tempfile.TemporaryDirectory() as mnt, loop_mount(Path(mnt), size) as disk:
         chat_model, job_model = stage_models(disk, (a.chat_model, a.job_model))
+        meta["staging_s"] = round(time.monotonic() - t0, 1)
         for swap in a.swap:
+            t0 = time.monotonic()
             with tempfile.TemporaryDirectory() as tmpd, swap_setup(swap, a.swap_mib) as what:
                 log(f"swap setup {swap}: {what}")
                 st = Setup(
@@ -198,8 +226,10 @@ def in_this_machine(argv: list[str], a: argparse.Namespace) -> int:
                     cache_ram=a.cache_ram, job_ctx=a.job_ctx, job_tokens=a.job_tokens,
                     hog_mib=hog, chat_s=a.chat_s, words=a.words, answer=a.answer,
                     turns=a.turns, oomd_limit=a.limit, oomd_duration=a.duration,
+                    job_wait_s=a.job_wait,
                 )  # fmt: skip
                 policies(st)
+                meta["setup_s"][swap] = round(time.monotonic() - t0, 1)
                 assert st.chat_policy is not None and st.job_policy is not None
                 meta["swaps"][swap] = what
                 meta["init"][swap] = {"said": st.said, "chat": st.chat_policy.read_text(),

@@ -24,7 +24,7 @@ from openai.types.chat import ChatCompletionMessageParam
 
 from perf._helpers.cgroup import read_kv
 from perf._helpers.disk import writable_disk_dir
-from perf._helpers.server import SERVER_ARGS, client, free_port, health, prompt
+from perf._helpers.server import client, free_port, health, prompt
 from perf.qos_common import HELPERS, REPO, earlyoom_kills, oom_victims
 from perf.qos_guest import Proc, cgroup2_root, drop_model, governor_actions, kmsg_now, log, sh
 from perf.qos_report import RealRun, Turn, decode_tps
@@ -33,6 +33,27 @@ MIB = 1 << 20
 HOG_COMM = "qos-hog"
 # /proc/PID/comm is 15 bytes: llama-completion shows as "llama-completio"
 JOB_COMM, CHAT_COMM = "llama-completio", "llama-server"
+# The chat's template: the messages' words and a space each. The synthetic model has none, and
+# chatml's markers are ~50 of its tokens a message, which the chat would re-process every turn
+# (a turn's prompt was ~150 tokens at ~4 tokens/s under TCG: the smoke run's 36-98 s TTFT);
+# with this one a turn's prompt is its new words and the answer before it.
+CHAT_TEMPLATE = "{%- for m in messages -%}{{ m['content'] }} {% endfor -%}"
+# One thread an engine: the guest has 2 vCPUs, the chat and the job one each, as an operator
+# of a 2-core board would start them (init's default, -t = the online CPUs, gives both engines
+# both vCPUs, and ggml's threads wait at each op for the one the other engine holds off its CPU)
+THREADS = "1"
+# The hog's place: its own slice, which the governor arm's board file lists (see BOARD)
+HOG_SLICE = "qosreal_hog.slice"
+# The governor arm's board file ($GOVERNOR_BOARD, docs/several.md "The board file"): the hog is
+# the board's other work, which no policy governs; an operator lists it as background, so the
+# chat's shed holds it (throttle, then freeze: its memory stays, it grows no further) before
+# it reaches the job, which is background too and smaller (a shed takes the largest first)
+BOARD = f"""[[cgroup]]
+path = "{HOG_SLICE}"
+class = "background"
+yield = ["throttle", "freeze"]
+name = "hog"
+"""
 
 
 @dataclass
@@ -54,7 +75,7 @@ class Setup:
     turns: int  # turns a conversation before a new one starts
     oomd_limit: str
     oomd_duration: str
-    job_wait_s: float = 300.0  # after the chat's turns; a job still running then did not finish
+    job_wait_s: float = 30.0  # after the chat's turns; a job still running then did not finish
     chat_argv: list[str] = field(default_factory=list)  # init's command line, without the port
     job_argv: list[str] = field(default_factory=list)
     chat_policy: Path | None = None
@@ -140,10 +161,14 @@ def init_said(text: str) -> tuple[list[str], str]:
 
 
 def policies(st: Setup) -> None:
-    chat = f"{st.server} --cache-ram {st.cache_ram} {' '.join(SERVER_ARGS)} --host 127.0.0.1"
+    template = st.tmp / "chat-template.jinja"
+    template.write_text(CHAT_TEMPLATE)
+    (st.tmp / "board.toml").write_text(BOARD)
+    chat = (f"{st.server} --cache-ram {st.cache_ram} --jinja --chat-template-file {template} "
+            f"--no-webui -t {THREADS} --host 127.0.0.1")  # fmt: skip
     st.chat_policy, st.job_policy = st.tmp / "chat.toml", st.tmp / "job.toml"
     st.chat_argv, said_c = init_policy(st.chat_model, chat, "chat", st.chat_policy)
-    job = f"{st.completion} -c {st.job_ctx}"
+    job = f"{st.completion} -c {st.job_ctx} -t {THREADS}"
     st.job_argv, said_j = init_policy(st.job_model, job, "job", st.job_policy)
     st.said = [said_c, said_j]
     for line in st.said:
@@ -191,11 +216,13 @@ def start_governed(policy: Path, argv: list[str], log_: Path, env: dict[str, str
     return Proc(popen, cgroup=cg)
 
 
-def turn(c: openai.OpenAI, messages: list[ChatCompletionMessageParam], answer: int) -> Turn:
-    """One streamed chat turn; the answer is appended to `messages` (the history grows)."""
+def turn(
+    c: openai.OpenAI, messages: list[ChatCompletionMessageParam], answer: int, said: str
+) -> Turn:
+    """One streamed chat turn of `answer` tokens; `said` is appended to `messages` as the
+    answer (the history grows by as many tokens as the answer had: see Conversations)."""
     t0 = time.perf_counter()
     first: float | None = None
-    parts: list[str] = []
     tokens = 0
     for chunk in c.chat.completions.create(
         model="chat", messages=messages, max_tokens=answer, stream=True,
@@ -204,18 +231,21 @@ def turn(c: openai.OpenAI, messages: list[ChatCompletionMessageParam], answer: i
         if chunk.usage is not None:
             tokens = chunk.usage.completion_tokens
         for choice in chunk.choices:
-            if choice.delta.content:
-                first = time.perf_counter() - t0 if first is None else first
-                parts.append(choice.delta.content)
+            if choice.delta.content and first is None:
+                first = time.perf_counter() - t0
     seconds = time.perf_counter() - t0
-    messages.append({"role": "assistant", "content": "".join(parts)})
+    messages.append({"role": "assistant", "content": said})
     return Turn(ttft_s=seconds if first is None else first, tokens=tokens, seconds=seconds)
 
 
 class Conversations:
     """Multi-turn conversations, one after the other: each turn adds `words` new user words to
     the history; after `turns` turns a new conversation (new words, so the server's prompt
-    cache keeps the old one's state and grows)."""
+    cache keeps the old one's state and grows). The answer the history keeps is `answer`
+    two-letter words, not the text streamed: a real model's answer re-tokenizes to its own
+    tokens, the synthetic model's noise to several times as many (the smoke run's ~150-token
+    turns), so with it each turn re-processed its history's answers; with the stand-in a
+    turn's prompt work is its answer and its new words, as a real chat's."""
 
     def __init__(self, st: Setup, base: str) -> None:
         self.st, self.c = st, client(base, timeout=600.0)
@@ -225,10 +255,11 @@ class Conversations:
     def next(self) -> Turn:
         if self.n >= self.st.turns:
             self.conv, self.n, self.messages = self.conv + 1, 0, []
-        text = prompt(self.conv * 1000 + self.n, self.st.words)
-        self.messages.append({"role": "user", "content": text})
+        seed = self.conv * 1000 + self.n
+        self.messages.append({"role": "user", "content": prompt(seed, self.st.words)})
         self.n += 1
-        return turn(self.c, self.messages, self.st.answer)
+        said = prompt(seed + 500, self.st.answer)
+        return turn(self.c, self.messages, self.st.answer, said)
 
 
 def refaults(p: Proc) -> int | None:
@@ -240,7 +271,9 @@ def refaults(p: Proc) -> int | None:
 
 
 def job_argvs(st: Setup) -> tuple[list[str], list[str]]:
-    job = [*st.job_argv, "-p", "Once upon a time", "-n", str(st.job_tokens), "--ignore-eos",
+    # 4 two-letter words, 4 tokens of the synthetic vocab ("Once upon a time" is 13 of them:
+    # ~40 s of prompt under TCG before the job's first token)
+    job = [*st.job_argv, "-p", prompt(7, 4), "-n", str(st.job_tokens), "--ignore-eos",
            "-no-cnv"]  # fmt: skip
     hog = [sys.executable, "-u", str(HELPERS / "hog.py"), "--mib", str(st.hog_mib),
            "--step-mib", "16", "--interval", "0.25", "--hold", "10", "--comm", HOG_COMM]  # fmt: skip
@@ -252,13 +285,21 @@ def once(st: Setup, swap: str, arm: str, rnd: int, seq: int) -> RealRun:
     (not in "solo") and the chat's turns for st.chat_s seconds are measured."""
     tag = f"{swap}-{seq}-{arm}"
     run = RealRun(swap=swap, arm=arm, round=rnd, seq=seq)
-    t_start = time.monotonic()
+    t_start = last = time.monotonic()
+
+    def mark(phase: str) -> None:  # the phase that ends now (PHASES)
+        nonlocal last
+        now = time.monotonic()
+        run.phases[phase] = round(now - last, 1)
+        last = now
+
     for m in (st.chat_model, st.job_model):
         drop_model(m)
     port = free_port()
     base = f"http://127.0.0.1:{port}"
     chat_argv = [*st.chat_argv, "--port", str(port)]
-    env = {**os.environ, "GOVERNOR_RUN_DIR": str(st.tmp / f"run-{tag}")}
+    env = {**os.environ, "GOVERNOR_RUN_DIR": str(st.tmp / f"run-{tag}"),
+           "GOVERNOR_BOARD": str(st.tmp / "board.toml")}  # fmt: skip
     Path(env["GOVERNOR_RUN_DIR"]).mkdir(mode=0o755)
     logs = {"chat": st.tmp / f"chat-{tag}.log", "job": st.tmp / f"job-{tag}.log"}
     hog_log = st.tmp / f"hog-{tag}.log"
@@ -279,6 +320,8 @@ def once(st: Setup, swap: str, arm: str, rnd: int, seq: int) -> RealRun:
         chat = start_scope(f"qosreal-chat-{tag}.scope", "qosreal_chat.slice", chat_argv,
                            logs["chat"], scope_limits(cmem) if limited else [])  # fmt: skip
     bg_slice = "qosreal_bg_oomd.slice" if arm == "oomd" else "qosreal_bg.slice"
+    # oomd: the hog beside the job in the slice oomd watches; else in the board file's slice
+    hog_slice = bg_slice if arm == "oomd" else HOG_SLICE
     job: Proc | None = None
     hog: Proc | None = None
     k0 = kmsg_now()
@@ -290,8 +333,10 @@ def once(st: Setup, swap: str, arm: str, rnd: int, seq: int) -> RealRun:
             if chat.popen.poll() is not None or time.monotonic() > up_by:
                 raise AssertionError(f"the chat never answered /health ({logs['chat']})")
             time.sleep(0.2)
+        mark("up")
         conv = Conversations(st, base)
         conv.next()  # warm-up: the model's pages in, not measured
+        mark("warm")
         if arm != "solo":
             job_cmd, hog_cmd = job_argvs(st)
             job_t0 = time.monotonic()
@@ -300,7 +345,7 @@ def once(st: Setup, swap: str, arm: str, rnd: int, seq: int) -> RealRun:
             else:
                 job = start_scope(f"qosreal-job-{tag}.scope", bg_slice, job_cmd, logs["job"],
                                   scope_limits(jmem) if limited else [])  # fmt: skip
-            hog = start_scope(f"qosreal-hog-{tag}.scope", bg_slice, hog_cmd, hog_log, [])
+            hog = start_scope(f"qosreal-hog-{tag}.scope", hog_slice, hog_cmd, hog_log, [])
         r0 = refaults(chat)
         chat.sample()
         turns: list[Turn] = []
@@ -320,6 +365,7 @@ def once(st: Setup, swap: str, arm: str, rnd: int, seq: int) -> RealRun:
         run.refault_file = r1 - r0 if r0 is not None and r1 is not None else None
         run.turns, run.tps = len(turns), decode_tps(turns)
         run.ttfts = [round(t.ttft_s, 4) for t in turns]
+        mark("window")
         if job is not None:
             by = time.monotonic() + st.job_wait_s
             while job.popen.poll() is None and time.monotonic() < by:
@@ -327,6 +373,7 @@ def once(st: Setup, swap: str, arm: str, rnd: int, seq: int) -> RealRun:
             run.job_rc = job.popen.poll()
             if run.job_rc == 0:
                 run.job_s = round(time.monotonic() - job_t0, 2)
+            mark("job_wait")
     except (AssertionError, OSError, openai.OpenAIError) as err:
         run.error = f"{type(err).__name__}: {err}"[:300]
         tail = logs["chat"].read_text(errors="replace")[-1500:] if logs["chat"].exists() else ""
@@ -354,14 +401,16 @@ def once(st: Setup, swap: str, arm: str, rnd: int, seq: int) -> RealRun:
                f"--since=@{since:.0f}")  # fmt: skip
         run.kills += [f"oomd: {ln[:80]}" for ln in j.splitlines() if "Killed" in ln]
     for who, path in logs.items():
-        run.actions += governor_actions(path, who) if arm == "governor" else []
+        # the victim named: whether a shed held the hog (the board file's) before the job
+        run.actions += governor_actions(path, who, victims=True) if arm == "governor" else []
         if arm == "governor":
             run.kills += [a for a in governor_actions(path, who) if a.endswith(": kill")]
+    mark("teardown")
     run.wall_s = round(time.monotonic() - t_start, 1)
     log(f"{swap} {arm} r{rnd} #{seq} ({run.wall_s} s): {run.turns} turns {run.tps:.2f} tok/s, ttft "
         f"{sorted(run.ttfts)[len(run.ttfts) // 2] if run.ttfts else '-'}s, job rc {run.job_rc} "
         f"{run.job_s}s, hog rc {run.hog_rc}, refault {run.refault_file}, full {run.full_s}s, kills {run.kills}, "
-        f"actions {run.actions}, error {run.error}")  # fmt: skip
+        f"actions {run.actions}, error {run.error}, phases {run.phases}")  # fmt: skip
     return run
 
 

@@ -64,10 +64,18 @@ class RealRun:
     actions: list[str] = field(default_factory=list)
     error: str | None = None
     wall_s: float | None = None  # the run's seconds, the chat's start to its teardown
+    # where wall_s went (PHASES: seconds each, in order): what an arm-round costs
+    phases: dict[str, float] = field(default_factory=dict)
 
     @property
     def oom_kills(self) -> int:
         return len(self.kills)
+
+
+# a run's phases, in order: the chat's start to /health 200 (the model's load under TCG), the
+# warm-up turn, the measured window (its last turn ends past --chat-s), the wait for the job
+# after it (--job-wait at most), the teardown (SIGTERM, the governors' exit, the kill count)
+PHASES = ("up", "warm", "window", "job_wait", "teardown")
 
 
 def percentile(vals: Sequence[float], q: float) -> float | None:
@@ -150,6 +158,66 @@ def summarise(runs: Sequence[RealRun]) -> list[Row]:
     return rows
 
 
+@dataclass
+class Cost:
+    """What the runs of one boot cost: the median seconds of each phase (PHASES) per kind of run
+    (solo, an arm), a run's median wall seconds, and the projected seconds of a matrix."""
+
+    phases: dict[str, dict[str, float]]  # kind -> phase -> median seconds
+    solo_s: float  # a solo run's median wall_s
+    arm_s: float  # an arm run's median wall_s (every arm's runs together)
+    setup_s: float  # a swap setup's median seconds before its first run (swap on, two inits)
+
+
+def cost(runs: Sequence[RealRun], setup_s: Sequence[float]) -> Cost | None:
+    """The phases and per-run seconds of `runs` (None without a timed run); `setup_s`: the
+    seconds each swap setup took before its first run."""
+    timed = [r for r in runs if r.wall_s is not None]
+    if not timed:
+        return None
+    phases = {}
+    for kind in dict.fromkeys(r.arm for r in timed):
+        mine = [r for r in timed if r.arm == kind]
+        phases[kind] = {
+            p: statistics.median([r.phases.get(p, 0.0) for r in mine])
+            for p in PHASES
+            if any(p in r.phases for r in mine)
+        }
+    solo = [r.wall_s for r in timed if r.arm == "solo" and r.wall_s is not None]
+    arms = [r.wall_s for r in timed if r.arm != "solo" and r.wall_s is not None]
+    return Cost(
+        phases=phases,
+        solo_s=statistics.median(solo) if solo else 0.0,
+        arm_s=statistics.median(arms) if arms else 0.0,
+        setup_s=statistics.median(setup_s) if setup_s else 0.0,
+    )
+
+
+def projected_s(c: Cost, swaps: int, arms: int, rounds: int, boot_s: float = 0.0) -> float:
+    """Seconds of a `swaps` x `arms` x `rounds` matrix at these costs, in one boot: per swap
+    setup its setup, `rounds` + 1 solo runs (one a round and the closing one) and `rounds` x
+    `arms` arm runs."""
+    per_swap = c.setup_s + (rounds + 1) * c.solo_s + rounds * arms * c.arm_s
+    return boot_s + swaps * per_swap
+
+
+def cost_lines(c: Cost, full: tuple[int, int, int]) -> str:
+    """Markdown: the median phase seconds per kind of run, then a run's cost and the projected
+    full matrix (`full`: swap setups, arms, rounds)."""
+    lines = ["| run | " + " | ".join(f"{p} (s)" for p in PHASES) + " |",
+             "|---|" + "---|" * len(PHASES)]  # fmt: skip
+    for kind, ph in c.phases.items():
+        lines.append(f"| {kind} | " + " | ".join(fmt(ph.get(p), 1) for p in PHASES) + " |")
+    swaps, arms, rounds = full
+    lines += [
+        "",
+        f"a solo run {c.solo_s:.0f} s, an arm run {c.arm_s:.0f} s, a swap setup {c.setup_s:.0f}"
+        f" s; {swaps} swap setups x {arms} arms x {rounds} rounds: "
+        f"{projected_s(c, swaps, arms, rounds) / 3600:.2f} h (one boot, without it)",
+    ]
+    return "\n".join(lines)
+
+
 def fmt(x: float | None, nd: int = 2) -> str:
     return "-" if x is None else f"{x:.{nd}f}"
 
@@ -179,7 +247,7 @@ def table(rows: Sequence[Row]) -> str:
 CSV_FIELDS = (
     "swap", "arm", "round", "seq", "tps", "ratio", "turns", "ttft_p50", "ttft_p95",
     "chat_rc", "job_rc", "job_s", "hog_rc", "refault_file", "full_s", "oom_kills", "kills",
-    "actions", "error", "wall_s",
+    "actions", "error", "wall_s", *(f"{p}_s" for p in PHASES),
 )  # fmt: skip
 
 
@@ -188,6 +256,7 @@ def csv_row(r: RealRun) -> dict[str, Any]:
     d["ttft_p50"], d["ttft_p95"] = percentile(r.ttfts, 50), percentile(r.ttfts, 95)
     d["oom_kills"] = r.oom_kills
     d["kills"], d["actions"] = "; ".join(r.kills), "; ".join(r.actions)
+    d.update({f"{p}_s": r.phases.get(p) for p in PHASES})
     return {k: "" if d[k] is None else d[k] for k in CSV_FIELDS}
 
 

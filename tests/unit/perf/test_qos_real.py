@@ -12,16 +12,24 @@ from pathlib import Path
 
 import pytest
 
+import perf.qos_real_guest as guest
+from governor.board.file import read_board
+from perf._helpers.server import prompt
+from perf.qos_guest import governor_actions
 from perf.qos_real import META_TAG, RUN_TAG, collect, finish, parse
-from perf.qos_real_guest import init_said, scope_limits, systemd_bytes
+from perf.qos_real_guest import Conversations, Setup, init_said, scope_limits, systemd_bytes
 from perf.qos_report import (
     CSV_FIELDS,
+    PHASES,
     RealRun,
     Turn,
     assign_ratios,
+    cost,
+    cost_lines,
     decode_tps,
     percentile,
     plot,
+    projected_s,
     runs_from_json,
     summarise,
     table,
@@ -219,3 +227,147 @@ def test_a_job_that_did_not_finish_shows_its_exit_and_a_one_turn_round_shows() -
     assert "| 0 | 0/2 (-,143) | - | - | 1 |" in lines[4]
     assert lines[3].endswith("| 0 | 1/1 | 392.6 | - | 1 |")
     assert lines[2].endswith("| 0 | - | - | - | 1 |")  # solo: no job
+
+
+def _timed(arm: str, seq: int, wall: float, window: float) -> RealRun:
+    phases = {"up": 5.0, "warm": 10.0, "window": window, "job_wait": 0.0, "teardown": 2.0}
+    return RealRun("none", arm, 0, seq, tps=1.0, wall_s=wall, phases=phases)
+
+
+def test_the_phases_give_a_runs_cost_and_the_full_matrixs_projected_time(tmp_path: Path) -> None:
+    runs = [
+        _timed("solo", 0, 80.0, 63.0),
+        _timed("bare", 1, 100.0, 70.0),
+        _timed("governor", 2, 120.0, 66.0),
+        _timed("solo", 3, 90.0, 61.0),
+        RealRun("none", "bare", 0, 4),
+    ]  # fmt: skip  (an untimed run: an old file's)
+    c = cost(runs, [30.0, 50.0])
+    assert c is not None and (c.solo_s, c.arm_s, c.setup_s) == (85.0, 110.0, 40.0)
+    assert c.phases["solo"]["window"] == 62.0 and c.phases["governor"]["up"] == 5.0
+    assert list(c.phases) == ["solo", "bare", "governor"]
+    # 3 swap setups, each: its setup, 4 solo runs and 3 rounds x 4 arms
+    assert projected_s(c, 3, 4, 3) == 3 * (40.0 + 4 * 85.0 + 12 * 110.0)
+    assert projected_s(c, 1, 4, 1, boot_s=60.0) == 60.0 + 40.0 + 2 * 85.0 + 4 * 110.0
+    text = cost_lines(c, (3, 4, 3))
+    assert "| solo | 5.0 | 10.0 | 62.0 | 0.0 | 2.0 |" in text.splitlines()
+    assert text.endswith(f"rounds: {3 * (40 + 340 + 1320) / 3600:.2f} h (one boot, without it)")
+    assert cost([RealRun("none", "bare", 0, 1)], []) is None
+    write_csv(runs, tmp_path / "runs.csv")
+    with (tmp_path / "runs.csv").open() as f:
+        row = next(csv.DictReader(f))
+    assert [row[f"{p}_s"] for p in PHASES] == ["5.0", "10.0", "63.0", "0.0", "2.0"]
+
+
+def test_finish_prints_the_cost_of_the_runs_it_was_given(tmp_path: Path) -> None:
+    runs = [_timed("solo", 0, 80.0, 63.0), _timed("bare", 1, 100.0, 70.0)]
+    text = finish(runs, {"setup_s": {"none": 20.0}}, tmp_path, with_plot=False)
+    assert "a solo run 80 s, an arm run 100 s, a swap setup 20 s" in text
+
+
+class _Chunk:
+    def __init__(self, content: str | None, tokens: int | None) -> None:
+        delta = type("Delta", (), {"content": content})()
+        self.choices = [] if content is None else [type("Choice", (), {"delta": delta})()]
+        self.usage = None if tokens is None else type("Usage", (), {"completion_tokens": tokens})()
+
+
+class _Client:
+    """Stands in for openai.OpenAI: streams `answer` chunks of noise text, records the
+    messages each request carried."""
+
+    def __init__(self) -> None:
+        self.sent: list[list[dict[str, str]]] = []
+        self.chat = self
+        self.completions = self
+
+    def create(self, **kw: object) -> list[_Chunk]:
+        messages = kw["messages"]
+        assert isinstance(messages, list) and isinstance(kw["max_tokens"], int)
+        self.sent.append([dict(m) for m in messages])
+        n = kw["max_tokens"]
+        return [*(_Chunk("\u2581q\u2581z", None) for _ in range(n)), _Chunk(None, n)]
+
+
+def _setup(tmp: Path, **kw: object) -> Setup:
+    base: dict[str, object] = dict(
+        tmp=tmp, chat_model=tmp / "c.gguf", job_model=tmp / "j.gguf", server=tmp / "s",
+        completion=tmp / "j", cache_ram=384, job_ctx=512, job_tokens=4, hog_mib=100,
+        chat_s=60.0, words=8, answer=6, turns=2, oomd_limit="15%", oomd_duration="1s",
+    )  # fmt: skip
+    return Setup(**{**base, **kw})  # type: ignore[arg-type]
+
+
+def test_the_history_keeps_an_answer_of_answer_words_not_the_streamed_noise(
+    tmp_path: Path,
+) -> None:
+    """A turn's prompt work is its new words and the answer before it: the history keeps
+    `answer` two-letter words (one token each) for the answer; after `turns` turns a new
+    conversation of new words."""
+    conv = Conversations(_setup(tmp_path), "http://127.0.0.1:9")
+    fake = _Client()
+    conv.c = fake  # type: ignore[assignment]
+    turns = [conv.next() for _ in range(3)]
+    assert [t.tokens for t in turns] == [6, 6, 6]
+    first, second, third = fake.sent
+    assert first == [{"role": "user", "content": prompt(0, 8)}]
+    said = second[1]["content"]
+    assert second[1]["role"] == "assistant" and said == prompt(500, 6)
+    assert len(said.split()) == 6 and "\u2581" not in said
+    assert second[2] == {"role": "user", "content": prompt(1, 8)}
+    assert third == [{"role": "user", "content": prompt(1000, 8)}]  # a new conversation
+
+
+def test_the_engines_get_one_thread_and_the_plain_template_and_the_hog_is_on_the_board(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    asked: dict[str, str] = {}
+
+    def fake_init(model: Path, engine_argv: str, name: str, out: Path) -> tuple[list[str], str]:
+        asked[name] = engine_argv
+        return engine_argv.split(), f"wrote {out}"
+
+    monkeypatch.setattr(guest, "init_policy", fake_init)
+    st = _setup(tmp_path)
+    guest.policies(st)
+    chat, job = asked["chat"].split(), asked["job"].split()
+    assert chat[chat.index("-t") + 1] == "1" and job[job.index("-t") + 1] == "1"
+    assert "--jinja" in chat and "--chat-template" not in chat
+    template = Path(chat[chat.index("--chat-template-file") + 1])
+    assert template.read_text() == guest.CHAT_TEMPLATE and "im_start" not in guest.CHAT_TEMPLATE
+    board = read_board(tmp_path / "board.toml")
+    assert board.errors == ()
+    (hog,) = board.entries
+    assert (hog.path, hog.qos_class, hog.yields) == (guest.HOG_SLICE, "background",
+                                                     ("throttle", "freeze"))  # fmt: skip
+
+
+def test_the_job_generates_its_tokens_after_a_prompt_of_few_tokens(tmp_path: Path) -> None:
+    st = _setup(tmp_path, job_tokens=4)
+    st.job_argv = ["/e/llama-completion", "-m", "/m/small.gguf", "-c", "512", "-t", "1"]
+    job, hog = guest.job_argvs(st)
+    assert job[:7] == st.job_argv and job[job.index("-n") + 1] == "4"
+    words = job[job.index("-p") + 1].split()
+    assert len(words) == 4 and all(len(w) == 2 for w in words)  # a token each
+    assert hog[hog.index("--mib") + 1] == "100"
+
+
+def test_the_governor_arms_shed_steps_name_their_victim(tmp_path: Path) -> None:
+    """The smoke's and the partial run's actions were counted by step only: whether the hog
+    was held before the job was stopped could not be read from them."""
+    lines = [
+        {"event": "shed.step", "by": "chat", "victim": "hog", "step": "throttle"},
+        {"event": "shed.step", "by": "chat", "victim": "hog", "step": "freeze"},
+        {"event": "shed.step", "by": "chat", "victim": "job", "step": "throttle"},
+        {"event": "shed.step", "by": "chat", "victim": "job", "step": "stop"},
+        {"event": "action.done", "action": "reclaim 64M"},
+    ]
+    log_ = tmp_path / "chat.log"
+    log_.write_text("llama-server noise\n" + "".join(json.dumps(x) + "\n" for x in lines))
+    assert governor_actions(log_, "chat", victims=True) == [
+        "chat: shed throttle hog", "chat: shed freeze hog", "chat: shed throttle job",
+        "chat: shed stop job", "chat: reclaim",
+    ]  # fmt: skip
+    assert governor_actions(log_, "chat") == [
+        "chat: shed throttle", "chat: shed freeze", "chat: shed stop", "chat: reclaim",
+    ]  # fmt: skip
