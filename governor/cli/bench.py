@@ -8,7 +8,7 @@ from typing import Annotated
 import typer
 
 from governor.cli.complete import complete_policy_file
-from governor.cli.options import AllowMissing, Force, host_options, size_option
+from governor.cli.options import BOARD_FLOOR, AllowMissing, Force, host_options, size_option
 from governor.cli.render import show_bench
 
 
@@ -76,7 +76,7 @@ def bench(  # noqa: PLR0917  # typer passes every option as a parameter
             csv=csv_out,
             json=json_out,
             plot=plot_out,
-            board_bytes=size_option(board_memory, "--board-memory"),
+            board_bytes=size_option(board_memory, "--board-memory", at_least=BOARD_FLOOR),
             max_fraction=max_peak_fraction,
             min_decode_tps=min_decode_tps,
             force=force,

@@ -13,6 +13,7 @@ import typer
 
 from governor.cli.complete import complete_policy_file
 from governor.cli.options import (
+    BOARD_FLOOR,
     STATE,
     AllowMissing,
     Force,
@@ -202,7 +203,7 @@ def init(  # noqa: PLR0917  # typer passes every option as a parameter
     from governor.init import rkllm, router
     from governor.init.draft import Request
 
-    board = size_option(board_memory, "--board-memory")
+    board = size_option(board_memory, "--board-memory", at_least=BOARD_FLOOR)
     if board is not None and board <= 0:
         raise UsageError("--board-memory must be above 0 (--board-memory)", hint="e.g. 2G")
     draft = api_compile.init(

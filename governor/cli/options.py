@@ -156,12 +156,25 @@ def exclusive(option_a: str, a_given: bool, option_b: str, b_given: bool, hint: 
         )
 
 
-def size_option(text: str | None, option: str) -> int | None:
+# the least RAM a board option may name: a bare number is bytes, so `--board-memory 2048`
+# (meant as MiB) would size a 2 KiB board and refuse every model as if the board had none
+BOARD_FLOOR = 64 << 20
+
+
+def size_option(text: str | None, option: str, *, at_least: int = 0) -> int | None:
+    """A size option's bytes (None: not given); below ``at_least``: a usage error (2) that
+    says a bare number is bytes."""
     if text is None:
         return None
     from governor.policy.values import parse_size
 
     try:
-        return parse_size(text).bytes
+        size = parse_size(text).bytes
     except ValueError as err:
         raise UsageError(f"not a size: {text!r} ({err}) ({option})", hint="e.g. 1900M") from err
+    if size < at_least:
+        raise UsageError(
+            f"{text!r} is {size} bytes, less than a board's {at_least >> 20} MiB ({option})",
+            hint="a bare number is bytes: give a unit, e.g. 2G or 2048M",
+        )
+    return size

@@ -269,6 +269,7 @@ def test_stdout_without_o_and_o_refuses_to_overwrite_without_force(
         (("--model", "/nonexistent/m.gguf"), EXIT_NOINPUT, "model file not readable"),
         (("--name", "Bad Name"), EXIT_USAGE, "not a policy name"),
         (("--board-memory", "2X"), EXIT_USAGE, "not a size"),
+        (("--board-memory", "2048"), EXIT_USAGE, "'2048' is 2048 bytes, less than a board's"),
         (("--engine-argv", "-c abc"), EXIT_USAGE, "not an integer"),
         (("--engine-argv", "-c 512", "--ctx", "1024"), EXIT_USAGE, "give the context once"),
         (("--engine-argv", "-m other.gguf"), EXIT_USAGE, "--engine-argv names -m"),
