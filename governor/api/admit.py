@@ -217,19 +217,32 @@ def admission(
         lock_deadline=started + (lock_wait(plan) if lock_s is None else lock_s),
         stop=stop_one, force=force, hold=hold, act=act, clock=clock, sleep=sleep,
         started=started, unlocked=unlocked,
-        unloader=unloader if unloader is not None or run is None else _unloader(plan, run),
+        unloader=(
+            unloader if unloader is not None or run is None
+            else _unloader(plan, run, clock=clock, sleep=sleep)
+        ),
     )  # fmt: skip
 
 
-def _unloader(plan: Plan, run: Path) -> Unloader:
+def _unloader(
+    plan: Plan,
+    run: Path,
+    *,
+    clock: Callable[[], float] = time.monotonic,
+    sleep: Callable[[float], None] = time.sleep,
+) -> Unloader:
     """Admission's unloads through each lower-class router and its run dir
-    (board/unloading.py)."""
+    (board/unloading.py), on the admission's clock: the leaf wait after an unload ends by
+    the admission's deadline."""
 
     def fs_of(s: Slice) -> CgroupFs:
         return CgroupFs(Path(s.cgroup_root or plan.cgroup_root))
 
-    def unload(u: Unload) -> None:
-        unloading.apply(u, run=run, by=plan.policy, fs=fs_of(u.router))
+    def unload(u: Unload, deadline: float) -> None:
+        unloading.apply(
+            u, run=run, by=plan.policy, fs=fs_of(u.router), clock=clock, sleep=sleep,
+            deadline=deadline, timeout_s=plan.qos.admit_timeout_s,
+        )  # fmt: skip
 
     return Unloader(
         rooms=lambda routers: unloading.rooms(routers, fs_of),

@@ -76,11 +76,12 @@ class Words:
 class Unloader:
     """The composition root's doors to a shed admission's unloads (board/unloading.py):
     ``rooms``, the lower-class routers' rooms now; ``unload``, lower one router's budget and
-    unload its models (GovernorError: not done, its budget given back); ``restore``, give a
+    unload its models, done by the admission's deadline (its second argument, on the
+    admission's clock; GovernorError: not done, its budget given back); ``restore``, give a
     router's lowered budget back; ``text``, the line that says what one unload did."""
 
     rooms: Callable[[list[Slice]], list[Room]]
-    unload: Callable[[Unload], None]
+    unload: Callable[[Unload, float], None]
     restore: Callable[[Unload], None]
     text: Callable[[Unload], str]
 
@@ -205,7 +206,7 @@ def _decide(
             doors = unloader
             assert doors is not None  # only an unloader offers rooms (_shed)
             try:
-                doors.unload(u)
+                doors.unload(u, started + qos.admit_timeout_s)
             except GovernorError as err:  # nothing half-applied: every lowered budget back
                 _restore(doors, done)
                 raise words.refuse(verdict, f", and {err}") from None

@@ -23,6 +23,7 @@ from governor.board.scan import scan
 from governor.board.unload import Unload
 from governor.errors import AdmissionRefused, GovernorError
 from governor.kernel import files
+from governor.kernel.leafname import model_cgroup
 from governor.operate.boardview import claim_row, peak_said
 from governor.operate.status import _journal_lines
 from governor.peer.router import RouterClient
@@ -193,6 +194,70 @@ def test_a_failed_unload_leaves_nothing_applied_and_refuses_with_75(
         _admit(chat, board, path, root, [])
     assert err.value.exit_code == 75
     assert not (board.run / "router" / caps.CAP_FILE).exists()
+
+
+class Clock:
+    """A fake monotonic clock its sleeps move."""
+
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+    def sleep(self, s: float) -> None:
+        self.now += s
+
+
+def _stuck(fake_fs: FakeKernelCgroupFs, alias: str) -> None:
+    """``alias``'s leaf keeps its child: the router unloads it, the child does not exit."""
+    leaf = fake_fs.path(model_cgroup(ROUTER_GROUP, alias))
+    leaf.mkdir(parents=True, exist_ok=True)
+    (leaf / files.CGROUP_PROCS).write_text("4242\n")
+
+
+def test_the_leaf_wait_after_an_unload_ends_at_the_admissions_deadline(
+    fake_fs: FakeKernelCgroupFs, tmp_path: Path, router: FakeRouter, root: Path
+) -> None:
+    board, chat, path = _setup(fake_fs, tmp_path, router)
+    _stuck(fake_fs, "a")
+    clock = Clock()
+    said: list[str] = []
+    with pytest.raises(AdmissionRefused) as err:
+        admission(chat, run=board.run, root=root, board=path, clock=clock, sleep=clock.sleep,
+                  say=said.append)  # fmt: skip
+    assert err.value.exit_code == 75 and router.unloaded == ["a"]
+    # the 20 s wait is cut to admit_timeout (5 s), the numbers said in the one line
+    assert 5.0 <= clock.now < 5.5
+    line = str(err.value).splitlines()[0]
+    assert line.endswith(
+        ", and router's model a still ran in its leaf 5.0 s after its unload, the admission's"
+        f" 5.0 s left of admit_timeout 5 s ran out; router's budget is given back"
+        f" ([qos] admit, {path})"
+    )
+    assert caps.read(board.run / "router") is None  # nothing half-applied
+
+
+def test_the_leaf_wait_counts_only_the_time_the_admission_has_left(
+    fake_fs: FakeKernelCgroupFs, tmp_path: Path, router: FakeRouter, root: Path
+) -> None:
+    board, _chat, _path = _setup(fake_fs, tmp_path, router)
+    _stuck(fake_fs, "a")
+    r = next(s for s in scan(run=board.run, cgroup_root=fake_fs.root, root=root).slices
+             if s.name == "router")  # fmt: skip
+    u = Unload(router=r, models=("a",), before=1200 * MIB, budget=700 * MIB, own=100 * MIB,
+               frees=500 * MIB)  # fmt: skip
+    clock = Clock()
+    clock.now = 100.0
+    with pytest.raises(GovernorError, match=r"1\.5 s after its unload, the admission's 1\.5 s"):
+        unloading.apply(u, run=board.run, by="chat", fs=fake_fs, clock=clock, sleep=clock.sleep,
+                        deadline=101.5, timeout_s=5.0)  # fmt: skip
+    assert 101.5 <= clock.now < 101.6 and not (board.run / "router" / caps.CAP_FILE).exists()
+    # the admission's deadline after the wait's own 20 s: the wait ends as before, no refusal
+    clock.now = 0.0
+    unloading.apply(u, run=board.run, by="chat", fs=fake_fs, clock=clock, sleep=clock.sleep,
+                    deadline=60.0, timeout_s=60.0)  # fmt: skip
+    assert 20.0 <= clock.now < 20.1 and caps.read(board.run / "router") is not None
 
 
 def test_the_routers_evictor_keeps_its_models_under_the_lowered_budget(

@@ -35,6 +35,7 @@ class FakeUnloader:
         self.fail = fail
         self.done: list[tuple[str, tuple[str, ...]]] = []
         self.restored: list[str] = []
+        self.deadlines: list[float] = []
 
     def rooms(self, routers: list[Slice]) -> list[Room]:
         return [
@@ -43,7 +44,8 @@ class FakeUnloader:
             for r in routers
         ]  # fmt: skip
 
-    def unload(self, u: Unload) -> None:
+    def unload(self, u: Unload, deadline: float) -> None:
+        self.deadlines.append(deadline)
         if self.fail is not None and self.fail in (*u.models, u.router.name):
             raise GovernorError(f"router {u.router.name} did not unload {self.fail}")
         self.done.append((u.router.name, u.models))
@@ -71,6 +73,7 @@ def test_an_unload_that_covers_stops_nobody_and_says_so(
     got = admission(plan("shed"), unloader=u.doors(), **b.kw(tmp_path))
     got.release()
     assert u.done == [("r", ("m1",))] and b.stopped == [] and u.restored == []
+    assert u.deadlines == [5.0]  # the admission's: started (0) + admit_timeout (5 s)
     assert got.note == "admitted after unloading m1 from r (a lower class)"
     assert "governor: admission of chat unloaded m1 from router r\n" in capsys.readouterr().err
 
@@ -98,7 +101,7 @@ def test_a_failed_unload_gives_every_budget_back_and_refuses_before_any_stop(
 
 
 class Stays(FakeUnloader):
-    def unload(self, u: Unload) -> None:  # done, but the claim stays: no room comes
+    def unload(self, u: Unload, deadline: float) -> None:  # done, but the claim stays
         self.done.append((u.router.name, u.models))
 
 
