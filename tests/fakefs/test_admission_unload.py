@@ -16,15 +16,15 @@ from pathlib import Path
 
 import pytest
 
-from governor.api.admit import admission
+from governor.api.admit import admission, router_rooms
 from governor.board import unloading
-from governor.board.budget import MIB
+from governor.board.budget import MIB, slice_of_plan
 from governor.board.scan import scan
 from governor.board.unload import Unload
 from governor.errors import AdmissionRefused, GovernorError
 from governor.kernel import files
 from governor.kernel.leafname import model_cgroup
-from governor.operate.boardview import claim_row, peak_said
+from governor.operate.boardview import claim_row, fits, peak_said
 from governor.operate.status import _journal_lines
 from governor.peer.router import RouterClient
 from governor.plan.model import CgroupWrite, EngineSpec, Plan, QosSpec
@@ -194,6 +194,35 @@ def test_a_failed_unload_leaves_nothing_applied_and_refuses_with_75(
         _admit(chat, board, path, root, [])
     assert err.value.exit_code == 75
     assert not (board.run / "router" / caps.CAP_FILE).exists()
+
+
+def test_check_and_board_fits_name_the_unloads_the_start_then_makes(
+    fake_fs: FakeKernelCgroupFs, tmp_path: Path, router: FakeRouter, root: Path
+) -> None:
+    board, chat, path = _setup(fake_fs, tmp_path, router)
+    would = "unload a from router router (frees 500 MiB: router's budget 1200 MiB -> 700 MiB)"
+    # `check` and `install`: admission without acting says the unloads and does none
+    lines: list[str] = []
+    admission(chat, run=board.run, root=root, board=path, hold=False, act=False,
+              say=lines.append).release()  # fmt: skip
+    (line,) = lines
+    assert line.startswith("at its start chat will shed for room: ")
+    assert line.endswith(f"; the shed would {would}")
+    assert router.unloaded == [] and caps.read(board.run / "router") is None
+    # `board --fits`: the same figures, from the same rooms
+    seen = scan(run=board.run, cgroup_root=fake_fs.root, root=root, board=path)
+    new = slice_of_plan(chat)
+    out = fits(seen.budget, new, seen.slices, "shed", router_rooms(chat))
+    assert out["line"].endswith(f'; admit = "shed" would {would}')
+    assert out["unloads"] == [
+        {"router": "router", "models": ["a"], "frees": 500 * MIB, "before": 1200 * MIB,
+         "budget": 700 * MIB}
+    ]  # fmt: skip
+    assert out["victims"] == [] and out["enough"]
+    # the start then does what they said
+    _admit(chat, board, path, root, [])
+    cap = caps.read(board.run / "router")
+    assert router.unloaded == ["a"] and cap is not None and cap.budget == 700 * MIB
 
 
 class Clock:

@@ -12,10 +12,11 @@ import pytest
 
 from governor.api.admit import admission
 from governor.board.admission import Unloader
-from governor.board.budget import MIB
+from governor.board.budget import MIB, slice_of_plan
 from governor.board.slice import Slice
 from governor.board.unload import Model, Room, Unload
 from governor.errors import AdmissionRefused, GovernorError
+from governor.operate.boardview import fits
 from governor.record import replace
 
 from .test_admission import FakeBoard, other, plan
@@ -84,6 +85,28 @@ def test_unloads_then_a_stop_for_what_they_leave(tmp_path: Path) -> None:
     # 1024 + 1700 - 1792: 932 MiB short; every idle model frees 900, batch the rest
     admission(plan("shed"), unloader=u.doors(), **b.kw(tmp_path)).release()
     assert u.done == [("r", ("m2", "m1"))] and b.stopped == ["batch"]
+
+
+def test_check_and_board_fits_say_the_unloads_and_the_stop_before_the_start(
+    tmp_path: Path,
+) -> None:
+    b = FakeBoard(router(1200 * MIB), other("batch", "background", 0, 500 * MIB))
+    u = FakeUnloader(b)
+    would = (
+        "unload m2, m1 from router r (frees 900 MiB: r's budget 1200 MiB -> 300 MiB) and stop batch"
+    )
+    lines: list[str] = []
+    admission(plan("shed"), unloader=u.doors(), act=False, hold=False, say=lines.append,
+              **b.kw(tmp_path)).release()  # fmt: skip
+    assert len(lines) == 1 and lines[0].endswith(f"; the shed would {would}")
+    assert u.done == [] and b.stopped == []  # said, not done
+    seen = b.gather()
+    out = fits(seen.budget, slice_of_plan(plan("shed")), seen.slices, "shed", u.rooms)
+    assert out["line"].endswith(f'; admit = "shed" would {would}')
+    assert out["victims"] == ["batch"] and [x["models"] for x in out["unloads"]] == [["m2", "m1"]]
+    # no router to unload: the line as before this (the victims a stop frees)
+    alone = fits(seen.budget, slice_of_plan(plan("shed")), seen.slices, "shed", None)
+    assert alone["unloads"] == [] and alone["line"].endswith('; admit = "shed" would stop r')
 
 
 def test_a_failed_unload_gives_every_budget_back_and_refuses_before_any_stop(
