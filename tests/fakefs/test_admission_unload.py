@@ -34,6 +34,7 @@ from governor.rundir.journal import Journal
 from governor.rundir.liveness import own_start
 from governor.rundir.state import Publisher
 from governor.supervise.activity import Activity
+from governor.supervise.caphigh import SYNC_S, CapHigh
 from governor.supervise.evict import Evictor
 
 from .fakekernel import FakeKernelCgroupFs
@@ -307,6 +308,47 @@ def test_the_routers_evictor_keeps_its_models_under_the_lowered_budget(
     assert ev.budget() == 720 * MIB
     lowered[0] = 4096 * MIB  # never above the group's own
     assert ev.budget() == 2048 * MIB
+
+
+def test_while_the_budget_is_lowered_the_kept_models_leaves_get_memory_high_at_their_share(
+    fake_fs: FakeKernelCgroupFs, tmp_path: Path, router: FakeRouter, root: Path
+) -> None:
+    board, chat, path = _setup(fake_fs, tmp_path, router)
+    leaves = {}
+    fake_fs.mkdir(f"{ROUTER_GROUP}/models")
+    for alias, current in (("b", 150 * MIB), ("c", 260 * MIB)):  # c, busy, above its 200
+        cg = model_cgroup(ROUTER_GROUP, alias)
+        fake_fs.mkdir(cg)
+        (fake_fs.path(cg) / files.CGROUP_PROCS).write_text("4242\n")
+        (fake_fs.path(cg) / files.MEMORY_CURRENT).write_text(f"{current}\n")
+        leaves[alias] = fake_fs.path(cg) / files.MEMORY_HIGH
+        leaves[alias].write_text("max\n")  # as its leaf was made (no memory.high planned)
+    clock = Clock()
+    ev = Evictor(
+        fake_fs, group=ROUTER_GROUP, leaf=f"{ROUTER_GROUP}/engine", client=RouterClient(router.url),
+        activity=Activity(fake_fs, ROUTER_GROUP), claims=ESTIMATES,
+    )  # fmt: skip
+    rplan = _plan("router", ROUTER_GROUP, QosSpec(qos_class="background"), None, "memory")
+    high = CapHigh(ev, lambda: caps.held_for(rplan, board.run, root), clock=clock)
+
+    def sync() -> dict[str, str]:
+        clock.sleep(SYNC_S)
+        high.sync()
+        return {a: f.read_text().strip() for a, f in leaves.items()}
+
+    assert sync() == {"b": "max", "c": "max"}  # no cap: nothing written
+    _admit(chat, board, path, root, [])  # a unloaded, the budget lowered while chat runs
+    # each kept model at what the admission counted for it, never under what it holds
+    assert sync() == {"b": str(400 * MIB), "c": str(260 * MIB)}
+    leaves["c"].write_text("999\n")  # tuned by someone else meanwhile
+    assert sync() == {"b": str(400 * MIB), "c": str(260 * MIB)}  # its share again
+    leaves["c"].write_text("777\n")
+    gone = subprocess.Popen(["true"])
+    gone.wait()
+    held = json.loads((board.run / "router" / caps.CAP_FILE).read_text())
+    (board.run / "router" / caps.CAP_FILE).write_text(json.dumps({**held, "pid": gone.pid}))
+    # chat gone: b's memory.high back as it was; c's, changed since, stays the other's
+    assert sync() == {"b": "max", "c": "777"}
 
 
 @pytest.mark.parametrize(
