@@ -174,7 +174,10 @@ def apply(
             now = clock()
             if now >= bound and bound < until:  # the admission's deadline comes first
                 caps.remove(directory, by, pid)
-                raise GovernorError(_late(r.name, alias, now - began, bound - began, timeout_s))
+                raise GovernorError(
+                    f"{_late(r.name, alias, now - began, bound - began, timeout_s)}"
+                    f" ({directory / caps.CAP_FILE})"
+                )
             if now >= bound:
                 log.warning("admit.unload_slow", router=r.name, model=alias, waited_s=wait_s)
                 break

@@ -263,7 +263,7 @@ def test_the_leaf_wait_after_an_unload_ends_at_the_admissions_deadline(
     assert line.endswith(
         ", and router's model a still ran in its leaf 5.0 s after its unload, the admission's"
         f" 5.0 s left of admit_timeout 5 s ran out; router's budget is given back"
-        f" ([qos] admit, {path})"
+        f" ({board.run}/router/cap.json) ([qos] admit, {path})"
     )
     assert caps.read(board.run / "router") is None  # nothing half-applied
 
