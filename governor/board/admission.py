@@ -210,7 +210,7 @@ def _decide(
             )
         for u in shed.unloads:
             doors = unloader
-            assert doors is not None  # only an unloader offers rooms (_shed)
+            assert doors is not None  # only an unloader offers rooms (shed_plan)
             try:
                 doors.unload(u, started + qos.admit_timeout_s)
             except GovernorError as err:  # nothing half-applied: every lowered budget back
