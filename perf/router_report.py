@@ -22,11 +22,12 @@ from typing import Any
 
 from perf._helpers.guest import stream
 from perf.qos_report import fmt, pyplot
-from perf.router_common import ARMS, MIB, Result, parse_arms
+from perf.router_common import ARMS, MIB, VARIANTS, Result, parse_arms, value_table
 
 REPO = Path(__file__).resolve().parents[1]
 
 RUN_TAG, META_TAG = "router-run ", "router-meta "
+RAW_NAME = "guest-records.txt"  # --guest: the guest's tagged lines, as printed
 
 
 def to_json(r: Result) -> dict[str, Any]:
@@ -222,7 +223,8 @@ def plot(rows: Sequence[Row], out: Path) -> list[Path]:
 
 
 def finish(runs: list[Result], meta: dict[str, Any], out: Path, with_plot: bool) -> str:
-    """runs.csv, router.json and (with_plot) the PNGs in `out`; the summary table."""
+    """runs.csv, router.json and (with_plot) the PNGs in `out`; the summary table (and variant
+    c's table of its rounds, perf/router_common.value_table)."""
     out.mkdir(parents=True, exist_ok=True)
     write_csv(runs, out / "runs.csv")
     write_json(runs, meta, out / "router.json")
@@ -230,7 +232,10 @@ def finish(runs: list[Result], meta: dict[str, Any], out: Path, with_plot: bool)
     if with_plot and rows:
         for p in plot(rows, out):
             print(f"perf/router: wrote {p}", flush=True)
-    return table(rows)
+    text = table(rows)
+    if by_value := [r for r in runs if VARIANTS[r.arm.variant].mixed]:
+        text += "\n\n" + value_table(by_value)
+    return text
 
 
 # ------------------------------------------------------------------------------ command line
@@ -279,13 +284,23 @@ def in_guest(argv: list[str], a: argparse.Namespace) -> int:
     cmd = [str(REPO / ".venv" / "bin" / "python"), "-m", "perf.router", *argv, "--no-plot"]
     lines, code = stream("kernel", cmd, timeout=a.guest_timeout, cpus=a.guest_cpus,
                          hide=(RUN_TAG, META_TAG))  # fmt: skip
+    # the guest's records kept as they came before anything reads them: a report that fails
+    # (a plot, a summary) must not lose a run that took a quarter of an hour
+    a.out.mkdir(parents=True, exist_ok=True)
+    raw = a.out / RAW_NAME
+    raw.write_text("".join(f"{x}\n" for x in lines if x.startswith((RUN_TAG, META_TAG))))
     runs, meta = collect(lines)
     if not runs:
         print("perf/router: the guest reported no round", flush=True)
         return code or 1
     meta = {**meta, "command": "python -m perf.router " + " ".join(argv), "commit": commit(),
             "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())}  # fmt: skip
-    print("\n" + finish(runs, meta, a.out, not a.no_plot), flush=True)
+    try:
+        print("\n" + finish(runs, meta, a.out, not a.no_plot), flush=True)
+    except Exception as err:  # any failure of the report: the data is on disk already
+        print(f"perf/router: the report failed ({type(err).__name__}: {err}); the guest's "
+              f"records are in {raw}", flush=True)  # fmt: skip
+        return code or 1
     return code
 
 

@@ -42,7 +42,7 @@ if TYPE_CHECKING:
     from governor.board.budget import Verdict
     from governor.board.scan import Board
     from governor.board.slice import Slice
-    from governor.board.unload import Unload
+    from governor.board.unload import Room, Unload
     from governor.plan.model import Plan
 
 log = get_logger("governor.admit")
@@ -217,22 +217,46 @@ def admission(
         lock_deadline=started + (lock_wait(plan) if lock_s is None else lock_s),
         stop=stop_one, force=force, hold=hold, act=act, clock=clock, sleep=sleep,
         started=started, unlocked=unlocked,
-        unloader=unloader if unloader is not None or run is None else _unloader(plan, run),
+        unloader=(
+            unloader if unloader is not None or run is None
+            else _unloader(plan, run, clock=clock, sleep=sleep)
+        ),
     )  # fmt: skip
 
 
-def _unloader(plan: Plan, run: Path) -> Unloader:
-    """Admission's unloads through each lower-class router and its run dir
-    (board/unloading.py)."""
-
+def _fs_of(plan: Plan) -> Callable[[Slice], CgroupFs]:
     def fs_of(s: Slice) -> CgroupFs:
         return CgroupFs(Path(s.cgroup_root or plan.cgroup_root))
 
-    def unload(u: Unload) -> None:
-        unloading.apply(u, run=run, by=plan.policy, fs=fs_of(u.router))
+    return fs_of
+
+
+def router_rooms(plan: Plan) -> Callable[[list[Slice]], list[Room]]:
+    """What the lower-class routers hold now (board/unloading.py rooms), as ``plan``'s
+    admission reads them: a shed's unloads, and what `board --fits` says of them."""
+    fs_of = _fs_of(plan)
+    return lambda routers: unloading.rooms(routers, fs_of)
+
+
+def _unloader(
+    plan: Plan,
+    run: Path,
+    *,
+    clock: Callable[[], float] = time.monotonic,
+    sleep: Callable[[float], None] = time.sleep,
+) -> Unloader:
+    """Admission's unloads through each lower-class router and its run dir
+    (board/unloading.py), on the admission's clock: the leaf wait after an unload ends by
+    the admission's deadline."""
+
+    def unload(u: Unload, deadline: float) -> None:
+        unloading.apply(
+            u, run=run, by=plan.policy, fs=_fs_of(plan)(u.router), clock=clock, sleep=sleep,
+            deadline=deadline, timeout_s=plan.qos.admit_timeout_s,
+        )  # fmt: skip
 
     return Unloader(
-        rooms=lambda routers: unloading.rooms(routers, fs_of),
+        rooms=router_rooms(plan),
         unload=unload,
         restore=lambda u: unloading.restore(u, run=run, by=plan.policy),
         text=lambda u: unloading.text(u, plan.policy),

@@ -8,6 +8,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from governor.api.admit import router_rooms
 from governor.api.host import HostOptions, check, preflight_engine, probe_host
 from governor.board.budget import slice_of_plan
 from governor.board.file import read_board
@@ -65,7 +66,8 @@ def fits(path: Path, engine: tuple[str, ...], opts: HostOptions) -> dict[str, An
         plan = check(path, opts)
     seen = claims(opts, Path(plan.cgroup_root))
     new = slice_of_plan(plan, estimate=estimate, measured=measured)
-    return weigh(seen.budget, new, seen.slices, plan.qos.admit)
+    # a shed's unloads from what the lower-class routers hold now, as the start reads them
+    return weigh(seen.budget, new, seen.slices, plan.qos.admit, router_rooms(plan))
 
 
 def tenants(opts: HostOptions) -> Tenants | None:

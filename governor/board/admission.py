@@ -28,7 +28,7 @@ from governor.board.budget import (
     no_budget_text,
     overlap_text,
 )
-from governor.board.unload import Shed, plan
+from governor.board.unload import Shed, plan, would_text
 from governor.errors import GovernorError
 from governor.log import get_logger
 from governor.record import record
@@ -76,11 +76,12 @@ class Words:
 class Unloader:
     """The composition root's doors to a shed admission's unloads (board/unloading.py):
     ``rooms``, the lower-class routers' rooms now; ``unload``, lower one router's budget and
-    unload its models (GovernorError: not done, its budget given back); ``restore``, give a
+    unload its models, done by the admission's deadline (its second argument, on the
+    admission's clock; GovernorError: not done, its budget given back); ``restore``, give a
     router's lowered budget back; ``text``, the line that says what one unload did."""
 
     rooms: Callable[[list[Slice]], list[Room]]
-    unload: Callable[[Unload], None]
+    unload: Callable[[Unload, float], None]
     restore: Callable[[Unload], None]
     text: Callable[[Unload], str]
 
@@ -189,23 +190,29 @@ def _decide(
     if mode in ("warn", "refuse"):
         raise words.refuse(verdict, "")
     if not act or lock is None:
-        say(f"at its start {new.name} will {mode} for room: {overlap_text(verdict)}")
+        would = ""
+        if mode == "shed":  # the unloads it would make, from the figures the start will use
+            shed = shed_plan(
+                new, verdict, seen.slices, None if unloader is None else unloader.rooms
+            )
+            would = f"; the shed would {would_text(shed)}" if shed.unloads else ""
+        say(f"at its start {new.name} will {mode} for room: {overlap_text(verdict)}{would}")
         return held.give(hold, verdict)
     note = None
     done: list[Unload] = []
     if mode == "shed":
         # decided before anyone is unloaded or stopped (board/unload.py): an unload counts
         # only with its router's budget lowered, a victim only when its stop removes its claim
-        shed = _shed(new, verdict, seen.slices, unloader)
+        shed = shed_plan(new, verdict, seen.slices, None if unloader is None else unloader.rooms)
         if not shed.enough:
             raise words.refuse(
                 verdict, f", and no lower class to shed frees enough{kept_text(verdict)}"
             )
         for u in shed.unloads:
             doors = unloader
-            assert doors is not None  # only an unloader offers rooms (_shed)
+            assert doors is not None  # only an unloader offers rooms (shed_plan)
             try:
-                doors.unload(u)
+                doors.unload(u, started + qos.admit_timeout_s)
             except GovernorError as err:  # nothing half-applied: every lowered budget back
                 _restore(doors, done)
                 raise words.refuse(verdict, f", and {err}") from None
@@ -235,20 +242,25 @@ def _decide(
         raise
 
 
-def _shed(
-    new: Slice, verdict: Verdict, slices: tuple[Slice, ...], unloader: Unloader | None
+def shed_plan(
+    new: Slice,
+    verdict: Verdict,
+    slices: tuple[Slice, ...],
+    rooms: Callable[[list[Slice]], list[Room]] | None,
 ) -> Shed:
     """What a shed admission does (board/unload.py plan): unloads first where a lower-class
-    router can hold a lowered budget, then stops."""
+    router can hold a lowered budget (``rooms``: what those routers hold now, None: no
+    unloads), then stops. The one decision a start makes and `check`, `install` and `board
+    --fits` say."""
     stoppable = lower(new, tuple(c for c in slices if c.name != new.name))
     routers = [
         c for c in slices
         if c.name != new.name and c.state == "running" and c.qos.rank < new.qos.rank and c.evicts
         and "unload" in c.yields
     ]  # fmt: skip
-    if unloader is None or not routers or verdict.need[0] > 0:
+    if rooms is None or not routers or verdict.need[0] > 0:
         return Shed((), verdict.victims, verdict.enough)
-    return plan(verdict.need, stoppable, unloader.rooms(routers))
+    return plan(verdict.need, stoppable, rooms(routers))
 
 
 def _restore(unloader: Unloader | None, done: list[Unload]) -> None:

@@ -37,6 +37,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 
+from governor.board.budget import gib
 from governor.board.order import Need, by_value, claim_frees, pick
 from governor.board.slice import Slice
 from governor.record import record
@@ -162,3 +163,27 @@ def plan(
                 return Shed(tuple(unloads), stops, True)
     stops, enough = pick(stoppable, need, frees=claim_frees)
     return Shed((), stops, enough)
+
+
+def would_text(shed: Shed) -> str:
+    """What a shed would do, said before it does (`check`, `install`, `board --fits`):
+    ``unload a, b from router r (frees 500 MiB: r's budget 1200 MiB -> 700 MiB) and stop
+    batch``; ``stop nothing`` when it does nothing; ``, not enough`` when it frees too
+    little."""
+    parts = [
+        f"unload {', '.join(u.models)} from router {u.router.name} (frees {gib(u.frees)}:"
+        f" {u.router.name}'s budget {gib(u.before)} -> {gib(u.budget)})"
+        for u in shed.unloads
+    ]
+    if shed.stops or not parts:
+        parts.append(f"stop {', '.join(v.name for v in shed.stops) or 'nothing'}")
+    return " and ".join(parts) + ("" if shed.enough else ", not enough")
+
+
+def unload_rows(shed: Shed) -> list[dict[str, object]]:
+    """The unloads of a shed as `board --fits --json` gives them (bytes)."""
+    return [
+        {"router": u.router.name, "models": list(u.models), "frees": u.frees,
+         "before": u.before, "budget": u.budget}
+        for u in shed.unloads
+    ]  # fmt: skip

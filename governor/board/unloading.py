@@ -11,9 +11,10 @@ now (:func:`rooms`, board/unload.py decides from it) and the unload itself (:fun
   evictor measures against);
 - **apply**: the cap first (the router can load nothing over it from here on), then one
   POST /models/unload per model, then each unloaded model's leaf waited for to empty (at most
-  WAIT_S: its child exits within the router's stop-timeout); a model the router does not
-  unload: the cap removed again and GovernorError (the admission refuses, 75: nothing half
-  applied; a model already unloaded holds nothing, it loads again on demand);
+  WAIT_S: its child exits within the router's stop-timeout, and never past the admission's
+  deadline: a leaf still busy then refuses the admission, 75, its budget given back); a model
+  the router does not unload: the cap removed again and GovernorError (the admission refuses,
+  75: nothing half applied; a model already unloaded holds nothing, it loads again on demand);
 - each unload is journaled in the router's journal as a shed step ``unload`` by the admitted
   policy, ``when`` its admission, with the budget it lowered.
 """
@@ -127,9 +128,13 @@ def apply(
     sleep: Callable[[float], None] = time.sleep,
     wall: Callable[[], float] = time.time,
     wait_s: float = WAIT_S,
+    deadline: float | None = None,
+    timeout_s: float | None = None,
 ) -> None:
     """Lower ``u.router``'s budget, then unload its models (module docstring); GovernorError
-    with the cap given back when the router does not take one."""
+    with the cap given back when the router does not take one, or when an unloaded model's
+    leaf still holds its child at ``deadline`` (on ``clock``: the admission's, its
+    ``admit_timeout`` ``timeout_s``), which bounds the leaf wait as ``wait_s`` does."""
     r = u.router
     directory = run / r.name
     pid = os.getpid()
@@ -160,14 +165,33 @@ def apply(
             )  # fmt: skip
         log.warning("shed.step", by=by, rule=-1, when=f"admission of {by}", victim=r.name,
                     step=ShedStep.UNLOAD, model=alias, budget=u.budget)  # fmt: skip
-    deadline = clock() + wait_s
+    began = clock()
+    until = began + wait_s
+    bound = until if deadline is None else min(until, deadline)
     for alias in u.models:
         cg = _leaf(r.cgroup, alias)
         while cg is not None and _holds(fs, cg):
-            if clock() >= deadline:
+            now = clock()
+            if now >= bound and bound < until:  # the admission's deadline comes first
+                caps.remove(directory, by, pid)
+                raise GovernorError(
+                    f"{_late(r.name, alias, now - began, bound - began, timeout_s)}"
+                    f" ({directory / caps.CAP_FILE})"
+                )
+            if now >= bound:
                 log.warning("admit.unload_slow", router=r.name, model=alias, waited_s=wait_s)
                 break
-            sleep(WAIT_POLL_S)
+            sleep(min(WAIT_POLL_S, bound - now))
+
+
+def _late(router: str, alias: str, waited: float, left: float, timeout_s: float | None) -> str:
+    """``router's model a still ran in its leaf 2.0 s after its unload, the admission's
+    1.5 s left of admit_timeout 5 s ran out; router's budget is given back``."""
+    of = "" if timeout_s is None else f" of admit_timeout {timeout_s:g} s"
+    return (
+        f"{router}'s model {alias} still ran in its leaf {waited:.1f} s after its unload, the"
+        f" admission's {max(0.0, left):.1f} s left{of} ran out; {router}'s budget is given back"
+    )
 
 
 def restore(u: Unload, *, run: Path, by: str) -> None:

@@ -20,9 +20,10 @@ Reads only; the figures are the kernel's files and the published states as they 
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
+from governor.board.admission import shed_plan
 from governor.board.budget import (
     ZRAM_CLAIM,
     Budget,
@@ -35,6 +36,7 @@ from governor.board.budget import (
 )
 from governor.board.file import GOVERNED_ROOT, BoardCgroup
 from governor.board.slice import Slice
+from governor.board.unload import Room, Shed, unload_rows, would_text
 from governor.errors import GovernorError
 from governor.kernel import files as kf
 from governor.kernel.cgroupfs import CgroupFs
@@ -159,10 +161,21 @@ def render(v: dict[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def fits(budget: Budget, new: Slice, claims: Sequence[Slice], admit_mode: str) -> dict[str, Any]:
+def fits(
+    budget: Budget,
+    new: Slice,
+    claims: Sequence[Slice],
+    admit_mode: str,
+    rooms: Callable[[list[Slice]], list[Room]] | None = None,
+) -> dict[str, Any]:
     """`governor board --fits`: does ``new`` fit beside ``claims``, and what its launch would
-    do under its ``[qos] admit`` (the victims a shed would stop)."""
+    do under its ``[qos] admit`` (a shed: the lower-class routers' idle models it would unload,
+    ``rooms`` giving what they hold now as admission reads it, and the victims it would
+    stop; board/admission.py shed_plan, the decision the start makes)."""
     verdict: Verdict = admit(budget, new, tuple(claims))
+    shed = None
+    if admit_mode == "shed" and not verdict.fits:
+        shed = shed_plan(new, verdict, tuple(claims), rooms)
     out: dict[str, Any] = {
         "policy": new.name,
         "fits": verdict.fits and budget.budget > 0,
@@ -175,14 +188,17 @@ def fits(budget: Budget, new: Slice, claims: Sequence[Slice], admit_mode: str) -
         "free": {"guarantees": verdict.min_left, "peaks": verdict.peak_left},
         "missing": verdict.missing,
         "holders": [c.name for c in verdict.holders],
-        "victims": [c.name for c in verdict.victims] if admit_mode == "shed" else [],
-        "enough": verdict.enough,
+        "victims": [c.name for c in (shed.stops if shed else verdict.victims)]
+        if admit_mode == "shed"
+        else [],
+        "unloads": unload_rows(shed) if shed else [],
+        "enough": shed.enough if shed else verdict.enough,
     }
-    out["line"] = fits_line(verdict, admit_mode)
+    out["line"] = fits_line(verdict, admit_mode, shed)
     return out
 
 
-def fits_line(verdict: Verdict, admit_mode: str) -> str:
+def fits_line(verdict: Verdict, admit_mode: str, shed: Shed | None = None) -> str:
     c = verdict.claim
     if verdict.budget.budget <= 0:  # nothing is left to weigh against: say why, not "fits"
         why = no_budget_text(verdict.budget) or "no MemTotal was read"
@@ -195,6 +211,8 @@ def fits_line(verdict: Verdict, admit_mode: str) -> str:
         )
     what = "guarantees" if verdict.kind == "guarantees" else "peaks"
     line = f"no: {c.name} lacks {short(verdict.missing)} of {what} ({holders_text(verdict)})"
+    if admit_mode == "shed" and shed is not None and shed.unloads:
+        return f'{line}; admit = "shed" would {would_text(shed)}'
     if admit_mode == "shed":
         names = ", ".join(v.name for v in verdict.victims) or "nothing"
         enough = "" if verdict.enough else ", not enough"

@@ -124,6 +124,12 @@ def models_budget_for(plan: Plan, run: Path, root: Path) -> int | None:
     return models_budget(run / plan.policy, root / "proc")
 
 
+def held_for(plan: Plan, run: Path, root: Path) -> Cap | None:
+    """:func:`read` of ``plan``'s router in the run dir ``run`` (``root``: where /proc is):
+    supervise/caphigh.py's door."""
+    return read(run / plan.policy, root / "proc")
+
+
 def write(directory: Path, cap: Cap) -> None:
     """Lower the router's budget (whole or not at all; OSError passes)."""
     directory.mkdir(mode=0o755, parents=True, exist_ok=True)

@@ -49,6 +49,7 @@ from governor.rundir import cap as run_cap
 from governor.state.costs import CostBook
 from governor.state.store import state_dir
 from governor.supervise.activity import Activity
+from governor.supervise.caphigh import CapHigh
 from governor.supervise.evict import Evictor
 from governor.supervise.loads import Loads, child_model
 from governor.supervise.slots import SlotKeeper
@@ -125,6 +126,7 @@ class ModelLeaves:
         journal: Journal | None = None,
         slots: SlotKeeper | None = None,
         loads: Loads | None = None,
+        cap_high: CapHigh | None = None,
     ) -> None:
         self.fs = fs
         self.group = group
@@ -145,6 +147,7 @@ class ModelLeaves:
         self.journal = journal  # where a refused model is written once
         self.refused: dict[str, str] = {}  # model -> why it has no leaf (logged once)
         self.slots = slots  # --slot-save-path: the evicted models' slots (supervise/slots.py)
+        self.cap_high = cap_high  # a lowered budget's memory.high (supervise/caphigh.py)
         self._dirty = False  # something to publish
         # another policy's shed's unloads of these models, from this run's journal
         self.sheds = None if journal is None else ShedUnloads(journal)
@@ -209,8 +212,11 @@ class ModelLeaves:
 
     def tick(self) -> bool:
         """Sample the activity when SAMPLE_S passed; call ``on_change`` when something moved
-        and PUBLISH_S passed since the last call. True when it was called."""
+        and PUBLISH_S passed since the last call (and a lowered budget's memory.high round,
+        supervise/caphigh.py). True when it was called."""
         now = self.clock()
+        if self.cap_high is not None:
+            self.cap_high.sync()  # never raises
         if self.loads is not None and self.loads.check():
             self._dirty = True
         if self.activity is not None and (self._sampled is None or now - self._sampled >= SAMPLE_S):
@@ -445,7 +451,7 @@ def router_leaves(
     with ``slot_save`` (the router's --slot-save-path) the evictor's victims' slots are saved
     and restored at their next load (supervise/slots.py); ``costs_dir``: where each model's
     measured load is kept across runs (state/costs.py; None: state/store.py state_dir)."""
-    activity = evictor = slots = loads = None
+    activity = evictor = slots = loads = high = None
     if router_url is not None:
         # one for the activity's slot checks and the evictor, each request within ROUTER_S
         client = RouterClient(router_url, timeout=ROUTER_S)
@@ -468,20 +474,12 @@ def router_leaves(
                 before_unload=None if slots is None else slots.save,
                 reload_s=loads.reload_s,
             )
+            high = CapHigh(evictor, functools.partial(run_cap.held_for, plan, *board))
     leaves = ModelLeaves(
-        fs,
-        group=plan.group,
-        leaf=plan.leaf,
-        limits=limits,
-        router_pid=router_pid,
-        proc_root=proc_root,
-        activity=activity,
-        on_change=on_change,
-        evictor=evictor,
-        journal=journal,
-        slots=slots,
-        loads=loads,
-    )
+        fs, group=plan.group, leaf=plan.leaf, limits=limits, router_pid=router_pid,
+        proc_root=proc_root, activity=activity, on_change=on_change, evictor=evictor,
+        journal=journal, slots=slots, loads=loads, cap_high=high,
+    )  # fmt: skip
     if evictor is not None:
         evictor.on_unload = leaves.count_unload
     return leaves

@@ -16,14 +16,15 @@ from pathlib import Path
 
 import pytest
 
-from governor.api.admit import admission
+from governor.api.admit import admission, router_rooms
 from governor.board import unloading
-from governor.board.budget import MIB
+from governor.board.budget import MIB, slice_of_plan
 from governor.board.scan import scan
 from governor.board.unload import Unload
 from governor.errors import AdmissionRefused, GovernorError
 from governor.kernel import files
-from governor.operate.boardview import claim_row, peak_said
+from governor.kernel.leafname import model_cgroup
+from governor.operate.boardview import claim_row, fits, peak_said
 from governor.operate.status import _journal_lines
 from governor.peer.router import RouterClient
 from governor.plan.model import CgroupWrite, EngineSpec, Plan, QosSpec
@@ -33,6 +34,7 @@ from governor.rundir.journal import Journal
 from governor.rundir.liveness import own_start
 from governor.rundir.state import Publisher
 from governor.supervise.activity import Activity
+from governor.supervise.caphigh import SYNC_S, CapHigh
 from governor.supervise.evict import Evictor
 
 from .fakekernel import FakeKernelCgroupFs
@@ -195,6 +197,99 @@ def test_a_failed_unload_leaves_nothing_applied_and_refuses_with_75(
     assert not (board.run / "router" / caps.CAP_FILE).exists()
 
 
+def test_check_and_board_fits_name_the_unloads_the_start_then_makes(
+    fake_fs: FakeKernelCgroupFs, tmp_path: Path, router: FakeRouter, root: Path
+) -> None:
+    board, chat, path = _setup(fake_fs, tmp_path, router)
+    would = "unload a from router router (frees 500 MiB: router's budget 1200 MiB -> 700 MiB)"
+    # `check` and `install`: admission without acting says the unloads and does none
+    lines: list[str] = []
+    admission(chat, run=board.run, root=root, board=path, hold=False, act=False,
+              say=lines.append).release()  # fmt: skip
+    (line,) = lines
+    assert line.startswith("at its start chat will shed for room: ")
+    assert line.endswith(f"; the shed would {would}")
+    assert router.unloaded == [] and caps.read(board.run / "router") is None
+    # `board --fits`: the same figures, from the same rooms
+    seen = scan(run=board.run, cgroup_root=fake_fs.root, root=root, board=path)
+    new = slice_of_plan(chat)
+    out = fits(seen.budget, new, seen.slices, "shed", router_rooms(chat))
+    assert out["line"].endswith(f'; admit = "shed" would {would}')
+    assert out["unloads"] == [
+        {"router": "router", "models": ["a"], "frees": 500 * MIB, "before": 1200 * MIB,
+         "budget": 700 * MIB}
+    ]  # fmt: skip
+    assert out["victims"] == [] and out["enough"]
+    # the start then does what they said
+    _admit(chat, board, path, root, [])
+    cap = caps.read(board.run / "router")
+    assert router.unloaded == ["a"] and cap is not None and cap.budget == 700 * MIB
+
+
+class Clock:
+    """A fake monotonic clock its sleeps move."""
+
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+    def sleep(self, s: float) -> None:
+        self.now += s
+
+
+def _stuck(fake_fs: FakeKernelCgroupFs, alias: str) -> None:
+    """``alias``'s leaf keeps its child: the router unloads it, the child does not exit."""
+    leaf = fake_fs.path(model_cgroup(ROUTER_GROUP, alias))
+    leaf.mkdir(parents=True, exist_ok=True)
+    (leaf / files.CGROUP_PROCS).write_text("4242\n")
+
+
+def test_the_leaf_wait_after_an_unload_ends_at_the_admissions_deadline(
+    fake_fs: FakeKernelCgroupFs, tmp_path: Path, router: FakeRouter, root: Path
+) -> None:
+    board, chat, path = _setup(fake_fs, tmp_path, router)
+    _stuck(fake_fs, "a")
+    clock = Clock()
+    said: list[str] = []
+    with pytest.raises(AdmissionRefused) as err:
+        admission(chat, run=board.run, root=root, board=path, clock=clock, sleep=clock.sleep,
+                  say=said.append)  # fmt: skip
+    assert err.value.exit_code == 75 and router.unloaded == ["a"]
+    # the 20 s wait is cut to admit_timeout (5 s), the numbers said in the one line
+    assert 5.0 <= clock.now < 5.5
+    line = str(err.value).splitlines()[0]
+    assert line.endswith(
+        ", and router's model a still ran in its leaf 5.0 s after its unload, the admission's"
+        f" 5.0 s left of admit_timeout 5 s ran out; router's budget is given back"
+        f" ({board.run}/router/cap.json) ([qos] admit, {path})"
+    )
+    assert caps.read(board.run / "router") is None  # nothing half-applied
+
+
+def test_the_leaf_wait_counts_only_the_time_the_admission_has_left(
+    fake_fs: FakeKernelCgroupFs, tmp_path: Path, router: FakeRouter, root: Path
+) -> None:
+    board, _chat, _path = _setup(fake_fs, tmp_path, router)
+    _stuck(fake_fs, "a")
+    r = next(s for s in scan(run=board.run, cgroup_root=fake_fs.root, root=root).slices
+             if s.name == "router")  # fmt: skip
+    u = Unload(router=r, models=("a",), before=1200 * MIB, budget=700 * MIB, own=100 * MIB,
+               frees=500 * MIB)  # fmt: skip
+    clock = Clock()
+    clock.now = 100.0
+    with pytest.raises(GovernorError, match=r"1\.5 s after its unload, the admission's 1\.5 s"):
+        unloading.apply(u, run=board.run, by="chat", fs=fake_fs, clock=clock, sleep=clock.sleep,
+                        deadline=101.5, timeout_s=5.0)  # fmt: skip
+    assert 101.5 <= clock.now < 101.6 and not (board.run / "router" / caps.CAP_FILE).exists()
+    # the admission's deadline after the wait's own 20 s: the wait ends as before, no refusal
+    clock.now = 0.0
+    unloading.apply(u, run=board.run, by="chat", fs=fake_fs, clock=clock, sleep=clock.sleep,
+                    deadline=60.0, timeout_s=60.0)  # fmt: skip
+    assert 20.0 <= clock.now < 20.1 and caps.read(board.run / "router") is not None
+
+
 def test_the_routers_evictor_keeps_its_models_under_the_lowered_budget(
     fake_fs: FakeKernelCgroupFs, router: FakeRouter
 ) -> None:
@@ -213,6 +308,47 @@ def test_the_routers_evictor_keeps_its_models_under_the_lowered_budget(
     assert ev.budget() == 720 * MIB
     lowered[0] = 4096 * MIB  # never above the group's own
     assert ev.budget() == 2048 * MIB
+
+
+def test_while_the_budget_is_lowered_the_kept_models_leaves_get_memory_high_at_their_share(
+    fake_fs: FakeKernelCgroupFs, tmp_path: Path, router: FakeRouter, root: Path
+) -> None:
+    board, chat, path = _setup(fake_fs, tmp_path, router)
+    leaves = {}
+    fake_fs.mkdir(f"{ROUTER_GROUP}/models")
+    for alias, current in (("b", 150 * MIB), ("c", 260 * MIB)):  # c, busy, above its 200
+        cg = model_cgroup(ROUTER_GROUP, alias)
+        fake_fs.mkdir(cg)
+        (fake_fs.path(cg) / files.CGROUP_PROCS).write_text("4242\n")
+        (fake_fs.path(cg) / files.MEMORY_CURRENT).write_text(f"{current}\n")
+        leaves[alias] = fake_fs.path(cg) / files.MEMORY_HIGH
+        leaves[alias].write_text("max\n")  # as its leaf was made (no memory.high planned)
+    clock = Clock()
+    ev = Evictor(
+        fake_fs, group=ROUTER_GROUP, leaf=f"{ROUTER_GROUP}/engine", client=RouterClient(router.url),
+        activity=Activity(fake_fs, ROUTER_GROUP), claims=ESTIMATES,
+    )  # fmt: skip
+    rplan = _plan("router", ROUTER_GROUP, QosSpec(qos_class="background"), None, "memory")
+    high = CapHigh(ev, lambda: caps.held_for(rplan, board.run, root), clock=clock)
+
+    def sync() -> dict[str, str]:
+        clock.sleep(SYNC_S)
+        high.sync()
+        return {a: f.read_text().strip() for a, f in leaves.items()}
+
+    assert sync() == {"b": "max", "c": "max"}  # no cap: nothing written
+    _admit(chat, board, path, root, [])  # a unloaded, the budget lowered while chat runs
+    # each kept model at what the admission counted for it, never under what it holds
+    assert sync() == {"b": str(400 * MIB), "c": str(260 * MIB)}
+    leaves["c"].write_text("999\n")  # tuned by someone else meanwhile
+    assert sync() == {"b": str(400 * MIB), "c": str(260 * MIB)}  # its share again
+    leaves["c"].write_text("777\n")
+    gone = subprocess.Popen(["true"])
+    gone.wait()
+    held = json.loads((board.run / "router" / caps.CAP_FILE).read_text())
+    (board.run / "router" / caps.CAP_FILE).write_text(json.dumps({**held, "pid": gone.pid}))
+    # chat gone: b's memory.high back as it was; c's, changed since, stays the other's
+    assert sync() == {"b": "max", "c": "777"}
 
 
 @pytest.mark.parametrize(

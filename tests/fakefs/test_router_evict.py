@@ -6,6 +6,7 @@ test_router_guest.py."""
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Callable, Iterable
 from pathlib import Path
@@ -434,6 +435,22 @@ def test_the_board_free_budget_is_the_budget_less_every_other_slices_claim(
     assert leaves.evictor.board_free() == (2048 - 256 - 700 - 200) * MIB  # not its own ("r")
     assert scanned == [{"run": tmp_path / "run", "cgroup_root": Path(plan.cgroup_root),
                         "root": tmp_path}]  # fmt: skip
+    # the lowered budget's memory.high reads the cap of this router's run dir (rundir/cap.py)
+    from governor.rundir import cap as caps
+    from governor.rundir.liveness import own_start
+
+    high = leaves.cap_high
+    assert high is not None and high.evictor is leaves.evictor and high.cap() is None
+    (tmp_path / "proc").symlink_to("/proc")
+    caps.write(tmp_path / "run" / "r", caps.Cap(
+        by="chat", pid=os.getpid(), pid_start=own_start(), budget=1, own=0, before=2,
+        models=("a",), at=1.0))  # fmt: skip
+    held = high.cap()
+    assert held is not None and held.by == "chat"
+    rounds: list[float] = []
+    high.sync = lambda: rounds.append(1.0)  # type: ignore[method-assign]
+    leaves.tick()  # the router thread's step
+    assert rounds == [1.0]
 
 
 def test_router_leaves_evicts_only_under_evict_memory(tmp_path: Path) -> None:
@@ -458,6 +475,7 @@ def test_router_leaves_evicts_only_under_evict_memory(tmp_path: Path) -> None:
     _Plan.engine = type("E", (), {"evict": "count"})()
     counted = build(_Plan(), "http://127.0.0.1:8080")
     assert counted.evictor is None and counted.activity is not None
+    assert counted.cap_high is None  # no cap without the evictor that holds it
 
 
 def test_the_governors_own_slot_probes_are_not_dated_as_requests(

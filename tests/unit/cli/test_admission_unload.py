@@ -12,10 +12,11 @@ import pytest
 
 from governor.api.admit import admission
 from governor.board.admission import Unloader
-from governor.board.budget import MIB
+from governor.board.budget import MIB, slice_of_plan
 from governor.board.slice import Slice
 from governor.board.unload import Model, Room, Unload
 from governor.errors import AdmissionRefused, GovernorError
+from governor.operate.boardview import fits
 from governor.record import replace
 
 from .test_admission import FakeBoard, other, plan
@@ -35,6 +36,7 @@ class FakeUnloader:
         self.fail = fail
         self.done: list[tuple[str, tuple[str, ...]]] = []
         self.restored: list[str] = []
+        self.deadlines: list[float] = []
 
     def rooms(self, routers: list[Slice]) -> list[Room]:
         return [
@@ -43,7 +45,8 @@ class FakeUnloader:
             for r in routers
         ]  # fmt: skip
 
-    def unload(self, u: Unload) -> None:
+    def unload(self, u: Unload, deadline: float) -> None:
+        self.deadlines.append(deadline)
         if self.fail is not None and self.fail in (*u.models, u.router.name):
             raise GovernorError(f"router {u.router.name} did not unload {self.fail}")
         self.done.append((u.router.name, u.models))
@@ -71,6 +74,7 @@ def test_an_unload_that_covers_stops_nobody_and_says_so(
     got = admission(plan("shed"), unloader=u.doors(), **b.kw(tmp_path))
     got.release()
     assert u.done == [("r", ("m1",))] and b.stopped == [] and u.restored == []
+    assert u.deadlines == [5.0]  # the admission's: started (0) + admit_timeout (5 s)
     assert got.note == "admitted after unloading m1 from r (a lower class)"
     assert "governor: admission of chat unloaded m1 from router r\n" in capsys.readouterr().err
 
@@ -81,6 +85,28 @@ def test_unloads_then_a_stop_for_what_they_leave(tmp_path: Path) -> None:
     # 1024 + 1700 - 1792: 932 MiB short; every idle model frees 900, batch the rest
     admission(plan("shed"), unloader=u.doors(), **b.kw(tmp_path)).release()
     assert u.done == [("r", ("m2", "m1"))] and b.stopped == ["batch"]
+
+
+def test_check_and_board_fits_say_the_unloads_and_the_stop_before_the_start(
+    tmp_path: Path,
+) -> None:
+    b = FakeBoard(router(1200 * MIB), other("batch", "background", 0, 500 * MIB))
+    u = FakeUnloader(b)
+    would = (
+        "unload m2, m1 from router r (frees 900 MiB: r's budget 1200 MiB -> 300 MiB) and stop batch"
+    )
+    lines: list[str] = []
+    admission(plan("shed"), unloader=u.doors(), act=False, hold=False, say=lines.append,
+              **b.kw(tmp_path)).release()  # fmt: skip
+    assert len(lines) == 1 and lines[0].endswith(f"; the shed would {would}")
+    assert u.done == [] and b.stopped == []  # said, not done
+    seen = b.gather()
+    out = fits(seen.budget, slice_of_plan(plan("shed")), seen.slices, "shed", u.rooms)
+    assert out["line"].endswith(f'; admit = "shed" would {would}')
+    assert out["victims"] == ["batch"] and [x["models"] for x in out["unloads"]] == [["m2", "m1"]]
+    # no router to unload: the line as before this (the victims a stop frees)
+    alone = fits(seen.budget, slice_of_plan(plan("shed")), seen.slices, "shed", None)
+    assert alone["unloads"] == [] and alone["line"].endswith('; admit = "shed" would stop r')
 
 
 def test_a_failed_unload_gives_every_budget_back_and_refuses_before_any_stop(
@@ -98,7 +124,7 @@ def test_a_failed_unload_gives_every_budget_back_and_refuses_before_any_stop(
 
 
 class Stays(FakeUnloader):
-    def unload(self, u: Unload) -> None:  # done, but the claim stays: no room comes
+    def unload(self, u: Unload, deadline: float) -> None:  # done, but the claim stays
         self.done.append((u.router.name, u.models))
 
 

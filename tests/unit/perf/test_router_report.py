@@ -180,3 +180,37 @@ def test_with_guest_the_host_writes_what_the_guests_output_held(
     assert len(body["runs"]) == 6 and body["meta"]["kernel"] == "6.1.0"
     assert body["meta"]["command"] == "python -m perf.router --rounds=3"
     assert not (tmp_path / "router-latency.png").exists()  # --no-plot
+
+
+def test_with_guest_a_failing_report_keeps_the_guests_records(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import perf.router_report as report
+
+    printed = [META_TAG + json.dumps({"kernel": "6.1.0"}),
+               *(RUN_TAG + json.dumps(to_json(r)) for r in _runs()), "perf/router: done"]  # fmt: skip
+    script = "import sys; sys.stdout.write(sys.argv[1])"
+    real = subprocess.Popen
+    monkeypatch.setattr(subprocess, "Popen", lambda cmd, **kw: real(
+        [sys.executable, "-c", script, "\n".join(printed) + "\n"], **kw))  # fmt: skip
+
+    def broken(*_a: Any, **_k: Any) -> str:
+        raise RuntimeError("no display")
+
+    monkeypatch.setattr(report, "finish", broken)
+    a = parser().parse_args(["--guest", "--out", str(tmp_path / "out")])
+    assert in_guest([], a) == 1
+    kept = (tmp_path / "out" / report.RAW_NAME).read_text().splitlines()
+    assert kept == printed[:-1]  # the tagged lines, as printed, and only those
+    assert collect(kept)[0] == _runs()  # the rounds read back from them
+    assert "the report failed (RuntimeError: no display)" in capsys.readouterr().out
+
+
+def test_finish_adds_variant_cs_table_when_a_round_of_it_ran(tmp_path: Path) -> None:
+    c = _r("3c", 0, latencies=[0.5], loads=[("a", 20.0), ("b", 3.0)],
+           reloaded_turns=[(1.5, 20, True), (4.0, 60, False)])  # fmt: skip
+    text = finish([*_runs(), c], {}, tmp_path, with_plot=False)
+    row = "| 3c: governor, evict = memory, --models-max 3 | 0 of 1 | 0 (0) | 0 | 1 / 1 / 0 | 23.0 |"
+    assert row in text
+    assert "1.5 (20 tok) x1 | 4.0 (60 tok) x1" in text
+    assert "loads (a / b / c)" not in finish(_runs(), {}, tmp_path, with_plot=False)
