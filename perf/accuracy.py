@@ -310,9 +310,7 @@ def _run_rss(cell: Cell, log: Path) -> Result:
     )
 
 
-def run_matrix(
-    cells: list[Cell], run: Callable[[Cell], Result], repeat: int = 1
-) -> list[Result]:
+def run_matrix(cells: list[Cell], run: Callable[[Cell], Result], repeat: int = 1) -> list[Result]:
     """Every cell through ``run``, one line each, ``repeat`` rounds of the whole matrix (the
     rounds interleaved, so a cell's runs are apart in time); a cell that fails is reported,
     not fatal. One result a cell: its runs merged (the worst peak, every run's in peaks)."""
