@@ -367,9 +367,17 @@ def in_guest(argv: list[str], timeout: float) -> int:
     return subprocess.call([*harness, "--", *cmd], cwd=REPO / "tests")
 
 
+def select(names: str) -> list[Cell]:
+    """The cells ``--cells`` names, in its order (a slow cell last: a timeout keeps the rest)."""
+    wanted = list(dict.fromkeys(names.split(",")))
+    if unknown := sorted(set(wanted) - {c.name for c in CELLS}):
+        raise SystemExit(f"perf/accuracy: unknown cells {unknown} (--cells)")
+    return [c for n in wanted for c in CELLS if c.name == n]
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
-    ap.add_argument("--cells", default=",".join(c.name for c in CELLS))
+    ap.add_argument("--cells", default=",".join(c.name for c in CELLS), help="run in this order")
     ap.add_argument("--json", type=Path, help="also write the results here")
     ap.add_argument("--repeat", type=int, default=1, help="rounds of the matrix (the spread)")
     ap.add_argument("--guest", action="store_true", help="run in the kernel test guest")
@@ -379,10 +387,7 @@ def main() -> int:
         help="no memory controller: peak RSS + the projector's page cache (a proxy)",
     )  # fmt: skip
     a = ap.parse_args()
-    names = a.cells.split(",")
-    cells = [c for c in CELLS if c.name in names]
-    if unknown := sorted(set(names) - {c.name for c in CELLS}):
-        raise SystemExit(f"perf/accuracy: unknown cells {unknown} (--cells)")
+    cells = select(a.cells)
     if a.guest:
         return in_guest([f"--cells={a.cells}", f"--repeat={a.repeat}"], a.guest_timeout)
     if not a.host_rss and (os.geteuid() != 0 or not (CGROUP / "cgroup.controllers").exists()):

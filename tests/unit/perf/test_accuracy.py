@@ -4,7 +4,9 @@ itself runs in the kernel guest, not in CI)."""
 
 from __future__ import annotations
 
-from perf.accuracy import CELLS, Cell, run_matrix
+import pytest
+
+from perf.accuracy import CELLS, Cell, run_matrix, select
 from perf.accuracy_report import MIB, Result, summary, table
 
 
@@ -60,3 +62,10 @@ def test_repeated_cells_count_their_worst_peak_and_show_the_spread() -> None:
     text = table(got)
     assert f"| {a.name} | 33.5 | 33.0 | 3: 30.0-33.0 |" in text
     assert f"| {b.name} | 33.5 | 41.0 | 2: 40.0-41.0 |" in text
+
+
+def test_cells_run_in_the_order_cells_names_them() -> None:
+    a, b, c = CELLS[:3]
+    assert select(f"{c.name},{a.name},{c.name}") == [c, a]
+    with pytest.raises(SystemExit, match="unknown cells"):
+        select(f"{b.name},nope")
