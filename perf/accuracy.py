@@ -368,8 +368,9 @@ def in_guest(argv: list[str], timeout: float) -> int:
 
 
 def select(names: str) -> list[Cell]:
-    """The cells ``--cells`` names, in its order (a slow cell last: a timeout keeps the rest)."""
-    wanted = list(dict.fromkeys(names.split(",")))
+    """The cells ``--cells`` names, in its order (a slow cell last: a timeout keeps the rest);
+    a cell named again runs again there (its runs merged as --repeat's: a noisy cell's spread)."""
+    wanted = names.split(",")
     if unknown := sorted(set(wanted) - {c.name for c in CELLS}):
         raise SystemExit(f"perf/accuracy: unknown cells {unknown} (--cells)")
     return [c for n in wanted for c in CELLS if c.name == n]

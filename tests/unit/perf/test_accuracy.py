@@ -66,6 +66,8 @@ def test_repeated_cells_count_their_worst_peak_and_show_the_spread() -> None:
 
 def test_cells_run_in_the_order_cells_names_them() -> None:
     a, b, c = CELLS[:3]
-    assert select(f"{c.name},{a.name},{c.name}") == [c, a]
+    assert select(f"{c.name},{a.name},{c.name}") == [c, a, c]  # c twice: its runs merged
+    got = run_matrix([c, a, c], lambda cell: result(cell, 33, 30 + len(cell.name)))
+    assert [r.cell for r in got] == [c.name, a.name] and len(got[0].peaks) == 2
     with pytest.raises(SystemExit, match="unknown cells"):
         select(f"{b.name},nope")
