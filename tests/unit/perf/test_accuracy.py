@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from perf.accuracy import CELLS, Cell, run_matrix, select
+from perf.accuracy import CELLS, Cell, run_matrix, select, until
 from perf.accuracy_report import MIB, Result, summary, table
 
 
@@ -71,3 +71,11 @@ def test_cells_run_in_the_order_cells_names_them() -> None:
     assert [r.cell for r in got] == [c.name, a.name] and len(got[0].peaks) == 2
     with pytest.raises(SystemExit, match="unknown cells"):
         select(f"{b.name},nope")
+
+
+def test_no_cell_starts_after_the_deadline_and_the_table_still_says_so() -> None:
+    a, b = CELLS[:2]
+    now = iter([0.0, 11.0])
+    got = run_matrix([a, b], until(lambda c: result(c, 105, 100), 10.0, lambda: next(now)))
+    assert got[0].verdict == "ok" and got[1].error == "RuntimeError: not run: --deadline passed"
+    assert until(lambda c: result(c, 1, 1), None)(a).cell == a.name  # no deadline: every cell
