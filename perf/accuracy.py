@@ -4,10 +4,11 @@
 the engine's measured memory.peak and their ratio; goal +10 % / -0 % (never under, at most 10 %
 over) and zero false refusals.
 
-    flock /tmp/governor-guest.lock .venv/bin/python -m perf.accuracy --guest [--cells a,b]
+    flock /tmp/governor-guest.lock .venv/bin/python -m perf.accuracy --guest [--cells a,b] [--repeat N]
     .venv/bin/python -m perf.accuracy [--cells a,b]   # as root on a cgroup v2 kernel
 
-Each cell runs once, alone, in a fresh cgroup with no limit (what is measured is what the
+Each cell runs once (`--repeat N`: N rounds of the matrix, a cell's peak the worst of its runs
+and their min-max beside it), alone, in a fresh cgroup with no limit (what is measured is what the
 engine takes, not what reclaim leaves it), the page cache dropped first so the model's and
 the projector's file pages are charged to the cell (the estimate is for a cold cache, as
 docs/calibration.md). One-shot cells run llama-completion to exit (`-n 4`); server cells run
@@ -35,18 +36,17 @@ import time
 import urllib.request
 import zlib
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from perf._helpers.cgroup import read_kv
 from perf._helpers.engine_paths import BIG, BIN, COMPLETION, MMPROJ, SMALL, TINY
 from perf._helpers.server import KVGUEST, SERVER, SERVER_ARGS, chat, free_port, prompt, wait_ready
+from perf.accuracy_report import MIB, STAT_KEYS, Result, failed, merge, table
 
 REPO = Path(__file__).resolve().parents[1]
 CGROUP = Path("/sys/fs/cgroup")
 SLICE = "perfaccuracy.slice"
-MIB = 1 << 20
-BAND = 0.10  # at most 10 % over, never under
 MTMD_CLI = BIN / "llama-mtmd-cli"
 IMAGE = Path("/tmp/perf-accuracy.png")
 TIME = "/usr/bin/time"  # GNU time: a one-shot engine's peak RSS in --host-rss  # written by run_cell for llama-mtmd-cli
@@ -92,50 +92,6 @@ CELLS = (
     Cell("tiny-mtmd-cli-c1024", ("-m", str(TINY), *MM, "-c", "1024", "--image", str(IMAGE),
          "-p", "what is this", "-n", "4", "-t", "2", "--chat-template", "chatml"), MTMD_CLI),
 )  # fmt: skip
-
-
-@dataclass
-class Result:
-    cell: str
-    argv: str
-    estimate: int
-    terms: dict[str, int]
-    peak: int
-    anon: int  # memory.stat at the end of the run
-    file: int
-    prompt_tokens: list[int] = field(default_factory=list)
-    oom_kill: int = 0
-    wall_s: float = 0.0
-    # memory.stat's other charged kinds at the end of the run (STAT_KEYS) and the engine's own
-    # files' page cache after it (fincore: what the run read of its binary and libraries)
-    stat: dict[str, int] = field(default_factory=dict)
-    engine_files: dict[str, int] = field(default_factory=dict)
-    error: str = ""  # the cell failed: why (reported in the table, not fatal)
-
-    @property
-    def ratio(self) -> float:
-        return self.estimate / self.peak if self.peak else 0.0
-
-    @property
-    def verdict(self) -> str:
-        if self.error:
-            return f"FAILED: {self.error}"
-        if self.ratio < 1.0:
-            return "UNDER"
-        return "over band" if self.ratio > 1.0 + BAND else "ok"
-
-    @property
-    def false_refusal(self) -> bool:
-        return self.estimate > self.peak * (1.0 + BAND)  # a failed cell: 0 > 0
-
-
-STAT_KEYS = ("file_mapped", "kernel", "kernel_stack", "pagetables", "slab", "sock", "shmem")
-
-
-def failed(cell: Cell, error: str) -> Result:
-    """A cell that did not run to its measurement (reported as such, the matrix goes on)."""
-    return Result(cell.name, shlex.join([cell.program.name, *cell.argv]), 0, {}, 0, 0, 0,
-                  error=error)  # fmt: skip
 
 
 def engine_files(program: Path) -> list[Path]:
@@ -354,14 +310,16 @@ def _run_rss(cell: Cell, log: Path) -> Result:
     )
 
 
-def run_matrix(cells: list[Cell], run: Callable[[Cell], Result]) -> list[Result]:
-    """Every cell through ``run``, one line each; a cell that fails is reported, not fatal."""
-    results: list[Result] = []
-    for cell in cells:
+def run_matrix(cells: list[Cell], run: Callable[[Cell], Result], repeat: int = 1) -> list[Result]:
+    """Every cell through ``run``, one line each, ``repeat`` rounds of the whole matrix (the
+    rounds interleaved, so a cell's runs are apart in time); a cell that fails is reported,
+    not fatal. One result a cell: its runs merged (the worst peak, every run's in peaks)."""
+    runs: dict[str, list[Result]] = {c.name: [] for c in cells}
+    for cell in [c for _ in range(repeat) for c in cells]:
         try:
             r = run(cell)
         except (OSError, RuntimeError, ValueError, subprocess.SubprocessError) as e:
-            r = failed(cell, f"{type(e).__name__}: {e}")
+            r = failed(cell.name, cell.program, cell.argv, f"{type(e).__name__}: {e}")
             print(f"perf/accuracy: {cell.name}: FAILED {r.error}", flush=True)
         else:
             print(
@@ -371,40 +329,8 @@ def run_matrix(cells: list[Cell], run: Callable[[Cell], Result]) -> list[Result]
                 f" stat {r.stat}; engine files cached {r.engine_files}",
                 flush=True,
             )
-        results.append(r)
-    return results
-
-
-def table(results: list[Result]) -> str:
-    """The markdown table docs/benchmarks.md shows (its source), with the summary line."""
-    lines = [
-        "| cell | estimate MiB | memory.peak MiB | anon / file MiB | ratio | verdict |",
-        "|---|---:|---:|---:|---:|---|",
-    ]
-    for r in results:
-        lines.append(
-            f"| {r.cell} | {r.estimate / MIB:.1f} | {r.peak / MIB:.1f} |"
-            f" {r.anon / MIB:.0f} / {r.file / MIB:.0f} | {r.ratio:.3f} | {r.verdict} |"
-        )
-    lines += ["", summary(results)]
-    return "\n".join(lines)
-
-
-def summary(results: list[Result]) -> str:
-    """cells, worst over and under, false refusals, failed cells (not counted in the worst)."""
-    ran = [r for r in results if not r.error]
-    bad = [r.cell for r in results if r.error]
-    out = f"cells {len(results)}"
-    if ran:
-        over = max(ran, key=lambda r: r.ratio)
-        under = min(ran, key=lambda r: r.ratio)
-        refused = [r.cell for r in ran if r.false_refusal]
-        out += (
-            f"; worst over {over.cell} {over.ratio - 1:+.1%};"
-            f" worst under {under.cell} {under.ratio - 1:+.1%};"
-            f" false refusals {len(refused)}{': ' + ', '.join(refused) if refused else ''}"
-        )
-    return out + (f"; FAILED {len(bad)}: {', '.join(bad)}" if bad else "")
+        runs[cell.name].append(r)
+    return [merge(rs) for rs in runs.values()]
 
 
 def provenance() -> str:
@@ -441,10 +367,35 @@ def in_guest(argv: list[str], timeout: float) -> int:
     return subprocess.call([*harness, "--", *cmd], cwd=REPO / "tests")
 
 
+def until(
+    run: Callable[[Cell], Result], stop: float | None, clock: Callable[[], float] = time.monotonic
+) -> Callable[[Cell], Result]:
+    """``run``, but a cell due after ``stop`` (``clock``'s time) is not started: it fails as
+    "not run", so the table still prints before the guest's timeout ends the boot."""
+
+    def bounded(cell: Cell) -> Result:
+        if stop is not None and clock() > stop:
+            raise RuntimeError("not run: --deadline passed")
+        return run(cell)
+
+    return bounded
+
+
+def select(names: str) -> list[Cell]:
+    """The cells ``--cells`` names, in its order (a slow cell last: a timeout keeps the rest);
+    a cell named again runs again there (its runs merged as --repeat's: a noisy cell's spread)."""
+    wanted = names.split(",")
+    if unknown := sorted(set(wanted) - {c.name for c in CELLS}):
+        raise SystemExit(f"perf/accuracy: unknown cells {unknown} (--cells)")
+    return [c for n in wanted for c in CELLS if c.name == n]
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
-    ap.add_argument("--cells", default=",".join(c.name for c in CELLS))
+    ap.add_argument("--cells", default=",".join(c.name for c in CELLS), help="run in this order")
     ap.add_argument("--json", type=Path, help="also write the results here")
+    ap.add_argument("--repeat", type=int, default=1, help="rounds of the matrix (the spread)")
+    ap.add_argument("--deadline", type=float, help="start no cell after this many seconds")
     ap.add_argument("--guest", action="store_true", help="run in the kernel test guest")
     ap.add_argument("--guest-timeout", type=float, default=2100.0)
     ap.add_argument(
@@ -452,12 +403,10 @@ def main() -> int:
         help="no memory controller: peak RSS + the projector's page cache (a proxy)",
     )  # fmt: skip
     a = ap.parse_args()
-    names = a.cells.split(",")
-    cells = [c for c in CELLS if c.name in names]
-    if unknown := sorted(set(names) - {c.name for c in CELLS}):
-        raise SystemExit(f"perf/accuracy: unknown cells {unknown} (--cells)")
+    cells = select(a.cells)
     if a.guest:
-        return in_guest([f"--cells={a.cells}"], a.guest_timeout)
+        more = [] if a.deadline is None else [f"--deadline={a.deadline}"]
+        return in_guest([f"--cells={a.cells}", f"--repeat={a.repeat}", *more], a.guest_timeout)
     if not a.host_rss and (os.geteuid() != 0 or not (CGROUP / "cgroup.controllers").exists()):
         raise SystemExit("perf/accuracy: needs root on a cgroup v2 kernel (--guest, --host-rss)")
     if not MTMD_CLI.exists() and MTMD_CLI in {c.program for c in cells}:
@@ -480,8 +429,11 @@ def main() -> int:
     with contextlib.ExitStack() as stack:
         if parent is not None:
             stack.callback(parent.rmdir)
+        stop = None if a.deadline is None else t0 + a.deadline
         results = run_matrix(
-            cells, lambda c: run_cell(c, parent, Path(f"/tmp/perf-accuracy-{c.name}.log"))
+            cells,
+            until(lambda c: run_cell(c, parent, Path(f"/tmp/perf-accuracy-{c.name}.log")), stop),
+            a.repeat,
         )
     print(f"perf/accuracy: {len(results)} cells in {time.monotonic() - t0:.0f} s")
     command = shlex.join(["python", "-m", "perf.accuracy", *sys.argv[1:]])

@@ -313,7 +313,7 @@ def _terms(info: GgufInfo, s: Settings, family: str, margin: int) -> tuple[Term,
         )
     )
     if s.projector is not None:
-        out += [Term(*t) for t in projector.terms(s.projector, server=s.server)]
+        out += [Term(*t) for t in projector.terms(s.projector)]
     if s.server:
         tok = kv_token_bytes(info, s)
         out += [Term(*t) for t in server.terms(info, s, tok)]

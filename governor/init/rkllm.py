@@ -1,7 +1,8 @@
 """`governor init` for an RKLLM model (issue 45 item 6): a policy whose NPU memory claim
-(``[device] memory``) is RKLLM's estimate (governor/engines/rkllm_memory.py: Rockchip's RK3588
-table within 10 %), refused (75) when that claim does not fit the NPU's address space beside the
-RKLLM instances already running, as admission refuses their launch (governor/board/npu.py).
+(``[device] memory``) is RKLLM's estimate (governor/engines/rkllm_memory.py: never under
+Rockchip's RK3588 table, within +10 % on six of its nine rows), refused (75) when that claim
+does not fit the NPU's address space beside the RKLLM instances already running, as admission
+refuses their launch (governor/board/npu.py).
 
 The estimate needs the model's parameters and quantisation: a .rkllm file's header is
 Rockchip's own (no documented fields), so they are read from the file's name, which

@@ -21,7 +21,8 @@ from helpers.cgroups import ScratchSlice
 
 from perf._helpers.engine_paths import MMPROJ, TINY
 from perf._helpers.server import SERVER
-from perf.accuracy import BAND, CELLS, MIB, run_cell
+from perf.accuracy import CELLS, run_cell
+from perf.accuracy_report import BAND, MIB
 
 REPO = Path(__file__).resolve().parents[2]
 CELL = next(c for c in CELLS if c.name == "tiny-mmproj-c1024")

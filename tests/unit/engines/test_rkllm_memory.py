@@ -25,13 +25,20 @@ RK3588_W8A8 = [
 ]
 
 
+# rows no estimate from the parameter count can hold within +10 % once it is never under
+# (governor/engines/rkllm_memory.py says why), with the most over they may be
+BEYOND_THE_BAND = {"TinyLLAMA-1.1B": 0.21, "InternLM2-1.8B": 0.21, "ChatGLM3-6B": 0.11}
+
+
 @pytest.mark.parametrize(("model", "params", "table_mb"), RK3588_W8A8)
-def test_the_estimate_is_within_10_percent_of_rockchips_rk3588_table(
+def test_the_estimate_is_never_under_rockchips_rk3588_table_and_at_most_10_percent_over(
     model: str, params: int, table_mb: float
 ) -> None:
     got = estimate_bytes(params, "w8a8")
     assert got is not None
-    assert abs(got / (table_mb * MB) - 1) <= 0.10, (model, got / MB, table_mb)
+    over = got / (table_mb * MB) - 1
+    assert 0 <= over <= BEYOND_THE_BAND.get(model, 0.10), (model, got / MB, table_mb)
+    assert (over > 0.10) == (model in BEYOND_THE_BAND), (model, f"{over:+.1%}")
 
 
 def test_an_unknown_dtype_has_no_estimate() -> None:

@@ -87,15 +87,15 @@ def test_init_refuses_a_second_rkllm_instance_that_would_not_fit_the_npu_with_75
     capsys: pytest.CaptureFixture[str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setenv("GOVERNOR_RUN_DIR", str(running_rkllm(tmp_path, "npu-a", 3 * GIB)))
-    big = tmp_path / "Llama-3.2-1B-Instruct_W8A8_RK3588.rkllm"  # 1100 MiB: fits the pool
+    big = tmp_path / "Llama-3.2-1B-Instruct_W8A8_RK3588.rkllm"  # 1210 MiB: fits the pool
     big.write_bytes(b"w")
     out = tmp_path / "npu-b.toml"
     argv = ("--root", RK3588, "init", "--name", "npu-b", "-o", str(out))
     code, _, err = run(capsys, *argv, "--model", str(big))
     assert code == 75, err
     assert err.splitlines()[0].startswith(
-        "governor: npu-b needs 1100 MiB of NPU memory beside the running RKLLM instance(s)"
-        " (npu-a 3072 MiB): 4172 MiB is above the NPU's 4 GiB address space"
+        "governor: npu-b needs 1210 MiB of NPU memory beside the running RKLLM instance(s)"
+        " (npu-a 3072 MiB): 4282 MiB is above the NPU's 4 GiB address space"
     ), err
     assert err.splitlines()[1].startswith("hint: ") and not out.exists()  # nothing written
     small = tmp_path / "Qwen2-0.5B-Instruct_W8A8_RK3588.rkllm"  # 0.6 GiB: fits beside it
@@ -123,7 +123,7 @@ def test_a_name_without_parameters_claims_the_files_size(
 def test_init_refuses_what_check_would_a_claim_above_the_boards_pool_now(
     capsys: pytest.CaptureFixture[str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """The fixture board has 1508 MiB available: a 1.5B model's 1570 MiB claim does not fit its
+    """The fixture board has 1508 MiB available: a 1.5B model's 1728 MiB claim does not fit its
     system pool. init refuses with check's line and writes nothing; --board-memory (an empty
     board of that size) drafts it."""
     monkeypatch.setenv("GOVERNOR_RUN_DIR", str(tmp_path / "run"))
@@ -132,7 +132,7 @@ def test_init_refuses_what_check_would_a_claim_above_the_boards_pool_now(
     out = tmp_path / "npu.toml"
     code, _, err = run(capsys, "--root", RK3588, "init", "--model", str(big), "-o", str(out))
     assert code == 65, err
-    assert err.startswith("governor: device memory 1.53GiB (1646264320 bytes)"), err
+    assert err.startswith("governor: device memory 1.69GiB (1811939328 bytes)"), err
     assert "does not fit what the board can give: MemAvailable" in err.splitlines()[0], err
     assert err.splitlines()[1].startswith("hint: ") and not out.exists()
     code, _, err = run(capsys, "--root", RK3588, "init", "--model", str(big), "-o", str(out),
