@@ -326,6 +326,10 @@ def detect_accel(kernel: Path, cache_dir: Path, requested: str = "auto") -> tupl
 class Run:
     rc: int | None  # None: killed by the timeout
     wall: float
+    # CPU seconds (user + sys) of the process and the descendants it reaped, from wait4's
+    # rusage: a guest tier's qemu time against its wall says how many host cores the guest
+    # kept busy (None: killed by the timeout, or reaped elsewhere)
+    cpu: float | None = None
 
 
 def _kill_group(proc: subprocess.Popen[bytes], grace: float = 0.0) -> None:
@@ -378,8 +382,9 @@ def run_streamed(
         t = threading.Thread(target=pump, daemon=True)
         t.start()
         rc: int | None
+        cpu: float | None = None
         try:
-            rc = proc.wait(timeout=timeout)
+            rc, cpu = wait_rusage(proc, timeout)
         except subprocess.TimeoutExpired:
             log(f"timeout after {timeout:.0f}s: stopping {argv[0]}")
             _kill_group(proc, INTERRUPT_GRACE_S)
@@ -390,7 +395,26 @@ def run_streamed(
         finally:
             RUNNING.discard(proc)
         t.join(timeout=5)
-    return Run(rc, time.monotonic() - start)
+    return Run(rc, time.monotonic() - start, cpu)
+
+
+def wait_rusage(proc: subprocess.Popen[bytes], timeout: float | None) -> tuple[int, float | None]:
+    """(exit code, CPU seconds) of `proc` once it ends: reaped with wait4, whose rusage is the
+    process's own user + sys time plus that of the descendants it waited for (Popen.wait
+    drops it). Raises subprocess.TimeoutExpired after `timeout` seconds, as Popen.wait does."""
+    end = None if timeout is None else time.monotonic() + timeout
+    while True:
+        try:
+            pid, status, ru = os.wait4(proc.pid, os.WNOHANG)
+        except ChildProcessError:  # reaped elsewhere: the exit code without the rusage
+            return proc.wait(timeout=0), None
+        if pid:
+            proc.returncode = os.waitstatus_to_exitcode(status)
+            return proc.returncode, ru.ru_utime + ru.ru_stime
+        left = None if end is None else end - time.monotonic()
+        if left is not None and left <= 0:
+            raise subprocess.TimeoutExpired(proc.args, timeout or 0.0)
+        time.sleep(0.1 if left is None else min(0.1, left))
 
 
 class Follower:
@@ -675,6 +699,7 @@ def tier_lint(opts: Options) -> TierResult:
     end = start + opts.timeout
     res = TierResult("lint", ok=True, wall=0.0)
     passed = 0
+    cpus: list[float | None] = []
     for i, (name, argv) in enumerate(checks.items()):
         left = end - time.monotonic()
         if left < 1:
@@ -685,6 +710,7 @@ def tier_lint(opts: Options) -> TierResult:
         log(f"lint: {name}")
         r = run_streamed(argv, d / f"{i}-{name.split()[0]}-{i}.log", timeout=left)
         res.cases.append(Case(name, r.wall, "passed" if r.rc == 0 else "failed"))
+        cpus.append(r.cpu)
         if r.rc == 0:
             passed += 1
         else:
@@ -693,6 +719,7 @@ def tier_lint(opts: Options) -> TierResult:
             res.notes.append(f"{name} failed ({why})")
     res.counts = Counts(tests=len(checks), failures=len(checks) - passed)
     res.wall = time.monotonic() - start
+    res.cpu = sum(c for c in cpus if c is not None) if cpus and None not in cpus else None
     return res
 
 
@@ -711,6 +738,7 @@ def tier_host(opts: Options) -> TierResult:
     log("host: " + shlex.join(argv))
     r = run_streamed(argv, d / "output.log", timeout=opts.timeout, env=env)
     res = judge_pytest("host", r.rc, junit, r.wall, ci=is_ci())
+    res.cpu = r.cpu
     if r.rc is None:
         res.notes.append(f"pytest stopped at the {opts.timeout:.0f}s timeout")
     return res
@@ -898,6 +926,7 @@ def tier_qemu(opts: Options, tier: str, kernel: Path, accel: str) -> TierResult:
     wall = time.monotonic() - start
     rc = read_rc(d / "rc")
     res = judge_pytest(tier, rc, d / "junit.xml", wall, ci=is_ci())
+    res.cpu = r.cpu  # qemu's: all the guest's vCPUs and its I/O threads
     if r.rc is None:
         res.notes.append(f"guest killed after the {opts.timeout:.0f}s timeout")
     if rc is None or rc == 125:

@@ -78,11 +78,13 @@ def test_format_table() -> None:
         "errors",
         "wall",
         "s",
+        "cpu",
+        "s",
         "budget",
         "s",
     ]
-    assert lines[2].split() == ["host", "ok", "4", "0", "1", "0", "3.0", "-"]
-    assert lines[3].split() == ["kernel", "FAIL", "-", "-", "-", "-", "70.0", "-"]
+    assert lines[2].split() == ["host", "ok", "4", "0", "1", "0", "3.0", "-", "-"]
+    assert lines[3].split() == ["kernel", "FAIL", "-", "-", "-", "-", "70.0", "-", "-"]
     assert lines[5].split() == ["total", "FAIL", "80.0"]
     assert "kernel: no exit code came back" in out
 
@@ -111,12 +113,40 @@ def test_the_summary_table_and_duration_report_show_budget_against_measured() ->
         judge_budget(TierResult("host", True, 500.0, Counts(5, 0, 0, 0)), 420.0, ci=True),
     ]
     table = format_table(rows, 512.0).splitlines()
-    assert table[2].split() == ["lint", "ok", "4", "0", "0", "0", "12.0", "60"]
-    assert table[3].split() == ["host", "FAIL", "5", "0", "0", "0", "500.0", "420"]
+    assert table[2].split() == ["lint", "ok", "4", "0", "0", "0", "12.0", "-", "60"]
+    assert table[3].split() == ["host", "FAIL", "5", "0", "0", "0", "500.0", "-", "420"]
     assert "host: took 500s, over its budget of 420s" in "\n".join(table)
     report = format_durations(rows, 512.0).splitlines()
     assert report[1].split() == ["tier", "lint", "12.0", "(budget", "60s)"]
     assert report[2].split() == ["tier", "host", "500.0", "(budget", "420s", "OVER)"]
+
+
+def test_a_tiers_cpu_time_is_its_process_s_rusage_and_the_report_says_how_many_cores(
+    tmp_path: Path,
+) -> None:
+    """A guest tier's qemu CPU time beside its wall time says whether the guest keeps both host
+    cores busy (if not, a host tier could run beside it): run_streamed reads it from wait4's
+    rusage, a busy child's and a sleeping one's apart, a grandchild's counted once reaped."""
+    spin = "import time\nt = time.process_time()\nwhile time.process_time() - t < 0.4: pass"
+    busy = harness.run_streamed([sys.executable, "-c", spin], tmp_path / "busy.log", timeout=60)
+    assert busy.rc == 0 and busy.cpu is not None and busy.cpu >= 0.35, busy
+    child = f"import subprocess, sys; subprocess.run([sys.executable, '-c', {spin!r}])"
+    tree = harness.run_streamed([sys.executable, "-c", child], tmp_path / "tree.log", timeout=60)
+    assert tree.rc == 0 and tree.cpu is not None and tree.cpu >= 0.35, tree
+    idle = harness.run_streamed(["sleep", "0.5"], tmp_path / "idle.log", timeout=60)
+    assert idle.rc == 0 and idle.wall >= 0.45 and idle.cpu is not None and idle.cpu < 0.2, idle
+    failed = harness.run_streamed(["sh", "-c", "exit 3"], tmp_path / "rc.log", timeout=60)
+    assert failed.rc == 3
+    hung = harness.run_streamed(["sleep", "30"], tmp_path / "hung.log", timeout=0.5)
+    assert hung.rc is None and hung.cpu is None and hung.wall < 25
+    kernel = TierResult("kernel", True, 100.0, Counts(1, 0, 0, 0), cpu=180.0)
+    host = TierResult("host", True, 50.0, Counts(1, 0, 0, 0))
+    table = format_table([kernel, host], 150.0).splitlines()
+    assert table[2].split() == ["kernel", "ok", "1", "0", "0", "0", "100.0", "180.0", "-"]
+    assert table[3].split()[6:] == ["50.0", "-", "-"]
+    report = format_durations([kernel, host], 150.0).splitlines()
+    assert report[1].split() == ["tier", "kernel", "100.0", "cpu", "180.0s", "=", "1.80", "cores"]
+    assert report[2].split() == ["tier", "host", "50.0"]
 
 
 def test_budgets_hold_only_ci_s_configuration(tmp_path: Path) -> None:
@@ -146,7 +176,7 @@ def test_a_run_whose_tier_passes_its_budget_fails_under_ci(
     out = capsys.readouterr().out
     table = out[out.index("\ntier ") + 1 :].splitlines()
     assert table[3].split()[:2] == ["host", "FAIL"]
-    assert table[3].split()[-2:] == [f"{slow:.1f}", f"{harness.TIER_BUDGETS['host']:.0f}"]
+    assert table[3].split()[-3:] == [f"{slow:.1f}", "-", f"{harness.TIER_BUDGETS['host']:.0f}"]
     assert f"host: took {slow:.0f}s, over its budget" in out
     monkeypatch.setenv("CI", "false")
     assert harness.main(argv) == 0
