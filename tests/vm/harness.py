@@ -672,6 +672,7 @@ class Options:
     full: bool = False  # --full: the `full` tests too, larger timeouts
     kernel_vm: str = "qemu"
     serial: bool = True  # one tier at a time (--parallel: the kernel guest alongside the rest)
+    overlap: bool = False  # --overlap: overlap_tiers beside lint and host
     kernel_series: str | None = None  # --kernel: the kernel and systemd tiers boot this series
     cpus: int = GUEST_CPUS
     memory_mib: int = GUEST_MEMORY_MIB
@@ -938,6 +939,20 @@ def tier_qemu(opts: Options, tier: str, kernel: Path, accel: str) -> TierResult:
 # ------------------------------------------------------------------------------ main
 
 
+def overlap_tiers(tiers: Sequence[str], accel: str, series: str | None = None) -> list[str]:
+    """The guest tiers of `tiers` that --overlap runs beside lint and the host tier: those
+    whose qemu runs all its vCPUs on one host thread (TCG_THREADS "single"), which leaves the
+    other core of the 2-core CI machine to the host's pytest. None under KVM, or without a
+    host tier to overlap."""
+    if accel == "kvm" or not any(t in ("lint", "host") for t in tiers):
+        return []
+    return [
+        t
+        for t in tiers
+        if t in GUEST_TIERS and TCG_THREADS.get(tier_series(t, series) or "") == "single"
+    ]
+
+
 def parse_tiers(values: Sequence[str]) -> list[str]:
     out: list[str] = []
     for v in values:
@@ -993,6 +1008,11 @@ def parse_args(argv: Sequence[str]) -> Options:
                    help="run the kernel guest (the longest tier) alongside lint, host and the "
                    "systemd guest instead of one tier after the other; measured on the 2-core "
                    "CI machine: 50 min against 48-56 min serial, the systemd tier 2.2x slower")  # fmt: skip
+    p.add_argument("--overlap", action="store_true",
+                   default=os.environ.get("GOVERNOR_TEST_OVERLAP") == "1",
+                   help="run the guest tiers whose qemu keeps one host core busy (single-"
+                   "threaded TCG: compat-6.18, compat-7.x) beside lint and the host tier, the "
+                   "other guests one after the other afterwards")  # fmt: skip
     p.add_argument("--arch", choices=("amd64", "arm64"), default="amd64",
                    help="arm64: the kernel tier boots an arm64 guest (qemu-system-aarch64, TCG; "
                    "scripts/arm64-setup) and runs its compat subset and the tiny model under "
@@ -1040,6 +1060,7 @@ def parse_args(argv: Sequence[str]) -> Options:
                    timeouts=timeouts, deadline=deadline, full=args.full,
                    memory_mib=FULL_GUEST_MEMORY_MIB if args.full else GUEST_MEMORY_MIB,
                    kernel_vm=args.kernel_vm, serial=not args.parallel,
+                   overlap=args.overlap and not args.parallel,
                    arch=args.arch, kernel_series=args.kernel_series,
                    budgets=dict(TIER_BUDGETS) if default_run else {})  # fmt: skip
 
@@ -1183,17 +1204,30 @@ def main(argv: Sequence[str] | None = None) -> int:
     # the kernel guest is the longest tier and leaves the host's CPU idle while its tests
     # wait (PSI windows, deadlines, the engine's I/O): the other tiers run meanwhile, one at
     # a time, so at most two things compete for the CPU
-    background = None
+    background: threading.Thread | None = None
+    behind: list[str] = []  # the tiers the background thread runs, one after the other
     if not opts.serial and "kernel" in opts.tiers and len(opts.tiers) > 1:
         log("--parallel: the kernel guest runs alongside the other tiers")
-        background = threading.Thread(
-            target=lambda: done.__setitem__("kernel", run_tier("kernel")), daemon=True
-        )
+        behind = ["kernel"]
+    elif opts.overlap:
+        behind = overlap_tiers(opts.tiers, accel, opts.kernel_series)
+        if behind:
+            log(f"--overlap: {', '.join(behind)} (one host thread of TCG) beside lint and host")
+    if behind:
+
+        def run_behind() -> None:
+            for t in behind:
+                done[t] = run_tier(t)
+
+        background = threading.Thread(target=run_behind, daemon=True)
         background.start()
     try:
         for tier in opts.tiers:
-            if background is None or tier != "kernel":
-                done[tier] = run_tier(tier)
+            if tier in behind:
+                continue
+            if opts.overlap and background is not None and tier in GUEST_TIERS:
+                background.join()  # one guest at a time
+            done[tier] = run_tier(tier)
         if background is not None:
             background.join()
     except BaseException:

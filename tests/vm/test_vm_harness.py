@@ -380,26 +380,31 @@ def test_precompile_fills_pytests_rewrite_cache(tmp_path: Path) -> None:
 
 
 def _fake_tiers(
-    monkeypatch: pytest.MonkeyPatch, *, kernel_ok: bool = True, parallel: bool = True
+    monkeypatch: pytest.MonkeyPatch,
+    *,
+    kernel_ok: bool = True,
+    parallel: bool = True,
+    hold: tuple[str, str] = ("kernel", "systemd"),
 ) -> list[tuple[str, str]]:
-    """Tiers that record when they start and end. In parallel mode the fake kernel guest
-    ends only once the systemd tier has ended (an event, not a sleep: no timing involved);
-    if the harness did not overlap them, it gives up after 30 s and the order shows it."""
+    """Tiers that record when they start and end. In parallel mode the fake tier hold[0]
+    (the kernel guest) ends only once hold[1] (the systemd tier) has ended (an event, not a
+    sleep: no timing involved); if the harness did not overlap them, it gives up after 30 s
+    and the order shows it."""
     import threading
 
     events: list[tuple[str, str]] = []
     lock = threading.Lock()
-    systemd_done = threading.Event()
+    other_done = threading.Event()
 
     def fake(tier: str, ok: bool = True) -> TierResult:
         with lock:
             events.append(("start", tier))
-        if tier == "kernel" and parallel:
-            systemd_done.wait(timeout=30)
+        if tier == hold[0] and parallel:
+            other_done.wait(timeout=30)
         with lock:
             events.append(("end", tier))
-        if tier == "systemd":
-            systemd_done.set()
+        if tier == hold[1]:
+            other_done.set()
         return TierResult(tier, ok=ok, wall=0.0, counts=Counts(tests=1))
 
     monkeypatch.delenv("GOVERNOR_TEST_STARTED", raising=False)
@@ -435,6 +440,25 @@ def test_the_kernel_guest_runs_alongside_the_other_tiers_and_its_result_counts(
     # a failing kernel guest fails the run, as it does when serial
     _fake_tiers(monkeypatch, kernel_ok=False)
     assert harness.main(["--parallel", "--results", str(tmp_path / "r2")]) == 1
+
+
+def test_overlap_runs_the_one_thread_guests_beside_lint_and_host_and_the_others_after(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """compat-6.18's qemu runs its vCPUs on one host thread (TCG_THREADS): --overlap starts it
+    first and runs lint and host beside it; the other guests wait for it (one guest at a
+    time) and run one after the other."""
+    events = _fake_tiers(monkeypatch, hold=("compat-6.18", "host"))
+    assert harness.main(["--overlap", "--results", str(tmp_path / "r")]) == 0
+    order = [ev for ev in events if ev[0] != "kernel"]
+    assert order[0] == ("start", "compat-6.18")
+    assert order.index(("end", "host")) < order.index(("end", "compat-6.18"))
+    assert order.index(("start", "lint")) < order.index(("end", "compat-6.18"))
+    after = order[order.index(("end", "compat-6.18")) + 1 :]
+    assert after == [(e, t) for t in ("kernel", "systemd", "compat-5.10") for e in ("start", "end")]
+    assert harness.overlap_tiers(harness.DEFAULT_TIERS, "kvm") == []
+    assert harness.overlap_tiers(["kernel", "compat-6.18"], "tcg") == [], "no host tier beside"
+    assert harness.overlap_tiers(["host", "compat-7.x", "compat-6.12"], "tcg") == ["compat-7.x"]
 
 
 def test_serial_runs_one_tier_at_a_time(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
