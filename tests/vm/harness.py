@@ -126,6 +126,9 @@ TCG_BOOT_ARGS: dict[str, str] = {"6.18": "tsc=unstable", "7.x": "tsc=unstable"}
 # holding the breakpoint after the patch was done. With one thread no vCPU runs while another
 # patches (issue 47)
 TCG_THREADS: dict[str, str] = {"6.18": "single", "7.x": "single"}
+# --overlap runs every compat tier this way, for time: on the 2-core CI machine a one-thread
+# guest leaves the other core to lint and the host tier (issue 47 item 3)
+OVERLAP_THREAD = "single"
 COMPAT_MARK = "compat"
 COMPAT_TIERS: tuple[str, ...] = tuple(f"compat-{k}" for k in KERNEL_SERIES)
 # the quadlet tier (tests/vm/quadlet.py): Debian 13's own root file system and kernel, systemd
@@ -247,11 +250,12 @@ def qemu_binary() -> str:
     return q
 
 
-def accel_args(accel: str, series: str | None = None) -> list[str]:
-    """qemu's accelerator arguments; under TCG, ``series`` picks its TCG_THREADS."""
+def accel_args(accel: str, series: str | None = None, thread: str | None = None) -> list[str]:
+    """qemu's accelerator arguments; under TCG, ``series`` picks its TCG_THREADS unless
+    ``thread`` says (tier_thread)."""
     if accel == "kvm":
         return ["-accel", "kvm", "-cpu", "host"]
-    thread = TCG_THREADS.get(series or "", "multi")
+    thread = thread or TCG_THREADS.get(series or "", "multi")
     return ["-accel", f"tcg,thread={thread}", "-cpu", "max"]
 
 
@@ -872,8 +876,10 @@ def qemu_systemd_argv(
     memory_mib: int,
     series: str | None = None,
     root: Path = Path("/"),
+    thread: str | None = None,
 ) -> list[str]:
-    """``series``: the kernel's series (tier_series), for its TCG_BOOT_ARGS and TCG_THREADS;
+    """``series``: the kernel's series (tier_series), for its TCG_BOOT_ARGS and TCG_THREADS
+    (``thread``: TCG's threading instead, tier_thread);
     ``root``: the tree
     the guest boots (the host's own, or the quadlet tier's trixie)."""
     for p in (kernel, initrd, share, root):
@@ -883,7 +889,7 @@ def qemu_systemd_argv(
     if accel != "kvm" and series in TCG_BOOT_ARGS:
         append += " " + TCG_BOOT_ARGS[series]
     return [
-        qemu_binary(), "-nodefaults", "-no-user-config", "-machine", "pc", *accel_args(accel, series),
+        qemu_binary(), "-nodefaults", "-no-user-config", "-machine", "pc", *accel_args(accel, series, thread),
         "-m", f"{memory_mib}M", "-smp", str(cpus), "-display", "none", "-vga", "none",
         "-no-reboot", "-monitor", "none",
         "-chardev", f"file,id=con,path={share}/console.log", "-serial", "chardev:con",
@@ -918,7 +924,7 @@ def tier_qemu(opts: Options, tier: str, kernel: Path, accel: str) -> TierResult:
         initrd.write_bytes(initramfs.build(kernel_version(kernel)))
         argv = qemu_systemd_argv(
             kernel, initrd, d, accel=accel, cpus=opts.cpus, memory_mib=opts.memory_mib,
-            series=tier_series(tier, opts.kernel_series),
+            series=tier_series(tier, opts.kernel_series), thread=tier_thread(opts, tier),
         )  # fmt: skip
         (d / "qemu.argv").write_text(shlex.join(argv) + "\n")
         log(f"{tier}: qemu ({accel}) boot, argv in {d / 'qemu.argv'}")
@@ -939,18 +945,20 @@ def tier_qemu(opts: Options, tier: str, kernel: Path, accel: str) -> TierResult:
 # ------------------------------------------------------------------------------ main
 
 
-def overlap_tiers(tiers: Sequence[str], accel: str, series: str | None = None) -> list[str]:
-    """The guest tiers of `tiers` that --overlap runs beside lint and the host tier: those
-    whose qemu runs all its vCPUs on one host thread (TCG_THREADS "single"), which leaves the
-    other core of the 2-core CI machine to the host's pytest. None under KVM, or without a
-    host tier to overlap."""
+def overlap_tiers(tiers: Sequence[str], accel: str) -> list[str]:
+    """The guest tiers of `tiers` that --overlap runs beside lint and the host tier: the
+    compat tiers, whose qemu then runs all its vCPUs on one host thread (tier_thread), which
+    leaves the other core of the 2-core CI machine to the host's pytest. None under KVM, or
+    without a host tier to overlap."""
     if accel == "kvm" or not any(t in ("lint", "host") for t in tiers):
         return []
-    return [
-        t
-        for t in tiers
-        if t in GUEST_TIERS and TCG_THREADS.get(tier_series(t, series) or "") == "single"
-    ]
+    return [t for t in tiers if t in COMPAT_TIERS]
+
+
+def tier_thread(opts: Options, tier: str) -> str | None:
+    """TCG's threading for `tier`'s qemu when the run decides it (--overlap: OVERLAP_THREAD
+    for a compat tier), else None (the series' TCG_THREADS)."""
+    return OVERLAP_THREAD if opts.overlap and tier in COMPAT_TIERS else None
 
 
 def parse_tiers(values: Sequence[str]) -> list[str]:
@@ -1010,9 +1018,9 @@ def parse_args(argv: Sequence[str]) -> Options:
                    "CI machine: 50 min against 48-56 min serial, the systemd tier 2.2x slower")  # fmt: skip
     p.add_argument("--overlap", action="store_true",
                    default=os.environ.get("GOVERNOR_TEST_OVERLAP") == "1",
-                   help="run the guest tiers whose qemu keeps one host core busy (single-"
-                   "threaded TCG: compat-6.18, compat-7.x) beside lint and the host tier, the "
-                   "other guests one after the other afterwards")  # fmt: skip
+                   help="run the compat tiers' guests, their vCPUs on one host thread (single-"
+                   "threaded TCG: one core), beside lint and the host tier, the other guests "
+                   "one after the other afterwards")  # fmt: skip
     p.add_argument("--arch", choices=("amd64", "arm64"), default="amd64",
                    help="arm64: the kernel tier boots an arm64 guest (qemu-system-aarch64, TCG; "
                    "scripts/arm64-setup) and runs its compat subset and the tiny model under "
@@ -1210,7 +1218,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         log("--parallel: the kernel guest runs alongside the other tiers")
         behind = ["kernel"]
     elif opts.overlap:
-        behind = overlap_tiers(opts.tiers, accel, opts.kernel_series)
+        behind = overlap_tiers(opts.tiers, accel)
         if behind:
             log(f"--overlap: {', '.join(behind)} (one host thread of TCG) beside lint and host")
     if behind:

@@ -446,9 +446,9 @@ def test_the_kernel_guest_runs_alongside_the_other_tiers_and_its_result_counts(
 def test_overlap_runs_the_one_thread_guests_beside_lint_and_host_and_the_others_after(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
-    """compat-6.18's qemu runs its vCPUs on one host thread (TCG_THREADS): --overlap starts it
-    first and runs lint and host beside it; the other guests wait for it (one guest at a
-    time) and run one after the other."""
+    """--overlap runs the compat tiers' guests, each on one host thread of TCG, one after the
+    other beside lint and host; the other guests wait for them (one guest at a time) and run
+    one after the other."""
     import threading
 
     events = _fake_tiers(monkeypatch, hold=("compat-6.18", "host"))
@@ -471,11 +471,22 @@ def test_overlap_runs_the_one_thread_guests_beside_lint_and_host_and_the_others_
     order = [ev for ev in events if ev[0] != "kernel"]
     assert order.index(("start", "compat-6.18")) < order.index(("end", "host"))
     assert order.index(("start", "host")) < order.index(("end", "compat-6.18"))
+    assert order.index(("end", "compat-5.10")) < order.index(("start", "compat-6.18"))
     after = order[order.index(("end", "compat-6.18")) + 1 :]
-    assert after == [(e, t) for t in ("kernel", "systemd", "compat-5.10") for e in ("start", "end")]
+    assert after == [(e, t) for t in ("kernel", "systemd") for e in ("start", "end")]
+    assert harness.overlap_tiers(harness.DEFAULT_TIERS, "tcg") == ["compat-5.10", "compat-6.18"]
     assert harness.overlap_tiers(harness.DEFAULT_TIERS, "kvm") == []
     assert harness.overlap_tiers(["kernel", "compat-6.18"], "tcg") == [], "no host tier beside"
-    assert harness.overlap_tiers(["host", "compat-7.x", "compat-6.12"], "tcg") == ["compat-7.x"]
+    # their qemu: one host thread under --overlap, the series' own threading without it
+    over = harness.parse_args(["--overlap", "--results", str(tmp_path / "o")])
+    assert over.overlap and harness.tier_thread(over, "compat-5.10") == "single"
+    assert harness.tier_thread(over, "kernel") is None
+    plain = harness.parse_args(["--results", str(tmp_path / "p")])
+    assert not plain.overlap and harness.tier_thread(plain, "compat-5.10") is None
+    if shutil.which("qemu-system-x86_64") is not None:
+        argv = harness.qemu_systemd_argv(Path("/k"), Path("/i"), tmp_path, accel="tcg", cpus=4,
+                                         memory_mib=2048, series="5.10", thread="single")  # fmt: skip
+        assert argv[argv.index("-accel") + 1] == "tcg,thread=single"
 
 
 def test_serial_runs_one_tier_at_a_time(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
