@@ -498,43 +498,30 @@ do = ["log"]
 
 
 LEAK_WINDOW_S = 10  # the shortest the policy accepts
+# after the growing hog holds its memory: samples (0.5 s apart) in which a level condition
+# that fired at every sample instead of once per episode would fire again
+SETTLE_S = 3
 
 
-def _leak_run(
-    tmp_path: Path, scratch_slice: ScratchSlice, hog: list[str], floor_mib: int, *, grows: bool
-) -> list[dict[str, Any]]:
-    """Launch ``hog`` under the leak and board-floor rules; its firings. A growing hog runs
-    until both rules fired, then until it holds its memory and a window of samples more; a
-    flat one until it holds its memory and the leak window was covered by flat samples."""
-    policy = _policy(
-        tmp_path, scratch_slice, LEAK_AND_FLOOR.format(floor=floor_mib, window=LEAK_WINDOW_S)
+def _leak_launch(
+    tmp_path: Path, scratch_slice: ScratchSlice, name: str, hog: list[str], floor_mib: int
+) -> Governor:
+    """``hog`` launched under the leak and board-floor rules, as group ``name``."""
+    policy = tmp_path / f"{name}.toml"
+    policy.write_text(
+        f'name = "{name}"\nslice = "{scratch_slice.name}"\n'
+        + LEAK_AND_FLOOR.format(floor=floor_mib, window=LEAK_WINDOW_S)
     )
-    gov = Governor("launch", "--policy", str(policy), "--sample-interval", "0.5", "--", *hog)
+    return Governor("launch", "--policy", str(policy), "--sample-interval", "0.5", "--", *hog)
 
-    def fired(rule: int) -> bool:
-        return any(rec["rule"] == rule for _, rec in gov.events("rule.fired"))
 
-    def ended() -> bool:
-        assert gov.proc.poll() is None, gov.stderr()
-        return False
+def _done(gov: Governor) -> float | None:
+    """When the hog said it holds all its memory (None: not yet); fails if the run ended."""
+    assert gov.proc.poll() is None, gov.stderr()
+    return next((t for t, line in gov.out if line.endswith(" done")), None)
 
-    try:
-        if grows:
-            cgroups.wait_for(
-                lambda: ended() or (fired(0) and fired(1)), 240, "the leak and floor rules"
-            )
-        cgroups.wait_for(
-            lambda: ended() or any(line.endswith(" done") for _, line in gov.out),
-            240,
-            "the hog's memory",
-        )
-        # a level condition fires once per episode: give it a window of samples to repeat;
-        # the flat run needs them to cover its window at all (a negative check takes time)
-        time.sleep(LEAK_WINDOW_S + 2)
-        assert gov.proc.poll() is None, gov.stderr()
-    finally:
-        gov.proc.send_signal(signal.SIGTERM)
-        gov.wait()
+
+def _fired(gov: Governor) -> list[dict[str, Any]]:
     return [rec for _, rec in gov.events("rule.fired")]
 
 
@@ -542,13 +529,41 @@ def _leak_run(
 def test_leak_and_memavailable_rules_fire_on_growth_and_stay_quiet_when_flat(
     tmp_path: Path, scratch_slice: ScratchSlice
 ) -> None:
+    """Two launches at once, each its own group (the leak rule reads its group's memory): a
+    growing hog fires both rules once, a flat one neither. They ran one after the other, each
+    held LEAK_WINDOW_S + 2 s after its hog was done: 60 s in CI (8d75660; issue 47 item 3)."""
+    avail_mib = _memavailable() >> 20
     # the board floor sits 120 MiB below what is available now: a 320 MiB hog crosses it
-    floor_mib = (_memavailable() >> 20) - 120
-    # control: 48 MiB at once, then flat — no sustained slope over the window
-    quiet = _leak_run(tmp_path, scratch_slice, _hog(48, 48, 0), floor_mib, grows=False)
-    assert quiet == [], quiet
+    floor_mib = avail_mib - 120
     # growth: 8 MiB every 0.5 s (~16 MiB/s, far above 500 KB/s) up to 320 MiB, then held
-    fired = _leak_run(tmp_path, scratch_slice, _hog(320, 8, 0.5), floor_mib, grows=True)
+    grow = _leak_launch(tmp_path, scratch_slice, "grow", _hog(320, 8, 0.5), floor_mib)
+    # control: 48 MiB at once, then flat — no sustained slope over the window; its floor is
+    # below what both hogs together leave available
+    flat = _leak_launch(tmp_path, scratch_slice, "flat", _hog(48, 48, 0), avail_mib - 600)
+    try:
+
+        def both_fired() -> bool:
+            rules = {f["rule"] for f in _fired(grow)}
+            return _done(grow) is not None and rules >= {0, 1}
+
+        cgroups.wait_for(both_fired, 240, "the growing hog's memory and both rules")
+        time.sleep(SETTLE_S)
+        # the flat run's samples cover the leak window after its hog was done (a negative
+        # check takes time)
+        cgroups.wait_for(
+            lambda: (t := _done(flat)) is not None
+            and time.monotonic() > t + LEAK_WINDOW_S + 2,
+            240, "the flat hog's memory and a leak window of its samples",
+        )  # fmt: skip
+        assert grow.proc.poll() is None, grow.stderr()
+    finally:
+        for gov in (grow, flat):
+            gov.proc.send_signal(signal.SIGTERM)
+        grow.wait()
+        flat.wait()
+    quiet = _fired(flat)
+    assert quiet == [], quiet
+    fired = _fired(grow)
     leak = [f for f in fired if f["rule"] == 0]
     floor = [f for f in fired if f["rule"] == 1]
     assert leak, fired

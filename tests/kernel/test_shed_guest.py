@@ -49,6 +49,7 @@ MIB = 1 << 20
 BG_START_MIB = 96  # the background job's memory when the interactive engine starts growing
 BG_TARGET_MIB = 320  # ... and when it has completed its work
 BG_HIGH_MIB = 600  # its policy's memory.high: what the undo gives back
+COMPAT = os.environ.get("GOVERNOR_TEST_COMPAT") is not None  # a compat tier (tests/vm/harness.py)
 
 
 def _meminfo(key: str) -> int:
@@ -242,13 +243,17 @@ def test_shed_throttles_then_freezes_the_background_and_gives_it_back(
         at_freeze = int((marks / "bg-progress").read_text() or 0)
         assert at_freeze < BG_TARGET_MIB, "the background job completed before the shed"
         assert int(cgroups.read(bg_group / "memory.high")) == throttle  # not lifted by its rule
-        status = subprocess.run(
-            [sys.executable, "-m", "governor", "status", "bg"],
-            cwd=REPO, env=env, capture_output=True, text=True, timeout=120, check=False,
-        )  # fmt: skip
-        print(status.stdout, status.stderr)
-        assert "SHED     frozen by chat since " in status.stdout, status.stdout
-        assert ": board available < " in status.stdout, status.stdout
+        # `status` renders the hold from the run dir alone (tests/unit/operate/test_status.py
+        # test_a_victim_shows_the_shed_that_holds_it_and_its_class): the kernel tier reads it
+        # once on a real shed, a compat tier does not repeat it (~5-8 s a call under TCG)
+        if not COMPAT:
+            status = subprocess.run(
+                [sys.executable, "-m", "governor", "status", "bg"],
+                cwd=REPO, env=env, capture_output=True, text=True, timeout=120, check=False,
+            )  # fmt: skip
+            print(status.stdout, status.stderr)
+            assert "SHED     frozen by chat since " in status.stdout, status.stdout
+            assert ": board available < " in status.stdout, status.stdout
         # the rule keeps firing while the floor is crossed: nothing beyond the job's yield
         fired = json.loads((run / "chat" / "state.json").read_text())["rules"][0]["fired"]
         _until(

@@ -53,9 +53,6 @@ TEST_BUDGETS: dict[str, tuple[float, str]] = {
     "tests.kernel.test_prefetch_guest::"
     "test_memory_min_keeps_the_model_resident_through_the_kernels_reclaim": (
         75, "two launches, each after a reclaim of the whole guest (cold imports over 9p)"),
-    "tests.kernel.test_monitor_guest::"
-    "test_leak_and_memavailable_rules_fire_on_growth_and_stay_quiet_when_flat": (
-        80, "two launches, each held a 10 s leak window more (a negative check takes time)"),
     "tests.kernel.test_status_guest::"
     "test_a_monitor_attached_to_an_applied_slice_is_a_supervisor_status_and_tune_see": (
         75, "eight governor commands (apply, monitor, status, tune, remove) at ~5 s each"),

@@ -126,6 +126,9 @@ TCG_BOOT_ARGS: dict[str, str] = {"6.18": "tsc=unstable", "7.x": "tsc=unstable"}
 # holding the breakpoint after the patch was done. With one thread no vCPU runs while another
 # patches (issue 47)
 TCG_THREADS: dict[str, str] = {"6.18": "single", "7.x": "single"}
+# --overlap runs every compat tier this way, for time: on the 2-core CI machine a one-thread
+# guest leaves the other core to lint and the host tier (issue 47 item 3)
+OVERLAP_THREAD = "single"
 COMPAT_MARK = "compat"
 COMPAT_TIERS: tuple[str, ...] = tuple(f"compat-{k}" for k in KERNEL_SERIES)
 # the quadlet tier (tests/vm/quadlet.py): Debian 13's own root file system and kernel, systemd
@@ -247,11 +250,12 @@ def qemu_binary() -> str:
     return q
 
 
-def accel_args(accel: str, series: str | None = None) -> list[str]:
-    """qemu's accelerator arguments; under TCG, ``series`` picks its TCG_THREADS."""
+def accel_args(accel: str, series: str | None = None, thread: str | None = None) -> list[str]:
+    """qemu's accelerator arguments; under TCG, ``series`` picks its TCG_THREADS unless
+    ``thread`` says (tier_thread)."""
     if accel == "kvm":
         return ["-accel", "kvm", "-cpu", "host"]
-    thread = TCG_THREADS.get(series or "", "multi")
+    thread = thread or TCG_THREADS.get(series or "", "multi")
     return ["-accel", f"tcg,thread={thread}", "-cpu", "max"]
 
 
@@ -326,6 +330,10 @@ def detect_accel(kernel: Path, cache_dir: Path, requested: str = "auto") -> tupl
 class Run:
     rc: int | None  # None: killed by the timeout
     wall: float
+    # CPU seconds (user + sys) of the process and the descendants it reaped, from wait4's
+    # rusage: a guest tier's qemu time against its wall says how many host cores the guest
+    # kept busy (None: killed by the timeout, or reaped elsewhere)
+    cpu: float | None = None
 
 
 def _kill_group(proc: subprocess.Popen[bytes], grace: float = 0.0) -> None:
@@ -378,8 +386,9 @@ def run_streamed(
         t = threading.Thread(target=pump, daemon=True)
         t.start()
         rc: int | None
+        cpu: float | None = None
         try:
-            rc = proc.wait(timeout=timeout)
+            rc, cpu = wait_rusage(proc, timeout)
         except subprocess.TimeoutExpired:
             log(f"timeout after {timeout:.0f}s: stopping {argv[0]}")
             _kill_group(proc, INTERRUPT_GRACE_S)
@@ -390,7 +399,26 @@ def run_streamed(
         finally:
             RUNNING.discard(proc)
         t.join(timeout=5)
-    return Run(rc, time.monotonic() - start)
+    return Run(rc, time.monotonic() - start, cpu)
+
+
+def wait_rusage(proc: subprocess.Popen[bytes], timeout: float | None) -> tuple[int, float | None]:
+    """(exit code, CPU seconds) of `proc` once it ends: reaped with wait4, whose rusage is the
+    process's own user + sys time plus that of the descendants it waited for (Popen.wait
+    drops it). Raises subprocess.TimeoutExpired after `timeout` seconds, as Popen.wait does."""
+    end = None if timeout is None else time.monotonic() + timeout
+    while True:
+        try:
+            pid, status, ru = os.wait4(proc.pid, os.WNOHANG)
+        except ChildProcessError:  # reaped elsewhere: the exit code without the rusage
+            return proc.wait(timeout=0), None
+        if pid:
+            proc.returncode = os.waitstatus_to_exitcode(status)
+            return proc.returncode, ru.ru_utime + ru.ru_stime
+        left = None if end is None else end - time.monotonic()
+        if left is not None and left <= 0:
+            raise subprocess.TimeoutExpired(proc.args, timeout or 0.0)
+        time.sleep(0.1 if left is None else min(0.1, left))
 
 
 class Follower:
@@ -648,6 +676,7 @@ class Options:
     full: bool = False  # --full: the `full` tests too, larger timeouts
     kernel_vm: str = "qemu"
     serial: bool = True  # one tier at a time (--parallel: the kernel guest alongside the rest)
+    overlap: bool = False  # --overlap: overlap_tiers beside lint and host
     kernel_series: str | None = None  # --kernel: the kernel and systemd tiers boot this series
     cpus: int = GUEST_CPUS
     memory_mib: int = GUEST_MEMORY_MIB
@@ -675,6 +704,7 @@ def tier_lint(opts: Options) -> TierResult:
     end = start + opts.timeout
     res = TierResult("lint", ok=True, wall=0.0)
     passed = 0
+    cpus: list[float | None] = []
     for i, (name, argv) in enumerate(checks.items()):
         left = end - time.monotonic()
         if left < 1:
@@ -685,6 +715,7 @@ def tier_lint(opts: Options) -> TierResult:
         log(f"lint: {name}")
         r = run_streamed(argv, d / f"{i}-{name.split()[0]}-{i}.log", timeout=left)
         res.cases.append(Case(name, r.wall, "passed" if r.rc == 0 else "failed"))
+        cpus.append(r.cpu)
         if r.rc == 0:
             passed += 1
         else:
@@ -693,6 +724,7 @@ def tier_lint(opts: Options) -> TierResult:
             res.notes.append(f"{name} failed ({why})")
     res.counts = Counts(tests=len(checks), failures=len(checks) - passed)
     res.wall = time.monotonic() - start
+    res.cpu = sum(c for c in cpus if c is not None) if cpus and None not in cpus else None
     return res
 
 
@@ -711,6 +743,7 @@ def tier_host(opts: Options) -> TierResult:
     log("host: " + shlex.join(argv))
     r = run_streamed(argv, d / "output.log", timeout=opts.timeout, env=env)
     res = judge_pytest("host", r.rc, junit, r.wall, ci=is_ci())
+    res.cpu = r.cpu
     if r.rc is None:
         res.notes.append(f"pytest stopped at the {opts.timeout:.0f}s timeout")
     return res
@@ -843,8 +876,10 @@ def qemu_systemd_argv(
     memory_mib: int,
     series: str | None = None,
     root: Path = Path("/"),
+    thread: str | None = None,
 ) -> list[str]:
-    """``series``: the kernel's series (tier_series), for its TCG_BOOT_ARGS and TCG_THREADS;
+    """``series``: the kernel's series (tier_series), for its TCG_BOOT_ARGS and TCG_THREADS
+    (``thread``: TCG's threading instead, tier_thread);
     ``root``: the tree
     the guest boots (the host's own, or the quadlet tier's trixie)."""
     for p in (kernel, initrd, share, root):
@@ -854,7 +889,7 @@ def qemu_systemd_argv(
     if accel != "kvm" and series in TCG_BOOT_ARGS:
         append += " " + TCG_BOOT_ARGS[series]
     return [
-        qemu_binary(), "-nodefaults", "-no-user-config", "-machine", "pc", *accel_args(accel, series),
+        qemu_binary(), "-nodefaults", "-no-user-config", "-machine", "pc", *accel_args(accel, series, thread),
         "-m", f"{memory_mib}M", "-smp", str(cpus), "-display", "none", "-vga", "none",
         "-no-reboot", "-monitor", "none",
         "-chardev", f"file,id=con,path={share}/console.log", "-serial", "chardev:con",
@@ -889,7 +924,7 @@ def tier_qemu(opts: Options, tier: str, kernel: Path, accel: str) -> TierResult:
         initrd.write_bytes(initramfs.build(kernel_version(kernel)))
         argv = qemu_systemd_argv(
             kernel, initrd, d, accel=accel, cpus=opts.cpus, memory_mib=opts.memory_mib,
-            series=tier_series(tier, opts.kernel_series),
+            series=tier_series(tier, opts.kernel_series), thread=tier_thread(opts, tier),
         )  # fmt: skip
         (d / "qemu.argv").write_text(shlex.join(argv) + "\n")
         log(f"{tier}: qemu ({accel}) boot, argv in {d / 'qemu.argv'}")
@@ -898,6 +933,7 @@ def tier_qemu(opts: Options, tier: str, kernel: Path, accel: str) -> TierResult:
     wall = time.monotonic() - start
     rc = read_rc(d / "rc")
     res = judge_pytest(tier, rc, d / "junit.xml", wall, ci=is_ci())
+    res.cpu = r.cpu  # qemu's: all the guest's vCPUs and its I/O threads
     if r.rc is None:
         res.notes.append(f"guest killed after the {opts.timeout:.0f}s timeout")
     if rc is None or rc == 125:
@@ -907,6 +943,22 @@ def tier_qemu(opts: Options, tier: str, kernel: Path, accel: str) -> TierResult:
 
 
 # ------------------------------------------------------------------------------ main
+
+
+def overlap_tiers(tiers: Sequence[str], accel: str) -> list[str]:
+    """The guest tiers of `tiers` that --overlap runs beside lint and the host tier: the
+    compat tiers, whose qemu then runs all its vCPUs on one host thread (tier_thread), which
+    leaves the other core of the 2-core CI machine to the host's pytest. None under KVM, or
+    without a host tier to overlap."""
+    if accel == "kvm" or not any(t in ("lint", "host") for t in tiers):
+        return []
+    return [t for t in tiers if t in COMPAT_TIERS]
+
+
+def tier_thread(opts: Options, tier: str) -> str | None:
+    """TCG's threading for `tier`'s qemu when the run decides it (--overlap: OVERLAP_THREAD
+    for a compat tier), else None (the series' TCG_THREADS)."""
+    return OVERLAP_THREAD if opts.overlap and tier in COMPAT_TIERS else None
 
 
 def parse_tiers(values: Sequence[str]) -> list[str]:
@@ -964,6 +1016,11 @@ def parse_args(argv: Sequence[str]) -> Options:
                    help="run the kernel guest (the longest tier) alongside lint, host and the "
                    "systemd guest instead of one tier after the other; measured on the 2-core "
                    "CI machine: 50 min against 48-56 min serial, the systemd tier 2.2x slower")  # fmt: skip
+    p.add_argument("--overlap", action="store_true",
+                   default=os.environ.get("GOVERNOR_TEST_OVERLAP") == "1",
+                   help="run the compat tiers' guests, their vCPUs on one host thread (single-"
+                   "threaded TCG: one core), beside lint and the host tier, the other guests "
+                   "one after the other afterwards")  # fmt: skip
     p.add_argument("--arch", choices=("amd64", "arm64"), default="amd64",
                    help="arm64: the kernel tier boots an arm64 guest (qemu-system-aarch64, TCG; "
                    "scripts/arm64-setup) and runs its compat subset and the tiny model under "
@@ -1011,6 +1068,7 @@ def parse_args(argv: Sequence[str]) -> Options:
                    timeouts=timeouts, deadline=deadline, full=args.full,
                    memory_mib=FULL_GUEST_MEMORY_MIB if args.full else GUEST_MEMORY_MIB,
                    kernel_vm=args.kernel_vm, serial=not args.parallel,
+                   overlap=args.overlap and not args.parallel,
                    arch=args.arch, kernel_series=args.kernel_series,
                    budgets=dict(TIER_BUDGETS) if default_run else {})  # fmt: skip
 
@@ -1154,17 +1212,30 @@ def main(argv: Sequence[str] | None = None) -> int:
     # the kernel guest is the longest tier and leaves the host's CPU idle while its tests
     # wait (PSI windows, deadlines, the engine's I/O): the other tiers run meanwhile, one at
     # a time, so at most two things compete for the CPU
-    background = None
+    background: threading.Thread | None = None
+    behind: list[str] = []  # the tiers the background thread runs, one after the other
     if not opts.serial and "kernel" in opts.tiers and len(opts.tiers) > 1:
         log("--parallel: the kernel guest runs alongside the other tiers")
-        background = threading.Thread(
-            target=lambda: done.__setitem__("kernel", run_tier("kernel")), daemon=True
-        )
+        behind = ["kernel"]
+    elif opts.overlap:
+        behind = overlap_tiers(opts.tiers, accel)
+        if behind:
+            log(f"--overlap: {', '.join(behind)} (one host thread of TCG) beside lint and host")
+    if behind:
+
+        def run_behind() -> None:
+            for t in behind:
+                done[t] = run_tier(t)
+
+        background = threading.Thread(target=run_behind, daemon=True)
         background.start()
     try:
         for tier in opts.tiers:
-            if background is None or tier != "kernel":
-                done[tier] = run_tier(tier)
+            if tier in behind:
+                continue
+            if opts.overlap and background is not None and tier in GUEST_TIERS:
+                background.join()  # one guest at a time
+            done[tier] = run_tier(tier)
         if background is not None:
             background.join()
     except BaseException:

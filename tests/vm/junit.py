@@ -93,6 +93,9 @@ class TierResult:
     budget: float | None = None  # seconds the tier may take (judge_budget); None: not held to one
     # (test id, measured s, budget s) of each test over its own budget (vm.budgets.judge_tests)
     over_budget: list[tuple[str, float, float]] = field(default_factory=list)
+    # CPU seconds (user + sys) of the tier's process (a guest's qemu) and what it reaped;
+    # against `wall`, the host cores it kept busy (None: not measured)
+    cpu: float | None = None
 
 
 # pytest exit codes (pytest.ExitCode) and what they mean for a tier; 124 is timeout(1)'s, which
@@ -173,8 +176,10 @@ def _cell(v: float | None, fmt: str = "{}") -> str:
 
 
 def format_table(results: list[TierResult], total_wall: float) -> str:
-    """One row per tier: its outcome, counts, measured wall time and budget ("-": none)."""
-    head = ("tier", "result", "passed", "failed", "skipped", "errors", "wall s", "budget s")
+    """One row per tier: its outcome, counts, measured wall time, CPU time (user + sys of its
+    process: a guest's qemu) and budget ("-": none)."""
+    head = ("tier", "result", "passed", "failed", "skipped", "errors", "wall s", "cpu s",
+            "budget s")  # fmt: skip
     rows: list[tuple[str, ...]] = []
     for r in results:
         c = r.counts
@@ -187,11 +192,12 @@ def format_table(results: list[TierResult], total_wall: float) -> str:
                 _cell(c.skipped if c else None),
                 _cell(c.errors if c else None),
                 f"{r.wall:.1f}",
+                _cell(r.cpu, "{:.1f}"),
                 _cell(r.budget, "{:.0f}"),
             )
         )
     overall = "ok" if results and all(r.ok for r in results) else "FAIL"
-    rows.append(("total", overall, "", "", "", "", f"{total_wall:.1f}", ""))
+    rows.append(("total", overall, "", "", "", "", f"{total_wall:.1f}", "", ""))
     widths = [max(len(x[i]) for x in [head, *rows]) for i in range(len(head))]
 
     def line(cols: tuple[str, ...]) -> str:
@@ -216,14 +222,19 @@ def format_durations(
     budget: float | None = None,
     top: int = 15,
 ) -> str:
-    """The run's duration report: wall time per phase (setup, guest preparation) and per tier,
-    then the `top` slowest tests of each tier (from its junit xml; the steps for lint)."""
+    """The run's duration report: wall time per phase (setup, guest preparation) and per tier
+    (with its CPU time and the host cores that makes on average, when measured), then the
+    `top` slowest tests of each tier (from its junit xml; the steps for lint)."""
     budgets = {f"tier {r.tier}": r.budget for r in results}
+    cpus = {f"tier {r.tier}": (r.cpu, r.wall) for r in results if r.cpu is not None}
     rows = [*phases, *((f"tier {r.tier}", r.wall) for r in results), ("total", total_wall)]
     width = max(len(n) for n, _ in rows)
     out = ["durations (wall seconds)"]
     for name, secs in rows:
         line = f"  {name.ljust(width)}  {secs:8.1f}"
+        if name in cpus:
+            cpu, wall = cpus[name]
+            line += f"   cpu {cpu:.1f}s = {cpu / wall if wall > 0 else 0.0:.2f} cores"
         tier_budget = budgets.get(name)
         if tier_budget is not None:
             over = "  OVER" if secs > tier_budget else ""

@@ -9,6 +9,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -78,11 +79,13 @@ def test_format_table() -> None:
         "errors",
         "wall",
         "s",
+        "cpu",
+        "s",
         "budget",
         "s",
     ]
-    assert lines[2].split() == ["host", "ok", "4", "0", "1", "0", "3.0", "-"]
-    assert lines[3].split() == ["kernel", "FAIL", "-", "-", "-", "-", "70.0", "-"]
+    assert lines[2].split() == ["host", "ok", "4", "0", "1", "0", "3.0", "-", "-"]
+    assert lines[3].split() == ["kernel", "FAIL", "-", "-", "-", "-", "70.0", "-", "-"]
     assert lines[5].split() == ["total", "FAIL", "80.0"]
     assert "kernel: no exit code came back" in out
 
@@ -111,12 +114,40 @@ def test_the_summary_table_and_duration_report_show_budget_against_measured() ->
         judge_budget(TierResult("host", True, 500.0, Counts(5, 0, 0, 0)), 420.0, ci=True),
     ]
     table = format_table(rows, 512.0).splitlines()
-    assert table[2].split() == ["lint", "ok", "4", "0", "0", "0", "12.0", "60"]
-    assert table[3].split() == ["host", "FAIL", "5", "0", "0", "0", "500.0", "420"]
+    assert table[2].split() == ["lint", "ok", "4", "0", "0", "0", "12.0", "-", "60"]
+    assert table[3].split() == ["host", "FAIL", "5", "0", "0", "0", "500.0", "-", "420"]
     assert "host: took 500s, over its budget of 420s" in "\n".join(table)
     report = format_durations(rows, 512.0).splitlines()
     assert report[1].split() == ["tier", "lint", "12.0", "(budget", "60s)"]
     assert report[2].split() == ["tier", "host", "500.0", "(budget", "420s", "OVER)"]
+
+
+def test_a_tiers_cpu_time_is_its_process_s_rusage_and_the_report_says_how_many_cores(
+    tmp_path: Path,
+) -> None:
+    """A guest tier's qemu CPU time beside its wall time says whether the guest keeps both host
+    cores busy (if not, a host tier could run beside it): run_streamed reads it from wait4's
+    rusage, a busy child's and a sleeping one's apart, a grandchild's counted once reaped."""
+    spin = "import time\nt = time.process_time()\nwhile time.process_time() - t < 0.4: pass"
+    busy = harness.run_streamed([sys.executable, "-c", spin], tmp_path / "busy.log", timeout=60)
+    assert busy.rc == 0 and busy.cpu is not None and busy.cpu >= 0.35, busy
+    child = f"import subprocess, sys; subprocess.run([sys.executable, '-c', {spin!r}])"
+    tree = harness.run_streamed([sys.executable, "-c", child], tmp_path / "tree.log", timeout=60)
+    assert tree.rc == 0 and tree.cpu is not None and tree.cpu >= 0.35, tree
+    idle = harness.run_streamed(["sleep", "0.5"], tmp_path / "idle.log", timeout=60)
+    assert idle.rc == 0 and idle.wall >= 0.45 and idle.cpu is not None and idle.cpu < 0.2, idle
+    failed = harness.run_streamed(["sh", "-c", "exit 3"], tmp_path / "rc.log", timeout=60)
+    assert failed.rc == 3
+    hung = harness.run_streamed(["sleep", "30"], tmp_path / "hung.log", timeout=0.5)
+    assert hung.rc is None and hung.cpu is None and hung.wall < 25
+    kernel = TierResult("kernel", True, 100.0, Counts(1, 0, 0, 0), cpu=180.0)
+    host = TierResult("host", True, 50.0, Counts(1, 0, 0, 0))
+    table = format_table([kernel, host], 150.0).splitlines()
+    assert table[2].split() == ["kernel", "ok", "1", "0", "0", "0", "100.0", "180.0", "-"]
+    assert table[3].split()[6:] == ["50.0", "-", "-"]
+    report = format_durations([kernel, host], 150.0).splitlines()
+    assert report[1].split() == ["tier", "kernel", "100.0", "cpu", "180.0s", "=", "1.80", "cores"]
+    assert report[2].split() == ["tier", "host", "50.0"]
 
 
 def test_budgets_hold_only_ci_s_configuration(tmp_path: Path) -> None:
@@ -146,7 +177,7 @@ def test_a_run_whose_tier_passes_its_budget_fails_under_ci(
     out = capsys.readouterr().out
     table = out[out.index("\ntier ") + 1 :].splitlines()
     assert table[3].split()[:2] == ["host", "FAIL"]
-    assert table[3].split()[-2:] == [f"{slow:.1f}", f"{harness.TIER_BUDGETS['host']:.0f}"]
+    assert table[3].split()[-3:] == [f"{slow:.1f}", "-", f"{harness.TIER_BUDGETS['host']:.0f}"]
     assert f"host: took {slow:.0f}s, over its budget" in out
     monkeypatch.setenv("CI", "false")
     assert harness.main(argv) == 0
@@ -350,26 +381,31 @@ def test_precompile_fills_pytests_rewrite_cache(tmp_path: Path) -> None:
 
 
 def _fake_tiers(
-    monkeypatch: pytest.MonkeyPatch, *, kernel_ok: bool = True, parallel: bool = True
+    monkeypatch: pytest.MonkeyPatch,
+    *,
+    kernel_ok: bool = True,
+    parallel: bool = True,
+    hold: tuple[str, str] = ("kernel", "systemd"),
 ) -> list[tuple[str, str]]:
-    """Tiers that record when they start and end. In parallel mode the fake kernel guest
-    ends only once the systemd tier has ended (an event, not a sleep: no timing involved);
-    if the harness did not overlap them, it gives up after 30 s and the order shows it."""
+    """Tiers that record when they start and end. In parallel mode the fake tier hold[0]
+    (the kernel guest) ends only once hold[1] (the systemd tier) has ended (an event, not a
+    sleep: no timing involved); if the harness did not overlap them, it gives up after 30 s
+    and the order shows it."""
     import threading
 
     events: list[tuple[str, str]] = []
     lock = threading.Lock()
-    systemd_done = threading.Event()
+    other_done = threading.Event()
 
     def fake(tier: str, ok: bool = True) -> TierResult:
         with lock:
             events.append(("start", tier))
-        if tier == "kernel" and parallel:
-            systemd_done.wait(timeout=30)
+        if tier == hold[0] and parallel:
+            other_done.wait(timeout=30)
         with lock:
             events.append(("end", tier))
-        if tier == "systemd":
-            systemd_done.set()
+        if tier == hold[1]:
+            other_done.set()
         return TierResult(tier, ok=ok, wall=0.0, counts=Counts(tests=1))
 
     monkeypatch.delenv("GOVERNOR_TEST_STARTED", raising=False)
@@ -405,6 +441,52 @@ def test_the_kernel_guest_runs_alongside_the_other_tiers_and_its_result_counts(
     # a failing kernel guest fails the run, as it does when serial
     _fake_tiers(monkeypatch, kernel_ok=False)
     assert harness.main(["--parallel", "--results", str(tmp_path / "r2")]) == 1
+
+
+def test_overlap_runs_the_one_thread_guests_beside_lint_and_host_and_the_others_after(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """--overlap runs the compat tiers' guests, each on one host thread of TCG, one after the
+    other beside lint and host; the other guests wait for them (one guest at a time) and run
+    one after the other."""
+    import threading
+
+    events = _fake_tiers(monkeypatch, hold=("compat-6.18", "host"))
+    # the fake host tier starts once compat-6.18 has (and compat-6.18 ends once host has): in
+    # series, one of them would wait 30 s and the order would show it
+    started, qemu, host = threading.Event(), harness.tier_qemu, harness.tier_host
+
+    def guest(opts: harness.Options, tier: str, *a: Any) -> TierResult:
+        if tier == "compat-6.18":
+            started.set()
+        return qemu(opts, tier, *a)
+
+    def host_after(opts: harness.Options) -> TierResult:
+        started.wait(timeout=30)
+        return host(opts)
+
+    monkeypatch.setattr(harness, "tier_qemu", guest)
+    monkeypatch.setattr(harness, "tier_host", host_after)
+    assert harness.main(["--overlap", "--results", str(tmp_path / "r")]) == 0
+    order = [ev for ev in events if ev[0] != "kernel"]
+    assert order.index(("start", "compat-6.18")) < order.index(("end", "host"))
+    assert order.index(("start", "host")) < order.index(("end", "compat-6.18"))
+    assert order.index(("end", "compat-5.10")) < order.index(("start", "compat-6.18"))
+    after = order[order.index(("end", "compat-6.18")) + 1 :]
+    assert after == [(e, t) for t in ("kernel", "systemd") for e in ("start", "end")]
+    assert harness.overlap_tiers(harness.DEFAULT_TIERS, "tcg") == ["compat-5.10", "compat-6.18"]
+    assert harness.overlap_tiers(harness.DEFAULT_TIERS, "kvm") == []
+    assert harness.overlap_tiers(["kernel", "compat-6.18"], "tcg") == [], "no host tier beside"
+    # their qemu: one host thread under --overlap, the series' own threading without it
+    over = harness.parse_args(["--overlap", "--results", str(tmp_path / "o")])
+    assert over.overlap and harness.tier_thread(over, "compat-5.10") == "single"
+    assert harness.tier_thread(over, "kernel") is None
+    plain = harness.parse_args(["--results", str(tmp_path / "p")])
+    assert not plain.overlap and harness.tier_thread(plain, "compat-5.10") is None
+    if shutil.which("qemu-system-x86_64") is not None:
+        argv = harness.qemu_systemd_argv(Path("/k"), Path("/i"), tmp_path, accel="tcg", cpus=4,
+                                         memory_mib=2048, series="5.10", thread="single")  # fmt: skip
+        assert argv[argv.index("-accel") + 1] == "tcg,thread=single"
 
 
 def test_serial_runs_one_tier_at_a_time(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
