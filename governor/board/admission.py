@@ -195,6 +195,8 @@ def _decide(
             shed = shed_plan(
                 new, verdict, seen.slices, None if unloader is None else unloader.rooms
             )
+            if not shed.enough:  # the start would refuse at once (75): `check` says so too
+                raise words.refuse(verdict, _short(verdict))
             would = f"; the shed would {would_text(shed)}" if shed.unloads else ""
         say(f"at its start {new.name} will {mode} for room: {overlap_text(verdict)}{would}")
         return held.give(hold, verdict)
@@ -205,9 +207,7 @@ def _decide(
         # only with its router's budget lowered, a victim only when its stop removes its claim
         shed = shed_plan(new, verdict, seen.slices, None if unloader is None else unloader.rooms)
         if not shed.enough:
-            raise words.refuse(
-                verdict, f", and no lower class to shed frees enough{kept_text(verdict)}"
-            )
+            raise words.refuse(verdict, _short(verdict))
         for u in shed.unloads:
             doors = unloader
             assert doors is not None  # only an unloader offers rooms (shed_plan)
@@ -240,6 +240,11 @@ def _decide(
     except BaseException:  # refused after all: the lowered budgets are given back
         _restore(unloader, done)
         raise
+
+
+def _short(verdict: Verdict) -> str:
+    """What a shed that cannot make room adds to the refusal (the start's and `check`'s)."""
+    return f", and no lower class to shed frees enough{kept_text(verdict)}"
 
 
 def shed_plan(

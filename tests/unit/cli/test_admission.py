@@ -205,6 +205,11 @@ def test_shed_stops_a_lower_class_only_and_admits_once_it_is_gone(tmp_path: Path
     with pytest.raises(AdmissionRefused) as err:
         admission(plan("shed"), **b.kw(tmp_path))
     assert b.stopped == [] and "no lower class to shed frees enough" in str(err.value)
+    # `check` (no act) says the same refusal, not "will shed for room"
+    said: list[str] = []
+    with pytest.raises(AdmissionRefused) as checked:
+        admission(plan("shed"), **b.kw(tmp_path), act=False, say=said.append)
+    assert checked.value.exit_code == 75 and str(checked.value) == str(err.value) and said == []
 
 
 def test_force_admits_guarantees_over_the_budget_with_a_warning(
@@ -280,6 +285,9 @@ def test_shed_refuses_at_once_when_the_only_victims_claim_stays_after_a_stop(
             f"no lower class to shed frees enough; npu-batch's claim stays after a stop ({why})"
             in str(err.value)
         )
+        with pytest.raises(AdmissionRefused) as checked:  # `check` refuses alike
+            admission(plan("shed"), **b.kw(tmp_path), act=False)
+        assert str(checked.value) == str(err.value)
     # a victim whose stop frees its claim, beside a kept one: only it is stopped
     b = FakeBoard(
         replace(other("applied", "background", 300 * MIB, 300 * MIB), stays="apply"),
