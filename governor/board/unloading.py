@@ -10,7 +10,8 @@ now (:func:`rooms`, board/unload.py decides from it) and the unload itself (:fun
   figures its evictor counts: supervise/evict.py ``used``, so the lowered budget is the one the
   evictor measures against);
 - **apply**: the cap first (the router can load nothing over it from here on), then one
-  POST /models/unload per model, then each unloaded model's leaf waited for to empty (at most
+  POST /models/unload per model (all within ROUND_S a model and the admission's time left:
+  none asked when none is left, the cap given back), then each unloaded model's leaf waited for to empty (at most
   WAIT_S: its child exits within the router's stop-timeout, and never past the admission's
   deadline: a leaf still busy then refuses the admission, 75, its budget given back); a model
   the router does not unload: the cap removed again and GovernorError (the admission refuses,
@@ -149,7 +150,17 @@ def apply(
             f"{r.name}'s budget could not be lowered: {err.strerror} ({directory / caps.CAP_FILE})"
         ) from None
     assert r.router_url is not None  # rooms() offers routers only
-    router = client(r.router_url).within(ROUND_S * max(1, len(u.models)))
+    budget_s = ROUND_S * max(1, len(u.models))
+    if deadline is not None:  # the unload calls end by the admission's deadline too
+        budget_s = min(budget_s, deadline - clock())
+        if budget_s <= 0:
+            caps.remove(directory, by, pid)
+            of = "" if timeout_s is None else f" of admit_timeout {timeout_s:g} s"
+            raise GovernorError(
+                f"{r.name}'s unload of {', '.join(u.models)} was not asked: the admission's"
+                f" time{of} ran out; {r.name}'s budget is given back ({directory / caps.CAP_FILE})"
+            )
+    router = client(r.router_url).within(budget_s)
     for alias in u.models:
         if not router.unload(alias):
             caps.remove(directory, by, pid)

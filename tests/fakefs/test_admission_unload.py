@@ -197,6 +197,41 @@ def test_a_failed_unload_leaves_nothing_applied_and_refuses_with_75(
     assert not (board.run / "router" / caps.CAP_FILE).exists()
 
 
+def test_the_unload_calls_end_by_the_admissions_deadline_and_none_is_asked_after_it(
+    fake_fs: FakeKernelCgroupFs, tmp_path: Path, router: FakeRouter, root: Path
+) -> None:
+    board, _chat, _path = _setup(fake_fs, tmp_path, router)
+    seen = scan(run=board.run, cgroup_root=fake_fs.root, root=root)
+    r = next(s for s in seen.slices if s.name == "router")
+    u = Unload(
+        router=r, models=("a",), before=1200 * MIB, budget=700 * MIB, own=100 * MIB, frees=500 * MIB
+    )
+    budgets: list[float] = []
+
+    class Timed(RouterClient):
+        def within(self, budget_s: float) -> RouterClient:
+            budgets.append(budget_s)
+            return super().within(budget_s)
+
+    clock = Clock()
+    clock.now = 10.0
+    # 1.5 s left of the admission: the unload's calls get that, not their own 5 s
+    unloading.apply(u, run=board.run, by="chat", fs=fake_fs, client=Timed, clock=clock,
+                    sleep=clock.sleep, deadline=11.5, timeout_s=5)  # fmt: skip
+    assert budgets == [1.5] and router.unloaded == ["a"]
+    caps.remove(board.run / "router", "chat", os.getpid())
+    # none left: nothing asked, the budget given back, one line that says so
+    with pytest.raises(GovernorError) as late:
+        unloading.apply(u, run=board.run, by="chat", fs=fake_fs, client=Timed, clock=clock,
+                        sleep=clock.sleep, deadline=10.0, timeout_s=5)  # fmt: skip
+    assert str(late.value) == (
+        "router's unload of a was not asked: the admission's time of admit_timeout 5 s ran out;"
+        f" router's budget is given back ({board.run}/router/cap.json)"
+    )
+    assert budgets == [1.5] and router.unloaded == ["a"]
+    assert not (board.run / "router" / caps.CAP_FILE).exists()
+
+
 def test_check_and_board_fits_name_the_unloads_the_start_then_makes(
     fake_fs: FakeKernelCgroupFs, tmp_path: Path, router: FakeRouter, root: Path
 ) -> None:
