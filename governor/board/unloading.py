@@ -12,10 +12,11 @@ now (:func:`rooms`, board/unload.py decides from it) and the unload itself (:fun
 - **apply**: the cap first (the router can load nothing over it from here on), then one
   POST /models/unload per model (all within ROUND_S a model and the admission's time left:
   none asked when none is left, the cap given back), then each unloaded model's leaf waited
-  for to empty (at most WAIT_S: its child exits within the router's stop-timeout, and never past the admission's
-  deadline: a leaf still busy then refuses the admission, 75, its budget given back); a model
-  the router does not unload: the cap removed again and GovernorError (the admission refuses,
-  75: nothing half applied; a model already unloaded holds nothing, it loads again on demand);
+  for to empty (at most WAIT_S: its child exits within the router's stop-timeout, and never
+  past the admission's deadline: a leaf still busy then refuses the admission, 75, its budget
+  given back); a model the router does not unload: the cap removed again and GovernorError
+  (the admission refuses, 75: nothing half applied; a model already unloaded holds nothing, it
+  loads again on demand);
 - each unload is journaled in the router's journal as a shed step ``unload`` by the admitted
   policy, ``when`` its admission, with the budget it lowered.
 """
