@@ -21,6 +21,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import openai
 import pytest
 from helpers import cgroups, dashboard
 from helpers.cgroups import ScratchSlice
@@ -56,6 +57,20 @@ def _stop(gov: subprocess.Popen[str]) -> int:
     if gov.poll() is None:
         gov.send_signal(signal.SIGTERM)
     return gov.wait(timeout=120)
+
+
+def _ask_again(base: str, model: str) -> str:
+    """One request, asked again (at most twice) when the router answers 500: the rule under
+    test unloads an idle model every 2 s from the start, and a model the router has just loaded
+    for a request can read as idle before that request reaches its slot (CI run 2026-12-06:
+    a 500 on the first request). What this test proves is the dashboard's queries; the race
+    itself is the unload action's (issue 46 note)."""
+    for _ in range(2):
+        try:
+            return _ask(base, model)
+        except openai.InternalServerError as err:
+            print(f"dashboard guest: {model} answered 500 ({err}), asked again")
+    return _ask(base, model)
 
 
 @pytest.mark.kernel(controllers=ALL, root=True, psi=True)
@@ -97,8 +112,8 @@ def test_every_dashboard_query_returns_series_from_a_router_and_a_shedding_slice
     prom = None
     try:
         wait_ready(base, gov, timeout=300)
-        assert _ask(base, "tiny")
-        assert _ask(base, "kv")
+        assert _ask_again(base, "tiny")
+        assert _ask_again(base, "kv")
 
         def unloaded() -> bool:
             return bool((_state(run, "router").get("router") or {}).get("unloads"))
