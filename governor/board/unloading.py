@@ -156,10 +156,9 @@ def apply(
         budget_s = min(budget_s, deadline - clock())
         if budget_s <= 0:
             caps.remove(directory, by, pid)
-            of = "" if timeout_s is None else f" of admit_timeout {timeout_s:g} s"
             raise GovernorError(
                 f"{r.name}'s unload of {', '.join(u.models)} was not asked: the admission's"
-                f" time{of} ran out; {r.name}'s budget is given back ({directory / caps.CAP_FILE})"
+                f" time{_of(timeout_s)} ran out; {r.name}'s budget is given back ({directory / caps.CAP_FILE})"
             )
     router = client(r.router_url).within(budget_s)
     for alias in u.models:
@@ -196,13 +195,17 @@ def apply(
             sleep(min(WAIT_POLL_S, bound - now))
 
 
+def _of(timeout_s: float | None) -> str:
+    """`` of admit_timeout 5 s`` (empty when the admission's timeout is not known)."""
+    return "" if timeout_s is None else f" of admit_timeout {timeout_s:g} s"
+
+
 def _late(router: str, alias: str, waited: float, left: float, timeout_s: float | None) -> str:
     """``router's model a still ran in its leaf 2.0 s after its unload, the admission's
     1.5 s left of admit_timeout 5 s ran out; router's budget is given back``."""
-    of = "" if timeout_s is None else f" of admit_timeout {timeout_s:g} s"
     return (
         f"{router}'s model {alias} still ran in its leaf {waited:.1f} s after its unload, the"
-        f" admission's {max(0.0, left):.1f} s left{of} ran out; {router}'s budget is given back"
+        f" admission's {max(0.0, left):.1f} s left{_of(timeout_s)} ran out; {router}'s budget is given back"
     )
 
 
