@@ -254,14 +254,16 @@ class Evictor:
         return unloaded
 
     def _wait_gone(self, alias: str) -> bool:
-        """Until the model's leaf has no process, at most ``wait_s``; True when it has none."""
+        """Until the model's leaf is not populated, at most ``wait_s``; True when it is not.
+        Not cgroup.procs: an exiting child leaves it while its memory is still being freed
+        (exit_mm comes before cgroup_exit, which unpopulates the leaf)."""
         deadline = self.clock() + self.wait_s
         cg = self.cgroup(alias)
         if cg is None:
             return True  # no leaf to watch: the router said it stops the child
         while True:
             try:
-                if not self.fs.procs(cg):
+                if not self.fs.events(cg).get("populated", 0):
                     return True
             except GovernorError:
                 return True  # the leaf is gone

@@ -107,6 +107,10 @@ class FakeKernelCgroupFs(CgroupFs):
         # __cgroup_kill, 6.14+): what 6.18's CLONE_INTO_CGROUP compares (tests/fakefs/
         # test_launch_restart.py)
         self.kill_seq: dict[str, int] = {}
+        # cgroups an exiting process still populates with no pid in cgroup.procs: the kernel
+        # hides a dying thread group from cgroup.procs before exit_mm, and unpopulates its
+        # cgroup only at cgroup_exit after it (rmdir: EBUSY meanwhile); tear_down ends it
+        self.exiting: set[str] = set()
 
     # --- helpers for tests (the kernel's view) ---------------------------------------------------
 
@@ -123,13 +127,29 @@ class FakeKernelCgroupFs(CgroupFs):
             _kset(procs, "".join(f"{p}\n" for p in keep))
         self.refresh_populated()
 
+    def reap_slowly(self, pid: int) -> None:
+        """The process is exiting: gone from cgroup.procs, its cgroups populated until
+        :meth:`tear_down` (its address space still being freed)."""
+        for procs in self.root.rglob(files.CGROUP_PROCS):
+            if str(pid) in procs.read_text().split():
+                self.exiting.add(str(procs.parent.relative_to(self.root)))
+        self.reap(pid)
+
+    def tear_down(self) -> None:
+        """Every exiting process's cgroup_exit: their cgroups unpopulated."""
+        self.exiting.clear()
+        self.refresh_populated()
+
     def refresh_populated(self) -> None:
         """``populated`` is 1 where the subtree has a process (cgroup.events, not in the root)."""
         for events in self.root.rglob(files.CGROUP_EVENTS):
             directory = events.parent
             if directory == self.root:
                 continue
-            busy = any(p.read_text().strip() for p in directory.rglob(files.CGROUP_PROCS))
+            name = str(directory.relative_to(self.root))
+            busy = any(p.read_text().strip() for p in directory.rglob(files.CGROUP_PROCS)) or any(
+                e == name or e.startswith(name + "/") for e in self.exiting
+            )
             frozen = self.events(str(directory.relative_to(self.root))).get("frozen", 0)
             _kset(events, f"populated {int(busy)}\nfrozen {frozen}\n")
 
@@ -167,7 +187,7 @@ class FakeKernelCgroupFs(CgroupFs):
     def rmdir(self, cgroup: str) -> None:
         path = self.path(cgroup)
         if path.is_dir() and cgroup:
-            if self.children(cgroup) or self.procs(cgroup):
+            if self.children(cgroup) or self.procs(cgroup) or self.events(cgroup)["populated"]:
                 # the kernel refuses to remove a populated cgroup or one with children
                 raise _fail("cannot remove cgroup", errno.EBUSY, cgroup)
             for entry in path.iterdir():

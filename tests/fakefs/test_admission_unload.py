@@ -276,9 +276,11 @@ class Clock:
 
 def _stuck(fake_fs: FakeKernelCgroupFs, alias: str) -> None:
     """``alias``'s leaf keeps its child: the router unloads it, the child does not exit."""
-    leaf = fake_fs.path(model_cgroup(ROUTER_GROUP, alias))
-    leaf.mkdir(parents=True, exist_ok=True)
-    (leaf / files.CGROUP_PROCS).write_text("4242\n")
+    leaf = model_cgroup(ROUTER_GROUP, alias)
+    parts = leaf.split("/")
+    for i in range(1, len(parts) + 1):
+        fake_fs.mkdir("/".join(parts[:i]))  # with its interface files (cgroup.events)
+    fake_fs.add_process(leaf, 4242)  # populated
 
 
 def test_the_leaf_wait_after_an_unload_ends_at_the_admissions_deadline(
@@ -318,6 +320,14 @@ def test_the_leaf_wait_counts_only_the_time_the_admission_has_left(
         unloading.apply(u, run=board.run, by="chat", fs=fake_fs, clock=clock, sleep=clock.sleep,
                         deadline=101.5, timeout_s=5.0)  # fmt: skip
     assert 101.5 <= clock.now < 101.6 and not (board.run / "router" / caps.CAP_FILE).exists()
+    # a child gone from cgroup.procs whose memory is still being freed holds the leaf too
+    fake_fs.reap_slowly(4242)
+    clock.now = 100.0
+    with pytest.raises(GovernorError, match=r"1\.5 s after its unload"):
+        unloading.apply(u, run=board.run, by="chat", fs=fake_fs, clock=clock, sleep=clock.sleep,
+                        deadline=101.5, timeout_s=5.0)  # fmt: skip
+    fake_fs.tear_down()
+    _stuck(fake_fs, "a")
     # the admission's deadline after the wait's own 20 s: the wait ends as before, no refusal
     clock.now = 0.0
     unloading.apply(u, run=board.run, by="chat", fs=fake_fs, clock=clock, sleep=clock.sleep,

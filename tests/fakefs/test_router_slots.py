@@ -139,6 +139,61 @@ def test_an_unloaded_models_empty_leaf_is_removed_and_made_again_at_its_next_loa
     assert fs.procs(f"{GROUP}/models/a") == [104]  # its next child: a new leaf
 
 
+class _SlowExit(FakeRouter):
+    """An unload whose child leaves cgroup.procs at once but populates its leaf until its
+    memory is freed (the kernel's exit_mm before cgroup_exit): ``fs.tear_down`` ends it."""
+
+    def unload(self, model: str) -> bool:
+        self.fs.writes.append(("router", "unload", model))
+        self.unloaded.append(model)
+        self.fs.reap_slowly(self.pids[model])
+        return True
+
+
+def test_the_evictor_waits_for_its_victims_leaf_to_empty_not_its_procs_then_removes_it(
+    tree: tuple[MovingFs, Path],
+) -> None:
+    """CI 2026-12-06: the evictor saw an empty cgroup.procs while its victim was still
+    exiting, the rmdir then met EBUSY and the leaf stayed behind for good."""
+    fs, proc = tree
+    _evict_tree(fs, proc)
+    router = _SlowExit(fs, {"a": A, "b": B, "c": C})
+    leaves, ev = _leaves(fs, proc, router)
+    slept: list[float] = []
+
+    def sleep(s: float) -> None:
+        slept.append(s)
+        if len(slept) == 3:
+            fs.tear_down()  # its address space freed: cgroup_exit
+
+    ev.sleep = sleep
+    leaves.poll()
+    assert router.unloaded == ["a"]
+    assert len(slept) == 3  # it waited while cgroup.procs was already empty
+    assert not fs.exists(f"{GROUP}/models/a")  # then its leaf went at once
+    assert leaves.unloads == {("a", "memory"): 1}
+
+
+def test_a_leaf_still_populated_when_the_evictors_wait_ends_is_removed_at_a_later_round(
+    tree: tuple[MovingFs, Path],
+) -> None:
+    fs, proc = tree
+    _evict_tree(fs, proc)
+    router = _SlowExit(fs, {"a": A, "b": B, "c": C})
+    leaves, ev = _leaves(fs, proc, router)
+    ev.wait_s = 0.0  # its child outlives the evictor's wait
+    leaves.poll()
+    assert router.unloaded == ["a"] and fs.exists(f"{GROUP}/models/a")
+    assert fs.procs(f"{GROUP}/models/a") == [] and fs.events(f"{GROUP}/models/a")["populated"]
+    leaves.tick()
+    assert fs.exists(f"{GROUP}/models/a")  # still exiting: kept, tried again
+    fs.tear_down()
+    leaves.tick()
+    assert not fs.exists(f"{GROUP}/models/a")
+    assert fs.procs(f"{GROUP}/models/b") == [B]  # the others stay
+    assert leaves._leaving == {}
+
+
 def test_another_policys_shed_unload_counts_in_the_victim_routers_unloads(
     tree: tuple[MovingFs, Path], tmp_path: Path
 ) -> None:

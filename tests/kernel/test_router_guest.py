@@ -243,7 +243,12 @@ def test_evict_memory_unloads_the_lru_idle_model_before_a_load_that_would_not_fi
             assert sorted(
                 (u["model"], u["reason"], u["count"]) for u in state["router"]["unloads"]
             ) == [("a", "memory", 1), ("b", "memory", 1)]
-            assert not (group / "models" / "b").exists()  # its empty leaf left with it
+            leaf_b = group / "models" / "b"
+            assert not leaf_b.exists(), (  # its empty leaf left with it
+                [ln[:300] for ln in log.read_text().splitlines() if "leaf" in ln or '"b"' in ln],
+                leaf_b.exists() and (leaf_b / "cgroup.procs").read_text(),
+                leaf_b.exists() and (leaf_b / "cgroup.events").read_text(),
+            )
             kills = {
                 leaf: cgroups.read_kv(group / leaf / "memory.events")["oom_kill"]
                 for leaf in (".", "engine", "models/a", "models/c")
