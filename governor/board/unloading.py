@@ -37,7 +37,7 @@ from governor.kernel import files as kf
 from governor.kernel.cgroupfs import CgroupFs
 from governor.kernel.leafname import LeafNameError, model_cgroup
 from governor.log import get_logger
-from governor.peer.router import RUNNING, RouterClient, RouterError, idle_lru
+from governor.peer.router import FRESH_S, RUNNING, RouterClient, RouterError, idle_lru
 from governor.plan.model import ShedStep
 from governor.plan.router import ROUTER_OWN_BYTES
 from governor.rundir import cap as caps
@@ -76,7 +76,7 @@ def room(r: Slice, fs: CgroupFs, client: RouterClient) -> Room | None:
     last = r.router_last or {}
     try:
         statuses = client.models()
-        idle = idle_lru(client, last, statuses=statuses)
+        idle = idle_lru(client, last, statuses=statuses, fresh_s=FRESH_S)
     except RouterError as err:
         log.warning("admit.router_unreadable", router=r.name, error=str(err))
         return None

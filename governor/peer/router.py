@@ -45,6 +45,11 @@ log = get_logger(__name__)
 TIMEOUT_S = 5.0  # one whole request to the router (it answers /models and /slots at once)
 # the router's status values of a model that holds memory (server_model_status_to_string)
 RUNNING = frozenset({"loading", "loaded", "sleeping"})
+# a model whose last request (or load: supervise/loads.py touches it when the router says
+# "loaded") is this recent is not idle to an unload under pressure or a shed: the request that
+# loaded it may not have reached its slot yet, and its unload would fail that request (HTTP 500
+# from the router; the dashboard guest test, CI 2026-12-06)
+FRESH_S = 5.0
 # (router url, model) -> time.monotonic() of this process's last GET /slots of it: the CPU it
 # costs the child is no request (supervise/activity.py, whose --no-slots models have no other
 # way to tell); every client of this process records here, whichever thread it runs in
@@ -232,11 +237,17 @@ def idle_lru(
     *,
     exclude: Iterable[str] = (),
     statuses: Mapping[str, str] | None = None,
+    fresh_s: float = 0.0,
+    now: float | None = None,
 ) -> list[str]:
     """The running models with no request in flight, least recently used first (``last``:
-    alias -> epoch of its last request). A model whose slots cannot be read is not idle."""
+    alias -> epoch of its last request). A model whose slots cannot be read is not idle, nor
+    one whose last request is under ``fresh_s`` before ``now`` (epoch; FRESH_S)."""
     running = statuses if statuses is not None else client.models()
     skip = set(exclude)
+    if fresh_s > 0:
+        at = time.time() if now is None else now
+        skip |= {a for a, t in last.items() if t is not None and at - t < fresh_s}
     names = [n for n, st in running.items() if st in RUNNING and st != "loading" and n not in skip]
     names.sort(key=lambda a: (last.get(a) or 0.0, a))
     return [n for n in names if client.busy(n) is False]

@@ -65,8 +65,10 @@ class Loads:
         clock: Callable[[], float] = time.monotonic,
         wall: Callable[[], float] = time.time,
         poll_s: float = POLL_S,
+        on_loaded: Callable[[str], None] | None = None,
     ) -> None:
         self.fs = fs
+        self.on_loaded = on_loaded  # the model answered: its activity's last request is now
         self.group = group
         self.client = client
         self.book = book
@@ -120,6 +122,8 @@ class Loads:
                 self.costs[alias] = cost
                 measured = True
                 log.info("model.loaded", model=alias, load_s=round(took, 3), bytes=cost.bytes)
+                if self.on_loaded is not None:
+                    self.on_loaded(alias)
                 if key is not None and not self.book.record(key, cost):
                     log.debug("loads.not_recorded", model=alias)
             elif self._stopped(status, took) and self._done(alias, pending):

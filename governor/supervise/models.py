@@ -482,7 +482,9 @@ def router_leaves(
         client = RouterClient(router_url, timeout=ROUTER_S)
         activity = Activity(fs, plan.group, client=client)
         book = CostBook(state_dir() if costs_dir is None else costs_dir)
-        loads = Loads(fs, plan.group, client=client, book=book)
+        # its load is its first request: dated when the router says "loaded" (peer/router.py
+        # FRESH_S: the request that loaded it is not yet at its slot)
+        loads = Loads(fs, plan.group, client=client, book=book, on_loaded=activity.touch)
         if plan.engine.evict == "memory":
             if slot_save:
                 slots = SlotKeeper(client, journal=journal)

@@ -123,7 +123,9 @@ def test_a_load_is_timed_from_its_placement_to_the_routers_first_loaded_and_kept
     mono = Clock(100.0)
     router = Statuses()
     book = CostBook(tmp_path / "cache")
-    loads = Loads(fs, GROUP, client=router, book=book, clock=mono, wall=lambda: NOW)  # type: ignore[arg-type]
+    answered: list[str] = []
+    loads = Loads(fs, GROUP, client=router, book=book, clock=mono, wall=lambda: NOW,  # type: ignore[arg-type]
+                  on_loaded=answered.append)  # fmt: skip
     from governor.supervise.models import ModelLeaves
 
     leaves = ModelLeaves(
@@ -134,7 +136,7 @@ def test_a_load_is_timed_from_its_placement_to_the_routers_first_loaded_and_kept
     assert leaves.poll() == [(101, "t")]
     router.table = {"t": "loading"}
     mono.now += 1.0
-    assert leaves.tick() is False and loads.pending
+    assert leaves.tick() is False and loads.pending and answered == []
     (fs.root / GROUP / "models" / "t" / kf.MEMORY_CURRENT).write_text(f"{42 * MIB}\n")
     router.table = {"t": "loaded"}
     mono.now += 2.5
@@ -142,6 +144,7 @@ def test_a_load_is_timed_from_its_placement_to_the_routers_first_loaded_and_kept
     assert leaves.published()["models"]["t"] == {
         "last_request": None, "leaf": "t", "load_s": 3.5, "bytes": 42 * MIB
     }  # fmt: skip
+    assert answered == ["t"]  # router_leaves dates its activity then (peer/router.py FRESH_S)
     asked = router.asked
     mono.now += 10
     leaves.tick()

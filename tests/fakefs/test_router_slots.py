@@ -109,6 +109,9 @@ def test_a_router_launch_with_slot_save_path_wires_the_keeper(
     leaves: ModelLeaves = router_leaves(fs, plan, slot_save=True, **common)
     assert leaves.slots is not None and leaves.evictor is not None
     assert leaves.evictor.before_unload == leaves.slots.save
+    # a load answered dates the model's activity (peer/router.py FRESH_S)
+    assert leaves.loads is not None and leaves.activity is not None
+    assert leaves.loads.on_loaded == leaves.activity.touch
     bare = router_leaves(fs, plan, **common)
     assert bare.slots is None and bare.evictor is not None and bare.evictor.before_unload is None
 

@@ -15,8 +15,9 @@ Tiny models, -c 256, 4 tokens an answer: the TCG guest loads each in a few secon
 Admission's shed (issue 46, the leftover "admission's shed never uses unload"): a router under
 ``evict = "memory"`` in a background slice, two idle models; an interactive launch with
 ``admit = "shed"`` whose peak lacks a few MiB on a board sized for it unloads the router's
-least recently used idle model and lowers its budget (nothing stopped), and the router's
-evictor keeps its loads under that budget until the admitted engine ends.
+least recently used idle model and lowers its budget (nothing stopped), `check` having named
+that unload before; the router's evictor keeps its loads under that budget and each model it
+keeps gets memory.high at its share (supervise/caphigh.py) until the admitted engine ends.
 """
 
 from __future__ import annotations
@@ -214,6 +215,16 @@ def test_a_shed_admission_unloads_a_lower_class_routers_idle_model_and_lowers_it
         memtotal = int(cgroups.read(Path("/proc/meminfo")).split("MemTotal:")[1].split()[0]) << 10
         room = memtotal + seen.budget.zram_room - claim - (56 << 20)
         board.write_text(f'[board]\nreserve = "{room >> 20}MiB"\n')
+        # `check --engine-argv` names the unload the start will make (the same decision, nothing
+        # done; without an argv `check` compiles the policy alone: no admission)
+        checked = subprocess.run(
+            [sys.executable, "-m", "governor", "check", str(chat_policy),
+             "--engine-argv", "/bin/sleep 600"], cwd=REPO, env=env,
+            capture_output=True, text=True, timeout=120, check=False,
+        )  # fmt: skip
+        assert "; the shed would unload a from router router (frees " in checked.stderr, checked
+        assert not _shed(run) and not (run / "router" / "cap.json").exists()
+        high0 = {m: cgroups.read(group / "models" / m / "memory.high").strip() for m in "ab"}
         t0 = time.monotonic()
         chat = _launch(chat_policy, env, "/bin/sleep", "600")
         cgroups.wait_for(lambda: _state(run, "chat"), 120, "the chat admitted and published")
@@ -230,13 +241,21 @@ def test_a_shed_admission_unloads_a_lower_class_routers_idle_model_and_lowers_it
         cap = json.loads((run / "router" / "cap.json").read_text())
         assert cap["by"] == "chat" and cap["models"] == ["a"] and cap["budget"] < claim, cap
         assert _pids(group / "engine") == router and _pids(group / "models" / "b") == b_pid
+        # the kept model's leaf: memory.high at its share while the budget is lowered
+        b_high = group / "models" / "b" / "memory.high"
+        cgroups.wait_for(lambda: cgroups.read(b_high).strip() != high0["b"], 30, "b's share")
+        assert int(cgroups.read(b_high)) >= int(cgroups.read(b_high.with_name("memory.current")))
         # the router's evictor keeps its loads under the lowered budget: a's load unloads b
         assert _ask(base, "a")
         cgroups.wait_for(lambda: not _pids(group / "models" / "b"), 60, "b unloaded for a")
         entries = Journal(run / "router").entries()
         assert ("b", "room for a") in [(e.get("model"), e.get("reason")) for e in entries]
+        a_high = group / "models" / "a" / "memory.high"  # a's new leaf, loaded under the cap
+        cgroups.wait_for(lambda: cgroups.read(a_high).strip() != high0["a"], 30, "a's share")
         assert _stop(chat) in (0, 143), said
         a_pid = _pids(group / "models" / "a")
+        # given back with the budget
+        cgroups.wait_for(lambda: cgroups.read(a_high).strip() == high0["a"], 30, "a's back")
         # the budget is back once the chat has ended: b loads beside a, nothing unloaded
         assert _ask(base, "b")
         assert _pids(group / "models" / "a") == a_pid and _pids(group / "models" / "b")

@@ -27,7 +27,7 @@ from typing import Any
 from governor.errors import GovernorError
 from governor.log import get_logger
 from governor.monitor.actions.base import Context, Env, Handler, Result
-from governor.peer.router import RouterClient, idle_lru
+from governor.peer.router import FRESH_S, RouterClient, idle_lru
 from governor.plan.model import Action
 from governor.rundir.state import STATE_FILE, load_state, read_states, run_dir
 
@@ -118,7 +118,7 @@ def unload_lru(
     if url is None:
         raise GovernorError(f"not a router: no router url published ({cgroup})")
     client = router(url)
-    for model in idle_lru(client, last or {}):
+    for model in idle_lru(client, last or {}, fresh_s=FRESH_S):
         if client.unload(model):
             return model
     raise GovernorError(f"no idle model to unload at router {url} ({cgroup})")

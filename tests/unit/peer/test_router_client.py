@@ -6,13 +6,17 @@ from __future__ import annotations
 
 import json
 import threading
+import time
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 import pytest
 
+from governor.errors import GovernorError
+from governor.monitor.actions.unload import unload_lru
 from governor.peer.router import (
+    FRESH_S,
     RouterClient,
     RouterError,
     base_url,
@@ -126,6 +130,25 @@ def test_idle_lru_orders_by_last_request_and_skips_busy_loading_unknown_and_excl
     fake.no_slots.add("a")
     assert idle_lru(client, last, exclude=["e"]) == []
     assert idle_lru(client, {}, statuses={"a": "loaded", "e": "sleeping"}) == ["e"]
+
+
+def test_a_model_loaded_or_asked_under_fresh_s_ago_is_not_idle_to_a_pressure_unload(
+    router: tuple[FakeRouter, RouterClient],
+) -> None:
+    """The dashboard guest test's HTTP 500 (CI 2026-12-06): an unload under pressure took the
+    model its router had just loaded for a request still on its way to the slot."""
+    fake, client = router
+    fake.status = {"a": "loaded", "b": "loaded"}
+    last = {"a": 1000.0, "b": 1096.0}  # b loaded (or answered) 4 s before now
+    assert idle_lru(client, last, fresh_s=FRESH_S, now=1100.0) == ["a"]
+    assert idle_lru(client, last, fresh_s=FRESH_S, now=1101.0) == ["a", "b"]  # 5 s: idle
+    assert idle_lru(client, last) == ["a", "b"]  # no grace asked (the evictor's own order)
+    assert idle_lru(client, {"a": None}, fresh_s=FRESH_S, now=1100.0) == ["a", "b"]  # unknown
+    fake.status = {"b": "loaded"}
+    with pytest.raises(GovernorError, match="no idle model to unload"):  # the unload verb
+        unload_lru(lambda _u: client, "http://x", {"b": time.time()}, "s/r")
+    assert fake.unloaded == []
+    assert unload_lru(lambda _u: client, "http://x", {"b": time.time() - FRESH_S}, "s/r") == "b"
 
 
 def test_a_router_that_does_not_answer_is_one_error_that_says_where() -> None:
