@@ -94,6 +94,9 @@ class CapHigh:
                 current = ev.fs.read_limit(cg, kf.MEMORY_CURRENT) or 0
                 share = str(max(ev.claim(alias), current))
                 ev.fs.write(cg, kf.MEMORY_HIGH, share)
+                # what the kernel keeps: a byte count rounded down to its page size, so the
+                # next round's read and the give-back's compare with that, not with `share`
+                share = ev.fs.read(cg, kf.MEMORY_HIGH).strip()
             except GovernorError as err:  # its leaf went away meanwhile
                 log.debug("cap_high.skipped", cgroup=cg, error=str(err))
                 continue

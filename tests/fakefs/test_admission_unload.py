@@ -396,6 +396,53 @@ def test_while_the_budget_is_lowered_the_kept_models_leaves_get_memory_high_at_t
     assert sync() == {"b": "max", "c": "777"}
 
 
+def test_the_share_is_compared_as_the_kernel_keeps_it_rounded_to_its_page_size(
+    fake_fs: FakeKernelCgroupFs,
+    tmp_path: Path,
+    router: FakeRouter,
+    root: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The guest (2026-12-06): a share of memory.current's bytes reads back rounded down to the
+    page size, every round took it for a tune by someone else, and the give-back left it."""
+    board, chat, path = _setup(fake_fs, tmp_path, router)
+    written = fake_fs.write
+
+    def kernel_write(cgroup: str, file: str, value: str) -> None:  # mm/memcontrol.c
+        if file == files.MEMORY_HIGH and value.isdigit():
+            value = str(int(value) // 4096 * 4096)
+        written(cgroup, file, value)
+
+    monkeypatch.setattr(fake_fs, "write", kernel_write)
+    fake_fs.mkdir(f"{ROUTER_GROUP}/models")
+    cg = model_cgroup(ROUTER_GROUP, "c")
+    fake_fs.mkdir(cg)
+    fake_fs.add_process(cg, 4242)
+    (fake_fs.path(cg) / files.MEMORY_CURRENT).write_text(f"{260 * MIB + 1234}\n")  # over 200
+    high = fake_fs.path(cg) / files.MEMORY_HIGH
+    high.write_text("max\n")
+    clock = Clock()
+    ev = Evictor(
+        fake_fs, group=ROUTER_GROUP, leaf=f"{ROUTER_GROUP}/engine", client=RouterClient(router.url),
+        activity=Activity(fake_fs, ROUTER_GROUP), claims=ESTIMATES,
+    )  # fmt: skip
+    rplan = _plan("router", ROUTER_GROUP, QosSpec(qos_class="background"), None, "memory")
+    cap_high = CapHigh(ev, lambda: caps.held_for(rplan, board.run, root), clock=clock)
+    _admit(chat, board, path, root, [])
+    for _ in range(3):
+        clock.sleep(SYNC_S)
+        cap_high.sync()
+        assert high.read_text().strip() == str((260 * MIB + 1234) // 4096 * 4096)
+    assert cap_high.held[cg] == ("max", high.read_text().strip())  # the first "before" kept
+    gone = subprocess.Popen(["true"])
+    gone.wait()
+    held = json.loads((board.run / "router" / caps.CAP_FILE).read_text())
+    (board.run / "router" / caps.CAP_FILE).write_text(json.dumps({**held, "pid": gone.pid}))
+    clock.sleep(SYNC_S)
+    cap_high.sync()
+    assert high.read_text().strip() == "max"  # given back
+
+
 @pytest.mark.parametrize(
     "body",
     [
