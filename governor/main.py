@@ -18,7 +18,7 @@ import os
 import sys
 from typing import Any
 
-from governor.cli.choices import BACKENDS, METRICS_ENV, PSI_MODES
+from governor.cli.choices import BACKENDS, COMPLETE_VAR, METRICS_ENV, PSI_MODES
 
 _GLOBAL_VALUE = ("--root", "--cgroup-root", "--sysfs-root")
 _LAUNCH_VALUE = {
@@ -120,6 +120,64 @@ def parse_launch(args: list[str]) -> dict[str, Any]:
     return out
 
 
+def parse_status(args: list[str]) -> dict[str, Any]:
+    """``[--debug] [--root R] status [NAME] [--json] [--prune]`` as a dict; _Fallback for
+    anything else (``--help``, another global option, a typo: typer says what is wrong)."""
+    out: dict[str, Any] = {"debug": False, "root": "/", "name": None, "json": False, "prune": False}
+    i = 0
+    while i < len(args) and args[i] != "status":
+        if args[i] == "--debug":
+            out["debug"], i = True, i + 1
+            continue
+        opt, value, i = _split_value(args, i)
+        if opt != "--root" or not value:
+            raise _Fallback
+        out["root"] = value
+    if i >= len(args):
+        raise _Fallback
+    for arg in args[i + 1 :]:
+        if arg in ("--json", "--prune"):
+            out[arg[2:]] = True
+        elif arg.startswith("-") or out["name"] is not None:
+            raise _Fallback  # --help, --, an unknown option, a second name
+        else:
+            out["name"] = arg
+    return out
+
+
+def _status(parsed: dict[str, Any]) -> int:
+    """`governor status` without typer and click (issue 47 item 3: every test guest's `status`
+    paid for them); the same calls and output as governor/cli/operate.py status."""
+    import json
+    from pathlib import Path
+
+    from governor import log
+    from governor.api import operate as api_operate
+    from governor.operate.status import render
+
+    log.configure(debug=parsed["debug"])
+    items = api_operate.status(parsed["name"], prune=parsed["prune"], root=Path(parsed["root"]))
+    sys.stdout.write(json.dumps(items, indent=2) + "\n" if parsed["json"] else render(items))
+    return 0
+
+
+def _lean(args: list[str]) -> tuple[Any, dict[str, Any]] | None:
+    """The lean path's (runner, parsed command line), None for typer's."""
+    if os.environ.get(COMPLETE_VAR):
+        return None
+    try:
+        if "launch" in args:
+            parsed = parse_launch(args)
+            if {"-h", "--help"} & set(args[: len(args) - len(parsed["engine"])]):
+                return None
+            return _launch, parsed
+        if "status" in args:
+            return _status, parse_status(args)
+    except _Fallback:
+        return None
+    return None
+
+
 def _launch(parsed: dict[str, Any]) -> int:
     from governor.supervise.watchdog import fork_watchdog
 
@@ -172,19 +230,17 @@ def _interrupted(err: KeyboardInterrupt) -> str:
 def main(argv: list[str] | None = None) -> int:
     """Run the command line; returns the exit status (the typer path exits itself)."""
     args = sys.argv[1:] if argv is None else list(argv)
-    try:
-        parsed = parse_launch(args) if "launch" in args else None
-    except _Fallback:
-        parsed = None
-    if parsed is None or {"-h", "--help"} & set(args[: len(args) - len(parsed["engine"])]):
+    lean = _lean(args)
+    if lean is None:
         from governor.cli.app import main as cli_main
 
         cli_main(args)
         return 0
+    runner, parsed = lean
     from governor.errors import GovernorError, Reported, report
 
     try:
-        return _launch(parsed)
+        return int(runner(parsed))
     except Reported as err:  # the compile child printed it
         return err.exit_code
     except GovernorError as err:

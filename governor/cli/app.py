@@ -17,7 +17,8 @@ import typer
 from governor import __version__, log
 from governor.cli import bench, deploy, operate, run
 from governor.cli import compile as compile_time
-from governor.cli.complete import COMPLETE_VAR, answer
+from governor.cli.choices import COMPLETE_VAR
+from governor.cli.complete import answer
 from governor.cli.options import STATE
 from governor.errors import EXIT_USAGE, GovernorError, Interrupted, Reported, report
 

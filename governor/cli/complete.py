@@ -16,7 +16,8 @@ from click.shell_completion import (
     get_completion_class,
 )
 
-COMPLETE_VAR = "_GOVERNOR_COMPLETE"  # click's default for prog_name "governor"
+from governor.cli.choices import COMPLETE_VAR
+
 INSTALLED = Path("etc/governor/installed")  # governor/deploy/install.py MANIFEST_DIR, under /
 
 

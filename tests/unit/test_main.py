@@ -201,3 +201,74 @@ def test_help_as_an_option_value_takes_the_typer_path_which_reads_it_as_the_valu
         main.main(args)
     assert info.value.code == 0
     assert [c[3].report for c in calls] == [Path("--help")]
+
+
+# --- the lean status (issue 47 item 3) ----------------------------------------------------------
+
+STATUS_FORMS = {
+    "bare": ["status"],
+    "name": ["status", "chat"],
+    "json-before-name": ["status", "--json", "chat"],
+    "name-then-flags": ["status", "chat", "--prune", "--json"],
+    "global-root": ["--root", "/tmp/board", "status"],
+    "global-root-equals-debug": ["--debug", "--root=/tmp/board", "status", "--json"],
+}
+
+
+@pytest.mark.parametrize("args", list(STATUS_FORMS.values()), ids=list(STATUS_FORMS))
+def test_the_lean_status_asks_and_prints_exactly_what_typers_does(
+    args: list[str], monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from governor.api import operate as api_operate
+
+    asked: list[tuple[Any, ...]] = []
+    items = [{"name": "chat", "pid": 7, "limits": {"memory.max": 1 << 30}}]
+
+    def status(name: str | None, *, prune: bool, root: Path) -> list[dict[str, Any]]:
+        asked.append((name, prune, root, log._CONFIG.threshold))
+        return items
+
+    monkeypatch.setattr(api_operate, "status", status)
+    monkeypatch.setattr("governor.operate.status.render", lambda i: f"rendered {len(i)}\n")
+    monkeypatch.setattr(log._CONFIG, "threshold", log._CONFIG.threshold)
+    for attr in ("debug", "root", "cgroup_root"):
+        monkeypatch.setattr(STATE, attr, getattr(STATE, attr))
+    assert main._lean(args) is not None and main._lean(args)[0] is main._status  # type: ignore[index]
+    assert main.main(args) == 0
+    lean = capsys.readouterr()
+    assert _typer(args) == 0
+    typer_out = capsys.readouterr()
+    assert asked[0] == asked[1] and len(asked) == 2
+    assert (lean.out, lean.err) == (typer_out.out, typer_out.err)
+    assert lean.out.startswith("[\n") if "--json" in args else lean.out == "rendered 1\n"
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["status", "--help"],
+        ["status", "a", "b"],  # two names
+        ["status", "--bogus"],
+        ["status", "--", "chat"],
+        ["--cgroup-root", "/x", "status"],  # a global option status has no use for: typer's
+        ["--root"],
+        ["estimate", "status"],  # a value, not the command
+        ["board", "--fits", "status"],
+    ],
+)
+def test_what_the_lean_status_parser_is_unsure_of_goes_to_typer(args: list[str]) -> None:
+    assert main._lean(args) is None
+
+
+def test_a_status_error_is_the_same_one_line_and_exit_code_on_both_paths(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setenv("GOVERNOR_RUN_DIR", str(tmp_path / "run"))
+    monkeypatch.setattr(log._CONFIG, "threshold", log._CONFIG.threshold)
+    for attr in ("debug", "root", "cgroup_root"):
+        monkeypatch.setattr(STATE, attr, getattr(STATE, attr))
+    assert main.main(["status", "nosuch"]) == 66
+    lean = capsys.readouterr()
+    assert _typer(["status", "nosuch"]) == 66
+    assert lean.err == capsys.readouterr().err
+    assert lean.err.startswith("governor: no governed slice named nosuch (")

@@ -8,7 +8,8 @@ import typer
 
 from governor import __version__
 from governor.cli.app import app
-from governor.cli.complete import COMPLETE_VAR, completion_class
+from governor.cli.choices import COMPLETE_VAR
+from governor.cli.complete import completion_class
 from governor.cli.manual import manpage, policyref
 
 MAN1 = "share/man/man1/governor.1"

@@ -81,6 +81,14 @@ def test_a_command_that_reads_no_policy_never_imports_the_compile_time_stack(
     assert not [m for m in COMPILE_STACK if m in modules]
 
 
+def test_status_takes_the_lean_path_without_typer_or_click(tmp_path: Path) -> None:
+    """governor/main.py _status: each `status` of the guest tests paid ~2 s for typer and
+    click (docs/development.md, "What each tier costs")."""
+    modules = imported(tmp_path, "--root", str(BOARD), "status", "--json")
+    assert "governor.operate.status" in modules  # the probe ran the command
+    assert not [m for m in ("typer", "click", "governor.cli.app") if m in modules]
+
+
 def test_check_builds_the_policy_models_without_pydantics_plugin_scan(tmp_path: Path) -> None:
     modules = imported(tmp_path, "--root", str(BOARD), "check", str(POLICY))
     assert "governor.compile.compiler" in modules  # the policy was compiled ...
