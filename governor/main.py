@@ -123,7 +123,9 @@ def parse_launch(args: list[str]) -> dict[str, Any]:
 def parse_status(args: list[str]) -> dict[str, Any]:
     """``[--debug] [--root R] status [NAME] [--json] [--prune]`` as a dict; _Fallback for
     anything else (``--help``, another global option, a typo: typer says what is wrong)."""
-    out: dict[str, Any] = {"debug": False, "root": "/", "name": None, "json": False, "prune": False}
+    out: dict[str, Any] = {
+        "debug": False, "root": "/", "name": None, "as_json": False, "prune": False
+    }  # fmt: skip
     i = 0
     while i < len(args) and args[i] != "status":
         if args[i] == "--debug":
@@ -137,7 +139,7 @@ def parse_status(args: list[str]) -> dict[str, Any]:
         raise _Fallback
     for arg in args[i + 1 :]:
         if arg in ("--json", "--prune"):
-            out[arg[2:]] = True
+            out["as_json" if arg == "--json" else "prune"] = True
         elif arg.startswith("-") or out["name"] is not None:
             raise _Fallback  # --help, --, an unknown option, a second name
         else:
@@ -148,17 +150,9 @@ def parse_status(args: list[str]) -> dict[str, Any]:
 def _status(parsed: dict[str, Any]) -> int:
     """`governor status` without typer and click (issue 47 item 3: every test guest's `status`
     paid for them); the same calls and output as governor/cli/operate.py status."""
-    import json
-    from pathlib import Path
+    from governor.cli.statuscmd import status
 
-    from governor import log
-    from governor.api import operate as api_operate
-    from governor.operate.status import render
-
-    log.configure(debug=parsed["debug"])
-    items = api_operate.status(parsed["name"], prune=parsed["prune"], root=Path(parsed["root"]))
-    sys.stdout.write(json.dumps(items, indent=2) + "\n" if parsed["json"] else render(items))
-    return 0
+    return status(**parsed)
 
 
 def _lean(args: list[str]) -> tuple[Any, dict[str, Any]] | None:

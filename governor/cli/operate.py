@@ -13,7 +13,14 @@ import click
 import typer
 from typer.core import TyperCommand
 
-from governor.cli.options import NAME_COMPLETION, AllowMissing, PolicyArg, exclusive, host_options
+from governor.cli.options import (
+    NAME_COMPLETION,
+    STATE,
+    AllowMissing,
+    PolicyArg,
+    exclusive,
+    host_options,
+)
 
 
 def status(
@@ -37,14 +44,10 @@ def status(
     events, pressure, CPU, pids, device memory (DRM/dma-buf) and the board's CMA and
     unaccounted memory, rules and what they do next, the last actions. Exit 66 when NAME is
     not governed here (with --prune: when it had nothing to prune either)."""
-    from governor.api import operate as api_operate
-    from governor.operate.status import render
+    from governor.cli.statuscmd import status as run_status  # the lean path's (main.py)
 
-    items = api_operate.status(name, prune=prune, root=host_options().root)
-    if as_json:
-        typer.echo(json.dumps(items, indent=2))
-    else:
-        typer.echo(render(items), nl=False)
+    run_status(debug=STATE.debug, root=str(host_options().root), name=name, as_json=as_json,
+               prune=prune)  # fmt: skip
 
 
 def top(

@@ -27,7 +27,6 @@ the engine leaf, under the engine's limits, and every other child is placed (iss
 from __future__ import annotations
 
 import contextlib
-import errno
 import functools
 import threading
 import time
@@ -52,6 +51,7 @@ from governor.state.store import state_dir
 from governor.supervise.activity import Activity
 from governor.supervise.caphigh import CapHigh
 from governor.supervise.evict import Evictor
+from governor.supervise.leaving import LeavingLeaves
 from governor.supervise.loads import Loads, child_model
 from governor.supervise.slots import SlotKeeper
 from governor.supervise.unloads import SHED_REASON, ShedUnloads
@@ -68,7 +68,6 @@ MODEL_CONTROLLERS = frozenset({"memory"})  # what a model's leaf limits (memory.
 SAMPLE_S = 0.5  # between two samples of the models' activity (supervise/activity.py Activity)
 ROUTER_S = 2.0  # one whole request of the leaves' router client (a slot check, /models, unload)
 PUBLISH_S = 1.0  # at most one republication of the models' state per this interval
-LEAF_RETRY_S = 30.0  # an unloaded model's leaf is tried this long while a child populates it
 
 
 @record(frozen=True)
@@ -156,7 +155,7 @@ class ModelLeaves:
         self._sampled: float | None = None  # clock of the last activity sample
         self._published: float | None = None  # clock of the last on_change
         self._models_ready = False
-        self._leaving: dict[str, float] = {}  # unloaded model -> until when its leaf is tried
+        self.leaving = LeavingLeaves(fs, self.cgroup, clock=self.clock)  # unloaded models' leaves
         self._rooms: list[str] = []  # aliases placed frozen, waiting for make_room (FIFO)
         self._rooms_lock = threading.Lock()
         self._stop = threading.Event()
@@ -228,8 +227,7 @@ class ModelLeaves:
                 self._dirty = True
             for model in self.sheds.new() if self.sheds is not None else ():
                 self.count_unload(model, SHED_REASON)
-        if self._leaving:
-            self._remove_leaving()
+        self.leaving.retry()
         if not self._dirty or self.on_change is None:
             return False
         if self._published is not None and now - self._published < PUBLISH_S:
@@ -249,41 +247,7 @@ class ModelLeaves:
         key = (model, reason)
         self.unloads[key] = self.unloads.get(key, 0) + 1
         self._dirty = True
-        self._leaving[model] = self.clock() + LEAF_RETRY_S
-        self._remove_leaving()
-
-    def _remove_leaving(self) -> None:
-        """Each unloaded model's leaf, once more (the router thread: count_unload and tick);
-        one still populated is tried again next round, up to LEAF_RETRY_S."""
-        now = self.clock()
-        for model, until in list(self._leaving.items()):
-            if self._remove_empty(model) or now >= until:
-                del self._leaving[model]
-
-    def _remove_empty(self, model: str) -> bool:
-        """rmdir the model's leaf once ``cgroup.events`` says it is not populated; True when
-        done with it (removed, gone, or no leaf for its name). An exiting child leaves
-        cgroup.procs as soon as its last thread is dying, but populates the leaf until its
-        whole address space is torn down (exit_mm comes before cgroup_exit): the kernel then
-        refuses the rmdir (EBUSY), under TCG for about a second after the evictor saw an empty
-        cgroup.procs (CI 2026-12-06: the leaf stayed). A new child placed meanwhile keeps it
-        (EBUSY each round until LEAF_RETRY_S); one the placement thread is about to move a
-        child into is made again at its next poll (its move failed: not placed yet)."""
-        try:
-            cg = self.cgroup(model)
-        except LeafNameError:
-            return True
-        try:
-            if self.fs.events(cg).get("populated", 0):
-                return False
-            self.fs.rmdir(cg)
-        except GovernorError as err:
-            if getattr(err, "errno", None) == errno.ENOENT:
-                return True  # gone already
-            log.debug("models.leaf_kept", model=model, error=str(err))
-            return False
-        log.info("model.leaf_removed", model=model, cgroup=cg)
-        return True
+        self.leaving.add(model)
 
     def published(self) -> dict[str, Any]:
         """RunState.router's models and unloads (rundir/state.py): every model this run knows

@@ -134,7 +134,7 @@ def test_an_unloaded_models_empty_leaf_is_removed_and_made_again_at_its_next_loa
     assert router.unloaded == ["a"]
     assert not fs.exists(f"{GROUP}/models/a")  # gone with its child
     assert fs.procs(f"{GROUP}/models/b") == [B]  # the others stay
-    leaves._remove_empty("b")  # a leaf with a process: the kernel refuses, it stays
+    leaves.leaving.remove("b")  # a leaf with a process: the kernel refuses, it stays
     assert fs.procs(f"{GROUP}/models/b") == [B]
     router.unloaded.remove("a")
     _spawn(fs, proc, 104, _child("a"))
@@ -194,7 +194,7 @@ def test_a_leaf_still_populated_when_the_evictors_wait_ends_is_removed_at_a_late
     leaves.tick()
     assert not fs.exists(f"{GROUP}/models/a")
     assert fs.procs(f"{GROUP}/models/b") == [B]  # the others stay
-    assert leaves._leaving == {}
+    assert leaves.leaving.pending == {}
 
 
 def test_another_policys_shed_unload_counts_in_the_victim_routers_unloads(
