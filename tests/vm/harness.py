@@ -1118,7 +1118,18 @@ def prune_results(base: Path, keep: int = 10) -> None:
         shutil.rmtree(old, ignore_errors=True)
 
 
+def restore_sigint() -> None:
+    """Started in the background of a shell (`scripts/test ... &`), the harness inherits SIGINT
+    ignored, and so would every child: the host tier's pytest would not stop at its time limit
+    (SIGINT first, _kill_group) and write its junit xml (2026-12-06: the interrupted-pytest test
+    waited out its 120 s grace and found no xml). Python's own handler again: children exec
+    with SIGINT at its default."""
+    if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
+    restore_sigint()
     opts = parse_args(sys.argv[1:] if argv is None else argv)
     t0 = time.monotonic()
     setup_s = setup_seconds()

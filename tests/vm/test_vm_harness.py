@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import re
 import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -670,9 +671,16 @@ def test_an_interrupted_pytest_leaves_its_junit_xml(tmp_path: Path) -> None:
         "    time.sleep(600)\n"
     )
     junit = tmp_path / "j.xml"
+    # SIGINT at its default even when this runs in a shell's background (ignored there, and
+    # inherited): harness.restore_sigint does the same for the tiers
+    default_int = (
+        "import os, signal, sys; signal.signal(signal.SIGINT, signal.SIG_DFL);"
+        " os.execv(sys.executable, [sys.executable, *sys.argv[1:]])"
+    )
     proc = subprocess.Popen(
-        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "no:randomly",
-         f"--junitxml={junit}", "--rootdir", str(tmp_path), str(tmp_path / "test_slow.py")],
+        [sys.executable, "-c", default_int, "-m", "pytest", "-q", "-p", "no:cacheprovider",
+         "-p", "no:randomly", f"--junitxml={junit}", "--rootdir", str(tmp_path),
+         str(tmp_path / "test_slow.py")],
         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
         cwd=tmp_path,
     )  # fmt: skip
@@ -686,6 +694,19 @@ def test_an_interrupted_pytest_leaves_its_junit_xml(tmp_path: Path) -> None:
         harness._kill_group(proc, grace=120.0)  # a loaded machine: pytest may take long to write it
     cases = parse_cases(junit)
     assert ("test_slow::test_fast", "passed") in [(c.id, c.outcome) for c in cases]
+
+
+def test_the_harness_takes_sigint_back_when_it_was_started_with_it_ignored() -> None:
+    before = signal.getsignal(signal.SIGINT)
+    try:
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        harness.restore_sigint()
+        assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+        handler = signal.getsignal(signal.SIGINT)
+        harness.restore_sigint()  # a handler already there stays
+        assert signal.getsignal(signal.SIGINT) is handler
+    finally:
+        signal.signal(signal.SIGINT, before)
 
 
 def test_guest_script_stops_pytest_before_the_host_kills_the_guest() -> None:
