@@ -355,6 +355,19 @@ def test_the_routers_evictor_keeps_its_models_under_the_lowered_budget(
     assert ev.budget() == 2048 * MIB
 
 
+def _cap_high(
+    fake_fs: FakeKernelCgroupFs, router: FakeRouter, run: Path, root: Path, clock: Clock
+) -> CapHigh:
+    """The router's CapHigh as router_leaves wires it: its evictor's leaves and claims, the cap
+    read through rundir/cap.py held_for."""
+    ev = Evictor(
+        fake_fs, group=ROUTER_GROUP, leaf=f"{ROUTER_GROUP}/engine", client=RouterClient(router.url),
+        activity=Activity(fake_fs, ROUTER_GROUP), claims=ESTIMATES,
+    )  # fmt: skip
+    rplan = _plan("router", ROUTER_GROUP, QosSpec(qos_class="background"), None, "memory")
+    return CapHigh(ev, lambda: caps.held_for(rplan, run, root), clock=clock)
+
+
 def test_while_the_budget_is_lowered_the_kept_models_leaves_get_memory_high_at_their_share(
     fake_fs: FakeKernelCgroupFs, tmp_path: Path, router: FakeRouter, root: Path
 ) -> None:
@@ -369,12 +382,7 @@ def test_while_the_budget_is_lowered_the_kept_models_leaves_get_memory_high_at_t
         leaves[alias] = fake_fs.path(cg) / files.MEMORY_HIGH
         leaves[alias].write_text("max\n")  # as its leaf was made (no memory.high planned)
     clock = Clock()
-    ev = Evictor(
-        fake_fs, group=ROUTER_GROUP, leaf=f"{ROUTER_GROUP}/engine", client=RouterClient(router.url),
-        activity=Activity(fake_fs, ROUTER_GROUP), claims=ESTIMATES,
-    )  # fmt: skip
-    rplan = _plan("router", ROUTER_GROUP, QosSpec(qos_class="background"), None, "memory")
-    high = CapHigh(ev, lambda: caps.held_for(rplan, board.run, root), clock=clock)
+    high = _cap_high(fake_fs, router, board.run, root, clock)
 
     def sync() -> dict[str, str]:
         clock.sleep(SYNC_S)
@@ -422,12 +430,7 @@ def test_the_share_is_compared_as_the_kernel_keeps_it_rounded_to_its_page_size(
     high = fake_fs.path(cg) / files.MEMORY_HIGH
     high.write_text("max\n")
     clock = Clock()
-    ev = Evictor(
-        fake_fs, group=ROUTER_GROUP, leaf=f"{ROUTER_GROUP}/engine", client=RouterClient(router.url),
-        activity=Activity(fake_fs, ROUTER_GROUP), claims=ESTIMATES,
-    )  # fmt: skip
-    rplan = _plan("router", ROUTER_GROUP, QosSpec(qos_class="background"), None, "memory")
-    cap_high = CapHigh(ev, lambda: caps.held_for(rplan, board.run, root), clock=clock)
+    cap_high = _cap_high(fake_fs, router, board.run, root, clock)
     _admit(chat, board, path, root, [])
     for _ in range(3):
         clock.sleep(SYNC_S)

@@ -182,8 +182,12 @@ class FakeRouter:
     def unload(self, model: str) -> bool:
         self.fs.writes.append(("router", "unload", model))
         self.unloaded.append(model)
-        self.fs.reap(self.pids[model])
+        self.exit(self.pids[model])
         return True
+
+    def exit(self, pid: int) -> None:
+        """The unloaded child's exit: gone at once (test_router_slots.py _SlowExit: slowly)."""
+        self.fs.reap(pid)
 
 
 def _evict_tree(

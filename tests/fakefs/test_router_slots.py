@@ -146,11 +146,8 @@ class _SlowExit(FakeRouter):
     """An unload whose child leaves cgroup.procs at once but populates its leaf until its
     memory is freed (the kernel's exit_mm before cgroup_exit): ``fs.tear_down`` ends it."""
 
-    def unload(self, model: str) -> bool:
-        self.fs.writes.append(("router", "unload", model))
-        self.unloaded.append(model)
-        self.fs.reap_slowly(self.pids[model])
-        return True
+    def exit(self, pid: int) -> None:
+        self.fs.reap_slowly(pid)
 
 
 def test_the_evictor_waits_for_its_victims_leaf_to_empty_not_its_procs_then_removes_it(
