@@ -32,14 +32,6 @@ JUNIT = """<?xml version="1.0" encoding="utf-8"?><testsuites name="pytest tests"
 <testcase classname="a" name="t" time="0.1"/></testsuite></testsuites>"""
 
 
-@pytest.fixture(autouse=True)
-def _not_the_hosting_run(monkeypatch: pytest.MonkeyPatch) -> None:
-    """These tests parse their own options: the settings of the `scripts/test` run that hosts
-    them (--full, --timeout, --deadline, exported to the host tier) must not leak in."""
-    for name in ("GOVERNOR_TEST_FULL", "GOVERNOR_VM_TIMEOUT", "GOVERNOR_TEST_DEADLINE"):
-        monkeypatch.delenv(name, raising=False)
-
-
 def test_parse_junit_counts(tmp_path: Path) -> None:
     f = tmp_path / "j.xml"
     f.write_text(JUNIT)
