@@ -7,6 +7,13 @@ file pages, read once by clip.cpp, are charged to the run); the estimate `govern
 gives for the same argv must lie within the band of perf/accuracy.py: never under memory.peak,
 at most 10 % over, and `governor estimate --budget` at 1.10 x the peak must say it fits (no
 false refusal). The cell is perf/accuracy.py's ``tiny-mmproj-c1024`` (one run of it).
+
+The band is judged against a cell's WORST run (docs/benchmarks.md, "The accuracy band": the
+limit a cell needs is its worst run's peak), and one run is not the worst: the projector cells
+moved 10-11.5 MiB run to run (the spread run, 2026-12-06), and this test's own run in CI peaked
+at 128.2 MiB where the cell's three accuracy runs gave 138.0-140.2 (estimate 146.7: 1.145x
+that one run, 1.05x the worst). So the upper side and the budget allow SPREAD above this run's
+peak; the never-under side is this run's, strict.
 """
 
 from __future__ import annotations
@@ -27,6 +34,7 @@ from perf.accuracy_report import BAND, MIB
 REPO = Path(__file__).resolve().parents[2]
 CELL = next(c for c in CELLS if c.name == "tiny-mmproj-c1024")
 IMAGE_TOKENS = 256  # (224 / 14)^2: the synthetic projector's patch grid
+SPREAD = 12 * MIB  # a projector cell's run-to-run spread of memory.peak (module docstring)
 
 
 @pytest.fixture
@@ -50,11 +58,11 @@ def test_projector_estimate_is_within_the_band_of_memory_peak(
     assert r.oom_kill == 0
     assert r.prompt_tokens and r.prompt_tokens[-1] > IMAGE_TOKENS  # the image was encoded
     assert r.terms["projector"] > 0 and r.terms["image"] > 0
-    assert r.peak <= r.estimate <= r.peak * (1 + BAND), (
+    assert r.peak <= r.estimate <= (r.peak + SPREAD) * (1 + BAND), (
         f"estimate {r.estimate / MIB:.1f} MiB vs memory.peak {r.peak / MIB:.1f} MiB"
         f" ({r.ratio:.3f}); terms {r.terms}; anon {r.anon / MIB:.0f} file {r.file / MIB:.0f}"
     )
-    budget = int(r.peak * (1 + BAND))
+    budget = int((r.peak + SPREAD) * (1 + BAND))
     res = subprocess.run(
         [sys.executable, "-m", "governor", "estimate", "--budget", str(budget), "--json",
          "--engine-argv", r.argv],
