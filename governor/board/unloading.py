@@ -216,7 +216,7 @@ def restore(u: Unload, *, run: Path, by: str) -> None:
 
 def _holds(fs: CgroupFs, cg: str) -> bool:
     """The leaf still populated: its child exiting leaves cgroup.procs before its memory is
-    freed (supervise/models.py _remove_empty), the room comes with cgroup.events."""
+    freed (supervise/leaving.py), the room comes with cgroup.events."""
     try:
         return bool(fs.events(cg).get("populated", 0))
     except GovernorError:
