@@ -141,10 +141,19 @@ def kill_and_remove(top: Path, timeout: float = 60.0) -> list[str]:
                 for pid in pids(d):
                     with contextlib.suppress(ProcessLookupError):
                         os.kill(pid, signal.SIGKILL)
+        except FileNotFoundError:
+            continue  # removed meanwhile (a governor's watchdog removes its own): nothing left
         except OSError as exc:
             problems.append(f"cannot kill {d}: {exc}")
+
+    def empty() -> bool:
+        try:
+            return not populated(top)
+        except FileNotFoundError:
+            return True  # removed meanwhile (host tier 2026-12-06: a watchdog's removal raced this)
+
     try:
-        wait_for(lambda: not populated(top), timeout, f"{top} to become unpopulated")
+        wait_for(empty, timeout, f"{top} to become unpopulated")
     except (AssertionError, OSError) as exc:
         problems.append(str(exc))
     for d in dirs:
