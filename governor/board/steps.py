@@ -125,7 +125,7 @@ class Steps:
 
     def populated(self, cgroup: str) -> bool:
         try:
-            return bool(self.fs.events(cgroup).get("populated", 0))
+            return self.fs.populated(cgroup)
         except GovernorError:
             return False
 

@@ -218,6 +218,6 @@ def _holds(fs: CgroupFs, cg: str) -> bool:
     """The leaf still populated: its child exiting leaves cgroup.procs before its memory is
     freed (supervise/leaving.py), the room comes with cgroup.events."""
     try:
-        return bool(fs.events(cg).get("populated", 0))
+        return fs.populated(cg)
     except GovernorError:
         return False

@@ -313,6 +313,12 @@ class CgroupFs:
         """``cgroup.events``: ``populated`` and ``frozen``."""
         return self._keyed(cgroup, files.CGROUP_EVENTS)
 
+    def populated(self, cgroup: str) -> bool:
+        """A process lives in ``cgroup`` or below, by ``cgroup.events``: an exiting one too
+        until its memory is freed (it leaves cgroup.procs before exit_mm, the cgroup is
+        unpopulated at cgroup_exit after it). Raises as :meth:`events` does."""
+        return self.events(cgroup).get("populated", 0) != 0
+
     def memory_events(self, cgroup: str) -> dict[str, int]:
         return self._keyed(cgroup, files.MEMORY_EVENTS)
 

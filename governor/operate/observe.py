@@ -136,7 +136,7 @@ def limits(fs: CgroupFs, group: str) -> dict[str, int]:
 def populated(fs: CgroupFs, group: str) -> bool:
     """Some process lives in the group or below it (cgroup.events)."""
     try:
-        return fs.events(group).get("populated", 0) == 1
+        return fs.populated(group)
     except GovernorError:
         return False
 

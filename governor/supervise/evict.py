@@ -263,7 +263,7 @@ class Evictor:
             return True  # no leaf to watch: the router said it stops the child
         while True:
             try:
-                if not self.fs.events(cg).get("populated", 0):
+                if not self.fs.populated(cg):
                     return True
             except GovernorError:
                 return True  # the leaf is gone

@@ -63,7 +63,7 @@ class LeavingLeaves:
         except LeafNameError:
             return True
         try:
-            if self.fs.events(cg).get("populated", 0):
+            if self.fs.populated(cg):
                 return False
             self.fs.rmdir(cg)
         except GovernorError as err:

@@ -150,7 +150,7 @@ class FakeKernelCgroupFs(CgroupFs):
             busy = any(p.read_text().strip() for p in directory.rglob(files.CGROUP_PROCS)) or any(
                 e == name or e.startswith(name + "/") for e in self.exiting
             )
-            frozen = self.events(str(directory.relative_to(self.root))).get("frozen", 0)
+            frozen = self.events(name).get("frozen", 0)
             _kset(events, f"populated {int(busy)}\nfrozen {frozen}\n")
 
     def _parent(self, cgroup: str) -> str:
