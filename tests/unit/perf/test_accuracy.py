@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from perf.accuracy import CELLS, Cell, run_matrix, select, until
-from perf.accuracy_report import MIB, Result, summary, table
+from perf.accuracy_report import BAND_FLOOR, MIB, Result, summary, table
 
 
 def result(cell: Cell, estimate_mib: float, peak_mib: float) -> Result:
@@ -40,6 +40,17 @@ def test_the_summary_names_the_worst_both_ways_and_the_false_refusals() -> None:
         f"cells 4; worst over {c.name} +14.0%; worst under {a.name} -3.0%;"
         f" false refusals 1: {c.name}; FAILED 1: {d.name}"
     )
+
+
+def test_a_small_cell_is_allowed_the_floor_a_large_one_ten_percent() -> None:
+    """Under 40 MiB the band's upper side is BAND_FLOOR (two 2 MiB huge pages), not 10 %."""
+    a, b = CELLS[:2]
+    floor = BAND_FLOOR / MIB
+    small = [result(a, 31.2 + floor - 0.1, 31.2), result(a, 31.2 + floor + 0.1, 31.2)]
+    assert [(r.verdict, r.false_refusal) for r in small] == [("ok", False), ("over band", True)]
+    large = [result(b, 109.9, 100), result(b, 110.1, 100)]  # 10 % of 100 MiB is above the floor
+    assert [(r.verdict, r.false_refusal) for r in large] == [("ok", False), ("over band", True)]
+    assert result(b, 99.9, 100).verdict == "UNDER"  # the floor widens only the upper side
 
 
 def test_repeated_cells_count_their_worst_peak_and_show_the_spread() -> None:
