@@ -223,7 +223,10 @@ class Evictor:
             # the probes of their slots are no requests: not dated as one (Activity.rebase)
             loaded = self.loaded(new)
             self.activity.rebase(loaded)
-            log.info("evict.idle", model=new, idle=idle, last=self.activity.last)
+            log.info(
+                "evict.idle", model=new, idle=idle, last=self.activity.last,
+                reload_s={a: self.reload_s(a) for a in idle},
+            )  # fmt: skip
             if statuses is not None and not unloaded:
                 # what stays with every idle model gone: the running ones not idle (one the
                 # router no longer runs is exiting: its memory leaves with it)

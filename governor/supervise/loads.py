@@ -13,7 +13,11 @@ client's deadline. A load the router reports stopped (``unloaded``, ``failed``) 
 measurement, nor one that took more than state/costs.py's MAX_LOAD_S.
 
 The evictor (supervise/evict.py) reads :meth:`Loads.reload_s`: what is measured in this run,
-else what an earlier run recorded for the same model file.
+else what an earlier run recorded for the same model file. Two models (aliases) of one file
+cost the same to bring back, so they weigh alike: the file's latest load in this run, whichever
+alias it was (a CI guest run timed three aliases of one file at 3.1-10.6 s under TCG, and the
+evictor, which prefers a model three times cheaper to reload over the least recently used one,
+unloaded the model used last: board/order.py CHEAPER).
 
 Standard library only (the run time's import set).
 """
@@ -77,6 +81,8 @@ class Loads:
         self.poll_s = poll_s
         self.pending: dict[str, tuple[float, str | None]] = {}  # alias -> (start, identity)
         self.costs: dict[str, Cost] = {}  # alias -> measured now, else recorded before
+        self.keys: dict[str, str] = {}  # alias -> its model file's identity
+        self.by_key: dict[str, Cost] = {}  # identity -> its latest load measured in this run
         self._asked: float | None = None
 
     def start(self, alias: str, model: Path | None) -> None:
@@ -84,6 +90,8 @@ class Loads:
         under); what an earlier run measured for that file stands until this load answers."""
         key = identity(model) if model is not None else None
         self.pending[alias] = (self.clock(), key)
+        if key is not None:
+            self.keys[alias] = key
         if key is not None and alias not in self.costs:
             known = self.book.get(key)
             if known is not None:
@@ -95,7 +103,11 @@ class Loads:
             self.pending[alias] = (self.clock(), self.pending[alias][1])
 
     def reload_s(self, alias: str) -> float | None:
-        cost = self.costs.get(alias)
+        """``alias``'s reload seconds: its file's latest load in this run (any alias of it),
+        else its own, else what an earlier run recorded for its file; None: not known."""
+        key = self.keys.get(alias)
+        cost = self.by_key.get(key) if key is not None else None
+        cost = cost or self.costs.get(alias)
         return None if cost is None else cost.load_s
 
     def check(self) -> bool:
@@ -120,6 +132,8 @@ class Loads:
             if status in ANSWERED and self._done(alias, pending):
                 cost = Cost(load_s=took, bytes=self._bytes(alias), at=self.wall())
                 self.costs[alias] = cost
+                if key is not None:
+                    self.by_key[key] = cost
                 measured = True
                 log.info("model.loaded", model=alias, load_s=round(took, 3), bytes=cost.bytes)
                 if self.on_loaded is not None:

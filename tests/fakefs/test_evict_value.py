@@ -157,6 +157,31 @@ def test_a_load_is_timed_from_its_placement_to_the_routers_first_loaded_and_kept
     assert again.reload_s("t") == 3.5
 
 
+def test_models_of_one_file_weigh_alike_whichever_alias_loaded_last(
+    tree: tuple[MovingFs, Path],  # noqa: F811
+    tmp_path: Path,
+) -> None:
+    """A CI guest run timed b's load at ~10 s and c's (the same file) at ~3: the evictor took
+    c, used last, as three times cheaper to bring back. Aliases of one file share its latest
+    load; a model of another file keeps its own."""
+    fs, _proc = tree
+    one, other = tmp_path / "one.gguf", tmp_path / "other.gguf"
+    one.write_bytes(b"GGUF" + bytes(60))
+    other.write_bytes(b"GGUF" + bytes(61))
+    mono = Clock(0.0)
+    router = Statuses()
+    loads = Loads(fs, GROUP, client=router, book=CostBook(None), clock=mono)  # type: ignore[arg-type]
+    for alias, model, took in (("b", one, 10.0), ("c", one, 3.0), ("x", other, 7.0)):
+        loads.start(alias, model)
+        mono.now += took
+        router.table = {alias: "loaded"}
+        assert loads.check() is True
+    assert loads.costs["b"].load_s == 10.0  # each alias's own load is still what it showed
+    assert [loads.reload_s(a) for a in ("b", "c", "x")] == [3.0, 3.0, 7.0]
+    loads.start("d", None)  # a child whose file is not known: its own measurement only
+    assert loads.reload_s("d") is None
+
+
 def test_a_load_that_stopped_before_it_answered_is_no_measurement(
     tree: tuple[MovingFs, Path],  # noqa: F811
     tmp_path: Path,

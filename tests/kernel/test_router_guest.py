@@ -223,7 +223,7 @@ def test_evict_memory_unloads_the_lru_idle_model_before_a_load_that_would_not_fi
                 for line in (run / "router" / "journal.jsonl").read_text().splitlines()
             ]
             unloads = [(e["model"], e.get("reason")) for e in entries if e["source"] == "unload"]
-            assert unloads == [("a", "room for c"), ("b", "room for a")], entries
+            assert unloads == [("a", "room for c"), ("b", "room for a")], (entries, said)
             status = subprocess.run(
                 [sys.executable, "-m", "governor", "status", "router"],
                 cwd=REPO, env=env, capture_output=True, text=True, timeout=120, check=True,
