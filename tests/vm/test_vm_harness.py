@@ -436,21 +436,21 @@ def test_the_kernel_guest_runs_alongside_the_other_tiers_and_its_result_counts(
     assert harness.main(["--parallel", "--results", str(tmp_path / "r2")]) == 1
 
 
-def test_overlap_runs_the_one_thread_guests_beside_lint_and_host_and_the_others_after(
+def test_overlap_runs_the_one_thread_guests_then_lint_and_host_beside_the_other_guests(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
-    """--overlap runs the compat tiers' guests, each on one host thread of TCG, one after the
-    other beside lint and host; the other guests wait for them (one guest at a time) and run
-    one after the other."""
+    """--overlap runs the compat tiers' guests, each on one host thread of TCG, then lint and
+    host, one after the other in a second thread, beside the kernel and systemd guests, one
+    after the other in the first."""
     import threading
 
-    events = _fake_tiers(monkeypatch, hold=("compat-6.18", "host"))
-    # the fake host tier starts once compat-6.18 has (and compat-6.18 ends once host has): in
-    # series, one of them would wait 30 s and the order would show it
+    events = _fake_tiers(monkeypatch, hold=("kernel", "host"))
+    # the fake host tier starts once the kernel tier has, and the kernel tier ends only once
+    # host has: in series, one of them would wait 30 s and the order would show it
     started, qemu, host = threading.Event(), harness.tier_qemu, harness.tier_host
 
     def guest(opts: harness.Options, tier: str, *a: Any) -> TierResult:
-        if tier == "compat-6.18":
+        if tier == "kernel":
             started.set()
         return qemu(opts, tier, *a)
 
@@ -462,14 +462,20 @@ def test_overlap_runs_the_one_thread_guests_beside_lint_and_host_and_the_others_
     monkeypatch.setattr(harness, "tier_host", host_after)
     assert harness.main(["--overlap", "--results", str(tmp_path / "r")]) == 0
     order = [ev for ev in events if ev[0] != "kernel"]
-    assert order.index(("start", "compat-6.18")) < order.index(("end", "host"))
-    assert order.index(("start", "host")) < order.index(("end", "compat-6.18"))
-    assert order.index(("end", "compat-5.10")) < order.index(("start", "compat-6.18"))
-    after = order[order.index(("end", "compat-6.18")) + 1 :]
-    assert after == [(e, t) for t in ("kernel", "systemd") for e in ("start", "end")]
-    assert harness.overlap_tiers(harness.DEFAULT_TIERS, "tcg") == ["compat-5.10", "compat-6.18"]
+    assert order.index(("start", "kernel")) < order.index(("end", "host"))
+    behind = [ev for ev in order if ev[1] in ("compat-5.10", "compat-6.18", "lint", "host")]
+    assert behind == [(e, t) for t in ("compat-5.10", "compat-6.18", "lint", "host")
+                      for e in ("start", "end")]  # fmt: skip
+    ahead = [ev for ev in order if ev[1] in ("kernel", "systemd")]
+    assert ahead == [(e, t) for t in ("kernel", "systemd") for e in ("start", "end")]
+    assert harness.overlap_tiers(harness.DEFAULT_TIERS, "tcg") == [
+        "compat-5.10", "compat-6.18", "lint", "host"
+    ]  # fmt: skip
     assert harness.overlap_tiers(harness.DEFAULT_TIERS, "kvm") == []
-    assert harness.overlap_tiers(["kernel", "compat-6.18"], "tcg") == [], "no host tier beside"
+    assert harness.overlap_tiers(["kernel", "compat-6.18"], "tcg") == ["compat-6.18"]
+    # no multi-threaded guest: the compat guests beside lint and host, as before
+    assert harness.overlap_tiers(["lint", "host", "compat-5.10"], "tcg") == ["compat-5.10"]
+    assert harness.overlap_tiers(["compat-5.10"], "tcg") == []
     # their qemu: one host thread under --overlap, the series' own threading without it
     over = harness.parse_args(["--overlap", "--results", str(tmp_path / "o")])
     assert over.overlap and harness.tier_thread(over, "compat-5.10") == "single"
