@@ -73,11 +73,12 @@ def test_npu_chat_plan_writes_read_back_as_planned(
 
 
 def _kernel_config() -> dict[str, str]:
-    """The running kernel's build config: /boot's (the kernel tier) or scripts/kernels' cache
-    (the compat tiers), both on the host's root the guest boots."""
+    """The running kernel's build config: /boot's (the kernel tier; the arm64 root file system,
+    scripts/arm64-setup) or scripts/kernels' cache (the compat tiers: GOVERNOR_KERNELS_DIR, as
+    the script reads it), both on the host's root the guest boots."""
     release = os.uname().release
-    cands = [Path(f"/boot/config-{release}"),
-             *Path("/var/lib/governor/kernels").glob(f"*/config-{release}")]  # fmt: skip
+    kernels = Path(os.environ.get("GOVERNOR_KERNELS_DIR", "/var/lib/governor/kernels"))
+    cands = [Path(f"/boot/config-{release}"), *kernels.glob(f"*/config-{release}")]
     for c in cands:
         if c.is_file():
             pairs = (ln.split("=", 1) for ln in c.read_text().splitlines() if "=" in ln)
