@@ -73,6 +73,7 @@ import sys
 import tempfile
 import threading
 import time
+import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from datetime import datetime
@@ -606,13 +607,20 @@ def markexpr(base: str, full: bool) -> str:
 def guest_pytest_argv(
     tier: str, guest_dir: str, pytest_args: Sequence[str], *, full: bool = False
 ) -> list[str]:
+    """The guest's pytest command line. Its temporary directories go under a base of their own
+    (``--basetemp``, a name the host never makes): the guest's /tmp is the host's over 9p under
+    a tmpfs overlay, and without it pytest numbered /tmp/pytest-of-root/pytest-N from what it
+    saw there, the host tier's pytest running beside it under --overlap took the same N, and
+    the two directories merged: the guest's numbered `governor-state` directories then met
+    the host's (FileExistsError 20 times, a kernel-tier error in a 2026-12-06 run)."""
     py = ROOT / ".venv" / "bin" / "python"
     per_test = FULL_GUEST_TEST_TIMEOUT_S if full else GUEST_TEST_TIMEOUT_S
     tests, expr = tier_suite(tier)
+    basetemp = f"/tmp/governor-guest-{tier}-{uuid.uuid4().hex[:12]}"
     return [
         str(py), "-m", "pytest", *GUEST_PYTEST_OFF, "-m", markexpr(expr, full), f"tests/{tests}",
         f"--junitxml={guest_dir}/junit.xml", "-o", f"junit_suite_name={tier}", "--durations=10",
-        f"--timeout={per_test}", *pytest_args,
+        f"--timeout={per_test}", f"--basetemp={basetemp}", *pytest_args,
     ]  # fmt: skip
 
 

@@ -730,6 +730,11 @@ def test_full_selects_the_full_tests_with_larger_limits(
     argv = harness.guest_pytest_argv("kernel", "/r", [])
     assert argv[argv.index("-m", argv.index("pytest")) + 1] == "kernel and not full"
     assert f"--timeout={harness.GUEST_TEST_TIMEOUT_S}" in argv
+    # a temporary base of its own per run, never /tmp/pytest-of-<user> (which the host's
+    # pytest beside it shares through the overlay)
+    bases = [a for a in argv if a.startswith("--basetemp=/tmp/governor-guest-kernel-")]
+    again = [a for a in harness.guest_pytest_argv("kernel", "/r", []) if a.startswith("--base")]
+    assert len(bases) == 1 and again and again != bases
     fargv = harness.guest_pytest_argv("kernel", "/r", [], full=True)
     assert fargv[fargv.index("-m", fargv.index("pytest")) + 1] == "kernel"
     assert f"--timeout={harness.FULL_GUEST_TEST_TIMEOUT_S}" in fargv
