@@ -956,11 +956,13 @@ def tier_qemu(opts: Options, tier: str, kernel: Path, accel: str) -> TierResult:
 def overlap_tiers(tiers: Sequence[str], accel: str) -> list[str]:
     """The tiers of `tiers` that --overlap runs in a second thread, one after the other,
     beside the others (which run one after the other in the first): the compat tiers, whose
-    qemu then runs all its vCPUs on one host thread (tier_thread), then lint and the host tier.
-    A multi-threaded guest (the kernel tier's 4 vCPUs) averages ~1.2 of the 2-core CI
+    qemu then runs all its vCPUs on one host thread (tier_thread), then lint and the host tier,
+    which start once the first of the others has ended when another guest follows it (main):
+    the compat guests beside the kernel guest, lint and host beside the systemd guest. A
+    multi-threaded guest (the kernel tier's 4 vCPUs) averages ~1.1-1.2 of the 2-core CI
     machine's cores (its tests wait: PSI windows, deadlines, the engine's I/O), a one-thread
-    guest ~0.85 and the host tier's pytest ~0.6: the second thread fills what the kernel
-    guest leaves. Without a multi-threaded guest tier, the compat tiers beside lint and host.
+    guest ~0.8 and the host tier's pytest ~0.6: the second thread fills what the guest of the
+    first leaves. Without a multi-threaded guest tier, the compat tiers beside lint and host.
     None under KVM."""
     if accel == "kvm":
         return []
@@ -1247,13 +1249,20 @@ def main(argv: Sequence[str] | None = None) -> int:
     elif opts.overlap:
         behind = overlap_tiers(opts.tiers, accel)
         if behind:
-            ahead = [t for t in opts.tiers if t not in behind]
+            rest = [t for t in opts.tiers if t not in behind]
             log(f"--overlap: {', '.join(behind)} (a compat guest on one host thread of TCG),"
-                f" one after the other, beside {', '.join(ahead)}")  # fmt: skip
+                f" one after the other, beside {', '.join(rest)}")  # fmt: skip
+    ahead_done = threading.Event()  # the first tier ahead (the kernel guest) has ended
+    ahead = [t for t in opts.tiers if t not in behind]
+    # --overlap: lint and host wait for it when another guest follows it (systemd), so that the
+    # kernel guest has the compat guests beside it and the systemd guest the host's pytest
+    wait_ahead = opts.overlap and len(ahead) > 1 and any(t in GUEST_TIERS for t in ahead[1:])
     if behind:
 
         def run_behind() -> None:
             for t in behind:
+                if wait_ahead and t in ("lint", "host"):
+                    ahead_done.wait()
                 done[t] = run_tier(t)
 
         background = threading.Thread(target=run_behind, daemon=True)
@@ -1263,9 +1272,12 @@ def main(argv: Sequence[str] | None = None) -> int:
             if tier in behind:
                 continue
             done[tier] = run_tier(tier)
+            ahead_done.set()
+        ahead_done.set()
         if background is not None:
             background.join()
     except BaseException:
+        ahead_done.set()
         for proc in list(RUNNING):  # the guest of the other thread too
             _kill_group(proc)
         raise

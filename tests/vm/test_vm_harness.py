@@ -436,33 +436,43 @@ def test_the_kernel_guest_runs_alongside_the_other_tiers_and_its_result_counts(
     assert harness.main(["--parallel", "--results", str(tmp_path / "r2")]) == 1
 
 
-def test_overlap_runs_the_one_thread_guests_then_lint_and_host_beside_the_other_guests(
+def test_overlap_runs_the_one_thread_guests_beside_the_kernel_guest_and_host_beside_systemd(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
-    """--overlap runs the compat tiers' guests, each on one host thread of TCG, then lint and
-    host, one after the other in a second thread, beside the kernel and systemd guests, one
-    after the other in the first."""
+    """--overlap runs the compat tiers' guests, each on one host thread of TCG, beside the
+    kernel guest, then lint and host, after it, beside the systemd guest: two threads, each
+    one tier after the other."""
     import threading
 
-    events = _fake_tiers(monkeypatch, hold=("kernel", "host"))
-    # the fake host tier starts once the kernel tier has, and the kernel tier ends only once
-    # host has: in series, one of them would wait 30 s and the order would show it
-    started, qemu, host = threading.Event(), harness.tier_qemu, harness.tier_host
+    events = _fake_tiers(monkeypatch, hold=("systemd", "host"))
+    # the fake systemd tier ends only once host has, and compat-5.10 starts only once the
+    # kernel tier has: in series, one of them would wait 30 s and the order would show it
+    started, linted = threading.Event(), threading.Event()
+    qemu, lint = harness.tier_qemu, harness.tier_lint
 
     def guest(opts: harness.Options, tier: str, *a: Any) -> TierResult:
         if tier == "kernel":
             started.set()
+            # a lint that did not wait for the kernel guest would start meanwhile; the
+            # timeout only bounds how long this fake guest gives it
+            linted.wait(timeout=2)
+        elif tier == "compat-5.10":
+            started.wait(timeout=30)
         return qemu(opts, tier, *a)
 
-    def host_after(opts: harness.Options) -> TierResult:
-        started.wait(timeout=30)
-        return host(opts)
+    def lint_now(opts: harness.Options) -> TierResult:
+        linted.set()
+        return lint(opts)
 
     monkeypatch.setattr(harness, "tier_qemu", guest)
-    monkeypatch.setattr(harness, "tier_host", host_after)
+    monkeypatch.setattr(harness, "tier_lint", lint_now)
     assert harness.main(["--overlap", "--results", str(tmp_path / "r")]) == 0
     order = [ev for ev in events if ev[0] != "kernel"]
-    assert order.index(("start", "kernel")) < order.index(("end", "host"))
+    at = order.index
+    # compat-5.10 started once the kernel tier had, and ended before it: beside it
+    assert at(("end", "compat-5.10")) < at(("end", "kernel"))
+    assert at(("end", "kernel")) < at(("start", "lint"))  # lint and host after it
+    assert at(("start", "systemd")) < at(("end", "host"))  # beside the systemd guest
     behind = [ev for ev in order if ev[1] in ("compat-5.10", "compat-6.18", "lint", "host")]
     assert behind == [(e, t) for t in ("compat-5.10", "compat-6.18", "lint", "host")
                       for e in ("start", "end")]  # fmt: skip
