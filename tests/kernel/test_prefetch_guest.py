@@ -173,6 +173,22 @@ def test_populate_charges_the_slice_and_not_the_governor(
             timeout=300,
             what="the prefetch helper to bring the model in and exit",
         )
+    except AssertionError as err:  # what the governor and the slice say (a CI run hung here once)
+        stop.touch()
+        group = scratch_slice.path / "pop"
+        seen = {
+            "slice file": _stat(group).get("file") if group.exists() else "no group",
+            "governor pids in the leaf": _governor_procs(group / "engine")
+            if (group / "engine").exists() else "no leaf",
+        }  # fmt: skip
+        try:
+            out, _ = gov.communicate(timeout=120)
+        except subprocess.TimeoutExpired:
+            gov.kill()
+            out, _ = gov.communicate()
+        raise AssertionError(
+            f"{err}; model {size} B; {seen}; governor exit {gov.returncode}: {out[-3000:]}"
+        ) from err
     finally:
         stop.touch()
     out, _ = gov.communicate(timeout=600)

@@ -616,7 +616,10 @@ def guest_pytest_argv(
     py = ROOT / ".venv" / "bin" / "python"
     per_test = FULL_GUEST_TEST_TIMEOUT_S if full else GUEST_TEST_TIMEOUT_S
     tests, expr = tier_suite(tier)
-    basetemp = f"/tmp/governor-guest-{tier}-{uuid.uuid4().hex[:12]}"
+    # no "governor" in it: tests tell the governor's processes by that word in their command
+    # line, and an engine's argv names files under tmp_path (a run with it failed every
+    # prefetch test: the waiting engine's `sh -c` looked like the prefetch helper)
+    basetemp = f"/tmp/pytest-guest-{tier}-{uuid.uuid4().hex[:12]}"
     return [
         str(py), "-m", "pytest", *GUEST_PYTEST_OFF, "-m", markexpr(expr, full), f"tests/{tests}",
         f"--junitxml={guest_dir}/junit.xml", "-o", f"junit_suite_name={tier}", "--durations=10",

@@ -742,7 +742,8 @@ def test_full_selects_the_full_tests_with_larger_limits(
     assert f"--timeout={harness.GUEST_TEST_TIMEOUT_S}" in argv
     # a temporary base of its own per run, never /tmp/pytest-of-<user> (which the host's
     # pytest beside it shares through the overlay)
-    bases = [a for a in argv if a.startswith("--basetemp=/tmp/governor-guest-kernel-")]
+    bases = [a for a in argv if a.startswith("--basetemp=/tmp/pytest-guest-kernel-")]
+    assert "governor" not in bases[0]  # tests find the governor's processes by that word
     again = [a for a in harness.guest_pytest_argv("kernel", "/r", []) if a.startswith("--base")]
     assert len(bases) == 1 and again and again != bases
     fargv = harness.guest_pytest_argv("kernel", "/r", [], full=True)
