@@ -107,7 +107,8 @@ class Loads:
         else its own, else what an earlier run recorded for its file; None: not known."""
         key = self.keys.get(alias)
         cost = self.by_key.get(key) if key is not None else None
-        cost = cost or self.costs.get(alias)
+        if cost is None:
+            cost = self.costs.get(alias)
         return None if cost is None else cost.load_s
 
     def check(self) -> bool:

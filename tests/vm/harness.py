@@ -956,6 +956,9 @@ def tier_qemu(opts: Options, tier: str, kernel: Path, accel: str) -> TierResult:
 # ------------------------------------------------------------------------------ main
 
 
+HOST_SIDE: tuple[str, ...] = ("lint", "host")  # the tiers that boot no guest
+
+
 def overlap_tiers(tiers: Sequence[str], accel: str) -> list[str]:
     """The tiers of `tiers` that --overlap runs in a second thread, one after the other,
     beside the others (which run one after the other in the first): the compat tiers, whose
@@ -970,7 +973,7 @@ def overlap_tiers(tiers: Sequence[str], accel: str) -> list[str]:
     if accel == "kvm":
         return []
     compat = [t for t in tiers if t in COMPAT_TIERS]
-    host = [t for t in tiers if t in ("lint", "host")]
+    host = [t for t in tiers if t in HOST_SIDE]
     if not any(t in GUEST_TIERS and t not in COMPAT_TIERS for t in tiers):
         return compat if host else []
     return compat + host
@@ -1251,12 +1254,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         behind = ["kernel"]
     elif opts.overlap:
         behind = overlap_tiers(opts.tiers, accel)
-        if behind:
-            rest = [t for t in opts.tiers if t not in behind]
-            log(f"--overlap: {', '.join(behind)} (a compat guest on one host thread of TCG),"
-                f" one after the other, beside {', '.join(rest)}")  # fmt: skip
+    ahead = [t for t in opts.tiers if t not in behind]  # the first thread's, in order
+    if opts.overlap and behind:
+        log(f"--overlap: {', '.join(behind)} (a compat guest on one host thread of TCG),"
+            f" one after the other, beside {', '.join(ahead)}")  # fmt: skip
     ahead_done = threading.Event()  # the first tier ahead (the kernel guest) has ended
-    ahead = [t for t in opts.tiers if t not in behind]
     # --overlap: lint and host wait for it when another guest follows it (systemd), so that the
     # kernel guest has the compat guests beside it and the systemd guest the host's pytest
     wait_ahead = opts.overlap and len(ahead) > 1 and any(t in GUEST_TIERS for t in ahead[1:])
@@ -1264,7 +1266,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
         def run_behind() -> None:
             for t in behind:
-                if wait_ahead and t in ("lint", "host"):
+                if wait_ahead and t in HOST_SIDE:
                     ahead_done.wait()
                 done[t] = run_tier(t)
 
