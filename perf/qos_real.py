@@ -68,6 +68,7 @@ from perf.qos_report import (
 )
 
 RUN_TAG, META_TAG = "qos-real-run ", "qos-real-meta "
+RAW_NAME = "guest-records.txt"  # --guest: the guest's tagged lines, as printed
 AUTO_HOG_SPARE_MIB = 300  # --hog-mib 0: the hog takes MemAvailable but this much
 FULL_ROUNDS = 3  # the rounds: the matrix the cost lines project
 
@@ -182,6 +183,11 @@ def in_guest(argv: list[str], a: argparse.Namespace) -> int:
            "--no-plot"]  # fmt: skip
     lines, code = stream("systemd", cmd, timeout=a.guest_timeout, cpus=a.guest_cpus,
                          hide=(RUN_TAG, META_TAG))  # fmt: skip
+    # the guest's tagged lines kept as they came before anything reads them: a report that
+    # fails (a plot, a summary) must not lose an hour and a half of runs
+    a.out.mkdir(parents=True, exist_ok=True)
+    kept = [f"{x}\n" for x in lines if x.startswith((RUN_TAG, META_TAG))]
+    (a.out / RAW_NAME).write_text("".join(kept))
     runs, meta = collect(lines)
     if not runs:
         print("bench: the guest reported no run", flush=True)
