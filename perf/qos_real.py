@@ -23,7 +23,9 @@ and torn down in turn: `governor init` writes the two engines' policies on that 
          background slice under ManagedOOMMemoryPressure=kill (--limit, --duration); governor:
          both engines under `governor launch` with init's policies. The hog is nobody's engine:
          an unmanaged scope in every arm; in the governor arm the board file lists its slice
-         as background work (throttle, freeze), as an operator lists the board's other work
+         as background work (throttle, freeze), as an operator lists the board's other work;
+         cpu-only (not in the default matrix): the job in a bare scope and no hog, the floor
+         (what sharing the 2 vCPUs with the batch engine costs the chat; memory is no question)
   cost   per run the seconds of each phase (up, warm, window, job_wait, teardown), per swap
          setup its setup's; the table is followed by the median of each and the full matrix's
          projected time
@@ -53,6 +55,7 @@ from perf._helpers.engine_paths import BIN, CACHE
 from perf._helpers.guest import stream
 from perf.qos_common import REPO
 from perf.qos_report import (
+    ARMS,
     REAL_ARMS,
     SWAPS,
     RealRun,
@@ -98,7 +101,7 @@ def parser() -> argparse.ArgumentParser:
         prog="perf.qos --engine real", description=(__doc__ or "").splitlines()[0]
     )
     ap.add_argument("--swap", type=_csv(SWAPS, "swap setup"), default=list(SWAPS))
-    ap.add_argument("--arms", type=_csv(REAL_ARMS, "arm"), default=list(REAL_ARMS))
+    ap.add_argument("--arms", type=_csv(ARMS, "arm"), default=list(REAL_ARMS))
     ap.add_argument(
         "--rounds", type=_positive, default=FULL_ROUNDS, help="rounds (solo + every arm)"
     )

@@ -27,7 +27,7 @@ from perf._helpers.disk import writable_disk_dir
 from perf._helpers.server import client, free_port, health, prompt
 from perf.qos_common import HELPERS, REPO, earlyoom_kills, oom_victims
 from perf.qos_guest import Proc, cgroup2_root, drop_model, governor_actions, kmsg_now, log, sh
-from perf.qos_report import RealRun, Turn, decode_tps
+from perf.qos_report import FLOOR_ARM, RealRun, Turn, decode_tps
 
 MIB = 1 << 20
 HOG_COMM = "qos-hog"
@@ -345,7 +345,8 @@ def once(st: Setup, swap: str, arm: str, rnd: int, seq: int) -> RealRun:
             else:
                 job = start_scope(f"qosreal-job-{tag}.scope", bg_slice, job_cmd, logs["job"],
                                   scope_limits(jmem) if limited else [])  # fmt: skip
-            hog = start_scope(f"qosreal-hog-{tag}.scope", hog_slice, hog_cmd, hog_log, [])
+            if arm != FLOOR_ARM:  # the floor: the job's CPU beside the chat, no memory question
+                hog = start_scope(f"qosreal-hog-{tag}.scope", hog_slice, hog_cmd, hog_log, [])
         r0 = refaults(chat)
         chat.sample()
         turns: list[Turn] = []

@@ -20,6 +20,10 @@ from perf.qos_common import solo_around
 
 SWAPS = ("none", "zram", "zswap")
 REAL_ARMS = ("bare", "earlyoom", "oomd", "governor")
+# the floor, not in the default matrix: the job beside the chat without the hog, no limits (what
+# sharing the board's 2 vCPUs with the batch engine costs the chat when memory is no question)
+FLOOR_ARM = "cpu-only"
+ARMS = (*REAL_ARMS, FLOOR_ARM)  # every arm --arms takes, in the report's order
 LOW_RATIO = 0.95  # a round below this x solo is one the report has to explain (issue 48)
 
 
@@ -128,10 +132,10 @@ def _median(vals: Sequence[float | None]) -> float | None:
 
 
 def summarise(runs: Sequence[RealRun]) -> list[Row]:
-    """Per swap setup (SWAPS order) and arm (solo first, then REAL_ARMS order)."""
+    """Per swap setup (SWAPS order) and arm (solo first, then ARMS order)."""
     rows = []
     for swap in [s for s in SWAPS if any(r.swap == s for r in runs)]:
-        for arm in ("solo", *REAL_ARMS):
+        for arm in ("solo", *ARMS):
             rs = [r for r in runs if r.swap == swap and r.arm == arm]
             if not rs:
                 continue
@@ -305,7 +309,7 @@ def plot(rows: Sequence[Row], out: Path) -> list[Path]:
     as a bar, the worst round as a dot, the 0.95x line) and qos-ttft.png (TTFT p50 bars, p95
     dots). The paths written."""
     plt = pyplot()
-    arms = [a for a in REAL_ARMS if any(r.arm == a for r in rows)]
+    arms = [a for a in ARMS if any(r.arm == a for r in rows)]
     swaps = [s for s in SWAPS if any(r.swap == s for r in rows)]
     width = 0.8 / max(1, len(arms))
     written = []

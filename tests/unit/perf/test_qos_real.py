@@ -371,3 +371,21 @@ def test_the_governor_arms_shed_steps_name_their_victim(tmp_path: Path) -> None:
     assert governor_actions(log_, "chat") == [
         "chat: shed throttle", "chat: shed freeze", "chat: shed stop", "chat: reclaim",
     ]  # fmt: skip
+
+
+def test_the_cpu_only_floor_is_taken_by_name_but_not_in_the_default_matrix() -> None:
+    """The floor (the job beside the chat, no hog) says what the 2 vCPUs' sharing costs by
+    itself; the report puts it after the arms it is the floor of."""
+    assert "cpu-only" not in parse([]).arms
+    assert parse(["--arms", "cpu-only,governor"]).arms == ["cpu-only", "governor"]
+    runs = [
+        RealRun("none", "solo", 0, 0, tps=10.0),
+        RealRun("none", "cpu-only", 0, 1, tps=8.0, job_s=60.0),
+        RealRun("none", "governor", 0, 2, tps=7.0, job_s=61.0),
+        RealRun("none", "solo", 1, 3, tps=10.0),
+    ]
+    assign_ratios(runs)
+    rows = summarise(runs)
+    assert [r.arm for r in rows] == ["solo", "governor", "cpu-only"]
+    assert rows[2].ratio_median == pytest.approx(0.8) and rows[2].low_rounds == 1
+    assert "| none | cpu-only | 1 | 0.80 | 0.80 |" in table(rows)
