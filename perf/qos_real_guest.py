@@ -27,7 +27,7 @@ from perf._helpers.disk import writable_disk_dir
 from perf._helpers.server import client, free_port, health, prompt
 from perf.qos_common import HELPERS, REPO, earlyoom_kills, oom_victims
 from perf.qos_guest import Proc, cgroup2_root, drop_model, governor_actions, kmsg_now, log, sh
-from perf.qos_report import FLOOR_ARM, RealRun, Turn, decode_tps
+from perf.qos_report import CPU_USERS, FLOOR_ARM, RealRun, Turn, decode_tps
 
 MIB = 1 << 20
 HOG_COMM = "qos-hog"
@@ -262,6 +262,47 @@ class Conversations:
         return turn(self.c, self.messages, self.st.answer, said)
 
 
+class CpuUse:
+    """CPU seconds of the chat, the job and the hog (by their processes' comm), the governor's
+    supervisors (`governor launch`) and the guest's idle time, over a window. Sampled every
+    turn: a process that exits in the window keeps what it had used at its last sample."""
+
+    def __init__(self) -> None:
+        self.tick = os.sysconf("SC_CLK_TCK")
+        self.first: dict[int, float] = {}
+        self.last: dict[int, tuple[str, float]] = {}
+        self.idle: list[float] = []
+        self.sample()
+        self.first = {pid: cpu for pid, (_, cpu) in self.last.items()}
+
+    def sample(self) -> None:
+        names = {CHAT_COMM: "chat", JOB_COMM: "job", HOG_COMM: "hog"}
+        for d in Path("/proc").iterdir():
+            if not d.name.isdigit():
+                continue
+            try:
+                stat = (d / "stat").read_text()
+                comm = stat[stat.index("(") + 1 : stat.rindex(")")]
+                who = names.get(comm)
+                if who is None and comm.startswith("python"):
+                    argv = (d / "cmdline").read_bytes().split(b"\0")
+                    who = "governor" if b"governor" in argv and b"launch" in argv else None
+            except (OSError, ValueError):
+                continue
+            if who is not None:
+                f = stat[stat.rindex(")") + 2 :].split()
+                self.last[int(d.name)] = (who, (int(f[11]) + int(f[12])) / self.tick)
+        cpu = Path("/proc/stat").read_text().splitlines()[0].split()
+        self.idle.append((int(cpu[4]) + int(cpu[5])) / self.tick)  # idle + iowait
+
+    def seconds(self) -> dict[str, float]:
+        out = dict.fromkeys(CPU_USERS, 0.0)
+        for pid, (who, cpu) in self.last.items():
+            out[who] += cpu - self.first.get(pid, 0.0)
+        out["idle"] = self.idle[-1] - self.idle[0]
+        return {k: round(v, 2) for k, v in out.items()}
+
+
 def refaults(p: Proc) -> int | None:
     if p.cgroup is None:
         p.sample()
@@ -349,6 +390,7 @@ def once(st: Setup, swap: str, arm: str, rnd: int, seq: int) -> RealRun:
                 hog = start_scope(f"qosreal-hog-{tag}.scope", hog_slice, hog_cmd, hog_log, [])
         r0 = refaults(chat)
         chat.sample()
+        use = CpuUse()
         turns: list[Turn] = []
         end = time.monotonic() + st.chat_s
         while time.monotonic() < end and chat.popen.poll() is None:
@@ -360,6 +402,9 @@ def once(st: Setup, swap: str, arm: str, rnd: int, seq: int) -> RealRun:
             for p in (chat, job, hog):
                 if p is not None:
                     p.sample()
+            use.sample()
+        use.sample()
+        run.cpu_s = use.seconds()
         r1 = refaults(chat)
         if len(chat.full_us) >= 2:
             run.full_s = round((chat.full_us[-1][1] - chat.full_us[0][1]) / 1e6, 2)
@@ -411,7 +456,7 @@ def once(st: Setup, swap: str, arm: str, rnd: int, seq: int) -> RealRun:
     log(f"{swap} {arm} r{rnd} #{seq} ({run.wall_s} s): {run.turns} turns {run.tps:.2f} tok/s, ttft "
         f"{sorted(run.ttfts)[len(run.ttfts) // 2] if run.ttfts else '-'}s, job rc {run.job_rc} "
         f"{run.job_s}s, hog rc {run.hog_rc}, refault {run.refault_file}, full {run.full_s}s, kills {run.kills}, "
-        f"actions {run.actions}, error {run.error}, phases {run.phases}")  # fmt: skip
+        f"actions {run.actions}, error {run.error}, phases {run.phases}, cpu {run.cpu_s}")  # fmt: skip
     return run
 
 

@@ -70,6 +70,10 @@ class RealRun:
     wall_s: float | None = None  # the run's seconds, the chat's start to its teardown
     # where wall_s went (PHASES: seconds each, in order): what an arm-round costs
     phases: dict[str, float] = field(default_factory=dict)
+    # where the guest's CPUs went over the window (CPU_USERS: seconds each): the chat, the job
+    # and the hog by their processes, the governor's supervisors, the guest's idle time; the
+    # rest is the bench's client and the system's. A round below LOW_RATIO says why by it
+    cpu_s: dict[str, float] = field(default_factory=dict)
 
     @property
     def oom_kills(self) -> int:
@@ -80,6 +84,7 @@ class RealRun:
 # warm-up turn, the measured window (its last turn ends past --chat-s), the wait for the job
 # after it (--job-wait at most), the teardown (SIGTERM, the governors' exit, the kill count)
 PHASES = ("up", "warm", "window", "job_wait", "teardown")
+CPU_USERS = ("chat", "job", "hog", "governor", "idle")
 
 
 def percentile(vals: Sequence[float], q: float) -> float | None:
@@ -252,6 +257,7 @@ CSV_FIELDS = (
     "swap", "arm", "round", "seq", "tps", "ratio", "turns", "ttft_p50", "ttft_p95",
     "chat_rc", "job_rc", "job_s", "hog_rc", "refault_file", "full_s", "oom_kills", "kills",
     "actions", "error", "wall_s", *(f"{p}_s" for p in PHASES),
+    *(f"cpu_{u}_s" for u in CPU_USERS),
 )  # fmt: skip
 
 
@@ -261,6 +267,7 @@ def csv_row(r: RealRun) -> dict[str, Any]:
     d["oom_kills"] = r.oom_kills
     d["kills"], d["actions"] = "; ".join(r.kills), "; ".join(r.actions)
     d.update({f"{p}_s": r.phases.get(p) for p in PHASES})
+    d.update({f"cpu_{u}_s": r.cpu_s.get(u) for u in CPU_USERS})
     return {k: "" if d[k] is None else d[k] for k in CSV_FIELDS}
 
 

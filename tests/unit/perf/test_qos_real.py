@@ -19,6 +19,7 @@ from perf.qos_guest import governor_actions
 from perf.qos_real import META_TAG, RUN_TAG, collect, finish, parse
 from perf.qos_real_guest import Conversations, Setup, init_said, scope_limits, systemd_bytes
 from perf.qos_report import (
+    CPU_USERS,
     CSV_FIELDS,
     PHASES,
     RealRun,
@@ -389,3 +390,31 @@ def test_the_cpu_only_floor_is_taken_by_name_but_not_in_the_default_matrix() -> 
     assert [r.arm for r in rows] == ["solo", "governor", "cpu-only"]
     assert rows[2].ratio_median == pytest.approx(0.8) and rows[2].low_rounds == 1
     assert "| none | cpu-only | 1 | 0.80 | 0.80 |" in table(rows)
+
+
+def test_the_window_counts_the_cpu_of_each_workload_by_its_process_name() -> None:
+    """A round below 0.95x says where the vCPUs went: the hog's seconds are its process's,
+    found by its comm, and a process that exits keeps what it used at the last sample."""
+    import subprocess
+    import sys
+    import time
+
+    named = f"open('/proc/self/comm', 'w').write({guest.HOG_COMM!r}); print(flush=True)"
+    busy = subprocess.Popen([sys.executable, "-c", f"{named}\nwhile True: pass"],
+                            stdout=subprocess.PIPE)  # fmt: skip
+    try:
+        assert busy.stdout is not None
+        busy.stdout.readline()  # named
+        use = guest.CpuUse()
+        for _ in range(3000):  # until the kernel has charged it a few ticks (at most ~30 s)
+            time.sleep(0.01)
+            use.sample()
+            if use.seconds()["hog"] >= 0.05:
+                break
+    finally:
+        busy.kill()
+        busy.wait()
+    use.sample()  # gone: what it used stays
+    got = use.seconds()
+    assert set(got) == set(CPU_USERS)
+    assert got["hog"] >= 0.05 and got["idle"] >= 0  # (other tests may run engines beside it)
