@@ -184,6 +184,7 @@ def in_guest(argv: list[str], a: argparse.Namespace) -> int:
     # the host writes the files and the plots: the guest only prints its runs
     cmd = [str(REPO / ".venv" / "bin" / "python"), "-m", "perf.qos", "--engine", "real", *inner,
            "--no-plot"]  # fmt: skip
+    started = host_meta(inner)  # the commit and date the run began at, not where HEAD is after it
     lines, code = stream("systemd", cmd, timeout=a.guest_timeout, cpus=a.guest_cpus,
                          hide=(RUN_TAG, META_TAG))  # fmt: skip
     # the guest's tagged lines kept as they came before anything reads them: a report that
@@ -195,7 +196,7 @@ def in_guest(argv: list[str], a: argparse.Namespace) -> int:
     if not runs:
         print("bench: the guest reported no run", flush=True)
         return code or 1
-    print("\n" + finish(runs, {**host_meta(inner), **meta}, a.out, not a.no_plot), flush=True)
+    print("\n" + finish(runs, {**started, **meta}, a.out, not a.no_plot), flush=True)
     return code
 
 
