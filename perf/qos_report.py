@@ -324,7 +324,7 @@ def plot(rows: Sequence[Row], out: Path) -> list[Path]:
         ("qos-ratio.png", "ratio_median", "ratio_worst", "chat decode tokens/s vs solo"),
         ("qos-ttft.png", "ttft_p50", "ttft_p95", "time to first token (s): p50 bar, p95 dot"),
     ):
-        fig, ax = plt.subplots(figsize=(7, 3.6))
+        fig, ax = plt.subplots(figsize=(7, 3.9))
         for i, arm in enumerate(arms):
             xs, ys, ws = [], [], []
             for j, swap in enumerate(swaps):
@@ -342,7 +342,9 @@ def plot(rows: Sequence[Row], out: Path) -> list[Path]:
             ax.set_title("median (bar) and worst round (dot)", fontsize=9)
         ax.set_xticks(range(len(swaps)), [f"swap: {s}" for s in swaps])
         ax.set_ylabel(ylabel, fontsize=9)
-        ax.legend(fontsize=8, ncols=max(1, len(arms)))
+        # below the axes: inside, it hid a worst-round or p95 dot
+        ax.legend(fontsize=8, ncols=max(1, len(arms)), loc="upper center",
+                  bbox_to_anchor=(0.5, -0.1), frameon=False)  # fmt: skip
         fig.tight_layout()
         path = out / name
         fig.savefig(path, dpi=100)
