@@ -282,6 +282,8 @@ def in_guest(argv: list[str], a: argparse.Namespace) -> int:
     """Run this module in the kernel guest through the project's harness (tests/vm/run.py),
     its output streamed here; the rounds it printed written to a.out here."""
     cmd = [str(REPO / ".venv" / "bin" / "python"), "-m", "perf.router", *argv, "--no-plot"]
+    # the commit and date the run began at, not where HEAD is after it
+    began = {"commit": commit(), "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())}
     lines, code = stream("kernel", cmd, timeout=a.guest_timeout, cpus=a.guest_cpus,
                          hide=(RUN_TAG, META_TAG))  # fmt: skip
     # the guest's records kept as they came before anything reads them: a report that fails
@@ -293,8 +295,7 @@ def in_guest(argv: list[str], a: argparse.Namespace) -> int:
     if not runs:
         print("perf/router: the guest reported no round", flush=True)
         return code or 1
-    meta = {**meta, "command": "python -m perf.router " + " ".join(argv), "commit": commit(),
-            "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())}  # fmt: skip
+    meta = {**meta, "command": "python -m perf.router " + " ".join(argv), **began}
     try:
         print("\n" + finish(runs, meta, a.out, not a.no_plot), flush=True)
     except Exception as err:  # any failure of the report: the data is on disk already
