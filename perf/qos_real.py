@@ -40,10 +40,8 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import datetime
 import json
 import os
-import subprocess
 import tempfile
 import time
 from collections.abc import Sequence
@@ -52,7 +50,7 @@ from pathlib import Path
 from typing import Any
 
 from perf._helpers.engine_paths import BIN, CACHE
-from perf._helpers.guest import stream
+from perf._helpers.guest import began, stream
 from perf.qos_common import REPO
 from perf.qos_report import (
     ARMS,
@@ -169,13 +167,8 @@ def finish(runs: list[RealRun], meta: dict[str, Any], out: Path, with_plot: bool
 
 
 def host_meta(argv: Sequence[str]) -> dict[str, Any]:
-    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO,
-                            capture_output=True, text=True, check=False).stdout.strip()  # fmt: skip
-    return {
-        "command": "python -m perf.qos --engine real " + " ".join(argv),
-        "commit": commit,
-        "date": datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC"),
-    }
+    """The command, and the commit and date it begins at."""
+    return {"command": "python -m perf.qos --engine real " + " ".join(argv), **began()}
 
 
 def in_guest(argv: list[str], a: argparse.Namespace) -> int:
@@ -184,14 +177,10 @@ def in_guest(argv: list[str], a: argparse.Namespace) -> int:
     # the host writes the files and the plots: the guest only prints its runs
     cmd = [str(REPO / ".venv" / "bin" / "python"), "-m", "perf.qos", "--engine", "real", *inner,
            "--no-plot"]  # fmt: skip
-    started = host_meta(inner)  # the commit and date the run began at, not where HEAD is after it
-    lines, code = stream("systemd", cmd, timeout=a.guest_timeout, cpus=a.guest_cpus,
-                         hide=(RUN_TAG, META_TAG))  # fmt: skip
-    # the guest's tagged lines kept as they came before anything reads them: a report that
-    # fails (a plot, a summary) must not lose an hour and a half of runs
+    started = host_meta(inner)
     a.out.mkdir(parents=True, exist_ok=True)
-    kept = [f"{x}\n" for x in lines if x.startswith((RUN_TAG, META_TAG))]
-    (a.out / RAW_NAME).write_text("".join(kept))
+    lines, code = stream("systemd", cmd, timeout=a.guest_timeout, cpus=a.guest_cpus,
+                         hide=(RUN_TAG, META_TAG), keep=a.out / RAW_NAME)  # fmt: skip
     runs, meta = collect(lines)
     if not runs:
         print("bench: the guest reported no run", flush=True)

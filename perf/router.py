@@ -67,6 +67,7 @@ import openai
 from perf._helpers.cgroup import read_kv
 from perf._helpers.disk import loop_mount
 from perf._helpers.engine_paths import SMALL
+from perf._helpers.guest import commit
 from perf._helpers.server import (
     KVGUEST,
     SERVER,
@@ -87,7 +88,7 @@ from perf.router_common import (
     table,
     value_table,
 )
-from perf.router_report import META_TAG, RUN_TAG, commit, finish, in_guest, parser, to_json
+from perf.router_report import META_TAG, RUN_TAG, finish, in_guest, parser, to_json
 
 REPO = Path(__file__).resolve().parents[1]
 CGROUP = Path("/sys/fs/cgroup")

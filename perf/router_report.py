@@ -13,14 +13,12 @@ import contextlib
 import csv
 import json
 import statistics
-import subprocess
-import time
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import Any
 
-from perf._helpers.guest import stream
+from perf._helpers.guest import began, stream
 from perf.qos_report import fmt, pyplot
 from perf.router_common import ARMS, MIB, VARIANTS, Result, parse_arms, value_table
 
@@ -282,20 +280,16 @@ def in_guest(argv: list[str], a: argparse.Namespace) -> int:
     """Run this module in the kernel guest through the project's harness (tests/vm/run.py),
     its output streamed here; the rounds it printed written to a.out here."""
     cmd = [str(REPO / ".venv" / "bin" / "python"), "-m", "perf.router", *argv, "--no-plot"]
-    # the commit and date the run began at, not where HEAD is after it
-    began = {"commit": commit(), "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())}
-    lines, code = stream("kernel", cmd, timeout=a.guest_timeout, cpus=a.guest_cpus,
-                         hide=(RUN_TAG, META_TAG))  # fmt: skip
-    # the guest's records kept as they came before anything reads them: a report that fails
-    # (a plot, a summary) must not lose a run that took a quarter of an hour
+    start = began()
     a.out.mkdir(parents=True, exist_ok=True)
-    raw = a.out / RAW_NAME
-    raw.write_text("".join(f"{x}\n" for x in lines if x.startswith((RUN_TAG, META_TAG))))
+    raw = a.out / RAW_NAME  # the guest's records as they come, before anything reads them
+    lines, code = stream("kernel", cmd, timeout=a.guest_timeout, cpus=a.guest_cpus,
+                         hide=(RUN_TAG, META_TAG), keep=raw)  # fmt: skip
     runs, meta = collect(lines)
     if not runs:
         print("perf/router: the guest reported no round", flush=True)
         return code or 1
-    meta = {**meta, "command": "python -m perf.router " + " ".join(argv), **began}
+    meta = {**meta, "command": "python -m perf.router " + " ".join(argv), **start}
     try:
         print("\n" + finish(runs, meta, a.out, not a.no_plot), flush=True)
     except Exception as err:  # any failure of the report: the data is on disk already
@@ -303,8 +297,3 @@ def in_guest(argv: list[str], a: argparse.Namespace) -> int:
               f"records are in {raw}", flush=True)  # fmt: skip
         return code or 1
     return code
-
-
-def commit() -> str:
-    return subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO,
-                          capture_output=True, text=True, check=False).stdout.strip()  # fmt: skip
